@@ -1,0 +1,1 @@
+"""The panpriv service: sources, codecs, the processing loop, checkpoints, sinks, metrics, CLI."""

