@@ -1,0 +1,142 @@
+"""The contract every panpriv learner follows (see ``shared/reference/design.md``).
+
+A learner consumes a stream in micro-batches of any size through :meth:`Learner.learn_many`,
+keeps only noisy internal state, and releases parameters through :meth:`Learner.snapshot`.
+How the stream is cut into micro-batches never changes the mechanism: the state after
+``learn_many(A); learn_many(B)`` has the same distribution as after ``learn_many(A + B)``.
+
+Persistence goes through :meth:`Learner.state_dict` (noisy arrays and counters only — never a raw
+record, never generator state) and :meth:`Learner.from_state_dict` with the constructor
+configuration from :meth:`Learner.config`. ``protocols.checks`` is the conformance suite that
+every learner's tests run.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+import numpy as np
+from numpy.typing import NDArray
+
+from accounting.ledger import PrivacyReport
+from protocols.errors import InvalidInputError
+
+StateValue = NDArray[np.float64] | NDArray[np.int64] | int | float | str | bool
+"""What a state dict may hold: noisy arrays, counters, and small labels (e.g. a phase name)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Released parameters with the guarantee that covers them.
+
+    ``params`` are computed from noisy state only; ``records`` is how many records contributed.
+    """
+
+    learner: str
+    records: int
+    params: NDArray[np.float64]
+    privacy: PrivacyReport
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (parameters as a list of floats)."""
+        return {
+            "learner": self.learner,
+            "records": self.records,
+            "params": [float(v) for v in self.params],
+            "privacy": self.privacy.to_dict(),
+        }
+
+
+class Learner(abc.ABC):
+    """Base class of the online learners.
+
+    Subclasses set ``name`` (the CLI's ``--learner`` value) and implement the abstract methods.
+    Constructor arguments are stored under the same names so that :meth:`config` can return them
+    (River's convention); learned state is private.
+    """
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def learn_many(self, X: NDArray[np.float64], y: NDArray[np.float64]) -> None:
+        """Process a micro-batch: ``X`` of shape (m, dim), ``y`` of shape (m,). Inputs are not mutated."""
+
+    @abc.abstractmethod
+    def predict_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Predictions for ``X`` from the released parameters (see :meth:`snapshot`)."""
+
+    @abc.abstractmethod
+    def release(self) -> NDArray[np.float64]:
+        """The parameters a snapshot would publish now, computed from noisy state only."""
+
+    @abc.abstractmethod
+    def privacy(self) -> PrivacyReport:
+        """The guarantee for everything released so far and for one intrusion."""
+
+    @abc.abstractmethod
+    def config(self) -> dict[str, Any]:
+        """JSON-ready constructor arguments (without ``rng``), enough to rebuild the learner."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, StateValue]:
+        """Noisy internal state and counters only (never raw records, never generator state)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    @property
+    @abc.abstractmethod
+    def records_seen(self) -> int:
+        """Number of records processed so far."""
+
+    def snapshot(self) -> Snapshot:
+        """Release the current parameters with the guarantee that covers them.
+
+        Learners whose accounting depends on when parameters are released (PNSGD) override
+        :meth:`_note_release` to record the release point; the report is taken after that.
+        """
+        params = np.array(self.release(), dtype=np.float64, copy=True)
+        self._note_release()
+        return Snapshot(self.name, self.records_seen, params, self.privacy())
+
+    def _note_release(self) -> None:
+        """Hook: called when a snapshot is released. Default: releases do not change accounting."""
+
+    @classmethod
+    def from_state_dict(cls, config: Mapping[str, Any], state: Mapping[str, StateValue], **kwargs: Any) -> Self:
+        """Rebuild a learner from :meth:`config` and :meth:`state_dict` output.
+
+        ``kwargs`` (e.g. ``rng``) are passed to the constructor; they are not part of the config.
+        """
+        learner = cls(**dict(config), **kwargs)
+        learner.load_state_dict(state)
+        return learner
+
+
+def check_batch(
+    owner: str, X: object, y: object | None, dim: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
+    """Validate a micro-batch and return float64 views (copies only where a conversion is needed).
+
+    Raises :class:`InvalidInputError` naming the argument for a wrong shape, a length mismatch, or
+    a non-finite value. Feature clipping is the loss's job (it knows the declared bound).
+    """
+    X_arr = np.asarray(X, dtype=np.float64)
+    if X_arr.ndim != 2 or X_arr.shape[1] != dim:
+        raise InvalidInputError(f"{owner}: X must have shape (m, {dim}); got shape {X_arr.shape}")
+    if not np.all(np.isfinite(X_arr)):
+        raise InvalidInputError(f"{owner}: X contains NaN or infinite values")
+    if y is None:
+        return X_arr, None
+    y_arr = np.asarray(y, dtype=np.float64)
+    if y_arr.ndim != 1 or y_arr.shape[0] != X_arr.shape[0]:
+        raise InvalidInputError(
+            f"{owner}: y must have shape ({X_arr.shape[0]},) to match X; got shape {y_arr.shape}"
+        )
+    if not np.all(np.isfinite(y_arr)):
+        raise InvalidInputError(f"{owner}: y contains NaN or infinite values")
+    return X_arr, y_arr
