@@ -1,0 +1,233 @@
+"""Prometheus metrics of the panpriv service, on an injected registry, served over HTTP.
+
+:class:`ServiceMetrics` owns every ``panpriv_*`` series. The processor calls one ``observe_*``
+method per event (a batch learned, records rejected, a checkpoint made durable, a snapshot emitted,
+the ledger's report changed, consumer lag measured); :meth:`ServiceMetrics.serve` exposes the
+registry on ``/metrics`` for Prometheus.
+
+What may be exported. Every series is a count of records or events, a timing, a privacy number
+from the ledger, or something computed from noisy state — never a statistic of raw records (no
+loss, accuracy, feature or label summary of incoming data), because a metric leaves the process
+and only noisy state may leave it (issue 8; docs/privacy.md). Counts of records are public
+quantities in the accounting: the guarantees are stated for a stream whose length is known.
+
+The registry is injected (a fresh :class:`~prometheus_client.CollectorRegistry` if none is given)
+so that tests read values from it and several services can live in one process without clashing
+on the global default registry.
+
+Series
+------
+``panpriv_records_total``
+    Valid records learned from (after validation and clipping).
+``panpriv_records_rejected_total{reason}``
+    Records rejected by the codec, by reason.
+``panpriv_batches_total``, ``panpriv_batch_seconds`` (histogram)
+    Micro-batches learned and the wall time of each.
+``panpriv_checkpoint_seconds`` (histogram), ``panpriv_last_checkpoint_timestamp_seconds``
+    Duration of each durable checkpoint and the Unix time at which the last one became durable.
+``panpriv_snapshots_total``
+    Snapshots emitted.
+``panpriv_privacy_epsilon{guarantee}``, ``panpriv_privacy_delta{guarantee}``
+    The current per-record guarantee for ``guarantee="output"`` (everything released) and
+    ``guarantee="intrusion"`` (pan-privacy: one intrusion plus all outputs; 000, Def. C.2), from
+    the ledger's :class:`~accounting.ledger.PrivacyReport`. No guarantee is exported as ε = +Inf.
+``panpriv_consumer_lag_records{partition}``
+    Records between the consumer position and the end of each assigned ``topic/partition``.
+``panpriv_info{learner, source, version}``
+    Constant 1, labelled with what this process runs.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from accounting.ledger import PrivacyReport
+
+# Micro-batch wall time: from a 256-record batch of a cheap learner (~0.1 ms) to a stalled
+# downstream (10 s). Checkpoints add fsync latency, so their range starts higher.
+BATCH_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                         0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CHECKPOINT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                              5.0, 10.0, 30.0)
+
+GUARANTEES = ("output", "intrusion")
+
+
+def _invalid(owner: str, name: str, constraint: str, value: object) -> ValueError:
+    return ValueError(f"The {name!r} parameter of {owner} must be {constraint}. Got {value!r} instead.")
+
+
+def _count(owner: str, name: str, value: object) -> int:
+    """``value`` as a non-negative int (bool is refused: it is a flag, not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _invalid(owner, name, "an int >= 0", value)
+    return value
+
+
+def _seconds(owner: str, name: str, value: object) -> float:
+    """``value`` as a finite float >= 0 (a duration or a Unix time)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= value < math.inf):
+        raise _invalid(owner, name, "a finite float >= 0", value)
+    return float(value)
+
+
+def _label(owner: str, name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise _invalid(owner, name, "a non-empty str", value)
+    return value
+
+
+def _without_credentials(source: str) -> str:
+    """``source`` with any ``user:password@`` removed, so that no secret becomes a label."""
+    parts = urllib.parse.urlsplit(source)
+    if parts.username is None and parts.password is None:
+        return source
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+class ServiceMetrics:
+    """All panpriv Prometheus series, on an injected CollectorRegistry (a fresh one if None).
+
+    Parameters
+    ----------
+    registry
+        Where the series are registered. ``None`` creates a fresh registry (never the global
+        default, so two instances in one process do not collide).
+
+    Notes
+    -----
+    Counters only go up; callers report increments. Gauges hold the latest value reported.
+    Invalid arguments raise ``ValueError`` naming the parameter, the constraint and the value.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        r = self.registry
+        self._records = Counter("panpriv_records", "Valid records learned from.", registry=r)
+        self._rejected = Counter(
+            "panpriv_records_rejected", "Records rejected by validation, by reason.", ["reason"],
+            registry=r,
+        )
+        self._batches = Counter("panpriv_batches", "Micro-batches learned.", registry=r)
+        self._batch_seconds = Histogram(
+            "panpriv_batch_seconds", "Wall time to learn one micro-batch.",
+            buckets=BATCH_SECONDS_BUCKETS, registry=r,
+        )
+        self._checkpoint_seconds = Histogram(
+            "panpriv_checkpoint_seconds", "Wall time to make one checkpoint durable.",
+            buckets=CHECKPOINT_SECONDS_BUCKETS, registry=r,
+        )
+        self._last_checkpoint = Gauge(
+            "panpriv_last_checkpoint_timestamp_seconds",
+            "Unix time at which the last checkpoint became durable (0 before the first).",
+            registry=r,
+        )
+        self._snapshots = Counter("panpriv_snapshots", "Snapshots emitted.", registry=r)
+        self._epsilon = Gauge(
+            "panpriv_privacy_epsilon",
+            "Current per-record epsilon of the guarantee (output: all releases; intrusion: "
+            "pan-private, one intrusion plus all releases). +Inf means no guarantee.",
+            ["guarantee"], registry=r,
+        )
+        self._delta = Gauge(
+            "panpriv_privacy_delta", "Current per-record delta of the guarantee.", ["guarantee"],
+            registry=r,
+        )
+        self._lag = Gauge(
+            "panpriv_consumer_lag_records",
+            "Records between the consumer position and the end of each assigned topic/partition.",
+            ["partition"], registry=r,
+        )
+        self._lag_partitions: set[str] = set()
+        self._info = Info("panpriv", "What this process runs.", registry=r)
+
+    def observe_batch(self, records: int, seconds: float) -> None:
+        """Count one learned micro-batch of ``records`` valid records that took ``seconds``."""
+        owner = "ServiceMetrics.observe_batch"
+        records = _count(owner, "records", records)
+        seconds = _seconds(owner, "seconds", seconds)
+        self._records.inc(records)
+        self._batches.inc()
+        self._batch_seconds.observe(seconds)
+
+    def observe_rejects(self, counts: Mapping[str, int]) -> None:
+        """Add rejected-record counts by reason; a zero count still creates the reason's series."""
+        owner = "ServiceMetrics.observe_rejects"
+        checked = {_label(owner, "reason", reason): _count(owner, f"counts[{reason!r}]", n)
+                   for reason, n in counts.items()}
+        for reason, n in checked.items():
+            self._rejected.labels(reason=reason).inc(n)
+
+    def observe_checkpoint(self, seconds: float, timestamp: float) -> None:
+        """Record a checkpoint that took ``seconds`` and became durable at Unix time ``timestamp``."""
+        owner = "ServiceMetrics.observe_checkpoint"
+        seconds = _seconds(owner, "seconds", seconds)
+        timestamp = _seconds(owner, "timestamp", timestamp)
+        self._checkpoint_seconds.observe(seconds)
+        self._last_checkpoint.set(timestamp)
+
+    def observe_snapshot(self) -> None:
+        """Count one emitted snapshot."""
+        self._snapshots.inc()
+
+    def observe_privacy(self, report: PrivacyReport) -> None:
+        """Export the output and intrusion guarantees of ``report`` (ε = inf is exported as +Inf)."""
+        if not isinstance(report, PrivacyReport):
+            raise _invalid("ServiceMetrics.observe_privacy", "report", "a PrivacyReport", report)
+        for name, guarantee in (("output", report.output), ("intrusion", report.intrusion)):
+            self._epsilon.labels(guarantee=name).set(guarantee.epsilon)
+            self._delta.labels(guarantee=name).set(guarantee.delta)
+
+    def observe_lag(self, lags: Mapping[str, int]) -> None:
+        """Set the consumer lag of every currently assigned ``topic/partition``.
+
+        ``lags`` is the whole current assignment: the series of a partition missing from it
+        (revoked in a rebalance) is removed, since its lag is now another consumer's to report.
+        """
+        owner = "ServiceMetrics.observe_lag"
+        checked = {_label(owner, "partition", partition): _count(owner, f"lags[{partition!r}]", lag)
+                   for partition, lag in lags.items()}
+        for stale in self._lag_partitions - checked.keys():
+            self._lag.remove(stale)
+        for partition, lag in checked.items():
+            self._lag.labels(partition=partition).set(lag)
+        self._lag_partitions = set(checked)
+
+    def set_info(self, learner: str, source: str, version: str) -> None:
+        """Label ``panpriv_info`` with the learner, the source (credentials removed) and version."""
+        owner = "ServiceMetrics.set_info"
+        self._info.info({
+            "learner": _label(owner, "learner", learner),
+            "source": _without_credentials(_label(owner, "source", source)),
+            "version": _label(owner, "version", version),
+        })
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+        """Serve the registry on ``http://addr:port/metrics``; return a function that stops it.
+
+        The server runs in a daemon thread (prometheus-client's ``start_http_server``); calling
+        the returned ``stop()`` shuts it down, closes its socket and joins the thread. Calling it
+        again does nothing.
+        """
+        owner = "ServiceMetrics.serve"
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise _invalid(owner, "port", "an int in [1, 65535]", port)
+        server, thread = start_http_server(port, addr=_label(owner, "addr", addr), registry=self.registry)
+        stopped = False
+
+        def stop() -> None:
+            nonlocal stopped
+            if stopped:
+                return
+            stopped = True
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5.0)
+
+        return stop
