@@ -89,9 +89,8 @@ def float_array(
     if isinstance(values, (str, bytes)):
         raise InvalidParameterError(owner, name, constraint, values)
     try:
-        array = np.atleast_1d(
-            np.asarray(list(values) if isinstance(values, Iterable) else values, dtype=np.float64)
-        )
+        listed = values if isinstance(values, np.ndarray) or not isinstance(values, Iterable) else list(values)
+        array = np.atleast_1d(np.asarray(listed, dtype=np.float64))
     except (TypeError, ValueError):
         raise InvalidParameterError(owner, name, constraint, values) from None
     bounded = array >= low if closed_low else array > low
