@@ -1,0 +1,317 @@
+"""The AC-SA core shared by the AC-SA learners: Lan's updates, step sizes and parameter plans.
+
+AC-SA (Lan 2012), the accelerated stochastic approximation that 000 privatises twice — with a
+shuffled vector sum (Alg. 4, ``PAGD``) and with pan-private noise (Alg. 6) — is, per step t:
+
+1. ``θ^md_t = α_t θ_t + (1 − α_t) θ^ag_t``                     (middle point; 000 Alg. 4 line 3)
+2. ``g_t``  = a noisy gradient at ``θ^md_t``                       (supplied by the caller)
+3. ``θ_{t+1} = argmin_{θ∈Θ} ⟨g_t, θ − θ_t⟩ + (L_t/2)‖θ − θ_t‖² = Π_Θ(θ_t − g_t/L_t)``
+4. ``θ^ag_{t+1} = α_t θ_{t+1} + (1 − α_t) θ^ag_t``             (aggregate; the output)
+
+This module holds the parts that do not depend on how ``g_t`` is privatised: :class:`Iterate` and
+:func:`step` (lines 3–4 and the next middle point), :class:`StepSizes` (α_t and L_t), and
+:func:`plan_runs` (batch size, Moreau smoothing parameter and the phases of the strongly convex
+reduction, from the proofs of 000 Thms 4.3, 4.7, 4.8 with the caller's noise level). A learner
+supplies the gradient oracle: it computes ``g_t`` at :attr:`Iterate.theta_md` however its privacy
+model demands (000 Alg. 6: Gaussian noise twice; Alg. 4: PVEC) and calls :func:`step`.
+
+Noise level. Privacy noise enters the plans only through the *noise multiplier* ν of the batch
+mean gradient: the caller's total privacy noise Z added to ``(1/b) Σ ∇ℓ`` has ``E‖Z‖² = p ν² L²/b²``
+(p parameters, L the per-record gradient bound). For 000 Alg. 6 with two draws of standard
+deviation ``ζ = s·2L/b`` each, ν² = 8 s². The oracle variance (000, proof of Thm C.3) is then
+``σ²(b) = L²/b + p ν² L²/b²``.
+
+References
+----------
+000 (Cheu, Joseph, Mao, Peng): Alg. 4, Lemma 4.4 (= Lan 2012, Thm 2), Thm 4.3 and its proof
+(batch size), Def. 4.5 / Lemma 4.6 / Thm 4.7 (Moreau smoothing), Thm 4.8 (strongly convex phases),
+Alg. 6 and Thm C.3 (pan-private variant).
+G. Lan (2012), "An optimal method for stochastic composite optimization", Math. Program. 133:365–397,
+AC-SA and Corollary 1 (β_t = (t+1)/2, γ_t = (t+1)γ/2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from protocols.geometry import L2Ball
+
+Array = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The constants the theorems leave open ("O(·)"), chosen by measurement.
+
+    See ``benchmarks/utility_pan_acsa.py --tune`` for the sweep that picked them (synthetic
+    logistic and least-squares streams, d = 20, n = 10³…10⁶, ε ∈ {0.5, 1, 4}); none of them affects
+    privacy, which depends only on the noise scale and on each record entering one batch.
+
+    Attributes
+    ----------
+    batch
+        C_b in ``b = C_b · n^{3/5} (√p ν L / (β D))^{2/5}`` (000, proof of Thm 4.3).
+    smoothing
+        C_s in ``β_s = C_s · L n^{2/3} / (D (√p ν)^{2/3})`` (000, proof of Thm 4.7).
+    noise_step
+        κ in ``L_t = (2/(t+1)) (2β + κ (T+2)^{3/2} σ / D)`` (Lan 2012, Cor. 1; 000 Lemma 4.4).
+    error
+        C_E in the per-phase error prediction that sets the next phase's distance (Thm 4.8).
+    """
+
+    batch: float = 1.0
+    smoothing: float = 1.0
+    noise_step: float = 1.0
+    error: float = 1.0
+
+
+DEFAULT_TUNING = Tuning()
+
+
+def alpha(t: int) -> float:
+    """α_t = 2/(t+1) = 1/β_t with Lan's β_t = (t+1)/2 (Lan 2012, Cor. 1); α_1 = 1.
+
+    Notes
+    -----
+    000 (Lemma 4.4, Thm 4.3; garbled in the seed text) reads α_t = 2/(t+2), i.e. α_1 = 2/3.
+    Lan's analysis needs α_1 = 1 (β_1 = 1), which makes θ^md_1 = θ_1 and removes the initial
+    aggregate from the bound; we follow Lan.
+    """
+    return 2.0 / (t + 1.0)
+
+
+@dataclass(frozen=True)
+class StepSizes:
+    """Lan's step sizes for a run of ``steps`` = T steps (Lan 2012, Cor. 1; 000, Lemma 4.4).
+
+    ``L_t = (2/(t+1)) · (2β + κ (T+2)^{3/2} σ / D)``, i.e. Lan's ``γ_t = 1/L_t = (t+1)γ/2`` with
+    ``1/γ = 2β + κ (T+2)^{3/2} σ/D`` (Lan's ``γ = min{1/(2β), c D/((T+2)^{3/2} σ)}`` up to a factor
+    at most 2). ``β`` is the smoothness of the whole objective (ridge included), ``σ`` the standard
+    deviation of the gradient oracle, ``D`` a bound on the distance from the start to the optimum.
+    """
+
+    steps: int
+    smoothness: float
+    oracle_std: float
+    distance: float
+    noise_step: float = DEFAULT_TUNING.noise_step
+
+    @property
+    def base(self) -> float:
+        """1/γ = 2β + κ (T+2)^{3/2} σ / D."""
+        return 2.0 * self.smoothness + self.noise_step * (self.steps + 2.0) ** 1.5 * self.oracle_std / self.distance
+
+    def prox_weight(self, t: int) -> float:
+        """L_t, the weight of the proximal term at step t (1-based)."""
+        return 2.0 / (t + 1.0) * self.base
+
+
+@dataclass(frozen=True)
+class Iterate:
+    """The three AC-SA sequences and the index ``t`` (1-based) of the next step.
+
+    ``theta_ag`` is the output (000 Alg. 4/6: "Output θ^ag_{T+1}"); ``theta_md`` is where the next
+    gradient must be evaluated.
+    """
+
+    theta: Array
+    theta_ag: Array
+    theta_md: Array
+    t: int
+
+    @classmethod
+    def start(cls, theta0: Array) -> Iterate:
+        """θ_1 = θ^ag_1 = θ^md_1 = θ0 (000 Alg. 4/6 line "Initialize θ^ag_1 = θ_1 ∈ Θ")."""
+        theta0 = np.array(theta0, dtype=np.float64, copy=True)
+        return cls(theta0, theta0.copy(), theta0.copy(), 1)
+
+
+def step(current: Iterate, gradient: Array, sizes: StepSizes, ball: L2Ball) -> Iterate:
+    """One AC-SA step from ``gradient`` (the oracle's answer at ``current.theta_md``).
+
+    ``θ_{t+1} = Π_Θ(θ_t − g_t/L_t)``, ``θ^ag_{t+1} = α_t θ_{t+1} + (1 − α_t) θ^ag_t`` and the next
+    middle point ``θ^md_{t+1} = α_{t+1} θ_{t+1} + (1 − α_{t+1}) θ^ag_{t+1}`` (Lan 2012; 000 Alg. 4
+    line 3 at step t+1).
+
+    Notes
+    -----
+    000 Alg. 6 line 12 reads ``θ^md_{t+1} ← α_t θ_{t+1} + (1 − α_t) θ^ag_t``: the right-hand side of
+    line 11, so it would make θ^md_{t+1} = θ^ag_{t+1} at every step and remove the acceleration.
+    It is a typo for Lan's update (also 000's own Alg. 4 line 3), implemented here and pinned by
+    ``tests/protocols/test_pan_acsa.py::test_middle_point_follows_lan_not_alg6_line12``.
+    The middle point is projected onto Θ as well: it is a convex combination of points of Θ, so
+    this only removes rounding, and the per-record gradient bound L (e.g. of the squared loss,
+    which grows with ‖θ‖) then holds exactly.
+    """
+    t = current.t
+    a = alpha(t)
+    theta = ball.project(current.theta - gradient / sizes.prox_weight(t))
+    theta_ag = a * theta + (1.0 - a) * current.theta_ag
+    a_next = alpha(t + 1)
+    theta_md = ball.project(a_next * theta + (1.0 - a_next) * theta_ag)
+    return Iterate(theta, theta_ag, theta_md, t + 1)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the plans need to know: public constants of the loss, Θ and the privacy noise.
+
+    Attributes
+    ----------
+    dim
+        p, the number of parameters.
+    lipschitz
+        L, the bound on each record's gradient norm (data term, or its Moreau envelope).
+    smoothness
+        β of the data term; ``inf`` if it is not smooth.
+    ridge
+        λ_r of the ridge term (λ_r/2)‖θ‖², added exactly (no noise) to every gradient.
+    strong_convexity
+        λ ≥ λ_r, the strong convexity of the population objective (0: none declared).
+    radius
+        Radius r of Θ (D = 2r).
+    noise_multiplier
+        ν: the privacy noise added to a batch-mean gradient has E‖Z‖² = p ν² L²/b².
+    """
+
+    dim: int
+    lipschitz: float
+    smoothness: float
+    ridge: float
+    strong_convexity: float
+    radius: float
+    noise_multiplier: float
+
+    @property
+    def diameter(self) -> float:
+        return 2.0 * self.radius
+
+    def oracle_std(self, batch: int) -> float:
+        """σ(b) = √(L²/b + p ν² L²/b²) (000, proof of Thm C.3, with the constants kept)."""
+        L = self.lipschitz
+        return math.sqrt(L * L / batch + self.dim * (self.noise_multiplier * L / batch) ** 2)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The parameters of one AC-SA run over ``records`` records.
+
+    The run has T = ``steps`` batches; the first ``records mod T`` have ``⌊records/T⌋ + 1`` records,
+    the rest ``⌊records/T⌋``, so every record of the run enters exactly one batch.
+    ``smoothing`` is the Moreau parameter β_s (the oracle uses envelope gradients) or ``None``.
+    ``predicted_error`` is the run's excess-loss bound used to plan the next phase (Thm 4.8).
+    """
+
+    records: int
+    steps: int
+    smoothing: float | None
+    sizes: StepSizes
+    predicted_error: float
+
+    def batch_size(self, t: int) -> int:
+        """Size of batch t (1-based)."""
+        base, extra = divmod(self.records, self.steps)
+        return base + 1 if t <= extra else base
+
+
+def _batch_size(problem: Problem, records: int, distance: float, beta: float, tuning: Tuning) -> int:
+    """b = C_b n^{3/5} (√p ν L / (β D))^{2/5}, clamped to [1, n] (000, proof of Thm 4.3).
+
+    It balances β D² b²/n² (acceleration term with T = n/b) against the privacy term
+    D √p ν L/√(b n); with no noise (ν = 0) every record is its own batch.
+    """
+    noise = math.sqrt(problem.dim) * problem.noise_multiplier * problem.lipschitz
+    b = tuning.batch * records**0.6 * (noise / (beta * distance)) ** 0.4
+    return int(min(records, max(1, round(b))))
+
+
+def _smoothing(problem: Problem, records: int, distance: float, tuning: Tuning) -> float:
+    """β_s = C_s L n^{2/3} / (D (√p ν)^{2/3}) (000, proof of Thm 4.7 with the pan-private
+    variance), capped at L n / D — where the smoothing error L²/(2β_s) is already below the
+    statistical term L D/√n, so a larger β_s only shortens the steps (and ν = 0 needs a cap)."""
+    L = problem.lipschitz
+    cap = L * records / distance
+    noise = math.sqrt(problem.dim) * problem.noise_multiplier
+    if noise == 0.0:
+        return cap
+    return min(cap, tuning.smoothing * L * records ** (2.0 / 3.0) / (distance * noise ** (2.0 / 3.0)))
+
+
+def plan_run(
+    problem: Problem,
+    records: int,
+    distance: float,
+    *,
+    moreau: bool,
+    batch_size: int | None = None,
+    tuning: Tuning = DEFAULT_TUNING,
+) -> RunPlan:
+    """Parameters of one AC-SA run over ``records`` records starting within ``distance`` of θ*.
+
+    ``moreau=True`` plans a Moreau-smoothed run (000, Thm 4.7): gradients of the β_s-envelope,
+    whose smoothness is β_s. ``batch_size`` overrides the planned b (clamped to the run length).
+    Predicted excess loss (Lan 2012 Cor. 1 form, 000 Lemma 4.4, plus Lemma 4.6 item 3):
+    ``C_E (β D² / T² + D σ(b)/√T + [L²/(2β_s)])``.
+    """
+    L = problem.lipschitz
+    beta_s = _smoothing(problem, records, distance, tuning) if moreau else None
+    # The envelope of a β-smooth term is min(β, β_s)-smooth; of a non-smooth one, β_s-smooth.
+    beta = (problem.smoothness if beta_s is None else min(beta_s, problem.smoothness)) + problem.ridge
+    if batch_size is None:
+        b = _batch_size(problem, records, distance, beta, tuning)
+    else:
+        b = min(records, batch_size)
+    steps = records // b
+    sigma = problem.oracle_std(b)
+    sizes = StepSizes(steps, beta, sigma, distance, tuning.noise_step)
+    error = beta * distance**2 / steps**2 + distance * sigma / math.sqrt(steps)
+    if beta_s is not None:
+        error += L * L / (2.0 * beta_s)
+    return RunPlan(records, steps, beta_s, sizes, tuning.error * error)
+
+
+def phase_count(records: int) -> int:
+    """k = ⌈log₂ log₂ n⌉ phases (at least 1) for the strongly convex reduction (000, Thm 4.8:
+    "k = O(log log n)")."""
+    if records < 4:
+        return 1
+    return max(1, math.ceil(math.log2(math.log2(records))))
+
+
+def plan_runs(
+    problem: Problem,
+    records: int,
+    *,
+    moreau: bool,
+    batch_size: int | None = None,
+    tuning: Tuning = DEFAULT_TUNING,
+) -> tuple[RunPlan, ...]:
+    """The runs that process ``records`` records: one for convex losses, the k phases of 000
+    Thm 4.8 for λ-strongly convex ones (λ = ``problem.strong_convexity`` > 0).
+
+    Phases (000, Thm 4.8 and its proof): k = :func:`phase_count` disjoint runs of about n/k
+    records, each warm-started from the previous output. Phase i is planned for the distance
+    ``D_i``: ``D_1 = min(D, L_F/λ)`` with ``L_F = L + λ_r r`` (for θ* minimising the λ-strongly
+    convex objective F over Θ, λ‖θ − θ*‖² ≤ ⟨∇F(θ), θ − θ*⟩ ≤ L_F ‖θ − θ*‖), and
+    ``D_{i+1} = min(D_i, √(2 Δ_i/λ))`` where Δ_i is the predicted excess loss of phase i
+    (strong convexity: λ/2 ‖θ − θ*‖² ≤ F(θ) − F(θ*)). The D_i are functions of public constants
+    only, so they cost no privacy.
+    """
+    lam = problem.strong_convexity
+    if lam <= 0.0:
+        return (plan_run(problem, records, problem.diameter, moreau=moreau, batch_size=batch_size, tuning=tuning),)
+    k = min(phase_count(records), records)
+    base, extra = divmod(records, k)
+    distance = min(problem.diameter, (problem.lipschitz + problem.ridge * problem.radius) / lam)
+    plans = []
+    for i in range(k):
+        plan = plan_run(
+            problem, base + (1 if i < extra else 0), distance, moreau=moreau, batch_size=batch_size, tuning=tuning
+        )
+        plans.append(plan)
+        distance = min(distance, math.sqrt(2.0 * plan.predicted_error / lam))
+    return tuple(plans)

@@ -1,0 +1,391 @@
+"""Pan-private AC-SA: 000 Algorithm 6 with the four cases of 000 Theorem C.3.
+
+The learner reads a stream one record at a time (vectorised over micro-batches) and keeps, as its
+whole internal state, the AC-SA iterates (θ_t, θ^ag_t, θ^md_t) and a gradient accumulator g_t.
+Records are grouped into consecutive batches of planned sizes b_t; for batch t:
+
+- when its first record arrives, ``g_t ← Z_t ~ N(0, ζ_t² I)`` (000 Alg. 6 lines 4–5);
+- each record adds ``∇ℓ(θ^md_t; x)/b_t`` (line 7), with the gradient clipped to norm L;
+- at its end, ``g_t ← g_t + N(0, ζ_t² I)`` (line 9), the exact ridge gradient λ_r θ^md_t is added,
+  and the AC-SA step of :mod:`protocols.acsa` runs (lines 10–12, Lan's update).
+
+An intruder who reads the state mid-batch sees ``Z_t + (partial sum)/b_t``, protected by Z_t;
+released parameters depend on the batch only through the full sum plus both draws, and given
+the intrusion the second draw protects the records after it (000, Lemma C.4, Case 2). So each
+draw alone must make the batch mean (ε, δ)-DP; its ℓ2 sensitivity under replacement of one
+record is 2L/b_t. Because every record enters exactly one batch and everything else is
+post-processing, the learner is (ε, δ)-pan-private (one intrusion plus all outputs) and its
+outputs are (ε, δ)-DP, per record, however long the stream runs.
+
+Noise calibration: ``calibration="analytic"`` (default) takes the smallest ζ for which the Gaussian
+mechanism with sensitivity 2L/b is (ε, δ)-DP (Balle & Wang 2018, via
+:func:`accounting.gaussian.analytic_sigma`), valid for every ε > 0; ``"classic"`` takes
+ζ² = 8 L² log(2/δ)/(b² ε²) of 000 Alg. 6 line 1 / Lemma C.5, valid for ε < 1 only and never
+smaller. Lemma C.4's proof uses nothing about ζ beyond that (ε, δ)-DP property, so both give the
+same guarantee.
+
+Cases of Thm C.3 (parameters from :func:`protocols.acsa.plan_runs`):
+
+1. convex, non-smooth loss → Moreau smoothing (000 Thm 4.7): envelope gradients via the prox;
+2. β-smooth loss → AC-SA on the loss itself (000 Thm 4.3);
+3. λ-strongly convex (ridge or declared ``strong_convexity``), non-smooth → phases of 000 Thm 4.8,
+   each Moreau-smoothed;
+4. λ-strongly convex and β-smooth → phases of Thm 4.8 without smoothing.
+
+Stream length. With ``horizon=n`` the first epoch is one run (or k phases) over n records; with
+``horizon=None`` it has :data:`FIRST_EPOCH` records. Records beyond are processed by further epochs,
+each twice as long as the previous and warm-started from its output (the "doubling trick"). Each
+record still enters exactly one batch, so the guarantee does not change.
+
+References
+----------
+000 (Cheu, Joseph, Mao, Peng), Def. C.2 (pan-privacy), Alg. 6, Thm C.3, Lemma C.4, Lemma C.5;
+Alg. 4, Lemma 4.4, Thms 4.3, 4.7, 4.8 (the shuffle counterparts whose parameters C.3 reuses).
+Balle & Wang (2018), "Improving the Gaussian mechanism for differential privacy", Thm 8.
+G. Lan (2012), Math. Program. 133:365–397 (AC-SA).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from accounting.gaussian import analytic_sigma, classic_sigma
+from accounting.ledger import Guarantee, PrivacyReport
+from protocols import validation as check
+from protocols.acsa import DEFAULT_TUNING, Iterate, Problem, RunPlan, plan_runs, step
+from protocols.base import Learner, StateValue, check_batch
+from protocols.errors import InvalidInputError
+from protocols.geometry import L2Ball
+from protocols.losses import Loss, as_loss, clip_rows
+from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+
+Array = NDArray[np.float64]
+
+FIRST_EPOCH = 1024
+"""Records in the first epoch when no horizon is declared (later epochs double)."""
+
+SENSITIVITY_SLACK = 1e-9
+"""Relative margin added to the sensitivity 2L/b when calibrating ζ. Clipping a gradient to norm L
+and scaling a unit-sensitivity σ are exact only up to rounding (a few ulps); this margin, far
+larger than any rounding and far too small to matter for utility, keeps the calibration a bound."""
+
+_OWNER = "PanPrivateACSA"
+_ARRAYS = ("theta", "theta_ag", "theta_md", "grad")
+_COUNTERS = ("records", "epoch", "phase", "step", "filled")
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_sigma(calibration: str, epsilon: float, delta: float) -> float:
+    """σ making the Gaussian mechanism with sensitivity 1 (ε, δ)-DP. The mechanism depends only
+    on sensitivity/σ, so ζ for sensitivity Δ is Δ times this (up to rounding; see
+    :data:`SENSITIVITY_SLACK`). Cached: the analytic calibration is a root search."""
+    if calibration == "classic":
+        return classic_sigma(epsilon, delta, 1.0)
+    return analytic_sigma(epsilon, delta, 1.0)
+
+
+class PanPrivateACSA(Learner):
+    """Pan-private accelerated stochastic approximation (000, Alg. 6 and Thm C.3).
+
+    Parameters
+    ----------
+    dim
+        Number of raw features d (the model has d + 1 parameters with an intercept).
+    loss
+        A :class:`protocols.losses.Loss` or its config dict.
+    epsilon, delta
+        The per-record guarantee, for outputs and for one intrusion plus outputs.
+    horizon
+        Records in the first epoch (the planned stream length n); ``None``: :data:`FIRST_EPOCH`.
+    batch_size
+        Override of the planned batch size b (000, proof of Thm 4.3); ``None`` plans it.
+    radius
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+    feature_bound
+        R: features are clipped to norm R (an intercept feature is added after clipping).
+    strong_convexity
+        λ ≥ 0 of the unregularised population loss, if known; the loss's ridge adds to it.
+        λ > 0 selects the phased reduction of 000, Thm 4.8 (cases 3 and 4).
+    smoothing
+        ``"auto"``: Moreau-smooth non-smooth losses only; ``"moreau"``: always (needs a closed-form
+        prox); ``"none"``: never (needs a smooth loss).
+    calibration
+        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1).
+    rng
+        ``None`` (default): every noise draw uses a fresh OS-entropy generator (pan-private).
+        A seed or generator: reproducible replay/testing mode, in which there is no pan-private
+        guarantee (see :mod:`protocols.randomness`).
+
+    Notes
+    -----
+    Deviations from 000, each explained where implemented: Lan's middle-point update instead of
+    Alg. 6 line 12 (:func:`protocols.acsa.step`); α_t = 2/(t+1) (:func:`protocols.acsa.alpha`); the
+    Moreau envelope over R^p instead of Θ (:meth:`protocols.losses.Loss.envelope_gradient`);
+    batch sizes b_t ∈ {⌊n/T⌋, ⌊n/T⌋ + 1} so that every record is used; the analytic calibration.
+
+    References
+    ----------
+    000, Alg. 6, Thm C.3, Lemma C.4, Lemma C.5, Def. C.2; Lan (2012); Balle & Wang (2018).
+    """
+
+    name = "pan-acsa"
+
+    def __init__(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, Any],
+        epsilon: float,
+        delta: float,
+        horizon: int | None = None,
+        batch_size: int | None = None,
+        radius: float = 1.0,
+        feature_bound: float = 1.0,
+        strong_convexity: float = 0.0,
+        smoothing: str = "auto",
+        calibration: str = "analytic",
+        rng: RngLike = None,
+    ) -> None:
+        self.dim = check.positive_int(_OWNER, "dim", dim)
+        self.loss = as_loss(loss, _OWNER)
+        self.calibration = check.choice(_OWNER, "calibration", calibration, ("analytic", "classic"))
+        self.delta = check.open_unit(_OWNER, "delta", delta)
+        if self.calibration == "classic":
+            self.epsilon = check.open_unit(_OWNER, "epsilon", epsilon)  # 000 Lemma C.5: ε < 1
+        else:
+            self.epsilon = check.positive(_OWNER, "epsilon", epsilon)
+        unit_sigma = _unit_sigma(self.calibration, self.epsilon, self.delta)
+        self.horizon = None if horizon is None else check.positive_int(_OWNER, "horizon", horizon)
+        self.batch_size = None if batch_size is None else check.positive_int(_OWNER, "batch_size", batch_size)
+        self.radius = check.positive(_OWNER, "radius", radius)
+        self.feature_bound = check.positive(_OWNER, "feature_bound", feature_bound)
+        self.strong_convexity = check.nonnegative(_OWNER, "strong_convexity", strong_convexity)
+        self.smoothing = check.choice(_OWNER, "smoothing", smoothing, ("auto", "moreau", "none"))
+        if self.smoothing == "none" and not self.loss.smooth:
+            raise InvalidInputError(
+                check.message(_OWNER, "smoothing", f"'auto' or 'moreau' for the non-smooth {self.loss.name} loss", smoothing)
+            )
+        if self.smoothing == "moreau" and not self.loss.has_prox:
+            raise InvalidInputError(
+                check.message(_OWNER, "smoothing", f"'auto' or 'none' for the {self.loss.name} loss (no closed-form prox)", smoothing)
+            )
+
+        self._ball = L2Ball(self.radius)
+        self._noise = NoiseSource(rng)
+        self._params = self.loss.param_dim(self.dim)
+        self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
+        self._unit_sigma = unit_sigma * (1.0 + SENSITIVITY_SLACK)
+        self._moreau = self.smoothing == "moreau" or (self.smoothing == "auto" and not self.loss.smooth)
+        # Two draws of standard deviation ζ = s·2L/b each: E‖Z‖² = p·8 s² L²/b², i.e. ν² = 8 s².
+        self._problem = Problem(
+            dim=self._params,
+            lipschitz=self._lipschitz,
+            smoothness=self.loss.smoothness(self.feature_bound),
+            ridge=self.loss.ridge,
+            strong_convexity=self.strong_convexity + self.loss.ridge,
+            radius=self.radius,
+            noise_multiplier=math.sqrt(8.0) * self._unit_sigma,
+        )
+        self._plans_cache: tuple[int, tuple[RunPlan, ...]] | None = None
+
+        self._records = 0
+        self._epoch = 0
+        self._phase = 0
+        self._filled = 0
+        self._iterate = Iterate.start(np.zeros(self._params))
+        # The accumulator g_t; between batches it is unused (zeros) until Z_t initialises it.
+        self._grad = np.zeros(self._params)
+
+    # -- plans and noise ---------------------------------------------------------------------
+
+    def epoch_length(self, epoch: int) -> int:
+        """Records in epoch ``epoch`` (0-based): n₀·2^epoch with n₀ = horizon or FIRST_EPOCH."""
+        first = FIRST_EPOCH if self.horizon is None else self.horizon
+        return first * 2**epoch
+
+    def epoch_plans(self, epoch: int) -> tuple[RunPlan, ...]:
+        """The runs (one, or the phases of Thm 4.8) of epoch ``epoch``; public constants only."""
+        if self._plans_cache is None or self._plans_cache[0] != epoch:
+            plans = plan_runs(
+                self._problem, self.epoch_length(epoch), moreau=self._moreau, batch_size=self.batch_size, tuning=DEFAULT_TUNING
+            )
+            self._plans_cache = (epoch, plans)
+        return self._plans_cache[1]
+
+    def current_plan(self) -> RunPlan:
+        """The plan of the run in progress."""
+        return self.epoch_plans(self._epoch)[self._phase]
+
+    def batch_noise_std(self, batch: int) -> float:
+        """ζ for a batch of ``batch`` records: the standard deviation of each of the two draws, for
+        ℓ2 sensitivity 2L/b (times 1 + :data:`SENSITIVITY_SLACK`)."""
+        return self._unit_sigma * 2.0 * self._lipschitz / batch
+
+    def _draw(self, batch: int) -> Array:
+        return self._noise.generator().normal(0.0, self.batch_noise_std(batch), size=self._params)
+
+    # -- learning ------------------------------------------------------------------------------
+
+    def _gradients(self, Z: Array, y: Array, plan: RunPlan) -> Array:
+        """Per-record gradients at θ^md (of the Moreau envelope when smoothing), clipped to L.
+
+        The clip is a no-op up to rounding when the loss's L is right; it makes the sensitivity
+        2L/b hold by construction.
+        """
+        theta_md = self._iterate.theta_md
+        if plan.smoothing is None:
+            G = self.loss.gradient(theta_md, Z, y)
+        else:
+            G = self.loss.envelope_gradient(theta_md, Z, y, plan.smoothing)
+        return clip_rows(G, self._lipschitz)
+
+    def learn_many(self, X: Array, y: Array) -> None:
+        """Add a micro-batch of records; any split of the stream gives the same mechanism."""
+        X, y = check_batch(_OWNER, X, y, self.dim)
+        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
+        position = 0
+        while position < Z.shape[0]:
+            plan = self.current_plan()
+            batch = plan.batch_size(self._iterate.t)
+            if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
+                self._grad = self._draw(batch)
+            take = min(batch - self._filled, Z.shape[0] - position)
+            rows = slice(position, position + take)
+            self._grad = self._grad + self._gradients(Z[rows], labels[rows], plan).sum(axis=0) / batch
+            self._filled += take
+            self._records += take
+            position += take
+            if self._filled == batch:
+                self._finish_batch(plan, batch)
+
+    def _finish_batch(self, plan: RunPlan, batch: int) -> None:
+        """Alg. 6 lines 9–12 for the completed batch."""
+        gradient = self._grad + self._draw(batch) + self.loss.ridge_gradient(self._iterate.theta_md)
+        self._iterate = step(self._iterate, gradient, plan.sizes, self._ball)
+        if self._iterate.t > plan.steps:  # run over: next phase or next epoch, warm-started
+            self._phase += 1
+            if self._phase == len(self.epoch_plans(self._epoch)):
+                self._epoch += 1
+                self._phase = 0
+            self._iterate = Iterate.start(self._iterate.theta_ag)
+        self._filled = 0
+        self._grad = np.zeros(self._params)
+
+    # -- outputs -------------------------------------------------------------------------------
+
+    def release(self) -> Array:
+        """θ^ag of the run in progress (the output of 000 Alg. 6; the warm start at a run's start)."""
+        return self._iterate.theta_ag.copy()
+
+    def predict_many(self, X: Array) -> Array:
+        """``loss.predict`` at the released parameters (logistic: P(y = 1); others: the score)."""
+        X, _ = check_batch(_OWNER, X, None, self.dim)
+        return self.loss.predict(self.release(), self.loss.features(X, self.feature_bound))
+
+    @property
+    def records_seen(self) -> int:
+        return self._records
+
+    def privacy(self) -> PrivacyReport:
+        """(ε, δ) per record for all outputs, and for one intrusion plus all outputs (000, Lemma C.4).
+
+        In the seeded replay/testing mode the intrusion guarantee is reported as none: the
+        generator in memory lets an intruder predict the noise still to come.
+        """
+        guarantee = Guarantee(self.epsilon, self.delta)
+        calibration = (
+            "analytic Gaussian (Balle & Wang 2018)" if self.calibration == "analytic" else "classic Gaussian (000, Lemma C.5)"
+        )
+        assumptions = [
+            "neighbouring streams differ in one record (replacement); stream positions, counts and "
+            "the horizon are public",
+            f"features clipped to norm {self.feature_bound:g} and per-record gradients to norm "
+            f"L = {self._lipschitz:.6g}, so a batch mean of b records has l2 sensitivity 2L/b",
+            f"each batch gets two Gaussian draws (at its start and at its end), each calibrated "
+            f"({calibration}) to make the batch mean (epsilon, delta)-DP alone; every record "
+            "enters exactly one batch",
+            "the intruder reads the internal state (iterates and partial gradient accumulator) at "
+            "most once; every noise draw comes from a generator freshly seeded from OS entropy",
+        ]
+        if self._noise.is_seeded:
+            assumptions.append(SEEDED_WARNING)
+        references = ["000, Alg. 6", "000, Lemma C.4", "000, Thm C.3", "000, Def. C.2"]
+        references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "000, Lemma C.5")
+        return PrivacyReport(
+            mechanism=self.name,
+            records=self._records,
+            output=guarantee,
+            intrusion=Guarantee.none() if self._noise.is_seeded else guarantee,
+            assumptions=tuple(assumptions),
+            references=tuple(references),
+        )
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "loss": self.loss.config(),
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "horizon": self.horizon,
+            "batch_size": self.batch_size,
+            "radius": self.radius,
+            "feature_bound": self.feature_bound,
+            "strong_convexity": self.strong_convexity,
+            "smoothing": self.smoothing,
+            "calibration": self.calibration,
+        }
+
+    def state_dict(self) -> dict[str, StateValue]:
+        """Counters, the iterates (post-processing of noisy sums) and the accumulator g_t (noisy:
+        Z_t plus the batch's partial sum; zeros between batches)."""
+        return {
+            "records": self._records,
+            "epoch": self._epoch,
+            "phase": self._phase,
+            "step": self._iterate.t,
+            "filled": self._filled,
+            "theta": self._iterate.theta.copy(),
+            "theta_ag": self._iterate.theta_ag.copy(),
+            "theta_md": self._iterate.theta_md.copy(),
+            "grad": self._grad.copy(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        missing = set(_ARRAYS + _COUNTERS) - set(state)
+        if missing:
+            raise InvalidInputError(f"{_OWNER}.load_state_dict: state lacks {sorted(missing)}")
+        counters = {}
+        for key in _COUNTERS:
+            value = state[key]
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise InvalidInputError(check.message(f"{_OWNER}.load_state_dict", key, "an int >= 0", value))
+            counters[key] = int(value)
+        arrays = {}
+        for key in _ARRAYS:
+            array = np.array(state[key], dtype=np.float64, copy=True)
+            if array.shape != (self._params,) or not np.all(np.isfinite(array)):
+                raise InvalidInputError(
+                    f"{_OWNER}.load_state_dict: {key!r} must be {self._params} finite floats; got shape {array.shape}"
+                )
+            arrays[key] = array
+        plans = self.epoch_plans(counters["epoch"])
+        if counters["phase"] >= len(plans):
+            raise InvalidInputError(check.message(f"{_OWNER}.load_state_dict", "phase", f"< {len(plans)}", counters["phase"]))
+        plan = plans[counters["phase"]]
+        if not 1 <= counters["step"] <= plan.steps or counters["filled"] >= plan.batch_size(counters["step"]):
+            raise InvalidInputError(
+                f"{_OWNER}.load_state_dict: step {counters['step']} / filled {counters['filled']} do not fit "
+                f"the planned run ({plan.steps} batches); was the state saved under another config?"
+            )
+        self._records, self._epoch, self._phase, self._filled = (
+            counters["records"], counters["epoch"], counters["phase"], counters["filled"]
+        )
+        self._iterate = Iterate(arrays["theta"], arrays["theta_ag"], arrays["theta_md"], counters["step"])
+        self._grad = arrays["grad"]

@@ -1,0 +1,125 @@
+"""Tests of the AC-SA core (protocols.acsa): Lan's step sizes and updates, and the plans."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from protocols.acsa import (
+    Iterate,
+    Problem,
+    StepSizes,
+    Tuning,
+    alpha,
+    phase_count,
+    plan_run,
+    plan_runs,
+    step,
+)
+from protocols.geometry import L2Ball
+
+PROBLEM = Problem(dim=21, lipschitz=1.0, smoothness=0.25, ridge=0.0, strong_convexity=0.0, radius=5.0, noise_multiplier=12.0)
+
+
+def test_alpha_is_lans_two_over_t_plus_one():
+    assert [alpha(t) for t in (1, 2, 3, 9)] == [1.0, 2 / 3, 0.5, 0.2]
+
+
+def test_prox_weight_formula():
+    sizes = StepSizes(steps=8, smoothness=0.25, oracle_std=2.0, distance=4.0, noise_step=1.0)
+    base = 2 * 0.25 + 10**1.5 * 2.0 / 4.0
+    assert sizes.base == pytest.approx(base, rel=1e-15)
+    assert sizes.prox_weight(1) == pytest.approx(base)
+    assert sizes.prox_weight(3) == pytest.approx(base / 2)
+
+
+def test_step_numbers():
+    """One step from θ_1 = θ^ag_1 = θ^md_1 = 0 with t = 2 state, checked by hand."""
+    ball = L2Ball(100.0)
+    sizes = StepSizes(steps=5, smoothness=1.0, oracle_std=0.0, distance=1.0)  # base = 2, L_t = 4/(t+1)
+    current = Iterate(np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([0.5, 0.5]), 2)
+    nxt = step(current, np.array([4.0, -4.0]), sizes, ball)
+    L2 = 4.0 / 3.0
+    theta = np.array([1.0, 0.0]) - np.array([4.0, -4.0]) / L2  # (-2, 3)
+    theta_ag = (2 / 3) * theta + (1 / 3) * np.array([0.0, 1.0])
+    theta_md = 0.5 * theta + 0.5 * theta_ag  # α_3 = 1/2
+    np.testing.assert_allclose(nxt.theta, theta)
+    np.testing.assert_allclose(nxt.theta_ag, theta_ag)
+    np.testing.assert_allclose(nxt.theta_md, theta_md)
+    assert nxt.t == 3
+
+
+def test_step_projects_onto_theta():
+    ball = L2Ball(1.0)
+    sizes = StepSizes(steps=5, smoothness=1.0, oracle_std=0.0, distance=1.0)
+    nxt = step(Iterate.start(np.zeros(3)), np.array([100.0, 0.0, 0.0]), sizes, ball)
+    np.testing.assert_allclose(nxt.theta, [-1.0, 0.0, 0.0])
+
+
+def test_exact_gradients_converge_at_the_accelerated_rate():
+    """With σ = 0, AC-SA is Nesterov-accelerated: on f(θ) = ½ θᵀAθ − bᵀθ (β = 1) the gap after T
+    steps is below 4β‖θ_1 − θ*‖²/(T(T+1)) (Lan 2012, Cor. 1 with σ = 0), much faster than 1/T."""
+    rng = np.random.default_rng(0)
+    A = np.diag(np.linspace(1e-3, 1.0, 10))
+    theta_star = rng.normal(size=10)
+    f = lambda th: 0.5 * (th - theta_star) @ A @ (th - theta_star)  # noqa: E731
+    ball = L2Ball(100.0)
+    for T in (10, 40, 160):
+        sizes = StepSizes(steps=T, smoothness=1.0, oracle_std=0.0, distance=1.0)
+        it = Iterate.start(np.zeros(10))
+        for _ in range(T):
+            it = step(it, A @ (it.theta_md - theta_star), sizes, ball)
+        gap = f(it.theta_ag)
+        assert gap <= 4 * 1.0 * (theta_star @ theta_star) / (T * (T + 1))
+
+
+def test_phase_count():
+    assert [phase_count(n) for n in (2, 16, 1000, 10**6)] == [1, 2, 4, 5]
+
+
+def test_batch_size_and_smoothing_follow_the_proofs():
+    n, D = 10**6, PROBLEM.diameter
+    noise = math.sqrt(21) * 12.0
+    plan = plan_run(PROBLEM, n, D, moreau=False)
+    b = round(n**0.6 * (noise * 1.0 / (0.25 * D)) ** 0.4)  # 000, proof of Thm 4.3
+    assert b == 13707 and plan.steps == n // b == 72 and plan.smoothing is None
+    assert plan.batch_size(1) == 13889 and plan.batch_size(72) == 13888  # n spread over T batches
+    smoothed = plan_run(PROBLEM, n, D, moreau=True)
+    beta_s = 1.0 * n ** (2 / 3) / (D * noise ** (2 / 3))  # 000, proof of Thm 4.7
+    assert smoothed.smoothing == pytest.approx(beta_s, rel=1e-12)
+    assert smoothed.sizes.smoothness == pytest.approx(min(beta_s, 0.25))
+    tuned = plan_run(PROBLEM, n, D, moreau=False, tuning=Tuning(batch=2.0))
+    assert tuned.steps == n // round(2.0 * b)
+
+
+def test_no_noise_means_batches_of_one_and_capped_smoothing():
+    quiet = Problem(dim=5, lipschitz=1.0, smoothness=1.0, ridge=0.0, strong_convexity=0.0, radius=1.0, noise_multiplier=0.0)
+    assert plan_run(quiet, 100, 2.0, moreau=False).steps == 100
+    assert plan_run(quiet, 100, 2.0, moreau=True).smoothing == 1.0 * 100 / 2.0  # cap L n / D
+
+
+def test_batches_use_every_record_exactly_once():
+    plan = plan_run(PROBLEM, 10_007, PROBLEM.diameter, moreau=False, batch_size=100)
+    sizes = [plan.batch_size(t) for t in range(1, plan.steps + 1)]
+    assert sum(sizes) == 10_007 and set(sizes) == {100, 101} and plan.steps == 100
+    assert plan_run(PROBLEM, 50, 1.0, moreau=False, batch_size=80).steps == 1  # clamped to the run
+
+
+def test_oracle_std():
+    assert PROBLEM.oracle_std(100) == pytest.approx(math.sqrt(1 / 100 + 21 * 144 / 100**2))
+
+
+def test_strongly_convex_phases():
+    """000, Thm 4.8: k disjoint phases, D_1 = min(D, L_F/λ), then D_{i+1} = min(D_i, √(2Δ_i/λ))."""
+    problem = Problem(dim=21, lipschitz=1.0, smoothness=0.25, ridge=0.5, strong_convexity=0.5, radius=5.0, noise_multiplier=12.0)
+    plans = plan_runs(problem, 10**5, moreau=False)
+    assert len(plans) == phase_count(10**5) == 5
+    assert sum(p.records for p in plans) == 10**5
+    distances = [p.sizes.distance for p in plans]
+    assert distances[0] == min(10.0, (1.0 + 0.5 * 5.0) / 0.5)
+    for previous, plan, d in zip(plans, plans[1:], distances[1:]):
+        assert d == pytest.approx(min(previous.sizes.distance, math.sqrt(2 * previous.predicted_error / 0.5)))
+    assert distances[-1] < distances[0]
+    assert len(plan_runs(PROBLEM, 10**5, moreau=False)) == 1  # no strong convexity: one run

@@ -1,0 +1,228 @@
+"""Tests of PanPrivateACSA (000 Alg. 6, Thm C.3): conformance, noise, sensitivity, cases, report."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from accounting.gaussian import analytic_delta, analytic_sigma
+from accounting.ledger import Guarantee
+from protocols import checks
+from protocols.acsa import alpha, phase_count
+from protocols.errors import InvalidInputError
+from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss
+from protocols.pan_acsa import FIRST_EPOCH, SENSITIVITY_SLACK, PanPrivateACSA
+from protocols.randomness import SEEDED_WARNING
+
+X3, Y3 = checks.make_stream(3, 60, binary=True)
+X3R, Y3R = checks.make_stream(3, 60, binary=False)
+
+# One factory per case of 000 Thm C.3; radius 20 keeps the noise visible (not hidden by projection).
+CASES = {
+    "1-nonsmooth": (lambda rng: PanPrivateACSA(3, HingeLoss(intercept=True), 1.0, 1e-5, horizon=40, batch_size=6, radius=20.0, rng=rng), X3, Y3),
+    "2-smooth-doubling": (lambda rng: PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=12, radius=20.0, rng=rng), X3, Y3),
+    "3-strongly-convex": (lambda rng: PanPrivateACSA(3, {"name": "absolute", "ridge": 0.2}, 2.0, 1e-5, horizon=60, batch_size=4, radius=20.0, rng=rng), X3R, Y3R),
+    "4-strongly-convex-smooth": (lambda rng: PanPrivateACSA(3, SquaredLoss(ridge=0.1), 0.5, 1e-5, horizon=30, batch_size=3, radius=20.0, calibration="classic", rng=rng), X3R, Y3R),
+}
+CHECKS = checks.ALL_CHECKS + (checks.check_seeded_split_determinism,)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_conformance(case, check):
+    """protocols.checks on each case; the statistical check fails falsely with probability ≤ 1e-3."""
+    factory, X, y = CASES[case]
+    check(factory, X, y)
+
+
+def test_cases_of_theorem_c3_are_selected():
+    (hinge, _, _), (logistic, _, _), (absolute, _, _), (squared, _, _) = (CASES[c] for c in sorted(CASES))
+    h, lg, ab, sq = hinge(0), logistic(0), absolute(0), squared(0)
+    assert h.current_plan().smoothing is not None and len(h.epoch_plans(0)) == 1
+    assert lg.current_plan().smoothing is None and len(lg.epoch_plans(0)) == 1
+    assert ab.current_plan().smoothing is not None and len(ab.epoch_plans(0)) == phase_count(60) == 3
+    assert sq.current_plan().smoothing is None and len(sq.epoch_plans(0)) == phase_count(30) == 3
+    moreau = PanPrivateACSA(3, HuberLoss(), 1.0, 1e-5, smoothing="moreau")
+    assert moreau.current_plan().smoothing is not None
+
+
+def test_middle_point_follows_lan_not_alg6_line12():
+    """000 Alg. 6 line 12 (θ^md_{t+1} ← α_t θ_{t+1} + (1 − α_t) θ^ag_t) would make θ^md = θ^ag after
+    every step. Lan's update gives θ^md_{t+1} = α_{t+1} θ_{t+1} + (1 − α_{t+1}) θ^ag_{t+1}."""
+    learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=10, batch_size=1, radius=50.0, rng=3)
+    learner.learn_many(X3[:2], Y3[:2])
+    state = learner.state_dict()
+    assert state["step"] == 3
+    a3 = alpha(3)
+    np.testing.assert_allclose(state["theta_md"], a3 * state["theta"] + (1 - a3) * state["theta_ag"], rtol=1e-12)
+    assert np.linalg.norm(state["theta_md"] - state["theta_ag"]) > 1e-3  # line 12 would give 0
+
+
+def test_noise_calibration():
+    learner = PanPrivateACSA(3, LogisticLoss(intercept=True), 1.0, 1e-6)
+    L = math.sqrt(2.0)  # |φ'| ≤ 1, ‖z‖ ≤ √(1 + 1)
+    for b in (1, 17, 1000):
+        zeta = learner.batch_noise_std(b)
+        assert zeta == pytest.approx(analytic_sigma(1.0, 1e-6, 2 * L / b) * (1 + SENSITIVITY_SLACK), rel=1e-12)
+        assert analytic_delta(1.0, zeta, 2 * L / b) <= 1e-6  # each draw alone is (ε, δ)-DP
+    classic = PanPrivateACSA(3, LogisticLoss(), 0.5, 1e-6, calibration="classic")
+    # 000 Alg. 6 line 1: ζ² = 8 L² log(2/δ)/(b² ε²), with L = 1.
+    assert classic.batch_noise_std(10) == pytest.approx(math.sqrt(8 * math.log(2e6) / (100 * 0.25)), rel=1e-8)
+    assert classic.batch_noise_std(10) > PanPrivateACSA(3, LogisticLoss(), 0.5, 1e-6).batch_noise_std(10)
+
+
+@pytest.mark.statistical
+def test_both_noise_draws_have_the_calibrated_variance():
+    """Mid-batch, g_t − (partial sum)/b = Z_t; after the batch, θ_2 = −g/L_1 carries Z_t + Z'_t.
+
+    At θ^md = 0 the logistic gradient is −y z/2, known exactly. Over 400 seeded replicates the
+    sample variances are compared with ζ² (mid-batch) and 2ζ²/L_1² (after the step) by χ² tests
+    at level 1e-4 each: false-failure probability ≤ 2e-4.
+    """
+    X, y = X3[:4], Y3[:4]
+    mid, after = [], []
+    for seed in range(400):
+        learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=40, batch_size=4, radius=1e6, rng=seed)
+        learner.learn_many(X[:3], y[:3])
+        mid.append(learner.state_dict()["grad"])
+        learner.learn_many(X[3:], y[3:])
+        after.append(learner.state_dict()["theta"])
+    signs = np.where(y == 1.0, 1.0, -1.0)
+    partial = -(signs[:3, None] * X[:3]).sum(axis=0) / 2 / 4
+    full = -(signs[:, None] * X).sum(axis=0) / 2 / 4
+    zeta = learner.batch_noise_std(4)
+    L1 = learner.current_plan().sizes.prox_weight(1)
+    for samples, mean, var in ((np.array(mid), partial, zeta**2), (np.array(after), -full / L1, 2 * zeta**2 / L1**2)):
+        residual = (samples - mean).ravel()
+        chi2 = np.sum(residual**2) / var
+        dof = residual.size
+        assert stats.chi2.sf(chi2, dof) > 5e-5 and stats.chi2.cdf(chi2, dof) > 5e-5
+
+
+def test_sensitivity_of_the_accumulator_is_2L_over_b():
+    """Replacing one record (even by one with enormous features) moves g_t by at most 2L/b."""
+    rng = np.random.default_rng(0)
+    for loss, X, y in ((SquaredLoss(label_bound=2.0), X3R, Y3R), (HingeLoss(), X3, Y3)):
+        for _ in range(20):
+            other_x = rng.normal(size=(1, 3)) * 1e6
+            other_y = np.array([rng.choice([0.0, 1.0]) if loss.binary_labels else rng.normal(0, 1e3)])
+            states = []
+            for Xi, yi in ((X[:5], y[:5]), (np.vstack([X[:4], other_x]), np.r_[y[:4], other_y])):
+                learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=60, batch_size=8, radius=3.0, rng=42)
+                learner.learn_many(X[:8], y[:8])  # one full batch: θ^md ≠ 0
+                learner.learn_many(Xi, yi)
+                states.append(learner.state_dict()["grad"])
+            L = loss.lipschitz(1.0, 3.0)
+            assert np.linalg.norm(states[0] - states[1]) <= 2 * L / 8 * (1 + 1e-12)
+
+
+def test_each_record_enters_one_batch_and_epochs_double_with_warm_start():
+    learner = PanPrivateACSA(2, LogisticLoss(), 1.0, 1e-5, horizon=10, batch_size=3, rng=0)
+    assert [learner.epoch_length(e) for e in range(3)] == [10, 20, 40]
+    plan = learner.epoch_plans(0)[0]
+    assert sum(plan.batch_size(t) for t in range(1, plan.steps + 1)) == 10
+    X, y = checks.make_stream(2, 10, binary=True)
+    learner.learn_many(X, y)
+    end_of_epoch = learner.release()
+    state = learner.state_dict()
+    assert (state["epoch"], state["phase"], state["step"], state["filled"]) == (1, 0, 1, 0)
+    np.testing.assert_array_equal(state["theta"], end_of_epoch)  # warm start from θ^ag
+    assert PanPrivateACSA(2, LogisticLoss(), 1.0, 1e-5).epoch_length(0) == FIRST_EPOCH
+
+
+def test_privacy_report():
+    learner = PanPrivateACSA(3, LogisticLoss(), 0.5, 1e-6, horizon=100)
+    learner.learn_many(X3, Y3)
+    report = learner.privacy()
+    assert report.output == report.intrusion == Guarantee(0.5, 1e-6)
+    assert report.records == 60 and report.mechanism == "pan-acsa"
+    assert {"000, Alg. 6", "000, Lemma C.4", "000, Thm C.3"} <= set(report.references)
+    assert SEEDED_WARNING not in report.assumptions
+    seeded = PanPrivateACSA(3, LogisticLoss(), 0.5, 1e-6, rng=1).privacy()
+    assert seeded.output == Guarantee(0.5, 1e-6) and not seeded.intrusion.is_meaningful
+    assert SEEDED_WARNING in seeded.assumptions
+
+
+def test_default_mode_draws_fresh_noise():
+    states = []
+    for _ in range(2):
+        learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=60, batch_size=7)
+        learner.learn_many(X3[:50], Y3[:50])
+        states.append(learner.state_dict())
+    assert states[0]["filled"] > 0  # mid-batch: the accumulator holds noise
+    for key in ("grad", "theta_ag"):
+        assert not np.array_equal(states[0][key], states[1][key])
+
+
+def test_predictions_use_the_released_parameters():
+    learner = PanPrivateACSA(3, LogisticLoss(intercept=True), 4.0, 1e-5, horizon=60, batch_size=10, radius=3.0, rng=0)
+    learner.learn_many(X3, Y3)
+    Z = learner.loss.features(X3 * 10, 1.0)
+    np.testing.assert_allclose(learner.predict_many(X3 * 10), 1 / (1 + np.exp(-Z @ learner.release())))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"epsilon": -1.0}, "'epsilon' parameter of PanPrivateACSA must be a finite float in \\(0, inf\\)"),
+        ({"epsilon": 1.0, "calibration": "classic"}, "'epsilon' parameter of PanPrivateACSA must be a float in \\(0, 1\\)"),
+        ({"delta": 1.0}, "'delta' parameter"),
+        ({"dim": 0}, "'dim' parameter"),
+        ({"horizon": 0}, "'horizon' parameter"),
+        ({"batch_size": 1.5}, "'batch_size' parameter"),
+        ({"radius": float("inf")}, "'radius' parameter"),
+        ({"strong_convexity": -0.1}, "'strong_convexity' parameter"),
+        ({"calibration": "rdp"}, "'calibration' parameter"),
+        ({"loss": HingeLoss(), "smoothing": "none"}, "'smoothing' parameter .* non-smooth hinge"),
+        ({"smoothing": "moreau"}, "'smoothing' parameter .*no closed-form prox"),
+        ({"loss": "logistic"}, "'loss' parameter"),
+    ],
+)
+def test_invalid_parameters_are_named(kwargs, message):
+    arguments = {"dim": 3, "loss": LogisticLoss(), "epsilon": 1.0, "delta": 1e-5, **kwargs}
+    with pytest.raises(InvalidInputError, match=message):
+        PanPrivateACSA(**arguments)
+
+
+def test_invalid_batches_and_states_are_rejected():
+    learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=20, batch_size=4, rng=0)
+    with pytest.raises(InvalidInputError, match="X must have shape"):
+        learner.learn_many(np.ones((2, 4)), np.ones(2))
+    with pytest.raises(InvalidInputError, match="labels must be 0/1"):
+        learner.learn_many(np.ones((2, 3)), np.array([0.0, 3.0]))
+    state = learner.state_dict()
+    with pytest.raises(InvalidInputError, match="lacks"):
+        learner.load_state_dict({k: v for k, v in state.items() if k != "grad"})
+    with pytest.raises(InvalidInputError, match="'theta'"):
+        learner.load_state_dict({**state, "theta": np.zeros(5)})
+    with pytest.raises(InvalidInputError, match="do not fit"):
+        learner.load_state_dict({**state, "filled": 4})
+
+
+def test_learns_a_logistic_model():
+    """A seeded run at ε = 4 on 20 000 records (d = 5) ends near the population optimum."""
+    rng = np.random.default_rng(7)
+    theta_star = np.array([1.5, -1.0, 0.5, 0.0, 2.0])
+    X = rng.normal(size=(40_000, 5)) / math.sqrt(5)
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
+    y = (rng.uniform(size=40_000) < 1 / (1 + np.exp(-X @ theta_star))).astype(float)
+    loss = LogisticLoss()
+    learner = PanPrivateACSA(5, loss, 4.0, 1e-6, horizon=20_000, radius=4.0, rng=0)
+    learner.learn_many(X[:20_000], y[:20_000])
+    Z, labels = loss.features(X[20_000:], 1.0), loss.labels(y[20_000:])
+    excess = loss.objective(learner.release(), Z, labels) - loss.objective(theta_star, Z, labels)
+    start = loss.objective(np.zeros(5), Z, labels) - loss.objective(theta_star, Z, labels)
+    assert excess < 0.1 * start
+
+
+def test_config_is_json_and_rebuilds_with_a_loss_dict():
+    learner = PanPrivateACSA(3, HuberLoss(delta=0.3, intercept=True), 1.0, 1e-5, horizon=7, strong_convexity=0.1)
+    config = json.loads(json.dumps(learner.config()))
+    assert config["loss"] == {"name": "huber", "ridge": 0.0, "intercept": True, "intercept_scale": 1.0, "delta": 0.3}
+    rebuilt = PanPrivateACSA(**config)
+    assert rebuilt.loss == learner.loss and rebuilt.config() == learner.config()
