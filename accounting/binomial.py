@@ -115,6 +115,7 @@ NORM_SLACK = 1e-9
 _TAIL_SHARE = 1e-3  # share of δ spent on the window tails (step 4)
 _G_MAX = 128  # largest resolution tight_parameters picks (cost of the accountant grows as g²)
 _ROUNDING_EXCESS = 0.01  # g is chosen so rounding adds at most ~1 % to the variance
+_REFINE_BELOW = 100  # p is lowered below 1/2 only when b is this small (see tight_parameters)
 _ROWS_PER_BLOCK = 1 << 21  # elements per block in the moment sums (bounded memory)
 
 
@@ -630,9 +631,11 @@ def tight_parameters(
       g = ⌈10·√(d + n/(4c²))⌉, at least 4 and at most 128 (the accountant's cost grows like g²;
       beyond the cap the excess is (c²d + n/4)/(c²g²), stated, not hidden). c comes from the
       analytic Gaussian (:func:`accounting.gaussian.analytic_sigma`) and only steers this choice.
-    * **b and p.** p = 1/2 (the least-variance binomial per trial; 000's Alg. 1 asks p < 1/2, which
-      only its Lemma 3.1 proof needs): the least b meeting δ by integer bisection, then p lowered
-      at that b by bisection on the variance (between that of b − 1 and b trials at p = 1/2).
+    * **b and p.** p = 1/2 (000's Alg. 1 asks p < 1/2, which only its Lemma 3.1 proof needs): the
+      least b meeting δ, by integer bisection. Lowering p at that b could save at most a fraction
+      1/b of the noise variance (b − 1 trials at p = 1/2 fail), so it is done only when b < 100
+      (bisection on p(1 − p)); otherwise p = 1/2 is kept, which lets the encoder draw Bin(b, 1/2)
+      exactly as a popcount of b random bits, several times faster than a general binomial draw.
     * Results are cached (pure function of its arguments).
 
     References
@@ -677,17 +680,19 @@ def tight_parameters(
             high, low = low, math.floor(low / 1.25)
     b = _least_passing(low, high, passes)
 
-    # Lower p at this b: bisection on the per-trial variance v = p(1 − p) in (v_low, 1/4].
-    v_low, v_high = (b - 1) / (4.0 * b), 0.25
-    for _ in range(8):
-        v_mid = 0.5 * (v_low + v_high)
-        if passes(b, _p_of_variance(v_mid)):
-            v_high = v_mid
-        else:
-            v_low = v_mid
-    p = _p_of_variance(v_high)
-    if (b, p) not in bounds:  # every p tried failed: keep p = 1/2
-        p = 0.5
+    p = 0.5
+    if b < _REFINE_BELOW:
+        # Lower p at this b: bisection on the per-trial variance v = p(1 − p) in (v_low, 1/4],
+        # v_low being the variance of b − 1 trials at p = 1/2 (which failed).
+        v_low, v_high = (b - 1) / (4.0 * b), 0.25
+        for _ in range(8):
+            v_mid = 0.5 * (v_low + v_high)
+            if passes(b, _p_of_variance(v_mid)):
+                v_high = v_mid
+            else:
+                v_low = v_mid
+        if v_high < 0.25:
+            p = _p_of_variance(v_high)
     achieved = bounds[(b, p)]  # the search only moves to points that passed
     return PVECParameters(
         n=n,

@@ -1,0 +1,399 @@
+"""The shuffle-model vector-sum protocol PVEC (000, Alg. 2 over Alg. 1), vectorised over a batch.
+
+Every shuffle-model learner encodes each batch of gradients through :class:`VectorSum`.
+
+The protocol
+------------
+User i holds xᵢ ∈ ℝᵈ with ‖xᵢ‖₂ ≤ Δ₂. Its local randomizer R_VEC, per coordinate j: shift
+w = xᵢⱼ + Δ₂ ∈ [0, Δ] (Δ = 2Δ₂), fixed-point encode s = w·g/Δ ∈ [0, g], round randomly to
+x̄ = ⌊s⌋ + Ber(s − ⌊s⌋) (computed as ⌊s + U⌋ with U ~ U[0, 1)), draw η ~ Bin(b, p), and send
+x̄ + η one-bits and g + b − x̄ − η zero-bits, each labelled j. The shuffler permutes all messages
+of the n users; the analyzer A_VEC outputs, per coordinate, (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ where Tⱼ
+is the number of one-bits labelled j. It is unbiased: E[x̄] = s and E[η] = b·p.
+
+Why counts are the canonical form
+---------------------------------
+Each user sends exactly g + b messages per label, so a shuffled batch is a uniformly random
+ordering of a multiset of (label, bit) pairs, and that multiset is fixed by the per-label numbers
+of one-bits: the multiset with Tⱼ ones labelled j (and n(g + b) − Tⱼ zeros). A uniform permutation
+of it is a post-processing of T = (T₁, …, T_d) that needs no data. So the shuffler's view carries
+exactly the information in T — the privacy analysis (000, Lemma A.2's first step) works with T —
+and the encoder represents a user's messages by its per-coordinate count of one-bits,
+x̄ + η ∈ [0, g + b]. :meth:`VectorSum.randomize_bits` materialises the literal message list of one
+user (for the wire and for tests); :meth:`VectorSum.aggregate_messages` counts a shuffled list.
+
+Pooled noise
+------------
+Σᵢ Bin(b, p) over n independent users is Bin(n·b, p), so drawing one Bin(n·b, p) per coordinate
+(``pooled_noise=True``) gives the analyzer's view T the identical distribution at a fraction of
+the cost. It is only legitimate when encoding and shuffling run in one trusted process — the
+individual users' messages never exist, so no shuffler is being trusted to hide them; in a real
+deployment each user must run :meth:`VectorSum.randomize` (or ``randomize_bits``) on its own.
+
+Sampling Bin(b, 1/2) exactly
+----------------------------
+With p = 1/2 (the tight calibration's choice) Bin(b, 1/2) is the number of ones among b fair bits:
+⌈b/64⌉ raw 64-bit words from the generator, the last one masked to b mod 64 bits, and a popcount —
+exact and several times faster than ``Generator.binomial``. Other p use ``Generator.binomial``.
+
+Randomness
+----------
+``rng=None`` (default): every call draws its noise from a generator freshly seeded from OS entropy
+(:class:`protocols.randomness.NoiseSource`); passing a seed or ``Generator`` is the labelled
+replay/testing mode.
+
+References
+----------
+000 (Cheu, Joseph, Mao, Peng), Alg. 1 (P1D), Alg. 2 (PVEC), Lemma 3.1, Thm 3.2, App. A.3 (robust
+variant); the calibrations are in :mod:`accounting.binomial`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from accounting.binomial import PVECParameters, pvec_parameters, tight_parameters
+from accounting.errors import InvalidParameterError
+from protocols.errors import InvalidInputError
+from protocols.randomness import NoiseSource, RngLike
+from protocols.validation import choice, positive_int
+
+__all__ = ["VectorSum"]
+
+_CHUNK_ELEMENTS = 1 << 16  # elements of X processed at once (512 KiB of float64: cache-resident)
+_MAX_POPCOUNT_WORDS = 8  # Bin(b, 1/2) by popcount while b ≤ 512; beyond, Generator.binomial
+_MAX_MESSAGES = 1 << 24  # randomize_bits refuses to materialise more messages than this
+
+
+def _popcount(words: NDArray[np.uint64]) -> NDArray[np.uint8]:
+    """Number of one-bits of each 64-bit word (``np.bitwise_count`` on numpy ≥ 2)."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words)
+    table = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)
+    return table[words.view(np.uint8)].reshape(*words.shape, 8).sum(axis=-1, dtype=np.uint8)
+
+
+class VectorSum:
+    """PVEC: shuffle-private, unbiased sum of n vectors of ℓ₂ norm ≤ Δ₂.
+
+    Parameters
+    ----------
+    n : int
+        Users per batch (the shuffler mixes exactly n users' messages).
+    d : int
+        Dimension of each vector.
+    epsilon, delta : float
+        Target (ε, δ)-shuffle DP under replacement of one user.
+    l2_bound : float
+        Δ₂ > 0. Rows above it are a caller error (:class:`InvalidInputError`), never clipped here.
+    calibration : {"tight", "paper"}, default "tight"
+        ``"paper"``: (g, b, p) of 000, Thm 3.2 via :func:`accounting.binomial.pvec_parameters`.
+        ``"tight"``: :func:`accounting.binomial.tight_parameters`, the numerical accountant for
+        this exact protocol (orders of magnitude less noise).
+    honest_fraction : float, default 1.0
+        γ: the guarantee holds whenever at least ⌈γn⌉ users run the randomizer (000, Def. A.7,
+        Claim A.8, Cor. A.9). In [1/3, 1] for ``"paper"``, (0, 1] for ``"tight"``.
+
+    Attributes
+    ----------
+    g, b : int
+        Fixed-point resolution and noise trials per user and coordinate.
+    p : float
+        Success probability of each noise trial.
+    parameters : PVECParameters
+        The calibration, with the guarantee (ε, δ) it proves.
+
+    References
+    ----------
+    000, Alg. 1, Alg. 2, Thm 3.2, Cor. A.9.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        d: int,
+        epsilon: float,
+        delta: float,
+        l2_bound: float,
+        calibration: Literal["tight", "paper"] = "tight",
+        honest_fraction: float = 1.0,
+    ) -> None:
+        owner = "VectorSum"
+        self.n = positive_int(owner, "n", n)
+        self.d = positive_int(owner, "d", d)
+        self.calibration = choice(owner, "calibration", calibration, ("tight", "paper"))
+        calibrate = tight_parameters if self.calibration == "tight" else pvec_parameters
+        try:
+            parameters = calibrate(self.n, self.d, epsilon, delta, l2_bound, honest_fraction)
+        except InvalidParameterError as exc:
+            raise InvalidInputError(f"{owner}: {exc}") from None
+        self.epsilon = parameters.epsilon
+        self.delta = float(delta)
+        self.l2_bound = parameters.l2_bound
+        self.honest_fraction = parameters.honest_fraction
+        self.parameters: PVECParameters = parameters
+        self.g, self.b, self.p = parameters.g, parameters.b, parameters.p
+        self._encode_scale = self.g / (2.0 * self.l2_bound)  # s = x·g/Δ + g/2
+        self._words = math.ceil(self.b / 64)
+        self._popcount_noise = self.p == 0.5 and self._words <= _MAX_POPCOUNT_WORDS
+        self._chunk_rows = max(1, _CHUNK_ELEMENTS // self.d)
+
+    def __repr__(self) -> str:
+        return (
+            f"VectorSum(n={self.n}, d={self.d}, epsilon={self.epsilon!r}, delta={self.delta!r}, "
+            f"l2_bound={self.l2_bound!r}, calibration={self.calibration!r}, "
+            f"honest_fraction={self.honest_fraction!r})"
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Predicted accuracy
+    # ----------------------------------------------------------------------------------------
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of each coordinate of the estimate, worst case over inputs.
+
+        √((Δ/g)²·(n·b·p(1 − p) + n/4)): the binomial noise of all n users plus the largest
+        variance randomized rounding can add (every fraction 1/2). :meth:`estimate_variance` gives
+        the exact value for a given batch.
+        """
+        return math.sqrt(self.parameters.variance_bound)
+
+    def estimate_variance(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Exact per-coordinate variance of :meth:`estimate_sum` for the batch ``X``.
+
+        (Δ/g)²·(n·b·p(1 − p) + Σᵢ fᵢⱼ(1 − fᵢⱼ)), fᵢⱼ the fractional part of user i's encoded value.
+        """
+        rounding = np.zeros(self.d)
+        for chunk in self._chunks(self._checked(X, "estimate_variance", exact_rows=True)):
+            frac = self._encoded(chunk, np.empty_like(chunk))
+            frac -= np.floor(frac)
+            rounding += np.sum(frac * (1.0 - frac), axis=0)
+        trials = self.n * self.b * self.p * (1.0 - self.p)
+        return (2.0 * self.l2_bound / self.g) ** 2 * (trials + rounding)
+
+    # ----------------------------------------------------------------------------------------
+    # Randomizer, shuffler, analyzer
+    # ----------------------------------------------------------------------------------------
+
+    def randomize(self, X: NDArray[np.float64], rng: RngLike = None) -> NDArray[np.int64]:
+        """R_VEC applied to each row of ``X``: every user's per-coordinate count of one-bits.
+
+        Parameters
+        ----------
+        X : array of shape (m, d)
+            One row per user (m ≥ 1), each of ℓ₂ norm ≤ ``l2_bound``, finite.
+        rng : None, int or numpy.random.Generator
+            None: fresh OS-entropy generator (production). Seed/Generator: replay/testing mode.
+
+        Returns
+        -------
+        ndarray of int64, shape (m, d)
+            x̄ᵢⱼ + ηᵢⱼ ∈ [0, g + b]: the number of one-bits user i sends labelled j.
+        """
+        X = self._checked(X, "randomize", exact_rows=False)
+        generator = NoiseSource(rng).generator()
+        counts = np.empty(X.shape, dtype=np.int64)
+        for start, block in self._randomized_blocks(X, generator):
+            counts[start : start + block.shape[0]] = block
+        return counts
+
+    def randomize_bits(
+        self, x: NDArray[np.float64], rng: RngLike = None
+    ) -> NDArray[np.int64]:
+        """The literal message list of one user (000, Alg. 1 line 7, per coordinate of Alg. 2).
+
+        Each noise trial is drawn as its own Bernoulli(p) bit and the rounding as its own
+        Bernoulli bit, so this path shares no sampling code with :meth:`randomize`.
+
+        Parameters
+        ----------
+        x : array of shape (d,)
+            The user's vector, ℓ₂ norm ≤ ``l2_bound``.
+        rng : None, int or numpy.random.Generator
+            As in :meth:`randomize`.
+
+        Returns
+        -------
+        ndarray of int64, shape (d·(g + b), 2)
+            Rows (label j, bit): for each coordinate, x̄ + η one-bits then g + b − x̄ − η zero-bits.
+        """
+        x_arr = np.asarray(x, dtype=np.float64)
+        if x_arr.shape != (self.d,):
+            raise InvalidInputError(
+                f"VectorSum.randomize_bits: x must have shape ({self.d},); got {x_arr.shape}"
+            )
+        row = self._checked(x_arr.reshape(1, self.d), "randomize_bits", exact_rows=False)
+        per_label = self.g + self.b
+        if self.d * per_label > _MAX_MESSAGES:
+            raise InvalidInputError(
+                f"VectorSum.randomize_bits: d·(g + b) = {self.d * per_label} messages exceed the "
+                f"limit {_MAX_MESSAGES}; use randomize (counts) for these parameters"
+            )
+        generator = NoiseSource(rng).generator()
+        encoded = self._encoded(row, np.empty_like(row))[0]
+        floor = np.floor(encoded)
+        rounding_bit = generator.random(self.d) < encoded - floor
+        noise_bits = generator.random((self.d, self.b)) < self.p
+        ones = floor.astype(np.int64) + rounding_bit + noise_bits.sum(axis=1)
+        labels = np.repeat(np.arange(self.d, dtype=np.int64), per_label)
+        bits = (np.arange(per_label)[None, :] < ones[:, None]).astype(np.int64).ravel()
+        return np.stack([labels, bits], axis=1)
+
+    def aggregate_messages(self, messages: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The shuffler's view from a (shuffled) message list of all n users: per-label totals.
+
+        ``messages`` has shape (n·d·(g + b), 2), rows (label, bit) as :meth:`randomize_bits`
+        emits them, in any order.
+        """
+        messages = np.asarray(messages)
+        expected = (self.n * self.d * (self.g + self.b), 2)
+        if messages.shape != expected or not np.issubdtype(messages.dtype, np.integer):
+            raise InvalidInputError(
+                f"VectorSum.aggregate_messages: messages must be an integer array of shape "
+                f"{expected}; got {messages.dtype} {messages.shape}"
+            )
+        labels, bits = messages[:, 0], messages[:, 1]
+        if np.any((labels < 0) | (labels >= self.d)) or np.any((bits != 0) & (bits != 1)):
+            raise InvalidInputError(
+                f"VectorSum.aggregate_messages: labels must lie in [0, {self.d}) and bits in {{0, 1}}"
+            )
+        return np.bincount(labels, weights=bits, minlength=self.d).astype(np.int64)
+
+    def aggregate(self, counts: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The shuffler's view: per-coordinate totals Tⱼ = Σᵢ countsᵢⱼ of the n users' one-bits."""
+        counts = np.asarray(counts)
+        if counts.shape != (self.n, self.d) or not np.issubdtype(counts.dtype, np.integer):
+            raise InvalidInputError(
+                f"VectorSum.aggregate: counts must be an integer array of shape "
+                f"({self.n}, {self.d}); got {counts.dtype} {counts.shape}"
+            )
+        if np.any((counts < 0) | (counts > self.g + self.b)):
+            raise InvalidInputError(
+                f"VectorSum.aggregate: every count must lie in [0, g + b] = [0, {self.g + self.b}]"
+            )
+        return counts.sum(axis=0, dtype=np.int64)
+
+    def analyze(self, totals: NDArray[np.int64]) -> NDArray[np.float64]:
+        """A_VEC: the unbiased estimate (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ of Σᵢ xᵢ (000, Alg. 2 line 12)."""
+        totals = np.asarray(totals)
+        if totals.shape != (self.d,) or not np.issubdtype(totals.dtype, np.integer):
+            raise InvalidInputError(
+                f"VectorSum.analyze: totals must be an integer array of shape ({self.d},); "
+                f"got {totals.dtype} {totals.shape}"
+            )
+        centred = totals.astype(np.float64) - self.n * self.b * self.p
+        return (2.0 * self.l2_bound / self.g) * centred - self.n * self.l2_bound
+
+    def estimate_sum(
+        self, X: NDArray[np.float64], rng: RngLike = None, pooled_noise: bool = False
+    ) -> NDArray[np.float64]:
+        """Randomize, shuffle and analyze one batch: the private estimate of Σᵢ xᵢ.
+
+        Parameters
+        ----------
+        X : array of shape (n, d)
+            Exactly n rows (the batch the calibration was made for), ℓ₂ norms ≤ ``l2_bound``.
+        rng : None, int or numpy.random.Generator
+            As in :meth:`randomize`.
+        pooled_noise : bool, default False
+            Draw one Bin(n·b, p) per coordinate instead of n·d draws of Bin(b, p). The analyzer's
+            view has the identical distribution; valid only when encoder and shuffler run in one
+            trusted process (see the module docstring).
+
+        Returns
+        -------
+        ndarray of float64, shape (d,)
+        """
+        X = self._checked(X, "estimate_sum", exact_rows=True)
+        generator = NoiseSource(rng).generator()
+        if not pooled_noise:
+            totals = np.zeros(self.d, dtype=np.int64)
+            for _, block in self._randomized_blocks(X, generator):
+                totals += block.sum(axis=0)
+            return self.analyze(totals)
+        rounded = np.zeros(self.d)
+        work = np.empty((self._chunk_rows, self.d))
+        uniforms = np.empty_like(work)
+        for chunk in self._chunks(X):
+            rounded += self._rounded(chunk, generator, work, uniforms).sum(axis=0)
+        noise = generator.binomial(self.n * self.b, self.p, size=self.d)
+        return self.analyze(rounded.astype(np.int64) + noise)
+
+    # ----------------------------------------------------------------------------------------
+    # Internals
+    # ----------------------------------------------------------------------------------------
+
+    def _checked(self, X: object, method: str, *, exact_rows: bool) -> NDArray[np.float64]:
+        """X as float64 (m, d), m ≥ 1 (m = n when ``exact_rows``), finite, row norms ≤ Δ₂."""
+        where = f"VectorSum.{method}"
+        X_arr = np.asarray(X, dtype=np.float64)
+        rows = f"{self.n}" if exact_rows else "m"
+        if (
+            X_arr.ndim != 2
+            or X_arr.shape[1] != self.d
+            or X_arr.shape[0] == 0
+            or (exact_rows and X_arr.shape[0] != self.n)
+        ):
+            raise InvalidInputError(f"{where}: X must have shape ({rows}, {self.d}); got {X_arr.shape}")
+        squared = np.einsum("ij,ij->i", X_arr, X_arr)
+        too_long = ~(squared <= self.l2_bound**2)  # NaN compares False, so it lands here too
+        if np.any(too_long):
+            if not np.all(np.isfinite(X_arr)):
+                raise InvalidInputError(f"{where}: X contains NaN or infinite values")
+            row = int(np.argmax(too_long))
+            raise InvalidInputError(
+                f"{where}: every row of X must have l2 norm <= l2_bound = {self.l2_bound!r}; "
+                f"row {row} has norm {math.sqrt(squared[row])!r} (clip before encoding)"
+            )
+        return X_arr
+
+    def _chunks(self, X: NDArray[np.float64]) -> Iterator[NDArray[np.float64]]:
+        for start in range(0, X.shape[0], self._chunk_rows):
+            yield X[start : start + self._chunk_rows]
+
+    def _encoded(self, chunk: NDArray[np.float64], out: NDArray[np.float64]) -> NDArray[np.float64]:
+        """s = (x + Δ₂)·g/Δ, clipped to [0, g] (only floating-point error can leave it)."""
+        np.multiply(chunk, self._encode_scale, out=out)
+        out += 0.5 * self.g
+        return np.clip(out, 0.0, self.g, out=out)
+
+    def _rounded(
+        self,
+        chunk: NDArray[np.float64],
+        generator: np.random.Generator,
+        work: NDArray[np.float64],
+        uniforms: NDArray[np.float64],
+    ) -> NDArray[np.float64]:
+        """⌊s + U⌋, U ~ U[0, 1) iid: randomized rounding of the encoded chunk (in ``work``)."""
+        rows = chunk.shape[0]
+        encoded = self._encoded(chunk, work[:rows])
+        encoded += generator.random(out=uniforms[:rows])
+        return np.floor(encoded, out=encoded)
+
+    def _noise(self, generator: np.random.Generator, size: int) -> NDArray[np.int64]:
+        """``size`` independent draws of Bin(b, p) (popcount of b fair bits when p = 1/2)."""
+        if not self._popcount_noise:
+            return generator.binomial(self.b, self.p, size=size)
+        words = generator.bit_generator.random_raw(self._words * size).reshape(self._words, size)
+        spare = self._words * 64 - self.b
+        if spare:
+            words[-1] &= np.uint64((1 << (64 - spare)) - 1)
+        return np.add.reduce(_popcount(words), axis=0, dtype=np.int64)
+
+    def _randomized_blocks(
+        self, X: NDArray[np.float64], generator: np.random.Generator
+    ) -> Iterator[tuple[int, NDArray[np.int64]]]:
+        """(first row, counts) for consecutive row blocks of X: bounded working memory."""
+        work = np.empty((self._chunk_rows, self.d))
+        uniforms = np.empty_like(work)
+        for start in range(0, X.shape[0], self._chunk_rows):
+            chunk = X[start : start + self._chunk_rows]
+            counts = self._noise(generator, chunk.size).reshape(chunk.shape)
+            counts += self._rounded(chunk, generator, work, uniforms).astype(np.int64)
+            yield start, counts
