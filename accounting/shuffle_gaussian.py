@@ -21,7 +21,8 @@ of reach). Here every order up to λ_max comes from one generating function. Spl
 factor as e^{s k(k−1)} = 1 + (e^{s k(k−1)} − 1); only users with k ≥ 2 have a non-zero second
 part. With c(t) = Σ_{k≥2} c_k t^k, c_k = expm1(s k(k−1))/k! ≥ 0, the multinomial theorem gives
 
-    E_n(λ) − 1 = Σ_{j=1}^{min(n, ⌊λ/2⌋)} C(n, j) λ! n^{−λ} Σ_{m=2j}^{λ} [t^m] c(t)^j · (n − j)^{λ−m}/(λ − m)!
+    E_n(λ) − 1 = Σ_{j=1}^{min(n, ⌊λ/2⌋)} C(n, j) λ! n^{−λ}
+                 · Σ_{m=2j}^{λ} [t^m] c(t)^j · (n − j)^{λ−m}/(λ − m)!
 
 (j = number of users taking the second part, m = their total count). Every term is non-negative,
 so E_n(λ) − 1 — which is about λ(λ−1)s/n, i.e. 1e-8 at n = 10⁹ — is obtained as a sum of
@@ -34,11 +35,13 @@ Assumptions (see :data:`THM1_ASSUMPTIONS`)
 ------------------------------------------
 004 proves Eq. (4) for the one pair D = (0, …, 0), D′ = (1, 0, …, 0) and one direction,
 D_λ(M(D′) ‖ M(D)); it asserts "w.l.o.g." that this pair is the worst case (citing Koskela et al.
-2021, App. B.1). That reduction is not proven in the seed. What we checked numerically (tests and
-the module's report text): for n = 2 and n = 3 the reverse direction is smaller on our grid; for
-n = 2, records in an interval or a disc, the pair above was the worst of those tried. It can fail
-for other record domains: with three records pairwise at distance 1 (an equilateral triangle,
-possible when the domain is not a ball), n = 2, σ = 1, λ = 2 gives 0.6392 > Eq. (4)'s 0.6201.
+2021, App. B.1). That reduction is not proven in the seed. Numerical evidence only: for n = 2, 3
+the reverse direction is the smaller one on the tested grid (tests); for n = 2 with records in an
+interval or a disc of diameter 1, no configuration in a random search beat the pair above. It
+fails for other record domains: three records pairwise at distance 1 (an equilateral triangle,
+which no disc of diameter 1 contains) give, at n = 2, σ = 1, λ = 2, a divergence of 0.63916 >
+Eq. (4)'s 0.62011 (pinned in the tests). Even for a ball the evidence covers only n ≤ 3, so every
+report built on these functions must carry :data:`THM1_ASSUMPTIONS`.
 
 Non-integer orders
 ------------------
@@ -75,8 +78,10 @@ __all__ = [
 THM1_ASSUMPTIONS: tuple[str, ...] = (
     "004 Thm 1 (exact shuffled-Gaussian RDP) is computed for the neighbouring pair "
     "(0,...,0) vs (1,0,...,0) in the direction D_lambda(mixture || Gaussian); 004 asserts without "
-    "proof that this pair and direction are the worst case. Checked numerically only for n <= 3 "
-    "and records in an interval or a ball; it fails for some non-ball record domains",
+    "proof that this pair and direction are the worst case. Checked numerically only: the "
+    "reverse direction is smaller for n <= 3, and the pair was the worst found for n = 2 with "
+    "records in an interval or a disc; it fails for domains that are not balls (three records "
+    "pairwise at the sensitivity distance)",
 )
 
 CHECKIN_ASSUMPTIONS: tuple[str, ...] = THM1_ASSUMPTIONS + (

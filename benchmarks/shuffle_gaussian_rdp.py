@@ -41,8 +41,8 @@ def partition_count(total: int) -> int:
 
 def main() -> None:
     print(f"n = {N:.0e}, sigma = {SIGMA}")
-    header = f"{'order':>5} {'Alg.1 [s]':>10} {'GF one [s]':>11} {'GF 2..λ [s]':>12} {'Alg.1/GF':>9} {'rel.diff':>9}"
-    print(header)
+    columns = ("order", "Alg.1 [s]", "GF one [s]", "GF 2..λ [s]", "Alg.1/GF", "rel.diff")
+    print(" ".join(f"{c:>{w}}" for c, w in zip(columns, (5, 10, 11, 12, 9, 9), strict=True)))
     per_partition = 0.0
     for order in (10, 20, 30, 40, 50):
         repeats = 3 if order <= 40 else 1
@@ -59,9 +59,10 @@ def main() -> None:
         seconds = best_time(lambda t=top: rdp(np.arange(2, t + 1), N, SIGMA), 5)
         count = partition_count(top)
         print(
-            f"orders 2..{top} at n = 1e9, all at once: {seconds:.3f} s; Alg. 1 at order {top} alone "
-            f"enumerates p({top}) = {count:.2e} partitions, ~{count * per_partition / 3.15e7:.1e} years "
-            f"at the measured {per_partition * 1e6:.1f} µs each"
+            f"orders 2..{top} at n = 1e9, all at once: {seconds:.3f} s; Alg. 1 at order {top} "
+            f"alone enumerates p({top}) = {count:.2e} partitions, "
+            f"~{count * per_partition / 3.15e7:.1e} years at the measured "
+            f"{per_partition * 1e6:.1f} µs each"
         )
 
 

@@ -30,7 +30,8 @@ def _mp_eq4(order: int, n: int, sigma: float) -> float:
         total = mpmath.mpf(0)
         for ks in itertools.product(range(order + 1), repeat=n):
             if sum(ks) == order:
-                coefficient = mpmath.factorial(order) / mpmath.fprod(mpmath.factorial(k) for k in ks)
+                factorials = mpmath.fprod(mpmath.factorial(k) for k in ks)
+                coefficient = mpmath.factorial(order) / factorials
                 total += coefficient * mpmath.exp(s * sum(k * k for k in ks))
         moment = mpmath.exp(-s * order) * total / mpmath.mpf(n) ** order
         return float(mpmath.log(moment) / (order - 1))
@@ -204,6 +205,40 @@ def test_reverse_direction_is_smaller(n: int, sigma: float) -> None:
         assert reverse < sg.rdp(order, n, sigma)
 
 
+def _two_user_divergence(order: int, sigma: float, a: tuple, b: tuple, c: tuple) -> float:
+    """D_λ(M(a, c) ‖ M(b, c)) for two shuffled users with records in R², by quadrature.
+
+    The shuffled pair {Y₁, Y₂} is equivalent to (Y₁ + Y₂, ±(Y₁ − Y₂)): independent, the first
+    N(x₁ + x₂, 2σ²I), the second the symmetric mixture ½N(μ, 2σ²I) + ½N(−μ, 2σ²I) with
+    μ = x₁ − x₂, whose density ratio to N(0, 2σ²I) is exp(−|μ|²/2v)·cosh(μ·y/v), v = 2σ².
+    """
+    v = 2 * sigma**2
+    z, w = np.polynomial.hermite_e.hermegauss(120)
+    y1, y2 = np.meshgrid(np.sqrt(v) * z, np.sqrt(v) * z, indexing="ij")
+    weights = np.outer(w, w) / (2 * math.pi)
+
+    def ratio(mu: np.ndarray) -> np.ndarray:
+        return np.exp(-(mu @ mu) / (2 * v)) * np.cosh((mu[0] * y1 + mu[1] * y2) / v)
+
+    p = ratio(np.subtract(a, c))
+    q = ratio(np.subtract(b, c))
+    difference = math.log(np.sum(weights * p**order * q ** (1 - order))) / (order - 1)
+    return order * float(np.sum(np.subtract(a, b) ** 2)) / (2 * v) + difference
+
+
+def test_eq4_is_not_the_worst_case_for_every_record_domain() -> None:
+    # THM1_ASSUMPTIONS: 004 reduces to the pair (0, 0) vs (e₁, 0) "w.l.o.g.". The decomposition
+    # above reproduces Eq. (4) for that pair ...
+    origin, e1 = (0.0, 0.0), (1.0, 0.0)
+    paper_pair = _two_user_divergence(2, 1.0, e1, origin, origin)
+    assert paper_pair == pytest.approx(sg.rdp(2, 2, 1.0), rel=1e-10)
+    # ... but three records pairwise at distance 1 (not inside a ball of diameter 1) do worse.
+    apex = (0.5, math.sqrt(3) / 2)
+    worse = _two_user_divergence(2, 1.0, origin, e1, apex)
+    assert worse == pytest.approx(0.63915, abs=1e-5)
+    assert worse > sg.rdp(2, 2, 1.0) + 0.019
+
+
 # --- 004 Thm 2: subsampled shuffled Gaussian -------------------------------------------------
 
 
@@ -214,7 +249,8 @@ def _mp_eq10(order: int, gamma: float, base: list[float]) -> float:
         e2 = mpmath.exp(mpmath.mpf(base[2]))
         total = 1 + g**2 * mpmath.binomial(order, 2) * min(4 * (e2 - 1), 2 * e2)
         for j in range(3, order + 1):
-            total += 2 * g**j * mpmath.binomial(order, j) * mpmath.exp((j - 1) * mpmath.mpf(base[j]))
+            weight = mpmath.exp((j - 1) * mpmath.mpf(base[j]))
+            total += 2 * g**j * mpmath.binomial(order, j) * weight
         return float(mpmath.log(total) / (order - 1))
 
 
