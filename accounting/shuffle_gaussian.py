@@ -67,6 +67,7 @@ from accounting.validation import float_array, in_range, open_unit, positive, po
 
 __all__ = [
     "CHECKIN_ASSUMPTIONS",
+    "MAX_ORDER",
     "THM1_ASSUMPTIONS",
     "checkin_rdp",
     "epsilon",
@@ -95,6 +96,9 @@ CHECKIN_ASSUMPTIONS: tuple[str, ...] = THM1_ASSUMPTIONS + (
 
 _ArrayF = NDArray[np.float64]
 
+MAX_ORDER = 1024
+"""Largest order accepted: the work grows as λ_max³ (about 6 s and a few 8 MB arrays at 1024)."""
+
 
 @overload
 def rdp(orders: float, n: int, sigma: float) -> float: ...
@@ -108,8 +112,8 @@ def rdp(
     Parameters
     ----------
     orders : float or sequence of float
-        Rényi orders λ > 1. Integer orders are exact; others get the convexity upper bound (module
-        docstring, "Non-integer orders").
+        Rényi orders λ in (1, :data:`MAX_ORDER`]. Integer orders are exact; others get the
+        convexity upper bound (module docstring, "Non-integer orders").
     n : int
         Number of shuffled records (users), n ≥ 1.
     sigma : float
@@ -253,7 +257,7 @@ def subsampled_rdp(
     Parameters
     ----------
     orders : float or sequence of float
-        Rényi orders λ > 1 (non-integer ones by the convexity bound, module docstring).
+        Rényi orders λ in (1, MAX_ORDER]; non-integer ones by the convexity bound (module docstring).
     n : int
         Dataset size, n ≥ 1.
     m : int
@@ -307,7 +311,7 @@ def checkin_rdp(
     Parameters
     ----------
     orders : float or sequence of float
-        Rényi orders λ > 1 (non-integer ones by the convexity bound, module docstring).
+        Rényi orders λ in (1, MAX_ORDER]; non-integer ones by the convexity bound (module docstring).
     n : int
         Number of users, n ≥ 1.
     gamma : float
@@ -435,10 +439,14 @@ def _from_log_moments(lams: _ArrayF, log_moments: _ArrayF) -> _ArrayF:
 
 
 def _orders(owner: str, orders: object) -> tuple[_ArrayF, bool]:
-    """Orders as a float array (each finite and > 1) and whether the input was a scalar."""
+    """Orders as a float array (each in (1, MAX_ORDER]) and whether the input was a scalar."""
     scalar = np.ndim(orders) == 0 and not isinstance(orders, (str, bytes))
     values = [orders] if scalar else orders
-    return float_array(owner, "orders", values, low=1.0, closed_low=False), scalar
+    lams = float_array(owner, "orders", values, low=1.0, closed_low=False)
+    if np.max(lams) > MAX_ORDER:
+        constraint = f"orders each <= MAX_ORDER = {MAX_ORDER}"
+        raise InvalidParameterError(owner, "orders", constraint, orders)
+    return lams, scalar
 
 
 def _max_order(lams: _ArrayF) -> int:

@@ -339,6 +339,8 @@ def test_checkin_states_its_assumptions() -> None:
         (lambda: sg.rdp([2, math.nan], 10, 1.0), "orders"),
         (lambda: sg.rdp(math.inf, 10, 1.0), "orders"),
         (lambda: sg.rdp("2", 10, 1.0), "orders"),
+        (lambda: sg.rdp([2, sg.MAX_ORDER + 1], 10, 1.0), "orders"),
+        (lambda: sg.checkin_rdp(10_000, 10, 0.5, 1.0, 0.1), "orders"),
         (lambda: sg.rdp(2, 0, 1.0), "n"),
         (lambda: sg.rdp(2, 2.5, 1.0), "n"),
         (lambda: sg.rdp(2, True, 1.0), "n"),
