@@ -257,7 +257,7 @@ def subsampled_rdp(
     Parameters
     ----------
     orders : float or sequence of float
-        Rényi orders λ in (1, MAX_ORDER]; non-integer ones by the convexity bound (module docstring).
+        Rényi orders λ in (1, MAX_ORDER]; non-integer ones by the convexity bound (see module).
     n : int
         Dataset size, n ≥ 1.
     m : int
@@ -311,7 +311,7 @@ def checkin_rdp(
     Parameters
     ----------
     orders : float or sequence of float
-        Rényi orders λ in (1, MAX_ORDER]; non-integer ones by the convexity bound (module docstring).
+        Rényi orders λ in (1, MAX_ORDER]; non-integer ones by the convexity bound (see module).
     n : int
         Number of users, n ≥ 1.
     gamma : float
