@@ -21,7 +21,13 @@ Everything else in this module follows from that product:
 * the decaying noise levels of 003, Thms 6–7 make δ for the record at position i converge, as the
   stream grows, to the limits δ^{*,o} (numerical integrals, with the lower bound of 003, App. E);
 * :func:`record_log_deltas` / :func:`worst_released_delta` evaluate the product for every record
-  of a stream whose iterates are released at given steps (snapshots), in O(n).
+  of a stream whose iterates are released at given steps (snapshots), in O(n);
+* :func:`shuffled_pnsgd_sigma` calibrates σ to a target δ at the actual n (Thm 5's σ(n) only
+  reaches δ*_G in the limit).
+
+Deviations from 003, each explained where it is implemented: M is only valid for η ≤ 2/(β + ρ)
+(:func:`contraction`); δ*_L, δ*_G and δ^{*,o} are limits, not finite-n bounds, and δ^{*,o} is a
+per-position limit (:func:`fixed_sigma`, :func:`gaussian_online_delta_star`).
 
 Numerics: θ and 1 − θ are both evaluated in log space (1 − θ without cancellation), so products of
 10⁶ factors B_t = 1 − O(t^{−α}) and δ values far below 1e-300 in log form stay accurate.
@@ -375,8 +381,9 @@ def record_log_deltas(
     003, Sec. 5 (δ = A_i ∏_{t=i+1}^n B_t with per-step noise) applied to the iterate w_{s(i)}:
     Thm 1 only needs the intermediate iterates between i and s(i) hidden. Later releases are
     post-processing of w_{s(i)} together with records independent of x_i (the chain of kernels
-    after s(i) does not see x_i), so they do not weaken δ_i. This assumes the releases are
-    iterates themselves; every release reveals everything before it.
+    after s(i) does not see x_i), so they do not weaken δ_i. Earlier releases do not depend on
+    x_i, and Thm 1 holds from any starting distribution, so conditioning on them costs nothing.
+    This assumes the releases are the iterates themselves (or functions of them).
 
     Cost O(n): with P_k = Σ_{t≤k} log B_t (extended precision, zero factors counted apart),
     log δ_i = log A_i + P_{s(i)} − P_i.
@@ -1185,7 +1192,9 @@ def _steps(owner: str, j: object) -> tuple[NDArray[np.int64], bool]:
 
 
 def _release_steps(owner: str, releases: object, n: int) -> NDArray[np.int64]:
-    constraint = f"a non-empty strictly increasing sequence of integers in [1, len(scales)] = [1, {n}]"
+    constraint = (
+        f"a non-empty strictly increasing sequence of integers in [1, len(scales)] = [1, {n}]"
+    )
     values = np.atleast_1d(np.asarray(releases))
     if (
         values.ndim != 1

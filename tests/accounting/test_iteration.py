@@ -51,6 +51,10 @@ EPSILON = 1.0
 SHUFFLED = {"L": 10.0, "eta": 0.1, "beta": 0.5, "rho": 0.0}
 SHUFFLED_C1, LAPLACE_C2, GAUSSIAN_C2 = 1e5, 2.0, 100.0
 ONLINE_ETA, ONLINE_ALPHA, ONLINE_I, ONLINE_C1, ONLINE_C2 = 0.01, 1.5, 100, 100.0, 100.0
+# (alpha, eta, diameter or width, C1, C2, beta, rho) of online_sigma / online_laplace_scale.
+ONLINE_SCHEDULE = (ONLINE_ALPHA, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0)
+# (alpha, L, eta, diameter or width, C1, C2, beta, rho) of the δ^{*,o} functions.
+ONLINE_LIMIT = (ONLINE_ALPHA, 10.0, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0)
 MODEL = {"L": 10.0, "eta": 0.1, "diameter": 1.0, "beta": 0.5, "rho": 0.0}
 
 
@@ -111,7 +115,9 @@ def test_theta_edge_cases() -> None:
     r=st.floats(1e-2, 50.0),
     factor=st.floats(1.01, 3.0),
 )
-def test_theta_increases_in_r_and_decreases_in_gamma(epsilon: float, r: float, factor: float) -> None:
+def test_theta_increases_in_r_and_decreases_in_gamma(
+    epsilon: float, r: float, factor: float
+) -> None:
     gamma = math.exp(epsilon)
     assert theta(gamma, r) <= theta(gamma, r * factor)
     assert theta(gamma * factor, r) <= theta(gamma, r)
@@ -154,7 +160,7 @@ def test_contraction_bounds_every_quadratic_step(
     assert m <= 1.0
 
 
-# ------------------------------------------------------------------------------------ Thm 1 / Sec. 5
+# ------------------------------------------------------------------------------ Thm 1 / Sec. 5
 
 
 def test_pnsgd_delta_is_the_product_of_thm1_factors() -> None:
@@ -251,7 +257,9 @@ def test_shuffled_delta_is_the_average_over_positions(n: int) -> None:
         sum(gaussian) / n, rel=1e-13
     )
     laplace_model = {"L": 1.0, "eta": 0.5, "width": 1.0, "beta": 1.0, "rho": 0.0}
-    laplace = [pnsgd_laplace_delta(EPSILON, [scale] * n, j, **laplace_model) for j in range(1, n + 1)]
+    laplace = [
+        pnsgd_laplace_delta(EPSILON, [scale] * n, j, **laplace_model) for j in range(1, n + 1)
+    ]
     assert shuffled_pnsgd_laplace_delta(n, EPSILON, scale, **laplace_model) == pytest.approx(
         sum(laplace) / n, rel=1e-13
     )
@@ -283,8 +291,10 @@ def test_delta_star_values() -> None:
         assert gaussian_delta_star(EPSILON, SHUFFLED_C1) == pytest.approx(
             float((1 - mp.e ** (-2 * c)) / (2 * c)), rel=1e-15
         )
-    assert laplace_delta_star(EPSILON, SHUFFLED_C1) == pytest.approx(6.065306597126334e-06, rel=1e-14)
-    assert gaussian_delta_star(EPSILON, SHUFFLED_C1) == pytest.approx(3.032653298563167e-06, rel=1e-14)
+    # δ*_L = e^{−1/2}·10⁻⁵ and δ*_G = δ*_L/2 (the e^{−C1 e^{ε/2}} terms vanish in double precision).
+    star_l = laplace_delta_star(EPSILON, SHUFFLED_C1)
+    assert star_l == pytest.approx(6.0653065971263342e-06, rel=1e-14)
+    assert gaussian_delta_star(EPSILON, SHUFFLED_C1) == pytest.approx(star_l / 2, rel=1e-15)
     assert laplace_delta_star(0.0, 1e-12) == pytest.approx(1.0, rel=1e-12)  # small-C1 limit
 
 
@@ -400,15 +410,17 @@ def test_calibrated_sigma_is_the_smallest_meeting_the_target(
 
 def test_online_schedules_match_003() -> None:
     j = np.array([1, 100, 12_345, 10**6])
-    sigmas = online_sigma(j, ONLINE_ALPHA, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0)
-    scales = online_laplace_scale(j, ONLINE_ALPHA, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0)
+    sigmas = online_sigma(j, *ONLINE_SCHEDULE)
+    scales = online_laplace_scale(j, *ONLINE_SCHEDULE)
     with mp.workdps(40):
         for k, step in enumerate(j):
             w = mp.lambertw(mp_lambert_argument(int(step), 2 * ONLINE_ALPHA, ONLINE_C1, ONLINE_C2))
-            assert sigmas[k] == pytest.approx(float(1 / (2 * ONLINE_ETA * mp.sqrt(w.real))), rel=1e-13)
-            v = 1 / (2 * ONLINE_ETA * mp.log(mp.mpf(int(step)) ** ONLINE_ALPHA / ONLINE_C1 + ONLINE_C2))
+            sigma = 1 / (2 * ONLINE_ETA * mp.sqrt(w.real))
+            assert sigmas[k] == pytest.approx(float(sigma), rel=1e-13)
+            log_argument = mp.log(mp.mpf(int(step)) ** ONLINE_ALPHA / ONLINE_C1 + ONLINE_C2)
+            v = 1 / (2 * ONLINE_ETA * log_argument)
             assert scales[k] == pytest.approx(float(v), rel=1e-13)
-    assert isinstance(online_sigma(5, ONLINE_ALPHA, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0), float)
+    assert isinstance(online_sigma(5, *ONLINE_SCHEDULE), float)
     # Thm 5 is Thm 7's schedule with α = 1 evaluated at n (003, Sec. 5: "the only difference").
     assert fixed_sigma(777, 0.1, 1.0, 3.0, 5.0, 0.5, 0.0) == pytest.approx(
         float(online_sigma(777, 1.0 + 1e-15, 0.1, 1.0, 3.0, 5.0, 0.5, 0.0)), rel=1e-12
@@ -430,22 +442,21 @@ def mp_online_gaussian_limit(start: int) -> mp.mpf:
 
 def test_app_g_online_gaussian_limit_matches_mpmath_and_brackets_the_true_limit() -> None:
     """Fig. 2 right: δ^{*,o}_G of Thm 7 for the record at i = 100."""
-    limit = gaussian_online_delta_star(
-        EPSILON, ONLINE_I, ONLINE_ALPHA, 10.0, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0
-    )
+    limit = gaussian_online_delta_star(EPSILON, ONLINE_I, *ONLINE_LIMIT)
     assert isinstance(limit, OnlineLimit)
     with mp.workdps(20):
-        assert limit.delta_star == pytest.approx(float(mp_online_gaussian_limit(ONLINE_I + 1)), rel=1e-8)
-        assert limit.lower_bound == pytest.approx(float(mp_online_gaussian_limit(ONLINE_I)), rel=1e-8)
+        upper, lower = mp_online_gaussian_limit(ONLINE_I + 1), mp_online_gaussian_limit(ONLINE_I)
+    assert limit.delta_star == pytest.approx(float(upper), rel=1e-8)
+    assert limit.lower_bound == pytest.approx(float(lower), rel=1e-8)
     assert limit.delta_star == pytest.approx(3.00803866e-23, rel=1e-8)
     assert limit.lower_bound == pytest.approx(2.71177618e-23, rel=1e-8)
     # The true limit A_i ∏_{t>i} B_t: the finite product to N, times the tail ∏_{t>N} B_t, which
     # lies between exp(∫_N^∞ log B) and exp(∫_{N+1}^∞ log B) (log B increasing; 003, App. E).
     n = 2 * 10**5
     model = {"L": 10.0, "eta": ONLINE_ETA, "diameter": 1.0, "beta": 0.5, "rho": 0.0}
-    sigmas = online_sigma(np.arange(1, n + 1), ONLINE_ALPHA, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0)
+    sigmas = online_sigma(np.arange(1, n + 1), *ONLINE_SCHEDULE)
     finite = pnsgd_delta(EPSILON, sigmas, ONLINE_I, **model)
-    tail = gaussian_online_delta_star(EPSILON, n, ONLINE_ALPHA, 10.0, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0)
+    tail = gaussian_online_delta_star(EPSILON, n, *ONLINE_LIMIT)
     a_n = pnsgd_delta(EPSILON, sigmas, n, **model)
     true_low, true_high = finite * tail.lower_bound / a_n, finite * tail.delta_star / a_n
     assert limit.lower_bound <= true_low <= true_high <= limit.delta_star
@@ -455,26 +466,43 @@ def test_app_g_online_gaussian_limit_matches_mpmath_and_brackets_the_true_limit(
 
 def test_app_g_online_laplace_limit_matches_mpmath_and_brackets_the_true_limit() -> None:
     """Fig. 1 right: δ^{*,o}_L of Thm 6 for the record at i = 100."""
-    args = (EPSILON, ONLINE_I, ONLINE_ALPHA, 10.0, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0)
-    limit = laplace_online_delta_star(*args)
+    limit = laplace_online_delta_star(EPSILON, ONLINE_I, *ONLINE_LIMIT)
     c = ONLINE_C1 * math.exp(EPSILON / 2)
     with mp.workdps(30):
         log_b = lambda x: mp.log1p(-c / (x**ONLINE_ALPHA + ONLINE_C1 * ONLINE_C2))  # noqa: E731
-        a = 1 - mp.e ** (
-            EPSILON / 2 - 2 * 10 * ONLINE_ETA * mp.log(mp.mpf(ONLINE_I) ** ONLINE_ALPHA / ONLINE_C1 + ONLINE_C2)
-        )
+        log_argument = mp.log(mp.mpf(ONLINE_I) ** ONLINE_ALPHA / ONLINE_C1 + ONLINE_C2)
+        a = 1 - mp.e ** (EPSILON / 2 - 2 * 10 * ONLINE_ETA * log_argument)
         upper = a * mp.exp(mp.quad(log_b, [ONLINE_I + 1, 1e3, 1e5, 1e8, mp.inf]))
         lower = a * mp.exp(mp.quad(log_b, [ONLINE_I, 1e3, 1e5, 1e8, mp.inf]))
         assert limit.delta_star == pytest.approx(float(upper), rel=1e-9)
         assert limit.lower_bound == pytest.approx(float(lower), rel=1e-9)
         n = 10**6
-        scales = online_laplace_scale(np.arange(1, n + 1), ONLINE_ALPHA, ONLINE_ETA, 1.0, ONLINE_C1, ONLINE_C2, 0.5, 0.0)
+        scales = online_laplace_scale(np.arange(1, n + 1), *ONLINE_SCHEDULE)
         finite = pnsgd_laplace_delta(EPSILON, scales, ONLINE_I, 10.0, ONLINE_ETA, 1.0, 0.5, 0.0)
         true_low = finite * mp.exp(mp.quad(log_b, [n, mp.inf]))
         true_high = finite * mp.exp(mp.quad(log_b, [n + 1, mp.inf]))
     assert limit.delta_star == pytest.approx(1.55875243e-08, rel=1e-8)
     assert limit.lower_bound <= float(true_low) <= float(true_high) <= limit.delta_star
     assert finite > limit.delta_star
+
+
+def test_online_laplace_delta_approaches_its_limit_polynomially() -> None:
+    """Rate of Fig. 1 right / Fig. 4 left, App. G online Laplace setting (record i = 100).
+
+    log δ_i(n) − log δ_i(m) = −Σ_{t=n+1}^{m} log(1 − c/(t^α + C1C2)) with c = C1 e^{ε/2}, which is
+    c ∫_n^m x^{−α} dx (1 + O(C1C2/n^α + 1/n)) = c (n^{1−α} − m^{1−α})/(α − 1): the finite-n δ
+    approaches the true limit at rate n^{1−α} = n^{−1/2}. 003 (App. E, Fig. 4) reports the rate
+    toward δ^{*,o} as "empirically 1/log n"; since δ^{*,o} is not the limit itself, that gap
+    does not vanish, and the rate to the true limit is polynomial.
+    """
+    n, m = 10**5, 16 * 10**5
+    scales = online_laplace_scale(np.arange(1, m + 1), *ONLINE_SCHEDULE)
+    model = (10.0, ONLINE_ETA, 1.0, 0.5, 0.0)
+    log_at_n = math.log(pnsgd_laplace_delta(EPSILON, scales[:n], ONLINE_I, *model))
+    log_at_m = math.log(pnsgd_laplace_delta(EPSILON, scales, ONLINE_I, *model))
+    c = ONLINE_C1 * math.exp(EPSILON / 2)
+    predicted = c * (n ** (1 - ONLINE_ALPHA) - m ** (1 - ONLINE_ALPHA)) / (ONLINE_ALPHA - 1)
+    assert log_at_n - log_at_m == pytest.approx(predicted, rel=1e-3)
 
 
 @settings(max_examples=12, deadline=None)
@@ -490,12 +518,13 @@ def test_online_schedule_keeps_every_record_above_a_positive_limit(
 ) -> None:
     """α > 1 (Thms 6–7): δ_i(n) decreases in n toward a limit in (lower_bound, delta_star]."""
     n = position + 2000
+    schedule = (alpha, 0.05, 1.0, C1, C2, 0.5, 0.0)
     if noise == "gaussian":
-        scales = online_sigma(np.arange(1, n + 1), alpha, 0.05, 1.0, C1, C2, 0.5, 0.0)
-        limit = gaussian_online_delta_star(EPSILON, position, alpha, 1.0, 0.05, 1.0, C1, C2, 0.5, 0.0)
+        scales = online_sigma(np.arange(1, n + 1), *schedule)
+        limit = gaussian_online_delta_star(EPSILON, position, alpha, 1.0, *schedule[1:])
     else:
-        scales = online_laplace_scale(np.arange(1, n + 1), alpha, 0.05, 1.0, C1, C2, 0.5, 0.0)
-        limit = laplace_online_delta_star(EPSILON, position, alpha, 1.0, 0.05, 1.0, C1, C2, 0.5, 0.0)
+        scales = online_laplace_scale(np.arange(1, n + 1), *schedule)
+        limit = laplace_online_delta_star(EPSILON, position, alpha, 1.0, *schedule[1:])
     # Logs throughout: with α near 1 and large C1 the limits underflow a double.
     log_deltas = record_log_deltas(
         EPSILON, scales, np.arange(position, n + 1), 1.0, 0.05, 1.0, 0.5, 0.0, noise
