@@ -1,18 +1,335 @@
-"""The ``panpriv`` command line."""
+"""The ``panpriv`` command line: parse, load the config, call one function per command.
+
+Commands: ``run`` (the service), ``record`` (Kafka topic → replayable file), ``privacy`` (what-if
+calculator), ``inspect`` (checkpoint or snapshot summary). Exit codes: 0 success (including a
+stop by signal and an exhausted privacy budget, which are outcomes), 1 a runtime failure (broker
+unreachable, I/O error), 2 a usage or configuration error (including a refused resume).
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
+import math
 import sys
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from streamer.errors import CheckpointError, ConfigError, LearnerUnavailableError, StreamerError
+
+log = logging.getLogger("panpriv")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _version() -> str:
+    try:
+        return metadata.version("panpriv")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# -- run ----------------------------------------------------------------------------------------
+
+
+def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {
+        "source.url": args.source,
+        "source.stop_at_end": True if args.stop_at_end else None,
+        "records.format": args.format,
+        "records.dim": args.dim,
+        "records.feature_bound": args.feature_bound,
+        "learner.name": args.learner,
+        "learner.epsilon": args.epsilon,
+        "learner.delta": args.delta,
+        "learner.n": args.n,
+        "learner.max_epsilon": args.max_epsilon,
+        "learner.seed": args.seed,
+        "out": args.out,
+        "snapshots.every_records": args.snapshot_every,
+        "checkpoint.every_records": args.checkpoint_every,
+        "metrics.port": args.metrics_port if args.metrics_port not in (None, 0) else None,
+        "progress": args.progress,
+    }
+    if args.rate:  # 0 means "as fast as possible": applied after loading (see _load_run_config)
+        overrides["source.rate"] = args.rate
+    return overrides
+
+
+def _load_run_config(args: argparse.Namespace) -> Any:
+    from streamer.config import ADULT_DEMO, load_config
+
+    base = ADULT_DEMO if args.config is None and args.source is None else None
+    overrides = _run_overrides(args)
+    config = load_config(args.config, overrides, base=base)
+    updates: dict[str, Any] = {}
+    if args.rate == 0:
+        updates["source"] = config.source.model_copy(update={"rate": None})
+    if args.metrics_port == 0:
+        updates["metrics"] = config.metrics.model_copy(update={"port": None})
+    if config.out is None:
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        updates["out"] = Path("out") / f"{config.learner.name}-{stamp}"
+    return config.model_copy(update=updates) if updates else config
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from streamer.metrics import ServiceMetrics
+    from streamer.processor import Processor
+    from streamer.sources import display_name
+
+    config = _load_run_config(args)
+    metrics = ServiceMetrics()
+    metrics.set_info(config.learner.name, display_name(config.source.url), _version())
+    stop_server = None
+    endpoint = None
+    if config.metrics.port is not None:
+        try:
+            stop_server = metrics.serve(config.metrics.port, config.metrics.addr)
+            endpoint = f"http://{config.metrics.addr}:{config.metrics.port}/metrics"
+            log.info("metrics at %s", endpoint)
+        except OSError as exc:
+            log.warning("metrics endpoint not started (port %d: %s); continuing without it", config.metrics.port, exc.strerror)
+    progress = config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty())
+    log.info("output directory: %s", config.out)
+    started = time.monotonic()
+    try:
+        result = Processor(config, metrics=metrics, progress=progress).run()
+    finally:
+        if stop_server is not None:
+            stop_server()
+    _print_summary(config, result, time.monotonic() - started, endpoint, args)
+    return EXIT_OK
+
+
+def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | None, args: argparse.Namespace) -> None:
+    out = print
+    rejected = sum(result.rejects.values())
+    out("")
+    out(f"panpriv run: {result.outcome.replace('_', ' ')} — {result.message} ({seconds:.1f} s)")
+    out(f"  learner         {config.learner.name}, epsilon = {config.learner.epsilon:g}, delta = {config.learner.delta:g}")
+    out(f"  source          {_display(config.source.url)}")
+    reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(result.rejects.items()))
+    out(f"  records learned {result.records:,}" + (f"; rejected {rejected:,} ({reasons})" if rejected else "; rejected 0"))
+    if config.source.url == "adult:train" and result.records:
+        from streamer.evaluation import compare_on_adult
+
+        comparison = compare_on_adult(result.learner)
+        out(f"  test accuracy on adult.test ({comparison.test_records:,} records), last snapshot vs. baselines:")
+        out(f"    pan-private AC-SA (epsilon = {config.learner.epsilon:g}, delta = {config.learner.delta:g})  {comparison.private_accuracy:7.2%}")
+        out(f"    non-private logistic regression (L-BFGS)       {comparison.baseline_accuracy:7.2%}")
+        out(f"    majority class                                 {comparison.majority_accuracy:7.2%}")
+    out("  privacy         " + result.report.statement())
+    out(f"  checkpoint      {result.checkpoint_path}")
+    if result.snapshot_path is not None:
+        out(f"  snapshots       {result.snapshot_path} ({result.snapshots} emitted; last covers {result.last_snapshot['records']:,} records)" if result.last_snapshot else f"  snapshots       {result.snapshot_path}")
+    if endpoint:
+        out(f"  metrics         were served at {endpoint} while the run lasted")
+    out(f"  inspect         panpriv inspect {config.out}")
+    if result.outcome == "stopped":
+        out(f"  resume          panpriv run {' '.join(_resume_args(args, config))}")
+
+
+def _display(url: str) -> str:
+    from streamer.sources import display_name
+
+    return display_name(url)
+
+
+def _resume_args(args: argparse.Namespace, config: Any) -> list[str]:
+    argv = [a for a in (args.argv or []) if a]
+    if "--out" not in argv:
+        argv += ["--out", str(config.out)]
+    return argv
+
+
+# -- record -------------------------------------------------------------------------------------
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from streamer.recorder import record_topics
+
+    count = record_topics(args.source, Path(args.path), timeout_s=args.timeout)
+    print(f"panpriv record: wrote {count:,} messages to {args.path}")
+    return EXIT_OK
+
+
+# -- privacy ------------------------------------------------------------------------------------
+
+
+def cmd_privacy(args: argparse.Namespace) -> int:
+    from streamer.config import load_config
+    from streamer.whatif import noise_to_epsilon, target_to_noise
+
+    if args.noise_multiplier is not None:
+        epsilon = noise_to_epsilon(args.noise_multiplier, args.delta)
+        print(
+            f"A Gaussian draw with standard deviation {args.noise_multiplier:g} x its l2 sensitivity is "
+            f"(epsilon = {epsilon:.6g}, delta = {args.delta:g})-DP (Balle & Wang 2018, Thm 8)."
+        )
+        if args.learner == "pan-acsa":
+            print(
+                "For pan-acsa (each batch draw alone protects its batch; 000, Lemma C.4) this is the "
+                "per-record guarantee for all outputs and for one intrusion plus all outputs."
+            )
+        return EXIT_OK
+    overrides = {
+        "source.url": "synthetic:n=1&dim=1",
+        "records.format": "json",
+        "records.dim": args.dim,
+        "records.feature_bound": args.feature_bound,
+        "learner.name": args.learner,
+        "learner.epsilon": args.epsilon,
+        "learner.delta": args.delta,
+        "learner.options": json.loads(args.options) if args.options else None,
+    }
+    config = load_config(None, overrides)
+    answer = target_to_noise(config, args.n)
+    print(f"{args.learner} on n = {args.n:,} records of dimension {args.dim}, features clipped to norm {args.feature_bound:g}:")
+    for line in answer.lines:
+        print("  " + line)
+    report = answer.report
+    print(f"  outputs:   {report.output}")
+    print(f"  intrusion: {report.intrusion}  (one read of the internal state plus all outputs)")
+    print("  " + report.statement())
+    return EXIT_OK
+
+
+# -- inspect ------------------------------------------------------------------------------------
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from streamer.inspect import describe
+
+    print(describe(Path(args.path)))
+    return EXIT_OK
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text})")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from streamer.config import LEARNER_NAMES
+
+    parser = argparse.ArgumentParser(
+        prog="panpriv",
+        description="Streaming, pan-private learning with exact privacy accounting.",
+    )
+    parser.add_argument("--version", action="version", version=f"panpriv {_version()}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="run the service (default: replay UCI Adult through pan-private AC-SA)",
+        description=(
+            "Consume records, learn with only noisy state, checkpoint, and emit snapshots with their "
+            "privacy report. Without --config and --source: replay the embedded UCI Adult training "
+            "set through pan-private AC-SA at epsilon = 1, delta = 1e-6. Flags override the config file."
+        ),
+    )
+    run.add_argument("--config", type=Path, help="TOML configuration file (see README 'Configuring')")
+    run.add_argument("--source", help="kafka://host:port/topic[,topic]?group=G | file:PATH | synthetic:n=N&dim=D[&seed=S] | adult:train")
+    run.add_argument("--learner", choices=LEARNER_NAMES, help="learner name (default pan-acsa)")
+    run.add_argument("--epsilon", type=_positive_float, help="privacy epsilon per record (default 1)")
+    run.add_argument("--delta", type=_positive_float, help="privacy delta per record (default 1e-6)")
+    run.add_argument("--n", type=int, help="public stream length (required for Kafka sources)")
+    run.add_argument("--max-epsilon", type=_positive_float, help="stop before the composed epsilon would exceed this")
+    run.add_argument("--out", type=Path, help="directory for checkpoints and snapshots (resumes if it holds a checkpoint)")
+    run.add_argument("--snapshot-every", type=int, metavar="RECORDS", help="emit a snapshot at most every RECORDS records")
+    run.add_argument("--checkpoint-every", type=int, metavar="RECORDS", help="checkpoint at most every RECORDS records")
+    run.add_argument("--metrics-port", type=int, help="Prometheus endpoint port (0: none; default 9477)")
+    run.add_argument("--rate", type=float, help="records per second (0: as fast as possible)")
+    run.add_argument("--stop-at-end", action="store_true", help="Kafka: exit once every assigned partition is caught up")
+    run.add_argument("--format", choices=["json", "csv", "binary", "adult"], help="record encoding (default: from the source)")
+    run.add_argument("--dim", type=int, help="feature dimension")
+    run.add_argument("--feature-bound", type=_positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
+    run.add_argument("--seed", type=int, help="TEST/REPLAY ONLY: seed the noise (no pan-private guarantee)")
+    run.add_argument("--progress", choices=["auto", "on", "off"], help="progress line on stderr (default auto: on a terminal)")
+    run.set_defaults(handler=cmd_run)
+
+    record = commands.add_parser(
+        "record",
+        help="copy a Kafka topic to a replayable file (offsets and timestamps kept)",
+        description="Read every partition of the topic(s) from its first to its current last offset and write a recording for `panpriv run --source file:PATH`.",
+    )
+    record.add_argument("source", help="kafka://host:port/topic[,topic]")
+    record.add_argument("path", help="output file")
+    record.add_argument("--timeout", type=_positive_float, default=60.0, help="give up after this many seconds without progress (default 60)")
+    record.set_defaults(handler=cmd_record)
+
+    privacy = commands.add_parser(
+        "privacy",
+        help="what-if calculator: target -> noise, or noise -> guarantee",
+        description=(
+            "Target -> noise: the learner's planned batches, the standard deviation of each noise draw, and "
+            "both guarantees for (n, epsilon, delta). Noise -> guarantee: --noise-multiplier Z gives the "
+            "epsilon of a Gaussian draw with standard deviation Z x sensitivity at --delta."
+        ),
+    )
+    privacy.add_argument("--learner", choices=LEARNER_NAMES, default="pan-acsa")
+    privacy.add_argument("--n", type=int, default=32_561, help="public stream length (default: Adult's 32,561)")
+    privacy.add_argument("--epsilon", type=_positive_float, default=1.0)
+    privacy.add_argument("--delta", type=_positive_float, default=1e-6)
+    privacy.add_argument("--dim", type=int, default=105, help="feature dimension (default: the Adult encoding's 105)")
+    privacy.add_argument("--feature-bound", type=_positive_float, default=math.sqrt(14), help="l2 bound on features (default: the Adult encoding's sqrt(14))")
+    privacy.add_argument("--options", help='learner options as JSON, e.g. \'{"radius": 16}\'')
+    privacy.add_argument("--noise-multiplier", type=_positive_float, help="noise -> guarantee for this sigma/sensitivity")
+    privacy.set_defaults(handler=cmd_privacy)
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="summarise a checkpoint, a snapshots file, or an output directory",
+        description="Summarise a checkpoint manifest, a snapshots JSONL file, or a --out directory holding both.",
+    )
+    inspect.add_argument("path")
+    inspect.set_defaults(handler=cmd_inspect)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``panpriv`` console script."""
-    print(
-        "panpriv: the streaming service is not implemented yet (tracked in the streamer issue); "
-        "nothing was run.",
-        file=sys.stderr,
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    args.argv = argv[1:] if argv and argv[0] == "run" else []
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
-    return 2
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    try:
+        return int(args.handler(args))
+    except (ConfigError, CheckpointError, LearnerUnavailableError) as exc:
+        print(f"panpriv {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StreamerError as exc:
+        print(f"panpriv {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a last resort: one line, never record contents
+        from kafka.errors import KafkaError
+
+        if isinstance(exc, KafkaError):
+            print(f"panpriv {args.command}: Kafka error: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        raise
 
 
 if __name__ == "__main__":

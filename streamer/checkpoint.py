@@ -1,0 +1,205 @@
+"""Checkpoints: one manifest, written atomically, holding everything a resumed run needs.
+
+The manifest (``<out>/checkpoints/checkpoint.json``) holds the learner's noisy state and
+constructor config, the next unread position of every source key, the privacy ledger, the reject
+counters, the privacy-relevant configuration and its hash, and a schema version. It never holds
+generator state (learners do not put it in ``state_dict``) and never a raw record: the manifest is
+built from the learner's ``state_dict`` (noisy arrays and counters only), positions (public) and
+counts (public).
+
+Atomicity (quix-streams' order): the JSON is written to a temporary file in the same directory,
+flushed and ``fsync``-ed, moved over the manifest with ``os.replace`` (atomic on POSIX), and the
+directory is ``fsync``-ed so the rename itself is durable. A crash at any point leaves either the
+previous manifest or the new one, never a mix; a leftover temporary file is ignored and
+overwritten.
+
+Arrays are stored exactly (raw little-endian bytes, base64) so a resumed learner continues from
+bit-identical state.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamer.config import describe_changes
+from streamer.errors import CheckpointError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "checkpoint.json"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The content of one manifest (see the module docstring)."""
+
+    sequence: int
+    created: float
+    instance: str
+    learner: str
+    learner_config: dict[str, Any]
+    learner_state: dict[str, Any]
+    positions: dict[str, int]
+    ledger: dict[str, Any]
+    rejects: dict[str, int]
+    records: int
+    snapshots: int
+    config_hash: str
+    privacy_config: dict[str, Any]
+    schema_version: int = SCHEMA_VERSION
+    finished: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        body = {
+            "schema_version": self.schema_version,
+            "sequence": self.sequence,
+            "created": self.created,
+            "finished": self.finished,
+            "config_hash": self.config_hash,
+            "privacy_config": self.privacy_config,
+            "instance": self.instance,
+            "learner": {
+                "name": self.learner,
+                "config": self.learner_config,
+                "state": {k: encode_value(v) for k, v in self.learner_state.items()},
+            },
+            "positions": self.positions,
+            "ledger": self.ledger,
+            "rejects": self.rejects,
+            "records": self.records,
+            "snapshots": self.snapshots,
+            "extra": self.extra,
+        }
+        return json.dumps(body, sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "checkpoint") -> Checkpoint:
+        try:
+            body = json.loads(text)
+            version = body.get("schema_version")
+            if version != SCHEMA_VERSION:
+                raise CheckpointError(
+                    f"{where}: schema_version {version!r}; this panpriv reads version {SCHEMA_VERSION}"
+                )
+            learner = body["learner"]
+            return cls(
+                sequence=int(body["sequence"]),
+                created=float(body["created"]),
+                finished=bool(body.get("finished", False)),
+                config_hash=str(body["config_hash"]),
+                privacy_config=dict(body["privacy_config"]),
+                instance=str(body["instance"]),
+                learner=str(learner["name"]),
+                learner_config=dict(learner["config"]),
+                learner_state={k: decode_value(v) for k, v in learner["state"].items()},
+                positions={str(k): int(v) for k, v in body["positions"].items()},
+                ledger=dict(body["ledger"]),
+                rejects={str(k): int(v) for k, v in body["rejects"].items()},
+                records=int(body["records"]),
+                snapshots=int(body["snapshots"]),
+                extra=dict(body.get("extra", {})),
+            )
+        except CheckpointError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{where} is not a valid panpriv checkpoint: {exc!r}") from None
+
+
+def encode_value(value: Any) -> Any:
+    """A state value as JSON: arrays as ``{"ndarray": {dtype, shape, base64}}`` (little-endian raw
+    bytes, so floats round-trip exactly), numpy scalars as Python numbers, non-finite floats as
+    ``{"float": "inf"}``; anything else must already be JSON-ready."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise CheckpointError("learner state holds an object array; only numeric arrays can be checkpointed")
+        little = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+        return {
+            "ndarray": {
+                "dtype": little.dtype.str,
+                "shape": list(little.shape),
+                "base64": base64.b64encode(little.tobytes()).decode("ascii"),
+            }
+        }
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": repr(value)}
+    return value
+
+
+def decode_value(value: Any) -> Any:
+    """Inverse of :func:`encode_value` (arrays come back in native byte order, writeable)."""
+    if isinstance(value, dict) and "ndarray" in value:
+        spec = value["ndarray"]
+        dtype = np.dtype(spec["dtype"])
+        array = np.frombuffer(base64.b64decode(spec["base64"]), dtype=dtype).reshape(spec["shape"])
+        return array.astype(dtype.newbyteorder("="), copy=True)
+    if isinstance(value, dict) and "float" in value:
+        return float(value["float"])
+    return value
+
+
+class CheckpointStore:
+    """Reads and atomically writes the manifest in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / MANIFEST_NAME
+
+    def load(self) -> Checkpoint | None:
+        """The current manifest, or ``None`` if there is none yet."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        return Checkpoint.from_json(text, where=str(self.path))
+
+    def save(self, checkpoint: Checkpoint) -> float:
+        """Write ``checkpoint`` durably; return the Unix time at which it became durable."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        data = checkpoint.to_json().encode("utf-8")
+        tmp = self.path.with_name(MANIFEST_NAME + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        fsync_directory(self.directory)
+        return time.time()
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or a file creation in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_resumable(checkpoint: Checkpoint, config_hash: str, privacy_config: Mapping[str, Any], where: Path) -> None:
+    """Refuse to resume when the privacy-relevant configuration changed, naming each change."""
+    if checkpoint.config_hash == config_hash:
+        return
+    changes = describe_changes(checkpoint.privacy_config, privacy_config)
+    detail = "\n  ".join(changes) if changes else "(the settings hash differently; the checkpoint may be from another panpriv version)"
+    raise CheckpointError(
+        f"refusing to resume from {where}: privacy-relevant settings changed since it was written:\n  {detail}\n"
+        "The learner's noise and accounting were set up for the old settings. Resume with the old "
+        "settings, or start a new run with a different --out directory."
+    )

@@ -1,0 +1,329 @@
+"""Record decoding and validation: bytes in, clipped arrays and counted rejects out.
+
+Four encodings of a record (``records.format``):
+
+- ``json`` — one object per message/line: ``{"x": [x_1, …, x_d], "y": label}`` (field names
+  configurable). JSON ``true``/``false`` inside ``x`` read as 1/0 (numpy's conversion), consistently
+  for every record; a label must be a JSON number.
+- ``csv`` — one row per message/line: ``d`` feature fields and one label field (the last by
+  default, ``records.csv_label_column``).
+- ``binary`` — a *batch* of records per message, for throughput (:func:`encode_batch`):
+  a 12-byte header ``b"PPB1"``, dtype code (1 = float32, 2 = float64), a reserved byte, ``d`` (u16),
+  ``m`` (u32), then ``X`` (``m × d``, row-major) and ``y`` (``m``), little-endian.
+- ``adult`` — a line of the UCI Adult data, encoded by :mod:`streamer.datasets.adult` from the
+  public schema only.
+
+Validation. A record that cannot be used is *rejected* with one reason from :class:`Reason`
+(undecodable bytes, a missing field, a wrong type, a wrong dimension, a NaN/inf, a label outside
+the declared set or range) and counted; it never reaches the learner and never stops the service.
+Valid records have their features clipped to the declared bound, ``x ← x · min(1, R/‖x‖₂)``, before
+any learner sees them, so the sensitivity the learner's noise is calibrated to holds for every
+input. Rejecting and clipping are decided per record from that record alone, so how a stream is cut
+into messages or micro-batches never changes which records are learned.
+
+Nothing here logs or returns record contents: a reject carries the index of its message and a
+reason, not the value that failed.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+from numpy.typing import NDArray
+
+from streamer.config import RecordsConfig
+from streamer.datasets import adult
+
+
+class Reason(StrEnum):
+    """Why a record was rejected (the ``reason`` label of ``panpriv_records_rejected_total``)."""
+
+    UNDECODABLE = "undecodable"
+    MISSING_FIELD = "missing_field"
+    WRONG_TYPE = "wrong_type"
+    WRONG_DIMENSION = "wrong_dimension"
+    NON_FINITE = "non_finite"
+    LABEL_OUT_OF_RANGE = "label_out_of_range"
+
+
+@dataclass(frozen=True)
+class Reject:
+    """``count`` records of message ``index`` rejected for ``reason`` (count > 1 only for batches)."""
+
+    index: int
+    reason: Reason
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """The valid records of a micro-batch, clipped, and the rejects.
+
+    ``X`` has shape (m, dim), ``y`` shape (m,), both float64, in message order.
+    """
+
+    X: NDArray[np.float64]
+    y: NDArray[np.float64]
+    rejects: tuple[Reject, ...]
+
+    def reject_counts(self) -> dict[str, int]:
+        counts: Counter[str] = Counter()
+        for reject in self.rejects:
+            counts[reject.reason.value] += reject.count
+        return dict(counts)
+
+
+class Codec(abc.ABC):
+    """Decode messages of one format and validate them against ``records``."""
+
+    def __init__(self, records: RecordsConfig) -> None:
+        if records.dim is None or records.feature_bound is None:
+            raise ValueError("Codec needs a resolved RecordsConfig (dim and feature_bound set)")
+        self.records = records
+        self.dim: int = records.dim
+        self.bound: float = records.feature_bound
+        self._labels = None if records.label_values is None else np.array(records.label_values)
+
+    @abc.abstractmethod
+    def decode(self, payloads: Sequence[bytes]) -> Decoded:
+        """Decode, validate and clip one micro-batch of messages."""
+
+    def is_record_line(self, line: bytes) -> bool:
+        """For line-based files: False for lines that are not records (blank lines)."""
+        return bool(line.strip())
+
+    def validate(
+        self,
+        X: NDArray[np.float64],
+        y: NDArray[np.float64],
+        origin: NDArray[np.int64],
+        rejects: list[Reject],
+    ) -> Decoded:
+        """Reject non-finite records and out-of-range labels, clip the rest; ``origin[i]`` is the
+        message index of row ``i``. ``rejects`` (from decoding) is extended and returned sorted."""
+        X = np.asarray(X, dtype=np.float64).reshape(len(y), self.dim)
+        y = np.asarray(y, dtype=np.float64)
+        finite = np.isfinite(X).all(axis=1) & np.isfinite(y)
+        if self._labels is not None:
+            in_range = np.isin(y, self._labels)
+        else:
+            in_range = (y >= self.records.label_min) & (y <= self.records.label_max)
+        rejects = list(rejects)
+        for mask, reason in ((~finite, Reason.NON_FINITE), (finite & ~in_range, Reason.LABEL_OUT_OF_RANGE)):
+            if mask.any():
+                indices, counts = np.unique(origin[mask], return_counts=True)
+                rejects.extend(Reject(int(i), reason, int(c)) for i, c in zip(indices, counts))
+        keep = finite & in_range
+        if not keep.all():
+            X, y = X[keep], y[keep]
+        X = clip_rows(X, self.bound)
+        rejects.sort(key=lambda r: r.index)
+        return Decoded(X, y, tuple(rejects))
+
+    def validate_arrays(self, X: NDArray[np.float64], y: NDArray[np.float64]) -> Decoded:
+        """Validate records that arrive as arrays (the synthetic source); row ``i`` is message ``i``."""
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.dim:
+            return Decoded(np.empty((0, self.dim)), np.empty(0), (Reject(0, Reason.WRONG_DIMENSION, len(y)),))
+        return self.validate(X, y, np.arange(len(y)), [])
+
+
+def clip_rows(X: NDArray[np.float64], bound: float) -> NDArray[np.float64]:
+    """Scale every row with ‖x‖₂ > ``bound`` onto the sphere of radius ``bound`` (a new array
+    if any row changes; rows inside the ball are returned unchanged)."""
+    if X.size == 0:
+        return X
+    norms = np.sqrt(np.einsum("ij,ij->i", X, X))
+    over = norms > bound
+    if not over.any():
+        return X
+    X = X.copy()
+    X[over] *= (bound / norms[over])[:, None]
+    return X
+
+
+_MISSING = object()
+
+
+class JsonCodec(Codec):
+    """``{"x": [...], "y": label}`` per message."""
+
+    def decode(self, payloads: Sequence[bytes]) -> Decoded:
+        x_field, y_field, dim = self.records.x_field, self.records.y_field, self.dim
+        rows: list[list[object]] = []
+        labels: list[float] = []
+        origin: list[int] = []
+        rejects: list[Reject] = []
+        loads = json.loads
+        for i, payload in enumerate(payloads):
+            try:
+                obj = loads(payload)
+            except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
+                rejects.append(Reject(i, Reason.UNDECODABLE))
+                continue
+            if type(obj) is not dict:
+                rejects.append(Reject(i, Reason.WRONG_TYPE))
+                continue
+            x = obj.get(x_field, _MISSING)
+            label = obj.get(y_field, _MISSING)
+            if x is _MISSING or label is _MISSING:
+                rejects.append(Reject(i, Reason.MISSING_FIELD))
+                continue
+            if type(x) is not list or type(label) not in (int, float):
+                rejects.append(Reject(i, Reason.WRONG_TYPE))
+                continue
+            if len(x) != dim:
+                rejects.append(Reject(i, Reason.WRONG_DIMENSION))
+                continue
+            rows.append(x)
+            labels.append(label)
+            origin.append(i)
+        X, bad = _numeric_rows(rows, dim)
+        if bad:
+            rejects.extend(Reject(origin[j], Reason.WRONG_TYPE) for j in bad)
+            keep = np.ones(len(rows), dtype=bool)
+            keep[bad] = False
+            labels = [v for v, k in zip(labels, keep) if k]
+            origin = [o for o, k in zip(origin, keep) if k]
+        return self.validate(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), rejects)
+
+
+def _numeric_rows(rows: list[list[object]], dim: int) -> tuple[NDArray[np.float64], list[int]]:
+    """Stack rows of length ``dim`` as float64; return the matrix of the numeric rows and the
+    indices of rows holding a non-number (string, null, nested list, integer beyond 64 bits)."""
+    if not rows:
+        return np.empty((0, dim)), []
+    try:
+        matrix = np.array(rows)
+        if matrix.dtype.kind in "fiub" and matrix.shape == (len(rows), dim):
+            return matrix.astype(np.float64, copy=False), []
+    except (ValueError, TypeError):
+        pass
+    good: list[NDArray[np.float64]] = []
+    bad: list[int] = []
+    for j, row in enumerate(rows):
+        try:
+            values = np.array(row)
+        except (ValueError, TypeError):
+            bad.append(j)
+            continue
+        if values.dtype.kind in "fiub" and values.shape == (dim,):
+            good.append(values.astype(np.float64))
+        else:
+            bad.append(j)
+    return (np.vstack(good) if good else np.empty((0, dim))), bad
+
+
+class CsvCodec(Codec):
+    """``x_1,…,x_d,y`` per message (label position from ``records.csv_label_column``)."""
+
+    def decode(self, payloads: Sequence[bytes]) -> Decoded:
+        width = self.dim + 1
+        label_column = self.records.csv_label_column % width
+        rows: list[NDArray[np.float64]] = []
+        origin: list[int] = []
+        rejects: list[Reject] = []
+        for i, payload in enumerate(payloads):
+            try:
+                fields = payload.decode("utf-8").strip().split(",")
+            except UnicodeDecodeError:
+                rejects.append(Reject(i, Reason.UNDECODABLE))
+                continue
+            if len(fields) != width:
+                reason = Reason.MISSING_FIELD if len(fields) < width else Reason.WRONG_DIMENSION
+                rejects.append(Reject(i, reason))
+                continue
+            try:
+                rows.append(np.array(fields, dtype=np.float64))
+            except ValueError:
+                rejects.append(Reject(i, Reason.WRONG_TYPE))
+                continue
+            origin.append(i)
+        table = np.vstack(rows) if rows else np.empty((0, width))
+        y = table[:, label_column]
+        X = np.delete(table, label_column, axis=1)
+        return self.validate(X, y, np.array(origin, dtype=np.int64), rejects)
+
+
+class AdultCodec(Codec):
+    """A line of ``adult.data``/``adult.test``, encoded from the public schema (see
+    :mod:`streamer.datasets.adult`)."""
+
+    def is_record_line(self, line: bytes) -> bool:
+        return adult.is_record_line(line.decode("latin-1"))
+
+    def decode(self, payloads: Sequence[bytes]) -> Decoded:
+        X, y, failed = adult.encode_lines(p.decode("latin-1") for p in payloads)
+        rejects = [Reject(i, Reason(reason)) for i, reason in failed]
+        failed_rows = {i for i, _ in failed}
+        origin = np.array([i for i in range(len(payloads)) if i not in failed_rows], dtype=np.int64)
+        return self.validate(X, y, origin, rejects)
+
+
+BATCH_MAGIC = b"PPB1"
+_BATCH_HEADER = struct.Struct("<4sBBHI")
+_DTYPES = {1: np.dtype("<f4"), 2: np.dtype("<f8")}
+
+
+def encode_batch(X: NDArray[np.floating], y: NDArray[np.floating], dtype: str = "float32") -> bytes:
+    """One binary batch message holding the rows of ``X`` (m × d) and labels ``y`` (m,)."""
+    code = {"float32": 1, "float64": 2}[dtype]
+    X = np.ascontiguousarray(X, dtype=_DTYPES[code])
+    y = np.ascontiguousarray(y, dtype=_DTYPES[code])
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise ValueError(f"encode_batch: X must be (m, d) and y (m,); got {X.shape} and {y.shape}")
+    return _BATCH_HEADER.pack(BATCH_MAGIC, code, 0, X.shape[1], X.shape[0]) + X.tobytes() + y.tobytes()
+
+
+class BinaryBatchCodec(Codec):
+    """Binary batch messages (:func:`encode_batch`); each may hold many records."""
+
+    def decode(self, payloads: Sequence[bytes]) -> Decoded:
+        blocks_X: list[NDArray[np.float64]] = []
+        blocks_y: list[NDArray[np.float64]] = []
+        origins: list[NDArray[np.int64]] = []
+        rejects: list[Reject] = []
+        for i, payload in enumerate(payloads):
+            if len(payload) < _BATCH_HEADER.size:
+                rejects.append(Reject(i, Reason.UNDECODABLE))
+                continue
+            magic, code, _, dim, m = _BATCH_HEADER.unpack_from(payload)
+            dtype = _DTYPES.get(code)
+            if magic != BATCH_MAGIC or dtype is None or len(payload) != _BATCH_HEADER.size + m * (dim + 1) * dtype.itemsize:
+                rejects.append(Reject(i, Reason.UNDECODABLE))
+                continue
+            if m == 0:
+                continue
+            if dim != self.dim:
+                rejects.append(Reject(i, Reason.WRONG_DIMENSION, m))
+                continue
+            body = np.frombuffer(payload, dtype=dtype, offset=_BATCH_HEADER.size)
+            blocks_X.append(body[: m * dim].reshape(m, dim).astype(np.float64))
+            blocks_y.append(body[m * dim :].astype(np.float64))
+            origins.append(np.full(m, i, dtype=np.int64))
+        if not blocks_X:
+            return self.validate(np.empty((0, self.dim)), np.empty(0), np.empty(0, dtype=np.int64), rejects)
+        return self.validate(np.vstack(blocks_X), np.concatenate(blocks_y), np.concatenate(origins), rejects)
+
+
+def encode_json(x: Sequence[float], y: float, x_field: str = "x", y_field: str = "y") -> bytes:
+    """One JSON record message."""
+    return json.dumps({x_field: [float(v) for v in x], y_field: float(y)}).encode("utf-8")
+
+
+def make_codec(records: RecordsConfig) -> Codec:
+    """The codec for ``records.format`` (the config must be resolved: format, dim and bound set)."""
+    classes: dict[str | None, type[Codec]] = {
+        "json": JsonCodec,
+        "csv": CsvCodec,
+        "binary": BinaryBatchCodec,
+        "adult": AdultCodec,
+    }
+    return classes[records.format](records)

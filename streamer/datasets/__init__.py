@@ -1,0 +1,1 @@
+"""Datasets shipped with panpriv (package data), with their canonical encoders."""

@@ -1,0 +1,28 @@
+"""Exceptions raised by the streamer package.
+
+Every error a user can cause (a bad flag, a bad config file, a checkpoint written under a different
+privacy configuration, an unreachable broker) is a :class:`StreamerError` with a message that says
+what is wrong and what to do; the CLI prints it and exits non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class StreamerError(Exception):
+    """Base class for every error raised by :mod:`streamer`."""
+
+
+class ConfigError(StreamerError, ValueError):
+    """The configuration (file or flags) is invalid; the message names the setting."""
+
+
+class CheckpointError(StreamerError):
+    """A checkpoint cannot be read, or cannot be resumed under the current configuration."""
+
+
+class SourceError(StreamerError):
+    """A source URL is malformed, or the source cannot be opened or read."""
+
+
+class LearnerUnavailableError(StreamerError):
+    """A learner name is known to panpriv but its implementation is not in this build."""

@@ -1,0 +1,117 @@
+"""The learner registry: ``--learner NAME`` → a class in :mod:`protocols`, built from the config.
+
+Adding a learner is one line in :data:`REGISTRY` (its module, class, and default options). Names in
+:data:`streamer.config.LEARNER_NAMES` without an entry are planned but not in this build; asking
+for one fails with :class:`~streamer.errors.LearnerUnavailableError` saying so.
+
+Building. The service passes its common settings to the constructor parameters of the same name,
+when the constructor has them:
+
+==================  ================================================================
+parameter           value
+==================  ================================================================
+``dim``             ``records.dim``
+``feature_bound``   ``records.feature_bound`` (the bound records were clipped to)
+``epsilon``         ``learner.epsilon``
+``delta``           ``learner.delta``
+``horizon``/``n``   the public stream length (``learner.n``, or the finite source's count)
+``rng``             ``learner.seed`` (test/replay mode) or ``None`` (OS entropy per draw)
+==================  ================================================================
+
+Everything else comes from ``[learner.options]`` (over the entry's defaults). An option the
+constructor does not accept is an error naming the option and the accepted ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocols.base import Learner
+from protocols.errors import InvalidInputError
+from streamer.config import LEARNER_NAMES, ServiceConfig
+from streamer.errors import ConfigError, LearnerUnavailableError
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where a learner lives and its default options."""
+
+    module: str
+    cls: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+REGISTRY: dict[str, Entry] = {
+    "pan-acsa": Entry("protocols.pan_acsa", "PanPrivateACSA", {"loss": {"name": "logistic"}}),
+}
+
+_STREAM_LENGTH_NAMES = ("horizon", "n")
+
+
+def learner_class(name: str) -> type[Learner]:
+    """The class registered under ``name``."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        if name in LEARNER_NAMES:
+            raise LearnerUnavailableError(
+                f"learner {name!r} is planned but not in this build yet; available: {', '.join(sorted(REGISTRY))}"
+            )
+        raise LearnerUnavailableError(f"unknown learner {name!r}; choose one of {', '.join(LEARNER_NAMES)}")
+    try:
+        module = importlib.import_module(entry.module)
+    except ModuleNotFoundError as exc:
+        raise LearnerUnavailableError(
+            f"learner {name!r} is registered but its module {entry.module} is missing ({exc})"
+        ) from None
+    cls = getattr(module, entry.cls)
+    if getattr(cls, "name", None) != name:
+        raise LearnerUnavailableError(f"{entry.module}.{entry.cls}.name is {cls.name!r}, registered as {name!r}")
+    return cls
+
+
+def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
+    """The keyword arguments (without ``rng``) that :func:`build_learner` passes."""
+    cls = learner_class(config.learner.name)
+    parameters = inspect.signature(cls.__init__).parameters
+    common: dict[str, Any] = {
+        "dim": config.records.dim,
+        "feature_bound": config.records.feature_bound,
+        "epsilon": config.learner.epsilon,
+        "delta": config.learner.delta,
+    }
+    common.update({name: n for name in _STREAM_LENGTH_NAMES})
+    arguments = {k: v for k, v in common.items() if k in parameters}
+    options = {**REGISTRY[config.learner.name].defaults, **config.learner.options}
+    accepted = set(parameters) - {"self", "rng"}
+    for key, value in options.items():
+        if key not in accepted:
+            raise ConfigError(
+                f"learner.options.{key}: {cls.__name__} has no parameter {key!r}; "
+                f"accepted: {', '.join(sorted(accepted - set(common)))}"
+            )
+        if key in arguments:
+            raise ConfigError(f"learner.options.{key}: set it through its own setting, not options")
+        arguments[key] = value
+    return arguments
+
+
+def build_learner(config: ServiceConfig, n: int) -> Learner:
+    """A fresh learner for ``config`` and public stream length ``n``."""
+    cls = learner_class(config.learner.name)
+    try:
+        return cls(**constructor_arguments(config, n), rng=config.learner.seed)
+    except InvalidInputError as exc:
+        raise ConfigError(f"learner {config.learner.name!r}: {exc}") from None
+
+
+def restore_learner(name: str, learner_config: Mapping[str, Any], state: Mapping[str, Any], seed: int | None) -> Learner:
+    """A learner rebuilt from a checkpoint's learner config and state."""
+    cls = learner_class(name)
+    try:
+        return cls.from_state_dict(learner_config, state, rng=seed)
+    except (InvalidInputError, TypeError) as exc:
+        raise ConfigError(f"cannot restore learner {name!r} from the checkpoint: {exc}") from None

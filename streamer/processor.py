@@ -1,0 +1,480 @@
+"""The processing loop: micro-batch → validate → learn → charge the ledger → checkpoint → snapshot.
+
+Loop
+----
+Poll the source for a micro-batch, decode and validate it (rejects are counted by reason, optionally
+sent to a dead-letter topic; valid records are clipped), ``learn_many`` the valid records, charge
+the privacy ledger with the batch's consumed position ranges, and advance the positions. Every
+``checkpoint.every_records`` records or ``checkpoint.every_seconds`` seconds, take a checkpoint;
+every ``snapshots.every_records`` records, follow the checkpoint with a snapshot. On SIGTERM/SIGINT
+stop consuming, take a final checkpoint and snapshot, and return (the CLI exits 0). When the
+composed guarantee would exceed ``learner.max_epsilon``, stop *before* learning the batch that would
+spend it (an outcome, not a crash).
+
+Checkpoint order (quix-streams'): (1) take the snapshot from the learner (a release may change a
+learner's accounting, so it must be in the state saved next); (2) register the learner's current
+guarantee in the ledger; (3) flush the dead-letter producer; (4) write the manifest atomically
+(:mod:`streamer.checkpoint`): noisy state, positions, ledger, reject counters, config hash;
+(5) only now acknowledge upstream (Kafka offset commit) and (6) emit the snapshot.
+
+Why each record contributes exactly once to the state that survives a crash
+--------------------------------------------------------------------------
+Let C be the last durable checkpoint. It holds the learner state S after learning exactly the
+records at positions before P (per source key), the ledger charged with exactly those ranges, and
+P itself — all written in one atomic ``os.replace``, so they always agree.
+
+* A crash (``kill -9``, power loss) loses only what happened after C. The restarted process loads
+  C, and the source resumes at P: a Kafka partition is ``seek``-ed to P when assigned (never to the
+  group's committed offset when that is behind P — commits happen only after a checkpoint is
+  durable, so the committed offset is at most P for a single consumer); a file is read from line P.
+  Records before P are in S once and are never read again; records at or after P are not in S and
+  are read next. A message whose offset is below the key's position is dropped on arrival, so a
+  redelivery cannot enter S twice. Hence every record enters the surviving state exactly once, and
+  the ledger, restored from the same manifest, charges each position exactly once.
+* Nothing released depends on lost work: a snapshot is emitted only after the checkpoint holding
+  its records is durable, and a metric is a count, a timing or a ledger number. After a crash the
+  released snapshots all describe states that C or an earlier checkpoint contains, so the next
+  snapshot's record count never goes backwards. (A crash between (4) and (6) loses that snapshot;
+  its release was already accounted in the checkpoint — conservative.)
+* Rebalances (several processes in one group): before partitions are revoked, a checkpoint is
+  taken and its positions committed, so the next owner starts where this process's durable state
+  ends; on assignment a partition is seeked to max(our position, committed offset, first retained
+  offset), so a record already in another process's durable state is not learned again here.
+  Failing to checkpoint before a revocation is fatal: the process stops without a final checkpoint
+  (as if it crashed), so the records it had learned since C are dropped from every surviving state.
+* Any unexpected error also exits without a final checkpoint, for the same reason.
+
+What is charged. The ledger is charged with the whole consumed range of each batch, rejected
+records and non-record lines included: conservative (a rejected record is accounted as if used,
+which can only over-state what was spent) and compact (one segment per source key). A replay of
+the same range by the same learner — a rewound consumer group, a file replayed into the same
+``--out`` after its positions were reset — composes in the ledger rather than being counted once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from accounting.ledger import PrivacyLedger, PrivacyReport
+from protocols.base import Learner
+from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
+from streamer.codec import Codec, Decoded, make_codec
+from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
+from streamer.errors import ConfigError
+from streamer.learners import build_learner, constructor_arguments, restore_learner
+from streamer.metrics import ServiceMetrics
+from streamer.progress import Progress
+from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
+from streamer.sources import Batch, Source, open_source, parse_kafka_url
+
+log = logging.getLogger("panpriv.processor")
+
+Outcome = Literal["finished", "stopped", "budget_exhausted"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run did (counts, the final report, where things went)."""
+
+    outcome: Outcome
+    message: str
+    records: int
+    rejects: dict[str, int]
+    snapshots: int
+    last_snapshot: dict[str, Any] | None
+    report: PrivacyReport
+    checkpoint_path: Path
+    snapshot_path: Path | None
+    learner: Learner
+    resumed: bool
+
+
+class Processor:
+    """Runs one configuration to completion (finite source), a stop signal, or budget exhaustion.
+
+    Parameters
+    ----------
+    config
+        The validated configuration; ``config.out`` must be set.
+    metrics
+        Where to report (``None``: a private registry nobody reads).
+    progress
+        ``True`` to draw a progress line on stderr (see :mod:`streamer.progress`).
+    stop
+        An event that stops the run like SIGTERM does (for embedding and tests).
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        metrics: ServiceMetrics | None = None,
+        progress: bool = False,
+        stop: threading.Event | None = None,
+    ) -> None:
+        if config.out is None:
+            raise ConfigError("out: the processor needs an output directory")
+        self.config = config
+        self.out = Path(config.out)
+        self.metrics = metrics if metrics is not None else ServiceMetrics()
+        self.stop_event = stop if stop is not None else threading.Event()
+        self._progress_enabled = progress
+        self.store = CheckpointStore(self.out / "checkpoints")
+        self.codec: Codec = make_codec(config.records)
+        # Set up by run():
+        self.learner: Learner
+        self.ledger: PrivacyLedger
+        self.instance = ""
+        self.positions: dict[str, int] = {}
+        self.rejects: Counter[str] = Counter()
+        self.sequence = 0
+        self.snapshots = 0
+        self.last_snapshot: dict[str, Any] | None = None
+        self._source: Source | None = None
+        self._sinks: list[SnapshotSink] = []
+        self._dead_letters: DeadLetterSink | None = None
+        self._privacy_config: dict[str, Any] = {}
+        self._config_hash = ""
+        self._ready = False
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def _restore_or_start(self, source: Source, saved: Checkpoint | None) -> None:
+        config = self.config
+        n = config.learner.n
+        if n is None:
+            n = source.count_records()
+        if n is None:
+            raise ConfigError(
+                "learner.n (the public stream length) must be set for a source whose length is not known "
+                "in advance (Kafka): use --n or [learner] n = ..."
+            )
+        arguments = constructor_arguments(config, n)
+        self._privacy_config = privacy_relevant(config, arguments)
+        self._config_hash = privacy_hash(self._privacy_config)
+        if saved is not None:
+            check_resumable(saved, self._config_hash, self._privacy_config, self.store.path)
+            self.learner = restore_learner(saved.learner, saved.learner_config, saved.learner_state, config.learner.seed)
+            self.ledger = PrivacyLedger.from_dict(saved.ledger)
+            self.instance = saved.instance
+            self.rejects = Counter(saved.rejects)
+            self.sequence = saved.sequence
+            self.snapshots = saved.snapshots
+            log.info(
+                "resuming from checkpoint %d (%s records learned, %d source keys)",
+                saved.sequence, f"{saved.records:,}", len(saved.positions),
+            )
+        else:
+            self.learner = build_learner(config, n)
+            self.instance = f"{self.learner.name}-{uuid.uuid4().hex[:12]}"
+            self.ledger = PrivacyLedger(max_records_per_user=config.learner.max_records_per_user)
+            self.ledger.register(self.instance, self.learner.privacy())
+            log.info("new run: learner %s (instance %s), n = %s", self.learner.name, self.instance, f"{n:,}")
+        self._ready = True
+
+    def _open_sinks(self) -> None:
+        cfg = self.config
+        if cfg.snapshots.jsonl:
+            self._sinks.append(JsonlSnapshotSink(self.snapshot_path))
+        kafka_bootstrap = parse_kafka_url(cfg.source.url).bootstrap if cfg.source.url.startswith("kafka://") else None
+        if cfg.snapshots.kafka_topic:
+            bootstrap = [cfg.snapshots.kafka_bootstrap] if cfg.snapshots.kafka_bootstrap else kafka_bootstrap
+            if not bootstrap:
+                raise ConfigError("snapshots.kafka_bootstrap is required when the source is not Kafka")
+            self._sinks.append(KafkaSnapshotSink(bootstrap, cfg.snapshots.kafka_topic))
+        if cfg.source.dead_letter_topic and kafka_bootstrap:
+            self._dead_letters = DeadLetterSink(kafka_bootstrap, cfg.source.dead_letter_topic)
+
+    @property
+    def snapshot_path(self) -> Path | None:
+        return self.out / "snapshots.jsonl" if self.config.snapshots.jsonl else None
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def report(self) -> PrivacyReport:
+        """The ledger's composed guarantee, with ``records`` = records the learner has learned."""
+        return dataclasses.replace(self.ledger.report(), records=self.learner.records_seen)
+
+    def _over_budget(self, ranges: Mapping[str, tuple[int, int]] | None = None) -> float | None:
+        """The ε that would be reached by charging ``ranges`` (or now), if above ``max_epsilon``.
+
+        ε is the largest finite ε of the output and intrusion guarantees (an intrusion guarantee
+        that is already 'none', as in seeded test mode, is not a budget)."""
+        limit = self.config.learner.max_epsilon
+        if limit is None:
+            return None
+        worst = 0.0
+        use_sets = [seg.uses for key in self.ledger.sources for seg in self.ledger.coverage(key)]
+        if ranges:
+            use_sets += [uses + (self.instance,) for uses in self._uses_in(ranges)] + [(self.instance,)]
+        for uses in use_sets:
+            for guarantee in self.ledger.record_guarantee(uses):
+                if guarantee.epsilon != float("inf"):
+                    worst = max(worst, guarantee.epsilon)
+        return worst if worst > limit * (1 + 1e-12) else None
+
+    def _uses_in(self, ranges: Mapping[str, tuple[int, int]]) -> Iterator[tuple[str, ...]]:
+        for key, (start, stop) in ranges.items():
+            for segment in self.ledger.coverage(key):
+                if segment.start < stop and segment.stop > start:
+                    yield segment.uses
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Process until the source is exhausted, a stop is requested, or the budget is spent."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        saved = self.store.load()
+        self.positions = dict(saved.positions) if saved else {}
+        with self._signals():
+            source = open_source(self.config.source, self.codec, self.positions, on_revoke=self._checkpoint_on_revoke)
+            self._source = source
+            try:
+                self._restore_or_start(source, saved)
+                self._open_sinks()
+                outcome, message = self._loop(source)
+                # Clean stop: the state is consistent with the positions, so make it durable.
+                self._checkpoint(snapshot=True, finished=outcome == "finished")
+            finally:
+                self._close(source)
+        log.info("%s: %s", outcome, message)
+        return RunResult(
+            outcome=outcome,
+            message=message,
+            records=self.learner.records_seen,
+            rejects=dict(self.rejects),
+            snapshots=self.snapshots,
+            last_snapshot=self.last_snapshot,
+            report=self.report(),
+            checkpoint_path=self.store.path,
+            snapshot_path=self.snapshot_path,
+            learner=self.learner,
+            resumed=saved is not None,
+        )
+
+    def _loop(self, source: Source) -> tuple[Outcome, str]:
+        cfg = self.config
+        over = self._over_budget()
+        if over is not None:
+            return "budget_exhausted", f"the guarantee is already ε = {over:.4g} > max_epsilon = {cfg.learner.max_epsilon}; nothing learned"
+        progress = self._make_progress(source)
+        pacer = _Pacer(cfg.source.rate)
+        since_checkpoint = 0
+        since_snapshot = 0
+        last_checkpoint = time.monotonic()
+        try:
+            while not self.stop_event.is_set():
+                limit = pacer.allowance(cfg.source.batch_records)
+                if limit == 0:
+                    pacer.wait(cfg.source.poll_timeout_s)
+                    continue
+                batch = source.poll(limit, cfg.source.poll_timeout_s)
+                if batch is None:
+                    if source.exhausted:
+                        return "finished", "the source is exhausted"
+                    if since_checkpoint and time.monotonic() - last_checkpoint >= cfg.checkpoint.every_seconds:
+                        self._checkpoint(snapshot=since_snapshot >= cfg.snapshots.every_records)
+                        since_checkpoint, last_checkpoint = 0, time.monotonic()
+                    continue
+                over = self._over_budget(batch.ranges)
+                if over is not None:
+                    return "budget_exhausted", (
+                        f"stopped before learning a batch that would raise ε to {over:.4g} "
+                        f"(max_epsilon = {cfg.learner.max_epsilon}); its records were not used"
+                    )
+                handled = self._process(batch)
+                pacer.consumed(handled)
+                since_checkpoint += handled
+                since_snapshot += handled
+                if progress is not None:
+                    self._draw(progress)
+                snapshot_due = since_snapshot >= cfg.snapshots.every_records
+                if snapshot_due or since_checkpoint >= cfg.checkpoint.every_records or (
+                    time.monotonic() - last_checkpoint >= cfg.checkpoint.every_seconds
+                ):
+                    self._checkpoint(snapshot=snapshot_due)
+                    since_checkpoint, last_checkpoint = 0, time.monotonic()
+                    if snapshot_due:
+                        since_snapshot = 0
+            return "stopped", "stop requested (signal); final checkpoint taken"
+        finally:
+            if progress is not None:
+                self._draw(progress, force=True)
+                progress.close()
+
+    def _process(self, batch: Batch) -> int:
+        """Learn one batch and charge its ranges; return the number of records handled."""
+        t0 = time.perf_counter()
+        if batch.arrays is not None:
+            decoded: Decoded = self.codec.validate_arrays(*batch.arrays)
+        else:
+            decoded = self.codec.decode(batch.payloads)
+        if len(decoded.y):
+            self.learner.learn_many(decoded.X, decoded.y)
+        # Keep the ledger's view of the learner current (a learner whose guarantee grows with
+        # records is then checked against max_epsilon at the next batch).
+        self.ledger.register(self.instance, self.learner.privacy())
+        for key, (start, stop) in batch.ranges.items():
+            self.ledger.charge(self.instance, key, start, stop)
+            self.positions[key] = stop
+        counts = decoded.reject_counts()
+        if counts:
+            self.rejects.update(counts)
+            self.metrics.observe_rejects(counts)
+            if self._dead_letters is not None:
+                self._send_dead_letters(batch, decoded, self._dead_letters)
+        self.metrics.observe_batch(len(decoded.y), time.perf_counter() - t0)
+        return len(decoded.y) + sum(counts.values())
+
+    def _send_dead_letters(self, batch: Batch, decoded: Decoded, sink: DeadLetterSink) -> None:
+        sent: set[int] = set()
+        for reject in decoded.rejects:
+            if reject.index in sent:
+                continue
+            sent.add(reject.index)
+            sink.send(
+                batch.payloads[reject.index], reject.reason.value, batch.keys[reject.index], batch.positions[reject.index]
+            )
+
+    # -- checkpoints and snapshots ---------------------------------------------------------------
+
+    def _checkpoint_on_revoke(self) -> None:
+        """Kafka is about to revoke partitions: make our state durable and commit first."""
+        if self._ready:
+            log.info("partitions being revoked: checkpoint first")
+            self._checkpoint(snapshot=False)
+
+    def _checkpoint(self, snapshot: bool, finished: bool = False) -> None:
+        """Steps (1)–(6) of the module docstring."""
+        t0 = time.perf_counter()
+        released = self.learner.snapshot() if snapshot else None
+        self.ledger.register(self.instance, self.learner.privacy())
+        if self._dead_letters is not None:
+            self._dead_letters.flush()
+        self.sequence += 1
+        if released is not None:
+            self.snapshots += 1
+        positions = dict(self.positions)
+        checkpoint = Checkpoint(
+            sequence=self.sequence,
+            created=time.time(),
+            finished=finished,
+            instance=self.instance,
+            learner=self.learner.name,
+            learner_config=self.learner.config(),
+            learner_state=self.learner.state_dict(),
+            positions=positions,
+            ledger=self.ledger.to_dict(),
+            rejects=dict(self.rejects),
+            records=self.learner.records_seen,
+            snapshots=self.snapshots,
+            config_hash=self._config_hash,
+            privacy_config=self._privacy_config,
+        )
+        durable_at = self.store.save(checkpoint)
+        report = self.report()
+        self.metrics.observe_checkpoint(time.perf_counter() - t0, durable_at)
+        self.metrics.observe_privacy(report)
+        if self._source is not None:
+            self._source.acknowledge(positions)
+            lags = self._source.lag()
+            if lags is not None:
+                self.metrics.observe_lag(lags)
+        if released is not None:
+            record = snapshot_record(
+                released,
+                sequence=self.sequence,
+                instance=self.instance,
+                rejected=sum(self.rejects.values()),
+                positions=positions,
+                privacy=report.to_dict(),
+            )
+            for sink in self._sinks:
+                sink.emit(record)
+            self.metrics.observe_snapshot()
+            self.last_snapshot = record
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _make_progress(self, source: Source) -> Progress | None:
+        if not self._progress_enabled:
+            return None
+        try:
+            total = source.total_positions()
+        except Exception:  # noqa: BLE001 - progress is cosmetic; a failed size query must not stop a run
+            total = None
+        return Progress(total, start=sum(self.positions.values()))
+
+    def _draw(self, progress: Progress, force: bool = False) -> None:
+        report = self.ledger.report()
+        progress.update(
+            self.learner.records_seen,
+            sum(self.rejects.values()),
+            sum(self.positions.values()),
+            report.output.epsilon,
+            report.intrusion.epsilon,
+            force=force,
+        )
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGTERM/SIGINT set the stop event (main thread only; elsewhere use ``stop``)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def request_stop(signum: int, frame: object) -> None:
+            log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        for sig in previous:
+            signal.signal(sig, request_stop)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _close(self, source: Source) -> None:
+        for closer in [source.close, *(s.close for s in self._sinks)] + (
+            [self._dead_letters.close] if self._dead_letters else []
+        ):
+            try:
+                closer()
+            except Exception as exc:  # noqa: BLE001 - closing must not mask the run's outcome
+                log.warning("error while closing: %s", type(exc).__name__)
+
+
+class _Pacer:
+    """Limit consumption to ``rate`` records per second (None: unlimited), in small steps."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self._t0 = time.monotonic()
+        self._done = 0
+
+    def allowance(self, maximum: int) -> int:
+        if self.rate is None:
+            return maximum
+        budget = int(self.rate * (time.monotonic() - self._t0)) - self._done
+        step = max(1, int(self.rate * 0.05))  # at most ~50 ms of records per batch keeps pacing smooth
+        return max(0, min(maximum, budget, step))
+
+    def consumed(self, records: int) -> None:
+        self._done += records
+
+    def wait(self, timeout_s: float) -> None:
+        if self.rate is not None:
+            time.sleep(min(timeout_s, max(1.0 / self.rate, 0.001)))

@@ -1,0 +1,131 @@
+"""The compact binary file written by ``panpriv record``: a Kafka topic, replayable offline.
+
+A recording keeps what the ledger needs to identify records — the source key
+(``topic/partition``) and offset of every message — plus its timestamp and its raw value bytes, so
+that replaying the file charges the *same* ledger positions as consuming the topic did, and
+decodes (and rejects) every message exactly as the live service would.
+
+Layout (little-endian)::
+
+    b"PPREC1\\n"
+    u32 header length, header JSON: {"version": 1, "source": ..., "created": ...,
+                                     "keys": ["topic/0", ...], "start": {"topic/0": offset, ...}}
+    frames: u16 key index, i64 offset, i64 timestamp (ms since the epoch), u32 length, value bytes
+
+``start`` holds the first offset recorded for each key (the partition's beginning when recorded),
+so a replay's ledger ranges begin where the topic's did.
+
+A recording holds raw record values: it is input data, with the same access rules as the topic it
+came from — never an output of the service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+MAGIC = b"PPREC1\n"
+VERSION = 1
+_LENGTH = struct.Struct("<I")
+_FRAME = struct.Struct("<HqqI")
+
+
+@dataclass(frozen=True)
+class Frame:
+    key: str
+    offset: int
+    timestamp_ms: int
+    value: bytes
+
+
+def is_recording(path: Path) -> bool:
+    """True if ``path`` starts with the recording magic bytes."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+class RecordingWriter:
+    """Write a recording to ``path`` atomically (a temporary file renamed on :meth:`close`)."""
+
+    def __init__(self, path: Path, source: str, keys: Sequence[str], start: Mapping[str, int], created: str) -> None:
+        self.path = Path(path)
+        self._tmp = self.path.with_name(self.path.name + ".tmp")
+        self._index = {key: i for i, key in enumerate(keys)}
+        self._handle: IO[bytes] = open(self._tmp, "wb")  # noqa: SIM115 - closed in close()
+        header = json.dumps(
+            {"version": VERSION, "source": source, "created": created, "keys": list(keys), "start": dict(start)}
+        ).encode("utf-8")
+        self._handle.write(MAGIC + _LENGTH.pack(len(header)) + header)
+        self.frames = 0
+
+    def write(self, key: str, offset: int, timestamp_ms: int, value: bytes) -> None:
+        self._handle.write(_FRAME.pack(self._index[key], offset, timestamp_ms, len(value)))
+        self._handle.write(value)
+        self.frames += 1
+
+    def close(self) -> None:
+        """Flush, fsync and move the file into place."""
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        os.replace(self._tmp, self.path)
+
+
+class RecordingReader:
+    """Read a recording's header and frames."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as handle:
+            self.header, self._body_start = _read_header(handle, self.path)
+        self.keys: list[str] = list(self.header["keys"])
+        self.start: dict[str, int] = {k: int(v) for k, v in self.header["start"].items()}
+
+    def frames(self, positions: Mapping[str, int] | None = None) -> Iterator[Frame]:
+        """Frames in file order, skipping those before ``positions[key]`` (resume points)."""
+        positions = positions or {}
+        with open(self.path, "rb", buffering=1 << 20) as handle:
+            handle.seek(self._body_start)
+            while True:
+                head = handle.read(_FRAME.size)
+                if not head:
+                    return
+                if len(head) < _FRAME.size:
+                    raise ValueError(f"{self.path}: truncated frame header")
+                index, offset, timestamp_ms, length = _FRAME.unpack(head)
+                key = self.keys[index]
+                if offset < positions.get(key, 0):
+                    handle.seek(length, os.SEEK_CUR)
+                    continue
+                value = handle.read(length)
+                if len(value) < length:
+                    raise ValueError(f"{self.path}: truncated frame value")
+                yield Frame(key, offset, timestamp_ms, value)
+
+    def count(self) -> int:
+        """Number of frames (reads only the frame headers)."""
+        total = 0
+        with open(self.path, "rb") as handle:
+            handle.seek(self._body_start)
+            while head := handle.read(_FRAME.size):
+                handle.seek(_FRAME.unpack(head)[3], os.SEEK_CUR)
+                total += 1
+        return total
+
+
+def _read_header(handle: IO[bytes], path: Path) -> tuple[dict[str, Any], int]:
+    if handle.read(len(MAGIC)) != MAGIC:
+        raise ValueError(f"{path} is not a panpriv recording (bad magic bytes)")
+    (length,) = _LENGTH.unpack(handle.read(_LENGTH.size))
+    header = json.loads(handle.read(length))
+    if header.get("version") != VERSION:
+        raise ValueError(f"{path}: recording version {header.get('version')!r}; this panpriv reads {VERSION}")
+    return header, len(MAGIC) + _LENGTH.size + length

@@ -1,0 +1,605 @@
+"""Sources: where records come from, resumable from a position.
+
+One contract (after bytewax's sources): a source is *built from a resume position* (the next
+unread position of every source key, as saved in a checkpoint), *yields micro-batches*
+(:meth:`Source.poll`), and *reports the position of the next unread record*
+(:attr:`Batch.ranges` of each batch, ending where the next batch begins).
+
+A *source key* names an independent, ordered sequence of positions, and a record is identified by
+``(key, position)`` in the privacy ledger:
+
+================================  =================================  ================================
+URL                               key                                position
+================================  =================================  ================================
+``kafka://h:p/topic[,t2]?group=g``  ``topic/partition``               Kafka offset
+``file:PATH`` (a recording)       the recorded ``topic/partition``   the recorded Kafka offset
+``file:PATH`` (JSONL, CSV)        ``file:<absolute path>``           line index (0-based)
+``adult:train`` / ``adult:test``  ``adult:train`` / ``adult:test``   line index
+``synthetic:n=…&dim=…&seed=…``    ``synthetic:seed=S,dim=D``          record index
+================================  =================================  ================================
+
+A batch's range for a key is ``[position before the batch, position after it)``: it includes any
+position that holds no usable record (a blank line, a rejected message, an offset gap), so the
+consumed positions of a key always form one contiguous interval. The ledger is charged with these
+whole ranges — conservative (a rejected record is accounted as if used) and compact (one segment per
+key however long the stream).
+
+Kafka specifics (exactly-once for the state that survives a crash; the full argument is in
+:mod:`streamer.processor`): a consumer group with auto-commit off; when partitions are assigned,
+each is ``seek``-ed to the position in OUR checkpoint — or further, to the group's committed offset
+or the partition's first retained offset when those are ahead; before partitions are revoked, the
+``on_revoke`` hook (the processor's checkpoint) runs; :meth:`KafkaSource.acknowledge` commits
+offsets only after a checkpoint holding them is durable (for lag monitoring, never read back as the
+source of truth except as a lower bound). A message whose offset is below the key's position is
+dropped, so a redelivery can never be learned twice.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from streamer.codec import Codec
+from streamer.config import SourceConfig
+from streamer.errors import SourceError
+from streamer.recording import RecordingReader, is_recording
+
+log = logging.getLogger("panpriv.sources")
+
+
+@dataclass
+class Batch:
+    """One micro-batch as read from a source, before decoding.
+
+    Either ``payloads`` (encoded messages, with the key and position of each in ``keys`` and
+    ``positions``) or ``arrays`` (``(X, y)``, already numeric: the synthetic source) is set.
+    ``ranges[key] = (start, stop)``: the positions consumed by this batch.
+    """
+
+    ranges: dict[str, tuple[int, int]]
+    payloads: list[bytes] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    arrays: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
+
+    @property
+    def consumed(self) -> int:
+        """Number of positions this batch consumed (records, rejected records and gaps)."""
+        return sum(stop - start for start, stop in self.ranges.values())
+
+
+class Source(Protocol):
+    """The source contract used by the processor."""
+
+    name: str
+    """A display name without credentials (for logs and ``panpriv_info``)."""
+
+    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+        """Up to ``max_records`` records, or ``None`` if none arrived within ``timeout_s``."""
+
+    @property
+    def exhausted(self) -> bool:
+        """True when a finite source (or a Kafka source with ``stop_at_end``) has nothing left."""
+
+    def total_positions(self) -> int | None:
+        """Positions from the start of every key to its current end (for progress), if known."""
+
+    def count_records(self) -> int | None:
+        """Number of records in a finite source (the public ``n``), or ``None`` if unbounded."""
+
+    def acknowledge(self, positions: Mapping[str, int]) -> None:
+        """Called after a checkpoint holding ``positions`` is durable."""
+
+    def lag(self) -> dict[str, int] | None:
+        """Positions between the current position and the end, per key (Kafka only)."""
+
+    def close(self) -> None:
+        """Release connections and files."""
+
+
+class FatalSourceError(SourceError):
+    """An error after which the process must stop WITHOUT a final checkpoint (e.g. a failed
+    checkpoint before a Kafka revocation: another consumer may now own those records)."""
+
+
+# -- URLs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KafkaUrl:
+    bootstrap: list[str]
+    topics: list[str]
+    group: str
+
+    def display(self) -> str:
+        return f"kafka://{','.join(self.bootstrap)}/{','.join(self.topics)}?group={self.group}"
+
+
+def parse_kafka_url(url: str) -> KafkaUrl:
+    """``kafka://host:port[,host:port]/topic[,topic]?group=name`` (group defaults to ``panpriv``)."""
+    parts = urllib.parse.urlsplit(url)
+    hosts = [h for h in parts.netloc.rsplit("@", 1)[-1].split(",") if h]
+    topics = [t for t in parts.path.lstrip("/").split(",") if t]
+    query = urllib.parse.parse_qs(parts.query)
+    unknown = set(query) - {"group"}
+    if parts.scheme != "kafka" or not hosts or not topics or unknown:
+        raise SourceError(
+            f"bad Kafka source {url!r}: expected kafka://host:port[,host:port]/topic[,topic]?group=name"
+            + (f" (unknown parameters {sorted(unknown)})" if unknown else "")
+        )
+    return KafkaUrl(hosts, topics, query.get("group", ["panpriv"])[0])
+
+
+def file_path(url: str) -> Path:
+    """The path of a ``file:PATH`` / ``file://PATH`` URL."""
+    rest = url.removeprefix("file:")
+    if rest.startswith("//"):
+        rest = rest[2:]
+    if not rest:
+        raise SourceError(f"bad file source {url!r}: expected file:PATH")
+    return Path(rest).expanduser()
+
+
+def parse_synthetic_url(url: str) -> dict[str, int]:
+    """``synthetic:n=100000&dim=20&seed=0`` → ``{"n": …, "dim": …, "seed": …}``."""
+    rest = url.removeprefix("synthetic:").lstrip("?")
+    params = urllib.parse.parse_qs(rest)
+    unknown = set(params) - {"n", "dim", "seed"}
+    try:
+        values = {k: int(v[0]) for k, v in params.items() if k in ("n", "dim", "seed")}
+    except ValueError:
+        values = {}
+    if unknown or "n" not in values or "dim" not in values or values["n"] < 1 or values["dim"] < 1:
+        raise SourceError(f"bad synthetic source {url!r}: expected synthetic:n=N&dim=D[&seed=S] with N, D >= 1")
+    values.setdefault("seed", 0)
+    return values
+
+
+def display_name(url: str) -> str:
+    """The URL without credentials, for logs and metrics labels."""
+    if url.startswith("kafka://"):
+        return parse_kafka_url(url).display()
+    return url
+
+
+# -- line files (JSONL, CSV, Adult) --------------------------------------------------------------
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb", buffering=1 << 20)
+
+
+class LineFileSource:
+    """One record per line; position = line index. ``.gz`` files are read transparently."""
+
+    def __init__(self, path: Path, key: str, codec: Codec, positions: Mapping[str, int], skip_header: bool) -> None:
+        if not path.is_file():
+            raise SourceError(f"source file {path} does not exist")
+        self.path = path
+        self.key = key
+        self.name = key
+        self._codec = codec
+        self._handle = _open_binary(path)
+        self._position = 0
+        self._eof = False
+        resume = int(positions.get(key, 0))
+        if skip_header:
+            resume = max(resume, 1)
+        while self._position < resume and self._handle.readline():
+            self._position += 1
+        if self._position < resume:
+            raise SourceError(f"{path} has {self._position} lines but the checkpoint's position is {resume}")
+
+    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+        start = self._position
+        payloads: list[bytes] = []
+        readline = self._handle.readline
+        is_record = self._codec.is_record_line
+        while len(payloads) < max_records:
+            line = readline()
+            if not line:
+                self._eof = True
+                break
+            self._position += 1
+            if is_record(line):
+                payloads.append(line.rstrip(b"\r\n"))
+        if self._position == start:
+            return None
+        return Batch(
+            {self.key: (start, self._position)},
+            payloads,
+            [self.key] * len(payloads),
+            [],  # line positions are not needed downstream (no dead-letter topic for files)
+        )
+
+    @property
+    def exhausted(self) -> bool:
+        return self._eof
+
+    def total_positions(self) -> int:
+        with _open_binary(self.path) as handle:
+            count = 0
+            last = b"\n"
+            while chunk := handle.read(1 << 22):
+                count += chunk.count(b"\n")
+                last = chunk[-1:]
+        return count + (last != b"\n")
+
+    def count_records(self) -> int:
+        with _open_binary(self.path) as handle:
+            return sum(1 for line in handle if self._codec.is_record_line(line)) - (
+                1 if self._skips_header() else 0
+            )
+
+    def _skips_header(self) -> bool:
+        return self._codec.records.csv_header and self._codec.records.format == "csv"
+
+    def acknowledge(self, positions: Mapping[str, int]) -> None:
+        """Nothing to acknowledge: the checkpoint is the only record of progress."""
+
+    def lag(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+# -- recordings ---------------------------------------------------------------------------------
+
+
+class RecordingSource:
+    """Replay a ``panpriv record`` file under its original ``topic/partition`` keys and offsets.
+
+    With ``recorded_pace`` the frames are released at the pace of their recorded timestamps.
+    """
+
+    def __init__(self, path: Path, positions: Mapping[str, int], recorded_pace: bool) -> None:
+        self._reader = RecordingReader(path)
+        self.name = f"file:{path}"
+        self._positions = {key: max(int(positions.get(key, 0)), self._reader.start.get(key, 0)) for key in self._reader.keys}
+        self._frames = self._reader.frames(self._positions)
+        self._pending = None
+        self._eof = False
+        self._paced = recorded_pace
+        self._clock_origin: tuple[float, int] | None = None
+
+    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+        payloads: list[bytes] = []
+        keys: list[str] = []
+        offsets: list[int] = []
+        starts: dict[str, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(payloads) < max_records:
+            frame = self._pending or next(self._frames, None)
+            self._pending = None
+            if frame is None:
+                self._eof = True
+                break
+            if self._paced and not self._due(frame.timestamp_ms, deadline):
+                self._pending = frame
+                break
+            starts.setdefault(frame.key, self._positions[frame.key])
+            self._positions[frame.key] = frame.offset + 1
+            payloads.append(frame.value)
+            keys.append(frame.key)
+            offsets.append(frame.offset)
+        if not starts:
+            return None
+        return Batch({k: (s, self._positions[k]) for k, s in starts.items()}, payloads, keys, offsets)
+
+    def _due(self, timestamp_ms: int, deadline: float) -> bool:
+        """Wait (until ``deadline`` at most) for the recorded time of a frame; True if it is due."""
+        now = time.monotonic()
+        if self._clock_origin is None:
+            self._clock_origin = (now, timestamp_ms)
+        wall0, ts0 = self._clock_origin
+        due_at = wall0 + (timestamp_ms - ts0) / 1000.0
+        if due_at > now:
+            time.sleep(max(0.0, min(due_at, deadline) - now))
+        return time.monotonic() >= due_at
+
+    @property
+    def exhausted(self) -> bool:
+        return self._eof and self._pending is None
+
+    def total_positions(self) -> int:
+        return self._reader.count()
+
+    def count_records(self) -> int:
+        return self._reader.count()
+
+    def acknowledge(self, positions: Mapping[str, int]) -> None:
+        """Nothing to acknowledge."""
+
+    def lag(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._frames.close()
+
+
+# -- synthetic ----------------------------------------------------------------------------------
+
+
+class SyntheticSource:
+    """A seeded stream of ``n`` labelled records for demos, load tests and tests.
+
+    Record ``i`` depends only on ``(seed, i)`` (blocks of 4096 records, each generated from
+    ``default_rng([seed, block])``), so a resumed stream continues with exactly the records an
+    uninterrupted one would have produced. ``x`` has i.i.d. N(0, 1/dim) coordinates (‖x‖ ≈ 1) and
+    ``y = sign(⟨w, x⟩ + noise)`` ∈ {−1, +1} for a fixed unit vector ``w`` drawn from the seed.
+    This is test data, not user data: its generator is unrelated to any learner's noise.
+    """
+
+    BLOCK = 4096
+
+    def __init__(self, n: int, dim: int, seed: int, positions: Mapping[str, int]) -> None:
+        self.n, self.dim, self.seed = n, dim, seed
+        self.key = f"synthetic:seed={seed},dim={dim}"
+        self.name = f"synthetic:n={n}&dim={dim}&seed={seed}"
+        self._position = min(int(positions.get(self.key, 0)), n)
+        w = np.random.default_rng([seed, 2**32]).standard_normal(dim)
+        self._w = w / np.linalg.norm(w)
+
+    def _block(self, index: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        rng = np.random.default_rng([self.seed, index])
+        X = rng.standard_normal((self.BLOCK, self.dim)) / np.sqrt(self.dim)
+        y = np.where(X @ self._w + 0.1 * rng.standard_normal(self.BLOCK) >= 0, 1.0, -1.0)
+        return X, y
+
+    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+        start = self._position
+        stop = min(self.n, start + max_records)
+        if stop == start:
+            return None
+        parts_X, parts_y = [], []
+        cursor = start
+        while cursor < stop:
+            block, within = divmod(cursor, self.BLOCK)
+            take = min(stop - cursor, self.BLOCK - within)
+            X, y = self._block(block)
+            parts_X.append(X[within : within + take])
+            parts_y.append(y[within : within + take])
+            cursor += take
+        self._position = stop
+        return Batch({self.key: (start, stop)}, arrays=(np.vstack(parts_X), np.concatenate(parts_y)))
+
+    @property
+    def exhausted(self) -> bool:
+        return self._position >= self.n
+
+    def total_positions(self) -> int:
+        return self.n
+
+    def count_records(self) -> int:
+        return self.n
+
+    def acknowledge(self, positions: Mapping[str, int]) -> None:
+        """Nothing to acknowledge."""
+
+    def lag(self) -> None:
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+# -- Kafka --------------------------------------------------------------------------------------
+
+
+class KafkaSource:
+    """A kafka-python consumer group whose positions come from our checkpoint (module docstring)."""
+
+    def __init__(
+        self,
+        url: KafkaUrl,
+        config: SourceConfig,
+        positions: Mapping[str, int],
+        on_revoke: Callable[[], None] | None = None,
+    ) -> None:
+        from kafka import ConsumerRebalanceListener, KafkaConsumer
+        from kafka.errors import KafkaError
+
+        self.url = url
+        self.name = url.display()
+        self._config = config
+        self._positions: dict[str, int] = {k: int(v) for k, v in positions.items()}
+        self._assigned: set = set()
+        self._on_revoke = on_revoke
+        self._failure: BaseException | None = None
+        self._caught_up = False
+        source = self
+
+        class Listener(ConsumerRebalanceListener):  # kafka-python requires a subclass
+            def on_partitions_revoked(self, revoked):  # noqa: ANN001 - kafka-python's signature
+                source._revoked(revoked)
+
+            def on_partitions_assigned(self, assigned):  # noqa: ANN001
+                source._assigned_partitions(assigned)
+
+        try:
+            self._consumer = KafkaConsumer(
+                bootstrap_servers=url.bootstrap,
+                group_id=url.group,
+                client_id="panpriv",
+                enable_auto_commit=False,
+                auto_offset_reset=config.start,
+                session_timeout_ms=config.session_timeout_ms,
+                heartbeat_interval_ms=max(100, config.session_timeout_ms // 4),
+                max_poll_records=config.batch_records,
+            )
+        except KafkaError as exc:
+            raise SourceError(f"cannot connect to Kafka at {','.join(url.bootstrap)}: {exc}") from None
+        self._consumer.subscribe(topics=url.topics, listener=Listener())
+
+    # The rebalance callbacks run inside ``poll``; kafka-python logs and swallows their exceptions,
+    # so a failure is stored and raised from ``poll`` as fatal.
+
+    def _revoked(self, revoked: object) -> None:
+        try:
+            if revoked and self._on_revoke is not None:
+                self._on_revoke()  # checkpoint first: the next owner starts from our committed offsets
+        except BaseException as exc:  # noqa: BLE001 - re-raised from poll()
+            self._failure = exc
+        self._assigned = set()
+
+    def _assigned_partitions(self, assigned: object) -> None:
+        try:
+            partitions = list(assigned)  # type: ignore[call-overload]
+            self._assigned = set(partitions)
+            if not partitions:
+                return
+            consumer = self._consumer
+            beginning = consumer.beginning_offsets(partitions)
+            end = consumer.end_offsets(partitions) if self._config.start == "latest" else {}
+            for tp in partitions:
+                key = f"{tp.topic}/{tp.partition}"
+                committed = consumer.committed(tp)
+                ours = self._positions.get(key)
+                if ours is None and committed is None:
+                    target = end.get(tp, beginning[tp])
+                else:
+                    # Never go back: below our position would learn records twice; below the
+                    # group's committed offset would re-learn records another process has
+                    # durably consumed; below the first retained offset there is nothing.
+                    target = max(ours or 0, committed or 0, beginning[tp])
+                consumer.seek(tp, target)
+                self._positions[key] = target
+            log.info("assigned %d partition(s); resuming at the checkpointed positions", len(partitions))
+        except BaseException as exc:  # noqa: BLE001 - re-raised from poll()
+            self._failure = exc
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise FatalSourceError(f"Kafka rebalance failed: {failure!r}") from failure
+
+    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+        records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        self._raise_failure()
+        batch = Batch({})
+        for tp, messages in records.items():
+            key = f"{tp.topic}/{tp.partition}"
+            start = self._positions.get(key, messages[0].offset)
+            fresh = [m for m in messages if m.offset >= start]
+            if not fresh:
+                continue
+            for message in fresh:
+                batch.payloads.append(message.value if message.value is not None else b"")
+                batch.keys.append(key)
+                batch.positions.append(message.offset)
+            stop = fresh[-1].offset + 1
+            batch.ranges[key] = (start, stop)
+            self._positions[key] = stop
+        if not batch.ranges:
+            if self._config.stop_at_end:
+                self._caught_up = self._check_caught_up()
+            return None
+        return batch
+
+    def _check_caught_up(self) -> bool:
+        if not self._assigned:
+            return False
+        end = self._consumer.end_offsets(list(self._assigned))
+        return all(self._positions.get(f"{tp.topic}/{tp.partition}", 0) >= end[tp] for tp in self._assigned)
+
+    @property
+    def exhausted(self) -> bool:
+        return self._caught_up
+
+    def total_positions(self) -> int | None:
+        if not self._assigned:
+            return None
+        end = self._consumer.end_offsets(list(self._assigned))
+        return sum(end.values())
+
+    def count_records(self) -> None:
+        return None
+
+    def acknowledge(self, positions: Mapping[str, int]) -> None:
+        """Commit ``positions`` of the assigned partitions to the group (monitoring only)."""
+        from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        offsets = {
+            tp: OffsetAndMetadata(positions[key], "", -1)
+            for tp in self._assigned
+            if (key := f"{tp.topic}/{tp.partition}") in positions
+        }
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets)
+        except KafkaError as exc:  # a rebalance in progress: the next checkpoint commits again
+            log.warning("offset commit failed (%s); offsets are committed again after the next checkpoint", type(exc).__name__)
+
+    def lag(self) -> dict[str, int] | None:
+        if not self._assigned:
+            return {}
+        end = self._consumer.end_offsets(list(self._assigned))
+        lags = {}
+        for tp, stop in end.items():
+            key = f"{tp.topic}/{tp.partition}"
+            lags[key] = max(0, stop - self._positions.get(key, 0))
+        return lags
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)
+
+
+# -- construction -------------------------------------------------------------------------------
+
+
+def open_source(
+    config: SourceConfig,
+    codec: Codec,
+    positions: Mapping[str, int],
+    on_revoke: Callable[[], None] | None = None,
+) -> Source:
+    """Build the source named by ``config.url``, resuming at ``positions``."""
+    url = config.url
+    if config.recorded_pace and not (url.startswith("file:") and is_recording(file_path(url))):
+        raise SourceError("source.recorded_pace needs a file: source holding a panpriv recording")
+    if url.startswith("kafka://"):
+        return KafkaSource(parse_kafka_url(url), config, positions, on_revoke)
+    if url.startswith("synthetic:"):
+        params = parse_synthetic_url(url)
+        if params["dim"] != codec.dim:
+            raise SourceError(f"synthetic source dim={params['dim']} but records.dim={codec.dim}")
+        return SyntheticSource(params["n"], params["dim"], params["seed"], positions)
+    if url.startswith("adult:"):
+        from streamer.datasets import adult
+
+        split = url.removeprefix("adult:")
+        paths = {"train": adult.TRAIN_PATH, "test": adult.TEST_PATH}
+        if split not in paths:
+            raise SourceError(f"bad Adult source {url!r}: expected adult:train or adult:test")
+        return LineFileSource(paths[split], url, codec, positions, skip_header=False)
+    if url.startswith("file:"):
+        path = file_path(url)
+        if is_recording(path):
+            return RecordingSource(path, positions, config.recorded_pace)
+        skip_header = codec.records.csv_header and codec.records.format == "csv"
+        return LineFileSource(path, f"file:{path.resolve()}", codec, positions, skip_header)
+    raise SourceError(f"unknown source {url!r}")
+
+
+def iter_batches(source: Source, max_records: int, timeout_s: float = 0.2) -> Iterator[Batch]:
+    """Every batch of a finite source until it is exhausted (for tools and tests)."""
+    while True:
+        batch = source.poll(max_records, timeout_s)
+        if batch is not None:
+            yield batch
+        elif source.exhausted:
+            return
