@@ -83,6 +83,7 @@ Noise = Literal["gaussian", "laplace"]
 
 _SQRT2 = math.sqrt(2.0)
 _LOG_HALF = math.log(0.5)
+_TINY = 5e-324  # smallest positive double
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +263,8 @@ def contraction(eta: float, beta: float, rho: float) -> float:
     -----
     003 states M = (1 − 2ηβρ/(β + ρ))^{1/2} without a condition on η. That formula is only valid
     for η ≤ 2/(β + ρ), which coincides with the η ≤ 2/β of Feldman et al. (2018, Prop. 18) only
-    when ρ = 0. Derivation: g = ℓ − (ρ/2)‖w‖² is convex and (β − ρ)-smooth, so
+    when ρ = 0. Derivation (ρ < β; for ρ = β, ∇g below is constant and the step is
+    w ↦ (1 − ηβ)w + const): g = ℓ − (ρ/2)‖w‖² is convex and (β − ρ)-smooth, so
     T = I − (2/(β − ρ))∇g is non-expansive (Baillon–Haddad), and the step is
 
         w − η∇ℓ(w) = (1 − η(β + ρ)/2) w + (η(β − ρ)/2) T(w),
@@ -685,7 +687,7 @@ def shuffled_pnsgd_sigma(
 
     def excess(log_sigma: float) -> float:
         value = shuffled_pnsgd_delta(n, epsilon, math.exp(log_sigma), L, eta, diameter, beta, rho)
-        return (math.log(value) if value > 0.0 else -math.inf) - log_target
+        return math.log(max(value, _TINY)) - log_target  # finite even where δ underflows
 
     low, high = -1.0, 1.0
     while excess(low) <= 0.0:
