@@ -65,8 +65,8 @@ from protocols.validation import choice, positive_int
 
 __all__ = ["VectorSum"]
 
-_CHUNK_ELEMENTS = 1 << 16  # elements of X processed at once (512 KiB of float64: cache-resident)
-_MAX_POPCOUNT_WORDS = 8  # Bin(b, 1/2) by popcount while b ≤ 512; beyond, Generator.binomial
+_CHUNK_ELEMENTS = 1 << 17  # elements of X per block (1 MiB of float64 per work buffer)
+_MAX_POPCOUNT_WORDS = 12  # Bin(b, 1/2) by popcount while b ≤ 768; beyond, Generator.binomial
 _MAX_MESSAGES = 1 << 24  # randomize_bits refuses to materialise more messages than this
 
 
@@ -76,6 +76,17 @@ def _popcount(words: NDArray[np.uint64]) -> NDArray[np.uint8]:
         return np.bitwise_count(words)
     table = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)
     return table[words.view(np.uint8)].reshape(*words.shape, 8).sum(axis=-1, dtype=np.uint8)
+
+
+def _column_sums(a: NDArray) -> NDArray:
+    """a.sum(axis=0), fast also for few columns: rows are folded into ~512-wide rows first
+    (numpy reduces a narrow C-ordered array row by row). Exact for integers (and for
+    integer-valued floats below 2⁵³): only the order of the additions changes."""
+    rows, width = a.shape
+    fold = max(1, 512 // width)
+    head = rows - rows % fold
+    folded = a[:head].reshape(-1, fold * width).sum(axis=0).reshape(fold, width).sum(axis=0)
+    return folded + a[head:].sum(axis=0)
 
 
 class VectorSum:
@@ -170,10 +181,11 @@ class VectorSum:
         (Δ/g)²·(n·b·p(1 − p) + Σᵢ fᵢⱼ(1 − fᵢⱼ)), fᵢⱼ the fractional part of user i's encoded value.
         """
         rounding = np.zeros(self.d)
-        for chunk in self._chunks(self._checked(X, "estimate_variance", exact_rows=True)):
+        X = self._checked(X, "estimate_variance", exact_rows=True)
+        for chunk in self._chunks(X, "estimate_variance"):
             frac = self._encoded(chunk, np.empty_like(chunk))
             frac -= np.floor(frac)
-            rounding += np.sum(frac * (1.0 - frac), axis=0)
+            rounding += _column_sums(frac * (1.0 - frac))
         trials = self.n * self.b * self.p * (1.0 - self.p)
         return (2.0 * self.l2_bound / self.g) ** 2 * (trials + rounding)
 
@@ -199,7 +211,7 @@ class VectorSum:
         X = self._checked(X, "randomize", exact_rows=False)
         generator = NoiseSource(rng).generator()
         counts = np.empty(X.shape, dtype=np.int64)
-        for start, block in self._randomized_blocks(X, generator):
+        for start, block in self._randomized_blocks(X, generator, "randomize"):
             counts[start : start + block.shape[0]] = block
         return counts
 
@@ -228,7 +240,7 @@ class VectorSum:
             raise InvalidInputError(
                 f"VectorSum.randomize_bits: x must have shape ({self.d},); got {x_arr.shape}"
             )
-        row = self._checked(x_arr.reshape(1, self.d), "randomize_bits", exact_rows=False)
+        (row,) = self._chunks(x_arr.reshape(1, self.d), "randomize_bits")
         per_label = self.g + self.b
         if self.d * per_label > _MAX_MESSAGES:
             raise InvalidInputError(
@@ -277,7 +289,7 @@ class VectorSum:
             raise InvalidInputError(
                 f"VectorSum.aggregate: every count must lie in [0, g + b] = [0, {self.g + self.b}]"
             )
-        return counts.sum(axis=0, dtype=np.int64)
+        return _column_sums(counts.astype(np.int64, copy=False))
 
     def analyze(self, totals: NDArray[np.int64]) -> NDArray[np.float64]:
         """A_VEC: the unbiased estimate (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ of Σᵢ xᵢ (000, Alg. 2 line 12)."""
@@ -314,14 +326,14 @@ class VectorSum:
         generator = NoiseSource(rng).generator()
         if not pooled_noise:
             totals = np.zeros(self.d, dtype=np.int64)
-            for _, block in self._randomized_blocks(X, generator):
-                totals += block.sum(axis=0)
+            for _, block in self._randomized_blocks(X, generator, "estimate_sum"):
+                totals += _column_sums(block)
             return self.analyze(totals)
         rounded = np.zeros(self.d)
         work = np.empty((self._chunk_rows, self.d))
         uniforms = np.empty_like(work)
-        for chunk in self._chunks(X):
-            rounded += self._rounded(chunk, generator, work, uniforms).sum(axis=0)
+        for chunk in self._chunks(X, "estimate_sum"):
+            rounded += _column_sums(self._rounded(chunk, generator, work, uniforms))
         noise = generator.binomial(self.n * self.b, self.p, size=self.d)
         return self.analyze(rounded.astype(np.int64) + noise)
 
@@ -330,32 +342,40 @@ class VectorSum:
     # ----------------------------------------------------------------------------------------
 
     def _checked(self, X: object, method: str, *, exact_rows: bool) -> NDArray[np.float64]:
-        """X as float64 (m, d), m ≥ 1 (m = n when ``exact_rows``), finite, row norms ≤ Δ₂."""
-        where = f"VectorSum.{method}"
+        """X as float64 of shape (m, d), m ≥ 1 (m = n when ``exact_rows``).
+
+        Row norms and finiteness are checked chunk by chunk in :meth:`_chunks` (while the chunk
+        is in cache), before any of the chunk is used.
+        """
         X_arr = np.asarray(X, dtype=np.float64)
-        rows = f"{self.n}" if exact_rows else "m"
         if (
             X_arr.ndim != 2
             or X_arr.shape[1] != self.d
             or X_arr.shape[0] == 0
             or (exact_rows and X_arr.shape[0] != self.n)
         ):
-            raise InvalidInputError(f"{where}: X must have shape ({rows}, {self.d}); got {X_arr.shape}")
-        squared = np.einsum("ij,ij->i", X_arr, X_arr)
-        too_long = ~(squared <= self.l2_bound**2)  # NaN compares False, so it lands here too
-        if np.any(too_long):
-            if not np.all(np.isfinite(X_arr)):
-                raise InvalidInputError(f"{where}: X contains NaN or infinite values")
-            row = int(np.argmax(too_long))
+            rows = f"{self.n}" if exact_rows else "m"
             raise InvalidInputError(
-                f"{where}: every row of X must have l2 norm <= l2_bound = {self.l2_bound!r}; "
-                f"row {row} has norm {math.sqrt(squared[row])!r} (clip before encoding)"
+                f"VectorSum.{method}: X must have shape ({rows}, {self.d}); got {X_arr.shape}"
             )
         return X_arr
 
-    def _chunks(self, X: NDArray[np.float64]) -> Iterator[NDArray[np.float64]]:
+    def _chunks(self, X: NDArray[np.float64], method: str) -> Iterator[NDArray[np.float64]]:
+        """Consecutive row blocks of X, each checked: finite, every row of ℓ₂ norm ≤ Δ₂."""
         for start in range(0, X.shape[0], self._chunk_rows):
-            yield X[start : start + self._chunk_rows]
+            chunk = X[start : start + self._chunk_rows]
+            squared = np.einsum("ij,ij->i", chunk, chunk)
+            too_long = ~(squared <= self.l2_bound**2)  # NaN compares False: caught here too
+            if np.any(too_long):
+                if not np.all(np.isfinite(chunk)):
+                    raise InvalidInputError(f"VectorSum.{method}: X contains NaN or infinite values")
+                row = int(np.argmax(too_long))
+                raise InvalidInputError(
+                    f"VectorSum.{method}: every row of X must have l2 norm <= l2_bound = "
+                    f"{self.l2_bound!r}; row {start + row} has norm {math.sqrt(squared[row])!r} "
+                    "(clip before encoding)"
+                )
+            yield chunk
 
     def _encoded(self, chunk: NDArray[np.float64], out: NDArray[np.float64]) -> NDArray[np.float64]:
         """s = (x + Δ₂)·g/Δ, clipped to [0, g] (only floating-point error can leave it)."""
@@ -387,13 +407,14 @@ class VectorSum:
         return np.add.reduce(_popcount(words), axis=0, dtype=np.int64)
 
     def _randomized_blocks(
-        self, X: NDArray[np.float64], generator: np.random.Generator
+        self, X: NDArray[np.float64], generator: np.random.Generator, method: str
     ) -> Iterator[tuple[int, NDArray[np.int64]]]:
-        """(first row, counts) for consecutive row blocks of X: bounded working memory."""
+        """(first row, counts) for consecutive checked row blocks of X: bounded working memory."""
         work = np.empty((self._chunk_rows, self.d))
         uniforms = np.empty_like(work)
-        for start in range(0, X.shape[0], self._chunk_rows):
-            chunk = X[start : start + self._chunk_rows]
+        start = 0
+        for chunk in self._chunks(X, method):
             counts = self._noise(generator, chunk.size).reshape(chunk.shape)
             counts += self._rounded(chunk, generator, work, uniforms).astype(np.int64)
             yield start, counts
+            start += chunk.shape[0]
