@@ -99,7 +99,9 @@ class RecordsConfig(_Section):
     csv_header: bool = False
     dim: int | None = Field(default=None, ge=1, le=1_000_000)
     feature_bound: float | None = Field(default=None, gt=0, description="records are clipped to ‖x‖₂ ≤ feature_bound")
-    label_values: tuple[float, ...] | None = Field(default=(-1.0, 1.0), description="allowed labels; None = any in [label_min, label_max]")
+    label_values: tuple[float, ...] | None = Field(
+        default=(-1.0, 1.0), description="allowed labels; [] (or None) = any label in [label_min, label_max]"
+    )
     label_min: float = -math.inf
     label_max: float = math.inf
 
@@ -113,8 +115,10 @@ class RecordsConfig(_Section):
     @field_validator("label_values")
     @classmethod
     def _finite_labels(cls, values: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        if values is not None and (not values or not all(math.isfinite(v) for v in values)):
-            raise ValueError("must be a non-empty list of finite numbers, or omitted")
+        if not values:  # TOML has no null: an empty list means "no fixed set"
+            return None
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError("must be a list of finite numbers ([] for any label in [label_min, label_max])")
         return values
 
     @model_validator(mode="after")

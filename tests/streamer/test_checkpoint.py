@@ -1,0 +1,101 @@
+"""streamer.checkpoint: exact round trip, atomic replacement, refusal of changed settings."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value
+from streamer.errors import CheckpointError
+
+
+def make(sequence: int = 1, **changes) -> Checkpoint:
+    fields = dict(
+        sequence=sequence,
+        created=1.0,
+        instance="pan-acsa-abc",
+        learner="pan-acsa",
+        learner_config={"dim": 2, "epsilon": 1.0},
+        learner_state={"records": 5, "theta": np.array([0.1, -1e-300]), "grad": np.array([np.pi, 2.0])},
+        positions={"t/0": 10, "t/1": 3},
+        ledger={"schema_version": 1},
+        rejects={"undecodable": 2},
+        records=11,
+        snapshots=1,
+        config_hash="h1",
+        privacy_config={"learner.epsilon": 1.0, "learner.delta": 1e-6},
+    )
+    fields.update(changes)
+    return Checkpoint(**fields)
+
+
+def test_state_arrays_round_trip_bit_exactly(tmp_path) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.load() is None
+    store.save(make())
+    loaded = store.load()
+    assert loaded is not None
+    np.testing.assert_array_equal(loaded.learner_state["theta"], [0.1, -1e-300])
+    assert loaded.learner_state["grad"].tobytes() == np.array([np.pi, 2.0]).tobytes()
+    assert loaded.learner_state["grad"].flags.writeable
+    assert (loaded.positions, loaded.rejects, loaded.records) == ({"t/0": 10, "t/1": 3}, {"undecodable": 2}, 11)
+
+
+@pytest.mark.parametrize("value", [np.arange(6, dtype=">i4").reshape(2, 3), np.array([True, False]), np.float32(1.5), float("-inf"), 7, "phase"])
+def test_value_encoding(value) -> None:
+    decoded = decode_value(json.loads(json.dumps(encode_value(value))))
+    if isinstance(value, np.ndarray):
+        np.testing.assert_array_equal(decoded, value)
+        assert decoded.dtype.isnative
+    else:
+        assert decoded == value
+
+
+def test_a_failed_write_leaves_the_previous_manifest(tmp_path, monkeypatch) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(make(sequence=1))
+
+    def crash(*args, **kwargs):
+        raise OSError("simulated crash before the rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        store.save(make(sequence=2))
+    monkeypatch.undo()
+    assert store.load().sequence == 1  # the old manifest is intact; the temporary file is ignored
+    assert (tmp_path / "checkpoint.json.tmp").exists()
+    store.save(make(sequence=3))  # and the next save overwrites the leftover
+    assert store.load().sequence == 3
+    assert not (tmp_path / "checkpoint.json.tmp").exists()
+
+
+def test_manifest_never_holds_generator_state_or_nan(tmp_path) -> None:
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(ValueError):  # allow_nan=False: a NaN would not be valid JSON
+        store.save(make(learner_config={"x": float("nan")}))
+    with pytest.raises(CheckpointError, match="object array"):
+        encode_value(np.array([np.random.default_rng(0)], dtype=object))
+
+
+def test_unreadable_or_foreign_manifests_are_refused(tmp_path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.path.write_text("{}")
+    with pytest.raises(CheckpointError, match="schema_version None"):
+        store.load()
+    store.path.write_text(json.dumps({"schema_version": 1}))
+    with pytest.raises(CheckpointError, match="not a valid panpriv checkpoint"):
+        store.load()
+
+
+def test_resume_is_refused_naming_each_changed_setting(tmp_path) -> None:
+    saved = make()
+    check_resumable(saved, "h1", saved.privacy_config, tmp_path)  # unchanged: fine
+    with pytest.raises(CheckpointError) as info:
+        check_resumable(saved, "h2", {"learner.epsilon": 2.0, "learner.delta": 1e-6, "records.dim": 3}, tmp_path)
+    message = str(info.value)
+    assert "learner.epsilon: 1.0 in the checkpoint, 2.0 now" in message
+    assert "records.dim: '(unset)' in the checkpoint, 3 now" in message
+    assert "learner.delta" not in message

@@ -1,0 +1,117 @@
+"""streamer.codec: every reject reason, clipping, and batching invariance of validation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from streamer.codec import AdultCodec, BinaryBatchCodec, CsvCodec, JsonCodec, Reason, clip_rows, encode_batch, encode_json
+from streamer.config import load_config
+
+
+def records(**extra):
+    base = {"source.url": "kafka://h:1/t", "records.dim": 3, "records.feature_bound": 1.0}
+    return load_config(None, {**base, **extra}).records
+
+
+BAD_JSON = [
+    (b"\xff\xfe", Reason.UNDECODABLE),
+    (b"{not json", Reason.UNDECODABLE),
+    (b"[1, 2, 3]", Reason.WRONG_TYPE),
+    (b'{"y": 1}', Reason.MISSING_FIELD),
+    (b'{"x": [0.1, 0.2, 0.3]}', Reason.MISSING_FIELD),
+    (b'{"x": "0.1,0.2,0.3", "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": null, "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": "1"}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": true}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, "a", 0.3], "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, null, 0.3], "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, [1], 0.3], "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, 0.2], "y": 1}', Reason.WRONG_DIMENSION),
+    (b'{"x": [0.1, 0.2, 0.3, 0.4], "y": 1}', Reason.WRONG_DIMENSION),
+    (b'{"x": [0.1, NaN, 0.3], "y": 1}', Reason.NON_FINITE),
+    (b'{"x": [0.1, 1e400, 0.3], "y": 1}', Reason.NON_FINITE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": Infinity}', Reason.NON_FINITE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": 0.5}', Reason.LABEL_OUT_OF_RANGE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": 2}', Reason.LABEL_OUT_OF_RANGE),
+]
+GOOD = encode_json([0.1, 0.2, 0.3], 1.0)
+
+
+@pytest.mark.parametrize(("payload", "reason"), BAD_JSON)
+def test_json_rejects_with_reason_and_keeps_the_good_neighbours(payload, reason) -> None:
+    decoded = JsonCodec(records()).decode([GOOD, payload, GOOD])
+    assert [(r.index, r.reason, r.count) for r in decoded.rejects] == [(1, reason, 1)]
+    assert decoded.X.shape == (2, 3) and decoded.y.tolist() == [1.0, 1.0]
+    assert decoded.reject_counts() == {reason.value: 1}
+
+
+def test_validation_does_not_depend_on_how_the_stream_is_batched() -> None:
+    payloads = [GOOD, *(p for p, _ in BAD_JSON), encode_json([3, 4, 0], -1), GOOD]
+    codec = JsonCodec(records())
+    whole = codec.decode(payloads)
+    parts = [codec.decode([p]) for p in payloads]
+    np.testing.assert_array_equal(whole.X, np.vstack([d.X for d in parts if len(d.y)]))
+    assert sorted(whole.reject_counts().items()) == sorted(
+        {k: sum(d.reject_counts().get(k, 0) for d in parts) for k in whole.reject_counts()}.items()
+    )
+    assert len(whole.y) == 3 and len(whole.rejects) == len(BAD_JSON)
+
+
+def test_valid_records_are_clipped_to_the_declared_bound() -> None:
+    decoded = JsonCodec(records()).decode([encode_json([3.0, 4.0, 0.0], 1.0), encode_json([0.3, 0.4, 0.0], -1.0)])
+    np.testing.assert_allclose(decoded.X[0], [0.6, 0.8, 0.0])  # ‖x‖ = 5 → scaled onto the unit sphere
+    np.testing.assert_array_equal(decoded.X[1], [0.3, 0.4, 0.0])  # inside the ball: unchanged
+    X = np.random.default_rng(0).standard_normal((1000, 7)) * 10
+    clipped = clip_rows(X, 2.5)
+    assert np.linalg.norm(clipped, axis=1).max() <= 2.5 * (1 + 1e-12)
+    # Directions are preserved.
+    np.testing.assert_allclose(clipped / np.linalg.norm(clipped, axis=1, keepdims=True), X / np.linalg.norm(X, axis=1, keepdims=True))
+
+
+def test_custom_field_names_and_label_range() -> None:
+    config = records(**{"records.x_field": "features", "records.y_field": "target", "records.label_values": [],
+                        "records.label_min": 0.0, "records.label_max": 10.0})
+    codec = JsonCodec(config)
+    ok = json.dumps({"features": [0, 0, 0], "target": 9.5}).encode()
+    out = json.dumps({"features": [0, 0, 0], "target": -0.5}).encode()
+    decoded = codec.decode([ok, out, GOOD])
+    assert decoded.y.tolist() == [9.5]
+    assert [r.reason for r in decoded.rejects] == [Reason.LABEL_OUT_OF_RANGE, Reason.MISSING_FIELD]
+
+
+def test_binary_batches_round_trip_and_reject_per_record() -> None:
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((256, 3)) * 0.1
+    y = np.where(rng.random(256) < 0.5, -1.0, 1.0)
+    X[5, 1] = np.nan
+    y[9] = 7.0
+    codec = BinaryBatchCodec(records())
+    decoded = codec.decode([encode_batch(X, y, "float64"), b"short", encode_batch(np.ones((4, 2)), np.ones(4)), encode_batch(X[:0], y[:0])])
+    keep = np.ones(256, dtype=bool)
+    keep[[5, 9]] = False
+    np.testing.assert_array_equal(decoded.X, X[keep])
+    assert decoded.reject_counts() == {"non_finite": 1, "label_out_of_range": 1, "undecodable": 1, "wrong_dimension": 4}
+    # float32 batches decode to the float32 values.
+    decoded32 = codec.decode([encode_batch(X[keep], y[keep])])
+    np.testing.assert_array_equal(decoded32.X, X[keep].astype(np.float32).astype(np.float64))
+
+
+def test_csv_rows() -> None:
+    codec = CsvCodec(records())
+    decoded = codec.decode([b"0.1,0.2,0.3,1", b"0.1,x,0.3,1", b"0.1,0.2,1", b"0.1,0.2,0.3,0.4,1", b"\xff,1,1,1", b"0.1,0.2,0.3,nan"])
+    assert decoded.X.tolist() == [[0.1, 0.2, 0.3]]
+    assert [r.reason.value for r in decoded.rejects] == ["wrong_type", "missing_field", "wrong_dimension", "undecodable", "non_finite"]
+    first = CsvCodec(records(**{"records.csv_label_column": 0})).decode([b"-1,0.1,0.2,0.3"])
+    assert first.y.tolist() == [-1.0] and first.X.tolist() == [[0.1, 0.2, 0.3]]
+
+
+def test_adult_lines() -> None:
+    codec = AdultCodec(load_config().records)
+    line = b"39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K"
+    decoded = codec.decode([line, line.replace(b"State-gov", b"Moon-gov"), b"1, 2", line.replace(b"<=50K", b"maybe"), line.replace(b"39", b"old", 1)])
+    assert decoded.y.tolist() == [-1.0]
+    assert [r.reason.value for r in decoded.rejects] == ["wrong_type", "missing_field", "label_out_of_range", "wrong_type"]
+    assert not codec.is_record_line(b"|1x3 Cross validator\n") and not codec.is_record_line(b"\n")

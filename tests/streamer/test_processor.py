@@ -1,0 +1,158 @@
+"""streamer.processor in-process: exactly-once across stops and crashes, budgets, snapshot order.
+
+The kill -9 version against the real broker is tests/streamer/test_service_kafka.py; these tests
+use a JSONL file so that every interruption point can be chosen deterministically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from accounting.ledger import PrivacyLedger
+from streamer.checkpoint import CheckpointStore
+from streamer.config import load_config
+from streamer.processor import Processor
+from streamer.sinks import read_snapshots
+
+N_LINES = 3000
+BAD = {7: b"\xff", 100: b'{"x": [1, 2], "y": 1}', 1500: b'{"x": [0, 0, NaN], "y": 1}', 2999: b'{"x": [0, 0, 0], "y": 5}'}
+EXPECTED_REJECTS = {"undecodable": 1, "wrong_dimension": 1, "non_finite": 1, "label_out_of_range": 1}
+
+
+@pytest.fixture
+def stream(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "stream.jsonl"
+    with open(path, "wb") as handle:
+        for i in range(N_LINES):
+            line = BAD.get(i) or json.dumps({"x": rng.standard_normal(3).tolist(), "y": float(rng.choice([-1, 1]))}).encode()
+            handle.write(line + b"\n")
+    return path
+
+
+def configure(stream, out, **extra):
+    overrides = {
+        "source.url": f"file:{stream}",
+        "source.batch_records": 97,
+        "records.dim": 3,
+        "records.feature_bound": 1.0,
+        "checkpoint.every_records": 250,
+        "snapshots.every_records": 500,
+        "metrics.port": None,
+        "out": str(out),
+        **extra,
+    }
+    return load_config(None, overrides)
+
+
+def stop_after(monkeypatch, batches: int, crash: bool) -> None:
+    """Make the next Processor stop (cleanly, or by an exception = a crash) after ``batches`` batches."""
+    original = Processor._process
+    seen = {"n": 0}
+
+    def process(self, batch):
+        seen["n"] += 1
+        if seen["n"] > batches:
+            if crash:
+                raise RuntimeError("simulated crash")
+            self.stop_event.set()
+            return 0
+        return original(self, batch)
+
+    monkeypatch.setattr(Processor, "_process", process)
+
+
+def assert_exactly_once(out, stream) -> None:
+    checkpoint = CheckpointStore(out / "checkpoints").load()
+    ledger = PrivacyLedger.from_dict(checkpoint.ledger)
+    key = f"file:{stream.resolve()}"
+    segments = ledger.coverage(key)
+    assert [(s.start, s.stop, s.uses) for s in segments] == [(0, N_LINES, (checkpoint.instance,))]
+    assert checkpoint.rejects == EXPECTED_REJECTS
+    assert checkpoint.records == N_LINES - len(BAD) == checkpoint.learner_state["records"]
+    assert checkpoint.finished
+    snapshots = read_snapshots(out / "snapshots.jsonl")
+    counts = [s["records"] for s in snapshots]
+    assert counts == sorted(counts) and counts[-1] == checkpoint.records
+    assert [s["sequence"] for s in snapshots] == sorted(s["sequence"] for s in snapshots)
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["stop", "crash"])
+def test_interrupted_runs_learn_every_record_exactly_once(stream, tmp_path, monkeypatch, crash) -> None:
+    out = tmp_path / "out"
+    for batches in (3, 5, 11):  # three interruptions at different points, then a full run
+        stop_after(monkeypatch, batches, crash)
+        if crash:
+            with pytest.raises(RuntimeError, match="simulated crash"):
+                Processor(configure(stream, out)).run()
+        else:
+            assert Processor(configure(stream, out)).run().outcome == "stopped"
+        monkeypatch.undo()
+    result = Processor(configure(stream, out)).run()
+    assert result.outcome == "finished" and result.resumed
+    assert_exactly_once(out, stream)
+
+
+def test_uninterrupted_run_matches(stream, tmp_path) -> None:
+    out = tmp_path / "out"
+    result = Processor(configure(stream, out)).run()
+    assert (result.outcome, result.records, result.rejects) == ("finished", N_LINES - len(BAD), EXPECTED_REJECTS)
+    assert_exactly_once(out, stream)
+    # Snapshots follow checkpoints: every one is covered by positions no later than the final ones.
+    for snapshot in read_snapshots(out / "snapshots.jsonl"):
+        assert snapshot["privacy"]["output"] == {"epsilon": 1.0, "delta": 1e-6}
+        assert snapshot["privacy"]["records"] == snapshot["records"]
+        assert len(snapshot["params"]) == 3
+
+
+def test_a_replayed_range_composes_and_the_budget_stops_before_spending(stream, tmp_path) -> None:
+    out = tmp_path / "out"
+    Processor(configure(stream, out)).run()
+    store = CheckpointStore(out / "checkpoints")
+    rewound = store.load()
+    # Rewind the positions (as an operator resetting a consumer group would): the same learner
+    # instance will read the same records again.
+    store.save(dataclasses.replace(rewound, positions={f"file:{stream.resolve()}": 2000}))
+    result = Processor(configure(stream, out, **{"learner.max_epsilon": 1.5})).run()
+    assert result.outcome == "budget_exhausted"
+    assert "would raise ε to 2" in result.message
+    assert result.records == N_LINES - len(BAD)  # nothing more was learned
+    # Without a budget the replay happens and the ledger composes: ε = 2 on the replayed range.
+    result = Processor(configure(stream, out)).run()
+    assert result.outcome == "finished"
+    ledger = PrivacyLedger.from_dict(store.load().ledger)
+    segments = ledger.coverage(f"file:{stream.resolve()}")
+    assert [(s.start, s.stop, len(s.uses)) for s in segments] == [(0, 2000, 1), (2000, N_LINES, 2)]
+    assert result.report.output.epsilon == pytest.approx(2.0)
+
+
+def test_changed_privacy_settings_are_refused_on_resume(stream, tmp_path, monkeypatch) -> None:
+    out = tmp_path / "out"
+    stop_after(monkeypatch, 3, crash=False)
+    Processor(configure(stream, out)).run()
+    monkeypatch.undo()
+    from streamer.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="learner.epsilon: 1.0 in the checkpoint, 0.5 now"):
+        Processor(configure(stream, out, **{"learner.epsilon": 0.5})).run()
+
+
+def test_stop_event_from_another_thread(stream, tmp_path) -> None:
+    stop = threading.Event()
+    stop.set()  # already set: the loop stops before reading anything, yet checkpoints
+    result = Processor(configure(stream, tmp_path / "out", **{"source.rate": 10.0}), stop=stop).run()
+    assert result.outcome == "stopped" and result.records == 0
+    assert CheckpointStore(tmp_path / "out" / "checkpoints").load().sequence == 1
+
+
+def test_seeded_mode_is_labelled_and_reproducible(stream, tmp_path) -> None:
+    a = Processor(configure(stream, tmp_path / "a", **{"learner.seed": 3})).run()
+    b = Processor(configure(stream, tmp_path / "b", **{"learner.seed": 3})).run()
+    np.testing.assert_array_equal(a.last_snapshot["params"], b.last_snapshot["params"])
+    assert not a.report.intrusion.is_meaningful  # no pan-private guarantee with a seed in memory
+    assert any("seeded" in text for text in a.report.assumptions)

@@ -1,0 +1,136 @@
+"""streamer.sources and streamer.recording: positions, resumption, contiguous ranges."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import numpy as np
+import pytest
+
+from streamer.codec import make_codec
+from streamer.config import load_config
+from streamer.errors import SourceError
+from streamer.recording import RecordingReader, RecordingWriter
+from streamer.sources import Batch, iter_batches, open_source, parse_kafka_url, parse_synthetic_url
+
+
+def config(url: str, **extra):
+    return load_config(None, {"source.url": url, "records.dim": 2, "records.feature_bound": 1.0, **extra})
+
+
+def consume(cfg, positions=None, batch=3):
+    source = open_source(cfg.source, make_codec(cfg.records), positions or {})
+    try:
+        return list(iter_batches(source, batch))
+    finally:
+        source.close()
+
+
+def ranges(batches: list[Batch]) -> dict[str, list[tuple[int, int]]]:
+    out: dict[str, list[tuple[int, int]]] = {}
+    for b in batches:
+        for key, r in b.ranges.items():
+            out.setdefault(key, []).append(r)
+    return out
+
+
+def assert_contiguous(spans: list[tuple[int, int]], start: int, stop: int) -> None:
+    assert spans[0][0] == start and spans[-1][1] == stop
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_line_file_positions_and_resume(tmp_path, compress) -> None:
+    lines = [json.dumps({"x": [i / 10, 0], "y": 1}) for i in range(10)]
+    lines.insert(4, "")  # a blank line is not a record but occupies a position
+    data = ("\n".join(lines) + "\n").encode()
+    path = tmp_path / ("r.jsonl.gz" if compress else "r.jsonl")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    cfg = config(f"file:{path}")
+    batches = consume(cfg)
+    key = f"file:{path.resolve()}"
+    assert_contiguous(ranges(batches)[key], 0, 11)
+    assert sum(len(b.payloads) for b in batches) == 10
+    source = open_source(cfg.source, make_codec(cfg.records), {})
+    assert source.total_positions() == 11 and source.count_records() == 10
+    source.close()
+    # Resuming at position 6 yields exactly the payloads an uninterrupted read had from 6 on.
+    resumed = consume(cfg, {key: 6})
+    assert_contiguous(ranges(resumed)[key], 6, 11)
+    assert [p for b in resumed for p in b.payloads] == [line.encode() for line in lines[6:]]
+
+
+def test_csv_header_is_not_a_record(tmp_path) -> None:
+    path = tmp_path / "r.csv"
+    path.write_text("a,b,label\n0.1,0.2,1\n0.3,0.4,-1\n")
+    cfg = config(f"file:{path}", **{"records.csv_header": True})
+    assert cfg.records.format == "csv"
+    batches = consume(cfg)
+    assert ranges(batches)[f"file:{path.resolve()}"] == [(1, 3)]
+    assert [p for b in batches for p in b.payloads] == [b"0.1,0.2,1", b"0.3,0.4,-1"]
+
+
+def test_missing_file_and_short_file(tmp_path) -> None:
+    with pytest.raises(SourceError, match="does not exist"):
+        consume(config(f"file:{tmp_path / 'nope.jsonl'}"))
+    path = tmp_path / "r.jsonl"
+    path.write_text("{}\n")
+    with pytest.raises(SourceError, match="checkpoint's position is 5"):
+        consume(config(f"file:{path}"), {f"file:{path.resolve()}": 5})
+
+
+def test_synthetic_stream_is_a_function_of_seed_and_position() -> None:
+    cfg = config("synthetic:n=10000&dim=2&seed=4")
+    whole = consume(cfg, batch=10000)
+    pieces = consume(cfg, {"synthetic:seed=4,dim=2": 4321}, batch=999)
+    X_whole = whole[0].arrays[0]
+    X_rest = np.vstack([b.arrays[0] for b in pieces])
+    np.testing.assert_array_equal(X_whole[4321:], X_rest)
+    assert_contiguous(ranges(pieces)["synthetic:seed=4,dim=2"], 4321, 10000)
+    labels = np.concatenate([whole[0].arrays[1]])
+    assert set(np.unique(labels)) == {-1.0, 1.0}
+
+
+def test_recording_replays_under_the_original_keys_and_offsets(tmp_path) -> None:
+    path = tmp_path / "t.pprec"
+    writer = RecordingWriter(path, "kafka://h:1/t", ["t/0", "t/1"], {"t/0": 5, "t/1": 0}, "now")
+    frames = [("t/0", 5), ("t/1", 0), ("t/0", 6), ("t/1", 1), ("t/1", 3), ("t/0", 7)]  # t/1 has a gap at 2
+    for i, (key, offset) in enumerate(frames):
+        writer.write(key, offset, 1_000 + i, json.dumps({"x": [0, 0], "y": 1}).encode())
+    writer.close()
+    assert RecordingReader(path).count() == 6
+    cfg = config(f"file:{path}")
+    spans = ranges(consume(cfg, batch=2))
+    assert_contiguous(spans["t/0"], 5, 8)
+    assert_contiguous(spans["t/1"], 0, 4)  # the gap is inside the consumed range
+    resumed = consume(cfg, {"t/0": 7, "t/1": 1})
+    assert [(k, p) for b in resumed for k, p in zip(b.keys, b.positions)] == [("t/1", 1), ("t/1", 3), ("t/0", 7)]
+    assert ranges(resumed) == {"t/1": [(1, 4)], "t/0": [(7, 8)]}
+
+
+def test_recorded_pace_follows_timestamps(tmp_path) -> None:
+    path = tmp_path / "t.pprec"
+    writer = RecordingWriter(path, "kafka://h:1/t", ["t/0"], {"t/0": 0}, "now")
+    for i in range(3):
+        writer.write("t/0", i, 1_000_000 + 150 * i, b"{}")
+    writer.close()
+    cfg = config(f"file:{path}", **{"source.recorded_pace": True})
+    t0 = time.monotonic()
+    batches = consume(cfg, batch=10)
+    assert sum(len(b.payloads) for b in batches) == 3
+    assert time.monotonic() - t0 >= 0.29  # 300 ms of recorded time
+
+
+def test_url_parsing() -> None:
+    url = parse_kafka_url("kafka://user:secret@h1:9092,h2:9092/a,b?group=g1")
+    assert (url.bootstrap, url.topics, url.group) == (["h1:9092", "h2:9092"], ["a", "b"], "g1")
+    assert "secret" not in url.display()
+    assert parse_kafka_url("kafka://h:1/t").group == "panpriv"
+    for bad in ("kafka://h:1/", "kafka:///t", "kafka://h:1/t?grp=x"):
+        with pytest.raises(SourceError):
+            parse_kafka_url(bad)
+    assert parse_synthetic_url("synthetic:n=5&dim=3") == {"n": 5, "dim": 3, "seed": 0}
+    with pytest.raises(SourceError):
+        parse_synthetic_url("synthetic:n=0&dim=3")
