@@ -267,14 +267,19 @@ def p1d_parameters(n: int, epsilon: float, delta: float, bound: float) -> P1DPar
     Returns
     -------
     P1DParameters
-        g = ⌈Δ√n⌉ (the least integer with g ≥ Δ√n), b = the least integer above
-        180 g² ln(2/δ)/(ε² n), p = 90 g² ln(2/δ)/(b ε² n).
+        g = ⌈max(Δ√n, ε/2.4)⌉ (the least integer with g ≥ Δ√n, see Notes for ε/2.4),
+        b = the least integer above 180 g² ln(2/δ)/(ε² n), p = 90 g² ln(2/δ)/(b ε² n).
 
     Notes
     -----
     The condition g ≥ Δ√n mixes data units (Δ) with a count (g); 000 uses it only for the variance
     bound (rounding adds (Δ/g)²·n/4), never for privacy, so it is kept literally. The lemma's
     guarantee is per instance: D∞^δ ≤ ε·(2/g + |xᵤ − x′ᵤ|/Δ).
+
+    Deviation: the proof of Lemma 3.1 (Lemma A.2) applies Lemma A.1 with α = ε/(3g) and bounds
+    ln((1 + α)/(1 − α)) by 3α ("α small"), which fails for α ≳ 0.86 — reachable within the lemma's
+    range (ε = 15 with g = 4, i.e. n ≤ 16 at Δ = 1). We additionally require g ≥ ε/2.4 (α ≤ 0.8,
+    where ln 9 ≤ 2.4 holds); this only changes g when Δ√n < ε/2.4.
 
     References
     ----------
@@ -285,7 +290,10 @@ def p1d_parameters(n: int, epsilon: float, delta: float, bound: float) -> P1DPar
     epsilon = in_range(owner, "epsilon", epsilon, 0.0, 15.0, closed_low=False, closed_high=True)
     delta = in_range(owner, "delta", delta, 0.0, 0.5, closed_low=False, closed_high=False)
     bound = positive(owner, "bound", bound)
-    g = max(1, math.ceil(bound * math.sqrt(n)))  # 000, Lemma 3.1: g ≥ Δ√n
+    # 000, Lemma 3.1: g ≥ Δ√n. Its proof (Lemma A.2) also uses α = ε/(3g) with
+    # ln((1 + α)/(1 − α)) ≤ 3α, false for α ≥ 0.87 (e.g. ε = 15, g = 4): we also require
+    # α ≤ 0.8, i.e. g ≥ ε/2.4, where ln(9) = 2.197 ≤ 2.4 holds.
+    g = max(1, math.ceil(bound * math.sqrt(n)), math.ceil(epsilon / 2.4))
     b, p = _lemma31_noise(n, g, epsilon, delta)
     return P1DParameters(n=n, bound=bound, g=g, b=b, p=p, epsilon=epsilon, delta=delta)
 
@@ -475,8 +483,8 @@ def _ball_bound(log_s: NDArray[np.float64], radius: float, d: int) -> float:
     """B: an upper bound on max_{‖t‖₂ ≤ radius} Σⱼ φ(tⱼ) by weak duality (step 7).
 
     F(λ) = d·max_t[φ(t) − λt²] + λr² is convex in λ; it is evaluated at λ = 0, on a grid of
-    log λ with unit spacing, then on a fine grid around the best point. Every λ gives a valid
-    bound, so the grid only affects tightness.
+    log λ with unit spacing, then minimised by Brent's method around the best grid point. Every
+    λ gives a valid bound, so the search only affects tightness.
     """
 
     def dual(log_lam: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -485,9 +493,14 @@ def _ball_bound(log_s: NDArray[np.float64], radius: float, d: int) -> float:
 
     at_zero = float(d * _piece_max(log_s, radius, np.zeros(1))[0])
     coarse = dual(_LOG_LAMBDA_GRID)
-    centre = _LOG_LAMBDA_GRID[int(np.argmin(coarse))]
-    fine = dual(np.linspace(centre - 1.0, centre + 1.0, 41))
-    return min(at_zero, float(np.min(coarse)), float(np.min(fine)))
+    centre = float(_LOG_LAMBDA_GRID[int(np.argmin(coarse))])
+    found = optimize.minimize_scalar(
+        lambda u: min(float(dual(np.array([u]))[0]), 1e300),
+        bounds=(centre - 1.0, centre + 1.0),
+        method="bounded",
+        options={"xatol": 1e-7},
+    )
+    return min(at_zero, float(np.min(coarse)), float(found.fun))
 
 
 def _log_conversion(alpha: float, epsilon: float) -> float:
