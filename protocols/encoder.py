@@ -70,14 +70,6 @@ _MAX_POPCOUNT_WORDS = 12  # Bin(b, 1/2) by popcount while b ≤ 768; beyond, Gen
 _MAX_MESSAGES = 1 << 24  # randomize_bits refuses to materialise more messages than this
 
 
-def _popcount(words: NDArray[np.uint64]) -> NDArray[np.uint8]:
-    """Number of one-bits of each 64-bit word (``np.bitwise_count`` on numpy ≥ 2)."""
-    if hasattr(np, "bitwise_count"):
-        return np.bitwise_count(words)
-    table = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)
-    return table[words.view(np.uint8)].reshape(*words.shape, 8).sum(axis=-1, dtype=np.uint8)
-
-
 def _column_sums(a: NDArray) -> NDArray:
     """a.sum(axis=0), fast also for few columns: rows are folded into ~512-wide rows first
     (numpy reduces a narrow C-ordered array row by row). Exact for integers (and for
@@ -404,7 +396,7 @@ class VectorSum:
         spare = self._words * 64 - self.b
         if spare:
             words[-1] &= np.uint64((1 << (64 - spare)) - 1)
-        return np.add.reduce(_popcount(words), axis=0, dtype=np.int64)
+        return np.add.reduce(np.bitwise_count(words), axis=0, dtype=np.int64)
 
     def _randomized_blocks(
         self, X: NDArray[np.float64], generator: np.random.Generator, method: str

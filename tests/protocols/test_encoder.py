@@ -1,0 +1,246 @@
+"""Tests of protocols.encoder.VectorSum (000, Alg. 1 / Alg. 2).
+
+Statistical tests use seeded generators; each states its false-failure probability. The exact
+privacy of the calibrations is tested in tests/accounting/test_binomial.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from accounting.binomial import pvec_parameters, tight_parameters
+from protocols.encoder import VectorSum
+from protocols.errors import InvalidInputError
+
+SMALL = dict(n=200, d=3, epsilon=1.0, delta=1e-5, l2_bound=1.0)
+TINY = dict(n=5, d=2, epsilon=4.0, delta=1e-3, l2_bound=1.0)  # few messages per user
+
+
+def _batch(n: int, d: int, l2_bound: float, rng: np.random.Generator) -> np.ndarray:
+    X = rng.normal(size=(n, d))
+    X *= l2_bound * rng.random((n, 1)) / np.linalg.norm(X, axis=1, keepdims=True)
+    X[0:2] = 0.0
+    X[1, 0] = -l2_bound  # an extreme point of the ball: encoded to 0
+    return X
+
+
+@pytest.fixture(scope="module")
+def small() -> VectorSum:
+    return VectorSum(**SMALL)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> VectorSum:
+    return VectorSum(**TINY)
+
+
+# ------------------------------------------------------------------------------------------
+# Calibration
+# ------------------------------------------------------------------------------------------
+
+
+def test_paper_calibration_is_000_thm_3_2() -> None:
+    encoder = VectorSum(**SMALL, calibration="paper")
+    expected = pvec_parameters(200, 3, 1.0, 1e-5, 1.0)
+    assert encoder.parameters == expected
+    assert (encoder.g, encoder.b, encoder.p) == (expected.g, expected.b, expected.p)
+    assert encoder.noise_std == pytest.approx(math.sqrt(expected.variance_bound))
+
+
+def test_tight_calibration_and_robust_variant(small: VectorSum) -> None:
+    assert small.parameters == tight_parameters(200, 3, 1.0, 1e-5, 1.0)
+    robust = VectorSum(**SMALL, honest_fraction=0.5)
+    assert robust.parameters.noisy_users == 100
+    assert robust.b > 1.9 * small.b  # the honest half alone must supply the noise
+    paper = VectorSum(**SMALL, calibration="paper")
+    assert (paper.noise_std / small.noise_std) ** 2 > 1e4
+
+
+# ------------------------------------------------------------------------------------------
+# Unbiasedness and the variance formula
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("pooled", [False, True])
+def test_estimate_is_unbiased_with_the_predicted_variance(small: VectorSum, pooled: bool) -> None:
+    """R = 3000 seeded estimates of one batch. Mean: |mean − Σx| ≤ 5·σ/√R per coordinate
+    (two-sided normal tail 5.7e-7 each). Variance: the sample variance lies within
+    5·√(2/(R − 1)) relative of estimate_variance (the estimate is a sum of ~n·b independent
+    bounded terms, so nearly Gaussian; tail < 1e-5 each). False-failure rate < 1e-4 overall."""
+    rng = np.random.default_rng(20261122 + pooled)
+    X = _batch(small.n, small.d, small.l2_bound, rng)
+    R = 3000
+    estimates = np.array([small.estimate_sum(X, rng=rng, pooled_noise=pooled) for _ in range(R)])
+    variance = small.estimate_variance(X)
+    np.testing.assert_array_less(np.abs(estimates.mean(axis=0) - X.sum(axis=0)), 5 * np.sqrt(variance / R))
+    relative = estimates.var(axis=0, ddof=1) / variance - 1
+    np.testing.assert_array_less(np.abs(relative), 5 * math.sqrt(2 / (R - 1)))
+
+
+def test_variance_formula_and_noise_std(small: VectorSum) -> None:
+    g, b, p, n = small.g, small.b, small.p, small.n
+    unit = 2 * small.l2_bound / g
+    # Every encoded value s = k + 1/2: each user's rounding adds exactly 1/4, the worst case.
+    offset = (math.floor(g / 2) + 0.5 - g / 2) * unit
+    worst = np.full((n, small.d), offset)
+    assert small.estimate_variance(worst) == pytest.approx(np.full(small.d, small.noise_std**2))
+    assert small.noise_std**2 == pytest.approx(unit**2 * (n * b * p * (1 - p) + n / 4))
+    # Integer encodings (s = g/2 for even g, else x = offset shifted by half a unit): no rounding.
+    exact = np.full((n, small.d), 0.0 if g % 2 == 0 else offset - unit / 2)
+    assert small.estimate_variance(exact) == pytest.approx(np.full(small.d, unit**2 * n * b * p * (1 - p)))
+
+
+# ------------------------------------------------------------------------------------------
+# The three paths give the same view distribution
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.statistical
+def test_bit_count_and_pooled_paths_give_the_same_view(tiny: VectorSum) -> None:
+    """Totals T from (a) the literal messages of every user, shuffled and counted, (b) randomize
+    + aggregate, (c) the pooled draw, 2000 seeded repetitions each. Two-sample KS tests (conservative
+    for integer data) of (a) vs (b) and (a) vs (c) per coordinate at level 1e-5, and each mean within
+    5 standard errors of the exact E[T] = Σ s + n·b·p: false-failure rate < 1e-4."""
+    rng = np.random.default_rng(7)
+    X = _batch(tiny.n, tiny.d, tiny.l2_bound, rng)
+    R = 2000
+    bits = np.empty((R, tiny.d), dtype=np.int64)
+    counts = np.empty_like(bits)
+    pooled = np.empty_like(bits)
+    unit = 2 * tiny.l2_bound / tiny.g
+    for r in range(R):
+        messages = np.concatenate([tiny.randomize_bits(x, rng=rng) for x in X])
+        bits[r] = tiny.aggregate_messages(messages[rng.permutation(len(messages))])
+        counts[r] = tiny.aggregate(tiny.randomize(X, rng=rng))
+        # The pooled path's totals, recovered from its (affine, invertible) analyzer output.
+        estimate = tiny.estimate_sum(X, rng=rng, pooled_noise=True)
+        pooled[r] = np.rint((estimate + tiny.n * tiny.l2_bound) / unit + tiny.n * tiny.b * tiny.p)
+    expected = (X + tiny.l2_bound).sum(axis=0) / unit + tiny.n * tiny.b * tiny.p
+    for sample in (bits, counts, pooled):
+        standard_error = sample.std(axis=0, ddof=1) / math.sqrt(R)
+        np.testing.assert_array_less(np.abs(sample.mean(axis=0) - expected), 5 * standard_error)
+    for j in range(tiny.d):
+        assert stats.ks_2samp(bits[:, j], counts[:, j]).pvalue > 1e-5
+        assert stats.ks_2samp(bits[:, j], pooled[:, j]).pvalue > 1e-5
+
+
+@pytest.mark.statistical
+def test_popcount_noise_is_binomial_half(tiny: VectorSum) -> None:
+    """Integer encodings make rounding deterministic, so counts − s ~ Bin(b, 1/2) exactly
+    (b = 275 is not a multiple of 64: the masked last word is exercised). Chi-square goodness of
+    fit over 40 000 draws, bins with expected count ≥ 5 merged at the tails; level 1e-5."""
+    assert tiny.p == 0.5 and tiny.b % 64 != 0
+    rng = np.random.default_rng(99)
+    unit = 2 * tiny.l2_bound / tiny.g
+    x = 0.0 if tiny.g % 2 == 0 else unit / 2  # s = ⌈g/2⌉, an integer
+    s = round((x + tiny.l2_bound) / unit)
+    noise = (tiny.randomize(np.full((20_000, tiny.d), x), rng=rng) - s).ravel()
+    support = np.arange(tiny.b + 1)
+    expected = noise.size * stats.binom.pmf(support, tiny.b, 0.5)
+    keep = expected >= 5
+    low, high = support[keep][0], support[keep][-1]
+    observed = np.bincount(np.clip(noise, low, high) - low, minlength=high - low + 1)
+    expected_binned = expected[low : high + 1].copy()
+    expected_binned[0] += expected[:low].sum()
+    expected_binned[-1] += expected[high + 1 :].sum()
+    assert stats.chisquare(observed, expected_binned).pvalue > 1e-5
+
+
+# ------------------------------------------------------------------------------------------
+# Shapes, ranges, randomness, chunking
+# ------------------------------------------------------------------------------------------
+
+
+def test_randomize_output_and_seeding(small: VectorSum) -> None:
+    X = _batch(small.n, small.d, small.l2_bound, np.random.default_rng(1))
+    counts = small.randomize(X, rng=5)
+    assert counts.shape == (small.n, small.d) and counts.dtype == np.int64
+    assert counts.min() >= 0 and counts.max() <= small.g + small.b
+    np.testing.assert_array_equal(counts, small.randomize(X, rng=5))  # replay mode reproduces
+    # Default: fresh OS entropy per call — two calls agree with probability < 1e-100.
+    assert not np.array_equal(small.randomize(X), small.randomize(X))
+    bits = small.randomize_bits(X[2], rng=3)
+    assert bits.shape == (small.d * (small.g + small.b), 2)
+    assert set(np.unique(bits[:, 1])) <= {0, 1}
+    np.testing.assert_array_equal(np.bincount(bits[:, 0]), np.full(small.d, small.g + small.b))
+    # The extreme point −Δ₂·e₁ encodes to 0: its coordinate-0 count is pure noise.
+    assert small.randomize(X[1:2], rng=2)[0, 0] <= small.b
+
+
+@pytest.mark.statistical
+def test_batches_larger_than_one_chunk(tiny: VectorSum) -> None:
+    """70 000 users (more than one 2¹⁷-element block): every row is written, and the mean count of
+    the last 10 000 rows is within 6 standard errors of s + b/2 (false-failure rate < 1e-8)."""
+    unit = 2 * tiny.l2_bound / tiny.g
+    x = 0.0 if tiny.g % 2 == 0 else unit / 2
+    s = round((x + tiny.l2_bound) / unit)
+    counts = tiny.randomize(np.full((70_000, tiny.d), x), rng=11)
+    assert counts.min() >= s and counts.max() <= s + tiny.b
+    tail = counts[-10_000:] - s
+    assert abs(tail.mean() - tiny.b / 2) < 6 * math.sqrt(tiny.b / 4 / tail.size)
+
+
+# ------------------------------------------------------------------------------------------
+# Invalid inputs
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(SMALL, calibration="loose"), "'calibration'"),
+        (dict(SMALL, n=0), "'n'"),
+        (dict(SMALL, d=2.5), "'d'"),
+        (dict(SMALL, epsilon=-1.0), "'epsilon'"),
+        (dict(SMALL, delta=2.0), "'delta'"),
+        (dict(SMALL, l2_bound=float("nan")), "'l2_bound'"),
+        (dict(SMALL, calibration="paper", honest_fraction=0.1), "'honest_fraction'"),
+    ],
+)
+def test_invalid_constructor_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        VectorSum(**kwargs)
+
+
+def test_invalid_batches(small: VectorSum) -> None:
+    X = _batch(small.n, small.d, small.l2_bound, np.random.default_rng(2))
+    too_long = X.copy()
+    too_long[17] = [0.6, 0.6, 0.6]  # norm 1.039 > 1
+    with pytest.raises(InvalidInputError, match=r"l2 norm <= l2_bound = 1.0; row 17"):
+        small.estimate_sum(too_long)
+    with pytest.raises(InvalidInputError, match="l2 norm"):
+        small.randomize(too_long)
+    for bad in (np.nan, np.inf):
+        broken = X.copy()
+        broken[3, 1] = bad
+        with pytest.raises(InvalidInputError, match="NaN or infinite"):
+            small.estimate_sum(broken, pooled_noise=True)
+    with pytest.raises(InvalidInputError, match=r"shape \(200, 3\)"):
+        small.estimate_sum(X[:-1])  # the calibration is for exactly n users
+    with pytest.raises(InvalidInputError, match=r"shape \(m, 3\)"):
+        small.randomize(X[:, :2])
+    with pytest.raises(InvalidInputError, match="shape"):
+        small.randomize(X[0])
+    with pytest.raises(InvalidInputError, match=r"shape \(3,\)"):
+        small.randomize_bits(X[:2])
+    with pytest.raises(InvalidInputError, match="l2 norm"):
+        small.randomize_bits(np.array([1.0, 0.1, 0.0]))
+
+
+def test_invalid_views(small: VectorSum) -> None:
+    counts = small.randomize(np.zeros((small.n, small.d)), rng=1)
+    with pytest.raises(InvalidInputError, match="aggregate"):
+        small.aggregate(counts[:-1])
+    with pytest.raises(InvalidInputError, match="integer"):
+        small.aggregate(counts.astype(float))
+    with pytest.raises(InvalidInputError, match=r"\[0, g \+ b\]"):
+        small.aggregate(counts - small.b - small.g)
+    with pytest.raises(InvalidInputError, match="analyze"):
+        small.analyze(np.zeros(small.d + 1, dtype=np.int64))
+    with pytest.raises(InvalidInputError, match="aggregate_messages"):
+        small.aggregate_messages(np.zeros((3, 2), dtype=np.int64))
