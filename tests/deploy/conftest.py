@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.panpriv_service import PanprivService, produce_json_records
 
 # Sample names a family of each type exposes (prometheus-client's text format; the parser strips
 # a counter's "_total" from the family name). Derived from the family, not from its samples, so a
@@ -27,25 +31,20 @@ def exported_names(exposition: str) -> set[str]:
 
 
 @pytest.fixture(scope="session")
-def exported_metric_names() -> set[str]:
-    import urllib.request
-
-    from accounting.ledger import Guarantee, PrivacyReport
-    from streamer.metrics import ServiceMetrics
-    from tests.realparts import free_loopback_port
-
-    metrics = ServiceMetrics()
-    metrics.observe_batch(1, 0.001)
-    metrics.observe_rejects({"undecodable": 1})
-    metrics.observe_checkpoint(0.01, 1.0)
-    metrics.observe_snapshot()
-    metrics.observe_privacy(PrivacyReport("pan-acsa", 1, Guarantee(1.0, 1e-6), Guarantee(1.0, 1e-6)))
-    metrics.observe_lag({"t/0": 0})
-    metrics.set_info("pan-acsa", "synthetic:", "0")
-    port = free_loopback_port()
-    stop = metrics.serve(port, addr="127.0.0.1")
+def exported_metric_names(kafka_broker, tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """Names on the /metrics page of a running ``panpriv run`` (a subprocess on the real broker,
+    configured like deploy/panpriv.toml), read after it has learned, rejected and checkpointed."""
+    topic = kafka_broker.create_topic(f"deploy-names-{uuid.uuid4().hex[:8]}", partitions=2)
+    sent = produce_json_records(kafka_broker.bootstrap, topic, 200, 20, partitions=2, seed=9,
+                                malformed={"undecodable": 1})
+    service = PanprivService(tmp_path_factory.mktemp("deploy-service"), {
+        "source": {"url": f"kafka://{kafka_broker.bootstrap}/{topic}?group=deploy-names"},
+        "records": {"format": "json", "dim": 20, "feature_bound": 1.0},
+        "learner": {"name": "pan-acsa", "n": 200 + sum(sent.values())},
+        "checkpoint": {"every_seconds": 0.5},
+    })
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            return exported_names(response.read().decode())
+        service.wait_for_checkpoint(200)
+        return exported_names(service.scrape())
     finally:
-        stop()
+        service.stop()

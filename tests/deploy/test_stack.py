@@ -9,6 +9,8 @@ No Docker daemon is needed. What is checked, and against what:
   from the ``exported_metric_names`` fixture in conftest.py, i.e. from a service's ``/metrics``);
 - the compose file's build context, Dockerfile, bind mounts and config path exist, and the ports,
   datasource uid and provisioning paths agree across compose, Dockerfile, Prometheus and Grafana;
+- deploy/panpriv.toml loads with the service's own config loader, and the topic, volume, metrics
+  port, alert thresholds and load generator's records agree with it;
 - the Dockerfile runs as a non-root user, health-checks the metrics endpoint, enters through the
   ``panpriv`` console script, and copies everything the project's own pyproject install needs;
 - ``docker compose config`` validates the compose file where the Compose CLI is available.
@@ -16,6 +18,7 @@ No Docker daemon is needed. What is checked, and against what:
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -26,6 +29,10 @@ from typing import Any
 
 import pytest
 import yaml
+
+from streamer.config import load_config
+from streamer.produce import add_produce_arguments
+from streamer.sources import parse_kafka_url
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -150,6 +157,7 @@ def test_every_dashboard_query_is_valid_promql(promtool: str, tmp_path: Path) ->
 # --- the names agree with the service -----------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_rule_and_dashboard_metrics_are_exported_by_the_service(exported_metric_names: set[str]) -> None:
     used = {name: source
             for source, exprs in (("rules", [r["expr"] for r in alert_rules()]), ("dashboard", dashboard_queries()))
@@ -283,14 +291,67 @@ def test_dockerfile_copies_everything_the_projects_own_install_needs() -> None:
     assert any(name == "RUN" and "pip wheel" in args and " ." in args for name, args in dockerfile_instructions())
 
 
+# --- the service's config (deploy/panpriv.toml) agrees with the stack ----------------------------
+
+
+def service_config():
+    return load_config(DEPLOY / "panpriv.toml")
+
+
+def test_service_config_loads_with_the_services_own_loader() -> None:
+    config = service_config()
+    assert config.learner.name == "pan-acsa"
+    # A Kafka topic has no end: the public stream length must be stated.
+    assert config.learner.n is not None
+    assert (config.records.format, config.records.dim, config.records.feature_bound) == ("json", 20, 1.0)
+
+
 def test_metrics_port_agrees_across_config_dockerfile_and_prometheus() -> None:
+    config = service_config()
     env = dict(dockerfile_instructions())["ENV"]
     image_port = int(re.search(r"PANPRIV_METRICS_PORT=(\d+)", env).group(1))
     assert str(image_port) in dict(dockerfile_instructions())["EXPOSE"].split()
     scrape = next(job for job in load_yaml(PROMETHEUS_CONFIG)["scrape_configs"] if job["job_name"] == "panpriv")
     assert scrape["dns_sd_configs"][0]["names"] == ["panpriv"]
-    assert scrape["dns_sd_configs"][0]["port"] == image_port
-    assert "panpriv" in compose()["services"]
+    assert scrape["dns_sd_configs"][0]["port"] == image_port == config.metrics.port
+    # Reachable from the Prometheus container (not only from inside the service's container).
+    assert config.metrics.addr == "0.0.0.0"
+
+
+def test_service_reads_the_initialised_topic_and_writes_to_its_volume() -> None:
+    config = service_config()
+    services = compose()["services"]
+    url = parse_kafka_url(config.source.url)
+    init = services["kafka-init"]["command"]
+    assert url.topics == [init[init.index("--topic") + 1]]
+    assert url.bootstrap == [services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].removeprefix("PLAINTEXT://")]
+    volumes = dict(v.split(":")[:2][::-1] for v in services["panpriv"]["volumes"])
+    assert volumes[str(config.out)] == "panpriv-data"
+
+
+def test_load_generator_writes_records_the_service_accepts() -> None:
+    config = service_config()
+    parser = argparse.ArgumentParser()
+    add_produce_arguments(parser)
+    command = compose()["services"]["loadgen"]["command"]
+    assert command[0] == "produce"
+    args = parser.parse_args(command[1:])
+    assert (args.format, args.dim) == (config.records.format, config.records.dim)
+    assert [args.bootstrap] == parse_kafka_url(config.source.url).bootstrap
+
+
+def rule_threshold(alert: str) -> float:
+    """The number after the last '>' of an alert's expression (its threshold)."""
+    expr = next(rule["expr"] for rule in alert_rules() if rule["alert"] == alert)
+    return float(re.findall(r">\s*([0-9.]+)", expr)[-1])
+
+
+def test_alert_thresholds_follow_the_service_config() -> None:
+    config = service_config()
+    checkpoint_expr = next(r["expr"] for r in alert_rules() if r["alert"] == "PanprivCheckpointStale")
+    age_threshold = float(re.search(r"panpriv_last_checkpoint_timestamp_seconds\s*>\s*([0-9.]+)", checkpoint_expr).group(1))
+    assert age_threshold == 2 * config.checkpoint.every_seconds
+    assert rule_threshold("PanprivPrivacyBudgetHigh") == pytest.approx(0.8 * config.learner.max_epsilon, rel=1e-12)
 
 
 # --- docker compose -----------------------------------------------------------------------------

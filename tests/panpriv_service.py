@@ -1,0 +1,140 @@
+"""The real ``panpriv run`` as a subprocess, for tests that watch the running service from outside.
+
+:class:`PanprivService` writes a TOML config (the service's own schema, streamer/config.py),
+starts ``python -m streamer.cli run --config …`` with its output in a log file, waits for its
+``/metrics`` endpoint, and stops it with SIGTERM (the service's clean stop) returning the exit code.
+:func:`produce_json_records` fills a topic with JSON records, plus malformed messages by reason.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamer.checkpoint import Checkpoint, CheckpointStore
+from streamer.codec import encode_json
+from tests.realparts import STARTUP_TIMEOUT_S, ManagedProcess, free_loopback_port, wait_until
+
+# Malformed messages, one per rejection reason the codec names (streamer.codec.Reason).
+MALFORMED: dict[str, bytes] = {
+    "undecodable": b"\xff not json",
+    "missing_field": b'{"x": [0.1, 0.2]}',
+    "wrong_dimension": b'{"x": [0.1, 0.2], "y": 1}',
+}
+
+
+def toml_value(value: Any) -> str:
+    """A Python scalar or list as a TOML value (JSON's syntax is TOML's for these)."""
+    return json.dumps(str(value) if isinstance(value, Path) else value)
+
+
+def write_toml(path: Path, config: Mapping[str, Any]) -> Path:
+    """Write ``{"key": value, "section": {"key": value}}`` as TOML (top-level keys first)."""
+    lines = [f"{k} = {toml_value(v)}" for k, v in config.items() if not isinstance(v, Mapping)]
+    for section, body in config.items():
+        if isinstance(body, Mapping):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in body.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def produce_json_records(bootstrap: str, topic: str, n: int, dim: int, partitions: int, seed: int,
+                         malformed: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Send ``n`` valid JSON records (``‖x‖ ≈ 0.5``, labels ±1) round-robin over the partitions,
+    then ``malformed[reason]`` malformed messages per reason; return the malformed counts sent."""
+    from kafka import KafkaProducer
+
+    rng = np.random.default_rng(seed)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    try:
+        X = rng.standard_normal((n, dim)) * (0.5 / np.sqrt(dim))
+        for i in range(n):
+            producer.send(topic, encode_json(X[i].tolist(), 1.0 if i % 2 else -1.0), partition=i % partitions)
+        sent: dict[str, int] = {}
+        for j, (reason, count) in enumerate((malformed or {}).items()):
+            for k in range(count):
+                producer.send(topic, MALFORMED[reason], partition=(j + k) % partitions)
+            sent[reason] = count
+        producer.flush()
+    finally:
+        producer.close()
+    return sent
+
+
+class PanprivService:
+    """``panpriv run --config <workdir>/panpriv.toml`` with metrics on a free loopback port.
+
+    ``config`` holds the settings of the test (source, records, learner, …); ``out``, ``progress``
+    and ``[metrics]`` are filled in here.
+    """
+
+    def __init__(self, workdir: Path, config: Mapping[str, Any]) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_loopback_port()
+        self.out = workdir / "out"
+        full = {"out": self.out, "progress": "off", **config,
+                "metrics": {"port": self.port, "addr": "127.0.0.1"}}
+        self.config_path = write_toml(workdir / "panpriv.toml", full)
+        self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
+        self.log_path = workdir / "panpriv.log"
+        self._process = ManagedProcess(
+            [sys.executable, "-m", "streamer.cli", "run", "--config", str(self.config_path)], self.log_path
+        )
+        wait_until(self._serves_metrics, STARTUP_TIMEOUT_S, f"panpriv metrics at {self.metrics_url}")
+
+    @property
+    def target(self) -> str:
+        """The ``host:port`` Prometheus scrapes."""
+        return f"127.0.0.1:{self.port}"
+
+    def _serves_metrics(self) -> bool:
+        self._process.check_alive()
+        self.scrape()
+        return True
+
+    def scrape(self) -> str:
+        """The current ``/metrics`` text."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            return response.read().decode()
+
+    def checkpoint(self) -> Checkpoint | None:
+        """The last durable checkpoint (the manifest is replaced atomically, so always whole)."""
+        return CheckpointStore(self.out / "checkpoints").load()
+
+    def wait_for_checkpoint(self, records: int, timeout_s: float = 60.0) -> Checkpoint:
+        """Wait until a durable checkpoint covers ``records`` learned records; return it."""
+        def covered() -> bool:
+            self._process.check_alive()
+            saved = self.checkpoint()
+            return saved is not None and saved.records >= records
+
+        wait_until(covered, timeout_s, f"a checkpoint covering {records} records (log: {self.log_path})")
+        saved = self.checkpoint()
+        assert saved is not None
+        return saved
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM (the service's clean stop: final checkpoint and snapshot); return the exit code."""
+        process = self._process.process
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=timeout_s)
+        finally:
+            self._process.stop()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Stop whatever the state (teardown)."""
+        self._process.stop()
