@@ -1,0 +1,678 @@
+"""Projected noisy SGD with privacy amplification by iteration: online and shuffled (003).
+
+Both learners run, one record at a time, the PNSGD update of 003 (Sec. 1)
+
+    w_{t+1} = Π_K(w_t − η(∇ℓ(w_t; x_{t+1}) + Z_{t+1})),
+
+over K = the ℓ2 ball of radius r (diameter D = 2r), with ℓ = φ + (λ/2)‖w‖² one of the smooth
+losses of :mod:`protocols.losses` (β-smooth, ρ = λ-strongly convex, data gradients clipped to the
+loss's Lipschitz constant L). The noise Z_t is Gaussian N(0, σ_t² I) or, for a one-parameter model
+only (K = [−r, r]), Laplace L(0, v_t). The step w ↦ w − η∇ℓ(w) is M-Lipschitz for η ≤ 2/β
+(:func:`accounting.iteration.contraction`), which is what amplification by iteration needs, so
+the constructors refuse η > 2/β and non-smooth losses.
+
+Accounting follows what is released (003, Thm 1 and Sec. 5). A record at position i is hidden by
+its own noisy step (factor A_i = θ_{e^ε}(2L/σ_i)) and then by every later step until the first
+released iterate w_{s(i)}, each contracting the hockey-stick divergence by B_t = θ_{e^ε}(MD/(ησ_t)):
+δ_i = A_i ∏_{t=i+1}^{s(i)} B_t. Later releases are post-processing of w_{s(i)} together with
+independent records and noise. 003 assumes every intermediate iterate stays hidden; here every
+``snapshot()`` is a release and the learners record where it happened (``_note_release``).
+
+- :class:`OnlinePNSGD` (``"pnsgd"``): the decaying noise of 003, Thm 7 (Gaussian) or Thm 6 (Laplace,
+  d = 1), optionally floored for pan-privacy. Because its noise never increases along the stream,
+  the least protected released record is the one just before the last release (proof in
+  :meth:`OnlinePNSGD.privacy`), so the accounting is O(1) per release.
+- :class:`ShuffledPNSGD` (``"shuffled-pnsgd"``): one pass over a recorded stream of n records in
+  the order of a uniformly random permutation, with the fixed noise of 003, Thm 5 (Gaussian) or
+  Thm 4 (Laplace, d = 1) and the guarantee of 003, Thm 2, extended to intermediate snapshots.
+
+Pan-privacy (000, Def. C.2). The internal state is the current iterate w_t (plus counters and the
+last released parameters). An intruder who reads it right after record i's step sees w_i, which
+depends on record i through that one noisy step only: the intrusion guarantee is (ε, A_i) — no
+amplification at all. Under the decaying schedule A_i → 1, and the learners say so; the
+``pan_delta`` floor of :class:`OnlinePNSGD` keeps every step (ε, pan_delta)-DP instead.
+
+References
+----------
+003: Sordello, Bu, Dong, Su, "Privacy amplification via iteration for shuffled and online PNSGD"
+(``shared/seeds/003_*.txt``): Thm 1 (from Asoodeh, Diaz, Calmon 2020, Thms 3–4), Thm 2 and App. A,
+Thms 4–7, App. B–F. 000 (Cheu, Joseph, Mao, Peng), Def. C.2 (pan-privacy). Balle & Wang (2018),
+Thm 8 (analytic Gaussian, for the pan floor).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from accounting.errors import InvalidParameterError
+from accounting.gaussian import analytic_sigma
+from accounting.iteration import (
+    OnlineLimit,
+    contraction,
+    fixed_laplace_scale,
+    fixed_sigma,
+    gaussian_online_delta_star,
+    laplace_online_delta_star,
+    online_laplace_scale,
+    online_sigma,
+    pnsgd_delta,
+    pnsgd_laplace_delta,
+    shuffled_pnsgd_delta,
+    shuffled_pnsgd_laplace_delta,
+)
+from accounting.ledger import Guarantee, PrivacyReport
+from protocols import validation as check
+from protocols.base import Learner, StateValue, check_batch
+from protocols.errors import InvalidInputError
+from protocols.geometry import L2Ball
+from protocols.losses import Loss, as_loss
+from protocols.pan_acsa import SENSITIVITY_SLACK
+from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+
+Array = NDArray[np.float64]
+Fetch = Callable[[NDArray[np.int64]], tuple[Array, Array]]
+
+NOISES = ("gaussian", "laplace")
+
+DELTA_ROUNDING = 1e-9
+"""Relative margin added to every reported δ. θ_γ is evaluated to about 1e-13 relative and products
+of many factors add rounding; the margin keeps the printed δ an upper bound (it is far below any
+difference that matters)."""
+
+_COMMON_ARRAYS = ("theta", "released")
+
+
+def _rounded_up(delta: float) -> float:
+    """δ with :data:`DELTA_ROUNDING` added, capped at 1."""
+    return min(1.0, delta * (1.0 + DELTA_ROUNDING))
+
+
+class _PNSGD(Learner):
+    """What both PNSGD learners share: validation, the per-record update, release, persistence.
+
+    Subclasses give the noise level of each step (:meth:`_scales`), the accounting
+    (:meth:`privacy`, :meth:`_note_release`) and their extra state.
+    """
+
+    _owner: ClassVar[str]
+
+    def __init__(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, Any],
+        epsilon: float,
+        eta: float,
+        radius: float,
+        noise: str,
+        feature_bound: float,
+        C1: float,
+        C2: float,
+        rng: RngLike,
+    ) -> None:
+        owner = self._owner
+        self.dim = check.positive_int(owner, "dim", dim)
+        self.loss = as_loss(loss, owner)
+        self.epsilon = check.positive(owner, "epsilon", epsilon)
+        self.eta = check.positive(owner, "eta", eta)
+        self.radius = check.positive(owner, "radius", radius)
+        self.noise = check.choice(owner, "noise", noise, NOISES)
+        self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
+        self.C1 = check.positive(owner, "C1", C1)
+        self.C2 = check.nonnegative(owner, "C2", C2)
+        if not self.loss.smooth:
+            raise InvalidInputError(check.message(
+                owner, "loss", "a smooth loss (logistic, squared or huber): amplification by iteration "
+                "needs the gradient step to be a contraction (003, Thm 1)", self.loss.name,
+            ))
+        self._params = self.loss.param_dim(self.dim)
+        if self.noise == "laplace" and self._params != 1:
+            raise InvalidInputError(check.message(
+                owner, "noise", f"'gaussian' for a model with {self._params} parameters: 003 proves the "
+                "Laplace case (Thm 1, Eq. (4); Thms 4, 6) only for K = [a, b], one parameter", self.noise,
+            ))
+        self._ball = L2Ball(self.radius)
+        self._noise = NoiseSource(rng)
+        self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
+        self._beta = self.loss.smoothness(self.feature_bound) + self.loss.ridge
+        self._rho = self.loss.ridge
+        self._contraction = self._accounting_call(contraction, self.eta, self._beta, self._rho)
+        self._records = 0
+        self._last_release = 0
+        self._theta = np.zeros(self._params)
+        self._released = np.zeros(self._params)
+
+    # -- accounting helpers ------------------------------------------------------------------
+
+    def _accounting_call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Call an :mod:`accounting` function, re-raising its parameter errors under this learner."""
+        try:
+            return function(*args)
+        except InvalidParameterError as error:
+            raise InvalidInputError(check.message(self._owner, error.name, error.constraint, error.value)) from None
+
+    def _model(self) -> tuple[float, float, float, float, float]:
+        """(L, η, D, β, ρ) as the accountants take them, with L and D inflated by
+        :data:`protocols.pan_acsa.SENSITIVITY_SLACK`: clipping to L and projecting onto the ball are
+        exact only up to rounding, and θ increases in both."""
+        slack = 1.0 + SENSITIVITY_SLACK
+        return (self._lipschitz * slack, self.eta, self._ball.diameter * slack, self._beta, self._rho)
+
+    def _step_delta(self, scale: float) -> float:
+        """A = δ(ε) of one step with noise level ``scale`` (003, Eq. (3) or (4)), unrounded."""
+        single = pnsgd_delta if self.noise == "gaussian" else pnsgd_laplace_delta
+        return self._accounting_call(single, self.epsilon, [scale], 1, *self._model())
+
+    # -- learning ------------------------------------------------------------------------------
+
+    def _scales(self, start: int, count: int) -> Array:
+        """Noise levels σ_t (or v_t) of steps ``start + 1 … start + count`` (1-based)."""
+        raise NotImplementedError
+
+    def _check_room(self, count: int) -> None:
+        """Hook: refuse records the learner cannot take (ShuffledPNSGD after its pass)."""
+
+    def learn_many(self, X: Array, y: Array) -> None:
+        """One PNSGD step per record, in the order given (003, Sec. 1).
+
+        Features, labels and the noise levels are prepared for the whole micro-batch; the steps
+        themselves are sequential, and each step's noise is drawn when that step runs (never in
+        advance: an intruder between two steps must not find noise that is yet to be added).
+        """
+        X, y = check_batch(self._owner, X, y, self.dim)
+        self._check_room(X.shape[0])
+        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
+        scales = self._scales(self._records, Z.shape[0])
+        for k in range(Z.shape[0]):
+            self._step(Z[k : k + 1], labels[k : k + 1], float(scales[k]))
+            self._records += 1
+
+    def _step(self, z: Array, label: Array, scale: float) -> None:
+        """w ← Π_K(w − η(∇φ(w; z) clipped to L + λw + noise)) for one record (``z`` of shape (1, p))."""
+        w = self._theta
+        gradient = self.loss.gradient(w, z, label)[0]
+        norm = math.sqrt(float(gradient @ gradient))
+        if norm > self._lipschitz:  # a no-op up to rounding when L is right; makes 2L hold
+            gradient = gradient * (self._lipschitz / norm)
+        generator = self._noise.generator()
+        if self.noise == "gaussian":
+            draw = generator.normal(0.0, scale, size=self._params)
+        else:
+            draw = generator.laplace(0.0, scale, size=self._params)
+        self._theta = self._ball.project(w - self.eta * (gradient + self.loss.ridge_gradient(w) + draw))
+
+    # -- outputs -------------------------------------------------------------------------------
+
+    def release(self) -> Array:
+        """The current iterate w_t, what a snapshot publishes (003 releases the last iterate; an
+        average of iterates would depend on the hidden intermediate ones)."""
+        return self._theta.copy()
+
+    def _note_release(self) -> None:
+        """Record the release: its position (for the accounting) and its parameters (for
+        :meth:`predict_many`); :meth:`snapshot` calls this right after :meth:`release`."""
+        self._last_release = self._records
+        self._released = self._theta.copy()
+
+    def predict_many(self, X: Array) -> Array:
+        """``loss.predict`` at the parameters of the last snapshot (zeros before the first).
+
+        Predictions from the current iterate would be an unaccounted release: the accounting
+        depends on which iterates leave the learner.
+        """
+        X, _ = check_batch(self._owner, X, None, self.dim)
+        return self.loss.predict(self._released, self.loss.features(X, self.feature_bound))
+
+    @property
+    def records_seen(self) -> int:
+        return self._records
+
+    def _report(self, output: float, intrusion: float, assumptions: list[str], references: list[str]) -> PrivacyReport:
+        """The PrivacyReport with rounded-up δ's; no intrusion guarantee in the seeded mode."""
+        if self._noise.is_seeded:
+            assumptions.append(SEEDED_WARNING)
+        return PrivacyReport(
+            mechanism=self.name,
+            records=self._records,
+            output=Guarantee(self.epsilon, _rounded_up(output)),
+            intrusion=Guarantee.none() if self._noise.is_seeded else Guarantee(self.epsilon, _rounded_up(intrusion)),
+            assumptions=tuple(assumptions),
+            references=tuple(references),
+        )
+
+    def _common_assumptions(self) -> list[str]:
+        m = self._contraction
+        return [
+            "neighbouring streams differ in one record (replacement); stream positions, counts and "
+            "the positions of snapshots are public and do not depend on the records",
+            f"features clipped to norm {self.feature_bound:g} and per-record gradients to norm "
+            f"L = {self._lipschitz:.6g} ({self.loss.name} loss), so one record moves a step's "
+            "gradient by at most 2L",
+            f"K is the l2 ball of radius {self.radius:g} (D = {self._ball.diameter:g}); the loss is "
+            f"beta = {self._beta:.6g}-smooth and rho = {self._rho:.6g}-strongly convex, eta = {self.eta:g} "
+            f"<= 2/beta, so each gradient step is M = {m:.6g}-Lipschitz (003, Thm 1)",
+            "only snapshots leave the learner (predictions use the last snapshot); each is the "
+            "current iterate, and the iterates between snapshots stay hidden",
+            "the intruder reads the internal state (the iterate) at most once, between two record "
+            "updates; every noise draw comes from a generator freshly seeded from OS entropy",
+        ]
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def _common_config(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "loss": self.loss.config(),
+            "epsilon": self.epsilon,
+            "eta": self.eta,
+            "radius": self.radius,
+            "noise": self.noise,
+            "feature_bound": self.feature_bound,
+            "C1": self.C1,
+            "C2": self.C2,
+        }
+
+    def state_dict(self) -> dict[str, StateValue]:
+        """Counters (records, position of the last snapshot), the noisy iterate and the last
+        released parameters; no record, no generator, no permutation."""
+        return {
+            "records": self._records,
+            "last_release": self._last_release,
+            "theta": self._theta.copy(),
+            "released": self._released.copy(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        owner = f"{self._owner}.load_state_dict"
+        missing = {"records", "last_release", *_COMMON_ARRAYS} - set(state)
+        if missing:
+            raise InvalidInputError(f"{owner}: state lacks {sorted(missing)}")
+        records = _counter(owner, "records", state["records"])
+        last_release = _counter(owner, "last_release", state["last_release"])
+        if last_release > records:
+            raise InvalidInputError(check.message(owner, "last_release", f"an int <= records = {records}", last_release))
+        arrays = {}
+        for key in _COMMON_ARRAYS:
+            array = np.array(state[key], dtype=np.float64, copy=True)
+            if array.shape != (self._params,) or not np.all(np.isfinite(array)):
+                raise InvalidInputError(
+                    f"{owner}: {key!r} must be {self._params} finite floats; got shape {array.shape}"
+                )
+            arrays[key] = array
+        self._records, self._last_release = records, last_release
+        self._theta, self._released = arrays["theta"], arrays["released"]
+
+
+def _counter(owner: str, key: str, value: object) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InvalidInputError(check.message(owner, key, "an int >= 0", value))
+    return int(value)
+
+
+class OnlinePNSGD(_PNSGD):
+    """Online PNSGD with the decaying noise of 003, Thm 7 (Gaussian) or Thm 6 (Laplace, d = 1).
+
+    Parameters
+    ----------
+    dim
+        Number of raw features d (one more parameter with an intercept).
+    loss
+        A smooth :class:`protocols.losses.Loss` (logistic, squared, huber) or its config dict.
+    epsilon
+        ε > 0 at which δ is reported.
+    eta
+        Learning rate η ∈ (0, 2/β], β the smoothness of the loss (data term plus ridge).
+    radius
+        Radius r of K, the ℓ2 ball of parameters (D = 2r; for one parameter, K = [−r, r]).
+    noise
+        ``"gaussian"`` (Thm 7) or ``"laplace"`` (Thm 6; only for a one-parameter model).
+    alpha
+        Decay exponent α > 1 of the schedule.
+    C1, C2
+        Schedule constants of Thms 6–7 (defaults: 003, App. G's online setting, C1 = C2 = 100).
+        Larger C1 means more noise and smaller δ; C2 bounds the noise of the first steps. The
+        Laplace schedule needs 1/C1 + C2 > 1.
+    pan_delta
+        ``None`` (default) or δ_pan ∈ (0, 1): noise floor σ_t ≥ σ_pan (v_t ≥ v_pan) making every
+        single step (ε, δ_pan)-DP with sensitivity 2L, hence a pan-private guarantee.
+    feature_bound
+        R: features are clipped to norm R.
+    rng
+        ``None`` (default): each noise draw from a fresh OS-entropy generator. A seed or generator:
+        the labelled replay/testing mode, without a pan-private guarantee.
+
+    Notes
+    -----
+    Noise schedule (003, Thm 7): σ_j = M D/(2η √W(j^{2α}/(2πC1²) + C2)), W the Lambert W function;
+    (Thm 6): v_j = M D/(2η log(j^α/C1 + C2)); with ``pan_delta``, σ_j ← max(σ_j, σ_pan), where
+    σ_pan = :func:`accounting.gaussian.analytic_sigma` (ε, δ_pan, 2L) and, for Laplace,
+    v_pan = 2L/(ε − 2 log(1 − δ_pan)) (the root of (1 − e^{ε/2 − L/v})_+ = δ_pan, Eq. (4)).
+
+    The noise injected into the iterate per step, ησ_j = M D/(2√W(·)), does not depend on η and
+    shrinks only like D/√(α log j): it has to, for B_j = θ(2√W) = 1 − O(j^{−α}) to make the
+    products of Thms 6–7 converge. The iterate therefore keeps moving on the scale of K; this is
+    the price of 003's online guarantee, measured in ``benchmarks/utility_pnsgd.py``.
+
+    Pan floor trade-off: with σ_pan the per-step noise stops decaying. Every step is
+    (ε, δ_pan)-DP, so the intrusion guarantee and (by post-processing) the output guarantee are at
+    most (ε, δ_pan) however long the stream runs; in exchange the iterate fluctuates at a
+    level set by ησ_pan for ever. η then trades learning speed against that stationary noise.
+
+    References
+    ----------
+    003, Thms 1, 6, 7 and Sec. 5; App. E–F (limits δ^{*,o}). 000, Def. C.2. Balle & Wang (2018).
+    """
+
+    name = "pnsgd"
+    _owner = "OnlinePNSGD"
+
+    def __init__(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, Any],
+        epsilon: float,
+        eta: float,
+        radius: float,
+        noise: str = "gaussian",
+        alpha: float = 1.5,
+        C1: float = 100.0,
+        C2: float = 100.0,
+        pan_delta: float | None = None,
+        feature_bound: float = 1.0,
+        rng: RngLike = None,
+    ) -> None:
+        super().__init__(dim, loss, epsilon, eta, radius, noise, feature_bound, C1, C2, rng)
+        self.alpha = check.positive(self._owner, "alpha", alpha)
+        self.pan_delta = None if pan_delta is None else check.open_unit(self._owner, "pan_delta", pan_delta)
+        self._floor = 0.0 if self.pan_delta is None else self._pan_floor(self.pan_delta)
+        self.noise_scales(1, 1)  # validates α > 1, M > 0 and the Laplace condition on C2
+
+    def _pan_floor(self, pan_delta: float) -> float:
+        """Smallest noise level whose single step is (ε, δ_pan (1 − 2·DELTA_ROUNDING))-DP, so that
+        the reported (rounded-up) A stays ≤ δ_pan."""
+        target = pan_delta * (1.0 - 2.0 * DELTA_ROUNDING)
+        sensitivity = 2.0 * self._model()[0]
+        if self.noise == "gaussian":
+            return self._accounting_call(analytic_sigma, self.epsilon, target, sensitivity)
+        # Laplace (003, Eq. (4)): A = (1 − e^{(ε − 2L/v)/2})_+ = target  ⇔  v = 2L/(ε − 2 log(1 − target)).
+        scale = sensitivity / (self.epsilon - 2.0 * math.log1p(-target))
+        while self._step_delta(scale) > target:  # rounding: step up until the bound holds
+            scale = math.nextafter(scale, math.inf)
+        return scale
+
+    def noise_scales(self, first: int, count: int) -> Array:
+        """Noise levels of steps ``first … first + count − 1`` (1-based): σ_j (Gaussian) or v_j
+        (Laplace) of 003, Thm 7 / Thm 6, floored at the pan level if ``pan_delta`` is set."""
+        steps = np.arange(first, first + count, dtype=np.int64)
+        schedule = online_sigma if self.noise == "gaussian" else online_laplace_scale
+        scales = self._accounting_call(
+            schedule, steps, self.alpha, self.eta, self._ball.diameter, self.C1, self.C2, self._beta, self._rho
+        )
+        return np.maximum(scales, self._floor)
+
+    def _scales(self, start: int, count: int) -> Array:
+        return self.noise_scales(start + 1, count)
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    def step_delta(self, position: int) -> float:
+        """A_j: δ at ε of the single step that processes the record at ``position`` (1-based)."""
+        position = check.positive_int(self._owner, "position", position)
+        return self._step_delta(float(self.noise_scales(position, 1)[0]))
+
+    def privacy(self) -> PrivacyReport:
+        """Output and intrusion guarantees for the records processed so far.
+
+        Output: δ = max_i δ_i over released records, δ_i = A_i ∏_{t=i+1}^{s(i)} B_t (003, Thm 1 and
+        Sec. 5, with s(i) the first snapshot at or after i). The schedule never increases the
+        noise, so A_i is non-decreasing in i (θ increases in 2L/σ_i) and B_t ≤ 1; hence
+        δ_i ≤ A_i ≤ A_s for every released i ≤ s = the last snapshot position, with equality for
+        i = s: the maximum is exactly A_s, computed in O(1) (checked against the O(n)
+        :func:`accounting.iteration.worst_released_delta` in the tests).
+
+        Intrusion: reading w_k right after step k exposes record k through that step alone; any
+        record j ≤ k is then protected by A_j ∏_{t=j+1}^{min(s(j), k)} B_t ≤ A_j. The worst case over
+        the intrusion time and the record is max_{j ≤ n} A_j = A_n (n = records so far), which
+        dominates the output guarantee. With ``pan_delta`` it is at most δ_pan.
+        """
+        output = self.step_delta(self._last_release) if self._last_release else 0.0
+        intrusion = self.step_delta(self._records) if self._records else 0.0
+        theorem = "Thm 7" if self.noise == "gaussian" else "Thm 6"
+        assumptions = self._common_assumptions()
+        assumptions.append(
+            f"decaying {self.noise} noise of 003, {theorem} (alpha = {self.alpha:g}, C1 = {self.C1:g}, "
+            f"C2 = {self.C2:g}); the least protected released record is the one just before the last "
+            f"snapshot (position {self._last_release}), protected by its own step only"
+        )
+        if self.pan_delta is None:
+            assumptions.append(
+                "no pan floor: an intrusion right after a step sees the record of that step behind one "
+                "noisy step, whose delta tends to 1 as the noise decays"
+            )
+        else:
+            assumptions.append(
+                f"pan floor: noise level >= {self._floor:.6g}, so every step is "
+                f"(epsilon, {self.pan_delta:g})-DP with sensitivity 2L"
+            )
+        references = ["003, Thm 1", f"003, {theorem}", "003, Sec. 5", "Asoodeh et al. 2020, Thms 3-4", "000, Def. C.2"]
+        if self.pan_delta is not None and self.noise == "gaussian":
+            references.append("Balle & Wang 2018, Thm 8")
+        return self._report(output, intrusion, assumptions, references)
+
+    def record_delta(self, position: int, release: int | None = None) -> float:
+        """δ_i = A_i ∏_{t=i+1}^{s} B_t of the record at ``position`` if its first release is the
+        iterate after step ``release`` (default: the records seen so far), unrounded.
+
+        This is the quantity of 003, Figs 1–2 (right panels): δ at n for the record at i. A what-if
+        of the accounting (the schedule is public), costing O(s − i).
+        """
+        position = check.positive_int(self._owner, "position", position)
+        release = self._records if release is None else check.positive_int(self._owner, "release", release)
+        if release < position:
+            raise InvalidInputError(check.message(self._owner, "release", f"an int >= position = {position}", release))
+        scales = self.noise_scales(position, release - position + 1)
+        single = pnsgd_delta if self.noise == "gaussian" else pnsgd_laplace_delta
+        return self._accounting_call(single, self.epsilon, scales, 1, *self._model())
+
+    def online_limit(self, position: int) -> OnlineLimit:
+        """δ^{*,o} of 003, Thm 7 (Thm 6 for Laplace) for the record at ``position``: the limit of
+        its δ when no iterate is released before the end of an infinitely long stream.
+
+        Computed for the schedule without the pan floor (a floor only lowers every A and B, so the
+        value still bounds the limit) and with the learner's own L, η, D, β, ρ, C1, C2, α. It is a
+        per-position limit: the records near the end of any finite stream are far less protected
+        (see :meth:`privacy`).
+        """
+        position = check.positive_int(self._owner, "position", position)
+        limit = gaussian_online_delta_star if self.noise == "gaussian" else laplace_online_delta_star
+        return self._accounting_call(
+            limit, self.epsilon, position, self.alpha, self._lipschitz, self.eta, self._ball.diameter,
+            self.C1, self.C2, self._beta, self._rho,
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {**self._common_config(), "alpha": self.alpha, "pan_delta": self.pan_delta}
+
+
+class ShuffledPNSGD(_PNSGD):
+    """One pass of PNSGD over a recorded stream of n records in uniformly random order (003, Thm 2).
+
+    Parameters
+    ----------
+    dim, loss, epsilon, eta, radius, noise, feature_bound, rng
+        As for :class:`OnlinePNSGD`.
+    n
+        Number of records in the recording (public); the pass has exactly n steps.
+    C1, C2
+        Constants of the fixed noise of 003, Thm 5 (Gaussian) / Thm 4 (Laplace); defaults from
+        003, App. G (C1 = 1e5, C2 = 100). δ(n) → δ*_G = (1 − e^{−2C1e^{ε/2}})/(2C1e^{ε/2}) (Thm 5)
+        or δ*_L = (1 − e^{−C1e^{ε/2}})/(C1e^{ε/2}) (Thm 4); the report gives δ at the actual n.
+
+    Notes
+    -----
+    Order. The learner draws one uniformly random permutation π of the record indices 0..n−1 (from
+    its noise source, when first needed) and must see the records in that order:
+    :meth:`learn_recorded` fetches them from the recording index by index, or a caller asks
+    :meth:`next_indices` and passes the fetched records to :meth:`learn_many`, which trusts that
+    they are the records at those indices. Memory: the permutation (4 bytes per record for
+    n < 2³², else 8) plus one micro-batch of raw records; no record is kept after its step.
+
+    Accounting. Conditional on π, the record that differs sits at position j = π(i) and Thm 1 gives
+    A B^{s(j)−j} (s(j): first snapshot at or after j; positions after the last snapshot give 0).
+    π is uniform and independent of the release positions, so by joint convexity of the
+    hockey-stick divergence (003, App. A) δ = (1/n) Σ_j A B^{s(j)−j} = Σ_windows (g/n)·δ_Thm2(g),
+    with g the window lengths between snapshots and δ_Thm2(g) = A(1 − B^g)/(g(1 − B)). With only
+    the final iterate released this is 003, Thm 2 exactly; intermediate snapshots cost more.
+
+    Intrusion. π is in memory (it drives the reading), so an intruder knows every record's
+    position and sees the current iterate: the intrusion guarantee is (ε, A), A = θ_{e^ε}(2L/σ)
+    — no amplification by shuffling or iteration. With Thm 5's σ(n), A is close to 1.
+
+    Checkpoint and resume. The permutation is randomness and is never saved. A state saved
+    before the pass starts or after it ends restores exactly. A state saved mid-pass cannot be
+    resumed soundly: which records the lost π had already visited is unknown, so a regenerated
+    permutation would visit some records twice and others never, and Thm 2 (one uniform
+    permutation) would no longer describe the pass. :meth:`load_state_dict` therefore refuses a
+    mid-pass state; after a crash the pass restarts from the beginning with a fresh learner, and
+    the privacy ledger composes whatever the interrupted pass released with the new pass.
+    (Saving the set of visited indices would make resumption sound for outputs — a fresh uniform
+    order of the unvisited records keeps the overall order uniform — but it is information about
+    π at rest, so it is not done.)
+
+    References
+    ----------
+    003, Thms 1, 2, 4, 5 and App. A, B, D.
+    """
+
+    name = "shuffled-pnsgd"
+    _owner = "ShuffledPNSGD"
+
+    def __init__(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, Any],
+        epsilon: float,
+        eta: float,
+        radius: float,
+        n: int,
+        noise: str = "gaussian",
+        C1: float = 1e5,
+        C2: float = 100.0,
+        feature_bound: float = 1.0,
+        rng: RngLike = None,
+    ) -> None:
+        super().__init__(dim, loss, epsilon, eta, radius, noise, feature_bound, C1, C2, rng)
+        self.n = check.positive_int(self._owner, "n", n)
+        schedule = fixed_sigma if self.noise == "gaussian" else fixed_laplace_scale
+        self._scale: float = self._accounting_call(
+            schedule, self.n, self.eta, self._ball.diameter, self.C1, self.C2, self._beta, self._rho
+        )
+        self._order: NDArray[np.integer] | None = None
+        self._window_delta = 0.0  # Σ over closed windows of (g/n)·δ_Thm2(g)
+
+    @property
+    def noise_scale(self) -> float:
+        """The fixed σ(n) of 003, Thm 5 (or v(n) of Thm 4) used at every step."""
+        return self._scale
+
+    def _scales(self, start: int, count: int) -> Array:
+        return np.full(count, self._scale)
+
+    # -- the permutation -----------------------------------------------------------------------
+
+    def _permutation(self) -> NDArray[np.integer]:
+        if self._order is None:
+            if self._records:
+                raise InvalidInputError(
+                    f"{self._owner}: the permutation of a pass in progress is lost (it is never saved); "
+                    "restart the pass with a fresh learner"
+                )
+            dtype = np.uint32 if self.n < 2**32 else np.int64
+            self._order = self._noise.generator().permutation(self.n).astype(dtype)
+        return self._order
+
+    def next_indices(self, count: int) -> NDArray[np.int64]:
+        """Record indices (0-based, in the recording) of the next ``count`` steps, or fewer at the
+        end of the pass. Does not advance: learning the fetched records does."""
+        count = check.positive_int(self._owner, "count", count)
+        order = self._permutation()
+        return order[self._records : self._records + count].astype(np.int64)
+
+    def learn_recorded(self, fetch: Fetch, micro_batch: int = 1024) -> None:
+        """Run the rest of the pass: ``fetch(indices)`` returns ``(X, y)`` for those recording
+        indices, in that order. Holds at most ``micro_batch`` raw records at a time."""
+        micro_batch = check.positive_int(self._owner, "micro_batch", micro_batch)
+        while self._records < self.n:
+            X, y = fetch(self.next_indices(micro_batch))
+            self.learn_many(X, y)
+
+    def _check_room(self, count: int) -> None:
+        if self._records + count > self.n:
+            raise InvalidInputError(
+                f"{self._owner}: the pass has n = {self.n} records; {self._records} done, {count} more given"
+            )
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    def _window(self, length: int) -> float:
+        """(g/n)·δ_Thm2(g) = (A/n) Σ_{k<g} B^k for a window of g steps ending at a release."""
+        shuffled = shuffled_pnsgd_delta if self.noise == "gaussian" else shuffled_pnsgd_laplace_delta
+        model = self._model()
+        delta = self._accounting_call(shuffled, length, self.epsilon, self._scale, *model)
+        return length / self.n * delta
+
+    def _note_release(self) -> None:
+        if self._records > self._last_release:
+            self._window_delta += self._window(self._records - self._last_release)
+        super()._note_release()
+
+    def privacy(self) -> PrivacyReport:
+        """Output: Σ over the windows between snapshots of (g/n)·δ_Thm2(g) (see the class Notes);
+        003, Thm 2 when only the final iterate is released. Intrusion: A = θ_{e^ε}(2L/σ) once a
+        record has been processed."""
+        intrusion = self._step_delta(self._scale) if self._records else 0.0
+        theorem = "Thm 5" if self.noise == "gaussian" else "Thm 4"
+        assumptions = self._common_assumptions()
+        assumptions.extend([
+            f"the n = {self.n} records are visited in the order of one uniformly random permutation drawn "
+            "by this learner, independent of the snapshot positions",
+            f"fixed {self.noise} noise of 003, {theorem} at n = {self.n} (level {self._scale:.6g})",
+            "the intruder also reads the permutation, so an intrusion is protected by one noisy step",
+        ])
+        references = ["003, Thm 1", "003, Thm 2", f"003, {theorem}", "003, App. A", "000, Def. C.2"]
+        return self._report(self._window_delta, intrusion, assumptions, references)
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        return {**self._common_config(), "n": self.n}
+
+    def state_dict(self) -> dict[str, StateValue]:
+        """The common state plus the accounted δ of closed windows; never the permutation."""
+        return {**super().state_dict(), "window_delta": self._window_delta}
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        """Restore a state saved before the pass began or after it ended; refuse one saved mid-pass
+        (see the class Notes)."""
+        owner = f"{self._owner}.load_state_dict"
+        if "window_delta" not in state or "records" not in state:
+            raise InvalidInputError(f"{owner}: state lacks 'records' or 'window_delta'")
+        records = _counter(owner, "records", state["records"])
+        if 0 < records < self.n:
+            raise InvalidInputError(
+                f"{owner}: the state was saved mid-pass ({records} of n = {self.n} records); the "
+                "permutation is never saved, so the pass cannot resume soundly — restart it with a "
+                "fresh learner (the ledger composes what the interrupted pass released)"
+            )
+        if records > self.n:
+            raise InvalidInputError(check.message(owner, "records", f"an int <= n = {self.n}", records))
+        window = state["window_delta"]
+        if isinstance(window, bool) or not isinstance(window, (float, int)) or not 0.0 <= window <= 1.0:
+            raise InvalidInputError(check.message(owner, "window_delta", "a float in [0, 1]", window))
+        super().load_state_dict(state)
+        self._window_delta = float(window)
+        self._order = None
