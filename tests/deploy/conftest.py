@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 
 import pytest
@@ -28,6 +29,15 @@ def exported_names(exposition: str) -> set[str]:
         names |= {family.name + suffix for suffix in SUFFIXES.get(family.type, ("",))}
         names |= {sample.name for sample in family.samples}
     return names
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Path of promtool (Debian's 'prometheus' package ships it; `make test` installs that)."""
+    binary = shutil.which("promtool")
+    if binary is None:
+        pytest.skip("promtool not installed: `make test` installs Debian's 'prometheus' package, which ships it")
+    return binary
 
 
 @pytest.fixture(scope="session")

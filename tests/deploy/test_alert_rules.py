@@ -8,7 +8,6 @@ the test, so a checkpoint timestamp of ``60`` means "a checkpoint one minute in"
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -80,14 +79,6 @@ CASES = {
          f'panpriv_privacy_epsilon{{{LABELS}, guarantee="intrusion"}}': "+Inf +Inf +Inf +Inf +Inf +Inf"},
         "3m", "PanprivPrivacyBudgetHigh", None),
 }
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    binary = shutil.which("promtool")
-    if binary is None:
-        pytest.skip("promtool not installed: `make test` installs Debian's 'prometheus' package, which ships it")
-    return binary
 
 
 @pytest.mark.parametrize("name", CASES)

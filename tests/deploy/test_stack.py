@@ -119,14 +119,6 @@ def test_json_parses_to_an_object(path: Path) -> None:
 # --- promtool ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    binary = shutil.which("promtool")
-    if binary is None:
-        pytest.skip("promtool not installed: `make test` installs Debian's 'prometheus' package, which ships it")
-    return binary
-
-
 def run_promtool(promtool: str, *args: str) -> str:
     result = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
