@@ -1,7 +1,8 @@
 """``panpriv record``: copy Kafka topics to a replayable recording (see :mod:`streamer.recording`).
 
 Every partition is assigned directly (no consumer group, nothing committed), read from its first
-retained offset to the end offset observed at the start, and written frame by frame with its
+retained offset until the consumer is caught up (positions at the end offsets and nothing more
+arriving), and written frame by frame with its
 ``topic/partition`` key, offset and timestamp. Values are copied as they are — malformed messages
 included — so a replay decodes and rejects exactly what the live service would.
 """
@@ -15,9 +16,13 @@ from pathlib import Path
 
 from streamer.errors import SourceError
 from streamer.recording import RecordingWriter
-from streamer.sources import parse_kafka_url
+from streamer.sources import CAUGHT_UP_POLLS, RECEIVE_MESSAGE_MAX_BYTES, parse_kafka_url
 
 log = logging.getLogger("panpriv.recorder")
+
+
+def _key(tp: object) -> str:
+    return f"{tp.topic}/{tp.partition}"  # type: ignore[attr-defined]
 
 
 def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
@@ -29,7 +34,10 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
     from kafka import KafkaConsumer, TopicPartition
 
     spec = parse_kafka_url(url)
-    consumer = KafkaConsumer(bootstrap_servers=spec.bootstrap, enable_auto_commit=False, group_id=None, client_id="panpriv-record")
+    consumer = KafkaConsumer(
+        bootstrap_servers=spec.bootstrap, enable_auto_commit=False, group_id=None, client_id="panpriv-record",
+        receive_message_max_bytes=RECEIVE_MESSAGE_MAX_BYTES,
+    )
     try:
         partitions = []
         for topic in spec.topics:
@@ -39,28 +47,26 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
             partitions += [TopicPartition(topic, p) for p in sorted(ids)]
         consumer.assign(partitions)
         start = consumer.beginning_offsets(partitions)
-        end = consumer.end_offsets(partitions)
-        keys = [f"{tp.topic}/{tp.partition}" for tp in partitions]
         for tp in partitions:
             consumer.seek(tp, start[tp])
         created = datetime.now(UTC).isoformat(timespec="seconds")
-        writer = RecordingWriter(path, spec.display(), keys, {f"{tp.topic}/{tp.partition}": start[tp] for tp in partitions}, created)
-        remaining = {tp for tp in partitions if end[tp] > start[tp]}
+        writer = RecordingWriter(path, spec.display(), [_key(tp) for tp in partitions], {_key(tp): start[tp] for tp in partitions}, created)
+        empty_polls = 0
         last_progress = time.monotonic()
-        while remaining:
+        while empty_polls < CAUGHT_UP_POLLS:
             batches = consumer.poll(timeout_ms=500)
             for tp, messages in batches.items():
-                key = f"{tp.topic}/{tp.partition}"
                 for message in messages:
-                    if message.offset >= end[tp]:
-                        break
-                    writer.write(key, message.offset, message.timestamp, message.value or b"")
-                if consumer.position(tp) >= end[tp]:
-                    remaining.discard(tp)
-                    consumer.pause(tp)
+                    writer.write(_key(tp), message.offset, message.timestamp, message.value or b"")
+            if batches:
+                empty_polls = 0
                 last_progress = time.monotonic()
-            if time.monotonic() - last_progress > timeout_s:
-                raise SourceError(f"no progress for {timeout_s:.0f} s while recording {url}; {len(remaining)} partitions unfinished")
+                continue
+            end = consumer.end_offsets(partitions)
+            caught_up = all(consumer.position(tp) >= end[tp] for tp in partitions)
+            empty_polls = empty_polls + 1 if caught_up else 0
+            if not caught_up and time.monotonic() - last_progress > timeout_s:
+                raise SourceError(f"no progress for {timeout_s:.0f} s while recording {url}")
         writer.close()
         log.info("recorded %d messages from %d partitions", writer.frames, len(partitions))
         return writer.frames

@@ -55,6 +55,16 @@ from streamer.recording import RecordingReader, is_recording
 
 log = logging.getLogger("panpriv.sources")
 
+RECEIVE_MESSAGE_MAX_BYTES = 64 * 2**20
+"""kafka-python's largest accepted response frame. Its default (1 MB) is below its own default
+``fetch_max_bytes`` (50 MB), so a fetch across several full partitions fails with "Invalid frame
+length" and is retried; 64 MB accepts any response a default fetch can produce."""
+
+CAUGHT_UP_POLLS = 2
+"""Consecutive empty polls at or past the end offsets before a ``stop_at_end`` source is done.
+Some brokers (the Tansu test broker) report an end offset below the last record, so one empty poll
+right at a reported end is not proof that nothing follows."""
+
 
 @dataclass
 class Batch:
@@ -418,7 +428,7 @@ class KafkaSource:
         self._assigned: set = set()
         self._on_revoke = on_revoke
         self._failure: BaseException | None = None
-        self._caught_up = False
+        self._empty_polls = 0
         source = self
 
         class Listener(ConsumerRebalanceListener):  # kafka-python requires a subclass
@@ -438,6 +448,7 @@ class KafkaSource:
                 session_timeout_ms=config.session_timeout_ms,
                 heartbeat_interval_ms=max(100, config.session_timeout_ms // 4),
                 max_poll_records=config.batch_records,
+                receive_message_max_bytes=RECEIVE_MESSAGE_MAX_BYTES,
             )
         except KafkaError as exc:
             raise SourceError(f"cannot connect to Kafka at {','.join(url.bootstrap)}: {exc}") from None
@@ -504,8 +515,9 @@ class KafkaSource:
             self._positions[key] = stop
         if not batch.ranges:
             if self._config.stop_at_end:
-                self._caught_up = self._check_caught_up()
+                self._empty_polls = self._empty_polls + 1 if self._check_caught_up() else 0
             return None
+        self._empty_polls = 0
         return batch
 
     def _check_caught_up(self) -> bool:
@@ -516,7 +528,7 @@ class KafkaSource:
 
     @property
     def exhausted(self) -> bool:
-        return self._caught_up
+        return self._empty_polls >= CAUGHT_UP_POLLS
 
     def total_positions(self) -> int | None:
         if not self._assigned:
