@@ -1,7 +1,8 @@
 """The ``panpriv`` command line: parse, load the config, call one function per command.
 
 Commands: ``run`` (the service), ``record`` (Kafka topic → replayable file), ``privacy`` (what-if
-calculator), ``inspect`` (checkpoint or snapshot summary). Exit codes: 0 success (including a
+calculator), ``inspect`` (checkpoint or snapshot summary), ``produce`` (synthetic load generator,
+:mod:`streamer.produce`). Exit codes: 0 success (including a
 stop by signal and an exhausted privacy budget, which are outcomes), 1 a runtime failure (broker
 unreachable, I/O error), 2 a usage or configuration error (including a refused resume).
 """
@@ -111,7 +112,7 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
     rejected = sum(result.rejects.values())
     out("")
     out(f"panpriv run: {result.outcome.replace('_', ' ')} — {result.message} ({seconds:.1f} s)")
-    out(f"  learner         {config.learner.name}, epsilon = {config.learner.epsilon:g}, delta = {config.learner.delta:g}")
+    out(f"  learner         {result.learner.name} (instance {result.instance})")
     out(f"  source          {_display(config.source.url)}")
     reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(result.rejects.items()))
     out(f"  records learned {result.records:,}" + (f"; rejected {rejected:,} ({reasons})" if rejected else "; rejected 0"))
@@ -119,10 +120,14 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
         from streamer.evaluation import compare_on_adult
 
         comparison = compare_on_adult(result.learner)
-        out(f"  test accuracy on adult.test ({comparison.test_records:,} records), last snapshot vs. baselines:")
-        out(f"    pan-private AC-SA (epsilon = {config.learner.epsilon:g}, delta = {config.learner.delta:g})  {comparison.private_accuracy:7.2%}")
-        out(f"    non-private logistic regression (L-BFGS)       {comparison.baseline_accuracy:7.2%}")
-        out(f"    majority class                                 {comparison.majority_accuracy:7.2%}")
+        out(f"  test accuracy on adult.test ({comparison.test_records:,} records):")
+        rows = [
+            (f"{result.learner.name} {result.report.output} (last snapshot)", comparison.private_accuracy),
+            ("non-private logistic regression (L-BFGS)", comparison.baseline_accuracy),
+            ("majority class", comparison.majority_accuracy),
+        ]
+        for name, accuracy in rows:
+            out(f"    {name:<52} {accuracy:7.2%}")
     out("  privacy         " + result.report.statement())
     out(f"  checkpoint      {result.checkpoint_path}")
     if result.snapshot_path is not None:
@@ -287,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     privacy.add_argument("--options", help='learner options as JSON, e.g. \'{"radius": 16}\'')
     privacy.add_argument("--noise-multiplier", type=_positive_float, help="noise -> guarantee for this sigma/sensitivity")
     privacy.set_defaults(handler=cmd_privacy)
+
+    from streamer import produce as load
+
+    produce = commands.add_parser("produce", help=load.HELP, description=load.DESCRIPTION)
+    load.add_produce_arguments(produce)
+    produce.set_defaults(handler=load.run_produce)
 
     inspect = commands.add_parser(
         "inspect",

@@ -97,6 +97,7 @@ class RunResult:
     checkpoint_path: Path
     snapshot_path: Path | None
     learner: Learner
+    instance: str
     resumed: bool
 
 
@@ -260,6 +261,7 @@ class Processor:
             checkpoint_path=self.store.path,
             snapshot_path=self.snapshot_path,
             learner=self.learner,
+            instance=self.instance,
             resumed=saved is not None,
         )
 
@@ -458,23 +460,32 @@ class Processor:
 
 
 class _Pacer:
-    """Limit consumption to ``rate`` records per second (None: unlimited), in small steps."""
+    """Limit consumption to ``rate`` records per second (None: unlimited), in ~50 ms steps, so
+    that a paced run still learns in batches of ``rate/20`` records rather than one at a time."""
+
+    STEP_S = 0.05
 
     def __init__(self, rate: float | None) -> None:
         self.rate = rate
         self._t0 = time.monotonic()
         self._done = 0
 
+    def _budget(self, rate: float) -> float:
+        return rate * (time.monotonic() - self._t0) - self._done
+
     def allowance(self, maximum: int) -> int:
+        """Records that may be read now (0: wait first)."""
         if self.rate is None:
             return maximum
-        budget = int(self.rate * (time.monotonic() - self._t0)) - self._done
-        step = max(1, int(self.rate * 0.05))  # at most ~50 ms of records per batch keeps pacing smooth
-        return max(0, min(maximum, budget, step))
+        step = min(maximum, max(1, int(self.rate * self.STEP_S)))
+        budget = int(self._budget(self.rate))
+        return min(maximum, budget) if budget >= step else 0
 
     def consumed(self, records: int) -> None:
         self._done += records
 
     def wait(self, timeout_s: float) -> None:
+        """Sleep until the next step is allowed (at most ``timeout_s``)."""
         if self.rate is not None:
-            time.sleep(min(timeout_s, max(1.0 / self.rate, 0.001)))
+            step = max(1.0, self.rate * self.STEP_S)
+            time.sleep(min(timeout_s, max(0.001, (step - self._budget(self.rate)) / self.rate)))
