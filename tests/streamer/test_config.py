@@ -124,3 +124,20 @@ def test_privacy_hash_covers_mechanism_settings_and_names_changes() -> None:
     # Not privacy-relevant: cadence, pacing, budget cap, metrics port, output directory.
     same = {"checkpoint.every_records": 5, "source.rate": 10.0, "learner.max_epsilon": 3.0, "metrics.port": 1234, "out": "/tmp/x"}
     assert _hash(load_config(None, {**KAFKA, **same}))[1] == base_hash
+
+
+def test_the_readme_configuration_example_is_valid() -> None:
+    """README 'Configuring' lists every setting; it must load as it is written."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from streamer.config import ServiceConfig
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Configuring.*?```toml\n(.*?)```", readme, re.S).group(1)
+    config = ServiceConfig.model_validate(tomllib.loads(block))
+    documented = set(re.findall(r"^(?:# )?(\w+) =", block, re.MULTILINE)) | {"options"}  # [learner.options]
+    for section in ("source", "records", "learner", "checkpoint", "snapshots", "metrics"):
+        fields = set(getattr(config, section).__class__.model_fields)
+        assert fields <= documented, f"[{section}] settings missing from the README: {fields - documented}"
