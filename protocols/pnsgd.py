@@ -184,6 +184,8 @@ class _PNSGD(Learner):
         advance: an intruder between two steps must not find noise that is yet to be added).
         """
         X, y = check_batch(self._owner, X, y, self.dim)
+        if X.shape[0] == 0:
+            return
         self._check_room(X.shape[0])
         Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
         scales = self._scales(self._records, Z.shape[0])
@@ -407,6 +409,8 @@ class OnlinePNSGD(_PNSGD):
     def noise_scales(self, first: int, count: int) -> Array:
         """Noise levels of steps ``first … first + count − 1`` (1-based): σ_j (Gaussian) or v_j
         (Laplace) of 003, Thm 7 / Thm 6, floored at the pan level if ``pan_delta`` is set."""
+        first = check.positive_int(self._owner, "first", first)
+        count = check.positive_int(self._owner, "count", count)
         steps = np.arange(first, first + count, dtype=np.int64)
         schedule = online_sigma if self.noise == "gaussian" else online_laplace_scale
         scales = self._accounting_call(
@@ -586,6 +590,8 @@ class ShuffledPNSGD(_PNSGD):
 
     def _permutation(self) -> NDArray[np.integer]:
         if self._order is None:
+            if self._records == self.n:
+                raise InvalidInputError(f"{self._owner}: the pass of n = {self.n} records is complete")
             if self._records:
                 raise InvalidInputError(
                     f"{self._owner}: the permutation of a pass in progress is lost (it is never saved); "
