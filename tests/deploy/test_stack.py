@@ -19,6 +19,7 @@ No Docker daemon is needed. What is checked, and against what:
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
 import shutil
@@ -233,6 +234,9 @@ def test_compose_uses_apache_kafka_in_kraft_mode_and_creates_the_topic() -> None
     kafka = services["kafka"]
     assert kafka["image"].startswith("apache/kafka:")
     assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    # KRaft formats its storage with this id: a base64url-encoded 16-byte UUID.
+    cluster_id = kafka["environment"]["CLUSTER_ID"]
+    assert len(cluster_id) == 22 and len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
     init = services["kafka-init"]
     assert init["depends_on"]["kafka"]["condition"] == "service_healthy"
     topic = init["command"][init["command"].index("--topic") + 1]
