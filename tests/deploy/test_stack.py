@@ -18,7 +18,6 @@ No Docker daemon is needed. What is checked, and against what:
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import re
@@ -32,7 +31,8 @@ import pytest
 import yaml
 
 from streamer.config import load_config
-from streamer.produce import add_produce_arguments
+from streamer.cli import build_parser
+from streamer.produce import run_produce
 from streamer.sources import parse_kafka_url
 
 REPO = Path(__file__).resolve().parents[2]
@@ -327,11 +327,9 @@ def test_service_reads_the_initialised_topic_and_writes_to_its_volume() -> None:
 
 def test_load_generator_writes_records_the_service_accepts() -> None:
     config = service_config()
-    parser = argparse.ArgumentParser()
-    add_produce_arguments(parser)
     command = compose()["services"]["loadgen"]["command"]
-    assert command[0] == "produce"
-    args = parser.parse_args(command[1:])
+    args = build_parser().parse_args(command)  # the image's entry point is `panpriv`
+    assert args.handler is run_produce
     assert (args.format, args.dim) == (config.records.format, config.records.dim)
     assert [args.bootstrap] == parse_kafka_url(config.source.url).bootstrap
 
