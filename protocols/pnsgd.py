@@ -42,6 +42,7 @@ Thm 8 (analytic Gaussian, for the pan floor).
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -169,9 +170,9 @@ class _PNSGD(Learner):
 
     # -- learning ------------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _scales(self, start: int, count: int) -> Array:
         """Noise levels σ_t (or v_t) of steps ``start + 1 … start + count`` (1-based)."""
-        raise NotImplementedError
 
     def _check_room(self, count: int) -> None:
         """Hook: refuse records the learner cannot take (ShuffledPNSGD after its pass)."""
