@@ -36,12 +36,16 @@ P itself — all written in one atomic ``os.replace``, so they always agree.
   released snapshots all describe states that C or an earlier checkpoint contains, so the next
   snapshot's record count never goes backwards. (A crash between (4) and (6) loses that snapshot;
   its release was already accounted in the checkpoint — conservative.)
-* Rebalances (several processes in one group): before partitions are revoked, a checkpoint is
-  taken and its positions committed, so the next owner starts where this process's durable state
-  ends; on assignment a partition is seeked to max(our position, committed offset, first retained
-  offset), so a record already in another process's durable state is not learned again here.
-  Failing to checkpoint before a revocation is fatal: the process stops without a final checkpoint
-  (as if it crashed), so the records it had learned since C are dropped from every surviving state.
+* Rebalances (several processes in one group): before partitions are revoked, the current
+  positions are committed and then checkpointed, so the next owner starts where this process's
+  durable state ends; on assignment a partition is seeked to max(our position, committed offset,
+  first retained offset), so a record already in another process's durable state is not learned
+  again here. A failure in that revocation step is fatal: the process stops without a final
+  checkpoint (as if it crashed). Across processes the guarantee has one gap: a process killed
+  between a checkpoint becoming durable and its offset commit (milliseconds) leaves a committed
+  offset behind its durable positions, and the partition's next owner re-reads that interval, so
+  two learners (two ledgers) hold those records. For exactly-once across the whole stream, run one
+  process per consumer group (or give each process its own topics).
 * Any unexpected error also exits without a final checkpoint, for the same reason.
 
 What is charged. The ledger is charged with the whole consumed range of each batch, rejected
@@ -352,9 +356,16 @@ class Processor:
     # -- checkpoints and snapshots ---------------------------------------------------------------
 
     def _checkpoint_on_revoke(self) -> None:
-        """Kafka is about to revoke partitions: make our state durable and commit first."""
-        if self._ready:
-            log.info("partitions being revoked: checkpoint first")
+        """Kafka is about to revoke partitions: commit our positions, then checkpoint them.
+
+        The next owner starts at the committed offsets, so this is the one place where the commit
+        comes first: if it fails, the process stops without a checkpoint (the next owner re-reads
+        from the older commit and our durable state ends there too); if the checkpoint fails after
+        it, the records in between are in nobody's surviving state — lost, never doubled.
+        """
+        if self._ready and self._source is not None:
+            log.info("partitions being revoked: commit and checkpoint first")
+            self._source.acknowledge(dict(self.positions), strict=True)
             self._checkpoint(snapshot=False)
 
     def _checkpoint(self, snapshot: bool, finished: bool = False) -> None:
@@ -474,10 +485,13 @@ class _Pacer:
         return rate * (time.monotonic() - self._t0) - self._done
 
     def allowance(self, maximum: int) -> int:
-        """Records that may be read now (0: wait first)."""
+        """Records that may be read now (0: wait first). Time spent idle (waiting for a consumer
+        group assignment, an empty topic) is not saved up for a later burst beyond one step."""
         if self.rate is None:
             return maximum
         step = min(maximum, max(1, int(self.rate * self.STEP_S)))
+        if self._budget(self.rate) > 2 * step:
+            self._done = int(self.rate * (time.monotonic() - self._t0)) - step
         budget = int(self._budget(self.rate))
         return min(maximum, budget) if budget >= step else 0
 

@@ -539,8 +539,14 @@ class KafkaSource:
     def count_records(self) -> None:
         return None
 
-    def acknowledge(self, positions: Mapping[str, int]) -> None:
-        """Commit ``positions`` of the assigned partitions to the group (monitoring only)."""
+    def acknowledge(self, positions: Mapping[str, int], strict: bool = False) -> None:
+        """Commit ``positions`` of the assigned partitions to the group.
+
+        After a checkpoint (``strict=False``) the commit is for monitoring and as the next owner's
+        lower bound; a failure is logged and retried at the next checkpoint. Before a revocation
+        (``strict=True``) the next owner will start from it, so a failure raises
+        :class:`FatalSourceError`.
+        """
         from kafka.errors import KafkaError
         from kafka.structs import OffsetAndMetadata
 
@@ -553,7 +559,9 @@ class KafkaSource:
             return
         try:
             self._consumer.commit(offsets)
-        except KafkaError as exc:  # a rebalance in progress: the next checkpoint commits again
+        except KafkaError as exc:
+            if strict:
+                raise FatalSourceError(f"offset commit before a revocation failed: {type(exc).__name__}") from exc
             log.warning("offset commit failed (%s); offsets are committed again after the next checkpoint", type(exc).__name__)
 
     def lag(self) -> dict[str, int] | None:

@@ -345,3 +345,48 @@ port = {free_loopback_port()}
     published = [json.loads(m.value) for m in read(snaps)]
     assert published and published[-1]["records"] == 48
     assert published == strict_snapshots(tmp_path / "out" / "snapshots.jsonl")
+
+
+def test_a_rebalance_hands_partitions_over_without_overlap(kafka_broker, tmp_path) -> None:
+    """Two processes in one group: when the second joins, the first commits and checkpoints before
+    its partitions are revoked; together their ledgers cover every offset exactly once."""
+    name = kafka_broker.create_topic(f"rebalance-{uuid.uuid4().hex[:8]}", 4)
+    total = 12_000
+    produce(kafka_broker.bootstrap, name, [encode_json([0.1, 0.2], 1 if i % 2 else -1) for i in range(total)], 4)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+
+    def args(out: Path) -> list[str]:
+        return [
+            "run", "--source", f"kafka://{kafka_broker.bootstrap}/{name}?group={group}", "--n", str(total),
+            "--dim", "2", "--feature-bound", "1", "--out", str(out), "--checkpoint-every", "1000",
+            "--metrics-port", "0", "--progress", "off", "--stop-at-end", "--rate", "2500",
+        ]
+
+    first_out, second_out = tmp_path / "first", tmp_path / "second"
+    first = panpriv(*args(first_out), log=tmp_path / "first.log")
+    second = None
+    try:
+        wait_until(lambda: checkpoint_records(first_out) >= 1000, 60, "the first process's progress")
+        second = panpriv(*args(second_out), log=tmp_path / "second.log")
+        assert first.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()[-3000:]
+        assert second.wait(timeout=120) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "partitions being revoked: commit and checkpoint first" in (tmp_path / "first.log").read_text()
+    covered: dict[str, list[tuple[int, int]]] = {}
+    records = 0
+    for out in (first_out, second_out):
+        checkpoint = CheckpointStore(out / "checkpoints").load()
+        records += checkpoint.records
+        ledger = PrivacyLedger.from_dict(checkpoint.ledger)
+        for key in ledger.sources:
+            covered.setdefault(key, []).extend((s.start, s.stop) for s in ledger.coverage(key) if len(s.uses) == 1)
+            assert all(len(s.uses) == 1 for s in ledger.coverage(key))
+    assert records == total
+    for p in range(4):
+        spans = sorted(covered[f"{name}/{p}"])
+        assert spans[0][0] == 0 and spans[-1][1] == total // 4
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans  # no gap, no overlap
