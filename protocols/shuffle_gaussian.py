@@ -1,0 +1,488 @@
+"""ShuffleGaussianSGD: projected SGD over rounds of shuffled Gaussian messages (004 §5.2).
+
+Protocol (004 §5.2, in the streaming setting of 000 Def. 2.7). The stream is cut into consecutive
+*windows* of N records; each window is one round. The model θ_t is fixed during the round. Every
+user (record) of the window who *participates* computes her gradient at θ_t, clips it to ℓ2 norm C
+and sends ``g + N(0, (σC)² I)`` (σ the noise multiplier, :class:`protocols.randomizers.GaussianRandomizer`)
+to the shuffler; at the end of the window the analyzer takes the mean of the K messages of the
+round (their order is irrelevant to it), adds the exact ridge gradient and takes a projected SGD
+step (:class:`protocols.sgd.AveragedSGD`). Who participates (``participation``):
+
+- ``"all"``: every record; N = b (``batch_size``). Accounted by 004 Thm 1 with n = b.
+- ``"subsampled"``: the server samples b of the N users of the window uniformly without
+  replacement, without looking at their data (selection sampling). 004 Thm 2 with n = N, m = b.
+- ``"checkin"``: each user checks in independently with probability γ (``checkin_rate``), using
+  her own randomness (004 §4.2, "shuffled check-in"). 004 Thm 3 with n = N users.
+
+Guarantee against the analyzer (the ``output`` of :meth:`ShuffleGaussianSGD.privacy`). Neighbouring
+streams differ in one record, which lies in exactly one window. Conditioned on the history, rounds
+before its window are identical in both worlds, its round is one shuffled Gaussian release of the
+users' clipped gradients at the common θ_t, and later rounds depend on it only through the model
+(their conditional laws given the history are identical). By adaptive composition its privacy
+loss is that of its own round alone — a *per-record* guarantee that does not grow with the stream
+(parallel composition over rounds). Two records of a user give clipped gradients at distance at
+most 2C, so in 004's normalisation (records at distance 1, noise σ_004) the round has
+σ_004 = σC/(2C) = σ/2: that is the ``sigma`` passed to :mod:`accounting.shuffle_gaussian`. The
+RDP curve is converted by 004 Lemma 2 on the integer orders :data:`ORDERS`. The released model
+is post-processing of the shuffled messages (and in fact of their sum alone).
+
+The shuffle bounds rest on assumptions 004 does not prove (``THM1_ASSUMPTIONS``,
+``CHECKIN_ASSUMPTIONS`` of :mod:`accounting.shuffle_gaussian`), and every report using them lists
+them. The shuffled messages are a post-processing of the unshuffled ones, so the *local* Gaussian
+guarantee (ε₀, δ) (exact profile at sensitivity 2C, Balle & Wang 2018) is a proven bound on the same
+release; the report never prints more than it, and ``accounting="local"`` calibrates and reports
+the proven local bound only.
+
+Pan-private view (the ``intrusion`` guarantee). The state holds the model, its running average, and
+the *sum of the noisy messages received so far in the current round* (with its count). An intruder
+who reads it right after a round's first message sees that user's message itself. Everything an
+intruder sees (state once, plus all outputs) is a post-processing of the unshuffled messages in
+arrival order, and each record enters exactly one message, so the intrusion guarantee is the local
+one, (ε₀, δ) — usually much weaker than the shuffle-model guarantee, and stated as such. A batch
+that straddles ``learn_many`` calls keeps only that noisy partial sum.
+
+Noise calibration. Given the target (ε, δ), σ is the smallest noise multiplier (to a relative
+1e-6, checked) whose reported output guarantee — min(shuffle bound, local bound), or the local
+bound alone — is at most ε at δ (:func:`noise_multiplier`). With ``batch_size=None`` and
+``participation="all"`` the batch is planned by :func:`plan_batch_size`.
+
+References
+----------
+004, §5.2 (shuffled Gaussian DP-SGD), Thm 1 (Eq. 4), Thm 2 (Eq. 10), Thm 3 (Eq. 13), Lemma 1
+(composition), Lemma 2 (RDP to DP), §4.2 (shuffled check-in). 000, Def. 2.7 (sequential
+interactivity), Def. C.2 (pan-privacy). Balle & Wang (2018), Thm 8.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from accounting import shuffle_gaussian as sg
+from accounting.ledger import Guarantee, PrivacyReport
+from accounting.rdp import RdpCurve
+from protocols import validation as check
+from protocols.calibration import smallest_feasible
+from protocols.base import Learner, StateValue, check_batch
+from protocols.errors import InvalidInputError
+from protocols.geometry import L2Ball
+from protocols.losses import Loss, as_loss
+from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
+from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from protocols.sgd import AveragedSGD, bound_sq
+from protocols.state_io import read_array, read_float, read_int
+
+Array = NDArray[np.float64]
+
+ORDERS: tuple[int, ...] = tuple(range(2, 129))
+"""Integer Rényi orders of the RDP → DP conversion (004 Thm 1 is exact at integer orders; 004 §5.1
+uses 2..30, too few for ε ≤ 1 at small δ)."""
+
+PLANNING_ORDERS: tuple[int, ...] = tuple(range(2, 49))
+"""Orders used only to plan a batch size (cheaper; the guarantee itself always uses :data:`ORDERS`)."""
+
+SLACKS: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+"""Values of 004 Thm 3's free Δ ∈ [0, 1] tried at every order; each gives a valid bound and the least
+is kept. (A scan over Δ = 0, 0.05, …, 1 for N ∈ [50, 10⁴], γ ∈ [0.01, 0.9] found the best Δ in
+[0.4, 0.95] at every order.)"""
+
+PARTICIPATION = ("all", "subsampled", "checkin")
+ACCOUNTING = ("shuffle", "local")
+MAX_PLANNED_BATCH = 2**16
+"""Largest batch :func:`plan_batch_size` considers."""
+
+_OWNER = "ShuffleGaussianSGD"
+
+
+@dataclass(frozen=True)
+class Round:
+    """Who takes part in one round, and the 004 theorem that accounts for it.
+
+    Attributes
+    ----------
+    participation
+        ``"all"``, ``"subsampled"`` or ``"checkin"`` (module docstring).
+    window
+        N, the users (records) of the round.
+    batch
+        Messages per round: N for ``"all"``, m for ``"subsampled"``, 0 (random) for ``"checkin"``.
+    rate
+        γ: check-in probability, or m/N.
+    """
+
+    participation: str
+    window: int
+    batch: int
+    rate: float
+
+    @property
+    def theorem(self) -> str:
+        return {"all": "004, Thm 1", "subsampled": "004, Thm 2", "checkin": "004, Thm 3"}[self.participation]
+
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        return sg.CHECKIN_ASSUMPTIONS if self.participation == "checkin" else sg.THM1_ASSUMPTIONS
+
+    def rdp(self, sigma: float, orders: tuple[int, ...] = ORDERS) -> Array:
+        """RDP of one round at ``orders``, for 004's noise multiplier ``sigma`` (= σ/2)."""
+        if self.participation == "all":
+            return np.asarray(sg.rdp(orders, self.window, sigma))  # 004, Thm 1
+        if self.participation == "subsampled":
+            return np.asarray(sg.subsampled_rdp(orders, self.window, self.batch, sigma))  # 004, Thm 2
+        curves = [sg.checkin_rdp(orders, self.window, self.rate, sigma, slack) for slack in SLACKS]
+        return np.min(np.asarray(curves), axis=0)  # 004, Thm 3, the best Δ at each order
+
+
+@functools.lru_cache(maxsize=1024)
+def shuffle_epsilon(round_: Round, noise_multiplier: float, delta: float, orders: tuple[int, ...] = ORDERS) -> float:
+    """ε at δ of one round whose users add N(0, (σC)² I) to gradients clipped to C (004 Thms 1–3).
+
+    The round's RDP at 004's σ_004 = σ/2 (sensitivity 2C), converted by 004 Lemma 2 (cached).
+    """
+    curve = RdpCurve.from_values(orders, round_.rdp(noise_multiplier / 2.0, orders))
+    return curve.to_dp(delta)[0]
+
+
+@functools.lru_cache(maxsize=256)
+def noise_multiplier(
+    round_: Round,
+    accounting: str,
+    epsilon: float,
+    delta: float,
+    rel_tol: float = 1e-6,
+    orders: tuple[int, ...] = ORDERS,
+) -> float:
+    """σ making the reported output guarantee of one round at most (ε, δ) (cached).
+
+    ``accounting="shuffle"``: the smaller of the shuffle bound and the local bound (both valid);
+    ``"local"``: the local bound alone.
+    """
+    if accounting == "local":
+        return smallest_feasible(lambda s: gaussian_epsilon0(s, delta), epsilon, rel_tol)
+    return smallest_feasible(
+        lambda s: min(shuffle_epsilon(round_, s, delta, orders), gaussian_epsilon0(s, delta)), epsilon, rel_tol
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def plan_batch_size(params: int, accounting: str, epsilon: float, delta: float, cap: int) -> int:
+    """b for ``participation="all"``: the power of two ≤ ``cap`` minimising b + p σ(b)².
+
+    With clip C = L, T = n/b rounds and G² ≈ C²(1 + pσ²/b) (:func:`protocols.sgd.bound_sq`), the
+    excess-loss bound (3/2) D G/√T of :mod:`protocols.sgd` is (3/2) D C √((b + p σ(b)²)/n): n only
+    scales it, so the best b does not depend on the stream length. σ(b) shrinks as b grows (the
+    shuffle amplifies more), which the plan takes into account; it is calibrated to 1 % here, on
+    :data:`PLANNING_ORDERS`.
+    """
+    candidates = [2**k for k in range(17) if 2**k <= min(cap, MAX_PLANNED_BATCH)]
+
+    def cost(b: int) -> float:
+        sigma = noise_multiplier(Round("all", b, b, 1.0), accounting, epsilon, delta, 1e-2, PLANNING_ORDERS)
+        return b + params * sigma**2
+
+    return min(candidates, key=cost)
+
+
+class ShuffleGaussianSGD(Learner):
+    """Projected SGD over shuffled Gaussian messages, one round per window (004 §5.2, Thms 1–3).
+
+    Parameters
+    ----------
+    dim
+        Number of raw features d.
+    loss
+        A :class:`protocols.losses.Loss` or its config dict.
+    epsilon, delta
+        Target output guarantee per record (shuffle model; see ``accounting``).
+    batch_size
+        ``"all"``: records per round b (``None``: :func:`plan_batch_size`). ``"subsampled"``: users
+        sampled per window, 1 ≤ b ≤ ``window``. ``"checkin"``: must be ``None``.
+    participation
+        ``"all"`` (default), ``"subsampled"`` or ``"checkin"`` (module docstring).
+    window
+        N, records per round for ``"subsampled"`` and ``"checkin"``; ``None`` for ``"all"``.
+    checkin_rate
+        γ in (0, 1] for ``"checkin"``; ``None`` otherwise.
+    clip
+        C, the norm gradients are clipped to; ``None``: the loss's Lipschitz constant L over Θ.
+    radius
+        Radius r of Θ (D = 2r).
+    feature_bound
+        Features are clipped to this norm (the loss's R).
+    accounting
+        ``"shuffle"`` (default): the 004 bound under its stated assumptions, never above the local
+        bound. ``"local"``: the proven local Gaussian bound only.
+    horizon
+        Planned stream length, used only to cap a planned batch size.
+    rng
+        ``None`` (default): fresh OS entropy for every draw (pan-private). A seed or generator: the
+        labelled replay/testing mode (no pan-private guarantee).
+
+    References
+    ----------
+    004, §5.2, Thms 1–3, Lemma 2; 000, Defs 2.7 and C.2.
+    """
+
+    name = "shuffle-gaussian"
+
+    def __init__(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, Any],
+        epsilon: float,
+        delta: float,
+        batch_size: int | None = None,
+        participation: str = "all",
+        window: int | None = None,
+        checkin_rate: float | None = None,
+        clip: float | None = None,
+        radius: float = 1.0,
+        feature_bound: float = 1.0,
+        accounting: str = "shuffle",
+        horizon: int | None = None,
+        rng: RngLike = None,
+    ) -> None:
+        self.dim = check.positive_int(_OWNER, "dim", dim)
+        self.loss = as_loss(loss, _OWNER)
+        self.epsilon = check.positive(_OWNER, "epsilon", epsilon)
+        self.delta = check.open_unit(_OWNER, "delta", delta)
+        self.participation = check.choice(_OWNER, "participation", participation, PARTICIPATION)
+        self.accounting = check.choice(_OWNER, "accounting", accounting, ACCOUNTING)
+        self.radius = check.positive(_OWNER, "radius", radius)
+        self.feature_bound = check.positive(_OWNER, "feature_bound", feature_bound)
+        self.horizon = None if horizon is None else check.positive_int(_OWNER, "horizon", horizon)
+        self._params = self.loss.param_dim(self.dim)
+        self.clip = None if clip is None else check.positive(_OWNER, "clip", clip)
+        self._clip = self.loss.lipschitz(self.feature_bound, self.radius) if clip is None else self.clip
+        self._round = self._make_round(batch_size, window, checkin_rate)
+        self.batch_size = None if self.participation == "checkin" else self._round.batch
+        self.window = None if self.participation == "all" else self._round.window
+        self.checkin_rate = self._round.rate if self.participation == "checkin" else None
+
+        self.noise_multiplier = noise_multiplier(self._round, self.accounting, self.epsilon, self.delta)
+        self._randomizer = GaussianRandomizer(self._clip, self.noise_multiplier, self.delta)
+        self._ball = L2Ball(self.radius)
+        self._noise = NoiseSource(rng)
+        self._output, self._output_is_shuffle = self._output_guarantee()
+
+        self._records = 0
+        self._filled = 0  # records of the current window seen
+        self._count = 0.0  # messages in the partial sum (float: random under check-in/sampling)
+        self._partial = np.zeros(self._params)
+        self._sgd = AveragedSGD.start(self._params)
+
+    def _make_round(self, batch_size: int | None, window: int | None, rate: float | None) -> Round:
+        """Validate the participation parameters (the rules are in the class docstring)."""
+        p = self.participation
+        if p != "checkin" and rate is not None:
+            raise InvalidInputError(check.message(_OWNER, "checkin_rate", f"None for participation {p!r}", rate))
+        if p == "all":
+            if window is not None:
+                raise InvalidInputError(check.message(_OWNER, "window", "None for participation 'all' (the window is the batch)", window))
+            if batch_size is None:
+                cap = MAX_PLANNED_BATCH if self.horizon is None else self.horizon
+                batch_size = plan_batch_size(self._params, self.accounting, self.epsilon, self.delta, cap)
+            b = check.positive_int(_OWNER, "batch_size", batch_size)
+            return Round("all", b, b, 1.0)
+        n = check.positive_int(_OWNER, "window", window)
+        if p == "subsampled":
+            m = check.positive_int(_OWNER, "batch_size", batch_size)
+            if m > n:
+                raise InvalidInputError(check.message(_OWNER, "batch_size", f"an integer in [1, window] = [1, {n}]", m))
+            return Round("subsampled", n, m, m / n)
+        if batch_size is not None:
+            raise InvalidInputError(check.message(_OWNER, "batch_size", "None for participation 'checkin'", batch_size))
+        gamma = check.positive(_OWNER, "checkin_rate", rate)
+        if gamma > 1.0:
+            raise InvalidInputError(check.message(_OWNER, "checkin_rate", "a float in (0, 1]", rate))
+        return Round("checkin", n, 0, gamma)
+
+    def _output_guarantee(self) -> tuple[Guarantee, bool]:
+        """The output guarantee and whether it is the shuffle bound (else the local one)."""
+        local = self._randomizer.local_guarantee()
+        if self.accounting == "local":
+            return local, False
+        shuffled = shuffle_epsilon(self._round, self.noise_multiplier, self.delta)
+        if shuffled < local.epsilon:
+            return Guarantee(shuffled, self.delta), True
+        return local, False
+
+    # -- learning ------------------------------------------------------------------------------
+
+    def learn_many(self, X: Array, y: Array) -> None:
+        """Add a micro-batch; any split of the stream gives the same mechanism."""
+        X, y = check_batch(_OWNER, X, y, self.dim)
+        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
+        position = 0
+        while position < Z.shape[0]:
+            take = min(self._round.window - self._filled, Z.shape[0] - position)
+            generator = self._noise.generator()
+            chosen = position + self._participants(take, generator)
+            if chosen.size:
+                gradients = self.loss.gradient(self._sgd.theta, Z[chosen], labels[chosen])
+                self._partial = self._partial + self._randomizer.privatize(gradients, generator).sum(axis=0)
+                self._count += chosen.size
+            self._filled += take
+            self._records += take
+            position += take
+            if self._filled == self._round.window:
+                self._finish_round()
+
+    def _participants(self, take: int, generator: np.random.Generator) -> NDArray[np.int64]:
+        """Indices (within the next ``take`` records of the window) of the users who send a message.
+
+        ``"subsampled"``: given s users already sampled among the first j of the window, the number
+        among the next ``take`` is hypergeometric (m − s good among the N − j left) and their
+        positions a uniform subset — the law of a uniform m-subset of the window, however the
+        window is split.
+        """
+        if self.participation == "all":
+            return np.arange(take)
+        if self.participation == "checkin":
+            return np.flatnonzero(generator.random(take) < self._round.rate)
+        wanted = self._round.batch - int(self._count)
+        left = self._round.window - self._filled
+        k = int(generator.hypergeometric(wanted, left - wanted, take)) if wanted > 0 else 0
+        return np.sort(generator.choice(take, size=k, replace=False))
+
+    def _finish_round(self) -> None:
+        """Mean of the round's messages + ridge gradient → one SGD step (skipped if no message)."""
+        if self._count > 0.0:
+            theta = self._sgd.theta
+            gradient = self._partial / self._count + self.loss.ridge_gradient(theta)
+            bound = bound_sq(
+                self._clip, self._randomizer.noise_second_moment(self._params), self._count, self.loss.ridge * self.radius
+            )
+            self._sgd = self._sgd.step(gradient, bound, self._ball)
+        self._filled = 0
+        self._count = 0.0
+        self._partial = np.zeros(self._params)
+
+    # -- outputs -------------------------------------------------------------------------------
+
+    def release(self) -> Array:
+        """θ̄, the average of the iterates stepped from (:class:`protocols.sgd.AveragedSGD`)."""
+        return self._sgd.release()
+
+    def predict_many(self, X: Array) -> Array:
+        X, _ = check_batch(_OWNER, X, None, self.dim)
+        return self.loss.predict(self.release(), self.loss.features(X, self.feature_bound))
+
+    @property
+    def records_seen(self) -> int:
+        return self._records
+
+    def local_guarantee(self) -> Guarantee:
+        """(ε₀, δ) of one user's message (exact Gaussian profile, sensitivity 2C)."""
+        return self._randomizer.local_guarantee()
+
+    def privacy(self) -> PrivacyReport:
+        """Output: the shuffle-model guarantee per record; intrusion: the local guarantee."""
+        local = self._randomizer.local_guarantee()
+        C, sigma = self._clip, self.noise_multiplier
+        assumptions = [
+            "neighbouring streams differ in one record (replacement); stream positions, counts, the "
+            "window and the number of messages in each round are public",
+            f"each participating user clips her gradient to norm C = {C:.6g} and sends it plus "
+            f"N(0, (sigma C)^2 I) with sigma = {sigma:.6g}; two records of a user give messages at "
+            f"distance <= 2C, so 004's noise multiplier is sigma/2 = {sigma / 2:.6g}",
+            "a trusted shuffler: the analyzer sees each round's messages in uniformly random order "
+            "(here randomizer, shuffler and analyzer run in one process, and only the model, a "
+            "function of the messages' mean, leaves it)",
+            self._participation_text(),
+        ]
+        references = ["004, §5.2", "Balle & Wang 2018, Thm 8"]
+        if self._output_is_shuffle:
+            assumptions.extend(self._round.assumptions)
+            assumptions.append(
+                f"without the assumptions above, the proven bound on the same release is the local one, {local}"
+            )
+            references[1:1] = [self._round.theorem, "004, Lemma 2"]
+        assumptions.append(
+            "pan-privacy: the state holds the model and the sum of the noisy messages received so far "
+            "in the current round; read right after a round's first message it shows that one "
+            f"message, so one intrusion plus all outputs is bounded by the local guarantee {local}"
+        )
+        if self._noise.is_seeded:
+            assumptions.append(SEEDED_WARNING)
+        references.append("000, Def. C.2")
+        return PrivacyReport(
+            mechanism=self.name,
+            records=self._records,
+            output=self._output,
+            intrusion=Guarantee.none() if self._noise.is_seeded else local,
+            assumptions=tuple(assumptions),
+            references=tuple(references),
+        )
+
+    def _participation_text(self) -> str:
+        r = self._round
+        if r.participation == "all":
+            return (
+                f"every record is in exactly one round of b = {r.batch} users; later rounds see it only "
+                "through the model, so its guarantee is one shuffled-Gaussian release (parallel "
+                "composition over rounds)"
+            )
+        if r.participation == "subsampled":
+            return (
+                f"each window of N = {r.window} records is one round in which the server samples "
+                f"m = {r.batch} users uniformly without replacement, without looking at their data; "
+                "each record is in one window (parallel composition over rounds)"
+            )
+        return (
+            f"each window of N = {r.window} records is one round; every user checks in with "
+            f"probability {r.rate:g} using her own randomness; each record is in one window "
+            "(parallel composition over rounds)"
+        )
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "loss": self.loss.config(),
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "batch_size": self.batch_size,
+            "participation": self.participation,
+            "window": self.window,
+            "checkin_rate": self.checkin_rate,
+            "clip": self.clip,
+            "radius": self.radius,
+            "feature_bound": self.feature_bound,
+            "accounting": self.accounting,
+            "horizon": self.horizon,
+        }
+
+    def state_dict(self) -> dict[str, StateValue]:
+        """Counters, the iterates (post-processing of noisy means) and the round's noisy partial sum.
+
+        ``count`` (messages in the partial sum) is stored as a float: under check-in or sampling it
+        is a random outcome, like the noise, not a stream position.
+        """
+        return {
+            "records": self._records,
+            "filled": self._filled,
+            "count": self._count,
+            "partial": self._partial.copy(),
+            **self._sgd.state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        records = read_int(_OWNER, state, "records")
+        filled = read_int(_OWNER, state, "filled")
+        count = read_float(_OWNER, state, "count")
+        if filled >= self._round.window or count > filled or count != math.floor(count):
+            raise InvalidInputError(
+                f"{_OWNER}.load_state_dict: filled = {filled}, count = {count} do not fit a window of "
+                f"{self._round.window}; was the state saved under another config?"
+            )
+        partial = read_array(_OWNER, state, "partial", (self._params,))
+        sgd = AveragedSGD.from_state(_OWNER, state, self._params)
+        self._records, self._filled, self._count, self._partial, self._sgd = records, filled, count, partial, sgd

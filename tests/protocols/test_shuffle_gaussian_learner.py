@@ -1,0 +1,264 @@
+"""Tests of ShuffleGaussianSGD (004 §5.2, Thms 1–3): conformance, noise levels, guarantees, inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import gaussian_mechanism as dpa_gaussian
+from scipy import stats
+
+from accounting import shuffle_gaussian as sg
+from accounting.gaussian import analytic_sigma
+from accounting.ledger import Guarantee
+from accounting.rdp import RdpCurve
+from protocols import checks
+from protocols.errors import InvalidInputError
+from protocols.losses import LogisticLoss, SquaredLoss
+from protocols.randomizers import GaussianRandomizer
+from protocols.randomness import SEEDED_WARNING
+from protocols.shuffle_gaussian import (
+    ORDERS,
+    SLACKS,
+    Round,
+    ShuffleGaussianSGD,
+    noise_multiplier,
+    plan_batch_size,
+)
+
+X3, Y3 = checks.make_stream(3, 40, binary=True)
+DELTA = 1e-5
+
+# Radius 20 keeps the noise visible in the iterates (not hidden by the projection).
+CASES = {
+    "all": lambda rng: ShuffleGaussianSGD(3, LogisticLoss(), 1.0, DELTA, batch_size=7, radius=20.0, rng=rng),
+    "checkin": lambda rng: ShuffleGaussianSGD(
+        3, {"name": "logistic", "ridge": 0.1}, 2.0, DELTA, participation="checkin", window=9, checkin_rate=0.5,
+        radius=20.0, rng=rng,
+    ),
+    "subsampled": lambda rng: ShuffleGaussianSGD(
+        3, LogisticLoss(intercept=True), 2.0, DELTA, participation="subsampled", window=11, batch_size=4,
+        radius=20.0, rng=rng,
+    ),
+}
+STATISTICAL = ("all", "checkin")
+
+
+@pytest.mark.parametrize("check", checks.ALL_CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_conformance(case, check):
+    """protocols.checks; the statistical micro-batch check (false failure ≤ 1e-3) runs on the
+    participation rules whose state holds a random count ("all" and "checkin"); "subsampled"
+    shares their code path except the hypergeometric split, tested below."""
+    if check is checks.check_micro_batch_invariance and case not in STATISTICAL:
+        pytest.skip("statistical check run on the other participation rules")
+    check(CASES[case], X3, Y3)
+
+
+def _thm1_epsilon(b: int, sigma: float, delta: float) -> float:
+    """Independent evaluation: 004 Thm 1 at n = b and σ_004 = σ/2, then 004 Lemma 2."""
+    return RdpCurve.from_values(ORDERS, sg.rdp(ORDERS, b, sigma / 2.0)).to_dp(delta)[0]
+
+
+@pytest.mark.parametrize("epsilon, b", [(1.0, 7), (0.5, 64), (4.0, 200)])
+def test_noise_is_the_smallest_meeting_theorem_1(epsilon, b):
+    """σ is calibrated so that 004 Thm 1 (n = b, noise σC, records at distance 2C) gives ε, and a
+    0.001 % smaller σ would not; the report prints exactly that bound."""
+    learner = ShuffleGaussianSGD(5, LogisticLoss(), epsilon, DELTA, batch_size=b)
+    sigma = learner.noise_multiplier
+    assert _thm1_epsilon(b, sigma, DELTA) <= epsilon
+    assert _thm1_epsilon(b, sigma * (1 - 1e-5), DELTA) > epsilon
+    report = learner.privacy()
+    assert report.output == Guarantee(_thm1_epsilon(b, sigma, DELTA), DELTA)
+    assert "004, Thm 1" in report.references
+    assert set(sg.THM1_ASSUMPTIONS) <= set(report.assumptions)
+    # Shuffling amplifies: the local guarantee of the same noise is much weaker.
+    assert learner.local_guarantee().epsilon > 2 * epsilon
+
+
+def test_local_guarantee_is_the_exact_gaussian_profile_at_sensitivity_2c():
+    """ε₀ of "clip to C, add N(0, (σC)² I)" equals dp-accounting's exact Gaussian ε at noise σ/2
+    for sensitivity 1 (the oracle), and 004 §5.2's σ = 0.86 is its "(ε₀, δ₀) = (12, 1e-5)"."""
+    for sigma in (0.86, 2.0, 9.48):
+        got = GaussianRandomizer(0.05, sigma, 1e-5).local_guarantee().epsilon
+        assert got == pytest.approx(dpa_gaussian.get_epsilon_gaussian(sigma / 2.0, 1e-5), rel=1e-6)
+    assert GaussianRandomizer(0.05, 0.86, 1e-5).local_guarantee().epsilon == pytest.approx(12.0, abs=0.1)
+
+
+def test_local_accounting_is_the_proven_gaussian_bound():
+    learner = ShuffleGaussianSGD(5, LogisticLoss(), 1.0, DELTA, batch_size=50, accounting="local")
+    assert learner.noise_multiplier == pytest.approx(analytic_sigma(1.0, DELTA, 2.0), rel=2e-6)
+    report = learner.privacy()
+    assert report.output.epsilon <= 1.0 and report.output == report.intrusion == learner.local_guarantee()
+    assert not set(sg.THM1_ASSUMPTIONS) & set(report.assumptions)
+    assert "004, Thm 1" not in report.references
+
+
+def test_single_user_rounds_report_the_local_bound():
+    """With b = 1 there is nothing to shuffle; Thm 1 is the Gaussian RDP, whose conversion is looser
+    than the exact profile, so the report falls back to the proven local bound."""
+    learner = ShuffleGaussianSGD(5, LogisticLoss(), 1.0, DELTA, batch_size=1)
+    assert learner.privacy().output == learner.local_guarantee()
+    assert learner.noise_multiplier == pytest.approx(analytic_sigma(1.0, DELTA, 2.0), rel=2e-6)
+
+
+def test_subsampled_rounds_follow_theorem_2():
+    learner = CASES["subsampled"](None)
+    sigma = learner.noise_multiplier
+    expected = RdpCurve.from_values(ORDERS, sg.subsampled_rdp(ORDERS, 11, 4, sigma / 2.0)).to_dp(DELTA)[0]
+    report = learner.privacy()
+    assert report.output == Guarantee(expected, DELTA) and expected <= 2.0
+    assert "004, Thm 2" in report.references
+    # Sampling 4 of 11 never needs more noise than shuffling 4 users alone (Thm 2 is min'd with Thm 1).
+    assert sigma <= noise_multiplier(Round("all", 4, 4, 1.0), "shuffle", 2.0, DELTA)
+
+
+def test_checkin_rounds_follow_theorem_3():
+    learner = CASES["checkin"](None)
+    sigma = learner.noise_multiplier
+    curves = [sg.checkin_rdp(ORDERS, 9, 0.5, sigma / 2.0, slack) for slack in SLACKS]
+    expected = RdpCurve.from_values(ORDERS, np.min(curves, axis=0)).to_dp(DELTA)[0]
+    report = learner.privacy()
+    assert report.output == Guarantee(expected, DELTA) and expected <= 2.0
+    assert "004, Thm 3" in report.references
+    assert set(sg.CHECKIN_ASSUMPTIONS) <= set(report.assumptions)
+    # Every Δ gives a valid bound: the one at Δ = 0.5 alone is no smaller.
+    single = RdpCurve.from_values(ORDERS, sg.checkin_rdp(ORDERS, 9, 0.5, sigma / 2.0, 0.5)).to_dp(DELTA)[0]
+    assert single >= expected
+
+
+def test_intrusion_is_the_local_guarantee_and_none_when_seeded():
+    learner = ShuffleGaussianSGD(3, LogisticLoss(), 1.0, DELTA, batch_size=7)
+    learner.learn_many(X3[:10], Y3[:10])
+    report = learner.privacy()
+    assert report.intrusion == learner.local_guarantee() and report.intrusion.is_meaningful
+    assert report.intrusion.epsilon > report.output.epsilon
+    assert SEEDED_WARNING not in report.assumptions
+    seeded = CASES["all"](3).privacy()
+    assert not seeded.intrusion.is_meaningful and SEEDED_WARNING in seeded.assumptions
+    assert seeded.output == report.output
+
+
+def test_guarantee_does_not_grow_with_the_stream():
+    """Each record is in one round (parallel composition): the per-record guarantee is constant."""
+    learner = CASES["all"](0)
+    before = learner.privacy()
+    learner.learn_many(np.tile(X3, (5, 1)), np.tile(Y3, 5))
+    after = learner.privacy()
+    assert after.records == 200 and after.output == before.output and after.intrusion == before.intrusion
+
+
+@pytest.mark.statistical
+def test_messages_carry_the_calibrated_noise():
+    """The round's partial sum minus the exact sum of clipped gradients (at θ₁ = 0) is
+    N(0, K (σC)² I): a chi-square test on 300 replicates × 4 coordinates (false failure 1e-4)."""
+    loss = SquaredLoss(label_bound=1.0)
+    X, y = checks.make_stream(3, 6, binary=False, seed=5)
+    residuals = []
+    for seed in range(300):
+        learner = ShuffleGaussianSGD(3, loss, 2.0, DELTA, batch_size=7, clip=0.4, rng=seed)
+        learner.learn_many(X, y)
+        state = learner.state_dict()
+        assert state["count"] == 6.0
+        gradients = loss.gradient(np.zeros(3), loss.features(X, 1.0), loss.labels(y))
+        clipped = gradients * np.minimum(1.0, 0.4 / np.linalg.norm(gradients, axis=1, keepdims=True))
+        residuals.append((state["partial"] - clipped.sum(axis=0)) / math.sqrt(6))
+    scaled = np.asarray(residuals) / (learner.noise_multiplier * 0.4)
+    statistic = float(np.sum(scaled**2))
+    low, high = stats.chi2.ppf([5e-5, 1 - 5e-5], df=scaled.size)
+    assert low < statistic < high
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("case, law", [("subsampled", "hypergeometric"), ("checkin", "binomial")])
+def test_participation_counts_follow_their_law(case, law):
+    """After k = 6 records of a window the number of messages is Hypergeometric(N = 11, m = 4, k)
+    (sampling without replacement) or Bin(k, γ = 0.5) (check-in): chi-square goodness of fit over
+    600 seeds (false failure 1e-4)."""
+    counts = []
+    for seed in range(600):
+        learner = CASES[case](seed)
+        learner.learn_many(X3[:3], Y3[:3])
+        learner.learn_many(X3[3:6], Y3[3:6])
+        counts.append(int(learner.state_dict()["count"]))
+    support = np.arange(0, 7)
+    pmf = stats.hypergeom.pmf(support, 11, 4, 6) if law == "hypergeometric" else stats.binom.pmf(support, 6, 0.5)
+    observed = np.bincount(counts, minlength=7)
+    keep = pmf > 0
+    expected = 600 * pmf[keep]
+    assert observed[~keep].sum() == 0
+    # Merge the sparse tails into their neighbours so every expected count is ≥ 5.
+    obs, exp = _merge_small(observed[keep].astype(float), expected)
+    p = stats.chisquare(obs, exp).pvalue
+    assert p > 1e-4
+
+
+def _merge_small(observed, expected, minimum=5.0):
+    obs, exp = list(observed), list(expected)
+    while len(exp) > 2 and min(exp) < minimum:
+        i = int(np.argmin(exp))
+        j = i + 1 if i == 0 or (i + 1 < len(exp) and exp[i + 1] < exp[i - 1]) else i - 1
+        exp[j] += exp.pop(i)
+        obs[j] += obs.pop(i)
+    return np.array(obs), np.array(exp)
+
+
+def test_one_sgd_step_per_window():
+    learner = CASES["all"](1)
+    learner.learn_many(X3[:20], Y3[:20])
+    state = learner.state_dict()
+    assert state["weight"] == 2.0 and state["filled"] == 6 and state["records"] == 20
+    assert learner.release().shape == (3,) and np.linalg.norm(learner.release()) > 0
+
+
+def test_planned_batch_minimises_the_planning_cost_and_respects_the_horizon():
+    b = plan_batch_size(20, "shuffle", 1.0, 1e-6, 2**16)
+    assert b & (b - 1) == 0
+
+    def cost(k):
+        return k + 20 * noise_multiplier(Round("all", k, k, 1.0), "shuffle", 1.0, 1e-6, 1e-2, tuple(range(2, 49))) ** 2
+
+    assert cost(b) <= min(cost(b // 2) if b > 1 else math.inf, cost(2 * b))
+    learner = ShuffleGaussianSGD(20, LogisticLoss(), 1.0, 1e-6, horizon=8)
+    assert learner.batch_size <= 8 and learner.config()["batch_size"] == learner.batch_size
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"participation": "shuffled"}, "participation"),
+        ({"accounting": "none"}, "accounting"),
+        ({"epsilon": 0.0}, "epsilon"),
+        ({"delta": 1.0}, "delta"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 4, "window": 8}, "window"),
+        ({"batch_size": 4, "checkin_rate": 0.5}, "checkin_rate"),
+        ({"participation": "subsampled", "window": 5, "batch_size": 6}, "batch_size"),
+        ({"participation": "subsampled", "batch_size": 6}, "window"),
+        ({"participation": "checkin", "window": 5, "checkin_rate": 1.5}, "checkin_rate"),
+        ({"participation": "checkin", "window": 5, "checkin_rate": 0.5, "batch_size": 3}, "batch_size"),
+        ({"batch_size": 4, "clip": -1.0}, "clip"),
+        ({"batch_size": 4, "radius": 0.0}, "radius"),
+        ({"horizon": 0}, "horizon"),
+    ],
+)
+def test_invalid_parameters_are_named(kwargs, name):
+    arguments = {"dim": 3, "loss": LogisticLoss(), "epsilon": 1.0, "delta": DELTA, **kwargs}
+    with pytest.raises(InvalidInputError, match=f"'{name}' parameter of ShuffleGaussianSGD"):
+        ShuffleGaussianSGD(**arguments)
+
+
+def test_invalid_batches_and_states_are_refused():
+    learner = CASES["all"](0)
+    with pytest.raises(InvalidInputError, match="X must have shape"):
+        learner.learn_many(np.zeros((2, 4)), np.zeros(2))
+    with pytest.raises(InvalidInputError, match="labels must be"):
+        learner.learn_many(X3[:2], np.array([0.5, 1.0]))
+    state = learner.state_dict()
+    with pytest.raises(InvalidInputError, match="do not fit a window"):
+        learner.load_state_dict({**state, "filled": 7})
+    with pytest.raises(InvalidInputError, match="'partial'"):
+        learner.load_state_dict({**state, "partial": np.zeros(4)})
+    with pytest.raises(InvalidInputError, match="lacks 'moment'"):
+        learner.load_state_dict({k: v for k, v in state.items() if k != "moment"})
