@@ -106,8 +106,9 @@ class Source(Protocol):
     def count_records(self) -> int | None:
         """Number of records in a finite source (the public ``n``), or ``None`` if unbounded."""
 
-    def acknowledge(self, positions: Mapping[str, int]) -> None:
-        """Called after a checkpoint holding ``positions`` is durable."""
+    def acknowledge(self, positions: Mapping[str, int], strict: bool = False) -> None:
+        """Called after a checkpoint holding ``positions`` is durable (``strict``: before a
+        Kafka revocation, where a failure must stop the process)."""
 
     def lag(self) -> dict[str, int] | None:
         """Positions between the current position and the end, per key (Kafka only)."""
@@ -181,6 +182,19 @@ def display_name(url: str) -> str:
     return url
 
 
+# -- local sources -------------------------------------------------------------------------------
+
+
+class _LocalSource:
+    """What files and the synthetic stream share: nothing upstream to acknowledge, no lag."""
+
+    def acknowledge(self, positions: Mapping[str, int], strict: bool = False) -> None:
+        """Nothing to acknowledge: the checkpoint is the only record of progress."""
+
+    def lag(self) -> None:
+        return None
+
+
 # -- line files (JSONL, CSV, Adult) --------------------------------------------------------------
 
 
@@ -190,7 +204,7 @@ def _open_binary(path: Path) -> IO[bytes]:
     return open(path, "rb", buffering=1 << 20)
 
 
-class LineFileSource:
+class LineFileSource(_LocalSource):
     """One record per line; position = line index. ``.gz`` files are read transparently."""
 
     def __init__(self, path: Path, key: str, codec: Codec, positions: Mapping[str, int], skip_header: bool) -> None:
@@ -255,12 +269,6 @@ class LineFileSource:
     def _skips_header(self) -> bool:
         return self._codec.records.csv_header and self._codec.records.format == "csv"
 
-    def acknowledge(self, positions: Mapping[str, int]) -> None:
-        """Nothing to acknowledge: the checkpoint is the only record of progress."""
-
-    def lag(self) -> None:
-        return None
-
     def close(self) -> None:
         self._handle.close()
 
@@ -268,7 +276,7 @@ class LineFileSource:
 # -- recordings ---------------------------------------------------------------------------------
 
 
-class RecordingSource:
+class RecordingSource(_LocalSource):
     """Replay a ``panpriv record`` file under its original ``topic/partition`` keys and offsets.
 
     With ``recorded_pace`` the frames are released at the pace of their recorded timestamps.
@@ -329,12 +337,6 @@ class RecordingSource:
     def count_records(self) -> int:
         return self._reader.count()
 
-    def acknowledge(self, positions: Mapping[str, int]) -> None:
-        """Nothing to acknowledge."""
-
-    def lag(self) -> None:
-        return None
-
     def close(self) -> None:
         self._frames.close()
 
@@ -342,7 +344,7 @@ class RecordingSource:
 # -- synthetic ----------------------------------------------------------------------------------
 
 
-class SyntheticSource:
+class SyntheticSource(_LocalSource):
     """A seeded stream of ``n`` labelled records for demos, load tests and tests.
 
     Record ``i`` depends only on ``(seed, i)`` (blocks of 4096 records, each generated from
@@ -394,12 +396,6 @@ class SyntheticSource:
 
     def count_records(self) -> int:
         return self.n
-
-    def acknowledge(self, positions: Mapping[str, int]) -> None:
-        """Nothing to acknowledge."""
-
-    def lag(self) -> None:
-        return None
 
     def close(self) -> None:
         """Nothing to release."""
