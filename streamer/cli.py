@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from streamer.errors import CheckpointError, ConfigError, LearnerUnavailableError, StreamerError
+from streamer.errors import CheckpointError, ConfigError, LearnerInputError, LearnerUnavailableError, StreamerError
 
 log = logging.getLogger("panpriv")
 
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kafka").setLevel(logging.ERROR)
     try:
         return int(args.handler(args))
-    except (ConfigError, CheckpointError, LearnerUnavailableError) as exc:
+    except (ConfigError, CheckpointError, LearnerUnavailableError, LearnerInputError) as exc:
         print(f"panpriv {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except StreamerError as exc:

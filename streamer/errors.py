@@ -26,3 +26,8 @@ class SourceError(StreamerError):
 
 class LearnerUnavailableError(StreamerError):
     """A learner name is known to panpriv but its implementation is not in this build."""
+
+
+class LearnerInputError(StreamerError):
+    """The learner refused records that passed validation: ``[records]`` does not describe what
+    the learner accepts. The learner's own message is withheld (it may quote record values)."""

@@ -72,10 +72,11 @@ from typing import Any, Literal
 
 from accounting.ledger import PrivacyLedger, PrivacyReport
 from protocols.base import Learner
+from protocols.errors import ProtocolError
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
-from streamer.errors import ConfigError
+from streamer.errors import ConfigError, LearnerInputError
 from streamer.learners import build_learner, constructor_arguments, restore_learner
 from streamer.metrics import ServiceMetrics
 from streamer.progress import Progress
@@ -327,7 +328,16 @@ class Processor:
         else:
             decoded = self.codec.decode(batch.payloads)
         if len(decoded.y):
-            self.learner.learn_many(decoded.X, decoded.y)
+            try:
+                self.learner.learn_many(decoded.X, decoded.y)
+            except ProtocolError as exc:
+                # The learner's message may quote record values (e.g. an unexpected label), so it is
+                # not passed on. The state may be partly updated: stop without a checkpoint.
+                raise LearnerInputError(
+                    f"learner {self.learner.name!r} refused a validated micro-batch ({type(exc).__name__}); the "
+                    "[records] domain (label_values / label_min / label_max, dim) does not match what the "
+                    "learner accepts. Details are withheld because they may quote record values."
+                ) from None
         # Keep the ledger's view of the learner current (a learner whose guarantee grows with
         # records is then checked against max_epsilon at the next batch).
         self.ledger.register(self.instance, self.learner.privacy())

@@ -156,3 +156,19 @@ def test_seeded_mode_is_labelled_and_reproducible(stream, tmp_path) -> None:
     np.testing.assert_array_equal(a.last_snapshot["params"], b.last_snapshot["params"])
     assert not a.report.intrusion.is_meaningful  # no pan-private guarantee with a seed in memory
     assert any("seeded" in text for text in a.report.assumptions)
+
+
+def test_a_learner_refusing_validated_records_stops_without_quoting_them(stream, tmp_path, capsys) -> None:
+    """Labels 0/2 pass [records] validation here but not the logistic loss (0/1 or ±1): the run
+    stops with a message that does not contain the offending value, and takes no checkpoint."""
+    path = tmp_path / "labels.jsonl"
+    path.write_text("".join(json.dumps({"x": [0.1, 0.2, 0.3], "y": 2.0}) + "\n" for _ in range(50)))
+    from streamer.cli import main
+
+    argv = ["run", "--source", f"file:{path}", "--dim", "3", "--feature-bound", "1", "--metrics-port", "0",
+            "--out", str(tmp_path / "out"), "--config", str(tmp_path / "c.toml")]
+    (tmp_path / "c.toml").write_text("[records]\nlabel_values = [0, 2]\n")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "refused a validated micro-batch" in err and "2.0" not in err
+    assert CheckpointStore(tmp_path / "out" / "checkpoints").load() is None
