@@ -146,6 +146,7 @@ class Processor:
         self.rejects: Counter[str] = Counter()
         self.sequence = 0
         self.snapshots = 0
+        self._snapshot_records = -1  # records covered by the last snapshot (-1: none yet)
         self.last_snapshot: dict[str, Any] | None = None
         self._source: Source | None = None
         self._sinks: list[SnapshotSink] = []
@@ -177,6 +178,7 @@ class Processor:
             self.rejects = Counter(saved.rejects)
             self.sequence = saved.sequence
             self.snapshots = saved.snapshots
+            self._snapshot_records = int(saved.extra.get("snapshot_records", -1))
             log.info(
                 "resuming from checkpoint %d (%s records learned, %d source keys)",
                 saved.sequence, f"{saved.records:,}", len(saved.positions),
@@ -251,7 +253,9 @@ class Processor:
                 self._open_sinks()
                 outcome, message = self._loop(source)
                 # Clean stop: the state is consistent with the positions, so make it durable.
-                self._checkpoint(snapshot=True, finished=outcome == "finished")
+                # A final snapshot only if it would release something new: a release is not free
+                # for every learner (PNSGD accounts each one).
+                self._checkpoint(snapshot=self.learner.records_seen != self._snapshot_records, finished=outcome == "finished")
             finally:
                 self._close(source)
         log.info("%s: %s", outcome, message)
@@ -388,6 +392,7 @@ class Processor:
         self.sequence += 1
         if released is not None:
             self.snapshots += 1
+            self._snapshot_records = released.records
         positions = dict(self.positions)
         checkpoint = Checkpoint(
             sequence=self.sequence,
@@ -404,6 +409,7 @@ class Processor:
             snapshots=self.snapshots,
             config_hash=self._config_hash,
             privacy_config=self._privacy_config,
+            extra={"snapshot_records": self._snapshot_records},
         )
         durable_at = self.store.save(checkpoint)
         report = self.report()

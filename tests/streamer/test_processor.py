@@ -172,3 +172,12 @@ def test_a_learner_refusing_validated_records_stops_without_quoting_them(stream,
     err = capsys.readouterr().err
     assert "refused a validated micro-batch" in err and "2.0" not in err
     assert CheckpointStore(tmp_path / "out" / "checkpoints").load() is None
+
+
+def test_a_finished_run_resumed_releases_nothing_new(stream, tmp_path) -> None:
+    out = tmp_path / "out"
+    first = Processor(configure(stream, out)).run()
+    again = Processor(configure(stream, out)).run()
+    assert again.outcome == "finished" and again.records == first.records
+    assert again.snapshots == first.snapshots  # no second release of the same state
+    assert len(read_snapshots(out / "snapshots.jsonl")) == first.snapshots
