@@ -65,6 +65,12 @@ def gaussian_epsilon0(noise_multiplier: float, delta0: float) -> float:
     return analytic_epsilon(noise_multiplier, delta0, 2.0)
 
 
+@functools.lru_cache(maxsize=128)
+def _gaussian_sigma(epsilon0: float, delta0: float) -> float:
+    """The smallest noise multiplier σ with ``gaussian_epsilon0(σ, δ₀) <= ε₀`` (cached search)."""
+    return smallest_feasible(lambda s: gaussian_epsilon0(s, delta0), epsilon0)
+
+
 @dataclass(frozen=True)
 class GaussianRandomizer:
     """Clip to norm C, then add N(0, (σC)² I) (004 §5.2).
@@ -111,8 +117,7 @@ class GaussianRandomizer:
     @classmethod
     def calibrated(cls, clip: float, epsilon0: float, delta0: float) -> GaussianRandomizer:
         """The randomizer with the smallest σ (to 1e-6 relative, checked) that is (ε₀, δ₀)-DP."""
-        sigma = smallest_feasible(lambda s: gaussian_epsilon0(s, delta0), epsilon0)
-        return cls(clip, sigma, delta0)
+        return cls(clip, _gaussian_sigma(epsilon0, delta0), delta0)
 
 
 @dataclass(frozen=True)

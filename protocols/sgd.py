@@ -27,12 +27,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols.base import StateValue
+from accounting.ledger import Guarantee, PrivacyReport
+from protocols import validation as check
+from protocols.base import Learner, StateValue, check_batch
 from protocols.geometry import L2Ball
+from protocols.losses import Loss, as_loss
+from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
 from protocols.state_io import read_array, read_float
 
 Array = NDArray[np.float64]
@@ -99,3 +104,95 @@ def bound_sq(clip: float, noise_second_moment: float, messages: float, ridge_nor
     gradient (norm ≤ λr) gives E‖ĝ‖² ≤ (√(C² + v/k) + λr)².
     """
     return (math.sqrt(clip**2 + noise_second_moment / messages) + ridge_norm) ** 2
+
+
+class MessageSGDLearner(Learner):
+    """Shared parts of the learners that step on means of users' local-randomizer messages.
+
+    Subclass constructors call :meth:`_setup` first, then set ``_noise_moment`` (v of their
+    randomizer, :meth:`protocols.randomizers.LocalRandomizer.noise_second_moment`).
+    """
+
+    dim: int
+    loss: Loss
+    epsilon: float
+    delta: float
+    feature_bound: float
+    radius: float
+    clip: float | None
+    _clip: float
+    _params: int
+    _noise_moment: float
+    _noise: NoiseSource
+    _ball: L2Ball
+    _sgd: AveragedSGD
+    _records: int
+
+    def _setup(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, Any],
+        epsilon: float,
+        delta: float,
+        clip: float | None,
+        radius: float,
+        feature_bound: float,
+        rng: RngLike,
+    ) -> None:
+        """Validate and store the common arguments; start at θ₁ = 0 with no record seen.
+
+        ``clip=None`` means C = L, the loss's Lipschitz constant over Θ (clipping is then a no-op
+        up to rounding; it still makes the sensitivity hold by construction).
+        """
+        owner = type(self).__name__
+        self.dim = check.positive_int(owner, "dim", dim)
+        self.loss = as_loss(loss, owner)
+        self.epsilon = check.positive(owner, "epsilon", epsilon)
+        self.delta = check.open_unit(owner, "delta", delta)
+        self.radius = check.positive(owner, "radius", radius)
+        self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
+        self.clip = None if clip is None else check.positive(owner, "clip", clip)
+        self._clip = self.loss.lipschitz(self.feature_bound, self.radius) if clip is None else self.clip
+        self._params = self.loss.param_dim(self.dim)
+        self._ball = L2Ball(self.radius)
+        self._noise = NoiseSource(rng)
+        self._sgd = AveragedSGD.start(self._params)
+        self._records = 0
+
+    def _step(self, mean_message: Array, count: float) -> None:
+        """One SGD step on the mean of ``count`` messages plus the exact ridge gradient, with
+        G² from :func:`bound_sq`."""
+        bound = bound_sq(self._clip, self._noise_moment, count, self.loss.ridge * self.radius)
+        if self.loss.ridge:
+            mean_message = mean_message + self.loss.ridge_gradient(self._sgd.theta)
+        self._sgd = self._sgd.step(mean_message, bound, self._ball)
+
+    def release(self) -> Array:
+        """θ̄, the average of the iterates stepped from (:class:`AveragedSGD`)."""
+        return self._sgd.release()
+
+    def predict_many(self, X: Array) -> Array:
+        """``loss.predict`` at the released parameters."""
+        X, _ = check_batch(type(self).__name__, X, None, self.dim)
+        return self.loss.predict(self.release(), self.loss.features(X, self.feature_bound))
+
+    @property
+    def records_seen(self) -> int:
+        return self._records
+
+    def _report(
+        self, output: Guarantee, local: Guarantee, assumptions: list[str], references: list[str]
+    ) -> PrivacyReport:
+        """The report with the pan-private view every such learner has: an intrusion may read one
+        user's message, so it is bounded by the ``local`` guarantee — and by nothing in the
+        seeded replay/testing mode, where future noise is predictable."""
+        if self._noise.is_seeded:
+            assumptions = [*assumptions, SEEDED_WARNING]
+        return PrivacyReport(
+            mechanism=self.name,
+            records=self._records,
+            output=output,
+            intrusion=Guarantee.none() if self._noise.is_seeded else local,
+            assumptions=tuple(assumptions),
+            references=(*references, "000, Def. C.2"),
+        )

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,14 +68,13 @@ from accounting import shuffle_gaussian as sg
 from accounting.ledger import Guarantee, PrivacyReport
 from accounting.rdp import RdpCurve
 from protocols import validation as check
+from protocols.base import StateValue, check_batch
 from protocols.calibration import smallest_feasible
-from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
-from protocols.geometry import L2Ball
-from protocols.losses import Loss, as_loss
+from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
-from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
-from protocols.sgd import AveragedSGD, bound_sq
+from protocols.randomness import RngLike
+from protocols.sgd import AveragedSGD, MessageSGDLearner
 from protocols.state_io import read_array, read_float, read_int
 
 Array = NDArray[np.float64]
@@ -189,7 +188,7 @@ def plan_batch_size(params: int, accounting: str, epsilon: float, delta: float, 
     return min(candidates, key=cost)
 
 
-class ShuffleGaussianSGD(Learner):
+class ShuffleGaussianSGD(MessageSGDLearner):
     """Projected SGD over shuffled Gaussian messages, one round per window (004 §5.2, Thms 1–3).
 
     Parameters
@@ -248,18 +247,10 @@ class ShuffleGaussianSGD(Learner):
         horizon: int | None = None,
         rng: RngLike = None,
     ) -> None:
-        self.dim = check.positive_int(_OWNER, "dim", dim)
-        self.loss = as_loss(loss, _OWNER)
-        self.epsilon = check.positive(_OWNER, "epsilon", epsilon)
-        self.delta = check.open_unit(_OWNER, "delta", delta)
+        self._setup(dim, loss, epsilon, delta, clip, radius, feature_bound, rng)
         self.participation = check.choice(_OWNER, "participation", participation, PARTICIPATION)
         self.accounting = check.choice(_OWNER, "accounting", accounting, ACCOUNTING)
-        self.radius = check.positive(_OWNER, "radius", radius)
-        self.feature_bound = check.positive(_OWNER, "feature_bound", feature_bound)
         self.horizon = None if horizon is None else check.positive_int(_OWNER, "horizon", horizon)
-        self._params = self.loss.param_dim(self.dim)
-        self.clip = None if clip is None else check.positive(_OWNER, "clip", clip)
-        self._clip = self.loss.lipschitz(self.feature_bound, self.radius) if clip is None else self.clip
         self._round = self._make_round(batch_size, window, checkin_rate)
         self.batch_size = None if self.participation == "checkin" else self._round.batch
         self.window = None if self.participation == "all" else self._round.window
@@ -267,15 +258,12 @@ class ShuffleGaussianSGD(Learner):
 
         self.noise_multiplier = noise_multiplier(self._round, self.accounting, self.epsilon, self.delta)
         self._randomizer = GaussianRandomizer(self._clip, self.noise_multiplier, self.delta)
-        self._ball = L2Ball(self.radius)
-        self._noise = NoiseSource(rng)
+        self._noise_moment = self._randomizer.noise_second_moment(self._params)
         self._output, self._output_is_shuffle = self._output_guarantee()
 
-        self._records = 0
         self._filled = 0  # records of the current window seen
         self._count = 0.0  # messages in the partial sum (float: random under check-in/sampling)
         self._partial = np.zeros(self._params)
-        self._sgd = AveragedSGD.start(self._params)
 
     def _make_round(self, batch_size: int | None, window: int | None, rate: float | None) -> Round:
         """Validate the participation parameters (the rules are in the class docstring)."""
@@ -354,29 +342,12 @@ class ShuffleGaussianSGD(Learner):
     def _finish_round(self) -> None:
         """Mean of the round's messages + ridge gradient → one SGD step (skipped if no message)."""
         if self._count > 0.0:
-            theta = self._sgd.theta
-            gradient = self._partial / self._count + self.loss.ridge_gradient(theta)
-            bound = bound_sq(
-                self._clip, self._randomizer.noise_second_moment(self._params), self._count, self.loss.ridge * self.radius
-            )
-            self._sgd = self._sgd.step(gradient, bound, self._ball)
+            self._step(self._partial / self._count, self._count)
         self._filled = 0
         self._count = 0.0
         self._partial = np.zeros(self._params)
 
     # -- outputs -------------------------------------------------------------------------------
-
-    def release(self) -> Array:
-        """θ̄, the average of the iterates stepped from (:class:`protocols.sgd.AveragedSGD`)."""
-        return self._sgd.release()
-
-    def predict_many(self, X: Array) -> Array:
-        X, _ = check_batch(_OWNER, X, None, self.dim)
-        return self.loss.predict(self.release(), self.loss.features(X, self.feature_bound))
-
-    @property
-    def records_seen(self) -> int:
-        return self._records
 
     def local_guarantee(self) -> Guarantee:
         """(ε₀, δ) of one user's message (exact Gaussian profile, sensitivity 2C)."""
@@ -409,17 +380,7 @@ class ShuffleGaussianSGD(Learner):
             "in the current round; read right after a round's first message it shows that one "
             f"message, so one intrusion plus all outputs is bounded by the local guarantee {local}"
         )
-        if self._noise.is_seeded:
-            assumptions.append(SEEDED_WARNING)
-        references.append("000, Def. C.2")
-        return PrivacyReport(
-            mechanism=self.name,
-            records=self._records,
-            output=self._output,
-            intrusion=Guarantee.none() if self._noise.is_seeded else local,
-            assumptions=tuple(assumptions),
-            references=tuple(references),
-        )
+        return self._report(self._output, local, assumptions, references)
 
     def _participation_text(self) -> str:
         r = self._round

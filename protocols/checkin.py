@@ -1,0 +1,490 @@
+"""RandomCheckinSGD: distributed SGD with random check-ins (002, Algs 1 and 2, §4.2).
+
+Time and clients. Time is cut into *slots*; the server performs at most one model update per slot.
+Each record is one client who wakes up at a slot — from its stream position (``time="position"``:
+slot ⌊i / slot_length⌋ for the i-th record) or from its timestamp (``time="timestamp"``: slot
+⌊(t − origin) / slot_length⌋, timestamps passed to :meth:`RandomCheckinSGD.learn_many`). On waking
+the client performs a random check-in (002 Def. 3.1) with her own randomness: with probability p₀
+she requests one slot chosen uniformly from her window of m slots, otherwise she abstains
+(:func:`check_in` is the client-side helper for real deployments; in a replay it is simulated).
+
+- ``window="sliding"`` (002 §4.2): the window is {w, …, w + m − 1} for a client waking at slot w.
+- ``window="fixed"`` (002 Alg. 1): slots are grouped into rounds of m; a client waking during round r
+  checks into a slot of round r + 1 (in Alg. 1 every client checks in before the round's first
+  slot; in a stream that means the next round).
+
+Server. Slots are closed in order as time passes (a record waking at slot w closes every slot
+< w). ``update="single"`` (002 Alg. 1): one client among those checked in at the slot is chosen
+uniformly (each candidate draws a uniform key, the least key wins — the client-side equivalent of
+the server's uniform pick, independent of all data); her message updates the model; an empty slot
+gets a *dummy update*, the same local randomizer applied to the zero gradient.
+``update="averaged"`` (002 Alg. 2): all checked-in clients' messages are averaged; empty slots are
+skipped. Each update is a projected SGD step with public step sizes (:class:`protocols.sgd.AveragedSGD`),
+and the released model is the average of the iterates.
+
+Local randomizer (``randomizer``): ``"l2"`` — the pure ε₀-DP ℓ2-ball mechanism of Duchi, Jordan &
+Wainwright (proof in :class:`protocols.randomizers.L2BallRandomizer`); ``"gaussian"`` — clip to C
+and add N(0, (σC)² I), an (ε₀, δ₀)-DP randomizer.
+
+Deviation forced by streaming (stated in every report). In 002 the chosen client receives the
+current model θ_j at her slot j and computes her gradient then. A replayed record is available only
+when it arrives, and raw records never stay in the process, so here a client who checks in computes
+and randomizes her gradient *on arrival*, at the model of that time, and the message waits for its
+slot (at most m slots for sliding windows, 2m for fixed ones). Privacy is unaffected: the message
+is still the local randomizer applied to her record with parameters that depend only on earlier
+outputs (an adaptive local randomizer, as the accounting requires). Utility pays for staleness.
+
+Guarantee against the analyzer (``output``), from :mod:`accounting.checkin`, per record:
+
+- single update, ε₀-DP randomizer: the amplified bound derived there for 002 Thm 3.2 (fixed window)
+  or the setting of Thm 4.3 (sliding windows), at the target δ; the randomizer's ε₀ is the largest
+  for which that bound meets the target ε (never below ε itself: the bound is never above ε₀).
+- averaged updates (002 Thm 4.1), or the Gaussian randomizer (an (ε₀, δ₀) randomizer, for which no
+  amplified bound is derived): the unamplified fallback (ε₀, δ₀) — each record passes at most once
+  through the local randomizer — with ε₀ (resp. σ) calibrated to the target directly.
+
+Each record wakes once and so takes part in at most one window; records in other windows use the
+same records in both neighbouring worlds, which is what the accounting assumes.
+
+Pan-private view (``intrusion``). The state holds the model, its average and, for each pending
+slot, the kept candidate's message (single) or the running sum of messages and their count
+(averaged): local-randomizer outputs. An intruder may see a record's message itself, so one
+intrusion plus all outputs is bounded by the local guarantee (ε₀, δ₀) — which is also the
+output bound when nothing is amplified.
+
+References
+----------
+002 (Balle, Kairouz, McMahan, Thakkar, Thakurta 2020), Def. 3.1, Alg. 1, Thm 3.2, Alg. 2, Thm 4.1,
+§4.2 and Thm 4.3; formulas.md (002 formulas [recalled]/[not available]); 000, Def. C.2.
+Duchi, Jordan & Wainwright (2018) (the ℓ2 randomizer).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from accounting.checkin import CheckinGuarantee, averaged_updates, fixed_window, sliding_window
+from accounting.ledger import Guarantee, PrivacyReport
+from protocols import validation as check
+from protocols.base import StateValue, check_batch
+from protocols.calibration import smallest_feasible
+from protocols.errors import InvalidInputError
+from protocols.losses import Loss
+from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
+from protocols.randomness import NoiseSource, RngLike
+from protocols.sgd import AveragedSGD, MessageSGDLearner
+from protocols.state_io import read_array, read_int
+
+Array = NDArray[np.float64]
+
+UPDATES = ("single", "averaged")
+WINDOWS = ("sliding", "fixed")
+TIMES = ("position", "timestamp")
+RANDOMIZERS = ("l2", "gaussian")
+NO_CANDIDATE = 1.0
+"""Key of a slot with no candidate (drawn keys lie in [0, 1))."""
+
+_OWNER = "RandomCheckinSGD"
+
+
+def window_start(wake_slot: int | NDArray[np.int64], slots: int, window: str) -> int | NDArray[np.int64]:
+    """First slot of the check-in window of a client waking at ``wake_slot``.
+
+    ``"sliding"``: the wake slot itself (002 §4.2). ``"fixed"``: the first slot of the next round of
+    ``slots`` slots (002 Alg. 1, every client checks in before the round starts).
+    """
+    if window == "sliding":
+        return wake_slot
+    return (wake_slot // slots + 1) * slots
+
+
+def check_in_slots(
+    first_slots: NDArray[np.int64], slots: int, probability: float, generator: np.random.Generator
+) -> NDArray[np.int64]:
+    """Random check-ins (002 Def. 3.1) of clients whose windows start at ``first_slots``.
+
+    Each client, independently: with probability p₀ the slot ``first + U{0, …, slots − 1}``,
+    otherwise −1 (abstains).
+    """
+    first_slots = np.asarray(first_slots, dtype=np.int64)
+    joins = generator.random(first_slots.shape) < probability
+    offsets = generator.integers(0, slots, size=first_slots.shape)
+    return np.where(joins, first_slots + offsets, -1)
+
+
+def check_in(
+    wake_slot: int, slots: int, probability: float, window: str = "sliding", rng: RngLike = None
+) -> int | None:
+    """Client side of a random check-in, for real deployments: the slot to request, or ``None``.
+
+    Parameters
+    ----------
+    wake_slot
+        The slot at which the client becomes available (≥ 0).
+    slots
+        m, the window length in slots.
+    probability
+        p₀ in (0, 1], the probability of checking in at all.
+    window
+        ``"sliding"`` or ``"fixed"`` (see :func:`window_start`).
+    rng
+        ``None`` (default): fresh OS entropy, as a client must use; a seed only for tests.
+
+    References
+    ----------
+    002, Def. 3.1 (an (R, p₀) check-in), Alg. 1 (client side), §4.2.
+    """
+    owner = "check_in"
+    wake_slot = check.positive_int(owner, "wake_slot", wake_slot, minimum=0)
+    slots = check.positive_int(owner, "slots", slots)
+    probability = _probability(owner, "probability", probability)
+    window = check.choice(owner, "window", window, WINDOWS)
+    first = np.array([window_start(wake_slot, slots, window)], dtype=np.int64)
+    slot = int(check_in_slots(first, slots, probability, NoiseSource(rng).generator())[0])
+    return None if slot < 0 else slot
+
+
+@functools.lru_cache(maxsize=128)
+def amplified_epsilon0(update: str, window: str, probability: float, slots: int, epsilon: float, delta: float) -> float:
+    """The largest ε₀ (to 1e-6 relative) whose check-in bound at δ is at most ε (cached).
+
+    Only single updates amplify (:func:`guarantee`); otherwise this is ε. The bound is
+    non-decreasing in ε₀ and equals ε₀ when nothing is gained, so the result is at least ε.
+    """
+    bound = _accountant(update, window)
+    if update == "averaged":
+        return epsilon
+    # smallest_feasible searches a non-increasing function: search x = 1/ε₀.
+    x = smallest_feasible(lambda x: bound(1.0 / x, probability, slots, delta).epsilon, epsilon)
+    return max(epsilon, 1.0 / x)
+
+
+def guarantee(update: str, window: str, epsilon0: float, delta0: float, probability: float, slots: int, delta: float) -> CheckinGuarantee:
+    """The output guarantee of a check-in protocol from :mod:`accounting.checkin`.
+
+    single + fixed: ``fixed_window`` (002 Thm 3.2); single + sliding: ``sliding_window`` (the
+    setting of 002 Thm 4.3); averaged: ``averaged_updates`` (002 Thm 4.1, unamplified). With
+    δ₀ > 0 every one of them is the unamplified fallback (ε₀, δ₀).
+    """
+    if update == "averaged":
+        return averaged_updates(epsilon0, delta0)
+    return _accountant(update, window)(epsilon0, probability, slots, delta, delta0)
+
+
+def _accountant(update: str, window: str) -> Callable[..., CheckinGuarantee]:
+    return fixed_window if window == "fixed" else sliding_window
+
+
+class RandomCheckinSGD(MessageSGDLearner):
+    """SGD with random check-ins of streaming clients (002 Algs 1–2, sliding windows §4.2).
+
+    Parameters
+    ----------
+    dim
+        Number of raw features d.
+    loss
+        A :class:`protocols.losses.Loss` or its config dict.
+    epsilon, delta
+        Target output guarantee per record; the local randomizer is calibrated to meet it (module
+        docstring).
+    update
+        ``"single"`` (Alg. 1: one client or a dummy per slot) or ``"averaged"`` (Alg. 2).
+    window
+        ``"sliding"`` (default) or ``"fixed"``.
+    slots
+        m, the check-in window length in slots.
+    checkin_probability
+        p₀ in (0, 1].
+    time
+        ``"position"`` (default) or ``"timestamp"``: where the wake-up slot comes from.
+    slot_length
+        Records per slot (``"position"``, an integer ≥ 1) or seconds per slot (``"timestamp"``).
+    origin
+        Timestamp of the start of slot 0 (``"timestamp"`` only); timestamps must be ≥ origin.
+    randomizer
+        ``"l2"`` (pure ε₀-DP, default) or ``"gaussian"``.
+    clip
+        C, the norm gradients are clipped to; ``None``: the loss's Lipschitz constant over Θ.
+    radius
+        Radius r of Θ (D = 2r).
+    feature_bound
+        Features are clipped to this norm.
+    rng
+        ``None`` (default): fresh OS entropy for every draw. A seed or generator: the labelled
+        replay/testing mode (no pan-private guarantee).
+
+    References
+    ----------
+    002, Def. 3.1, Algs 1–2, Thms 3.2, 4.1, 4.3, §4.2; Duchi, Jordan & Wainwright (2018).
+    """
+
+    name = "checkin"
+
+    def __init__(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, Any],
+        epsilon: float,
+        delta: float,
+        update: str = "single",
+        window: str = "sliding",
+        slots: int = 1000,
+        checkin_probability: float = 1.0,
+        time: str = "position",
+        slot_length: float = 1,
+        origin: float = 0.0,
+        randomizer: str = "l2",
+        clip: float | None = None,
+        radius: float = 1.0,
+        feature_bound: float = 1.0,
+        rng: RngLike = None,
+    ) -> None:
+        self._setup(dim, loss, epsilon, delta, clip, radius, feature_bound, rng)
+        self.update = check.choice(_OWNER, "update", update, UPDATES)
+        self.window = check.choice(_OWNER, "window", window, WINDOWS)
+        self.slots = check.positive_int(_OWNER, "slots", slots)
+        self.checkin_probability = _probability(_OWNER, "checkin_probability", checkin_probability)
+        self.time = check.choice(_OWNER, "time", time, TIMES)
+        if self.time == "position":
+            self.slot_length: float = check.positive_int(_OWNER, "slot_length", slot_length)
+        else:
+            self.slot_length = check.positive(_OWNER, "slot_length", slot_length)
+        self.origin = check.nonnegative(_OWNER, "origin", origin) if self.time == "timestamp" else 0.0
+        if self.time == "position" and origin != 0.0:
+            raise InvalidInputError(check.message(_OWNER, "origin", "0.0 when time='position'", origin))
+        self.randomizer = check.choice(_OWNER, "randomizer", randomizer, RANDOMIZERS)
+        self._local = self._make_randomizer()
+        local = self._local.local_guarantee()
+        self._output = guarantee(
+            self.update, self.window, local.epsilon, local.delta, self.checkin_probability, self.slots, self.delta
+        )
+        self._noise_moment = self._local.noise_second_moment(self._params)
+        self._buffer = self.slots if self.window == "sliding" else 2 * self.slots  # pending slots
+
+        self._latest = -1  # wake slot of the latest record (−1: none yet)
+        self._clock = -1  # first slot not yet closed (−1: not started)
+        self._messages = np.zeros((self._buffer, self._params))  # per pending slot (index slot mod buffer)
+        self._marks = np.full(self._buffer, NO_CANDIDATE if self.update == "single" else 0.0)
+
+    def _make_randomizer(self) -> LocalRandomizer:
+        """The local randomizer, calibrated to the target (module docstring)."""
+        if self.randomizer == "gaussian":
+            return GaussianRandomizer.calibrated(self._clip, self.epsilon, self.delta)
+        epsilon0 = amplified_epsilon0(
+            self.update, self.window, self.checkin_probability, self.slots, self.epsilon, self.delta
+        )
+        return L2BallRandomizer(self._clip, epsilon0)
+
+    @property
+    def local_randomizer(self) -> LocalRandomizer:
+        """The calibrated local randomizer (its ε₀ or noise multiplier)."""
+        return self._local
+
+    # -- learning ------------------------------------------------------------------------------
+
+    def learn_many(self, X: Array, y: Array, timestamps: Array | None = None) -> None:
+        """Add a micro-batch of clients, in arrival order; any split gives the same mechanism.
+
+        ``timestamps`` (shape (m,)) are required with ``time="timestamp"`` and refused otherwise;
+        wake slots must not decrease along the stream.
+        """
+        X, y = check_batch(_OWNER, X, y, self.dim)
+        wake = self._wake_slots(X.shape[0], timestamps)
+        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
+        starts = np.flatnonzero(np.diff(wake, prepend=-1)).tolist()
+        for begin, end in zip(starts, starts[1:] + [wake.size], strict=True):
+            slot = int(wake[begin])
+            if self._clock < 0:
+                self._clock = int(window_start(slot, self.slots, self.window))
+            self._close_until(slot)
+            self._arrive(slot, Z[begin:end], labels[begin:end])
+            self._records += int(end - begin)
+            self._latest = slot
+
+    def _wake_slots(self, count: int, timestamps: Array | None) -> NDArray[np.int64]:
+        if self.time == "position":
+            if timestamps is not None:
+                raise InvalidInputError(check.message(_OWNER, "timestamps", "None when time='position'", "an array"))
+            return (self._records + np.arange(count, dtype=np.int64)) // int(self.slot_length)
+        if timestamps is None:
+            raise InvalidInputError(check.message(_OWNER, "timestamps", "an array of shape (m,) when time='timestamp'", None))
+        t = np.asarray(timestamps, dtype=np.float64)
+        if t.shape != (count,) or not np.all(np.isfinite(t)) or np.any(t < self.origin):
+            raise InvalidInputError(
+                f"{_OWNER}: timestamps must be {count} finite floats >= origin = {self.origin:g}; got shape {t.shape}"
+            )
+        wake = np.floor((t - self.origin) / self.slot_length).astype(np.int64)
+        if np.any(np.diff(np.r_[max(self._latest, 0), wake]) < 0):
+            raise InvalidInputError(f"{_OWNER}: timestamps go back in time (wake slots must not decrease)")
+        return wake
+
+    def _arrive(self, slot: int, Z: Array, labels: Array) -> None:
+        """Clients waking at ``slot``: check in, and those who may be used send their message."""
+        generator = self._noise.generator()
+        first = window_start(slot, self.slots, self.window)
+        targets = check_in_slots(np.full(Z.shape[0], first), self.slots, self.checkin_probability, generator)
+        rows = np.flatnonzero(targets >= 0)
+        if rows.size == 0:
+            return
+        index = targets[rows] % self._buffer
+        if self.update == "single":
+            rows, index = self._winners(rows, index, generator)
+        if rows.size == 0:
+            return
+        gradients = self.loss.gradient(self._sgd.theta, Z[rows], labels[rows])
+        messages = self._local.privatize(gradients, generator)
+        if self.update == "single":
+            self._messages[index] = messages
+        else:
+            np.add.at(self._messages, index, messages)
+            np.add.at(self._marks, index, 1.0)
+
+    def _winners(
+        self, rows: NDArray[np.int64], index: NDArray[np.int64], generator: np.random.Generator
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Uniform choice among each slot's candidates: every candidate draws a key in [0, 1), the
+        least key over all of the slot's candidates (earlier and new) wins. Returns the new
+        candidates that now hold their slot (only they compute a message; the others will never
+        be queried), after recording their keys."""
+        keys = generator.random(rows.size)
+        if rows.size == 1:  # the common case of one client per slot
+            best = np.zeros(1, dtype=np.int64)
+        else:
+            order = np.lexsort((keys, index))
+            sorted_index = index[order]
+            best = order[np.concatenate(([True], sorted_index[1:] != sorted_index[:-1]))]
+        better = keys[best] < self._marks[index[best]]
+        best = best[better]
+        self._marks[index[best]] = keys[best]
+        return rows[best], index[best]
+
+    def _close_until(self, slot: int) -> None:
+        """Close every slot before ``slot``, in order (one update each, or none for an empty
+        averaged slot)."""
+        if slot <= self._clock:
+            return
+        generator = self._noise.generator()
+        if self.update == "averaged":  # only pending slots can hold messages; the rest are skipped
+            for j in range(self._clock, min(slot, self._clock + self._buffer)):
+                self._close(j, generator)
+        else:
+            for j in range(self._clock, slot):
+                self._close(j, generator)
+        self._clock = slot
+
+    def _close(self, slot: int, generator: np.random.Generator) -> None:
+        i = slot % self._buffer
+        if self.update == "single":
+            has_message = self._marks[i] < NO_CANDIDATE
+            message = self._messages[i] if has_message else self._local.dummy(1, self._params, generator)[0]
+            self._step(message, 1.0)
+        elif self._marks[i] > 0.0:
+            self._step(self._messages[i] / self._marks[i], self._marks[i])
+        self._messages[i] = 0.0
+        self._marks[i] = NO_CANDIDATE if self.update == "single" else 0.0
+
+    # -- outputs -------------------------------------------------------------------------------
+
+    def privacy(self) -> PrivacyReport:
+        """Output: the check-in guarantee of :mod:`accounting.checkin`; intrusion: the local one."""
+        local = self._local.local_guarantee()
+        output = Guarantee(self._output.epsilon, self._output.delta)
+        randomizer = (
+            f"the l2-ball randomizer of Duchi, Jordan & Wainwright with epsilon0 = {local.epsilon:.6g} "
+            f"(pure), gradients clipped to C = {self._clip:.6g}"
+            if self.randomizer == "l2"
+            else f"gradient clipped to C = {self._clip:.6g} plus N(0, (sigma C)^2 I) with sigma = "
+            f"{self._local.noise_multiplier:.6g}: ({local.epsilon:.6g}, {local.delta:g})-DP for sensitivity 2C"  # type: ignore[union-attr]
+        )
+        assumptions = [
+            "neighbouring streams differ in one record (replacement); each record is one client who "
+            f"wakes once; stream positions{', timestamps' if self.time == 'timestamp' else ''}, slots "
+            "and which slots were updated are public",
+            f"local randomizer: {randomizer}; a dummy update is the same randomizer applied to the "
+            "zero gradient",
+            f"random check-ins (002 Def. 3.1) with probability {self.checkin_probability:g} into a "
+            f"{self.window} window of {self.slots} slots, decided with the client's own randomness; "
+            "the server chooses among checked-in clients without looking at their data",
+            "streaming deviation from 002: a client computes and randomizes her gradient on arrival, at "
+            "the model of that time, and the message waits for its slot (privacy unaffected: an "
+            "adaptive local randomizer)",
+            f"{self._output.theorem}: {self._output.status}"
+            + (" (accounting.checkin, derivation in per_slot_epsilons)" if self._output.status == "derived" else
+               " - each record passes at most once through the local randomizer"),
+            f"pan-privacy: the state holds pending slots' local-randomizer messages; one intrusion plus "
+            f"all outputs is bounded by the local guarantee {local}",
+        ]
+        references = ["002, Def. 3.1", "002, Alg. 2" if self.update == "averaged" else "002, Alg. 1"]
+        references.append(self._output.theorem.split(" (")[0].replace("002 ", "002, "))
+        references.append("Duchi, Jordan & Wainwright 2018" if self.randomizer == "l2" else "Balle & Wang 2018, Thm 8")
+        return self._report(output, local, assumptions, references)
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "loss": self.loss.config(),
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "update": self.update,
+            "window": self.window,
+            "slots": self.slots,
+            "checkin_probability": self.checkin_probability,
+            "time": self.time,
+            "slot_length": self.slot_length,
+            "origin": self.origin,
+            "randomizer": self.randomizer,
+            "clip": self.clip,
+            "radius": self.radius,
+            "feature_bound": self.feature_bound,
+        }
+
+    def state_dict(self) -> dict[str, StateValue]:
+        """Counters and slots (public), the iterates, and the pending slots' noisy messages.
+
+        ``slot_messages`` is the (slots in the buffer × parameters) array flattened row by row
+        (1-D, as :mod:`protocols.checks` compares state arrays coordinate by coordinate).
+
+        ``slot_keys`` (single: the least check-in key per pending slot, 1 if none) or
+        ``slot_counts`` (averaged: messages summed per pending slot, a random count stored as a
+        float) accompany ``slot_messages``.
+        """
+        marks = "slot_keys" if self.update == "single" else "slot_counts"
+        return {
+            "records": self._records,
+            "latest": self._latest,
+            "clock": self._clock,
+            "slot_messages": self._messages.ravel().copy(),
+            marks: self._marks.copy(),
+            **self._sgd.state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        records = read_int(_OWNER, state, "records")
+        latest = read_int(_OWNER, state, "latest", minimum=-1)
+        clock = read_int(_OWNER, state, "clock", minimum=-1)
+        messages = read_array(_OWNER, state, "slot_messages", (self._buffer * self._params,))
+        marks = read_array(_OWNER, state, "slot_keys" if self.update == "single" else "slot_counts", (self._buffer,))
+        valid = np.all((marks >= 0.0) & (marks <= 1.0)) if self.update == "single" else np.all(marks == np.floor(marks))
+        if not valid or np.any(marks < 0.0) or (records > 0) != (latest >= 0) or (latest >= 0) != (clock >= 0):
+            raise InvalidInputError(
+                f"{_OWNER}.load_state_dict: slot marks or counters are inconsistent; was the state saved "
+                "under another config?"
+            )
+        sgd = AveragedSGD.from_state(_OWNER, state, self._params)
+        self._records, self._latest, self._clock = records, latest, clock
+        self._messages, self._marks, self._sgd = messages.reshape(self._buffer, self._params), marks, sgd
+
+
+def _probability(owner: str, name: str, value: object) -> float:
+    """A float in (0, 1]."""
+    number = check.positive(owner, name, value)
+    if number > 1.0:
+        raise InvalidInputError(check.message(owner, name, "a float in (0, 1]", value))
+    return number
