@@ -135,7 +135,10 @@ class LearnerConfig(_Section):
     epsilon: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     delta: float = Field(default=1e-6, gt=0, lt=1)
     n: int | None = Field(default=None, ge=1, description="public stream length; None = from a finite source")
-    max_epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_epsilon: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="stop before the ε of the output guarantee, or of a claimed intrusion guarantee, would exceed this",
+    )
     max_records_per_user: int | None = Field(default=None, ge=1)
     seed: int | None = Field(default=None, ge=0, description="TEST/REPLAY ONLY: seeded noise is not pan-private")
     options: Options = Field(default_factory=dict, description="learner-specific constructor arguments")

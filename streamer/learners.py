@@ -48,6 +48,8 @@ class Entry:
 REGISTRY: dict[str, Entry] = {
     "pan-acsa": Entry("protocols.pan_acsa", "PanPrivateACSA", {"loss": {"name": "logistic"}}),
     "pnsgd": Entry("protocols.pnsgd", "OnlinePNSGD", {"loss": {"name": "logistic"}}),
+    "shuffle-gaussian": Entry("protocols.shuffle_gaussian", "ShuffleGaussianSGD", {"loss": {"name": "logistic"}}),
+    "checkin": Entry("protocols.checkin", "RandomCheckinSGD", {"loss": {"name": "logistic"}}),
 }
 
 NOT_STREAMABLE: dict[str, str] = {

@@ -77,3 +77,31 @@ def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch) -> 
     # The report is the learner's, composed by the ledger: ε as configured, δ from 003's bound.
     assert final.report.output.epsilon == 1.0 and 0.0 < final.report.output.delta < 1.0
     assert final.report == final.report.__class__.from_dict(final.last_snapshot["privacy"])
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_registered_learner_streams_stops_and_resumes_exactly_once(name, tmp_path, monkeypatch) -> None:
+    options = {"pnsgd": {"eta": 0.5, "radius": 2.0}}.get(name, {})
+    overrides = {**SYNTHETIC, "learner.name": name, "learner.options": options, "source.batch_records": 300,
+                 "checkpoint.every_records": 700, "snapshots.every_records": 1500, "metrics.port": None,
+                 "out": str(tmp_path / "out")}
+    original = Processor._process
+    calls = {"n": 0}
+
+    def stop_after_seven(self, batch):
+        calls["n"] += 1
+        if calls["n"] > 7:
+            self.stop_event.set()
+            return 0
+        return original(self, batch)
+
+    monkeypatch.setattr(Processor, "_process", stop_after_seven)
+    assert Processor(load_config(None, overrides)).run().records == 2100
+    monkeypatch.undo()
+    result = Processor(load_config(None, overrides)).run()
+    assert (result.outcome, result.records) == ("finished", 6000)
+    checkpoint = CheckpointStore(tmp_path / "out" / "checkpoints").load()
+    assert (checkpoint.learner, checkpoint.records) == (name, 6000)
+    segments = PrivacyLedger.from_dict(checkpoint.ledger).coverage("synthetic:seed=2,dim=4")
+    assert [(s.start, s.stop, len(s.uses)) for s in segments] == [(0, 6000, 1)]
+    assert result.report.output.is_meaningful
