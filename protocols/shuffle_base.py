@@ -1,0 +1,341 @@
+"""What the encoder-based shuffle learners share: PVEC rounds over a stream, and the local bound.
+
+:class:`~protocols.shuffle_sgd.ShuffleSGD` (000, Alg. 3), :class:`~protocols.shuffle_acsa.ShuffleACSA`
+(000, Alg. 4) and :class:`~protocols.shuffle_gd.ShuffleGD` (000, Alg. 5) all proceed in *rounds*:
+the model is fixed during a round; each user (record) of the round computes her gradient at the
+model's query point, clips it to norm L and runs PVEC's local randomizer on it
+(:meth:`protocols.encoder.VectorSum.randomize`, 000 Alg. 2 over Alg. 1); when the round's last user
+has reported, the analyzer turns the shuffled messages into an unbiased estimate of the gradient
+sum (:meth:`~protocols.encoder.VectorSum.analyze`), divides by the number of users and the learner
+takes a step. :class:`EncodedLearner` implements that loop once; each learner supplies the round's
+:class:`~protocols.encoder.VectorSum`, the gradients at its query point, and the step.
+
+State between micro-batches (micro-batch invariance)
+----------------------------------------------------
+A round may straddle ``learn_many`` calls. The learner then keeps only what the shuffler has
+received so far, in its canonical form: the per-coordinate totals of one-bits of the users of the
+round so far (``totals``) and their number (``filled``). No raw record and no un-randomized gradient
+is kept. Each user's message is drawn independently of how the stream is cut, and the totals are
+sums of messages, so the state has the same distribution however the stream is split.
+``totals`` is stored as float64 holding exact integers (below 2⁵³ in any sane configuration):
+the conformance suite reads integer arrays as counters, and these are noisy values, not counters.
+
+Pan-private view (000, Def. C.2)
+--------------------------------
+Encoder, shuffler and analyzer run in this one process. An intruder who reads the state between two
+records sees the model (a post-processing of earlier rounds' analyzer outputs) and ``totals``. Right
+after the first user of a round has reported, ``totals`` *is* her message: so the most an intrusion
+adds is one user's message, protected only by her own binomial noise — the *local* guarantee of
+PVEC's randomizer (:func:`message_guarantee`), which is far weaker than the shuffle-model guarantee
+whenever the round has many users (roughly ε·√b for b users under the tight calibration). The
+learners report it as such.
+
+References
+----------
+000 (Cheu, Joseph, Mao, Peng): Alg. 1, Alg. 2, Thm 3.2 (PVEC), Algs 3–5, Def. 2.7 (sequential
+interactivity), Def. C.2 (pan-privacy), App. A.3 (robust shuffle privacy).
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import math
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from accounting.binomial import pvec_parameters, tight_delta
+from accounting.errors import InvalidParameterError
+from accounting.gaussian import analytic_sigma
+from accounting.ledger import Guarantee, PrivacyReport
+from protocols import validation as check
+from protocols.base import Learner, StateValue, check_batch
+from protocols.encoder import VectorSum
+from protocols.errors import InvalidInputError
+from protocols.geometry import L2Ball
+from protocols.losses import Loss, as_loss
+from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from protocols.state_io import read_array, read_int
+
+Array = NDArray[np.float64]
+
+CALIBRATIONS = ("tight", "paper")
+
+NORM_SLACK = 1e-9
+"""Relative margin between the clip norm L and the ℓ₂ bound Δ₂ = L(1 + slack) declared to PVEC:
+clipping to L is exact only up to a few ulps, and the encoder refuses rows above Δ₂."""
+
+LOCAL_GRID = 2.0**0.25
+"""Ratio of the geometric grid on which :func:`message_guarantee` searches the local ε (the
+reported ε is at most this factor above the least ε the accountant proves)."""
+
+_LOCAL_MAX_EPSILON = 1e4  # beyond this the local guarantee is reported as none
+
+
+def max_guarantee(a: Guarantee, b: Guarantee) -> Guarantee:
+    """Componentwise maximum: a guarantee implied by each of ``a`` and ``b``."""
+    return Guarantee(max(a.epsilon, b.epsilon), max(a.delta, b.delta))
+
+
+def sum_variance_hint(
+    calibration: str, d: int, epsilon: float, delta: float, l2_bound: float, honest_fraction: float
+) -> float:
+    """Approximate per-coordinate variance of PVEC's sum estimate, for *planning* only.
+
+    The variance hardly depends on the number of users (the noise is calibrated to the sensitivity
+    Δ = 2Δ₂ of the sum, whatever n is), so plans (batch sizes, step sizes) can be made before the
+    batch size is known. ``"paper"``: the exact bound of 000 Thm 3.2's parameters for one user
+    (:func:`accounting.binomial.pvec_parameters`). ``"tight"``: the Gaussian proxy
+    (2Δ₂·σ_unit)²/γ with σ_unit the analytic-Gaussian noise per unit sensitivity at (ε, δ) — the
+    tight calibration is within ~20 % of it (:mod:`accounting.binomial`). Privacy never depends on
+    this number: the noise added is always that of the calibrated :class:`VectorSum`.
+    """
+    if calibration == "paper":
+        return pvec_parameters(1, d, epsilon, delta, l2_bound, honest_fraction).variance_bound
+    return (2.0 * l2_bound * analytic_sigma(epsilon, delta)) ** 2 / honest_fraction
+
+
+@functools.lru_cache(maxsize=256)
+def _local_epsilon(g: int, b: int, p: float, d: int, delta: float, start: float) -> float:
+    """Least ε = start·LOCAL_GRID^k (k ≥ 0) with tight_delta(ε; one user) ≤ δ, or inf."""
+
+    def passes(k: int) -> bool:
+        return tight_delta(start * LOCAL_GRID**k, g, b, p, d, 1) <= delta
+
+    if passes(0):
+        return start
+    low, high = 0, 4  # grid indices: low fails; search doubling ε until one passes
+    while not passes(high):
+        low, high = high, 2 * high
+        if start * LOCAL_GRID**high > _LOCAL_MAX_EPSILON:
+            return math.inf
+    while high - low > 1:
+        middle = (low + high) // 2
+        if passes(middle):
+            high = middle
+        else:
+            low = middle
+    return start * LOCAL_GRID**high
+
+
+def message_guarantee(vector_sum: VectorSum, delta: float, floor: float) -> Guarantee:
+    """(ε, δ) of one user's PVEC message on its own: the local guarantee of R_VEC.
+
+    One user's message is the per-coordinate counts x̄ + η with η ~ Bin(b, p): the protocol of
+    :func:`accounting.binomial.tight_delta` with a single noisy user, so its bound applies
+    verbatim (its steps 1–8 never use more than the one user's noise). The ε returned is the least
+    point of the grid ``floor·LOCAL_GRID^k`` (k ≥ 0) at which that bound is ≤ ``delta``; the grid
+    starts at ``floor`` because callers only need the local bound where it exceeds their shuffle
+    guarantee. ``Guarantee.none()`` if even ε = 10⁴ fails.
+    """
+    epsilon = _local_epsilon(vector_sum.g, vector_sum.b, vector_sum.p, vector_sum.d, delta, floor)
+    if math.isinf(epsilon):
+        return Guarantee.none()
+    return Guarantee(epsilon, delta)
+
+
+SMOOTHING = ("auto", "moreau", "none")
+
+
+def uses_moreau(owner: str, loss: Loss, smoothing: str) -> bool:
+    """Whether to optimise the Moreau envelope (000, Def. 4.5, Lemma 4.6) instead of the loss.
+
+    ``"auto"``: for non-smooth losses only; ``"moreau"``: always (needs a closed-form prox);
+    ``"none"``: never (needs a smooth loss).
+    """
+    check.choice(owner, "smoothing", smoothing, SMOOTHING)
+    if smoothing == "none" and not loss.smooth:
+        raise InvalidInputError(
+            check.message(owner, "smoothing", f"'auto' or 'moreau' for the non-smooth {loss.name} loss", smoothing)
+        )
+    if smoothing == "moreau" and not loss.has_prox:
+        raise InvalidInputError(
+            check.message(owner, "smoothing", f"'auto' or 'none' for the {loss.name} loss (no closed-form prox)", smoothing)
+        )
+    return smoothing == "moreau" or (smoothing == "auto" and not loss.smooth)
+
+
+def read_round(owner: str, state: Mapping[str, StateValue], params: int) -> tuple[int, int, NDArray[np.int64]]:
+    """``records``, ``filled`` and ``totals`` of a saved state, checked (totals: exact integers ≥ 0)."""
+    records = read_int(owner, state, "records")
+    filled = read_int(owner, state, "filled")
+    totals = read_array(owner, state, "totals", (params,))
+    if np.any(totals < 0) or np.any(totals != np.floor(totals)):
+        raise InvalidInputError(
+            check.message(f"{owner}.load_state_dict", "totals", "integer counts of one-bits (>= 0)", totals.tolist())
+        )
+    return records, filled, totals.astype(np.int64)
+
+
+class EncodedLearner(Learner):
+    """Base of the learners whose rounds go through PVEC (module docstring).
+
+    Subclasses call :meth:`_setup` from their constructor and implement :meth:`_round_sum`,
+    :meth:`_gradients` and :meth:`_finish_round`; they may override :meth:`_check_room`.
+    """
+
+    _owner: ClassVar[str]
+
+    def _setup(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, object],
+        epsilon: float,
+        delta: float,
+        radius: float,
+        feature_bound: float,
+        calibration: str,
+        honest_fraction: float,
+        rng: RngLike,
+    ) -> None:
+        owner = self._owner
+        self.dim = check.positive_int(owner, "dim", dim)
+        self.loss = as_loss(loss, owner)
+        self.epsilon = check.positive(owner, "epsilon", epsilon)
+        self.delta = check.open_unit(owner, "delta", delta)
+        self.radius = check.positive(owner, "radius", radius)
+        self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
+        self.calibration = check.choice(owner, "calibration", calibration, CALIBRATIONS)
+        self.honest_fraction = check.positive(owner, "honest_fraction", honest_fraction)
+        if self.honest_fraction > 1.0:
+            raise InvalidInputError(check.message(owner, "honest_fraction", "a float in (0, 1]", honest_fraction))
+        self._ball = L2Ball(self.radius)
+        self._noise = NoiseSource(rng)
+        self._params = self.loss.param_dim(self.dim)
+        self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
+        self._records = 0
+        self._filled = 0
+        self._totals = np.zeros(self._params, dtype=np.int64)
+
+    def _vector_sum(self, users: int, epsilon: float, delta: float) -> VectorSum:
+        """PVEC for a round of ``users`` users at (ε, δ), for gradients clipped to L."""
+        try:
+            return VectorSum(
+                users,
+                self._params,
+                epsilon,
+                delta,
+                self._lipschitz * (1.0 + NORM_SLACK),
+                calibration=self.calibration,  # type: ignore[arg-type]
+                honest_fraction=self.honest_fraction,
+            )
+        except (InvalidInputError, InvalidParameterError) as exc:
+            raise InvalidInputError(f"{self._owner}: {exc}") from None
+
+    def _local(self, vector_sum: VectorSum, floor: float) -> Guarantee:
+        """:func:`message_guarantee` at this learner's δ; none in the seeded replay/testing mode
+        (where future noise is predictable), without computing it."""
+        if self._noise.is_seeded:
+            return Guarantee.none()
+        return message_guarantee(vector_sum, self.delta, floor)
+
+    def _variance_hint(self, epsilon: float, delta: float) -> float:
+        """:func:`sum_variance_hint` for this learner's gradients (planning only)."""
+        try:
+            return sum_variance_hint(
+                self.calibration, self._params, epsilon, delta, self._lipschitz, self.honest_fraction
+            )
+        except InvalidParameterError as exc:
+            raise InvalidInputError(f"{self._owner}: {exc}") from None
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _round_sum(self) -> VectorSum:
+        """The PVEC instance of the round in progress; its ``n`` is the round's number of users."""
+
+    @abc.abstractmethod
+    def _gradients(self, Z: Array, y: Array) -> Array:
+        """Per-record data gradients at the round's query point, each clipped to norm L."""
+
+    @abc.abstractmethod
+    def _finish_round(self, mean: Array) -> None:
+        """Take the step from ``mean``, the analyzer's estimate of the round's mean data gradient."""
+
+    def _check_room(self, count: int) -> None:
+        """Refuse ``count`` more records before any is learned (learners with a fixed length)."""
+
+    # -- learning ------------------------------------------------------------------------------
+
+    def learn_many(self, X: Array, y: Array) -> None:
+        """Add a micro-batch of records (users); any split of the stream gives the same mechanism."""
+        X, y = check_batch(self._owner, X, y, self.dim)
+        self._check_room(X.shape[0])
+        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
+        position = 0
+        while position < Z.shape[0]:
+            vector_sum = self._round_sum()
+            take = min(vector_sum.n - self._filled, Z.shape[0] - position)
+            rows = slice(position, position + take)
+            messages = vector_sum.randomize(self._gradients(Z[rows], labels[rows]), self._noise.generator())
+            self._totals = self._totals + messages.sum(axis=0)
+            self._filled += take
+            self._records += take
+            position += take
+            if self._filled == vector_sum.n:
+                mean = vector_sum.analyze(self._totals) / vector_sum.n
+                self._filled = 0
+                self._totals = np.zeros(self._params, dtype=np.int64)
+                self._finish_round(mean)
+
+    # -- outputs -------------------------------------------------------------------------------
+
+    def predict_many(self, X: Array) -> Array:
+        """``loss.predict`` at the released parameters (logistic: P(y = 1); others: the score)."""
+        X, _ = check_batch(self._owner, X, None, self.dim)
+        return self.loss.predict(self.release(), self.loss.features(X, self.feature_bound))
+
+    @property
+    def records_seen(self) -> int:
+        return self._records
+
+    def _report(
+        self, output: Guarantee, intrusion: Guarantee, assumptions: list[str], references: list[str]
+    ) -> PrivacyReport:
+        """The report with the assumptions every encoder-based learner shares."""
+        shared = [
+            "neighbouring streams differ in one record (replacement); one record is one user; stream "
+            "positions, counts and the round sizes are public",
+            f"features clipped to norm {self.feature_bound:g}; each user's gradient is clipped to norm "
+            f"L = {self._lipschitz:.6g} and sent through PVEC's local randomizer ({self.calibration} "
+            "calibration), so one user changes the round's sum by at most 2L in l2 norm",
+            "a trusted shuffler: the analyzer sees each round's messages only as a shuffled multiset "
+            "(here encoder, shuffler and analyzer run in one process, and only the model leaves it)",
+        ]
+        if self.honest_fraction < 1.0:
+            shared.append(
+                f"robust shuffle privacy (000, Def. A.7): the output guarantee holds whenever at least a "
+                f"fraction {self.honest_fraction:g} of each round's users run the randomizer honestly"
+            )
+        assumptions = shared + assumptions
+        if self._noise.is_seeded:
+            assumptions.append(SEEDED_WARNING)
+        return PrivacyReport(
+            mechanism=self.name,
+            records=self._records,
+            output=output,
+            intrusion=Guarantee.none() if self._noise.is_seeded else intrusion,
+            assumptions=tuple(assumptions),
+            references=tuple(["000, Alg. 2", "000, Thm 3.2", *references, "000, Def. C.2"]),
+        )
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def _common_config(self) -> dict[str, object]:
+        return {
+            "dim": self.dim,
+            "loss": self.loss.config(),
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "radius": self.radius,
+            "feature_bound": self.feature_bound,
+            "calibration": self.calibration,
+            "honest_fraction": self.honest_fraction,
+        }
+
+    def _round_state(self) -> dict[str, StateValue]:
+        """``records``; ``filled`` and ``totals`` of the round in progress (noisy messages only)."""
+        return {"records": self._records, "filled": self._filled, "totals": self._totals.astype(np.float64)}
