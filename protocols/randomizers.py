@@ -176,20 +176,26 @@ class L2BallRandomizer:
         return _l2_scale(self.clip, self.epsilon0, check.positive_int("L2BallRandomizer", "dim", dim))
 
     def privatize(self, G: Array, generator: np.random.Generator) -> Array:
+        """Messages B z for the rows of ``G`` (steps 1–3 of the class docstring, vectorised).
+
+        With a = ⟨z, x⟩ for a uniform unit z, step 1's v = s x/‖x‖ (s = ±1) lies on z's side iff
+        s·a > 0, and step 2 keeps z when that agrees with the hemisphere drawn, reflecting it
+        otherwise. A zero row (the dummy input) gets z itself: for x = 0, v = ±u is uniform and so
+        is the resulting z, whatever hemisphere is drawn.
+        """
         G = np.asarray(G, dtype=np.float64)
         k, dim = G.shape
+        uniforms = generator.random((k, 2))
+        z = _unit_rows(generator, k, dim)
         norms = _row_norms(G)
-        directions = G / np.maximum(norms, np.finfo(np.float64).tiny)[:, None]
-        zero = norms == 0.0
-        if np.any(zero):  # x = 0: a uniformly random direction
-            directions[zero] = _unit_rows(generator, int(np.count_nonzero(zero)), dim)
-        clipped = np.minimum(norms, self.clip)  # ‖clip(x)‖
-        toward = generator.random(k) < 0.5 + clipped / (2.0 * self.clip)
-        v = np.where(toward[:, None], directions, -directions)
-        return self._sample(v, generator)
+        toward = np.where(uniforms[:, 0] < 0.5 + np.minimum(norms, self.clip) / (2.0 * self.clip), 1.0, -1.0)
+        same_side = toward * np.einsum("ij,ij->i", z, G) > 0.0
+        keep = same_side == (uniforms[:, 1] < self.keep_probability)
+        sign = np.where(keep | (norms == 0.0), 1.0, -1.0)
+        return (_l2_scale(self.clip, self.epsilon0, dim) * sign)[:, None] * z
 
     def dummy(self, count: int, dim: int, generator: np.random.Generator) -> Array:
-        """R(0): v = ±u uniform; the output is then uniform on the sphere of radius B."""
+        """R(0): uniform on the sphere of radius B."""
         return self.privatize(np.zeros((count, dim)), generator)
 
     def noise_second_moment(self, dim: int) -> float:
@@ -198,19 +204,6 @@ class L2BallRandomizer:
 
     def local_guarantee(self) -> Guarantee:
         return Guarantee(self.epsilon0, 0.0)
-
-    def _sample(self, v: Array, generator: np.random.Generator) -> Array:
-        """B z, z uniform on the hemisphere {⟨z, v⟩ > 0} w.p. π, else on the opposite one.
-
-        A uniform z is reflected (z → −z, which preserves the uniform law) when it lies on the
-        wrong side; ⟨z, v⟩ = 0 has probability 0.
-        """
-        k, dim = v.shape
-        z = _unit_rows(generator, k, dim)
-        same_side = np.einsum("ij,ij->i", z, v) > 0.0
-        want_same = generator.random(k) < self.keep_probability
-        z = np.where((same_side == want_same)[:, None], z, -z)
-        return _l2_scale(self.clip, self.epsilon0, dim) * z
 
 
 def _row_norms(A: Array) -> Array:
