@@ -58,11 +58,11 @@ from numpy.typing import NDArray
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import validation as check
-from protocols.acsa import DEFAULT_TUNING, Iterate, Problem, RunPlan, plan_runs, step
+from protocols.acsa import DEFAULT_TUNING, Iterate, Problem, RunPlan, plan_runs, record_gradients, step
 from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
-from protocols.losses import Loss, as_loss, clip_rows
+from protocols.losses import Loss, as_loss
 from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
 
 Array = NDArray[np.float64]
@@ -231,19 +231,6 @@ class PanPrivateACSA(Learner):
 
     # -- learning ------------------------------------------------------------------------------
 
-    def _gradients(self, Z: Array, y: Array, plan: RunPlan) -> Array:
-        """Per-record gradients at θ^md (of the Moreau envelope when smoothing), clipped to L.
-
-        The clip is a no-op up to rounding when the loss's L is right; it makes the sensitivity
-        2L/b hold by construction.
-        """
-        theta_md = self._iterate.theta_md
-        if plan.smoothing is None:
-            G = self.loss.gradient(theta_md, Z, y)
-        else:
-            G = self.loss.envelope_gradient(theta_md, Z, y, plan.smoothing)
-        return clip_rows(G, self._lipschitz)
-
     def learn_many(self, X: Array, y: Array) -> None:
         """Add a micro-batch of records; any split of the stream gives the same mechanism."""
         X, y = check_batch(_OWNER, X, y, self.dim)
@@ -256,7 +243,8 @@ class PanPrivateACSA(Learner):
                 self._grad = self._draw(batch)
             take = min(batch - self._filled, Z.shape[0] - position)
             rows = slice(position, position + take)
-            self._grad = self._grad + self._gradients(Z[rows], labels[rows], plan).sum(axis=0) / batch
+            gradients = record_gradients(self.loss, self._iterate.theta_md, Z[rows], labels[rows], plan, self._lipschitz)
+            self._grad = self._grad + gradients.sum(axis=0) / batch
             self._filled += take
             self._records += take
             position += take

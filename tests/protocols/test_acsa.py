@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from protocols.acsa import (
+    DEFAULT_TUNING,
     Iterate,
     Problem,
     StepSizes,
@@ -83,11 +84,12 @@ def test_batch_size_and_smoothing_follow_the_proofs():
     n, D = 10**6, PROBLEM.diameter
     noise = math.sqrt(21) * 12.0
     plan = plan_run(PROBLEM, n, D, moreau=False)
+    assert DEFAULT_TUNING.batch == 1.0
     b = round(n**0.6 * (noise * 1.0 / (0.25 * D)) ** 0.4)  # 000, proof of Thm 4.3
     assert b == 13707 and plan.steps == n // b == 72 and plan.smoothing is None
     assert plan.batch_size(1) == 13889 and plan.batch_size(72) == 13888  # n spread over T batches
     smoothed = plan_run(PROBLEM, n, D, moreau=True)
-    beta_s = 1.0 * n ** (2 / 3) / (D * noise ** (2 / 3))  # 000, proof of Thm 4.7
+    beta_s = DEFAULT_TUNING.smoothing * n ** (2 / 3) / (D * noise ** (2 / 3))  # 000, proof of Thm 4.7
     assert smoothed.smoothing == pytest.approx(beta_s, rel=1e-12)
     assert smoothed.sizes.smoothness == pytest.approx(min(beta_s, 0.25))
     tuned = plan_run(PROBLEM, n, D, moreau=False, tuning=Tuning(batch=2.0))
@@ -97,7 +99,7 @@ def test_batch_size_and_smoothing_follow_the_proofs():
 def test_no_noise_means_batches_of_one_and_capped_smoothing():
     quiet = Problem(dim=5, lipschitz=1.0, smoothness=1.0, ridge=0.0, strong_convexity=0.0, radius=1.0, noise_multiplier=0.0)
     assert plan_run(quiet, 100, 2.0, moreau=False).steps == 100
-    assert plan_run(quiet, 100, 2.0, moreau=True).smoothing == 1.0 * 100 / 2.0  # cap L n / D
+    assert plan_run(quiet, 100, 2.0, moreau=True).smoothing == 100 / 2.0  # cap L n / D
 
 
 def test_batches_use_every_record_exactly_once():

@@ -1,0 +1,97 @@
+"""Reference learners for the utility benchmarks (not part of the service).
+
+- :func:`acsa_with_plans`: AC-SA over a stream held in memory, following given
+  :class:`protocols.acsa.RunPlan` s, with Gaussian noise of a chosen scale added once per batch.
+  With ``noise_std = 0`` and a pan-private learner's plans it is "the same learner without noise";
+  with one draw of the calibrated ζ per batch it is the central-DP counterpart of 000 Alg. 6 (only
+  outputs are protected, so one draw suffices: Gaussian mechanism per batch, disjoint batches).
+- :func:`sgd_one_pass`: one-pass projected mini-batch SGD with iterate averaging (000 Alg. 3 with
+  a central Gaussian sum instead of PVEC; Lemma 4.2's step η = D/√(T L_G)). :func:`dp_sgd_batch`
+  gives its central-DP batch size, and ``batch=1, noise_std=0`` is non-private one-pass SGD.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from protocols.acsa import Iterate, RunPlan, record_gradients, step
+from protocols.geometry import L2Ball
+from protocols.losses import Loss, clip_rows
+
+Array = NDArray[np.float64]
+
+
+def acsa_with_plans(
+    loss: Loss,
+    plans: Sequence[RunPlan],
+    X: Array,
+    y: Array,
+    *,
+    feature_bound: float,
+    radius: float,
+    noise_std: Callable[[int], float],
+    rng: np.random.Generator,
+) -> Array:
+    """θ^ag after running ``plans`` in order (warm starts) over ``X, y``; noise N(0, noise_std(b)² I)
+    is added to each batch-mean gradient."""
+    Z, labels = loss.features(X, feature_bound), loss.labels(y)
+    ball = L2Ball(radius)
+    lipschitz = loss.lipschitz(feature_bound, radius)
+    iterate = Iterate.start(np.zeros(Z.shape[1]))
+    start = 0
+    for plan in plans:
+        iterate = Iterate.start(iterate.theta_ag)
+        for t in range(1, plan.steps + 1):
+            b = plan.batch_size(t)
+            rows = slice(start, start + b)
+            start += b
+            g = record_gradients(loss, iterate.theta_md, Z[rows], labels[rows], plan, lipschitz).mean(axis=0)
+            sd = noise_std(b)
+            if sd > 0.0:
+                g = g + rng.normal(0.0, sd, size=g.shape)
+            iterate = step(iterate, g + loss.ridge_gradient(iterate.theta_md), plan.sizes, ball)
+    return iterate.theta_ag
+
+
+def dp_sgd_batch(dim: int, unit_sigma: float) -> int:
+    """b = ⌈2√p s⌉ minimising Lemma 4.2's bound D√(L_G/T) with T = n/b and
+    L_G = L² + p (2Ls/b)² (one Gaussian draw of ζ = 2Ls/b per batch): D L √((b + 4 p s²/b)/n)."""
+    return max(1, math.ceil(2.0 * math.sqrt(dim) * unit_sigma))
+
+
+def sgd_one_pass(
+    loss: Loss,
+    X: Array,
+    y: Array,
+    *,
+    batch: int,
+    noise_std: float,
+    feature_bound: float,
+    radius: float,
+    rng: np.random.Generator,
+) -> Array:
+    """Averaged projected SGD, one pass, batches of ``batch``; N(0, noise_std² I) per batch mean.
+
+    Step η = D/√(T L_G) with L_G = L_F² + p·noise_std² (000 Lemma 4.2 / Thm 4.1's choice), where
+    L_F = L + λ r bounds the gradient of the whole objective on Θ.
+    """
+    Z, labels = loss.features(X, feature_bound), loss.labels(y)
+    ball = L2Ball(radius)
+    L = loss.lipschitz(feature_bound, radius)
+    steps = Z.shape[0] // batch
+    lg = (L + loss.ridge * radius) ** 2 + Z.shape[1] * noise_std**2
+    eta = ball.diameter / math.sqrt(steps * lg)
+    theta = np.zeros(Z.shape[1])
+    total = np.zeros_like(theta)
+    for t in range(steps):
+        rows = slice(t * batch, (t + 1) * batch)
+        g = clip_rows(loss.gradient(theta, Z[rows], labels[rows]), L).mean(axis=0) + loss.ridge_gradient(theta)
+        if noise_std > 0.0:
+            g = g + rng.normal(0.0, noise_std, size=g.shape)
+        total += theta
+        theta = ball.project(theta - eta * g)
+    return total / steps
