@@ -105,6 +105,13 @@ def _local_epsilon(g: int, b: int, p: float, d: int, delta: float, start: float)
     def passes(k: int) -> bool:
         return tight_delta(start * LOCAL_GRID**k, g, b, p, d, 1) <= delta
 
+    # Shortcut where one user's noise is plentiful (the paper's calibration): the accountant's cost
+    # grows with the noise's spread, so first try ε = start with only the first ``trials`` of the
+    # b trials — the Gaussian-proxy amount for sensitivity 2(g + √d). Bin(b, p) is Bin(trials, p)
+    # plus independent noise, so a bound for the fewer trials holds for the message (post-processing).
+    trials = math.ceil((2.0 * (g + math.sqrt(d)) * analytic_sigma(start, delta)) ** 2 / (p * (1.0 - p)))
+    if trials < b and tight_delta(start, g, trials, p, d, 1) <= delta:
+        return start
     if passes(0):
         return start
     low, high = 0, 4  # grid indices: low fails; search doubling ε until one passes

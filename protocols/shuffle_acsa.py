@@ -1,0 +1,249 @@
+"""ShuffleACSA: sequentially interactive shuffle-private AC-SA (000, Alg. 4; Thms 4.3, 4.7, 4.8).
+
+Protocol (000, Alg. 4). A stream of n records (the ``horizon``, public) is cut into consecutive
+batches; each record is one user in exactly one batch (000, Def. 2.7). For batch t the users compute
+∇ℓ(θ^md_t; x), clipped to norm L, and report it through PVEC (:class:`protocols.encoder.VectorSum`
+with n = b_t users, (ε, δ), Δ₂ = L); the analyzer's sum estimate divided by b_t, plus the exact
+ridge gradient, is the AC-SA oracle answer g_t, and the shared AC-SA core
+(:func:`protocols.acsa.step`: Lan's updates) produces θ_{t+1}, θ^ag_{t+1} and the next middle
+point. The released model is θ^ag.
+
+Cases (parameters from :func:`protocols.acsa.plan_runs`, the same planner PanPrivateACSA uses, fed
+with this learner's noise level):
+
+- β-smooth loss → one AC-SA run, batch size from the proof of Thm 4.3 (with its constants kept);
+- non-smooth loss → Moreau smoothing (000, Def. 4.5, Lemma 4.6, Thm 4.7): the oracle reports
+  gradients of each record's β_s-Moreau envelope (:func:`protocols.acsa.record_gradients`), β_s
+  from the proof of Thm 4.7;
+- λ-strongly convex (ridge or declared ``strong_convexity``) → the phases of Thm 4.8: k = O(log log n)
+  disjoint runs of about n/k records, each warm-started from the previous output, smoothed or not.
+
+Noise level. Privacy noise enters the plans through the noise multiplier ν of the batch mean:
+the PVEC estimate's per-coordinate variance v (≈ independent of b) gives E‖Z‖² = p v/b² on the
+mean, i.e. ν = √v/L (:class:`protocols.acsa.Problem`); the oracle variance is σ² = L²/b + p v/b²,
+000 Eq. (5). v is :func:`protocols.shuffle_base.sum_variance_hint` (planning only); the noise
+actually added is the calibrated PVEC's, one instance per distinct batch size (a run's batches
+have ⌊n/T⌋ or ⌊n/T⌋ + 1 users so that every record is used).
+
+Privacy (000, proofs of Thms 4.3, 4.7, 4.8): each round is (ε, δ)-shuffle private for its users, a
+record is in one round, the rest is post-processing; smoothing changes only which function of the
+record is encoded (still clipped to L). So everything released is (ε, δ)-DP per record. The
+pan-private view is the local guarantee of one PVEC message (:mod:`protocols.shuffle_base`).
+
+References
+----------
+000 (Cheu, Joseph, Mao, Peng): Alg. 4, Lemma 4.4 (Lan 2012, Thm 2), Thm 4.3 and its proof
+(Eq. (5)), Def. 4.5, Lemma 4.6, Thm 4.7, Thm 4.8, Alg. 2 / Thm 3.2, Def. 2.7, Def. C.2.
+G. Lan (2012), Math. Program. 133:365–397 (AC-SA).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from accounting.ledger import Guarantee, PrivacyReport
+from protocols import validation as check
+from protocols.acsa import Iterate, Problem, RunPlan, plan_runs, record_gradients, step
+from protocols.base import StateValue
+from protocols.encoder import VectorSum
+from protocols.errors import InvalidInputError
+from protocols.losses import Loss
+from protocols.randomness import RngLike
+from protocols.shuffle_base import EncodedLearner, max_guarantee, read_round, uses_moreau
+from protocols.state_io import read_array, read_int
+
+Array = NDArray[np.float64]
+
+_OWNER = "ShuffleACSA"
+
+
+class ShuffleACSA(EncodedLearner):
+    """Shuffle-private accelerated stochastic approximation (000, Alg. 4; Thms 4.3, 4.7, 4.8).
+
+    Parameters
+    ----------
+    dim
+        Number of raw features d.
+    loss
+        A :class:`protocols.losses.Loss` or its config dict.
+    epsilon, delta
+        The (ε, δ) of every round, hence of everything released, per record.
+    horizon
+        n, the number of records (users) of the protocol (public). 000 Alg. 4 fixes the number of
+        rounds in advance; records beyond n are refused.
+    batch_size
+        Override of the planned batch size b; ``None`` plans it (000, proof of Thm 4.3).
+    radius
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+    feature_bound
+        R: features are clipped to norm R.
+    strong_convexity
+        λ ≥ 0 of the unregularised population loss, if known; the loss's ridge adds to it.
+        λ > 0 selects the phases of 000, Thm 4.8.
+    smoothing
+        ``"auto"`` (Moreau-smooth non-smooth losses only), ``"moreau"`` or ``"none"``.
+    calibration
+        ``"tight"`` (default) or ``"paper"`` (:class:`protocols.encoder.VectorSum`).
+    honest_fraction
+        γ of 000, App. A.3 (robust shuffle privacy), passed to the PVEC instances.
+    rng
+        ``None`` (default): fresh OS entropy for every draw. A seed or generator: the labelled
+        replay/testing mode (no pan-private guarantee).
+
+    Notes
+    -----
+    Deviations from 000, each where implemented in :mod:`protocols.acsa`: α_t = 2/(t+1) and Lan's
+    step sizes (the seed's Lemma 4.4 constants are garbled), batches of ⌊n/T⌋ or ⌊n/T⌋ + 1 users
+    (Alg. 4 drops the n mod b leftover records), the Moreau envelope over R^p instead of Θ, and the
+    constants the O(·) of Thms 4.3/4.7/4.8 leave open (:class:`protocols.acsa.Tuning`).
+
+    References
+    ----------
+    000, Alg. 4, Lemma 4.4, Thms 4.3, 4.7, 4.8, Thm 3.2, Def. 2.7, Def. C.2; Lan (2012).
+    """
+
+    name = "shuffle-acsa"
+    _owner = _OWNER
+
+    def __init__(
+        self,
+        dim: int,
+        loss: Loss | Mapping[str, Any],
+        epsilon: float,
+        delta: float,
+        horizon: int,
+        batch_size: int | None = None,
+        radius: float = 1.0,
+        feature_bound: float = 1.0,
+        strong_convexity: float = 0.0,
+        smoothing: str = "auto",
+        calibration: str = "tight",
+        honest_fraction: float = 1.0,
+        rng: RngLike = None,
+    ) -> None:
+        self._setup(dim, loss, epsilon, delta, radius, feature_bound, calibration, honest_fraction, rng)
+        self.horizon = check.positive_int(_OWNER, "horizon", horizon)
+        self.batch_size = None if batch_size is None else check.positive_int(_OWNER, "batch_size", batch_size)
+        self.strong_convexity = check.nonnegative(_OWNER, "strong_convexity", strong_convexity)
+        self.smoothing = smoothing
+        moreau = uses_moreau(_OWNER, self.loss, smoothing)
+        variance = self._variance_hint(self.epsilon, self.delta)
+        self._problem = Problem(
+            dim=self._params,
+            lipschitz=self._lipschitz,
+            smoothness=self.loss.smoothness(self.feature_bound),
+            ridge=self.loss.ridge,
+            strong_convexity=self.strong_convexity + self.loss.ridge,
+            radius=self.radius,
+            noise_multiplier=math.sqrt(variance) / self._lipschitz,
+        )
+        self.plans: tuple[RunPlan, ...] = plan_runs(self._problem, self.horizon, moreau=moreau, batch_size=self.batch_size)
+        sizes = sorted({plan.batch_size(t) for plan in self.plans for t in (1, plan.steps)})
+        self._sums: dict[int, VectorSum] = {b: self._vector_sum(b, self.epsilon, self.delta) for b in sizes}
+        self._phase = 0
+        self._iterate = Iterate.start(np.zeros(self._params))
+
+    @property
+    def vector_sums(self) -> dict[int, VectorSum]:
+        """The PVEC instance of each batch size the plans use."""
+        return dict(self._sums)
+
+    @property
+    def finished(self) -> bool:
+        """True once all n records have been processed (the last run is over)."""
+        return self._phase == len(self.plans)
+
+    # -- rounds ----------------------------------------------------------------------------------
+
+    def _check_room(self, count: int) -> None:
+        if self._records + count > self.horizon:
+            raise InvalidInputError(
+                f"{_OWNER}: the protocol has horizon n = {self.horizon} records (000 Alg. 4 fixes its "
+                f"rounds in advance); {self._records} done, {count} more given"
+            )
+
+    def _round_sum(self) -> VectorSum:
+        return self._sums[self.plans[self._phase].batch_size(self._iterate.t)]
+
+    def _gradients(self, Z: Array, y: Array) -> Array:
+        plan = self.plans[self._phase]
+        return record_gradients(self.loss, self._iterate.theta_md, Z, y, plan, self._lipschitz)
+
+    def _finish_round(self, mean: Array) -> None:
+        plan = self.plans[self._phase]
+        gradient = mean + self.loss.ridge_gradient(self._iterate.theta_md)
+        self._iterate = step(self._iterate, gradient, plan.sizes, self._ball)
+        if self._iterate.t > plan.steps:  # run over: next phase (Thm 4.8), warm-started
+            self._phase += 1
+            if not self.finished:
+                self._iterate = Iterate.start(self._iterate.theta_ag)
+
+    # -- outputs -----------------------------------------------------------------------------------
+
+    def release(self) -> Array:
+        """θ^ag of the run in progress (000 Alg. 4: "Output θ^ag_{T+1}"; a warm start at a phase's start)."""
+        return self._iterate.theta_ag.copy()
+
+    def privacy(self) -> PrivacyReport:
+        """Output: (ε, δ) per record (000, Thms 4.3/4.7/4.8, privacy part). Intrusion: the local
+        guarantee of one PVEC message, the weakest over the batch sizes used."""
+        output = Guarantee(self.epsilon, max(s.parameters.delta for s in self._sums.values()))
+        intrusion = output
+        for vector_sum in self._sums.values():
+            intrusion = max_guarantee(intrusion, self._local(vector_sum, self.epsilon))
+        runs = ", ".join(f"{p.records} records in {p.steps} rounds" for p in self.plans)
+        assumptions = [
+            f"each record is in exactly one round (sequential interactivity, 000 Def. 2.7; runs: {runs}); "
+            "later rounds see it only through the model",
+            f"pan-privacy: the state holds the AC-SA iterates and the one-bit totals of the round in "
+            f"progress; read right after a round's first user it shows her message alone, protected by "
+            f"her own binomial noise: local guarantee {intrusion}",
+        ]
+        references = ["000, Alg. 4", "000, Thm 4.3", "000, Def. 2.7"]
+        if self.plans[0].smoothing is not None:
+            references.append("000, Thm 4.7")
+        if len(self.plans) > 1:
+            references.append("000, Thm 4.8")
+        return self._report(output, intrusion, assumptions, references)
+
+    # -- persistence ---------------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **self._common_config(),
+            "horizon": self.horizon,
+            "batch_size": self.batch_size,
+            "strong_convexity": self.strong_convexity,
+            "smoothing": self.smoothing,
+        }
+
+    def state_dict(self) -> dict[str, StateValue]:
+        """Counters, the round in progress (``filled``, noisy ``totals``) and the AC-SA iterates."""
+        return {
+            **self._round_state(),
+            "phase": self._phase,
+            "step": self._iterate.t,
+            "theta": self._iterate.theta.copy(),
+            "theta_ag": self._iterate.theta_ag.copy(),
+            "theta_md": self._iterate.theta_md.copy(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        owner = f"{_OWNER}.load_state_dict"
+        records, filled, totals = read_round(_OWNER, state, self._params)
+        phase, t = read_int(_OWNER, state, "phase"), read_int(_OWNER, state, "step", minimum=1)
+        if phase > len(self.plans) or records > self.horizon:
+            raise InvalidInputError(check.message(owner, "phase", f"an int <= {len(self.plans)}", phase))
+        if phase < len(self.plans) and (t > self.plans[phase].steps or filled >= self.plans[phase].batch_size(t)):
+            raise InvalidInputError(
+                f"{owner}: step {t} / filled {filled} do not fit the planned run; was the state saved "
+                "under another config?"
+            )
+        arrays = [read_array(_OWNER, state, key, (self._params,)) for key in ("theta", "theta_ag", "theta_md")]
+        self._records, self._filled, self._totals, self._phase = records, filled, totals, phase
+        self._iterate = Iterate(*arrays, t)
