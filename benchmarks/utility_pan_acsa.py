@@ -86,17 +86,16 @@ def feed(learner: PanPrivateACSA, X: np.ndarray, y: np.ndarray) -> float:
     return X.shape[0] / (time.perf_counter() - start)
 
 
-def central_problem(learner: PanPrivateACSA, unit_sigma: float) -> Problem:
-    """The learner's planning problem with one draw of ζ = 2Ls/b per batch (ν = 2s)."""
-    loss = learner.loss
-    return Problem(
-        dim=loss.param_dim(learner.dim),
-        lipschitz=loss.lipschitz(learner.feature_bound, learner.radius),
-        smoothness=loss.smoothness(learner.feature_bound),
-        ridge=loss.ridge,
-        strong_convexity=learner.strong_convexity + loss.ridge,
+def central_problem(learner: PanPrivateACSA, noise_multiplier: float) -> Problem:
+    """The learner's planning problem with another noise multiplier (one draw of ζ = 2Ls/b per
+    batch: ν = 2s; the pan-private learner's two draws: ν = √8 s)."""
+    return Problem.for_loss(
+        learner.loss,
+        dim=learner.dim,
+        feature_bound=learner.feature_bound,
         radius=learner.radius,
-        noise_multiplier=2.0 * unit_sigma,
+        strong_convexity=learner.strong_convexity,
+        noise_multiplier=noise_multiplier,
     )
 
 
@@ -136,7 +135,7 @@ def table_case2(ns: list[int], epsilons: list[float], quick: bool) -> None:
                 plans = learner.epoch_plans(0)
                 common = dict(feature_bound=1.0, radius=setting.radius, rng=np.random.default_rng(r))
                 quiet.append(setting.task.excess(acsa_with_plans(setting.loss, plans, X, y, noise_std=lambda b: 0.0, **common), setting.loss))
-                central_plans = plan_runs(central_problem(learner, s), n, moreau=False)
+                central_plans = plan_runs(central_problem(learner, 2.0 * s), n, moreau=False)
                 central.append(setting.task.excess(
                     acsa_with_plans(setting.loss, central_plans, X, y, noise_std=lambda b: 2 * L * s / b, **common), setting.loss))
                 b = dp_sgd_batch(20, s)
@@ -244,8 +243,7 @@ def tune(ns: list[int], epsilons: list[float]) -> None:
         s = analytic_sigma(epsilon, DELTA, 1.0)
         L = setting.loss.lipschitz(1.0, setting.radius)
         learner = pan_learner(setting, n, epsilon, seed=0)
-        problem = central_problem(learner, s)
-        problem = Problem(**{**problem.__dict__, "noise_multiplier": math.sqrt(8.0) * s})  # two draws
+        problem = central_problem(learner, math.sqrt(8.0) * s)  # two draws, as the learner
         data = [setting.task.sample(n, np.random.default_rng(1000 * n + r)) for r in range(repetitions(n, False))]
         row = {}
         for c_b, kappa in grid:

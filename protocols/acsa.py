@@ -9,11 +9,13 @@ shuffled vector sum (Alg. 4, ``PAGD``) and with pan-private noise (Alg. 6) — i
 4. ``θ^ag_{t+1} = α_t θ_{t+1} + (1 − α_t) θ^ag_t``             (aggregate; the output)
 
 This module holds the parts that do not depend on how ``g_t`` is privatised: :class:`Iterate` and
-:func:`step` (lines 3–4 and the next middle point), :class:`StepSizes` (α_t and L_t), and
+:func:`step` (lines 3–4 and the next middle point), :class:`StepSizes` (α_t and L_t),
 :func:`plan_runs` (batch size, Moreau smoothing parameter and the phases of the strongly convex
-reduction, from the proofs of 000 Thms 4.3, 4.7, 4.8 with the caller's noise level). A learner
-supplies the gradient oracle: it computes ``g_t`` at :attr:`Iterate.theta_md` however its privacy
-model demands (000 Alg. 6: Gaussian noise twice; Alg. 4: PVEC) and calls :func:`step`.
+reduction, from the proofs of 000 Thms 4.3, 4.7, 4.8 with the caller's noise level, for a
+:class:`Problem`), :func:`uses_moreau` (the ``smoothing`` option) and :func:`record_gradients`
+(per-record gradients of the loss or its envelope at θ^md, clipped to L). A learner supplies the
+gradient oracle: it privatises the batch of :func:`record_gradients` however its model demands
+(000 Alg. 6: Gaussian noise twice; Alg. 4: PVEC), adds the ridge gradient, and calls :func:`step`.
 
 Noise level. Privacy noise enters the plans only through the *noise multiplier* ν of the batch
 mean gradient: the caller's total privacy noise Z added to ``(1/b) Σ ∇ℓ`` has ``E‖Z‖² = p ν² L²/b²``
@@ -38,6 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from protocols import validation as check
+from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, clip_rows
 
@@ -199,6 +203,23 @@ class Problem:
     radius: float
     noise_multiplier: float
 
+    @classmethod
+    def for_loss(
+        cls, loss: Loss, *, dim: int, feature_bound: float, radius: float, strong_convexity: float, noise_multiplier: float
+    ) -> Problem:
+        """The problem of a learner with ``dim`` raw features, ``loss`` clipped to ``feature_bound``,
+        Θ of ``radius``, a declared ``strong_convexity`` beyond the ridge, and the noise multiplier
+        ν of its privacy mechanism."""
+        return cls(
+            dim=loss.param_dim(dim),
+            lipschitz=loss.lipschitz(feature_bound, radius),
+            smoothness=loss.smoothness(feature_bound),
+            ridge=loss.ridge,
+            strong_convexity=strong_convexity + loss.ridge,
+            radius=radius,
+            noise_multiplier=noise_multiplier,
+        )
+
     @property
     def diameter(self) -> float:
         return 2.0 * self.radius
@@ -229,6 +250,29 @@ class RunPlan:
         """Size of batch t (1-based)."""
         base, extra = divmod(self.records, self.steps)
         return base + 1 if t <= extra else base
+
+
+SMOOTHING = ("auto", "moreau", "none")
+"""The ``smoothing`` choices of the AC-SA learners."""
+
+
+def uses_moreau(owner: str, loss: Loss, smoothing: str) -> bool:
+    """Whether to optimise the Moreau envelope (000, Def. 4.5, Lemma 4.6) instead of the loss.
+
+    ``"auto"``: for non-smooth losses only (Thm 4.7 / C.3 cases 1 and 3); ``"moreau"``: always
+    (needs a closed-form prox); ``"none"``: never (needs a smooth loss). Raises
+    :class:`InvalidInputError` naming ``owner``'s ``smoothing`` parameter otherwise.
+    """
+    check.choice(owner, "smoothing", smoothing, SMOOTHING)
+    if smoothing == "none" and not loss.smooth:
+        raise InvalidInputError(
+            check.message(owner, "smoothing", f"'auto' or 'moreau' for the non-smooth {loss.name} loss", smoothing)
+        )
+    if smoothing == "moreau" and not loss.has_prox:
+        raise InvalidInputError(
+            check.message(owner, "smoothing", f"'auto' or 'none' for the {loss.name} loss (no closed-form prox)", smoothing)
+        )
+    return smoothing == "moreau" or (smoothing == "auto" and not loss.smooth)
 
 
 def record_gradients(loss: Loss, theta_md: Array, Z: Array, y: Array, plan: RunPlan, lipschitz: float) -> Array:

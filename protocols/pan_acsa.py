@@ -58,7 +58,7 @@ from numpy.typing import NDArray
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import validation as check
-from protocols.acsa import DEFAULT_TUNING, Iterate, Problem, RunPlan, plan_runs, record_gradients, step
+from protocols.acsa import DEFAULT_TUNING, Iterate, Problem, RunPlan, plan_runs, record_gradients, step, uses_moreau
 from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
@@ -165,30 +165,21 @@ class PanPrivateACSA(Learner):
         self.radius = check.positive(_OWNER, "radius", radius)
         self.feature_bound = check.positive(_OWNER, "feature_bound", feature_bound)
         self.strong_convexity = check.nonnegative(_OWNER, "strong_convexity", strong_convexity)
-        self.smoothing = check.choice(_OWNER, "smoothing", smoothing, ("auto", "moreau", "none"))
-        if self.smoothing == "none" and not self.loss.smooth:
-            raise InvalidInputError(
-                check.message(_OWNER, "smoothing", f"'auto' or 'moreau' for the non-smooth {self.loss.name} loss", smoothing)
-            )
-        if self.smoothing == "moreau" and not self.loss.has_prox:
-            raise InvalidInputError(
-                check.message(_OWNER, "smoothing", f"'auto' or 'none' for the {self.loss.name} loss (no closed-form prox)", smoothing)
-            )
+        self._moreau = uses_moreau(_OWNER, self.loss, smoothing)
+        self.smoothing = smoothing
 
         self._ball = L2Ball(self.radius)
         self._noise = NoiseSource(rng)
         self._params = self.loss.param_dim(self.dim)
         self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
         self._unit_sigma = unit_sigma * (1.0 + SENSITIVITY_SLACK)
-        self._moreau = self.smoothing == "moreau" or (self.smoothing == "auto" and not self.loss.smooth)
         # Two draws of standard deviation ζ = s·2L/b each: E‖Z‖² = p·8 s² L²/b², i.e. ν² = 8 s².
-        self._problem = Problem(
-            dim=self._params,
-            lipschitz=self._lipschitz,
-            smoothness=self.loss.smoothness(self.feature_bound),
-            ridge=self.loss.ridge,
-            strong_convexity=self.strong_convexity + self.loss.ridge,
+        self._problem = Problem.for_loss(
+            self.loss,
+            dim=self.dim,
+            feature_bound=self.feature_bound,
             radius=self.radius,
+            strong_convexity=self.strong_convexity,
             noise_multiplier=math.sqrt(8.0) * self._unit_sigma,
         )
         self._plans_cache: tuple[int, tuple[RunPlan, ...]] | None = None
