@@ -48,13 +48,13 @@ from numpy.typing import NDArray
 
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import validation as check
-from protocols.acsa import Iterate, Problem, RunPlan, plan_runs, record_gradients, step
+from protocols.acsa import Iterate, Problem, RunPlan, plan_runs, record_gradients, step, uses_moreau
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
-from protocols.shuffle_base import EncodedLearner, max_guarantee, read_round, uses_moreau
+from protocols.shuffle_base import EncodedLearner, max_guarantee, read_round
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -133,13 +133,12 @@ class ShuffleACSA(EncodedLearner):
         self.smoothing = smoothing
         moreau = uses_moreau(_OWNER, self.loss, smoothing)
         variance = self._variance_hint(self.epsilon, self.delta)
-        self._problem = Problem(
-            dim=self._params,
-            lipschitz=self._lipschitz,
-            smoothness=self.loss.smoothness(self.feature_bound),
-            ridge=self.loss.ridge,
-            strong_convexity=self.strong_convexity + self.loss.ridge,
+        self._problem = Problem.for_loss(
+            self.loss,
+            dim=self.dim,
+            feature_bound=self.feature_bound,
             radius=self.radius,
+            strong_convexity=self.strong_convexity,
             noise_multiplier=math.sqrt(variance) / self._lipschitz,
         )
         self.plans: tuple[RunPlan, ...] = plan_runs(self._problem, self.horizon, moreau=moreau, batch_size=self.batch_size)

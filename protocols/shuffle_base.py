@@ -144,27 +144,6 @@ def message_guarantee(vector_sum: VectorSum, delta: float, floor: float) -> Guar
     return Guarantee(epsilon, delta)
 
 
-SMOOTHING = ("auto", "moreau", "none")
-
-
-def uses_moreau(owner: str, loss: Loss, smoothing: str) -> bool:
-    """Whether to optimise the Moreau envelope (000, Def. 4.5, Lemma 4.6) instead of the loss.
-
-    ``"auto"``: for non-smooth losses only; ``"moreau"``: always (needs a closed-form prox);
-    ``"none"``: never (needs a smooth loss).
-    """
-    check.choice(owner, "smoothing", smoothing, SMOOTHING)
-    if smoothing == "none" and not loss.smooth:
-        raise InvalidInputError(
-            check.message(owner, "smoothing", f"'auto' or 'moreau' for the non-smooth {loss.name} loss", smoothing)
-        )
-    if smoothing == "moreau" and not loss.has_prox:
-        raise InvalidInputError(
-            check.message(owner, "smoothing", f"'auto' or 'none' for the {loss.name} loss (no closed-form prox)", smoothing)
-        )
-    return smoothing == "moreau" or (smoothing == "auto" and not loss.smooth)
-
-
 def read_round(owner: str, state: Mapping[str, StateValue], params: int) -> tuple[int, int, NDArray[np.int64]]:
     """``records``, ``filled`` and ``totals`` of a saved state, checked (totals: exact integers ≥ 0)."""
     records = read_int(owner, state, "records")

@@ -63,13 +63,14 @@ from numpy.typing import NDArray
 from accounting.composition import advanced
 from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 from protocols import validation as check
+from protocols.acsa import uses_moreau
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss, clip_rows
 from protocols.randomness import RngLike
 from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_base import EncodedLearner, read_round, uses_moreau
+from protocols.shuffle_base import EncodedLearner, read_round
 
 Array = NDArray[np.float64]
 Fetch = Callable[[NDArray[np.int64]], tuple[Array, Array]]
