@@ -39,6 +39,7 @@ interactivity), Def. C.2 (pan-privacy), App. A.3 (robust shuffle privacy).
 from __future__ import annotations
 
 import abc
+import bisect
 import functools
 import math
 from collections.abc import Mapping
@@ -114,18 +115,15 @@ def _local_epsilon(g: int, b: int, p: float, d: int, delta: float, start: float)
         return start
     if passes(0):
         return start
-    low, high = 0, 4  # grid indices: low fails; search doubling ε until one passes
+    low, high = 0, 4  # grid indices: low fails; double the index until one passes
     while not passes(high):
         low, high = high, 2 * high
         if start * LOCAL_GRID**high > _LOCAL_MAX_EPSILON:
             return math.inf
-    while high - low > 1:
-        middle = (low + high) // 2
-        if passes(middle):
-            high = middle
-        else:
-            low = middle
-    return start * LOCAL_GRID**high
+    # The least passing index in (low, high] (the bound is non-increasing in ε; any index
+    # returned has passed, so the result never rests on that).
+    least = low + 1 + bisect.bisect_left(range(low + 1, high), True, key=passes)
+    return start * LOCAL_GRID**least
 
 
 def message_guarantee(vector_sum: VectorSum, delta: float, floor: float) -> Guarantee:
