@@ -555,6 +555,11 @@ class ShuffledPNSGD(_PNSGD):
 
     name = "shuffled-pnsgd"
     _owner = "ShuffledPNSGD"
+    passes: ClassVar[int] = 1
+    """One pass over the recording (for drivers of ``learn_recorded``: progress)."""
+    resumes_mid_pass: ClassVar[bool] = False
+    """A state saved mid-pass is refused by :meth:`load_state_dict` (see Notes): a driver restarts
+    the pass instead of resuming it."""
 
     def __init__(
         self,

@@ -66,12 +66,14 @@ class Reject:
 class Decoded:
     """The valid records of a micro-batch, clipped, and the rejects.
 
-    ``X`` has shape (m, dim), ``y`` shape (m,), both float64, in message order.
+    ``X`` has shape (m, dim), ``y`` shape (m,), both float64, in message order; ``origin[i]`` is the
+    index of the message that row ``i`` came from (several rows per message for binary batches).
     """
 
     X: NDArray[np.float64]
     y: NDArray[np.float64]
     rejects: tuple[Reject, ...]
+    origin: NDArray[np.int64]
 
     def reject_counts(self) -> dict[str, int]:
         counts: Counter[str] = Counter()
@@ -110,6 +112,7 @@ class Codec(abc.ABC):
         message index of row ``i``. ``rejects`` (from decoding) is extended and returned sorted."""
         X = np.asarray(X, dtype=np.float64).reshape(len(y), self.dim)
         y = np.asarray(y, dtype=np.float64)
+        origin = np.asarray(origin, dtype=np.int64)
         finite = np.isfinite(X).all(axis=1) & np.isfinite(y)
         if self._labels is not None:
             in_range = np.isin(y, self._labels)
@@ -122,16 +125,18 @@ class Codec(abc.ABC):
                 rejects.extend(Reject(int(i), reason, int(c)) for i, c in zip(indices, counts))
         keep = finite & in_range
         if not keep.all():
-            X, y = X[keep], y[keep]
+            X, y, origin = X[keep], y[keep], origin[keep]
         X = clip_rows(X, self.bound)
         rejects.sort(key=lambda r: r.index)
-        return Decoded(X, y, tuple(rejects))
+        return Decoded(X, y, tuple(rejects), origin)
 
     def validate_arrays(self, X: NDArray[np.float64], y: NDArray[np.float64]) -> Decoded:
         """Validate records that arrive as arrays (the synthetic source); row ``i`` is message ``i``."""
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.dim:
-            return Decoded(np.empty((0, self.dim)), np.empty(0), (Reject(0, Reason.WRONG_DIMENSION, len(y)),))
+            return Decoded(
+                np.empty((0, self.dim)), np.empty(0), (Reject(0, Reason.WRONG_DIMENSION, len(y)),), np.empty(0, dtype=np.int64)
+            )
         return self.validate(X, y, np.arange(len(y)), [])
 
 

@@ -2,7 +2,10 @@
 
 Adding a learner is one line in :data:`REGISTRY` (its module, class, and default options). Names in
 :data:`streamer.config.LEARNER_NAMES` without an entry are planned but not in this build; asking
-for one fails with :class:`~streamer.errors.LearnerUnavailableError` saying so.
+for one fails with :class:`~streamer.errors.LearnerUnavailableError` saying so. A learner that
+reads a recording by record index (``learn_recorded``: ``shuffled-pnsgd``, ``shuffle-gd``) is
+registered the same way; the processor sees what it declares (:mod:`streamer.replay`) and gives it
+a ``file:`` source by index.
 
 Building. The service passes its common settings to the constructor parameters of the same name,
 when the constructor has them:
@@ -50,16 +53,11 @@ REGISTRY: dict[str, Entry] = {
     "pnsgd": Entry("protocols.pnsgd", "OnlinePNSGD", {"loss": {"name": "logistic"}}),
     "shuffle-gaussian": Entry("protocols.shuffle_gaussian", "ShuffleGaussianSGD", {"loss": {"name": "logistic"}}),
     "checkin": Entry("protocols.checkin", "RandomCheckinSGD", {"loss": {"name": "logistic"}}),
+    "shuffle-sgd": Entry("protocols.shuffle_sgd", "ShuffleSGD", {"loss": {"name": "logistic"}}),
+    "shuffled-pnsgd": Entry("protocols.pnsgd", "ShuffledPNSGD", {"loss": {"name": "logistic"}}),
+    "shuffle-acsa": Entry("protocols.shuffle_acsa", "ShuffleACSA", {"loss": {"name": "logistic"}}),
+    "shuffle-gd": Entry("protocols.shuffle_gd", "ShuffleGD", {"loss": {"name": "logistic"}}),
 }
-
-NOT_STREAMABLE: dict[str, str] = {
-    "shuffled-pnsgd": (
-        "it must read the records in its own uniformly random order (ShuffledPNSGD.next_indices, "
-        "003 Thm 2), which needs random access to a recorded stream; the service's sources deliver "
-        "stream order, and that driver is not written yet"
-    ),
-}
-"""Learners that exist in :mod:`protocols` but cannot be driven by the streaming loop (yet)."""
 
 _STREAM_LENGTH_NAMES = ("horizon", "n")
 
@@ -67,8 +65,6 @@ _STREAM_LENGTH_NAMES = ("horizon", "n")
 def learner_class(name: str) -> type[Learner]:
     """The class registered under ``name``."""
     entry = REGISTRY.get(name)
-    if name in NOT_STREAMABLE:
-        raise LearnerUnavailableError(f"learner {name!r} cannot run in the streaming service: {NOT_STREAMABLE[name]}")
     if entry is None:
         if name in LEARNER_NAMES:
             raise LearnerUnavailableError(

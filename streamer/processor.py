@@ -48,6 +48,15 @@ P itself — all written in one atomic ``os.replace``, so they always agree.
   process per consumer group (or give each process its own topics).
 * Any unexpected error also exits without a final checkpoint, for the same reason.
 
+Learners that read a recording by record index (``shuffled-pnsgd``, ``shuffle-gd``; what they
+declare is in :mod:`streamer.replay`) get an :class:`~streamer.indexed.IndexedFile` instead of a
+source and run their own loop (``learn_recorded``); the processor takes control in the ``fetch``
+it hands them, between two micro-batches, and does there what the loop above does after a batch.
+Each pass is charged with the whole recording when it begins. The exactly-once argument is the
+same with "positions" replaced by "records learned in the pass" (saved in the learner's state);
+a learner that cannot resume mid-pass restarts the pass after a crash, as a new ledger instance
+composed with what the interrupted pass released (:mod:`streamer.replay`).
+
 What is charged. The ledger is charged with the whole consumed range of each batch, rejected
 records and non-record lines included: conservative (a rejected record is accounted as if used,
 which can only over-state what was spent) and compact (one segment per source key). A replay of
@@ -70,6 +79,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+from numpy.typing import NDArray
+
 from accounting.ledger import PrivacyLedger, PrivacyReport
 from protocols.base import Learner
 from protocols.errors import ProtocolError
@@ -77,9 +89,19 @@ from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from streamer.errors import ConfigError, LearnerInputError
-from streamer.learners import build_learner, constructor_arguments, restore_learner
+from streamer.indexed import IndexedFile
+from streamer.learners import build_learner, constructor_arguments, learner_class, restore_learner
 from streamer.metrics import ServiceMetrics
 from streamer.progress import Progress
+from streamer.replay import (
+    Halt,
+    RecordedLearner,
+    has_round_reports,
+    open_indexed,
+    pass_instance,
+    reads_by_index,
+    resumes_mid_pass,
+)
 from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
 from streamer.sources import Batch, Source, open_source, parse_kafka_url
 
@@ -154,12 +176,22 @@ class Processor:
         self._privacy_config: dict[str, Any] = {}
         self._config_hash = ""
         self._ready = False
+        # Learners that read a recording by record index (streamer.replay):
+        self._recorded = False
+        self._passes_charged = 0  # passes whose instance has been charged with the whole recording
+        self._boundary: _Boundary | None = None  # state at the last pass boundary (resumes_mid_pass False)
 
     # -- set-up ----------------------------------------------------------------------------------
 
-    def _restore_or_start(self, source: Source, saved: Checkpoint | None) -> None:
+    def _restore_or_start(self, source: Source | IndexedFile, saved: Checkpoint | None) -> None:
         config = self.config
+        self._recorded = isinstance(source, IndexedFile)
         n = config.learner.n
+        if isinstance(source, IndexedFile) and n is not None and n != source.n:
+            raise ConfigError(
+                f"learner.n = {n:,}, but learner {config.learner.name!r} reads every record of the recording by "
+                f"index and {source.path} holds {source.n:,} valid records; leave learner.n unset"
+            )
         if n is None:
             n = source.count_records()
         if n is None:
@@ -183,12 +215,22 @@ class Processor:
                 "resuming from checkpoint %d (%s records learned, %d source keys)",
                 saved.sequence, f"{saved.records:,}", len(saved.positions),
             )
+            replay = saved.extra.get("replay", {})
+            self._passes_charged = int(replay.get("passes_charged", 0))
+            if replay.get("restart"):
+                self.instance = f"{self.learner.name}-{uuid.uuid4().hex[:12]}"
+                self._register_learner()
+                log.info(
+                    "the checkpoint was taken mid-pass by a learner that cannot resume a pass: the pass restarts "
+                    "as instance %s, and the ledger composes what the interrupted pass released", self.instance,
+                )
         else:
             self.learner = build_learner(config, n)
             self.instance = f"{self.learner.name}-{uuid.uuid4().hex[:12]}"
             self.ledger = PrivacyLedger(max_records_per_user=config.learner.max_records_per_user)
-            self.ledger.register(self.instance, self.learner.privacy())
+            self._register_learner()
             log.info("new run: learner %s (instance %s), n = %s", self.learner.name, self.instance, f"{n:,}")
+        self._note_boundary()
         self._ready = True
 
     def _open_sinks(self) -> None:
@@ -214,18 +256,20 @@ class Processor:
         """The ledger's composed guarantee, with ``records`` = records the learner has learned."""
         return dataclasses.replace(self.ledger.report(), records=self.learner.records_seen)
 
-    def _over_budget(self, ranges: Mapping[str, tuple[int, int]] | None = None) -> float | None:
-        """The ε that would be reached by charging ``ranges`` (or now), if above ``max_epsilon``.
+    def _over_budget(self, ranges: Mapping[str, tuple[int, int]] | None = None, instance: str | None = None) -> float | None:
+        """The ε that would be reached by charging ``ranges`` to ``instance`` (default: the
+        learner's; a registered one), or now, if above ``max_epsilon``.
 
         ε is the largest finite ε of the output and intrusion guarantees (an intrusion guarantee
         that is already 'none', as in seeded test mode, is not a budget)."""
         limit = self.config.learner.max_epsilon
         if limit is None:
             return None
+        instance = instance or self.instance
         worst = 0.0
         use_sets = [seg.uses for key in self.ledger.sources for seg in self.ledger.coverage(key)]
         if ranges:
-            use_sets += [uses + (self.instance,) for uses in self._uses_in(ranges)] + [(self.instance,)]
+            use_sets += [uses + (instance,) for uses in self._uses_in(ranges)] + [(instance,)]
         for uses in use_sets:
             for guarantee in self.ledger.record_guarantee(uses):
                 if guarantee.epsilon != float("inf"):
@@ -246,16 +290,22 @@ class Processor:
         saved = self.store.load()
         self.positions = dict(saved.positions) if saved else {}
         with self._signals():
-            source = open_source(self.config.source, self.codec, self.positions, on_revoke=self._checkpoint_on_revoke)
+            source: Source | IndexedFile
+            if reads_by_index(learner_class(self.config.learner.name)):
+                source = open_indexed(self.config.source, self.codec, self.config.learner.name)
+            else:
+                source = open_source(self.config.source, self.codec, self.positions, on_revoke=self._checkpoint_on_revoke)
             self._source = source
             try:
                 self._restore_or_start(source, saved)
                 self._open_sinks()
-                outcome, message = self._loop(source)
+                outcome, message = self._drive(source)
                 # Clean stop: the state is consistent with the positions, so make it durable.
                 # A final snapshot only if it would release something new: a release is not free
-                # for every learner (PNSGD accounts each one).
-                self._checkpoint(snapshot=self.learner.records_seen != self._snapshot_records, finished=outcome == "finished")
+                # for every learner (PNSGD accounts each one), and a learner that has learned
+                # nothing (a new run, a restarted pass) has nothing to release.
+                records = self.learner.records_seen
+                self._checkpoint(snapshot=records not in (0, self._snapshot_records), finished=outcome == "finished")
             finally:
                 self._close(source)
         log.info("%s: %s", outcome, message)
@@ -274,55 +324,173 @@ class Processor:
             resumed=saved is not None,
         )
 
-    def _loop(self, source: Source) -> tuple[Outcome, str]:
-        cfg = self.config
+    def _drive(self, source: Source | IndexedFile) -> tuple[Outcome, str]:
+        """Run the loop that fits the source: stream order, or by record index."""
         over = self._over_budget()
         if over is not None:
-            return "budget_exhausted", f"the guarantee is already ε = {over:.4g} > max_epsilon = {cfg.learner.max_epsilon}; nothing learned"
+            limit = self.config.learner.max_epsilon
+            return "budget_exhausted", f"the guarantee is already ε = {over:.4g} > max_epsilon = {limit}; nothing learned"
         progress = self._make_progress(source)
-        pacer = _Pacer(cfg.source.rate)
-        since_checkpoint = 0
-        since_snapshot = 0
-        last_checkpoint = time.monotonic()
+        pacer = _Pacer(self.config.source.rate)
+        cadence = _Cadence(self.config)
         try:
-            while not self.stop_event.is_set():
-                limit = pacer.allowance(cfg.source.batch_records)
-                if limit == 0:
-                    pacer.wait(cfg.source.poll_timeout_s)
-                    continue
-                batch = source.poll(limit, cfg.source.poll_timeout_s)
-                if batch is None:
-                    if source.exhausted:
-                        return "finished", "the source is exhausted"
-                    if since_checkpoint and time.monotonic() - last_checkpoint >= cfg.checkpoint.every_seconds:
-                        self._checkpoint(snapshot=since_snapshot >= cfg.snapshots.every_records)
-                        since_checkpoint, last_checkpoint = 0, time.monotonic()
-                    continue
-                over = self._over_budget(batch.ranges)
-                if over is not None:
-                    return "budget_exhausted", (
-                        f"stopped before learning a batch that would raise ε to {over:.4g} "
-                        f"(max_epsilon = {cfg.learner.max_epsilon}); its records were not used"
-                    )
-                handled = self._process(batch)
-                pacer.consumed(handled)
-                since_checkpoint += handled
-                since_snapshot += handled
-                if progress is not None:
-                    self._draw(progress)
-                snapshot_due = since_snapshot >= cfg.snapshots.every_records
-                if snapshot_due or since_checkpoint >= cfg.checkpoint.every_records or (
-                    time.monotonic() - last_checkpoint >= cfg.checkpoint.every_seconds
-                ):
-                    self._checkpoint(snapshot=snapshot_due)
-                    since_checkpoint, last_checkpoint = 0, time.monotonic()
-                    if snapshot_due:
-                        since_snapshot = 0
-            return "stopped", "stop requested (signal); final checkpoint taken"
+            if isinstance(source, IndexedFile):
+                return self._replay(source, pacer, cadence, progress)
+            return self._loop(source, pacer, cadence, progress)
         finally:
             if progress is not None:
                 self._draw(progress, force=True)
                 progress.close()
+
+    def _loop(self, source: Source, pacer: _Pacer, cadence: _Cadence, progress: Progress | None) -> tuple[Outcome, str]:
+        cfg = self.config
+        while not self.stop_event.is_set():
+            limit = pacer.allowance(cfg.source.batch_records)
+            if limit == 0:
+                pacer.wait(cfg.source.poll_timeout_s)
+                continue
+            batch = source.poll(limit, cfg.source.poll_timeout_s)
+            if batch is None:
+                if source.exhausted:
+                    return "finished", "the source is exhausted"
+                self._checkpoint_if_due(cadence, idle=True)
+                continue
+            over = self._over_budget(batch.ranges)
+            if over is not None:
+                return "budget_exhausted", (
+                    f"stopped before learning a batch that would raise ε to {over:.4g} "
+                    f"(max_epsilon = {cfg.learner.max_epsilon}); its records were not used"
+                )
+            handled = self._process(batch)
+            pacer.consumed(handled)
+            self._after_batch(handled, cadence, progress)
+        return "stopped", _STOPPED
+
+    def _replay(self, source: IndexedFile, pacer: _Pacer, cadence: _Cadence, progress: Progress | None) -> tuple[Outcome, str]:
+        """Drive a learner that reads the recording by record index (:mod:`streamer.replay`).
+
+        The learner runs its own loop (``learn_recorded``); the ``fetch`` given to it first
+        accounts for the micro-batch just learned — charge a pass that began, register the
+        guarantee, metrics, checkpoint and snapshot when due — then stops the run if asked to (or
+        before a pass that would exceed ``max_epsilon``), waits for the pacer, and reads the next
+        records.
+        """
+        cfg = self.config
+        learner: RecordedLearner = self.learner  # type: ignore[assignment]
+        micro_batch = cfg.source.batch_records if pacer.rate is None else min(cfg.source.batch_records, pacer.step)
+        pending: tuple[int, float] | None = None  # (records before, start time) of the batch being learned
+
+        def account() -> None:
+            nonlocal pending
+            if pending is None:
+                return
+            (before, started), pending = pending, None
+            learned = self.learner.records_seen - before
+            self._charge_passes(source)
+            self._register_learner()
+            self.metrics.observe_batch(learned, time.perf_counter() - started)
+            pacer.consumed(learned)
+            self._note_boundary()
+            self._after_batch(learned, cadence, progress)
+
+        def fetch(indices: NDArray[np.int64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+            nonlocal pending
+            account()
+            while True:
+                if self.stop_event.is_set():
+                    raise Halt("stopped", _STOPPED)
+                if pacer.allowance(len(indices)) >= len(indices):
+                    break
+                pacer.wait(cfg.source.poll_timeout_s)
+            over = self._pass_over_budget(source)
+            if over is not None:
+                raise Halt("budget_exhausted", (
+                    f"stopped before a pass that would raise ε to {over:.4g} (max_epsilon = "
+                    f"{cfg.learner.max_epsilon}); nothing of it was used"
+                ))
+            started = time.perf_counter()
+            X, y = source.fetch(indices)
+            pending = (self.learner.records_seen, started)
+            return X, y
+
+        try:
+            learner.learn_recorded(fetch, micro_batch=micro_batch)
+        except Halt as halt:
+            return halt.outcome, halt.message  # type: ignore[return-value]
+        except ProtocolError:
+            raise _refused(self.learner.name) from None
+        account()
+        return "finished", "every pass over the recording is complete"
+
+    def _after_batch(self, records: int, cadence: _Cadence, progress: Progress | None) -> None:
+        cadence.add(records)
+        if progress is not None:
+            self._draw(progress)
+        self._checkpoint_if_due(cadence)
+
+    def _checkpoint_if_due(self, cadence: _Cadence, idle: bool = False) -> None:
+        if cadence.checkpoint_due(idle):
+            snapshot = cadence.snapshot_due
+            self._checkpoint(snapshot=snapshot)
+            cadence.checkpointed(snapshot)
+
+    # -- recorded learners (streamer.replay) -------------------------------------------------------
+
+    def _pass_instance(self, number: int) -> str:
+        """The ledger instance charged with pass ``number`` (1-based)."""
+        return pass_instance(self.instance, number) if has_round_reports(self.learner) else self.instance
+
+    def _register_learner(self) -> None:
+        """Register the learner's current guarantee: one instance, or one per pass started for a
+        recorded learner that reports per round."""
+        if self._recorded and has_round_reports(self.learner):
+            for number, report in enumerate(self.learner.round_reports(), start=1):  # type: ignore[attr-defined]
+                self.ledger.register(pass_instance(self.instance, number), report)
+        else:
+            self.ledger.register(self.instance, self.learner.privacy())
+
+    def _charge_passes(self, source: IndexedFile) -> None:
+        """Charge every pass begun since the last call with the whole recording, and count its rejects."""
+        n = self.learner.n  # type: ignore[attr-defined]
+        begun = -(-self.learner.records_seen // n)
+        while self._passes_charged < begun:
+            self._passes_charged += 1
+            self._register_learner()
+            instance = self._pass_instance(self._passes_charged)
+            for key, (start, stop) in source.extent.items():
+                self.ledger.charge(instance, key, start, stop)
+                self.positions[key] = stop
+            if source.rejects:
+                self.rejects.update(source.rejects)
+                self.metrics.observe_rejects(source.rejects)
+
+    def _pass_over_budget(self, source: IndexedFile) -> float | None:
+        """:meth:`_over_budget` before the next micro-batch: if it begins a pass whose instance is
+        already registered, with that pass's charge included."""
+        if self.learner.records_seen == self._passes_charged * self.learner.n:  # type: ignore[attr-defined]
+            instance = self._pass_instance(self._passes_charged + 1)
+            if instance in self.ledger.instances:
+                return self._over_budget(source.extent, instance)
+        return self._over_budget()
+
+    def _note_boundary(self) -> None:
+        """At a pass boundary of a learner that cannot resume mid-pass, keep what a resume restarts from."""
+        learner = self.learner
+        if self._recorded and not resumes_mid_pass(learner) and learner.records_seen % learner.n == 0:  # type: ignore[attr-defined]
+            self._boundary = _Boundary(learner.state_dict(), learner.records_seen, self._snapshot_records, self._passes_charged)
+
+    def _resumable_state(self) -> tuple[dict[str, Any], int, dict[str, Any]]:
+        """The learner state, record count and ``extra`` fields that a resume starts from: the
+        current ones, or, mid-pass for a learner that cannot resume a pass, those of the pass's
+        start with the mark that the pass restarts (:mod:`streamer.replay`)."""
+        boundary = self._boundary
+        if boundary is not None and self.learner.records_seen != boundary.records:
+            replay = {"passes_charged": boundary.passes_charged, "restart": True}
+            return boundary.state, boundary.records, {"snapshot_records": boundary.snapshot_records, "replay": replay}
+        extra: dict[str, Any] = {"snapshot_records": self._snapshot_records}
+        if self._recorded:
+            extra["replay"] = {"passes_charged": self._passes_charged}
+        return self.learner.state_dict(), self.learner.records_seen, extra
 
     def _process(self, batch: Batch) -> int:
         """Learn one batch and charge its ranges; return the number of records handled."""
@@ -334,17 +502,11 @@ class Processor:
         if len(decoded.y):
             try:
                 self.learner.learn_many(decoded.X, decoded.y)
-            except ProtocolError as exc:
-                # The learner's message may quote record values (e.g. an unexpected label), so it is
-                # not passed on. The state may be partly updated: stop without a checkpoint.
-                raise LearnerInputError(
-                    f"learner {self.learner.name!r} refused a validated micro-batch ({type(exc).__name__}); the "
-                    "[records] domain (label_values / label_min / label_max, dim) does not match what the "
-                    "learner accepts. Details are withheld because they may quote record values."
-                ) from None
+            except ProtocolError:
+                raise _refused(self.learner.name) from None
         # Keep the ledger's view of the learner current (a learner whose guarantee grows with
         # records is then checked against max_epsilon at the next batch).
-        self.ledger.register(self.instance, self.learner.privacy())
+        self._register_learner()
         for key, (start, stop) in batch.ranges.items():
             self.ledger.charge(self.instance, key, start, stop)
             self.positions[key] = stop
@@ -386,7 +548,7 @@ class Processor:
         """Steps (1)–(6) of the module docstring."""
         t0 = time.perf_counter()
         released = self.learner.snapshot() if snapshot else None
-        self.ledger.register(self.instance, self.learner.privacy())
+        self._register_learner()
         if self._dead_letters is not None:
             self._dead_letters.flush()
         self.sequence += 1
@@ -394,6 +556,7 @@ class Processor:
             self.snapshots += 1
             self._snapshot_records = released.records
         positions = dict(self.positions)
+        state, records, extra = self._resumable_state()
         checkpoint = Checkpoint(
             sequence=self.sequence,
             created=time.time(),
@@ -401,15 +564,15 @@ class Processor:
             instance=self.instance,
             learner=self.learner.name,
             learner_config=self.learner.config(),
-            learner_state=self.learner.state_dict(),
+            learner_state=state,
             positions=positions,
             ledger=self.ledger.to_dict(),
             rejects=dict(self.rejects),
-            records=self.learner.records_seen,
+            records=records,
             snapshots=self.snapshots,
             config_hash=self._config_hash,
             privacy_config=self._privacy_config,
-            extra={"snapshot_records": self._snapshot_records},
+            extra=extra,
         )
         durable_at = self.store.save(checkpoint)
         report = self.report()
@@ -436,9 +599,12 @@ class Processor:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _make_progress(self, source: Source) -> Progress | None:
+    def _make_progress(self, source: Source | IndexedFile) -> Progress | None:
         if not self._progress_enabled:
             return None
+        if isinstance(source, IndexedFile):  # progress in records learned over all passes
+            passes = getattr(self.learner, "passes", None)
+            return Progress(source.n * passes if passes else None, start=self.learner.records_seen)
         try:
             total = source.total_positions()
         except Exception:  # noqa: BLE001 - progress is cosmetic; a failed size query must not stop a run
@@ -450,7 +616,7 @@ class Processor:
         progress.update(
             self.learner.records_seen,
             sum(self.rejects.values()),
-            sum(self.positions.values()),
+            self.learner.records_seen if self._recorded else sum(self.positions.values()),
             report.output.epsilon,
             report.intrusion.epsilon,
             force=force,
@@ -486,6 +652,63 @@ class Processor:
                 log.warning("error while closing: %s", type(exc).__name__)
 
 
+_STOPPED = "stop requested (signal); final checkpoint taken"
+
+
+def _refused(name: str) -> LearnerInputError:
+    """The error for a learner refusing validated records. Its own message may quote record values
+    (e.g. an unexpected label), so it is not passed on; the state may be partly updated, so the
+    run stops without a checkpoint."""
+    return LearnerInputError(
+        f"learner {name!r} refused a validated micro-batch; the [records] domain (label_values / label_min / "
+        "label_max, dim) does not match what the learner accepts. Details are withheld because they may quote "
+        "record values."
+    )
+
+
+@dataclass(frozen=True)
+class _Boundary:
+    """A recorded learner's state at a pass boundary, and the counters that go with it."""
+
+    state: dict[str, Any]
+    records: int
+    snapshot_records: int
+    passes_charged: int
+
+
+class _Cadence:
+    """When to checkpoint (every ``checkpoint.every_records`` records or ``every_seconds``) and
+    whether a snapshot goes with it (``snapshots.every_records`` records since the last one)."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.every_records = config.checkpoint.every_records
+        self.every_seconds = config.checkpoint.every_seconds
+        self.snapshot_every = config.snapshots.every_records
+        self.since_checkpoint = self.since_snapshot = 0
+        self.last = time.monotonic()
+
+    def add(self, records: int) -> None:
+        self.since_checkpoint += records
+        self.since_snapshot += records
+
+    @property
+    def snapshot_due(self) -> bool:
+        return self.since_snapshot >= self.snapshot_every
+
+    def checkpoint_due(self, idle: bool = False) -> bool:
+        """After a batch: a snapshot or a checkpoint is due. While idle: only time, and only if
+        something was learned since the last checkpoint."""
+        late = time.monotonic() - self.last >= self.every_seconds
+        if idle:
+            return self.since_checkpoint > 0 and late
+        return self.snapshot_due or self.since_checkpoint >= self.every_records or late
+
+    def checkpointed(self, snapshot: bool) -> None:
+        self.since_checkpoint, self.last = 0, time.monotonic()
+        if snapshot:
+            self.since_snapshot = 0
+
+
 class _Pacer:
     """Limit consumption to ``rate`` records per second (None: unlimited), in ~50 ms steps, so
     that a paced run still learns in batches of ``rate/20`` records rather than one at a time."""
@@ -496,6 +719,11 @@ class _Pacer:
         self.rate = rate
         self._t0 = time.monotonic()
         self._done = 0
+
+    @property
+    def step(self) -> int:
+        """Records per step (paced runs only)."""
+        return max(1, int((self.rate or 0.0) * self.STEP_S))
 
     def _budget(self, rate: float) -> float:
         return rate * (time.monotonic() - self._t0) - self._done

@@ -37,10 +37,14 @@ _FRAME = struct.Struct("<HqqI")
 
 @dataclass(frozen=True)
 class Frame:
+    """One recorded message: its source key and offset, timestamp, value, and where the value
+    starts in the file (``value_start``, for random access)."""
+
     key: str
     offset: int
     timestamp_ms: int
     value: bytes
+    value_start: int = 0
 
 
 def is_recording(path: Path) -> bool:
@@ -94,6 +98,7 @@ class RecordingReader:
         positions = positions or {}
         with open(self.path, "rb", buffering=1 << 20) as handle:
             handle.seek(self._body_start)
+            where = self._body_start  # file position of the next frame header
             while True:
                 head = handle.read(_FRAME.size)
                 if not head:
@@ -102,13 +107,14 @@ class RecordingReader:
                     raise ValueError(f"{self.path}: truncated frame header")
                 index, offset, timestamp_ms, length = _FRAME.unpack(head)
                 key = self.keys[index]
+                value_start, where = where + _FRAME.size, where + _FRAME.size + length
                 if offset < positions.get(key, 0):
                     handle.seek(length, os.SEEK_CUR)
                     continue
                 value = handle.read(length)
                 if len(value) < length:
                     raise ValueError(f"{self.path}: truncated frame value")
-                yield Frame(key, offset, timestamp_ms, value)
+                yield Frame(key, offset, timestamp_ms, value, value_start)
 
     def count(self) -> int:
         """Number of frames (reads only the frame headers)."""

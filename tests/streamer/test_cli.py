@@ -30,7 +30,7 @@ def test_no_command_prints_help_and_fails(capsys) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run", "--learner", "shuffle-gd", "--metrics-port", "0"], "learner 'shuffle-gd' is planned but not in this build yet"),
+        (["run", "--learner", "shuffle-gd", "--metrics-port", "0"], "learner 'shuffle-gd' reads a recording by record index, so its source must be file:PATH"),
         (["run", "--source", "kafka://127.0.0.1:1/t", "--metrics-port", "0"], "records.dim is required"),
         (["run", "--source", "kafka://127.0.0.1:1/t", "--dim", "2", "--feature-bound", "1", "--metrics-port", "0", "--delta", "3"], "learner.delta: Input should be less than 1"),
         (["inspect", "/nonexistent/panpriv"], "does not exist"),

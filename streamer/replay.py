@@ -1,0 +1,119 @@
+"""Learners that read a recording by record index: what they declare, and how passes are accounted.
+
+Most learners take a stream in arrival order (:meth:`protocols.base.Learner.learn_many` on each
+micro-batch). Some need the whole recording at hand and choose which record comes next:
+:class:`protocols.pnsgd.ShuffledPNSGD` visits the n records in the order of one uniformly random
+permutation (003, Thm 2); a multi-pass learner such as ``shuffle-gd`` (000, Alg. 5) reads every
+record once per round. The processor drives such a learner over an :class:`~streamer.indexed.IndexedFile`
+instead of a sequential source. A learner takes part by what it declares, not by its name:
+
+``n`` (required)
+    Records per pass: the number of valid records of the recording (the learner is built with it).
+``learn_recorded(fetch, micro_batch)`` (required)
+    Run the rest of the protocol, calling ``fetch(indices)`` for the ``(X, y)`` of the records at
+    those indices (at most ``micro_batch`` at a time) and learning them before the next call. The
+    processor's ``fetch`` is also where it takes control between micro-batches: it accounts,
+    checkpoints and snapshots the batch just learned, and stops the run by raising :class:`Halt`
+    (a learner must let exceptions from ``fetch`` propagate, leaving its state as after the last
+    batch it learned).
+``resumes_mid_pass`` (optional, default ``True``)
+    ``False`` when a state saved in the middle of a pass cannot be resumed soundly (ShuffledPNSGD:
+    its permutation is never saved). The processor then checkpoints mid-pass the state of the last
+    pass boundary, and a resume restarts the pass as a new ledger instance (see below).
+``round_reports()`` (optional)
+    One :class:`~accounting.ledger.PrivacyReport` per pass started, each the pass's *increment* of
+    the learner's composed guarantee (``shuffle-gd``): pass ``p`` is then its own ledger instance
+    :func:`pass_instance`, so the ledger's composition of the T uses of a record telescopes to the
+    learner's figure instead of composing the cumulative figure T times. Without it, the learner's
+    :meth:`~protocols.base.Learner.privacy` covers everything and each pass is charged to the one
+    instance (right for one pass; over-counts, never under-counts, for several).
+``passes`` (optional)
+    Number of passes, for the progress bar only.
+
+Ledger. A pass uses every record of the recording, so when a pass begins its instance is charged
+with the whole :attr:`~streamer.indexed.IndexedFile.extent` (every position of every source key,
+rejected messages included, as the sequential path charges them) — each record once per pass.
+Charging only the positions visited so far would not be more precise: for ShuffledPNSGD the
+guarantee of every record is an average over the random order (003, App. A), and the set of
+visited positions is information about the permutation that must not be kept at rest. The
+rejects of the recording are counted once per pass, as a sequential replay counts them.
+
+Crash and restart mid-pass (``resumes_mid_pass = False``). Whatever the interrupted pass released
+was registered in a durable checkpoint before it left the process (snapshots follow their
+checkpoint), together with the charge of the whole recording to its instance. The resumed run
+restores the learner as it was at the start of the pass, gives the restarted pass a fresh instance
+id, and charges it again when it begins: the ledger composes the interrupted pass's releases with
+the new pass (basic composition), and ``learner.max_epsilon`` can stop the run before the new pass
+spends anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from streamer.codec import Codec
+from streamer.config import SourceConfig
+from streamer.errors import ConfigError
+from streamer.indexed import IndexedFile
+from streamer.sources import file_path
+
+Fetch = Callable[[NDArray[np.int64]], tuple[NDArray[np.float64], NDArray[np.float64]]]
+
+
+@runtime_checkable
+class RecordedLearner(Protocol):
+    """The required part of the declaration (module docstring)."""
+
+    n: int
+
+    def learn_recorded(self, fetch: Fetch, micro_batch: int) -> None: ...
+
+
+class Halt(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised from ``fetch`` to end a recorded run between two micro-batches."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+
+
+def reads_by_index(learner_cls: type[Any]) -> bool:
+    """True if instances of ``learner_cls`` read a recording by record index."""
+    return callable(getattr(learner_cls, "learn_recorded", None))
+
+
+def resumes_mid_pass(learner: object) -> bool:
+    """Whether a state saved mid-pass may be resumed (declared by the learner; default True)."""
+    return bool(getattr(learner, "resumes_mid_pass", True))
+
+
+def has_round_reports(learner: object) -> bool:
+    """Whether the learner accounts each pass as its own increment (``round_reports()``)."""
+    return callable(getattr(learner, "round_reports", None))
+
+
+def pass_instance(instance: str, number: int) -> str:
+    """The ledger instance of pass ``number`` (1-based) of a learner reporting per round;
+    zero-padded so that the ledger's sorted order is the passes' order."""
+    return f"{instance}/round-{number:06d}"
+
+
+def open_indexed(config: SourceConfig, codec: Codec, learner: str) -> IndexedFile:
+    """The record-index reader for ``config.url``; a :class:`ConfigError` if the source cannot be
+    read by index (a :class:`~streamer.errors.SourceError` if the file cannot)."""
+    if not config.url.startswith("file:"):
+        raise ConfigError(
+            f"learner {learner!r} reads a recording by record index, so its source must be file:PATH "
+            "(a panpriv recording, JSONL or CSV); record a Kafka topic first with `panpriv record`"
+        )
+    if config.recorded_pace:
+        raise ConfigError(
+            f"source.recorded_pace: learner {learner!r} chooses the order of the records, so recorded "
+            "timestamps cannot pace it; use source.rate"
+        )
+    return IndexedFile(file_path(config.url), codec)
