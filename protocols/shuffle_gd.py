@@ -27,17 +27,16 @@ the constructor refuses a configuration whose T-round bound would exceed the req
 
 The ledger, and the T-fold reuse (composition counted once, in one place)
 ---------------------------------------------------------------------------
-The service charges every consumed position range to a ledger instance, and the ledger composes
-repeated uses of a position by *basic* composition of the instances' registered guarantees. A
-replay of the recording T times into one instance registered with this learner's (cumulative)
-report would therefore count the composition twice: T uses × the T-round guarantee. Instead, a
-multi-pass learner's passes are separate ledger instances, ``<instance>/round-000001`` … (see
-:func:`round_instance`), each registered with the round's *increment* of the composed guarantee
-(:meth:`ShuffleGD.round_reports`); :meth:`ShuffleGD.charge` does both for a consumed range. The
-ledger then shows each position used T times (one use per round), and its basic composition of the
-increments telescopes back to exactly this learner's advanced-composition figure (increments are
-rounded up by a relative :data:`ROUND_MARGIN`, so floating-point summation can only over-state it).
-The composition itself is computed once, here, by :mod:`accounting.composition`.
+The service charges consumed positions to ledger instances, and the ledger composes repeated uses
+of a position by *basic* composition of the instances' registered guarantees. Charging T passes of
+the recording to one instance registered with this learner's (cumulative) report would therefore
+count the composition twice: T uses × the T-round guarantee. Instead each pass is its own ledger
+instance (the service's replay driver, ``streamer.replay``: ``<instance>/round-000001``, …),
+registered with the round's *increment* of the composed guarantee (:meth:`ShuffleGD.round_reports`).
+The ledger then shows each position used T times (one use per round), and its basic composition
+of the increments telescopes back to exactly this learner's advanced-composition figure
+(increments are rounded up by a relative :data:`ROUND_MARGIN`, so floating-point summation can only
+over-state it). The composition itself is computed once, here, by :mod:`accounting.composition`.
 
 Pan-private view. The state holds θ_t, the running average and the one-bit totals of the round in
 progress. One intrusion plus all outputs is a post-processing of the analyzer outputs of all rounds
@@ -61,7 +60,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from accounting.composition import advanced
-from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
+from accounting.ledger import Guarantee, PrivacyReport
 from protocols import validation as check
 from protocols.acsa import uses_moreau
 from protocols.base import StateValue
@@ -126,12 +125,6 @@ def composed(epsilon0: float, delta0: float, rounds: int, slack: float) -> Guara
     basic = Guarantee(rounds * epsilon0, min(1.0, rounds * delta0))
     boosted = Guarantee(*advanced(epsilon0, delta0, rounds, slack))
     return basic if basic.epsilon <= boosted.epsilon else boosted
-
-
-def round_instance(instance: str, round_: int) -> str:
-    """The ledger instance name of round ``round_`` (1-based) of a multi-pass learner ``instance``;
-    zero-padded so that the ledger's sorted order is the rounds' order."""
-    return f"{instance}/round-{round_:06d}"
 
 
 class ShuffleGD(EncodedLearner):
@@ -236,6 +229,11 @@ class ShuffleGD(EncodedLearner):
         return self._sum
 
     @property
+    def passes(self) -> int:
+        """T, the passes over the recording the protocol makes (``streamer.replay``'s progress)."""
+        return self.planned_rounds
+
+    @property
     def rounds_started(self) -> int:
         """Rounds in which at least one record has reported (⌈records/n⌉)."""
         return -(-self._records // self.n)
@@ -303,7 +301,7 @@ class ShuffleGD(EncodedLearner):
             f"({split}); the rounds compose adaptively: the better of basic and advanced composition "
             f"with slack δ/(T + 1) = {self._slack:.3g}",
             "this figure already counts every round: a ledger must charge each pass as its own instance "
-            "with the increment from round_reports() (or ShuffleGD.charge), not compose this report again",
+            "with the increment from round_reports(), not compose this report again",
             "pan-privacy: the state holds the model and the one-bit totals of the round in progress; an "
             "intrusion adds at most one per-round message of a user (local guarantee "
             f"{self._message()}), composed with the outputs; the recording replayed for the passes "
@@ -319,7 +317,8 @@ class ShuffleGD(EncodedLearner):
         (both ε and δ; out is non-decreasing in t). Intrusion increment: the output increment plus,
         in every round, the local message guarantee — the ledger takes, for a record used by
         rounds 1…T, max_j [intrusion_j + Σ_{i≠j} output_i], which is then out(T) ⊕ local, this
-        learner's intrusion figure. See the module docstring for how the service uses them.
+        learner's intrusion figure. See the module docstring for how the service uses them
+        (``streamer.replay``).
         """
         reports = []
         message = self._message()
@@ -340,27 +339,6 @@ class ShuffleGD(EncodedLearner):
                 )
             )
         return tuple(reports)
-
-    def charge(self, ledger: PrivacyLedger, instance: str, source: str, start: int, stop: int) -> None:
-        """Register the rounds started so far in ``ledger`` and charge ``[start, stop)`` of
-        ``source`` (positions of the recording) to the round in progress.
-
-        Call it after ``learn_many`` of the records at those positions, with the positions the
-        recording gives them in every pass (so that the ledger sees the same positions used once
-        per round). The range must lie within the pass just learned: the last ``stop − start``
-        records learned, all in the round in progress.
-        """
-        current = self._records - (self.rounds_started - 1) * self.n
-        if not 0 <= stop - start <= current:
-            raise InvalidInputError(
-                f"{_OWNER}.charge: [start, stop) = [{start}, {stop}) is not within the pass in progress "
-                f"({current} of its records learned); charge each pass's part separately"
-            )
-        reports = self.round_reports()
-        for t, report in enumerate(reports, start=1):
-            ledger.register(round_instance(instance, t), report)
-        if reports:
-            ledger.charge(round_instance(instance, len(reports)), source, start, stop)
 
     # -- persistence ---------------------------------------------------------------------------------
 

@@ -18,7 +18,6 @@ from protocols.shuffle_gd import (
     ShuffleGD,
     composed,
     round_budget,
-    round_instance,
     solved_round_epsilon,
     theorem_rounds,
     theorem_smoothing,
@@ -99,31 +98,30 @@ def test_solved_budget_spends_all_of_epsilon():
 
 
 def test_ledger_shows_T_uses_and_counts_the_composition_once():
-    """Charging each pass as its own round instance: every position is used T times, and the
-    ledger's total equals the learner's composed figure (to the rounding margin, never below).
-    Registering the cumulative report under one instance would count the composition T times."""
+    """Each pass charged as its own instance registered with round_reports()'s increment (what
+    streamer.replay does): every position is used T times, and the ledger's total equals the
+    learner's composed figure (to the rounding margin, never below). Registering the cumulative
+    report under one instance would count the composition T times."""
     T = 6
     learner = ShuffleGD(3, LogisticLoss(), 4.0, 1e-5, n=8, rounds=T, radius=20.0)  # the factory's PVEC
     ledger, naive = PrivacyLedger(), PrivacyLedger()
-    for _ in range(T):
-        learner.learn_many(PASS_X[:5], PASS_Y[:5])
-        learner.charge(ledger, "gd", "recording", 0, 5)
-        learner.learn_many(PASS_X[5:], PASS_Y[5:])
-        learner.charge(ledger, "gd", "recording", 5, 8)
+    for t in range(1, T + 1):
+        learner.learn_many(PASS_X, PASS_Y)
+        reports = learner.round_reports()
+        assert len(reports) == t == learner.rounds_started
+        for number, report in enumerate(reports, start=1):
+            ledger.register(f"gd/round-{number:06d}", report)
+        ledger.charge(f"gd/round-{t:06d}", "recording", 0, 8)
         naive.register("gd", learner.privacy())
         naive.charge("gd", "recording", 0, 8)
     (segment,) = ledger.coverage("recording")
-    assert (segment.start, segment.stop) == (0, 8)
-    assert segment.uses == tuple(round_instance("gd", t) for t in range(1, T + 1))
+    assert (segment.start, segment.stop, len(segment.uses)) == (0, 8, T)
     own, total = learner.privacy(), ledger.report()
     for mine, theirs in ((own.output, total.output), (own.intrusion, total.intrusion)):
         assert mine.epsilon <= theirs.epsilon <= mine.epsilon * (1 + 2 * ROUND_MARGIN)
         assert mine.delta <= theirs.delta <= mine.delta * (1 + 2 * ROUND_MARGIN)
     assert naive.report().output.epsilon == pytest.approx(T * own.output.epsilon)  # the double count
-    straddling = factory(0)
-    straddling.learn_many(X3[:10], Y3[:10])  # a whole pass and 2 records of the next
-    with pytest.raises(InvalidInputError, match="not within the pass in progress"):
-        straddling.charge(PrivacyLedger(), "gd", "recording", 5, 10)
+    assert learner.passes == T
 
 
 def test_intrusion_is_outputs_plus_one_message():
