@@ -159,6 +159,9 @@ class SnapshotConfig(_Section):
 class MetricsConfig(_Section):
     port: int | None = Field(default=9477, ge=1, le=65535, description="None: no HTTP endpoint")
     addr: str = "127.0.0.1"
+    lag_interval_s: float = Field(
+        default=2.0, gt=0, le=3600, description="Kafka: refresh the consumer lag this often between checkpoints"
+    )
 
 
 class ServiceConfig(_Section):

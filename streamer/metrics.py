@@ -32,7 +32,8 @@ Series
     ``guarantee="intrusion"`` (pan-privacy: one intrusion plus all outputs; 000, Def. C.2), from
     the ledger's :class:`~accounting.ledger.PrivacyReport`. No guarantee is exported as ε = +Inf.
 ``panpriv_consumer_lag_records{partition}``
-    Records between the consumer position and the end of each assigned ``topic/partition``.
+    Records between the consumer position and the end of each assigned ``topic/partition``:
+    refreshed every ``metrics.lag_interval_s`` seconds and at every checkpoint.
 ``panpriv_info{learner, source, version}``
     Constant 1, labelled with what this process runs.
 """

@@ -180,6 +180,7 @@ class Processor:
         self._recorded = False
         self._passes_charged = 0  # passes whose instance has been charged with the whole recording
         self._boundary: _Boundary | None = None  # state at the last pass boundary (resumes_mid_pass False)
+        self._lag_due = 0.0  # monotonic time of the next lag refresh
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -345,6 +346,7 @@ class Processor:
     def _loop(self, source: Source, pacer: _Pacer, cadence: _Cadence, progress: Progress | None) -> tuple[Outcome, str]:
         cfg = self.config
         while not self.stop_event.is_set():
+            self._refresh_lag()
             limit = pacer.allowance(cfg.source.batch_records)
             if limit == 0:
                 pacer.wait(cfg.source.poll_timeout_s)
@@ -427,6 +429,16 @@ class Processor:
         if progress is not None:
             self._draw(progress)
         self._checkpoint_if_due(cadence)
+
+    def _refresh_lag(self, force: bool = False) -> None:
+        """Report the source's lag at most every ``metrics.lag_interval_s`` seconds (or now)."""
+        now = time.monotonic()
+        if (now < self._lag_due and not force) or self._source is None:
+            return
+        self._lag_due = now + self.config.metrics.lag_interval_s
+        lags = self._source.lag()
+        if lags is not None:
+            self.metrics.observe_lag(lags)
 
     def _checkpoint_if_due(self, cadence: _Cadence, idle: bool = False) -> None:
         if cadence.checkpoint_due(idle):
@@ -580,9 +592,7 @@ class Processor:
         self.metrics.observe_privacy(report)
         if self._source is not None:
             self._source.acknowledge(positions)
-            lags = self._source.lag()
-            if lags is not None:
-                self.metrics.observe_lag(lags)
+            self._refresh_lag(force=True)
         if released is not None:
             record = snapshot_record(
                 released,

@@ -111,7 +111,8 @@ class Source(Protocol):
         Kafka revocation, where a failure must stop the process)."""
 
     def lag(self) -> dict[str, int] | None:
-        """Positions between the current position and the end, per key (Kafka only)."""
+        """Positions between the current position and the end, per key (Kafka only; ``None``
+        when unknown). Cheap enough to call every few seconds from the processing loop."""
 
     def close(self) -> None:
         """Release connections and files."""
@@ -561,13 +562,29 @@ class KafkaSource:
             log.warning("offset commit failed (%s); offsets are committed again after the next checkpoint", type(exc).__name__)
 
     def lag(self) -> dict[str, int] | None:
+        """Records between our position and the partition's high watermark, per assigned partition.
+
+        The high watermark comes with every fetch response (``KafkaConsumer.highwater``), so this
+        sends no request: it is as fresh as the last fetch, which the consumer repeats while it
+        consumes or waits. Only a partition not fetched yet (just assigned) costs one
+        ``end_offsets`` request; if that fails the lag is unknown this time (``None``).
+        """
+        from kafka.errors import KafkaError
+
         if not self._assigned:
             return {}
-        end = self._consumer.end_offsets(list(self._assigned))
+        ends = {tp: self._consumer.highwater(tp) for tp in self._assigned}
+        unfetched = [tp for tp, end in ends.items() if end is None]
+        if unfetched:
+            try:
+                ends.update(self._consumer.end_offsets(unfetched))
+            except KafkaError as exc:
+                log.debug("lag unknown: end_offsets failed (%s)", type(exc).__name__)
+                return None
         lags = {}
-        for tp, stop in end.items():
+        for tp, end in ends.items():
             key = f"{tp.topic}/{tp.partition}"
-            lags[key] = max(0, stop - self._positions.get(key, 0))
+            lags[key] = max(0, end - self._positions.get(key, 0))
         return lags
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,8 +17,10 @@ import pytest
 from accounting.ledger import PrivacyLedger
 from streamer.checkpoint import CheckpointStore
 from streamer.config import load_config
+from streamer.metrics import ServiceMetrics
 from streamer.processor import Processor
 from streamer.sinks import read_snapshots
+from streamer.sources import Batch
 
 N_LINES = 3000
 BAD = {7: b"\xff", 100: b'{"x": [1, 2], "y": 1}', 1500: b'{"x": [0, 0, NaN], "y": 1}', 2999: b'{"x": [0, 0, 0], "y": 5}'}
@@ -181,3 +184,63 @@ def test_a_finished_run_resumed_releases_nothing_new(stream, tmp_path) -> None:
     assert again.outcome == "finished" and again.records == first.records
     assert again.snapshots == first.snapshots  # no second release of the same state
     assert len(read_snapshots(out / "snapshots.jsonl")) == first.snapshots
+
+
+class LaggingSource:
+    """A Kafka-like source: ten records per poll, 10 ms apart, and a lag that shrinks as it is read."""
+
+    name = "lagging"
+    exhausted = False
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.position, self.asked = polls, 0, []
+
+    def poll(self, max_records, timeout_s):
+        if self.polls == 0:
+            self.exhausted = True
+            return None
+        time.sleep(0.01)
+        self.polls -= 1
+        start, self.position = self.position, self.position + 10
+        return Batch({"t/0": (start, self.position)}, arrays=(np.full((10, 3), 0.1), np.ones(10)))
+
+    def lag(self):
+        self.asked.append(time.monotonic())
+        return {"t/0": 1000 - self.position}
+
+    def total_positions(self):
+        return None
+
+    def count_records(self):
+        return None
+
+    def acknowledge(self, positions, strict=False):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_lag_is_refreshed_between_checkpoints_at_a_bounded_rate(stream, tmp_path, monkeypatch) -> None:
+    source = LaggingSource(polls=60)
+    monkeypatch.setattr("streamer.processor.open_source", lambda *args, **kwargs: source)
+    seen = []
+
+    class Metrics(ServiceMetrics):
+        def observe_lag(self, lags):
+            super().observe_lag(lags)
+            seen.append(lags["t/0"])
+
+    cfg = configure(stream, tmp_path / "out", **{
+        "learner.n": 1000, "metrics.lag_interval_s": 0.05, "checkpoint.every_records": 10**6,
+        "checkpoint.every_seconds": 3600, "snapshots.every_records": 10**6,
+    })
+    started = time.monotonic()
+    result = Processor(cfg, metrics=Metrics()).run()
+    elapsed = time.monotonic() - started
+    assert result.records == 600 and CheckpointStore(tmp_path / "out" / "checkpoints").load().sequence == 1
+    # Several refreshes during the run (no checkpoint but the final one), never two within the
+    # interval except the one forced by that checkpoint; the last value is the drained lag.
+    assert len(seen) >= 4 and seen == sorted(seen, reverse=True) and seen[-1] == 400
+    gaps = np.diff(source.asked[:-1])
+    assert np.all(gaps >= 0.05) and len(source.asked) <= elapsed / 0.05 + 2

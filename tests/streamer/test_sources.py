@@ -134,3 +134,37 @@ def test_url_parsing() -> None:
     assert parse_synthetic_url("synthetic:n=5&dim=3") == {"n": 5, "dim": 3, "seed": 0}
     with pytest.raises(SourceError):
         parse_synthetic_url("synthetic:n=0&dim=3")
+
+
+@pytest.mark.integration
+def test_kafka_lag_comes_from_the_fetched_high_watermark(kafka_broker, unique_name) -> None:
+    """Lag = high watermark − our position, per assigned partition, without a request to the broker
+    once the partition has been fetched (so the processor can refresh it every few seconds)."""
+    from kafka import KafkaProducer
+
+    from streamer.sources import KafkaSource
+
+    topic = kafka_broker.create_topic(unique_name("lag"), partitions=1)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+    for i in range(300):
+        producer.send(topic, json.dumps({"x": [0.0, 0.1], "y": 1}).encode(), partition=0)
+    producer.flush()
+    producer.close()
+    cfg = config(f"kafka://{kafka_broker.bootstrap}/{topic}?group={unique_name('g')}", **{"source.batch_records": 100})
+    source = open_source(cfg.source, make_codec(cfg.records), {})
+    assert isinstance(source, KafkaSource)
+    try:
+        consumed = 0
+        deadline = time.monotonic() + 60
+        while consumed < 100 and time.monotonic() < deadline:
+            batch = source.poll(100 - consumed, 0.5)
+            consumed += len(batch.payloads) if batch else 0
+        assert consumed == 100
+
+        def no_request(*args, **kwargs):
+            raise AssertionError("lag() asked the broker for end offsets")
+
+        source._consumer.end_offsets = no_request  # type: ignore[method-assign]
+        assert source.lag() == {f"{topic}/0": 200}
+    finally:
+        source.close()
