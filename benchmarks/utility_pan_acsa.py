@@ -2,8 +2,8 @@
 
 Run (from the repository root)::
 
-    .venv/bin/python -m benchmarks.utility_pan_acsa            # full tables (~15 min on 2 cores)
-    .venv/bin/python -m benchmarks.utility_pan_acsa --quick    # n ≤ 10⁵, fewer repetitions (~1 min)
+    .venv/bin/python -m benchmarks.utility_pan_acsa            # full tables (~11 min on 2 cores)
+    .venv/bin/python -m benchmarks.utility_pan_acsa --quick    # n ≤ 10⁵, fewer repetitions (~1.5 min)
     .venv/bin/python -m benchmarks.utility_pan_acsa --tune     # the sweep behind protocols.acsa.Tuning
 
 Tables (markdown), all at δ = 1e-6, d = 20, ‖x‖ ≤ 1 (:mod:`benchmarks.synthetic`):
