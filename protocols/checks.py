@@ -96,8 +96,10 @@ def state_from_json(text: str) -> dict[str, StateValue]:
 
 
 def _float_arrays(state: Mapping[str, StateValue]) -> dict[str, Array]:
+    """Float entries of a state dict, each flattened to one dimension (a 2-D state array is
+    compared coordinate by coordinate like any other)."""
     return {
-        key: np.atleast_1d(np.asarray(value, dtype=np.float64))
+        key: np.asarray(value, dtype=np.float64).ravel()
         for key, value in state.items()
         if isinstance(value, (np.ndarray, float)) and not isinstance(value, bool)
     }
