@@ -120,14 +120,14 @@ def test_micro_batch_invariance_detects_split_dependent_noise():
 
 
 class MatrixState(_Base):
-    """A conforming learner whose state also holds a 2-D noisy array (its accumulator twice)."""
+    """A conforming learner whose state also holds a 2-D noisy array (its iterate, twice)."""
 
     def state_dict(self):
         state = super().state_dict()
-        return {**state, "grad_matrix": np.stack([state["grad"], state["grad"]])}
+        return {**state, "theta_matrix": np.stack([state["theta"], state["theta"]])}
 
     def load_state_dict(self, state):
-        super().load_state_dict({k: v for k, v in state.items() if k != "grad_matrix"})
+        super().load_state_dict({k: v for k, v in state.items() if k != "theta_matrix"})
 
 
 @pytest.mark.statistical
