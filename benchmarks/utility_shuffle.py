@@ -15,7 +15,8 @@ intrusion, and its throughput.
 
 Adding a learner (e.g. the encoder-based ShuffleSGD / ShuffleACSA / ShuffleGD with
 ``calibration="paper"`` and ``"tight"``): append a :class:`Row` to :data:`ROWS` — a name and a factory
-``(setting, n, epsilon, seed) -> Learner``. Nothing else changes.
+``(setting, n, epsilon, seed) -> Learner``. Nothing else changes. (ShuffleGD reads a recording T
+times, so it has its own table: :mod:`benchmarks.utility_shuffle_gd`.)
 
 Check-in configuration (002): the server can run at most :data:`SERVER_SLOTS` slots per stream (the
 rate limit that motivates 002 Alg. 1), so a slot holds ⌈n / 10⁵⌉ records; windows are a tenth of
@@ -40,7 +41,9 @@ from protocols.base import Learner
 from protocols.checkin import RandomCheckinSGD
 from protocols.losses import LogisticLoss, Loss, SquaredLoss
 from protocols.pan_acsa import PanPrivateACSA
+from protocols.shuffle_acsa import ShuffleACSA
 from protocols.shuffle_gaussian import ShuffleGaussianSGD, plan_batch_size
+from protocols.shuffle_sgd import ShuffleSGD
 
 DELTA = 1e-6
 MICRO_BATCH = 4096
@@ -107,6 +110,10 @@ ROWS: list[Row] = [
     Row("shuffle-gaussian (check-in)", _shuffle_checkin),
     Row("checkin Alg. 1", _checkin("single")),
     Row("checkin Alg. 2", _checkin("averaged")),
+    *(Row(f"shuffle-sgd ({c})", lambda s, n, e, seed, c=c: ShuffleSGD(s.task.d, s.loss, e, DELTA, radius=s.radius, horizon=n,
+                                                                      calibration=c, rng=seed)) for c in ("tight", "paper")),
+    *(Row(f"shuffle-acsa ({c})", lambda s, n, e, seed, c=c: ShuffleACSA(s.task.d, s.loss, e, DELTA, horizon=n, radius=s.radius,
+                                                                        calibration=c, rng=seed)) for c in ("tight", "paper")),
 ]
 """The learners compared, in column order."""
 
@@ -122,6 +129,10 @@ def describe(learner: Learner) -> str:
     if isinstance(learner, PanPrivateACSA):
         plan = learner.epoch_plans(0)[0]
         return f"b × T = {plan.batch_size(plan.steps)} × {plan.steps}"
+    if isinstance(learner, ShuffleSGD):
+        return f"b = {learner.vector_sum.n}"
+    if isinstance(learner, ShuffleACSA):
+        return ", ".join(f"{p.batch_size(p.steps)} × {p.steps}" for p in learner.plans)
     return ""
 
 
