@@ -107,13 +107,26 @@ class Codec(abc.ABC):
         y: NDArray[np.float64],
         origin: NDArray[np.int64],
         rejects: list[Reject],
+        owned: bool = False,
     ) -> Decoded:
         """Reject non-finite records and out-of-range labels, clip the rest; ``origin[i]`` is the
-        message index of row ``i``. ``rejects`` (from decoding) is extended and returned sorted."""
+        message index of row ``i``. ``rejects`` (from decoding) is extended and returned sorted.
+        ``owned``: ``X`` was made by the codec for this call and may be clipped in place.
+
+        One pass over ``X`` computes every row's squared norm; a NaN or an infinity makes it
+        non-finite, so only those (rare) rows are checked element by element (a huge finite row
+        can overflow the square), and the norms are reused by the clip."""
         X = np.asarray(X, dtype=np.float64).reshape(len(y), self.dim)
         y = np.asarray(y, dtype=np.float64)
         origin = np.asarray(origin, dtype=np.int64)
-        finite = np.isfinite(X).all(axis=1) & np.isfinite(y)
+        squares = np.einsum("ij,ij->i", X, X)
+        finite = np.isfinite(squares)
+        overflowed = np.zeros(len(y), dtype=bool)
+        if not finite.all():
+            suspect = np.flatnonzero(~finite)
+            overflowed[suspect] = np.isfinite(X[suspect]).all(axis=1)
+            finite |= overflowed
+        finite &= np.isfinite(y)
         if self._labels is not None:
             in_range = np.isin(y, self._labels)
         else:
@@ -125,8 +138,12 @@ class Codec(abc.ABC):
                 rejects.extend(Reject(int(i), reason, int(c)) for i, c in zip(indices, counts))
         keep = finite & in_range
         if not keep.all():
-            X, y, origin = X[keep], y[keep], origin[keep]
-        X = clip_rows(X, self.bound)
+            X, y, origin, squares, overflowed = X[keep], y[keep], origin[keep], squares[keep], overflowed[keep]
+            owned = True
+        norms = np.sqrt(squares)
+        if overflowed.any():
+            norms[overflowed] = _scaled_norms(X[overflowed])
+        X = _clip(X, norms, self.bound, in_place=owned)
         rejects.sort(key=lambda r: r.index)
         return Decoded(X, y, tuple(rejects), origin)
 
@@ -145,13 +162,26 @@ def clip_rows(X: NDArray[np.float64], bound: float) -> NDArray[np.float64]:
     if any row changes; rows inside the ball are returned unchanged)."""
     if X.size == 0:
         return X
-    norms = np.sqrt(np.einsum("ij,ij->i", X, X))
+    return _clip(X, np.sqrt(np.einsum("ij,ij->i", X, X)), bound, in_place=False)
+
+
+def _clip(X: NDArray[np.float64], norms: NDArray[np.float64], bound: float, in_place: bool) -> NDArray[np.float64]:
+    """:func:`clip_rows` given the rows' norms: rows with norm > ``bound`` are multiplied by
+    ``bound/norm``, the others by exactly 1 (unchanged); in place or into a copy."""
     over = norms > bound
     if not over.any():
         return X
-    X = X.copy()
-    X[over] *= (bound / norms[over])[:, None]
-    return X
+    scale = np.divide(bound, norms, out=np.ones_like(norms), where=over)[:, None]
+    if in_place:
+        X *= scale
+        return X
+    return X * scale
+
+
+def _scaled_norms(X: NDArray[np.float64]) -> NDArray[np.float64]:
+    """ℓ2 norms of rows whose squares overflow (finite entries ≳ 1e154): ‖x‖ = m‖x/m‖, m = max|x_i|."""
+    peak = np.abs(X).max(axis=1)
+    return peak * np.sqrt(np.einsum("ij,ij->i", X / peak[:, None], X / peak[:, None]))
 
 
 _MISSING = object()
@@ -166,11 +196,10 @@ class JsonCodec(Codec):
         labels: list[float] = []
         origin: list[int] = []
         rejects: list[Reject] = []
-        loads = json.loads
         for i, payload in enumerate(payloads):
             try:
-                obj = loads(payload)
-            except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
+                obj = _loads(payload)
+            except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError; absurd nesting
                 rejects.append(Reject(i, Reason.UNDECODABLE))
                 continue
             if type(obj) is not dict:
@@ -197,7 +226,27 @@ class JsonCodec(Codec):
             keep[bad] = False
             labels = [v for v, k in zip(labels, keep) if k]
             origin = [o for o, k in zip(origin, keep) if k]
-        return self.validate(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), rejects)
+        return self.validate(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), rejects, owned=True)
+
+
+_SCAN = json.JSONDecoder().scan_once
+
+
+def _loads(payload: bytes) -> object:
+    """``json.loads(payload)``, with a fast path for the common message: UTF-8 text that is one
+    JSON value with nothing around it is parsed by the decoder's scanner directly (json.loads would
+    add encoding detection and whitespace skipping around the same call). Anything else — other
+    encodings, a BOM, surrounding whitespace, extra data, errors — goes to ``json.loads``, so the
+    result and the errors are exactly json.loads's: a text the scanner consumes entirely is valid
+    strict JSON, which holds no NUL, so json.loads would also have read it as UTF-8."""
+    try:
+        text = payload.decode("utf-8")
+        value, end = _SCAN(text, 0)
+        if end == len(text):
+            return value
+    except (UnicodeDecodeError, StopIteration, ValueError):
+        pass
+    return json.loads(payload)
 
 
 def _numeric_rows(rows: list[list[object]], dim: int) -> tuple[NDArray[np.float64], list[int]]:
@@ -254,7 +303,7 @@ class CsvCodec(Codec):
         table = np.vstack(rows) if rows else np.empty((0, width))
         y = table[:, label_column]
         X = np.delete(table, label_column, axis=1)
-        return self.validate(X, y, np.array(origin, dtype=np.int64), rejects)
+        return self.validate(X, y, np.array(origin, dtype=np.int64), rejects, owned=True)
 
 
 class AdultCodec(Codec):
@@ -291,10 +340,11 @@ class BinaryBatchCodec(Codec):
     """Binary batch messages (:func:`encode_batch`); each may hold many records."""
 
     def decode(self, payloads: Sequence[bytes]) -> Decoded:
-        blocks_X: list[NDArray[np.float64]] = []
-        blocks_y: list[NDArray[np.float64]] = []
-        origins: list[NDArray[np.int64]] = []
+        """Check every header, then copy the bodies straight into one float64 array (the cast
+        from float32 happens in that copy) and validate it in place."""
         rejects: list[Reject] = []
+        bodies: list[tuple[int, np.dtype, int, bytes]] = []  # (message, dtype, records, payload)
+        total = 0
         for i, payload in enumerate(payloads):
             if len(payload) < _BATCH_HEADER.size:
                 rejects.append(Reject(i, Reason.UNDECODABLE))
@@ -309,13 +359,19 @@ class BinaryBatchCodec(Codec):
             if dim != self.dim:
                 rejects.append(Reject(i, Reason.WRONG_DIMENSION, m))
                 continue
+            bodies.append((i, dtype, m, payload))
+            total += m
+        X = np.empty((total, self.dim))
+        y = np.empty(total)
+        origin = np.empty(total, dtype=np.int64)
+        row, dim = 0, self.dim
+        for i, dtype, m, payload in bodies:
             body = np.frombuffer(payload, dtype=dtype, offset=_BATCH_HEADER.size)
-            blocks_X.append(body[: m * dim].reshape(m, dim).astype(np.float64))
-            blocks_y.append(body[m * dim :].astype(np.float64))
-            origins.append(np.full(m, i, dtype=np.int64))
-        if not blocks_X:
-            return self.validate(np.empty((0, self.dim)), np.empty(0), np.empty(0, dtype=np.int64), rejects)
-        return self.validate(np.vstack(blocks_X), np.concatenate(blocks_y), np.concatenate(origins), rejects)
+            X[row : row + m] = body[: m * dim].reshape(m, dim)
+            y[row : row + m] = body[m * dim :]
+            origin[row : row + m] = i
+            row += m
+        return self.validate(X, y, origin, rejects, owned=True)
 
 
 def encode_json(x: Sequence[float], y: float, x_field: str = "x", y_field: str = "y") -> bytes:

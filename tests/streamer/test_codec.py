@@ -115,3 +115,51 @@ def test_adult_lines() -> None:
     assert decoded.y.tolist() == [-1.0]
     assert [r.reason.value for r in decoded.rejects] == ["wrong_type", "missing_field", "label_out_of_range", "wrong_type"]
     assert not codec.is_record_line(b"|1x3 Cross validator\n") and not codec.is_record_line(b"\n")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"x": [0.1, 0.2, 0.3], "y": 1}', b' {"x": [0.1, 0.2, 0.3], "y": 1}\n', b"\xef\xbb\xbf" + GOOD,
+        '{"x": [0.1, 0.2, 0.3], "y": 1}'.encode("utf-16"), '{"x": [1, 2, 3], "y": 1}'.encode("utf-32-le"),
+        b'{"x": [NaN, -Infinity, 1e400], "y": 1}', b'{"x": [1, 2, 3], "y": 1} {"x": [1, 2, 3], "y": 1}',
+        b'{"x": [1, 2, 3], "y": 123456789012345678901234567890}', b'{"y": 1, "y": -1, "x": [true, false, 0]}',
+        b'{"x": [1, 2, 3], "y": 1}x', b"", b" ", b"\x00", b'"\x00"', b'{"a\x01": 1}', b"[" * 5 + b"]" * 5,
+    ],
+)
+def test_the_fast_json_path_reads_exactly_what_json_loads_reads(payload) -> None:
+    """streamer.codec._loads: same value, or the same kind of error, as json.loads on the bytes."""
+    from streamer.codec import _loads
+
+    try:
+        expected = json.loads(payload)
+    except ValueError as error:
+        with pytest.raises(type(error)):
+            _loads(payload)
+        return
+    got = _loads(payload)
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+def test_absurdly_nested_json_is_undecodable_not_a_crash() -> None:
+    decoded = JsonCodec(records()).decode([GOOD, b"[" * 100_000 + b"]" * 100_000, GOOD])
+    assert decoded.reject_counts() == {"undecodable": 1} and len(decoded.y) == 2
+
+
+def test_huge_finite_rows_are_clipped_onto_the_sphere_not_rejected_or_zeroed() -> None:
+    """Squares of entries ≳ 1e154 overflow; such a row is finite and must be scaled to the bound."""
+    codec = JsonCodec(records())
+    decoded = codec.decode([encode_json([3e200, 4e200, 0.0], 1.0), encode_json([1e300, -1e300, 1e300], -1.0)])
+    np.testing.assert_allclose(decoded.X, [[0.6, 0.8, 0.0], [3**-0.5, -(3**-0.5), 3**-0.5]], rtol=1e-15)
+    assert decoded.rejects == () and decoded.origin.tolist() == [0, 1]
+
+
+def test_arrays_from_outside_are_never_clipped_in_place_and_origin_names_the_message() -> None:
+    X = np.array([[3.0, 4.0, 0.0], [0.1, 0.1, 0.1], [np.nan, 0, 0]])
+    before = X.copy()
+    decoded = BinaryBatchCodec(records()).validate_arrays(X, np.array([1.0, -1.0, 1.0]))
+    np.testing.assert_array_equal(X, before)
+    np.testing.assert_allclose(decoded.X, [[0.6, 0.8, 0.0], [0.1, 0.1, 0.1]])
+    assert decoded.origin.tolist() == [0, 1]
+    batches = [encode_batch(np.full((2, 3), 0.1), np.ones(2)), b"bad", encode_batch(np.full((3, 3), 0.2), -np.ones(3))]
+    assert BinaryBatchCodec(records()).decode(batches).origin.tolist() == [0, 0, 2, 2, 2]
