@@ -101,6 +101,14 @@ class Codec(abc.ABC):
         """For line-based files: False for lines that are not records (blank lines)."""
         return bool(line.strip())
 
+    prefix_size = 0
+    """Bytes of a message that :meth:`records_in` needs (0: every message is one record)."""
+
+    def records_in(self, prefix: bytes) -> int:
+        """How many records a message holds, from its first :attr:`prefix_size` bytes alone (for
+        the public length n of a recorded stream): 1 per message, except for binary batches."""
+        return 1
+
     def validate(
         self,
         X: NDArray[np.float64],
@@ -338,6 +346,14 @@ def encode_batch(X: NDArray[np.floating], y: NDArray[np.floating], dtype: str = 
 
 class BinaryBatchCodec(Codec):
     """Binary batch messages (:func:`encode_batch`); each may hold many records."""
+
+    prefix_size = _BATCH_HEADER.size
+
+    def records_in(self, prefix: bytes) -> int:
+        """The header's record count (1 for a message without a batch header)."""
+        if len(prefix) < _BATCH_HEADER.size or prefix[:4] != BATCH_MAGIC:
+            return 1
+        return int(_BATCH_HEADER.unpack_from(prefix)[4])
 
     def decode(self, payloads: Sequence[bytes]) -> Decoded:
         """Check every header, then copy the bodies straight into one float64 array (the cast

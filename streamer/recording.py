@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -115,14 +115,21 @@ class RecordingReader:
                     raise ValueError(f"{self.path}: truncated frame value")
                 yield Frame(key, offset, timestamp_ms, value, value_start)
 
-    def count(self) -> int:
-        """Number of frames (reads only the frame headers)."""
+    def count(self, records_in: Callable[[bytes], int] | None = None, prefix: int = 0) -> int:
+        """Number of frames (reads only the frame headers), or, with ``records_in``, the sum of
+        ``records_in(first prefix bytes of the value)`` over the frames (records per message)."""
         total = 0
         with open(self.path, "rb") as handle:
             handle.seek(self._body_start)
             while head := handle.read(_FRAME.size):
-                handle.seek(_FRAME.unpack(head)[3], os.SEEK_CUR)
-                total += 1
+                length = _FRAME.unpack(head)[3]
+                if records_in is None:
+                    handle.seek(length, os.SEEK_CUR)
+                    total += 1
+                    continue
+                start = handle.read(min(prefix, length))
+                handle.seek(length - len(start), os.SEEK_CUR)
+                total += records_in(start)
         return total
 
 

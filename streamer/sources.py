@@ -283,8 +283,9 @@ class RecordingSource(_LocalSource):
     With ``recorded_pace`` the frames are released at the pace of their recorded timestamps.
     """
 
-    def __init__(self, path: Path, positions: Mapping[str, int], recorded_pace: bool) -> None:
+    def __init__(self, path: Path, positions: Mapping[str, int], recorded_pace: bool, codec: Codec) -> None:
         self._reader = RecordingReader(path)
+        self._codec = codec
         self.name = f"file:{path}"
         self._positions = {key: max(int(positions.get(key, 0)), self._reader.start.get(key, 0)) for key in self._reader.keys}
         self._frames = self._reader.frames(self._positions)
@@ -336,7 +337,10 @@ class RecordingSource(_LocalSource):
         return self._reader.count()
 
     def count_records(self) -> int:
-        return self._reader.count()
+        """Records in the recording: one per message, or the counts in binary batch headers."""
+        if self._codec.prefix_size == 0:
+            return self._reader.count()
+        return self._reader.count(self._codec.records_in, self._codec.prefix_size)
 
     def close(self) -> None:
         self._frames.close()
@@ -622,7 +626,7 @@ def open_source(
     if url.startswith("file:"):
         path = file_path(url)
         if is_recording(path):
-            return RecordingSource(path, positions, config.recorded_pace)
+            return RecordingSource(path, positions, config.recorded_pace, codec)
         skip_header = codec.records.csv_header and codec.records.format == "csv"
         return LineFileSource(path, f"file:{path.resolve()}", codec, positions, skip_header)
     raise SourceError(f"unknown source {url!r}")

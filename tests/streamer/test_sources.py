@@ -168,3 +168,21 @@ def test_kafka_lag_comes_from_the_fetched_high_watermark(kafka_broker, unique_na
         assert source.lag() == {f"{topic}/0": 200}
     finally:
         source.close()
+
+
+def test_a_recording_of_binary_batches_counts_records_not_messages(tmp_path) -> None:
+    """The public n of a recorded stream is its number of records: a binary batch message holds
+    many (its header says how many), a malformed message counts as one."""
+    from streamer.codec import encode_batch
+
+    path = tmp_path / "b.pprec"
+    writer = RecordingWriter(path, "test", ["b/0"], {"b/0": 0}, "now")
+    for offset, message in enumerate([encode_batch(np.zeros((7, 2)), np.ones(7)), b"junk", encode_batch(np.zeros((0, 2)), np.ones(0)),
+                                      encode_batch(np.zeros((300, 2)), np.ones(300), "float64")]):
+        writer.write("b/0", offset, 0, message)
+    writer.close()
+    for fmt, expected in (("binary", 7 + 1 + 0 + 300), ("json", 4)):
+        cfg = config(f"file:{path}", **{"records.format": fmt})
+        source = open_source(cfg.source, make_codec(cfg.records), {})
+        assert (source.count_records(), source.total_positions()) == (expected, 4)
+        source.close()
