@@ -49,6 +49,8 @@ spends anything.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -60,6 +62,8 @@ from streamer.config import SourceConfig
 from streamer.errors import ConfigError
 from streamer.indexed import IndexedFile
 from streamer.sources import file_path
+
+log = logging.getLogger("panpriv.replay")
 
 Fetch = Callable[[NDArray[np.int64]], tuple[NDArray[np.float64], NDArray[np.float64]]]
 
@@ -116,4 +120,10 @@ def open_indexed(config: SourceConfig, codec: Codec, learner: str) -> IndexedFil
             f"source.recorded_pace: learner {learner!r} chooses the order of the records, so recorded "
             "timestamps cannot pace it; use source.rate"
         )
-    return IndexedFile(file_path(config.url), codec)
+    path = file_path(config.url)
+    log.info("indexing %s: decoding and validating every record once", path)
+    started = time.monotonic()
+    indexed = IndexedFile(path, codec)
+    rejected = sum(indexed.rejects.values())
+    log.info("indexed %s valid records (%s rejected) in %.1f s", f"{indexed.n:,}", f"{rejected:,}", time.monotonic() - started)
+    return indexed
