@@ -23,8 +23,10 @@ number of valid records (16 bytes per message) in an *unlinked* temporary file (
 directory), memory-mapped read-only: the kernel keeps only the pages in use and may drop them
 (they are file-backed), and nothing is left on disk after the process ends, crash included. For
 binary batch messages, a cumulative record count per message (8 bytes per message, i.e. per batch
-of records) is held in memory. A fetch holds one micro-batch of messages. The learner's own order
-(ShuffledPNSGD's permutation, 4 bytes per record) lives in the learner.
+of records) is held in memory. A fetch holds the records of one micro-batch, and decodes messages
+holding at most 16,384 records at a time (a binary batch message is decoded whole for the one
+record asked of it). The learner's own order (ShuffledPNSGD's permutation, 4 bytes per record)
+lives in the learner.
 
 The index holds where valid records are, i.e. a function of the input: it is input-side data like
 the file itself, never written anywhere that outlives the process and never an output.
@@ -42,12 +44,14 @@ from typing import IO
 import numpy as np
 from numpy.typing import NDArray
 
-from streamer.codec import Codec
+from streamer.codec import Codec, Decoded
 from streamer.errors import SourceError
 from streamer.recording import RecordingReader, is_recording
 
 _ENTRY = np.dtype([("offset", "<u8"), ("length", "<u4"), ("rows", "<u4")])
 _SCAN_CHUNK = 4096  # messages decoded at a time while indexing
+_DECODE_ROWS = 16_384
+"""Records decoded at a time by a fetch (more only when one message holds more)."""
 
 
 class _Message:
@@ -170,8 +174,10 @@ class IndexedFile:
         """``(X, y)`` of the records at ``indices`` (in that order), validated and clipped.
 
         Each message holding requested records is read once (``os.pread``, in file order) and
-        decoded with the run's codec. Raises :class:`SourceError` for an index outside ``[0, n)``
-        or if a message no longer decodes to the records indexed (the file changed during the run).
+        decoded with the run's codec, in groups of messages holding at most :data:`_DECODE_ROWS`
+        records (binary batch messages hold many records, most of them not asked for). Raises
+        :class:`SourceError` for an index outside ``[0, n)`` or if a message no longer decodes to
+        the records indexed (the file changed during the run).
         """
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= self.n):
@@ -183,15 +189,32 @@ class IndexedFile:
             within = indices - self._starts[messages]
         wanted, inverse = np.unique(messages, return_inverse=True)
         entries = self._table[wanted]
+        order = np.argsort(inverse, kind="stable")  # the requests, grouped by message in file order
+        by_message = inverse[order]
+        held = np.cumsum(entries["rows"], dtype=np.int64)  # records in wanted[:k + 1]
+        X, y = np.empty((len(indices), self._codec.dim)), np.empty(len(indices))
+        start = 0
+        while start < len(wanted):
+            before = held[start - 1] if start else 0
+            stop = max(start + 1, int(np.searchsorted(held, before + _DECODE_ROWS, side="right")))
+            decoded, first = self._decode(entries[start:stop])
+            lo, hi = np.searchsorted(by_message, [start, stop])
+            asked = order[lo:hi]
+            take = first[inverse[asked] - start] + within[asked]
+            X[asked], y[asked] = decoded.X[take], decoded.y[take]
+            start = stop
+        return X, y
+
+    def _decode(self, entries: NDArray[np.void]) -> tuple[Decoded, NDArray[np.int64]]:
+        """Read and decode the messages of ``entries``; also return the row of each message's
+        first record in the decoded arrays."""
         pread, fd = os.pread, self._fd
         payloads = [pread(fd, length, offset) for offset, length in zip(entries["offset"].tolist(), entries["length"].tolist())]
         decoded = self._codec.decode(payloads)
         rows = np.bincount(decoded.origin, minlength=len(payloads))
         if not np.array_equal(rows, entries["rows"]):
             raise SourceError(f"{self.path} changed while it was being read by record index; restart the run")
-        first = np.cumsum(rows) - rows
-        take = first[inverse] + within
-        return decoded.X[take], decoded.y[take]
+        return decoded, np.cumsum(rows) - rows
 
     # -- the parts of the source contract the processor uses ---------------------------------------
 

@@ -133,8 +133,10 @@ def sequential(path: Path, cfg) -> tuple[np.ndarray, np.ndarray, dict[str, tuple
     return np.vstack(Xs), np.concatenate(ys), extent, rejects
 
 
+@pytest.mark.parametrize("decode_rows", [16_384, 5])
 @pytest.mark.parametrize("kind", sorted(FILES))
-def test_the_index_gives_the_records_charges_and_rejects_of_a_sequential_pass(kind, tmp_path) -> None:
+def test_the_index_gives_the_records_charges_and_rejects_of_a_sequential_pass(kind, decode_rows, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("streamer.indexed._DECODE_ROWS", decode_rows)  # 5: a fetch decodes in many groups
     make, name, extra = FILES[kind]
     path = make(tmp_path / name)
     cfg = config(path, **extra)
