@@ -181,6 +181,7 @@ class Processor:
         self._passes_charged = 0  # passes whose instance has been charged with the whole recording
         self._boundary: _Boundary | None = None  # state at the last pass boundary (resumes_mid_pass False)
         self._lag_due = 0.0  # monotonic time of the next lag refresh
+        self._rounds_registered = 0  # rounds of a per-round learner registered in the ledger
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -453,11 +454,16 @@ class Processor:
         return pass_instance(self.instance, number) if has_round_reports(self.learner) else self.instance
 
     def _register_learner(self) -> None:
-        """Register the learner's current guarantee: one instance, or one per pass started for a
-        recorded learner that reports per round."""
+        """Register the learner's current guarantee: one instance, or one per pass begun for a
+        recorded learner that reports per round (a round's report is fixed once it has begun, so
+        the reports are asked for only when a round begins: they cost O(rounds))."""
         if self._recorded and has_round_reports(self.learner):
-            for number, report in enumerate(self.learner.round_reports(), start=1):  # type: ignore[attr-defined]
-                self.ledger.register(pass_instance(self.instance, number), report)
+            begun = -(-self.learner.records_seen // self.learner.n)  # type: ignore[attr-defined]
+            if begun > self._rounds_registered:
+                for number, report in enumerate(self.learner.round_reports(), start=1):  # type: ignore[attr-defined]
+                    if number > self._rounds_registered:
+                        self.ledger.register(pass_instance(self.instance, number), report)
+                self._rounds_registered = begun
         else:
             self.ledger.register(self.instance, self.learner.privacy())
 
