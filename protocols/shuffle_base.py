@@ -75,6 +75,13 @@ reported ε is at most this factor above the least ε the accountant proves)."""
 
 _LOCAL_MAX_EPSILON = 1e4  # beyond this the local guarantee is reported as none
 
+LOCAL_COST_LIMIT = 2e6
+"""Largest g·σ (σ the spread of the binomial noise the accountant is run with) for which
+:func:`message_guarantee` runs :func:`accounting.binomial.tight_delta`, whose cost grows like g·σ
+(about 25 s per call at the limit). Above it the local guarantee is reported as none — vacuous, so
+always true. Only the paper's calibration gets there: its g ≥ 2Δ₂√n grows with the round size and
+the gradient bound."""
+
 
 def max_guarantee(a: Guarantee, b: Guarantee) -> Guarantee:
     """Componentwise maximum: a guarantee implied by each of ``a`` and ``b``."""
@@ -111,8 +118,11 @@ def _local_epsilon(g: int, b: int, p: float, d: int, delta: float, start: float)
     # b trials — the Gaussian-proxy amount for sensitivity 2(g + √d). Bin(b, p) is Bin(trials, p)
     # plus independent noise, so a bound for the fewer trials holds for the message (post-processing).
     trials = math.ceil((2.0 * (g + math.sqrt(d)) * analytic_sigma(start, delta)) ** 2 / (p * (1.0 - p)))
-    if trials < b and tight_delta(start, g, trials, p, d, 1) <= delta:
-        return start
+    if trials < b and g * math.sqrt(trials * p * (1.0 - p)) <= LOCAL_COST_LIMIT:
+        if tight_delta(start, g, trials, p, d, 1) <= delta:
+            return start
+    if g * math.sqrt(b * p * (1.0 - p)) > LOCAL_COST_LIMIT:
+        return math.inf
     if passes(0):
         return start
     low, high = 0, 4  # grid indices: low fails; double the index until one passes
@@ -134,7 +144,8 @@ def message_guarantee(vector_sum: VectorSum, delta: float, floor: float) -> Guar
     verbatim (its steps 1–8 never use more than the one user's noise). The ε returned is the least
     point of the grid ``floor·LOCAL_GRID^k`` (k ≥ 0) at which that bound is ≤ ``delta``; the grid
     starts at ``floor`` because callers only need the local bound where it exceeds their shuffle
-    guarantee. ``Guarantee.none()`` if even ε = 10⁴ fails.
+    guarantee. ``Guarantee.none()`` if even ε = 10⁴ fails, or if the accountant would cost more
+    than :data:`LOCAL_COST_LIMIT` allows.
     """
     epsilon = _local_epsilon(vector_sum.g, vector_sum.b, vector_sum.p, vector_sum.d, delta, floor)
     if math.isinf(epsilon):

@@ -13,6 +13,7 @@ from protocols import checks
 from protocols.errors import InvalidInputError
 from protocols.losses import HingeLoss, LogisticLoss, SquaredLoss
 from protocols.randomness import SEEDED_WARNING
+from protocols.encoder import VectorSum
 from protocols.shuffle_base import LOCAL_GRID, NORM_SLACK, message_guarantee, sum_variance_hint
 from protocols.shuffle_sgd import ShuffleSGD, plan_batch_size
 
@@ -105,6 +106,14 @@ def test_privacy_report_intrusion_is_one_message():
     assert report.records == 40 and SEEDED_WARNING not in report.assumptions
     seeded = factory(1).privacy()
     assert not seeded.intrusion.is_meaningful and SEEDED_WARNING in seeded.assumptions
+
+
+def test_local_bound_too_costly_to_compute_is_reported_as_none():
+    """The paper's g ≥ 2Δ₂√n: at n = 10⁶ users and Δ₂ = 5, g·σ is far above LOCAL_COST_LIMIT, so
+    the (vacuous, always true) guarantee none is reported instead of running the accountant."""
+    vs = VectorSum(10**6, 3, 1.0, 1e-5, 5.0, calibration="paper")
+    assert vs.g >= 10_000
+    assert not message_guarantee(vs, 1e-5, 1.0).is_meaningful
 
 
 def test_default_mode_draws_fresh_noise_and_state_holds_only_messages():
