@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test bench clean
+.PHONY: run test bench utility clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +32,17 @@ test: $(VENV)/.installed-test
 	bash tests/install_system_deps.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## bench: every benchmark in benchmarks/, each printing its side-by-side ratios.
+## bench: the performance benchmarks (each prints its side-by-side ratios, measured in one run).
+PERF_BENCHMARKS := encoder shuffle_gaussian_rdp iteration_accounting service
 bench: $(VENV)/.installed-bench
-	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
+	for m in $(PERF_BENCHMARKS); do $(BIN)/python -m benchmarks.$$m || exit 1; done
+
+## utility: excess-loss tables of every learner on the shared synthetic streams and UCI Adult
+## (minutes each; UTILITY_ARGS=--quick for short runs).
+UTILITY_BENCHMARKS := utility_pan_acsa utility_pnsgd utility_shuffle utility_shuffle_gd
+UTILITY_ARGS ?=
+utility: $(VENV)/.installed-bench
+	for m in $(UTILITY_BENCHMARKS); do $(BIN)/python -m benchmarks.$$m $(UTILITY_ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
