@@ -95,7 +95,7 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import optimize, special, stats
+from scipy import optimize, stats
 
 from accounting.errors import InvalidParameterError
 from accounting.gaussian import analytic_sigma

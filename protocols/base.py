@@ -16,13 +16,16 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import NDArray
 
 from accounting.ledger import PrivacyReport
 from protocols.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from protocols.losses import Loss
 
 StateValue = NDArray[np.float64] | NDArray[np.int64] | int | float | str | bool
 """What a state dict may hold: noisy arrays, counters, and small labels (e.g. a phase name)."""
@@ -59,14 +62,22 @@ class Learner(abc.ABC):
     """
 
     name: ClassVar[str]
+    dim: int
+    loss: Loss
+    feature_bound: float
 
     @abc.abstractmethod
     def learn_many(self, X: NDArray[np.float64], y: NDArray[np.float64]) -> None:
         """Process a micro-batch: ``X`` of shape (m, dim), ``y`` of shape (m,). Inputs are not mutated."""
 
-    @abc.abstractmethod
     def predict_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Predictions for ``X`` from the released parameters (see :meth:`snapshot`)."""
+        """``loss.predict`` at the released parameters (logistic: P(y = 1); others: the score).
+
+        Uses the learner's ``dim``, ``loss`` and ``feature_bound``; a learner whose predictions
+        must come from something other than :meth:`release` (PNSGD: the last snapshot) overrides it.
+        """
+        X_arr, _ = check_batch(type(self).__name__, X, None, self.dim)
+        return self.loss.predict(self.release(), self.loss.features(X_arr, self.feature_bound))
 
     @abc.abstractmethod
     def release(self) -> NDArray[np.float64]:

@@ -261,11 +261,6 @@ class PanPrivateACSA(Learner):
         """θ^ag of the run in progress (the output of 000 Alg. 6; the warm start at a run's start)."""
         return self._iterate.theta_ag.copy()
 
-    def predict_many(self, X: Array) -> Array:
-        """``loss.predict`` at the released parameters (logistic: P(y = 1); others: the score)."""
-        X, _ = check_batch(_OWNER, X, None, self.dim)
-        return self.loss.predict(self.release(), self.loss.features(X, self.feature_bound))
-
     @property
     def records_seen(self) -> int:
         return self._records

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import validation as check
-from protocols.base import Learner, StateValue, check_batch
+from protocols.base import Learner, StateValue
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
@@ -170,11 +170,6 @@ class MessageSGDLearner(Learner):
     def release(self) -> Array:
         """θ̄, the average of the iterates stepped from (:class:`AveragedSGD`)."""
         return self._sgd.release()
-
-    def predict_many(self, X: Array) -> Array:
-        """``loss.predict`` at the released parameters."""
-        X, _ = check_batch(type(self).__name__, X, None, self.dim)
-        return self.loss.predict(self.release(), self.loss.features(X, self.feature_bound))
 
     @property
     def records_seen(self) -> int:

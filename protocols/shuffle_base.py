@@ -278,11 +278,6 @@ class EncodedLearner(Learner):
 
     # -- outputs -------------------------------------------------------------------------------
 
-    def predict_many(self, X: Array) -> Array:
-        """``loss.predict`` at the released parameters (logistic: P(y = 1); others: the score)."""
-        X, _ = check_batch(self._owner, X, None, self.dim)
-        return self.loss.predict(self.release(), self.loss.features(X, self.feature_bound))
-
     @property
     def records_seen(self) -> int:
         return self._records
