@@ -54,14 +54,29 @@ class Tuning:
 
     None of them affects privacy, which depends only on the noise scale and on each record
     entering one batch. Measured on the streams of ``benchmarks/synthetic.py`` (d = 20,
-    ‖x‖ = 1, δ = 1e-6), mean excess population loss over 4–20 repetitions per setting
-    (``.venv/bin/python -m benchmarks.utility_pan_acsa --tune`` reruns the (C_b, κ) sweep):
+    ‖x‖ = 1, δ = 1e-6), mean excess population loss over 3–20 repetitions per setting
+    (``.venv/bin/python -m benchmarks.utility_pan_acsa --tune`` reruns the batch sweep).
+    :data:`DEFAULT_TUNING` is for Lan's method as 000 analyses it (no restarts; ``shuffle-acsa``
+    and ``pan-acsa`` with ``restart="none"``); :data:`RESTART_TUNING` for ``pan-acsa``'s default,
+    AC-SA with gradient restarts (:func:`step`).
 
-    - (C_b, κ) over {0.35, 0.5, 0.7, 1, 1.4} × {1/16, 1/8, 1/4, 1/2} on logistic and
-      least-squares streams, n ∈ {10⁴, 10⁵, 10⁶}, ε ∈ {0.5, 1, 4}: C_b = 1 had the smallest mean
-      ratio to the best setting of each row (1.9; 2.6–5.5 for the other C_b), flat in κ ∈ [1/16,
-      1/2]; the earlier κ = 1 was 1.3–4× worse than κ ≤ 1/2. Too few steps (larger C_b) leaves
-      the accelerated method mid-oscillation; smaller C_b adds noise.
+    - (C_b, κ) without restarts, over {0.35, 0.5, 0.7, 1, 1.4} × {1/16, 1/8, 1/4, 1/2} on logistic
+      and least-squares streams, n ∈ {10⁴, 10⁵, 10⁶}, ε ∈ {0.5, 1, 4}: C_b = 1 had the smallest
+      mean ratio to the best setting of each row (1.9; 2.6–5.5 for the other C_b), flat in κ ∈
+      [1/16, 1/2]; κ = 1 was 1.3–4× worse than κ ≤ 1/2. Too few steps (larger C_b) leaves the
+      accelerated method mid-oscillation; smaller C_b adds noise.
+    - With restarts the best step count grows much more slowly with n than 000's worst-case
+      T ∝ n^{2/5}: the restarted method converges in a few dozen steps on these streams (it
+      exploits curvature the worst case does not assume), and every further step shrinks the
+      batches and so adds noise; too few steps leave it unconverged (a sharp cliff). Sweep 1, 18
+      rows (logistic, and least squares with C = 0.5; n ∈ {10³…10⁶}, ε ∈ {0.5, 1, 4}; κ = 1/4),
+      mean ratio to each row's best: exponent 3/5 with C_b ∈ {0.7, 1, 1.4, 2}: 2.25, 1.91, 2.19,
+      4.84; exponent 4/5 with C_b ∈ {0.08, 0.11, 0.13}: 1.87, 1.48, 1.41. Sweep 2, the 18 rows
+      with n ≥ 10⁴ and 6–12 repetitions each: 3/5 with C_b = 1: mean 2.03 (worst row 6.8); 4/5
+      with C_b ∈ {0.09, 0.10, 0.11, 0.13}: 1.51 (2.76), 1.45 (2.45), **1.35 (2.34)**, 1.40 (4.17:
+      at n = 10⁵ the logistic stream falls off the cliff). Chosen: 4/5 and C_b = 0.11 — the same
+      b as 000's rule near n = 10⁵, larger batches beyond. A measured choice, not a theorem:
+      Thm C.3's rate is proven for Lan's method with 000's parameters (``restart="none"``).
     - C_s ∈ {1/4 … 8} for the absolute loss (case 1): 1/4–1 best, 1/2 chosen (n = 10⁴: 0.016,
       10⁵: 0.0013, 10⁶: 0.0004 at ε = 1); larger β_s shortens the steps (2β_s in L_t).
     - C_E ∈ {0.03, 0.1, 0.25, 1, 4} for the phases (cases 3, 4): 0.25 best at n = 10⁵ and 10⁶
@@ -70,8 +85,8 @@ class Tuning:
 
     Attributes
     ----------
-    batch
-        C_b in ``b = C_b · n^{3/5} (√p ν L / (β D))^{2/5}`` (000, proof of Thm 4.3).
+    batch, batch_exponent
+        C_b and e in ``b = C_b · n^e (√p ν L / (β D))^{2/5}`` (000, proof of Thm 4.3: e = 3/5).
     smoothing
         C_s in ``β_s = C_s · L n^{2/3} / (D (√p ν)^{2/3})`` (000, proof of Thm 4.7).
     noise_step
@@ -81,12 +96,17 @@ class Tuning:
     """
 
     batch: float = 1.0
+    batch_exponent: float = 0.6
     smoothing: float = 0.5
     noise_step: float = 0.25
     error: float = 0.25
 
 
 DEFAULT_TUNING = Tuning()
+"""000's parameters for Lan's method without restarts."""
+
+RESTART_TUNING = Tuning(batch=0.11, batch_exponent=0.8)
+"""For AC-SA with gradient restarts: larger batches, fewer steps (see :class:`Tuning`)."""
 
 
 def alpha(t: int) -> float:
@@ -129,30 +149,50 @@ class StepSizes:
 
 @dataclass(frozen=True)
 class Iterate:
-    """The three AC-SA sequences and the index ``t`` (1-based) of the next step.
+    """The three AC-SA sequences, the index ``t`` (1-based) of the next AC-SA step and the index
+    ``batch`` (1-based) of the next batch of the run.
 
     ``theta_ag`` is the output (000 Alg. 4/6: "Output θ^ag_{T+1}"); ``theta_md`` is where the next
-    gradient must be evaluated.
+    gradient must be evaluated. ``t`` drives α_t and L_t and starts again at 1 after a restart
+    (:func:`step`); ``batch`` counts the run's batches and never restarts, so the plan's record
+    schedule — and with it the privacy accounting — is the same with or without restarts.
     """
 
     theta: Array
     theta_ag: Array
     theta_md: Array
     t: int
+    batch: int
 
     @classmethod
-    def start(cls, theta0: Array) -> Iterate:
-        """θ_1 = θ^ag_1 = θ^md_1 = θ0 (000 Alg. 4/6 line "Initialize θ^ag_1 = θ_1 ∈ Θ")."""
+    def start(cls, theta0: Array, batch: int = 1) -> Iterate:
+        """θ_1 = θ^ag_1 = θ^md_1 = θ0 (000 Alg. 4/6 line "Initialize θ^ag_1 = θ_1 ∈ Θ"), t = 1."""
         theta0 = np.array(theta0, dtype=np.float64, copy=True)
-        return cls(theta0, theta0.copy(), theta0.copy(), 1)
+        return cls(theta0, theta0.copy(), theta0.copy(), 1, batch)
 
 
-def step(current: Iterate, gradient: Array, sizes: StepSizes, ball: L2Ball) -> Iterate:
+RESTARTS = ("gradient", "none")
+"""The ``restart`` choices of the AC-SA learners (see :func:`step`)."""
+
+
+def step(current: Iterate, gradient: Array, sizes: StepSizes, ball: L2Ball, *, restart: bool = False) -> Iterate:
     """One AC-SA step from ``gradient`` (the oracle's answer at ``current.theta_md``).
 
     ``θ_{t+1} = Π_Θ(θ_t − g_t/L_t)``, ``θ^ag_{t+1} = α_t θ_{t+1} + (1 − α_t) θ^ag_t`` and the next
     middle point ``θ^md_{t+1} = α_{t+1} θ_{t+1} + (1 − α_{t+1}) θ^ag_{t+1}`` (Lan 2012; 000 Alg. 4
     line 3 at step t+1).
+
+    ``restart=True`` adds the gradient restart test of O'Donoghue & Candès (2015, "Adaptive restart
+    for accelerated gradient schemes", §3.2): if ``⟨g_t, θ^ag_{t+1} − θ^ag_t⟩ > 0`` — the output
+    moved uphill along the gradient just observed, the sign that the momentum has overshot — the
+    method starts afresh from ``θ^ag_{t+1}`` (θ = θ^ag = θ^md, t = 1; the run's batch counter goes
+    on). It is a function of the noisy gradient and the iterates only, so it is post-processing and
+    costs no privacy. Why: with the worst-case smoothness β (e.g. R² for the squared loss) far above
+    the curvature the data actually has, Lan's growing steps γ_t = (t+1)γ/2 make the iterates
+    oscillate around θ* with a period of about 2π/√(γμ) steps (μ: the curvature along the
+    oscillating direction), so the excess loss of θ^ag_{T+1} swings by orders of magnitude with T;
+    restarting at each overshoot removes the swing (measured in ``benchmarks/utility_pan_acsa.py``).
+    Lan's bound (000 Lemma 4.4) is proven for the un-restarted method; with restarts it is not.
 
     Notes
     -----
@@ -168,9 +208,11 @@ def step(current: Iterate, gradient: Array, sizes: StepSizes, ball: L2Ball) -> I
     a = alpha(t)
     theta = ball.project(current.theta - gradient / sizes.prox_weight(t))
     theta_ag = a * theta + (1.0 - a) * current.theta_ag
+    if restart and float(gradient @ (theta_ag - current.theta_ag)) > 0.0:
+        return Iterate.start(theta_ag, current.batch + 1)
     a_next = alpha(t + 1)
     theta_md = ball.project(a_next * theta + (1.0 - a_next) * theta_ag)
-    return Iterate(theta, theta_ag, theta_md, t + 1)
+    return Iterate(theta, theta_ag, theta_md, t + 1, current.batch + 1)
 
 
 @dataclass(frozen=True)
@@ -205,14 +247,23 @@ class Problem:
 
     @classmethod
     def for_loss(
-        cls, loss: Loss, *, dim: int, feature_bound: float, radius: float, strong_convexity: float, noise_multiplier: float
+        cls,
+        loss: Loss,
+        *,
+        dim: int,
+        feature_bound: float,
+        radius: float,
+        strong_convexity: float,
+        noise_multiplier: float,
+        gradient_bound: float | None = None,
     ) -> Problem:
         """The problem of a learner with ``dim`` raw features, ``loss`` clipped to ``feature_bound``,
         Θ of ``radius``, a declared ``strong_convexity`` beyond the ridge, and the noise multiplier
-        ν of its privacy mechanism."""
+        ν of its privacy mechanism. ``gradient_bound`` C: per-record gradients are clipped to
+        norm C, so the problem's L is min(C, L of the loss) (:func:`effective_gradient_bound`)."""
         return cls(
             dim=loss.param_dim(dim),
-            lipschitz=loss.lipschitz(feature_bound, radius),
+            lipschitz=effective_gradient_bound(loss, feature_bound, radius, gradient_bound),
             smoothness=loss.smoothness(feature_bound),
             ridge=loss.ridge,
             strong_convexity=strong_convexity + loss.ridge,
@@ -250,6 +301,24 @@ class RunPlan:
         """Size of batch t (1-based)."""
         base, extra = divmod(self.records, self.steps)
         return base + 1 if t <= extra else base
+
+
+def effective_gradient_bound(loss: Loss, feature_bound: float, radius: float, gradient_bound: float | None) -> float:
+    """The norm every per-record gradient is clipped to: min(C, L), with L the loss's worst-case
+    bound over Θ (:meth:`protocols.losses.Loss.lipschitz`) and C the declared ``gradient_bound``
+    (``None``: no bound beyond L).
+
+    Clipping ``φ'(⟨θ, z⟩, y)·z`` to norm C clips the scalar derivative φ' to ±C/‖z‖; for a convex
+    φ this is again the non-decreasing derivative of a convex function of ⟨θ, z⟩ (φ "Huberised"
+    beyond the points where |φ'| = C/‖z‖), which is C-Lipschitz and no less smooth than φ. So a
+    learner with C < L optimises that convex surrogate exactly as the theorems assume, with
+    sensitivity from C (the DP-SGD practice of Abadi et al. 2016, with a convexity argument). The
+    surrogate has the same minimiser as the loss whenever |φ'| ≤ C/‖z‖ at θ* for (almost) every
+    record — e.g. a well-specified linear model whose noise is bounded by C/R — and otherwise
+    trades a bias for less noise: a utility choice, never a privacy one.
+    """
+    lipschitz = loss.lipschitz(feature_bound, radius)
+    return lipschitz if gradient_bound is None else min(lipschitz, gradient_bound)
 
 
 SMOOTHING = ("auto", "moreau", "none")
@@ -291,13 +360,13 @@ def record_gradients(loss: Loss, theta_md: Array, Z: Array, y: Array, plan: RunP
 
 
 def _batch_size(problem: Problem, records: int, distance: float, beta: float, tuning: Tuning) -> int:
-    """b = C_b n^{3/5} (√p ν L / (β D))^{2/5}, clamped to [1, n] (000, proof of Thm 4.3).
+    """b = C_b n^e (√p ν L / (β D))^{2/5}, clamped to [1, n] (000, proof of Thm 4.3: e = 3/5).
 
     It balances β D² b²/n² (acceleration term with T = n/b) against the privacy term
     D √p ν L/√(b n); with no noise (ν = 0) every record is its own batch.
     """
     noise = math.sqrt(problem.dim) * problem.noise_multiplier * problem.lipschitz
-    b = tuning.batch * records**0.6 * (noise / (beta * distance)) ** 0.4
+    b = tuning.batch * records**tuning.batch_exponent * (noise / (beta * distance)) ** 0.4
     return int(min(records, max(1, round(b))))
 
 

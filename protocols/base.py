@@ -62,6 +62,10 @@ class Learner(abc.ABC):
     """
 
     name: ClassVar[str]
+    noisy_counters: ClassVar[frozenset[str]] = frozenset()
+    """Integer entries of :meth:`state_dict` that depend on the noise (e.g. ``pan-acsa``'s AC-SA step
+    index, reset by noise-driven restarts); the conformance suite compares their distribution
+    across micro-batch splits instead of requiring equality. Other integers are public counters."""
     dim: int
     loss: Loss
     feature_bound: float

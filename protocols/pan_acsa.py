@@ -24,6 +24,11 @@ mechanism with sensitivity 2L/b is (ε, δ)-DP (Balle & Wang 2018, via
 smaller. Lemma C.4's proof uses nothing about ζ beyond that (ε, δ)-DP property, so both give the
 same guarantee.
 
+Utility options (no effect on the guarantee): ``gradient_bound`` clips per-record gradients below
+the loss's worst-case L (noise then scales with the smaller bound), and ``restart="gradient"`` (the
+default) restarts AC-SA when the noisy gradient shows the momentum overshooting — post-processing
+of the noisy gradients (:func:`protocols.acsa.step`).
+
 Cases of Thm C.3 (parameters from :func:`protocols.acsa.plan_runs`):
 
 1. convex, non-smooth loss → Moreau smoothing (000 Thm 4.7): envelope gradients via the prox;
@@ -58,7 +63,19 @@ from numpy.typing import NDArray
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import validation as check
-from protocols.acsa import DEFAULT_TUNING, Iterate, Problem, RunPlan, plan_runs, record_gradients, step, uses_moreau
+from protocols.acsa import (
+    DEFAULT_TUNING,
+    RESTART_TUNING,
+    RESTARTS,
+    Iterate,
+    Problem,
+    RunPlan,
+    effective_gradient_bound,
+    plan_runs,
+    record_gradients,
+    step,
+    uses_moreau,
+)
 from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
@@ -77,7 +94,7 @@ larger than any rounding and far too small to matter for utility, keeps the cali
 
 _OWNER = "PanPrivateACSA"
 _ARRAYS = ("theta", "theta_ag", "theta_md", "grad")
-_COUNTERS = ("records", "epoch", "phase", "step", "filled")
+_COUNTERS = ("records", "epoch", "phase", "step", "batch", "filled")
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,6 +134,17 @@ class PanPrivateACSA(Learner):
         prox); ``"none"``: never (needs a smooth loss).
     calibration
         ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1).
+    gradient_bound
+        C: per-record gradients are clipped to norm min(C, L), L the loss's worst-case bound over Θ;
+        ``None`` (default): L. The noise is calibrated to the sensitivity 2·min(C, L)/b, and the
+        learner optimises a convex C-Lipschitz surrogate of the loss
+        (:func:`protocols.acsa.effective_gradient_bound`). A utility choice: worst-case L can be
+        far above the gradients the data has (squared loss: L = (rR + Y)R).
+    restart
+        ``"gradient"`` (default): AC-SA restarts when the noisy gradient shows the momentum
+        overshooting (O'Donoghue & Candès 2015; post-processing, :func:`protocols.acsa.step`),
+        planned with :data:`protocols.acsa.RESTART_TUNING`. ``"none"``: Lan's method with 000's
+        parameters, for which Thm C.3's utility bound is proven.
     rng
         ``None`` (default): every noise draw uses a fresh OS-entropy generator (pan-private).
         A seed or generator: reproducible replay/testing mode, in which there is no pan-private
@@ -127,7 +155,9 @@ class PanPrivateACSA(Learner):
     Deviations from 000, each explained where implemented: Lan's middle-point update instead of
     Alg. 6 line 12 (:func:`protocols.acsa.step`); α_t = 2/(t+1) (:func:`protocols.acsa.alpha`); the
     Moreau envelope over R^p instead of Θ (:meth:`protocols.losses.Loss.envelope_gradient`);
-    batch sizes b_t ∈ {⌊n/T⌋, ⌊n/T⌋ + 1} so that every record is used; the analytic calibration.
+    batch sizes b_t ∈ {⌊n/T⌋, ⌊n/T⌋ + 1} so that every record is used; the analytic calibration;
+    by default, gradient restarts with measured batch sizes (``restart``). None changes the
+    privacy guarantee.
 
     References
     ----------
@@ -135,6 +165,7 @@ class PanPrivateACSA(Learner):
     """
 
     name = "pan-acsa"
+    noisy_counters = frozenset({"step"})  # reset by restarts, which read the noisy gradients
 
     def __init__(
         self,
@@ -149,6 +180,8 @@ class PanPrivateACSA(Learner):
         strong_convexity: float = 0.0,
         smoothing: str = "auto",
         calibration: str = "analytic",
+        gradient_bound: float | None = None,
+        restart: str = "gradient",
         rng: RngLike = None,
     ) -> None:
         self.dim = check.positive_int(_OWNER, "dim", dim)
@@ -167,11 +200,13 @@ class PanPrivateACSA(Learner):
         self.strong_convexity = check.nonnegative(_OWNER, "strong_convexity", strong_convexity)
         self._moreau = uses_moreau(_OWNER, self.loss, smoothing)
         self.smoothing = smoothing
+        self.gradient_bound = None if gradient_bound is None else check.positive(_OWNER, "gradient_bound", gradient_bound)
+        self.restart = check.choice(_OWNER, "restart", restart, RESTARTS)
 
         self._ball = L2Ball(self.radius)
         self._noise = NoiseSource(rng)
         self._params = self.loss.param_dim(self.dim)
-        self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
+        self._lipschitz = effective_gradient_bound(self.loss, self.feature_bound, self.radius, self.gradient_bound)
         self._unit_sigma = unit_sigma * (1.0 + SENSITIVITY_SLACK)
         # Two draws of standard deviation ζ = s·2L/b each: E‖Z‖² = p·8 s² L²/b², i.e. ν² = 8 s².
         self._problem = Problem.for_loss(
@@ -181,6 +216,7 @@ class PanPrivateACSA(Learner):
             radius=self.radius,
             strong_convexity=self.strong_convexity,
             noise_multiplier=math.sqrt(8.0) * self._unit_sigma,
+            gradient_bound=self.gradient_bound,
         )
         self._plans_cache: tuple[int, tuple[RunPlan, ...]] | None = None
 
@@ -202,8 +238,9 @@ class PanPrivateACSA(Learner):
     def epoch_plans(self, epoch: int) -> tuple[RunPlan, ...]:
         """The runs (one, or the phases of Thm 4.8) of epoch ``epoch``; public constants only."""
         if self._plans_cache is None or self._plans_cache[0] != epoch:
+            tuning = RESTART_TUNING if self.restart == "gradient" else DEFAULT_TUNING
             plans = plan_runs(
-                self._problem, self.epoch_length(epoch), moreau=self._moreau, batch_size=self.batch_size, tuning=DEFAULT_TUNING
+                self._problem, self.epoch_length(epoch), moreau=self._moreau, batch_size=self.batch_size, tuning=tuning
             )
             self._plans_cache = (epoch, plans)
         return self._plans_cache[1]
@@ -211,6 +248,11 @@ class PanPrivateACSA(Learner):
     def current_plan(self) -> RunPlan:
         """The plan of the run in progress."""
         return self.epoch_plans(self._epoch)[self._phase]
+
+    @property
+    def gradient_norm_bound(self) -> float:
+        """The norm per-record gradients are clipped to: min(``gradient_bound``, the loss's L)."""
+        return self._lipschitz
 
     def batch_noise_std(self, batch: int) -> float:
         """ζ for a batch of ``batch`` records: the standard deviation of each of the two draws, for
@@ -229,7 +271,7 @@ class PanPrivateACSA(Learner):
         position = 0
         while position < Z.shape[0]:
             plan = self.current_plan()
-            batch = plan.batch_size(self._iterate.t)
+            batch = plan.batch_size(self._iterate.batch)
             if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
                 self._grad = self._draw(batch)
             take = min(batch - self._filled, Z.shape[0] - position)
@@ -245,8 +287,8 @@ class PanPrivateACSA(Learner):
     def _finish_batch(self, plan: RunPlan, batch: int) -> None:
         """Alg. 6 lines 9–12 for the completed batch."""
         gradient = self._grad + self._draw(batch) + self.loss.ridge_gradient(self._iterate.theta_md)
-        self._iterate = step(self._iterate, gradient, plan.sizes, self._ball)
-        if self._iterate.t > plan.steps:  # run over: next phase or next epoch, warm-started
+        self._iterate = step(self._iterate, gradient, plan.sizes, self._ball, restart=self.restart == "gradient")
+        if self._iterate.batch > plan.steps:  # run over: next phase or next epoch, warm-started
             self._phase += 1
             if self._phase == len(self.epoch_plans(self._epoch)):
                 self._epoch += 1
@@ -314,6 +356,8 @@ class PanPrivateACSA(Learner):
             "strong_convexity": self.strong_convexity,
             "smoothing": self.smoothing,
             "calibration": self.calibration,
+            "gradient_bound": self.gradient_bound,
+            "restart": self.restart,
         }
 
     def state_dict(self) -> dict[str, StateValue]:
@@ -324,6 +368,7 @@ class PanPrivateACSA(Learner):
             "epoch": self._epoch,
             "phase": self._phase,
             "step": self._iterate.t,
+            "batch": self._iterate.batch,
             "filled": self._filled,
             "theta": self._iterate.theta.copy(),
             "theta_ag": self._iterate.theta_ag.copy(),
@@ -353,13 +398,19 @@ class PanPrivateACSA(Learner):
         if counters["phase"] >= len(plans):
             raise InvalidInputError(check.message(f"{_OWNER}.load_state_dict", "phase", f"< {len(plans)}", counters["phase"]))
         plan = plans[counters["phase"]]
-        if not 1 <= counters["step"] <= plan.steps or counters["filled"] >= plan.batch_size(counters["step"]):
+        if (
+            not 1 <= counters["step"] <= counters["batch"] <= plan.steps
+            or counters["filled"] >= plan.batch_size(counters["batch"])
+        ):
             raise InvalidInputError(
-                f"{_OWNER}.load_state_dict: step {counters['step']} / filled {counters['filled']} do not fit "
+                f"{_OWNER}.load_state_dict: step {counters['step']} / batch {counters['batch']} / filled "
+                f"{counters['filled']} do not fit "
                 f"the planned run ({plan.steps} batches); was the state saved under another config?"
             )
         self._records, self._epoch, self._phase, self._filled = (
             counters["records"], counters["epoch"], counters["phase"], counters["filled"]
         )
-        self._iterate = Iterate(arrays["theta"], arrays["theta_ag"], arrays["theta_md"], counters["step"])
+        self._iterate = Iterate(
+            arrays["theta"], arrays["theta_ag"], arrays["theta_md"], counters["step"], counters["batch"]
+        )
         self._grad = arrays["grad"]

@@ -167,7 +167,7 @@ class ShuffleACSA(EncodedLearner):
             )
 
     def _round_sum(self) -> VectorSum:
-        return self._sums[self.plans[self._phase].batch_size(self._iterate.t)]
+        return self._sums[self.plans[self._phase].batch_size(self._iterate.batch)]
 
     def _gradients(self, Z: Array, y: Array) -> Array:
         plan = self.plans[self._phase]
@@ -177,7 +177,7 @@ class ShuffleACSA(EncodedLearner):
         plan = self.plans[self._phase]
         gradient = mean + self.loss.ridge_gradient(self._iterate.theta_md)
         self._iterate = step(self._iterate, gradient, plan.sizes, self._ball)
-        if self._iterate.t > plan.steps:  # run over: next phase (Thm 4.8), warm-started
+        if self._iterate.batch > plan.steps:  # run over: next phase (Thm 4.8), warm-started
             self._phase += 1
             if not self.finished:
                 self._iterate = Iterate.start(self._iterate.theta_ag)
@@ -245,4 +245,4 @@ class ShuffleACSA(EncodedLearner):
             )
         arrays = [read_array(_OWNER, state, key, (self._params,)) for key in ("theta", "theta_ag", "theta_md")]
         self._records, self._filled, self._totals, self._phase = records, filled, totals, phase
-        self._iterate = Iterate(*arrays, t)
+        self._iterate = Iterate(*arrays, t, t)  # no restarts here: the step is the batch index

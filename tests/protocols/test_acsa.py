@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -14,12 +15,14 @@ from protocols.acsa import (
     StepSizes,
     Tuning,
     alpha,
+    effective_gradient_bound,
     phase_count,
     plan_run,
     plan_runs,
     step,
 )
 from protocols.geometry import L2Ball
+from protocols.losses import SquaredLoss
 
 PROBLEM = Problem(dim=21, lipschitz=1.0, smoothness=0.25, ridge=0.0, strong_convexity=0.0, radius=5.0, noise_multiplier=12.0)
 
@@ -40,7 +43,7 @@ def test_step_numbers():
     """One step from θ_1 = θ^ag_1 = θ^md_1 = 0 with t = 2 state, checked by hand."""
     ball = L2Ball(100.0)
     sizes = StepSizes(steps=5, smoothness=1.0, oracle_std=0.0, distance=1.0)  # base = 2, L_t = 4/(t+1)
-    current = Iterate(np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([0.5, 0.5]), 2)
+    current = Iterate(np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([0.5, 0.5]), 2, 2)
     nxt = step(current, np.array([4.0, -4.0]), sizes, ball)
     L2 = 4.0 / 3.0
     theta = np.array([1.0, 0.0]) - np.array([4.0, -4.0]) / L2  # (-2, 3)
@@ -74,6 +77,49 @@ def test_exact_gradients_converge_at_the_accelerated_rate():
             it = step(it, A @ (it.theta_md - theta_star), sizes, ball)
         gap = f(it.theta_ag)
         assert gap <= 4 * 1.0 * (theta_star @ theta_star) / (T * (T + 1))
+
+
+def test_gradient_restart_rule():
+    """O'Donoghue & Candès (2015): restart from θ^ag_{t+1} when ⟨g_t, θ^ag_{t+1} − θ^ag_t⟩ > 0."""
+    ball = L2Ball(100.0)
+    sizes = StepSizes(steps=9, smoothness=1.0, oracle_std=0.0, distance=1.0)  # L_t = 4/(t+1)
+    current = Iterate(np.array([-1.0, 0.0]), np.array([1.0, 0.0]), np.array([0.0, 0.0]), 3, 5)
+    # g = (−0.1, 0): θ_4 = θ_3 − g/L_3 = (−0.9, 0), θ^ag_4 = ½θ_4 + ½θ^ag_3 = (0.05, 0), so
+    # θ^ag moved by (−0.95, 0) and ⟨g, Δ⟩ = 0.095 > 0.
+    uphill = step(current, np.array([-0.1, 0.0]), sizes, ball, restart=True)
+    np.testing.assert_allclose(uphill.theta_ag, [0.05, 0.0])
+    for sequence in (uphill.theta, uphill.theta_md):
+        np.testing.assert_array_equal(sequence, uphill.theta_ag)
+    assert (uphill.t, uphill.batch) == (1, 6)
+    downhill = step(current, np.array([0.1, 0.0]), sizes, ball, restart=True)  # ⟨g, Δ⟩ < 0
+    assert (downhill.t, downhill.batch) == (4, 6)
+    assert step(current, np.array([-0.1, 0.0]), sizes, ball).t == 4  # restart=False: Lan's step
+
+
+def test_restarts_remove_the_oscillation_on_a_strongly_convex_quadratic():
+    """f(θ) = (μ/2)‖θ − θ*‖², μ = 0.05 far below the declared β = 1: Lan's θ^ag oscillates around
+    θ*, so its gap is not monotone in T; with restarts it falls with T, and far below."""
+    mu, theta_star, ball = 0.05, np.full(5, 0.4), L2Ball(10.0)
+    gaps: dict[bool, list[float]] = {False: [], True: []}
+    for restart, T in itertools.product((False, True), range(20, 121, 5)):
+        sizes = StepSizes(steps=T, smoothness=1.0, oracle_std=0.0, distance=2.0)
+        it = Iterate.start(np.zeros(5))
+        for _ in range(T):
+            it = step(it, mu * (it.theta_md - theta_star), sizes, ball, restart=restart)
+        gaps[restart].append(0.5 * mu * float(np.sum((it.theta_ag - theta_star) ** 2)))
+    assert any(b > 10 * a for a, b in zip(gaps[False], gaps[False][1:]))  # Lan: swings up 10× with T
+    assert all(b <= a for a, b in zip(gaps[True], gaps[True][1:]))
+    assert all(r <= p / 100 for r, p in zip(gaps[True][8:], gaps[False][8:]))  # T ≥ 60
+
+
+def test_effective_gradient_bound():
+    loss = SquaredLoss(label_bound=2.0)
+    assert effective_gradient_bound(loss, 1.0, 3.0, None) == loss.lipschitz(1.0, 3.0) == 5.0
+    assert effective_gradient_bound(loss, 1.0, 3.0, 1.5) == 1.5
+    assert effective_gradient_bound(loss, 1.0, 3.0, 7.0) == 5.0
+    problem = Problem.for_loss(loss, dim=4, feature_bound=1.0, radius=3.0, strong_convexity=0.0,
+                               noise_multiplier=1.0, gradient_bound=1.5)
+    assert problem.lipschitz == 1.5
 
 
 def test_phase_count():

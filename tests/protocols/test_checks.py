@@ -119,6 +119,39 @@ def test_micro_batch_invariance_detects_split_dependent_noise():
     checks.check_micro_batch_invariance(lambda rng: _Base(radius=100.0, rng=rng), X, Y)
 
 
+class CountsCallsAsNoisy(_Base):
+    """Declares a split-dependent integer (learn_many calls) as a noisy counter: its distribution
+    differs between splits, which the check must see."""
+
+    noisy_counters = _Base.noisy_counters | {"calls"}
+
+    def learn_many(self, X, y):
+        super().learn_many(X, y)
+        self._calls = getattr(self, "_calls", 0) + 1
+
+    def state_dict(self):
+        return {**super().state_dict(), "calls": getattr(self, "_calls", 0)}
+
+    def load_state_dict(self, state):
+        super().load_state_dict({k: v for k, v in state.items() if k != "calls"})
+        self._calls = state["calls"]
+
+
+class CountsCalls(CountsCallsAsNoisy):
+    noisy_counters = _Base.noisy_counters
+
+
+@pytest.mark.statistical
+def test_micro_batch_invariance_compares_noisy_counters_by_distribution():
+    """pan-acsa's restart step is noise-dependent: compared by distribution, not equality (the
+    conforming learners pass in test_pan_acsa.py). A split-dependent integer fails either way."""
+    assert PanPrivateACSA.noisy_counters == {"step"}
+    with pytest.raises(AssertionError, match="different distribution"):
+        checks.check_micro_batch_invariance(lambda rng: CountsCallsAsNoisy(radius=100.0, rng=rng), X, Y)
+    with pytest.raises(AssertionError, match="counters depend on the split"):
+        checks.check_micro_batch_invariance(lambda rng: CountsCalls(radius=100.0, rng=rng), X, Y)
+
+
 class MatrixState(_Base):
     """A conforming learner whose state also holds a 2-D noisy array (its iterate, twice)."""
 

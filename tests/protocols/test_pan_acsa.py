@@ -12,7 +12,7 @@ from scipy import stats
 from accounting.gaussian import analytic_delta, analytic_sigma
 from accounting.ledger import Guarantee
 from protocols import checks
-from protocols.acsa import alpha, phase_count
+from protocols.acsa import RESTARTS, alpha, phase_count
 from protocols.errors import InvalidInputError
 from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss
 from protocols.pan_acsa import FIRST_EPOCH, SENSITIVITY_SLACK, PanPrivateACSA
@@ -54,7 +54,7 @@ def test_cases_of_theorem_c3_are_selected():
 def test_middle_point_follows_lan_not_alg6_line12():
     """000 Alg. 6 line 12 (θ^md_{t+1} ← α_t θ_{t+1} + (1 − α_t) θ^ag_t) would make θ^md = θ^ag after
     every step. Lan's update gives θ^md_{t+1} = α_{t+1} θ_{t+1} + (1 − α_{t+1}) θ^ag_{t+1}."""
-    learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=10, batch_size=1, radius=50.0, rng=3)
+    learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=10, batch_size=1, radius=50.0, restart="none", rng=3)
     learner.learn_many(X3[:2], Y3[:2])
     state = learner.state_dict()
     assert state["step"] == 3
@@ -121,6 +121,49 @@ def test_sensitivity_of_the_accumulator_is_2L_over_b():
             assert np.linalg.norm(states[0] - states[1]) <= 2 * L / 8 * (1 + 1e-12)
 
 
+def test_gradient_bound_sets_the_clip_and_the_noise():
+    """With a declared C < L every per-record gradient is clipped to C and the draws are calibrated
+    for sensitivity 2C/b; a C above L changes nothing."""
+    loss = SquaredLoss(label_bound=100.0)
+    L = loss.lipschitz(1.0, 3.0)  # (3 + 100)·1
+    bounded = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=64, batch_size=8, radius=3.0, gradient_bound=0.5, rng=4)
+    assert bounded.batch_noise_std(8) == pytest.approx(analytic_sigma(1.0, 1e-5, 2 * 0.5 / 8), rel=1e-8)
+    assert PanPrivateACSA(3, loss, 1.0, 1e-5, radius=3.0, gradient_bound=1e9).batch_noise_std(8) == pytest.approx(
+        analytic_sigma(1.0, 1e-5, 2 * L / 8), rel=1e-8
+    )
+    assert "L = 0.5," in " ".join(bounded.privacy().assumptions)
+    # Mid-batch the accumulator is Z_t + Σ clip(g_i)/b. Records with y = 0 at θ^md = 0 have
+    # gradient 0, so the same seed gives Z_t alone; records with residual 90 give gradients of
+    # norm 90‖x‖, each clipped to C = 0.5.
+    X = X3R[:5] / np.linalg.norm(X3R[:5], axis=1, keepdims=True)
+    states = []
+    for labels in (np.zeros(5), np.full(5, 90.0)):
+        learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=64, batch_size=8, radius=3.0, gradient_bound=0.5, rng=4)
+        learner.learn_many(X, labels)
+        states.append(learner.state_dict()["grad"])
+    np.testing.assert_allclose(states[1] - states[0], -0.5 * X.sum(axis=0) / 8, rtol=1e-12)
+
+
+def test_restarts_change_the_steps_not_the_batches():
+    """O'Donoghue–Candès restarts reset the AC-SA step t (α_t, L_t) but not the run's batch
+    counter, so the record schedule — the privacy mechanism — is the same with or without them."""
+    X, y = checks.make_stream(3, 200, binary=True)
+    states = {}
+    for restart in RESTARTS:
+        learner = PanPrivateACSA(3, LogisticLoss(), 2.0, 1e-5, horizon=400, batch_size=5, radius=5.0, restart=restart, rng=1)
+        steps = []
+        for i in range(0, 200, 5):
+            learner.learn_many(X[i : i + 5], y[i : i + 5])
+            steps.append(learner.state_dict()["step"])
+        states[restart] = (learner.state_dict(), steps)
+    plain, restarted = states["none"], states["gradient"]
+    assert plain[1] == list(range(2, 42))  # Lan: the step is the batch index
+    assert any(b < a for a, b in zip(restarted[1], restarted[1][1:]))  # restarted at least once
+    for key in ("records", "epoch", "phase", "batch", "filled"):
+        assert plain[0][key] == restarted[0][key]
+    assert plain[0]["batch"] == 41
+
+
 def test_each_record_enters_one_batch_and_epochs_double_with_warm_start():
     learner = PanPrivateACSA(2, LogisticLoss(), 1.0, 1e-5, horizon=10, batch_size=3, rng=0)
     assert [learner.epoch_length(e) for e in range(3)] == [10, 20, 40]
@@ -181,6 +224,8 @@ def test_predictions_use_the_released_parameters():
         ({"loss": HingeLoss(), "smoothing": "none"}, "'smoothing' parameter .* non-smooth hinge"),
         ({"smoothing": "moreau"}, "'smoothing' parameter .*no closed-form prox"),
         ({"loss": "logistic"}, "'loss' parameter"),
+        ({"gradient_bound": 0.0}, "'gradient_bound' parameter"),
+        ({"restart": "always"}, "'restart' parameter"),
     ],
 )
 def test_invalid_parameters_are_named(kwargs, message):
@@ -202,6 +247,8 @@ def test_invalid_batches_and_states_are_rejected():
         learner.load_state_dict({**state, "theta": np.zeros(5)})
     with pytest.raises(InvalidInputError, match="do not fit"):
         learner.load_state_dict({**state, "filled": 4})
+    with pytest.raises(InvalidInputError, match="do not fit"):
+        learner.load_state_dict({**state, "step": 2, "batch": 1})  # steps since a restart ≤ batches
 
 
 def test_learns_a_logistic_model():
