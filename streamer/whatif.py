@@ -45,7 +45,9 @@ def _pan_acsa_lines(learner: Learner) -> list[str]:
     ]
     for b in sizes:
         lines.append(f"  zeta = {learner.batch_noise_std(b):.6g} for b = {b:,} (l2 sensitivity of the batch mean 2L/b)")  # type: ignore[attr-defined]
+    lines.append(f"per-record gradients clipped to norm L = {learner.gradient_norm_bound:.6g}")  # type: ignore[attr-defined]
     lines.append("Moreau smoothing: " + ("none (smooth loss)" if plan.smoothing is None else f"beta_s = {plan.smoothing:.6g}"))
+    lines.append(f"restarts: {learner.restart} (post-processing; no effect on the guarantee)")  # type: ignore[attr-defined]
     return lines
 
 

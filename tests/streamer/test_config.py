@@ -32,7 +32,7 @@ def test_defaults_resolve_the_embedded_adult_source() -> None:
 def test_demo_preset_and_flags_on_top() -> None:
     config = load_config(None, {"learner.epsilon": 0.5}, base=ADULT_DEMO)
     assert config.source.rate == 2000.0
-    assert config.learner.options == {"radius": 16.0}
+    assert config.learner.options == {"radius": math.sqrt(105)}  # the public rule r = √p
     assert config.learner.epsilon == 0.5
 
 
