@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols.acsa import Iterate, RunPlan, record_gradients, step
+from protocols.acsa import Iterate, RunPlan, effective_gradient_bound, record_gradients, step
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, clip_rows
 
@@ -35,25 +35,28 @@ def acsa_with_plans(
     radius: float,
     noise_std: Callable[[int], float],
     rng: np.random.Generator,
+    gradient_bound: float | None = None,
+    restart: bool = False,
 ) -> Array:
     """θ^ag after running ``plans`` in order (warm starts) over ``X, y``; noise N(0, noise_std(b)² I)
-    is added to each batch-mean gradient."""
+    is added to each batch-mean gradient. ``gradient_bound`` and ``restart`` as in
+    :class:`protocols.pan_acsa.PanPrivateACSA` (``restart=True`` is its ``"gradient"``)."""
     Z, labels = loss.features(X, feature_bound), loss.labels(y)
     ball = L2Ball(radius)
-    lipschitz = loss.lipschitz(feature_bound, radius)
+    lipschitz = effective_gradient_bound(loss, feature_bound, radius, gradient_bound)
     iterate = Iterate.start(np.zeros(Z.shape[1]))
     start = 0
     for plan in plans:
         iterate = Iterate.start(iterate.theta_ag)
         for t in range(1, plan.steps + 1):
-            b = plan.batch_size(t)
+            b = plan.batch_size(t)  # t is the batch index; iterate.t restarts
             rows = slice(start, start + b)
             start += b
             g = record_gradients(loss, iterate.theta_md, Z[rows], labels[rows], plan, lipschitz).mean(axis=0)
             sd = noise_std(b)
             if sd > 0.0:
                 g = g + rng.normal(0.0, sd, size=g.shape)
-            iterate = step(iterate, g + loss.ridge_gradient(iterate.theta_md), plan.sizes, ball)
+            iterate = step(iterate, g + loss.ridge_gradient(iterate.theta_md), plan.sizes, ball, restart=restart)
     return iterate.theta_ag
 
 
@@ -73,15 +76,17 @@ def sgd_one_pass(
     feature_bound: float,
     radius: float,
     rng: np.random.Generator,
+    gradient_bound: float | None = None,
 ) -> Array:
     """Averaged projected SGD, one pass, batches of ``batch``; N(0, noise_std² I) per batch mean.
 
     Step η = D/√(T L_G) with L_G = L_F² + p·noise_std² (000 Lemma 4.2 / Thm 4.1's choice), where
-    L_F = L + λ r bounds the gradient of the whole objective on Θ.
+    L_F = L + λ r bounds the gradient of the whole objective on Θ; per-record gradients are
+    clipped to L = min(``gradient_bound``, the loss's bound).
     """
     Z, labels = loss.features(X, feature_bound), loss.labels(y)
     ball = L2Ball(radius)
-    L = loss.lipschitz(feature_bound, radius)
+    L = effective_gradient_bound(loss, feature_bound, radius, gradient_bound)
     steps = Z.shape[0] // batch
     lg = (L + loss.ridge * radius) ** 2 + Z.shape[1] * noise_std**2
     eta = ball.diameter / math.sqrt(steps * lg)

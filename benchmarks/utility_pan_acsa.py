@@ -2,23 +2,27 @@
 
 Run (from the repository root)::
 
-    .venv/bin/python -m benchmarks.utility_pan_acsa            # full tables (~11 min on 2 cores)
-    .venv/bin/python -m benchmarks.utility_pan_acsa --quick    # n ≤ 10⁵, fewer repetitions (~1.5 min)
-    .venv/bin/python -m benchmarks.utility_pan_acsa --tune     # the sweep behind protocols.acsa.Tuning
+    .venv/bin/python -m benchmarks.utility_pan_acsa            # full tables (~12 min on 2 cores)
+    .venv/bin/python -m benchmarks.utility_pan_acsa --quick    # n ≤ 10⁵, fewer repetitions (~1 min)
+    .venv/bin/python -m benchmarks.utility_pan_acsa --tune     # the sweep behind RESTART_TUNING
 
 Tables (markdown), all at δ = 1e-6, d = 20, ‖x‖ ≤ 1 (:mod:`benchmarks.synthetic`):
 
-1. Cases 2 of Thm C.3 — logistic and least-squares streams, n ∈ {10³…10⁶}, ε ∈ {0.5, 1, 4}: mean
-   excess population loss of ``PanPrivateACSA`` (the real streaming learner, fed in micro-batches
-   of 4,096) next to: the same plans without noise ("noiseless"), the central-DP counterpart (one
-   noise draw per batch, planned for that noise), central-DP one-pass SGD (000 Alg. 3 with a
-   Gaussian sum) and non-private one-pass SGD (b = 1). ``pan/noiseless`` is the cost of noise.
+1. Case 2 of Thm C.3 — the logistic stream, and the least-squares stream with the declared gradient
+   bound C = 0.5 (:data:`LINEAR_GRADIENT_BOUND`), n ∈ {10³…10⁶}, ε ∈ {0.5, 1, 4}: mean excess
+   population loss of ``PanPrivateACSA`` with its defaults (gradient restarts; the real streaming
+   learner, fed in micro-batches of 4,096) next to: the same learner without noise (same plan,
+   restarts, clipping: "noiseless"), the central-DP counterpart (one noise draw per batch, planned
+   for that noise), central-DP one-pass SGD (000 Alg. 3 with a Gaussian sum) and non-private
+   one-pass SGD (b = 1). ``pan/noiseless`` is the cost of the noise.
+1b. At the largest n and ε = 1: restarts on/off (off = Lan's method with 000's parameters) and,
+   for least squares, C ∈ {L = 5.5, 2.5, 1, 0.5}.
 2. The other cases at ε = 1: absolute loss (case 1, Moreau smoothing), absolute + ridge (case 3)
    and squared + ridge (case 4) on the linear stream, logistic + ridge (case 4), and the logistic
-   stream with ``horizon=None`` (doubling epochs) — next to the same plans without noise.
-3. UCI Adult (:mod:`benchmarks.adult`): test accuracy and AUC of ``PanPrivateACSA`` (logistic,
-   intercept, radius 16) at ε ∈ {0.5, 1, 4} next to non-private one-pass SGD, mean over 5 stream
-   orders (and noise seeds).
+   stream with ``horizon=None`` (doubling epochs) — next to the same learner without noise.
+3. UCI Adult (:mod:`benchmarks.adult`): test accuracy and AUC of the service's default learner
+   (``make run``'s configuration, :data:`streamer.config.ADULT_DEMO`) at ε ∈ {0.5, 1, 4} next to
+   non-private one-pass SGD on the same encoding, mean over 5 stream orders (and noise seeds).
 
 The learners run in the seeded replay mode (reproducible numbers); the noise distribution is the
 same as in the default OS-entropy mode.
@@ -31,7 +35,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,46 +43,76 @@ from accounting.gaussian import analytic_sigma
 from benchmarks import adult
 from benchmarks.baselines import acsa_with_plans, dp_sgd_batch, sgd_one_pass
 from benchmarks.synthetic import LinearTask, LogisticTask
-from protocols.acsa import Problem, Tuning, plan_runs
+from protocols.acsa import DEFAULT_TUNING, RESTART_TUNING, Problem, Tuning, effective_gradient_bound, plan_runs
+from protocols.base import Learner
 from protocols.losses import AbsoluteLoss, LogisticLoss, Loss, SquaredLoss
 from protocols.pan_acsa import FIRST_EPOCH, PanPrivateACSA
+from streamer.config import ADULT_DEMO, load_config
+from streamer.learners import build_learner
 
 DELTA = 1e-6
 MICRO_BATCH = 4096
 LOGISTIC = LogisticTask(d=20, norm=4.0)
 LINEAR = LinearTask(d=20, norm=2.0, noise=0.5)
 LOGISTIC_RADIUS, LINEAR_RADIUS = 5.0, 3.0
+LINEAR_GRADIENT_BOUND = LINEAR.noise
+"""The declared per-record gradient bound C of the squared-loss learners, by a public rule: C = a·R,
+a = 0.5 the declared bound on the model's noise (y = ⟨θ*, x⟩ + e, |e| ≤ a — the same declaration
+that gives the label bound Y = ‖θ*‖ + a). Residuals beyond C/‖x‖ are Huberised
+(:func:`protocols.acsa.effective_gradient_bound`); at θ* no residual exceeds a, so the surrogate
+keeps θ* as its minimiser. The worst case over Θ is L = (rR + Y)R = 5.5: noise calibrated to it
+is 11× larger than the stream's gradients near θ* need. Table 1b shows other choices of C."""
 
 
 @dataclass(frozen=True)
 class Setting:
-    """A task with its loss and the declared Θ radius (θ* lies inside)."""
+    """A task with its loss, the declared Θ radius (θ* lies inside) and gradient bound C."""
 
     name: str
     task: LogisticTask | LinearTask
     loss: Loss
     radius: float
+    gradient_bound: float | None = None
 
 
 def settings_case2() -> list[Setting]:
     return [
         Setting("logistic", LOGISTIC, LogisticLoss(), LOGISTIC_RADIUS),
-        Setting("least squares", LINEAR, SquaredLoss(label_bound=LINEAR.label_bound), LINEAR_RADIUS),
+        Setting(
+            f"least squares, C = {LINEAR_GRADIENT_BOUND:g}",
+            LINEAR,
+            SquaredLoss(label_bound=LINEAR.label_bound),
+            LINEAR_RADIUS,
+            LINEAR_GRADIENT_BOUND,
+        ),
     ]
 
 
 def repetitions(n: int, quick: bool) -> int:
-    reps = {10**3: 20, 10**4: 10, 10**5: 5, 10**6: 3}[n]
+    reps = {10**3: 20, 10**4: 10, 10**5: 6, 10**6: 6}[n]
     return max(2, reps // 2) if quick else reps
 
 
 def pan_learner(setting: Setting, n: int | None, epsilon: float, seed: int, **kwargs: object) -> PanPrivateACSA:
     return PanPrivateACSA(
-        setting.task.d, setting.loss, epsilon, DELTA, horizon=n, radius=setting.radius, rng=seed, **kwargs
+        setting.task.d, setting.loss, epsilon, DELTA, horizon=n, radius=setting.radius,
+        gradient_bound=setting.gradient_bound, rng=seed, **kwargs,
     )
 
 
-def feed(learner: PanPrivateACSA, X: np.ndarray, y: np.ndarray) -> float:
+def learner_tuning(learner: PanPrivateACSA) -> Tuning:
+    """The constants the learner plans with (they depend on its ``restart`` option)."""
+    return RESTART_TUNING if learner.restart == "gradient" else DEFAULT_TUNING
+
+
+def same_learner_options(setting: Setting, learner: PanPrivateACSA) -> dict[str, object]:
+    """The options of :func:`benchmarks.baselines.acsa_with_plans` that make it the learner's
+    algorithm (gradient bound and restarts) on this setting."""
+    return dict(feature_bound=1.0, radius=setting.radius, gradient_bound=setting.gradient_bound,
+                restart=learner.restart == "gradient")
+
+
+def feed(learner: Learner, X: np.ndarray, y: np.ndarray) -> float:
     """Stream X, y through the learner in micro-batches; returns records per second."""
     start = time.perf_counter()
     for i in range(0, X.shape[0], MICRO_BATCH):
@@ -96,6 +130,7 @@ def central_problem(learner: PanPrivateACSA, noise_multiplier: float) -> Problem
         radius=learner.radius,
         strong_convexity=learner.strong_convexity,
         noise_multiplier=noise_multiplier,
+        gradient_bound=learner.gradient_bound,
     )
 
 
@@ -110,17 +145,17 @@ def mean_se(values: list[float]) -> str:
 
 def table_case2(ns: list[int], epsilons: list[float], quick: bool) -> None:
     print("\n## Table 1 — excess population loss, smooth case (Thm C.3 case 2), d = 20, δ = 1e-6\n")
-    print("| task | n | ε | b × T | pan-private AC-SA | noiseless (same plan) | pan/noiseless | central AC-SA "
+    print("| task | n | ε | b × T | pan-private AC-SA | noiseless (same learner) | pan/noiseless | central AC-SA "
           "| central DP-SGD | non-private SGD | learner rec/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for setting, n in itertools.product(settings_case2(), ns):
         reps = repetitions(n, quick)
         data = [setting.task.sample(n, np.random.default_rng(1000 * n + r)) for r in range(reps)]
-        L = setting.loss.lipschitz(1.0, setting.radius)
+        L = effective_gradient_bound(setting.loss, 1.0, setting.radius, setting.gradient_bound)
         sgd = [
             setting.task.excess(
                 sgd_one_pass(setting.loss, X, y, batch=1, noise_std=0.0, feature_bound=1.0, radius=setting.radius,
-                             rng=np.random.default_rng(r)),
+                             gradient_bound=setting.gradient_bound, rng=np.random.default_rng(r)),
                 setting.loss,
             )
             for r, (X, y) in enumerate(data)
@@ -133,32 +168,72 @@ def table_case2(ns: list[int], epsilons: list[float], quick: bool) -> None:
                 speed.append(feed(learner, X, y))
                 pan.append(setting.task.excess(learner.release(), setting.loss))
                 plans = learner.epoch_plans(0)
-                common = dict(feature_bound=1.0, radius=setting.radius, rng=np.random.default_rng(r))
-                quiet.append(setting.task.excess(acsa_with_plans(setting.loss, plans, X, y, noise_std=lambda b: 0.0, **common), setting.loss))
-                central_plans = plan_runs(central_problem(learner, 2.0 * s), n, moreau=False)
-                central.append(setting.task.excess(
-                    acsa_with_plans(setting.loss, central_plans, X, y, noise_std=lambda b: 2 * L * s / b, **common), setting.loss))
+                same = same_learner_options(setting, learner)
+                quiet.append(setting.task.excess(acsa_with_plans(
+                    setting.loss, plans, X, y, noise_std=lambda b: 0.0, rng=np.random.default_rng(r), **same), setting.loss))
+                central_plans = plan_runs(central_problem(learner, 2.0 * s), n, moreau=False, tuning=learner_tuning(learner))
+                central.append(setting.task.excess(acsa_with_plans(
+                    setting.loss, central_plans, X, y, noise_std=lambda b: 2 * L * s / b, rng=np.random.default_rng(r),
+                    **same), setting.loss))
                 b = dp_sgd_batch(20, s)
-                dpsgd.append(setting.task.excess(
-                    sgd_one_pass(setting.loss, X, y, batch=b, noise_std=2 * L * s / b, **common), setting.loss))
+                dpsgd.append(setting.task.excess(sgd_one_pass(
+                    setting.loss, X, y, batch=b, noise_std=2 * L * s / b, feature_bound=1.0, radius=setting.radius,
+                    gradient_bound=setting.gradient_bound, rng=np.random.default_rng(r)), setting.loss))
             plan = plans[0]
             print(f"| {setting.name} | {n:.0e} | {epsilon:g} | {plan.batch_size(plan.steps)} × {plan.steps} "
                   f"| {mean_se(pan)} | {mean_se(quiet)} | {np.mean(pan) / np.mean(quiet):.2f} | {mean_se(central)} "
                   f"| {mean_se(dpsgd)} | {mean_se(sgd)} | {np.mean(speed):,.0f} |", flush=True)
 
 
+# -- table 1b ----------------------------------------------------------------------------------
+
+
+def table_ablation(n: int, quick: bool) -> None:
+    """pan/noiseless at n, ε = 1 for the two utility options: restarts (vs Lan's method with 000's
+    parameters) and the declared gradient bound C of the squared loss."""
+    epsilon = 1.0
+    print(f"\n## Table 1b — restarts and the gradient bound C, n = {n:.0e}, ε = 1, δ = 1e-6\n")
+    print("| task | C (L if none) | restart | b × T | pan-private AC-SA | noiseless (same learner) | pan/noiseless |")
+    print("|---|---|---|---|---|---|---|")
+    logistic, linear = settings_case2()
+    variants = [(logistic, None)] + [
+        (replace(linear, name="least squares", gradient_bound=c), c) for c in (None, LINEAR.label_bound, 1.0, LINEAR.noise)
+    ]
+    reps = repetitions(n, quick)
+    for (setting, bound), restart in itertools.product(variants, ("none", "gradient")):
+        pan, quiet = [], []
+        for r in range(reps):
+            X, y = setting.task.sample(n, np.random.default_rng(1000 * n + r))
+            learner = pan_learner(setting, n, epsilon, seed=r, restart=restart)
+            feed(learner, X, y)
+            pan.append(setting.task.excess(learner.release(), setting.loss))
+            quiet.append(setting.task.excess(acsa_with_plans(
+                setting.loss, learner.epoch_plans(0), X, y, noise_std=lambda b: 0.0, rng=np.random.default_rng(r),
+                **same_learner_options(setting, learner)), setting.loss))
+        plan = learner.epoch_plans(0)[0]
+        shown = f"{effective_gradient_bound(setting.loss, 1.0, setting.radius, bound):g}"
+        print(f"| {setting.name.split(',')[0]} | {shown} | {restart} | {plan.batch_size(plan.steps)} × {plan.steps} "
+              f"| {mean_se(pan)} | {mean_se(quiet)} | {np.mean(pan) / np.mean(quiet):.2f} |", flush=True)
+
+
 # -- table 2 -----------------------------------------------------------------------------------
 
 
 def table_other_cases(ns: list[int], quick: bool) -> None:
+    """Cases 1, 3, 4 and doubling epochs at ε = 1. The squared + ridge learner declares C = Y·R, not
+    :data:`LINEAR_GRADIENT_BOUND`: ridge shrinks the optimum to θ_λ = cθ* (0 < c < 1), where residuals
+    reach |⟨θ* − θ_λ, x⟩| + a ≤ ‖θ*‖R + a = Y — beyond C = a, so clipping at a would move the
+    surrogate's minimiser (measured: a constant excess of 5.3e-4 at every n)."""
     epsilon = 1.0
     print("\n## Table 2 — the other cases of Thm C.3 at ε = 1, δ = 1e-6 (and doubling epochs)\n")
-    print("| case | stream, loss | n | runs (b × T each) | pan-private AC-SA | noiseless (same plans) | pan/noiseless |")
+    print("| case | stream, loss | n | runs (b × T each) | pan-private AC-SA | noiseless (same learner) | pan/noiseless |")
     print("|---|---|---|---|---|---|---|")
     cases = [
         ("1 non-smooth", Setting("linear, absolute", LINEAR, AbsoluteLoss(), LINEAR_RADIUS), {}),
         ("3 strongly convex", Setting("linear, absolute + ridge 0.05", LINEAR, AbsoluteLoss(ridge=0.05), LINEAR_RADIUS), {}),
-        ("4 s.c. + smooth", Setting("linear, squared + ridge 0.05", LINEAR, SquaredLoss(label_bound=LINEAR.label_bound, ridge=0.05), LINEAR_RADIUS), {}),
+        ("4 s.c. + smooth", Setting(f"linear, squared + ridge 0.05, C = Y = {LINEAR.label_bound:g}", LINEAR,
+                                    SquaredLoss(label_bound=LINEAR.label_bound, ridge=0.05), LINEAR_RADIUS,
+                                    LINEAR.label_bound), {}),
         ("4 s.c. + smooth", Setting("logistic + ridge 0.01", LOGISTIC, LogisticLoss(ridge=0.01), LOGISTIC_RADIUS), {}),
         ("2, horizon=None", Setting("logistic (doubling epochs)", LOGISTIC, LogisticLoss(), LOGISTIC_RADIUS), {"doubling": True}),
     ]
@@ -179,9 +254,9 @@ def table_other_cases(ns: list[int], quick: bool) -> None:
                 X, y = X[:used], y[:used]  # the noiseless run stops at the last complete epoch
             else:
                 plans = list(learner.epoch_plans(0))
-            quiet.append(setting.task.excess(
-                acsa_with_plans(setting.loss, plans, X, y, feature_bound=1.0, radius=setting.radius,
-                                noise_std=lambda b: 0.0, rng=np.random.default_rng(r)), setting.loss))
+            quiet.append(setting.task.excess(acsa_with_plans(
+                setting.loss, plans, X, y, noise_std=lambda b: 0.0, rng=np.random.default_rng(r),
+                **same_learner_options(setting, learner)), setting.loss))
         shown = plans[-1:] if options.get("doubling") else plans
         runs = ", ".join(f"{p.batch_size(p.steps)}×{p.steps}" for p in shown)
         if options.get("doubling"):
@@ -194,14 +269,16 @@ def table_other_cases(ns: list[int], quick: bool) -> None:
 
 
 def table_adult(quick: bool) -> None:
+    """The service's own Adult learner (:data:`streamer.config.ADULT_DEMO`, as ``make run`` builds
+    it, at each ε) next to non-private one-pass SGD on the same encoding and Θ."""
     X_train, y_train, X_test, y_test = adult.load()
-    d = X_train.shape[1]
-    loss = LogisticLoss(intercept=True)
-    radius = 16.0
+    n, d = X_train.shape
+    radius = ADULT_DEMO["learner"]["options"]["radius"]
+    loss = LogisticLoss()
     reps = 3 if quick else 5
-    orders = [np.random.default_rng(r).permutation(X_train.shape[0]) for r in range(reps)]
-    print(f"\n## Table 3 — UCI Adult ({X_train.shape[0]:,} train, {X_test.shape[0]:,} test records, d = {d} + "
-          "intercept), logistic loss, radius 16, δ = 1e-6\n")
+    orders = [np.random.default_rng(r).permutation(n) for r in range(reps)]
+    print(f"\n## Table 3 — UCI Adult ({n:,} train, {X_test.shape[0]:,} test records, d = {d} incl. bias, "
+          f"‖x‖ ≤ √14), the service's default learner (radius √d = {radius:.4g}), δ = 1e-6, {reps} stream orders\n")
     print("| learner | ε | b × T | test accuracy | test AUC |")
     print("|---|---|---|---|---|")
 
@@ -211,58 +288,83 @@ def table_adult(quick: bool) -> None:
 
     rows = []
     for r, order in enumerate(orders):
-        theta = sgd_one_pass(loss, X_train[order], y_train[order], batch=1, noise_std=0.0, feature_bound=1.0,
-                             radius=radius, rng=np.random.default_rng(r))
-        rows.append(evaluate(lambda X: loss.predict(theta, loss.features(X, 1.0))))
+        theta = sgd_one_pass(loss, X_train[order], y_train[order], batch=1, noise_std=0.0,
+                             feature_bound=adult.FEATURE_BOUND, radius=radius, rng=np.random.default_rng(r))
+        rows.append(evaluate(lambda X: loss.predict(theta, loss.features(X, adult.FEATURE_BOUND))))
     acc, auc = zip(*rows)
-    print(f"| non-private one-pass SGD | ∞ | 1 × {X_train.shape[0]} | {mean_se(list(acc))} | {mean_se(list(auc))} |")
+    print(f"| non-private one-pass SGD | ∞ | 1 × {n} | {mean_se(list(acc))} | {mean_se(list(auc))} |")
     majority = float(np.mean(y_test < 0.5))
-    for epsilon in (0.5, 1.0, 4.0):
+
+    def demo(overrides: dict[str, object]) -> tuple[str, str, str]:
+        """The demo learner with ``overrides`` over the stream orders: b × T, accuracy, AUC."""
         rows = []
         for r, order in enumerate(orders):
-            learner = PanPrivateACSA(d, loss, epsilon, DELTA, horizon=X_train.shape[0], radius=radius, rng=r)
+            learner = build_learner(load_config(base=ADULT_DEMO, overrides={**overrides, "learner.seed": r}), n)
             feed(learner, X_train[order], y_train[order])
             rows.append(evaluate(learner.predict_many))
-        plan = learner.current_plan() if learner.records_seen < X_train.shape[0] else learner.epoch_plans(0)[0]
+        plan = learner.epoch_plans(0)[0]
         acc, auc = zip(*rows)
-        print(f"| pan-private AC-SA | {epsilon:g} | {plan.batch_size(plan.steps)} × {plan.steps} "
-              f"| {mean_se(list(acc))} | {mean_se(list(auc))} |", flush=True)
+        return f"{plan.batch_size(plan.steps)} × {plan.steps}", mean_se(list(acc)), mean_se(list(auc))
+
+    for epsilon in (0.5, 1.0, 4.0):
+        print(f"| pan-private AC-SA | {epsilon:g} | " + " | ".join(demo({"learner.epsilon": epsilon})) + " |", flush=True)
     print(f"\n(majority class: accuracy {majority:.4f})")
+    print("\nSensitivity to the radius at ε = 1 (shown, not used to choose it: the demo's radius is the "
+          "public rule √d of streamer.config.ADULT_RADIUS):\n")
+    print("| radius | b × T | test accuracy | test AUC |")
+    print("|---|---|---|---|")
+    for other in (4.0, 16.0, 32.0):
+        options = {**ADULT_DEMO["learner"]["options"], "radius": other}
+        print(f"| {other:g} | " + " | ".join(demo({"learner.options": options})) + " |", flush=True)
 
 
 # -- tuning ------------------------------------------------------------------------------------
 
 
+BATCH_RULES = [(0.6, 0.7), (0.6, 1.0), (0.6, 1.4), (0.6, 2.0), (0.8, 0.08), (0.8, 0.09), (0.8, 0.1), (0.8, 0.11), (0.8, 0.13)]
+"""(exponent e, C_b) of the batch rule b = C_b n^e (…)^{2/5} swept by :func:`tune` (κ = 1/4)."""
+
+
 def tune(ns: list[int], epsilons: list[float]) -> None:
-    """Sweep C_b (batch) and κ (noise_step) of :class:`protocols.acsa.Tuning` on table 1's streams;
-    prints the mean excess loss relative to the best setting of each (task, n, ε) row."""
-    grid = list(itertools.product([0.35, 0.5, 0.7, 1.0, 1.4], [0.0625, 0.125, 0.25, 0.5, 1.0]))
-    print("\n## Tuning sweep: mean over rows of excess(C_b, κ) / best excess of the row\n")
-    ratios: dict[tuple[float, float], list[float]] = {g: [] for g in grid}
+    """Sweep the batch rule (exponent e and C_b of :class:`protocols.acsa.Tuning`) for the
+    learner's default algorithm (gradient restarts, the settings' gradient bounds) on table 1's
+    streams. Prints, per rule, the mean and worst over (task, n, ε) rows of the excess loss
+    relative to the row's best rule, and pan/noiseless at the largest n and ε = 1 per task."""
+    print("\n## Batch-rule sweep (restart = gradient, κ = 1/4)\n")
+    relative: dict[tuple[float, float], list[float]] = {rule: [] for rule in BATCH_RULES}
+    cost: dict[str, dict[tuple[float, float], float]] = {}
     for setting, n, epsilon in itertools.product(settings_case2(), ns, epsilons):
         s = analytic_sigma(epsilon, DELTA, 1.0)
-        L = setting.loss.lipschitz(1.0, setting.radius)
+        L = effective_gradient_bound(setting.loss, 1.0, setting.radius, setting.gradient_bound)
         learner = pan_learner(setting, n, epsilon, seed=0)
         problem = central_problem(learner, math.sqrt(8.0) * s)  # two draws, as the learner
         data = [setting.task.sample(n, np.random.default_rng(1000 * n + r)) for r in range(repetitions(n, False))]
-        row = {}
-        for c_b, kappa in grid:
-            plans = plan_runs(problem, n, moreau=False, tuning=Tuning(batch=c_b, noise_step=kappa))
-            row[(c_b, kappa)] = np.mean([
-                setting.task.excess(acsa_with_plans(setting.loss, plans, X, y, feature_bound=1.0, radius=setting.radius,
-                                                    noise_std=lambda b: math.sqrt(2) * 2 * L * s / b,
-                                                    rng=np.random.default_rng(r)), setting.loss)
+        same = same_learner_options(setting, learner)
+
+        def mean_excess(plans: tuple, noise: float) -> float:
+            return float(np.mean([
+                setting.task.excess(acsa_with_plans(setting.loss, plans, X, y, noise_std=lambda b: noise / b,
+                                                    rng=np.random.default_rng(r), **same), setting.loss)
                 for r, (X, y) in enumerate(data)
-            ])
+            ]))
+
+        row = {}
+        for exponent, c_b in BATCH_RULES:
+            plans = plan_runs(problem, n, moreau=False, tuning=replace(RESTART_TUNING, batch=c_b, batch_exponent=exponent))
+            row[(exponent, c_b)] = mean_excess(plans, math.sqrt(2) * 2 * L * s)
+            if n == max(ns) and epsilon == 1.0:
+                cost.setdefault(setting.name, {})[(exponent, c_b)] = row[(exponent, c_b)] / mean_excess(plans, 0.0)
         best = min(row.values())
-        for g in grid:
-            ratios[g].append(row[g] / best)
-        print(f"{setting.name} n={n:.0e} ε={epsilon:g}: best {min(row, key=row.get)} excess {best:.3g}", flush=True)
-    print("\n| C_b \\ κ | " + " | ".join(f"{k:g}" for k in sorted({k for _, k in grid})) + " |")
-    print("|---" * (1 + len({k for _, k in grid})) + "|")
-    for c_b in sorted({c for c, _ in grid}):
-        cells = [f"{np.mean(ratios[(c_b, k)]):.2f}" for k in sorted({k for _, k in grid})]
-        print(f"| {c_b:g} | " + " | ".join(cells) + " |")
+        for rule in BATCH_RULES:
+            relative[rule].append(row[rule] / best)
+        print(f"{setting.name} n={n:.0e} ε={epsilon:g}: best (e, C_b) = {min(row, key=row.get)}, excess {best:.3g}", flush=True)
+
+    names = list(cost)
+    print("\n| e | C_b | mean excess / row's best | worst row | " + " | ".join(f"pan/noiseless, {k}" for k in names) + " |")
+    print("|---" * (4 + len(names)) + "|")
+    for rule in BATCH_RULES:
+        cells = " | ".join(f"{cost[k][rule]:.2f}" for k in names)
+        print(f"| {rule[0]:g} | {rule[1]:g} | {np.mean(relative[rule]):.2f} | {np.max(relative[rule]):.2f} | {cells} |")
 
 
 def main() -> None:
@@ -277,6 +379,7 @@ def main() -> None:
         return
     start = time.perf_counter()
     table_case2(ns, epsilons, args.quick)
+    table_ablation(max(ns), args.quick)
     table_other_cases([n for n in ns if n >= 10**4], args.quick)
     table_adult(args.quick)
     print(f"\n(total {time.perf_counter() - start:.0f} s)")
