@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.codec import encode_batch
 from streamer.config import ServiceConfig, load_config
 from streamer.metrics import ServiceMetrics
 from streamer.processor import Processor

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Mapping
