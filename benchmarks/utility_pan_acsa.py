@@ -43,7 +43,7 @@ from accounting.gaussian import analytic_sigma
 from benchmarks import adult
 from benchmarks.baselines import acsa_with_plans, dp_sgd_batch, sgd_one_pass
 from benchmarks.synthetic import LinearTask, LogisticTask
-from protocols.acsa import DEFAULT_TUNING, RESTART_TUNING, Problem, Tuning, effective_gradient_bound, plan_runs
+from protocols.acsa import RESTART_TUNING, Problem, effective_gradient_bound, plan_runs
 from protocols.base import Learner
 from protocols.losses import AbsoluteLoss, LogisticLoss, Loss, SquaredLoss
 from protocols.pan_acsa import FIRST_EPOCH, PanPrivateACSA
@@ -98,11 +98,6 @@ def pan_learner(setting: Setting, n: int | None, epsilon: float, seed: int, **kw
         setting.task.d, setting.loss, epsilon, DELTA, horizon=n, radius=setting.radius,
         gradient_bound=setting.gradient_bound, rng=seed, **kwargs,
     )
-
-
-def learner_tuning(learner: PanPrivateACSA) -> Tuning:
-    """The constants the learner plans with (they depend on its ``restart`` option)."""
-    return RESTART_TUNING if learner.restart == "gradient" else DEFAULT_TUNING
 
 
 def same_learner_options(setting: Setting, learner: PanPrivateACSA) -> dict[str, object]:
@@ -171,7 +166,7 @@ def table_case2(ns: list[int], epsilons: list[float], quick: bool) -> None:
                 same = same_learner_options(setting, learner)
                 quiet.append(setting.task.excess(acsa_with_plans(
                     setting.loss, plans, X, y, noise_std=lambda b: 0.0, rng=np.random.default_rng(r), **same), setting.loss))
-                central_plans = plan_runs(central_problem(learner, 2.0 * s), n, moreau=False, tuning=learner_tuning(learner))
+                central_plans = plan_runs(central_problem(learner, 2.0 * s), n, moreau=False, tuning=learner.tuning)
                 central.append(setting.task.excess(acsa_with_plans(
                     setting.loss, central_plans, X, y, noise_std=lambda b: 2 * L * s / b, rng=np.random.default_rng(r),
                     **same), setting.loss))

@@ -70,6 +70,7 @@ from protocols.acsa import (
     Iterate,
     Problem,
     RunPlan,
+    Tuning,
     effective_gradient_bound,
     plan_runs,
     record_gradients,
@@ -235,12 +236,17 @@ class PanPrivateACSA(Learner):
         first = FIRST_EPOCH if self.horizon is None else self.horizon
         return first * 2**epoch
 
+    @property
+    def tuning(self) -> Tuning:
+        """The planning constants: :data:`protocols.acsa.RESTART_TUNING` with restarts, 000's
+        (:data:`protocols.acsa.DEFAULT_TUNING`) without."""
+        return RESTART_TUNING if self.restart == "gradient" else DEFAULT_TUNING
+
     def epoch_plans(self, epoch: int) -> tuple[RunPlan, ...]:
         """The runs (one, or the phases of Thm 4.8) of epoch ``epoch``; public constants only."""
         if self._plans_cache is None or self._plans_cache[0] != epoch:
-            tuning = RESTART_TUNING if self.restart == "gradient" else DEFAULT_TUNING
             plans = plan_runs(
-                self._problem, self.epoch_length(epoch), moreau=self._moreau, batch_size=self.batch_size, tuning=tuning
+                self._problem, self.epoch_length(epoch), moreau=self._moreau, batch_size=self.batch_size, tuning=self.tuning
             )
             self._plans_cache = (epoch, plans)
         return self._plans_cache[1]

@@ -12,7 +12,7 @@ from scipy import stats
 from accounting.gaussian import analytic_delta, analytic_sigma
 from accounting.ledger import Guarantee
 from protocols import checks
-from protocols.acsa import RESTARTS, alpha, phase_count
+from protocols.acsa import DEFAULT_TUNING, RESTART_TUNING, RESTARTS, alpha, phase_count
 from protocols.errors import InvalidInputError
 from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss
 from protocols.pan_acsa import FIRST_EPOCH, SENSITIVITY_SLACK, PanPrivateACSA
@@ -162,6 +162,9 @@ def test_restarts_change_the_steps_not_the_batches():
     for key in ("records", "epoch", "phase", "batch", "filled"):
         assert plain[0][key] == restarted[0][key]
     assert plain[0]["batch"] == 41
+    # Planning: 000's constants for Lan's method, the measured ones with restarts.
+    assert PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, restart="none").tuning is DEFAULT_TUNING
+    assert PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5).tuning is RESTART_TUNING
 
 
 def test_each_record_enters_one_batch_and_epochs_double_with_warm_start():
