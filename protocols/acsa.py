@@ -9,11 +9,13 @@ shuffled vector sum (Alg. 4, ``PAGD``) and with pan-private noise (Alg. 6) — i
 4. ``θ^ag_{t+1} = α_t θ_{t+1} + (1 − α_t) θ^ag_t``             (aggregate; the output)
 
 This module holds the parts that do not depend on how ``g_t`` is privatised: :class:`Iterate` and
-:func:`step` (lines 3–4 and the next middle point), :class:`StepSizes` (α_t and L_t),
-:func:`plan_runs` (batch size, Moreau smoothing parameter and the phases of the strongly convex
-reduction, from the proofs of 000 Thms 4.3, 4.7, 4.8 with the caller's noise level, for a
-:class:`Problem`), :func:`uses_moreau` (the ``smoothing`` option) and :func:`record_gradients`
-(per-record gradients of the loss or its envelope at θ^md, clipped to L). A learner supplies the
+:func:`step` (lines 3–4 and the next middle point, optionally with O'Donoghue–Candès gradient
+restarts), :class:`StepSizes` (α_t and L_t), :func:`plan_runs` (batch size, Moreau smoothing
+parameter and the phases of the strongly convex reduction, from the proofs of 000 Thms 4.3, 4.7,
+4.8 with the caller's noise level and the constants of a :class:`Tuning`, for a :class:`Problem`),
+:func:`uses_moreau` (the ``smoothing`` option), :func:`effective_gradient_bound` (the clip norm L,
+or a smaller declared bound) and :func:`record_gradients` (per-record gradients of the loss or its
+envelope at θ^md, clipped to L). A learner supplies the
 gradient oracle: it privatises the batch of :func:`record_gradients` however its model demands
 (000 Alg. 6: Gaussian noise twice; Alg. 4: PVEC), adds the ridge gradient, and calls :func:`step`.
 
