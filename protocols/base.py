@@ -14,15 +14,16 @@ every learner's tests run.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import PrivacyReport
+from accounting.ledger import Guarantee, PrivacyReport
 from protocols.errors import InvalidInputError
+from protocols.randomness import SEEDED_WARNING
 
 if TYPE_CHECKING:
     from protocols.losses import Loss
@@ -120,6 +121,29 @@ class Learner(abc.ABC):
 
     def _note_release(self) -> None:
         """Hook: called when a snapshot is released. Default: releases do not change accounting."""
+
+    def _privacy_report(
+        self,
+        output: Guarantee,
+        intrusion: Guarantee,
+        assumptions: Sequence[str],
+        references: Sequence[str],
+        *,
+        seeded: bool,
+    ) -> PrivacyReport:
+        """The :class:`PrivacyReport` of this learner, under the rule every learner follows: with a
+        ``seeded`` noise generator (replay/testing mode) an intruder can predict the noise still to
+        come, so there is no intrusion guarantee and the report says why (:data:`SEEDED_WARNING`)."""
+        if seeded:
+            assumptions = [*assumptions, SEEDED_WARNING]
+        return PrivacyReport(
+            mechanism=self.name,
+            records=self.records_seen,
+            output=output,
+            intrusion=Guarantee.none() if seeded else intrusion,
+            assumptions=tuple(assumptions),
+            references=tuple(references),
+        )
 
     @classmethod
     def from_state_dict(cls, config: Mapping[str, Any], state: Mapping[str, StateValue], **kwargs: Any) -> Self:

@@ -81,7 +81,7 @@ from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
-from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from protocols.randomness import NoiseSource, RngLike
 
 Array = NDArray[np.float64]
 
@@ -334,18 +334,9 @@ class PanPrivateACSA(Learner):
             "the intruder reads the internal state (iterates and partial gradient accumulator) at "
             "most once; every noise draw comes from a generator freshly seeded from OS entropy",
         ]
-        if self._noise.is_seeded:
-            assumptions.append(SEEDED_WARNING)
         references = ["000, Alg. 6", "000, Lemma C.4", "000, Thm C.3", "000, Def. C.2"]
         references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "000, Lemma C.5")
-        return PrivacyReport(
-            mechanism=self.name,
-            records=self._records,
-            output=guarantee,
-            intrusion=Guarantee.none() if self._noise.is_seeded else guarantee,
-            assumptions=tuple(assumptions),
-            references=tuple(references),
-        )
+        return self._privacy_report(guarantee, guarantee, assumptions, references, seeded=self._noise.is_seeded)
 
     # -- persistence ---------------------------------------------------------------------------
 

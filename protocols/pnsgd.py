@@ -73,7 +73,7 @@ from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.pan_acsa import SENSITIVITY_SLACK
-from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from protocols.randomness import NoiseSource, RngLike
 
 Array = NDArray[np.float64]
 Fetch = Callable[[NDArray[np.int64]], tuple[Array, Array]]
@@ -236,15 +236,12 @@ class _PNSGD(Learner):
 
     def _report(self, output: float, intrusion: float, assumptions: list[str], references: list[str]) -> PrivacyReport:
         """The PrivacyReport with rounded-up δ's; no intrusion guarantee in the seeded mode."""
-        if self._noise.is_seeded:
-            assumptions.append(SEEDED_WARNING)
-        return PrivacyReport(
-            mechanism=self.name,
-            records=self._records,
-            output=Guarantee(self.epsilon, _rounded_up(output)),
-            intrusion=Guarantee.none() if self._noise.is_seeded else Guarantee(self.epsilon, _rounded_up(intrusion)),
-            assumptions=tuple(assumptions),
-            references=tuple(references),
+        return self._privacy_report(
+            Guarantee(self.epsilon, _rounded_up(output)),
+            Guarantee(self.epsilon, _rounded_up(intrusion)),
+            assumptions,
+            references,
+            seeded=self._noise.is_seeded,
         )
 
     def _common_assumptions(self) -> list[str]:

@@ -37,7 +37,7 @@ from protocols import validation as check
 from protocols.base import Learner, StateValue
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
-from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from protocols.randomness import NoiseSource, RngLike
 from protocols.state_io import read_array, read_float
 
 Array = NDArray[np.float64]
@@ -181,13 +181,6 @@ class MessageSGDLearner(Learner):
         """The report with the pan-private view every such learner has: an intrusion may read one
         user's message, so it is bounded by the ``local`` guarantee — and by nothing in the
         seeded replay/testing mode, where future noise is predictable."""
-        if self._noise.is_seeded:
-            assumptions = [*assumptions, SEEDED_WARNING]
-        return PrivacyReport(
-            mechanism=self.name,
-            records=self._records,
-            output=output,
-            intrusion=Guarantee.none() if self._noise.is_seeded else local,
-            assumptions=tuple(assumptions),
-            references=(*references, "000, Def. C.2"),
+        return self._privacy_report(
+            output, local, assumptions, [*references, "000, Def. C.2"], seeded=self._noise.is_seeded
         )

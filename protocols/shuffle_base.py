@@ -58,7 +58,7 @@ from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
-from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from protocols.randomness import NoiseSource, RngLike
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -300,16 +300,12 @@ class EncodedLearner(Learner):
                 f"robust shuffle privacy (000, Def. A.7): the output guarantee holds whenever at least a "
                 f"fraction {self.honest_fraction:g} of each round's users run the randomizer honestly"
             )
-        assumptions = shared + assumptions
-        if self._noise.is_seeded:
-            assumptions.append(SEEDED_WARNING)
-        return PrivacyReport(
-            mechanism=self.name,
-            records=self._records,
-            output=output,
-            intrusion=Guarantee.none() if self._noise.is_seeded else intrusion,
-            assumptions=tuple(assumptions),
-            references=tuple(["000, Alg. 2", "000, Thm 3.2", *references, "000, Def. C.2"]),
+        return self._privacy_report(
+            output,
+            intrusion,
+            shared + assumptions,
+            ["000, Alg. 2", "000, Thm 3.2", *references, "000, Def. C.2"],
+            seeded=self._noise.is_seeded,
         )
 
     # -- persistence ---------------------------------------------------------------------------
