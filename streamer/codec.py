@@ -14,8 +14,10 @@ Four encodings of a record (``records.format``):
   public schema only.
 
 Validation. A record that cannot be used is *rejected* with one reason from :class:`Reason`
-(undecodable bytes, a missing field, a wrong type, a wrong dimension, a NaN/inf, a label outside
-the declared set or range) and counted; it never reaches the learner and never stops the service.
+(undecodable bytes, a missing field, a wrong type, a wrong dimension, a NaN/inf or a number beyond
+float64's range such as a 400-digit JSON integer, a label outside the declared set or range) and
+counted; it never reaches the learner and never stops the service. Subnormal numbers and −0 are
+ordinary finite values and are accepted.
 Valid records have their features clipped to the declared bound, ``x ← x · min(1, R/‖x‖₂)``, before
 any learner sees them, so the sensitivity the learner's noise is calibrated to holds for every
 input. Rejecting and clipping are decided per record from that record alone, so how a stream is cut
@@ -224,14 +226,18 @@ class JsonCodec(Codec):
             if len(x) != dim:
                 rejects.append(Reject(i, Reason.WRONG_DIMENSION))
                 continue
+            try:
+                labels.append(float(label))
+            except OverflowError:  # an integer label beyond float64's range (more than 308 digits)
+                rejects.append(Reject(i, Reason.NON_FINITE))
+                continue
             rows.append(x)
-            labels.append(label)
             origin.append(i)
         X, bad = _numeric_rows(rows, dim)
         if bad:
-            rejects.extend(Reject(origin[j], Reason.WRONG_TYPE) for j in bad)
+            rejects.extend(Reject(origin[j], reason) for j, reason in bad)
             keep = np.ones(len(rows), dtype=bool)
-            keep[bad] = False
+            keep[[j for j, _ in bad]] = False
             labels = [v for v, k in zip(labels, keep) if k]
             origin = [o for o, k in zip(origin, keep) if k]
         return self.validate(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), rejects, owned=True)
@@ -257,9 +263,12 @@ def _loads(payload: bytes) -> object:
     return json.loads(payload)
 
 
-def _numeric_rows(rows: list[list[object]], dim: int) -> tuple[NDArray[np.float64], list[int]]:
+def _numeric_rows(rows: list[list[object]], dim: int) -> tuple[NDArray[np.float64], list[tuple[int, Reason]]]:
     """Stack rows of length ``dim`` as float64; return the matrix of the numeric rows and the
-    indices of rows holding a non-number (string, null, nested list, integer beyond 64 bits)."""
+    indices of the other rows with their reason: a non-number (string, null, nested list) is
+    ``wrong_type``; an integer beyond float64's range (more than 308 digits) is ``non_finite``,
+    like the float literal ``1e400``. Integers beyond 64 bits but within float64's range read as
+    the nearest float64 (what ``json`` does for the same number written with an exponent)."""
     if not rows:
         return np.empty((0, dim)), []
     try:
@@ -269,18 +278,30 @@ def _numeric_rows(rows: list[list[object]], dim: int) -> tuple[NDArray[np.float6
     except (ValueError, TypeError):
         pass
     good: list[NDArray[np.float64]] = []
-    bad: list[int] = []
+    bad: list[tuple[int, Reason]] = []
     for j, row in enumerate(rows):
-        try:
-            values = np.array(row)
-        except (ValueError, TypeError):
-            bad.append(j)
-            continue
-        if values.dtype.kind in "fiub" and values.shape == (dim,):
-            good.append(values.astype(np.float64))
+        values = _numeric_row(row, dim)
+        if isinstance(values, Reason):
+            bad.append((j, values))
         else:
-            bad.append(j)
+            good.append(values)
     return (np.vstack(good) if good else np.empty((0, dim))), bad
+
+
+def _numeric_row(row: list[object], dim: int) -> NDArray[np.float64] | Reason:
+    """One row of :func:`_numeric_rows`: its float64 values, or the reason it is rejected."""
+    try:
+        values = np.array(row)
+    except (ValueError, TypeError):
+        return Reason.WRONG_TYPE
+    if values.dtype.kind in "fiub" and values.shape == (dim,):
+        return values.astype(np.float64)
+    if values.dtype.kind == "O" and all(type(v) in (int, float, bool) for v in row):  # integers beyond 64 bits
+        try:
+            return np.array([float(v) for v in row])  # type: ignore[arg-type]
+        except OverflowError:
+            return Reason.NON_FINITE
+    return Reason.WRONG_TYPE
 
 
 class CsvCodec(Codec):

@@ -34,6 +34,15 @@ BAD_JSON = [
     (b'{"x": [0.1, NaN, 0.3], "y": 1}', Reason.NON_FINITE),
     (b'{"x": [0.1, 1e400, 0.3], "y": 1}', Reason.NON_FINITE),
     (b'{"x": [0.1, 0.2, 0.3], "y": Infinity}', Reason.NON_FINITE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": -Infinity}', Reason.NON_FINITE),
+    # issue 15 (1): a label integer beyond float64's range raised OverflowError (a crash loop)
+    (b'{"x": [0.1, 0.2, 0.3], "y": ' + b"9" * 400 + b"}", Reason.NON_FINITE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": -' + b"9" * 309 + b"}", Reason.NON_FINITE),
+    (b'{"x": [0.1, ' + b"9" * 400 + b', 0.3], "y": 1}', Reason.NON_FINITE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": ' + b"1" * 5000 + b"}", Reason.UNDECODABLE),  # beyond Python's int-parsing limit
+    (b'{"x": [0.1, 0.2, 0.3], "y": 1e999}', Reason.NON_FINITE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": -0.0}', Reason.LABEL_OUT_OF_RANGE),
+    (b"[" * 100_000 + b"]" * 100_000, Reason.UNDECODABLE),
     (b'{"x": [0.1, 0.2, 0.3], "y": 0.5}', Reason.LABEL_OUT_OF_RANGE),
     (b'{"x": [0.1, 0.2, 0.3], "y": 2}', Reason.LABEL_OUT_OF_RANGE),
 ]
@@ -163,3 +172,18 @@ def test_arrays_from_outside_are_never_clipped_in_place_and_origin_names_the_mes
     assert decoded.origin.tolist() == [0, 1]
     batches = [encode_batch(np.full((2, 3), 0.1), np.ones(2)), b"bad", encode_batch(np.full((3, 3), 0.2), -np.ones(3))]
     assert BinaryBatchCodec(records()).decode(batches).origin.tolist() == [0, 0, 2, 2, 2]
+
+
+def test_json_edge_numbers_that_are_finite_are_accepted_as_their_float64() -> None:
+    """Subnormals, −0, integers beyond 64 bits but within float64's range: ordinary finite values."""
+    payloads = [
+        b'{"x": [5e-324, -0.0, 0.0], "y": 1}',
+        b'{"x": [2.2250738585072014e-308, 1e-320, -1e-310], "y": -1}',
+        b'{"x": [' + str(10**30).encode() + b', 0, 0], "y": 1}',
+        b'{"x": [0.1, 0.2, 0.3], "y": ' + str(-(10**300)).encode() + b"}",
+    ]
+    decoded = JsonCodec(records(**{"records.label_values": [-1, 1, -1e300]})).decode(payloads)
+    assert decoded.rejects == ()
+    assert decoded.X[0].tolist() == [5e-324, 0.0, 0.0] and np.signbit(decoded.X[0, 1])
+    np.testing.assert_allclose(decoded.X[2], [1.0, 0.0, 0.0], rtol=1e-15)  # 1e30 clipped to the bound 1
+    assert decoded.y.tolist() == [1.0, -1.0, 1.0, -1e300]
