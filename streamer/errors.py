@@ -31,3 +31,12 @@ class LearnerUnavailableError(StreamerError):
 class LearnerInputError(StreamerError):
     """The learner refused records that passed validation: ``[records]`` does not describe what
     the learner accepts. The learner's own message is withheld (it may quote record values)."""
+
+
+class OutputError(StreamerError):
+    """The output directory (``--out``) cannot be used: not a directory, not writable, full, or in
+    use by another process. The message names the path, the operating system's reason and the fix."""
+
+
+class OutputBusyError(OutputError):
+    """Another process holds the output directory's lock (:mod:`streamer.outlock`)."""

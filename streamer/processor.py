@@ -92,6 +92,7 @@ from streamer.errors import ConfigError, LearnerInputError
 from streamer.indexed import IndexedFile
 from streamer.learners import build_learner, constructor_arguments, learner_class, restore_learner
 from streamer.metrics import ServiceMetrics
+from streamer.outlock import OutputLock
 from streamer.progress import Progress
 from streamer.replay import (
     Halt,
@@ -287,8 +288,12 @@ class Processor:
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        """Process until the source is exhausted, a stop is requested, or the budget is spent."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        """Process until the source is exhausted, a stop is requested, or the budget is spent,
+        holding the output directory's lock (:mod:`streamer.outlock`) throughout."""
+        with OutputLock(self.out):
+            return self._run_locked()
+
+    def _run_locked(self) -> RunResult:
         saved = self.store.load()
         self.positions = dict(saved.positions) if saved else {}
         with self._signals():

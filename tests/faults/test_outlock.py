@@ -1,0 +1,64 @@
+"""Two processes on one ``--out``: the second is refused, naming the holder's PID (issue 15, failure 2)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from streamer.errors import OutputBusyError
+from streamer.outlock import LOCK_NAME, OutputLock
+from tests.faults.harness import assert_no_traceback, run_panpriv, slow_synthetic_run, start_panpriv, wait_for
+
+
+def holder_pid(out) -> str:  # noqa: ANN001
+    try:
+        return (out / LOCK_NAME).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+@pytest.mark.slow
+def test_second_process_on_the_same_out_is_refused_with_the_holders_pid(tmp_path) -> None:
+    out = tmp_path / "out"
+    first = start_panpriv(slow_synthetic_run(out), tmp_path, "first")
+    try:
+        wait_for(lambda: holder_pid(out) == str(first.pid), 30, "the first process holding the lock")
+        code, output = run_panpriv(slow_synthetic_run(out), tmp_path, "second", timeout_s=30)
+        assert code != 0
+        assert_no_traceback(output)
+        errors = [line for line in output.splitlines() if "error" in line]
+        assert len(errors) == 1 and f"PID {first.pid}" in errors[0] and "--out" in errors[0], output
+        assert first.process.poll() is None  # the holder is untouched
+        first.process.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+    finally:
+        first.stop()
+    assert holder_pid(out) == ""  # released on a clean stop: no stale PID
+
+
+@pytest.mark.slow
+def test_lock_is_released_by_kill_9(tmp_path) -> None:
+    out = tmp_path / "out"
+    first = start_panpriv(slow_synthetic_run(out), tmp_path, "first")
+    try:
+        wait_for(lambda: holder_pid(out) == str(first.pid), 30, "the first process holding the lock")
+        first.process.kill()
+        first.wait(10)
+    finally:
+        first.stop()
+    second = start_panpriv(slow_synthetic_run(out), tmp_path, "second")
+    try:
+        wait_for(lambda: holder_pid(out) == str(second.pid), 30, "the restarted process taking over the lock")
+    finally:
+        second.stop()
+    assert second.process.returncode == 0
+
+
+def test_lock_in_one_process_refuses_a_second_holder(tmp_path) -> None:
+    with OutputLock(tmp_path):
+        with pytest.raises(OutputBusyError, match=f"PID {os.getpid()}"):
+            OutputLock(tmp_path).acquire()
+    with OutputLock(tmp_path):  # released: can be taken again
+        pass
