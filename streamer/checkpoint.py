@@ -10,8 +10,12 @@ counts (public).
 Atomicity (quix-streams' order): the JSON is written to a temporary file in the same directory,
 flushed and ``fsync``-ed, moved over the manifest with ``os.replace`` (atomic on POSIX), and the
 directory is ``fsync``-ed so the rename itself is durable. A crash at any point leaves either the
-previous manifest or the new one, never a mix; a leftover temporary file is ignored and
-overwritten.
+previous manifest or the new one, never a mix; a leftover temporary file is ignored and replaced
+(never followed if it is a symlink; :mod:`streamer.safefiles`). A failed write (disk full)
+removes the temporary file and leaves the previous manifest.
+
+Integrity (:mod:`streamer.integrity`): the manifest carries the SHA-256 of its canonical content,
+verified on load with a strict schema check, so a corrupted manifest is refused, never resumed.
 
 Arrays are stored exactly (raw little-endian bytes, base64) so a resumed learner continues from
 bit-identical state.
@@ -33,6 +37,9 @@ import numpy as np
 
 from streamer.config import describe_changes
 from streamer.errors import CheckpointError
+from streamer.integrity import open_sealed, seal
+from streamer.outlock import prepare_output_directory
+from streamer.safefiles import fsync_directory, write_atomically
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "checkpoint.json"
@@ -158,38 +165,29 @@ class CheckpointStore:
 
     def load(self) -> Checkpoint | None:
         """The current manifest, or ``None`` if there is none yet."""
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        if not self.path.exists() and not self.path.is_symlink():
             return None
-        return Checkpoint.from_json(text, where=str(self.path))
+        return read_manifest(self.path)
 
     def save(self, checkpoint: Checkpoint) -> float:
-        """Write ``checkpoint`` durably; return the Unix time at which it became durable."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        data = checkpoint.to_json().encode("utf-8")
-        tmp = self.path.with_name(MANIFEST_NAME + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_directory(self.directory)
+        """Write ``checkpoint`` durably (sealed with its checksum, :mod:`streamer.integrity`;
+        :func:`~streamer.safefiles.write_atomically`); return the Unix time it became durable."""
+        prepare_output_directory(self.directory)
+        write_atomically(self.path, seal(checkpoint.to_json()).encode("utf-8"), what="checkpoint")
         return time.time()
 
 
-def fsync_directory(directory: Path) -> None:
-    """Make a rename or a file creation in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
+def read_manifest(path: Path) -> Checkpoint:
+    """The checkpoint in ``path``, its checksum and schema verified (:mod:`streamer.integrity`);
+    :class:`CheckpointError` for anything that is not a valid, intact manifest."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise CheckpointError(f"{path} is a directory, not a checkpoint file") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
+    body = open_sealed(raw, str(path))
+    return Checkpoint.from_json(json.dumps(body), where=str(path))
 
 
 def check_resumable(checkpoint: Checkpoint, config_hash: str, privacy_config: Mapping[str, Any], where: Path) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from streamer.errors import CheckpointError, ConfigError, LearnerInputError, LearnerUnavailableError, StreamerError
+from streamer.urls import redact, redact_logs
 
 log = logging.getLogger("panpriv")
 
@@ -146,7 +147,7 @@ def _display(url: str) -> str:
 
 
 def _resume_args(args: argparse.Namespace, config: Any) -> list[str]:
-    argv = [a for a in (args.argv or []) if a]
+    argv = [redact(a) for a in (args.argv or []) if a]
     if "--out" not in argv:
         argv += ["--out", str(config.out)]
     return argv
@@ -324,13 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("kafka").setLevel(logging.ERROR)
+    redact_logs()
     try:
         return int(args.handler(args))
     except (ConfigError, CheckpointError, LearnerUnavailableError, LearnerInputError) as exc:
-        print(f"panpriv {args.command}: error: {exc}", file=sys.stderr)
+        print(f"panpriv {args.command}: error: {redact(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except StreamerError as exc:
-        print(f"panpriv {args.command}: error: {exc}", file=sys.stderr)
+        print(f"panpriv {args.command}: error: {redact(str(exc))}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         from kafka.errors import KafkaError
 
         if isinstance(exc, KafkaError):
-            print(f"panpriv {args.command}: Kafka error: {exc}", file=sys.stderr)
+            print(f"panpriv {args.command}: Kafka error: {redact(str(exc))}", file=sys.stderr)
             return EXIT_FAILURE
         raise
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from streamer.datasets import adult
 from streamer.errors import ConfigError
+from streamer.urls import redact
 
 LEARNER_NAMES = (
     "pan-acsa",
@@ -79,7 +80,7 @@ class SourceConfig(_Section):
         scheme = url.split(":", 1)[0] if ":" in url else ""
         if scheme not in ("kafka", "file", "synthetic", "adult"):
             raise ValueError(
-                f"must start with kafka://, file:, synthetic: or adult: (got {url!r})"
+                "must start with kafka://, file:, synthetic: or adult:"
             )
         return url
 
@@ -291,7 +292,7 @@ def _format_errors(exc: ValidationError, path: Path | None) -> str:
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; see README 'Configuring')"
         value = error.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        shown = "" if isinstance(value, dict) else f" (got {redact(repr(value))})"
         lines.append(f"  {name}: {message}{shown}" if name else f"  {message}")
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from accounting.ledger import PrivacyLedger, PrivacyReport
-from streamer.checkpoint import MANIFEST_NAME, Checkpoint
+from streamer.checkpoint import MANIFEST_NAME, read_manifest
 from streamer.errors import CheckpointError
 from streamer.recording import RecordingReader, is_recording
 from streamer.sinks import read_snapshots
@@ -44,7 +44,7 @@ def _time(timestamp: float) -> str:
 
 
 def describe_checkpoint(path: Path) -> str:
-    checkpoint = Checkpoint.from_json(path.read_text(encoding="utf-8"), where=str(path))
+    checkpoint = read_manifest(path)
     ledger = PrivacyLedger.from_dict(checkpoint.ledger)
     report = dataclasses.replace(ledger.report(), records=checkpoint.records)
     lines = [

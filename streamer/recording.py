@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+from streamer.safefiles import create_private
+
 MAGIC = b"PPREC1\n"
 VERSION = 1
 _LENGTH = struct.Struct("<I")
@@ -56,13 +58,15 @@ def is_recording(path: Path) -> bool:
 
 
 class RecordingWriter:
-    """Write a recording to ``path`` atomically (a temporary file renamed on :meth:`close`)."""
+    """Write a recording to ``path`` atomically (a temporary file renamed on :meth:`close`),
+    mode 0600: it holds raw records."""
 
     def __init__(self, path: Path, source: str, keys: Sequence[str], start: Mapping[str, int], created: str) -> None:
         self.path = Path(path)
         self._tmp = self.path.with_name(self.path.name + ".tmp")
         self._index = {key: i for i, key in enumerate(keys)}
-        self._handle: IO[bytes] = open(self._tmp, "wb")  # noqa: SIM115 - closed in close()
+        # Raw records: readable by the owner only; the temporary path is never followed (safefiles).
+        self._handle: IO[bytes] = os.fdopen(create_private(self._tmp), "wb")
         header = json.dumps(
             {"version": VERSION, "source": source, "created": created, "keys": list(keys), "start": dict(start)}
         ).encode("utf-8")

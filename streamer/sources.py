@@ -52,6 +52,7 @@ from streamer.codec import Codec
 from streamer.config import SourceConfig
 from streamer.errors import SourceError
 from streamer.recording import RecordingReader, is_recording
+from streamer.urls import redact, refuse_credentials
 
 log = logging.getLogger("panpriv.sources")
 
@@ -138,6 +139,10 @@ class KafkaUrl:
 
 def parse_kafka_url(url: str) -> KafkaUrl:
     """``kafka://host:port[,host:port]/topic[,topic]?group=name`` (group defaults to ``panpriv``)."""
+    try:
+        refuse_credentials(url)
+    except ValueError as exc:
+        raise SourceError(str(exc)) from None
     parts = urllib.parse.urlsplit(url)
     hosts = [h for h in parts.netloc.rsplit("@", 1)[-1].split(",") if h]
     topics = [t for t in parts.path.lstrip("/").split(",") if t]
@@ -145,7 +150,7 @@ def parse_kafka_url(url: str) -> KafkaUrl:
     unknown = set(query) - {"group"}
     if parts.scheme != "kafka" or not hosts or not topics or unknown:
         raise SourceError(
-            f"bad Kafka source {url!r}: expected kafka://host:port[,host:port]/topic[,topic]?group=name"
+            f"bad Kafka source {redact(url)!r}: expected kafka://host:port[,host:port]/topic[,topic]?group=name"
             + (f" (unknown parameters {sorted(unknown)})" if unknown else "")
         )
     return KafkaUrl(hosts, topics, query.get("group", ["panpriv"])[0])
@@ -180,7 +185,7 @@ def display_name(url: str) -> str:
     """The URL without credentials, for logs and metrics labels."""
     if url.startswith("kafka://"):
         return parse_kafka_url(url).display()
-    return url
+    return redact(url)
 
 
 # -- local sources -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value
-from streamer.errors import CheckpointError
+from streamer.errors import CheckpointError, OutputError
 
 
 def make(sequence: int = 1, **changes) -> Checkpoint:
@@ -62,12 +62,13 @@ def test_a_failed_write_leaves_the_previous_manifest(tmp_path, monkeypatch) -> N
         raise OSError("simulated crash before the rename")
 
     monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match="simulated crash"):
         store.save(make(sequence=2))
     monkeypatch.undo()
-    assert store.load().sequence == 1  # the old manifest is intact; the temporary file is ignored
-    assert (tmp_path / "checkpoint.json.tmp").exists()
-    store.save(make(sequence=3))  # and the next save overwrites the leftover
+    assert store.load().sequence == 1  # the old manifest is intact; the temporary file is removed
+    assert not (tmp_path / "checkpoint.json.tmp").exists()
+    (tmp_path / "checkpoint.json.tmp").write_text("a leftover of a kill -9")
+    store.save(make(sequence=3))  # and the next save replaces a leftover
     assert store.load().sequence == 3
     assert not (tmp_path / "checkpoint.json.tmp").exists()
 

@@ -124,9 +124,12 @@ def test_recorded_pace_follows_timestamps(tmp_path) -> None:
 
 
 def test_url_parsing() -> None:
-    url = parse_kafka_url("kafka://user:secret@h1:9092,h2:9092/a,b?group=g1")
+    url = parse_kafka_url("kafka://h1:9092,h2:9092/a,b?group=g1")
     assert (url.bootstrap, url.topics, url.group) == (["h1:9092", "h2:9092"], ["a", "b"], "g1")
-    assert "secret" not in url.display()
+    # issue 15 (8): credentials were silently dropped (an unauthenticated connection); now refused, unprinted
+    with pytest.raises(SourceError, match="carries credentials") as refused:
+        parse_kafka_url("kafka://user:secret@h1:9092,h2:9092/a,b?group=g1")
+    assert "secret" not in str(refused.value)
     assert parse_kafka_url("kafka://h:1/t").group == "panpriv"
     for bad in ("kafka://h:1/", "kafka:///t", "kafka://h:1/t?grp=x"):
         with pytest.raises(SourceError):
