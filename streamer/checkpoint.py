@@ -37,7 +37,7 @@ import numpy as np
 
 from streamer.config import describe_changes
 from streamer.errors import CheckpointError
-from streamer.integrity import open_sealed, seal
+from streamer.integrity import check_ledger, open_sealed, seal
 from streamer.outlock import prepare_output_directory
 from streamer.safefiles import fsync_directory, write_atomically
 
@@ -187,7 +187,9 @@ def read_manifest(path: Path) -> Checkpoint:
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
     body = open_sealed(raw, str(path))
-    return Checkpoint.from_json(json.dumps(body), where=str(path))
+    checkpoint = Checkpoint.from_json(json.dumps(body), where=str(path))
+    check_ledger(checkpoint.ledger, str(path))
+    return checkpoint
 
 
 def check_resumable(checkpoint: Checkpoint, config_hash: str, privacy_config: Mapping[str, Any], where: Path) -> None:

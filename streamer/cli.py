@@ -336,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # a file error not raised as a StreamerError: one line, no traceback
+        from streamer.ioerrors import describe
+
+        print(f"panpriv {args.command}: error: {redact(describe(exc))}", file=sys.stderr)
+        return EXIT_FAILURE
     except Exception as exc:  # noqa: BLE001 - a last resort: one line, never record contents
         from kafka.errors import KafkaError
 

@@ -22,6 +22,8 @@ import logging
 import math
 from typing import Any
 
+from accounting.errors import AccountingError
+from accounting.ledger import PrivacyLedger
 from streamer.errors import CheckpointError
 
 log = logging.getLogger("panpriv.checkpoint")
@@ -120,6 +122,17 @@ def check_schema(body: dict[str, Any], where: str) -> None:
                     problems.append(f"learner.{name} must be an object")
     if problems:
         raise CheckpointError(f"{where} is not a valid panpriv checkpoint: {'; '.join(problems)}; {_FIX}")
+
+
+def check_ledger(ledger: dict[str, Any], where: str) -> None:
+    """Refuse a ledger the accounting package cannot read (an unknown schema version, a malformed
+    segment), with the accounting package's reason."""
+    try:
+        PrivacyLedger.from_dict(ledger)
+    except AccountingError as exc:
+        raise CheckpointError(f"{where}: its privacy ledger cannot be read ({exc}); {_FIX}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{where}: its privacy ledger is malformed ({type(exc).__name__}: {exc}); {_FIX}") from None
 
 
 def _count(value: object) -> bool:

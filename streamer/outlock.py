@@ -10,13 +10,13 @@ restart; the PID in it is informational only.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 from pathlib import Path
 from types import TracebackType
 
 from streamer.errors import OutputBusyError, OutputError
+from streamer.ioerrors import fix_for
 
 LOCK_NAME = "panpriv.lock"
 
@@ -31,15 +31,6 @@ def prepare_output_directory(out: Path) -> None:
         raise OutputError(f"cannot create the output directory --out {out}: {exc.strerror}; {fix_for(exc)}") from None
     if not out.is_dir():  # a symlink to a file, for instance
         raise OutputError(f"--out {out} is not a directory; choose a directory path")
-
-
-def fix_for(exc: OSError) -> str:
-    """What the operator can do about an I/O error on the output directory."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "free space on that file system (the last good checkpoint is kept) and run the same command again"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return "make it writable for this user, or choose another --out"
-    return "check the path and the file system, or choose another --out"
 
 
 class OutputLock:

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 from streamer.errors import OutputError
-from streamer.outlock import fix_for
+from streamer.ioerrors import fix_for
 
 PRIVATE_MODE = 0o600
 

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from accounting.ledger import PrivacyLedger
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value
 from streamer.errors import CheckpointError, OutputError
 
@@ -21,7 +22,7 @@ def make(sequence: int = 1, **changes) -> Checkpoint:
         learner_config={"dim": 2, "epsilon": 1.0},
         learner_state={"records": 5, "theta": np.array([0.1, -1e-300]), "grad": np.array([np.pi, 2.0])},
         positions={"t/0": 10, "t/1": 3},
-        ledger={"schema_version": 1},
+        ledger=PrivacyLedger().to_dict(),
         rejects={"undecodable": 2},
         records=11,
         snapshots=1,
