@@ -42,6 +42,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {
         "source.url": args.source,
         "source.stop_at_end": True if args.stop_at_end else None,
+        "source.accept_offset_reset": True if args.accept_offset_reset else None,
         "records.format": args.format,
         "records.dim": args.dim,
         "records.feature_bound": args.feature_bound,
@@ -257,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-every", type=int, metavar="RECORDS", help="checkpoint at most every RECORDS records")
     run.add_argument("--metrics-port", type=int, help="Prometheus endpoint port (0: none; default 9477)")
     run.add_argument("--rate", type=float, help="records per second (0: as fast as possible)")
-    run.add_argument("--stop-at-end", action="store_true", help="Kafka: exit once every assigned partition is caught up")
+    run.add_argument("--stop-at-end", action="store_true", help="Kafka: exit once every partition of the topics is caught up")
+    run.add_argument("--accept-offset-reset", action="store_true", help="Kafka: read on when a topic's offsets went back below the checkpoint (re-created topic); the ledger charges those offsets again")
     run.add_argument("--format", choices=["json", "csv", "binary", "adult"], help="record encoding (default: from the source)")
     run.add_argument("--dim", type=int, help="feature dimension")
     run.add_argument("--feature-bound", type=_positive_float, help="public bound on the l2 norm of x (records are clipped to it)")

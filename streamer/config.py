@@ -69,10 +69,11 @@ class SourceConfig(_Section):
     recorded_pace: bool = Field(default=False, description="replay a recording at its recorded timestamps")
     batch_records: int = Field(default=1024, ge=1, le=1_000_000)
     poll_timeout_s: float = Field(default=0.2, gt=0, le=60)
-    stop_at_end: bool = Field(default=False, description="Kafka: exit once every assigned partition is caught up")
+    stop_at_end: bool = Field(default=False, description="Kafka: exit once every partition of the topics is caught up")
     start: Literal["earliest", "latest"] = "earliest"
     dead_letter_topic: str | None = None
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
+    accept_offset_reset: bool = Field(default=False, description="Kafka: read on after a partition's offsets went back (streamer.kafka_calls)")
 
     @field_validator("url")
     @classmethod

@@ -104,7 +104,7 @@ from streamer.replay import (
     resumes_mid_pass,
 )
 from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
-from streamer.sources import Batch, Source, open_source, parse_kafka_url
+from streamer.sources import MARKS_KEY, Batch, Source, open_source, parse_kafka_url, source_marks
 
 log = logging.getLogger("panpriv.processor")
 
@@ -301,7 +301,8 @@ class Processor:
             if reads_by_index(learner_class(self.config.learner.name)):
                 source = open_indexed(self.config.source, self.codec, self.config.learner.name)
             else:
-                source = open_source(self.config.source, self.codec, self.positions, on_revoke=self._checkpoint_on_revoke)
+                source = open_source(self.config.source, self.codec, self.positions, on_revoke=self._checkpoint_on_revoke,
+                                     marks=saved.extra.get(MARKS_KEY) if saved else None)
             self._source = source
             try:
                 self._restore_or_start(source, saved)
@@ -580,6 +581,7 @@ class Processor:
             self._snapshot_records = released.records
         positions = dict(self.positions)
         state, records, extra = self._resumable_state()
+        extra = {**extra, **source_marks(self._source, positions)}  # offset-regression check (kafka_calls)
         checkpoint = Checkpoint(
             sequence=self.sequence,
             created=time.time(),

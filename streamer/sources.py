@@ -48,6 +48,7 @@ from typing import IO, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from streamer import kafka_calls
 from streamer.codec import Codec
 from streamer.config import SourceConfig
 from streamer.errors import SourceError
@@ -423,6 +424,7 @@ class KafkaSource:
         config: SourceConfig,
         positions: Mapping[str, int],
         on_revoke: Callable[[], None] | None = None,
+        marks: Mapping[str, int] | None = None,
     ) -> None:
         from kafka import ConsumerRebalanceListener, KafkaConsumer
         from kafka.errors import KafkaError
@@ -431,6 +433,8 @@ class KafkaSource:
         self.name = url.display()
         self._config = config
         self._positions: dict[str, int] = {k: int(v) for k, v in positions.items()}
+        # key -> (position, timestamp of the record at position - 1): kafka_calls' regression check
+        self._marks: dict[str, tuple[int, int]] = {k: (self._positions[k], int(t)) for k, t in (marks or {}).items() if k in self._positions}
         self._assigned: set = set()
         self._on_revoke = on_revoke
         self._failure: BaseException | None = None
@@ -478,13 +482,16 @@ class KafkaSource:
             if not partitions:
                 return
             consumer = self._consumer
-            beginning = consumer.beginning_offsets(partitions)
-            end = consumer.end_offsets(partitions) if self._config.start == "latest" else {}
+            beginning = kafka_calls.beginning_offsets(consumer, partitions)
+            end = kafka_calls.end_offsets(consumer, partitions) if self._config.start == "latest" else {}
+            reset = self._verify_marks(partitions, beginning)
             for tp in partitions:
                 key = f"{tp.topic}/{tp.partition}"
-                committed = consumer.committed(tp)
+                committed = kafka_calls.committed(consumer, tp)
                 ours = self._positions.get(key)
-                if ours is None and committed is None:
+                if key in reset:  # accepted offset reset: the partition is a new log, read it from its start
+                    target = beginning[tp]
+                elif ours is None and committed is None:
                     target = end.get(tp, beginning[tp])
                 else:
                     # Never go back: below our position would learn records twice; below the
@@ -497,9 +504,35 @@ class KafkaSource:
         except BaseException as exc:  # noqa: BLE001 - re-raised from poll()
             self._failure = exc
 
+    def _verify_marks(self, partitions: list, beginning: Mapping) -> set[str]:
+        """Check that the record before each resumed position is still the one we learned last
+        (:func:`kafka_calls.changed_partitions`); refuse, or return the keys to read anew."""
+        wanted = {
+            tp: mark for tp in partitions
+            if (mark := self._marks.get(f"{tp.topic}/{tp.partition}")) is not None
+            and mark[0] == self._positions.get(f"{tp.topic}/{tp.partition}") and mark[0] - 1 >= beginning[tp]
+        }
+        changed = kafka_calls.changed_partitions(self.url.bootstrap, wanted)
+        reset = set()
+        for tp, found in changed.items():
+            key = f"{tp.topic}/{tp.partition}"
+            if not self._config.accept_offset_reset:
+                raise kafka_calls.replaced(key, self._positions[key], found)
+            log.warning("partition %s no longer holds the records before offset %d; reading it from its beginning "
+                        "(accept_offset_reset)", key, self._positions[key])
+            self._marks.pop(key, None)
+            reset.add(key)
+        return reset
+
+    def marks(self, positions: Mapping[str, int]) -> dict[str, int]:
+        """The timestamps of the last records before ``positions`` (for the checkpoint)."""
+        return {key: ts for key, (position, ts) in self._marks.items() if positions.get(key) == position}
+
     def _raise_failure(self) -> None:
         if self._failure is not None:
             failure, self._failure = self._failure, None
+            if isinstance(failure, kafka_calls.OffsetRegressionError):
+                raise failure
             raise FatalSourceError(f"Kafka rebalance failed: {failure!r}") from failure
 
     def poll(self, max_records: int, timeout_s: float) -> Batch | None:
@@ -509,6 +542,8 @@ class KafkaSource:
         for tp, messages in records.items():
             key = f"{tp.topic}/{tp.partition}"
             start = self._positions.get(key, messages[0].offset)
+            if messages[0].offset < start:  # the broker reset the consumer below our position
+                start = self._offset_reset(key, start, messages[0].offset)
             fresh = [m for m in messages if m.offset >= start]
             if not fresh:
                 continue
@@ -519,6 +554,7 @@ class KafkaSource:
             stop = fresh[-1].offset + 1
             batch.ranges[key] = (start, stop)
             self._positions[key] = stop
+            self._marks[key] = (stop, fresh[-1].timestamp)
         if not batch.ranges:
             if self._config.stop_at_end:
                 self._empty_polls = self._empty_polls + 1 if self._check_caught_up() else 0
@@ -526,11 +562,25 @@ class KafkaSource:
         self._empty_polls = 0
         return batch
 
+    def _offset_reset(self, key: str, position: int, offset: int) -> int:
+        """A record below our position: refuse (:mod:`streamer.kafka_calls`), or with
+        ``accept_offset_reset`` continue from ``offset``."""
+        if not self._config.accept_offset_reset:
+            raise kafka_calls.regression(key, position, offset)
+        log.warning("partition %s was reset from offset %d to %d; reading on from there (accept_offset_reset)", key, position, offset)
+        return offset
+
     def _check_caught_up(self) -> bool:
+        """Every partition of the topics consumed (ours or the group's), not only the assigned ones."""
+        from kafka.errors import KafkaError
+
         if not self._assigned:
             return False
-        end = self._consumer.end_offsets(list(self._assigned))
-        return all(self._positions.get(f"{tp.topic}/{tp.partition}", 0) >= end[tp] for tp in self._assigned)
+        try:
+            return kafka_calls.topic_caught_up(self._consumer, self.url.topics, self._positions, self._assigned)
+        except KafkaError as exc:
+            log.debug("caught-up check failed (%s); polling on", type(exc).__name__)
+            return False
 
     @property
     def exhausted(self) -> bool:
@@ -539,7 +589,7 @@ class KafkaSource:
     def total_positions(self) -> int | None:
         if not self._assigned:
             return None
-        end = self._consumer.end_offsets(list(self._assigned))
+        end = kafka_calls.end_offsets(self._consumer, self._assigned)
         return sum(end.values())
 
     def count_records(self) -> None:
@@ -564,7 +614,7 @@ class KafkaSource:
         if not offsets:
             return
         try:
-            self._consumer.commit(offsets)
+            kafka_calls.commit(self._consumer, offsets)
         except KafkaError as exc:
             if strict:
                 raise FatalSourceError(f"offset commit before a revocation failed: {type(exc).__name__}") from exc
@@ -586,7 +636,7 @@ class KafkaSource:
         unfetched = [tp for tp, end in ends.items() if end is None]
         if unfetched:
             try:
-                ends.update(self._consumer.end_offsets(unfetched))
+                ends.update(kafka_calls.end_offsets(self._consumer, unfetched))
             except KafkaError as exc:
                 log.debug("lag unknown: end_offsets failed (%s)", type(exc).__name__)
                 return None
@@ -597,10 +647,20 @@ class KafkaSource:
         return lags
 
     def close(self) -> None:
-        self._consumer.close(autocommit=False)
+        kafka_calls.close(self._consumer)
 
 
 # -- construction -------------------------------------------------------------------------------
+
+
+MARKS_KEY = "source_marks"
+"""The checkpoint's ``extra`` entry holding a Kafka source's marks (:mod:`streamer.kafka_calls`)."""
+
+
+def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """``{MARKS_KEY: marks}`` for a checkpoint at ``positions`` (empty for sources without marks)."""
+    marks = source.marks(positions) if isinstance(source, KafkaSource) else {}
+    return {MARKS_KEY: marks} if marks else {}
 
 
 def open_source(
@@ -608,13 +668,15 @@ def open_source(
     codec: Codec,
     positions: Mapping[str, int],
     on_revoke: Callable[[], None] | None = None,
+    marks: Mapping[str, int] | None = None,
 ) -> Source:
-    """Build the source named by ``config.url``, resuming at ``positions``."""
+    """Build the source named by ``config.url``, resuming at ``positions`` (``marks``: the
+    timestamps of the last records before them, for Kafka's regression check)."""
     url = config.url
     if config.recorded_pace and not (url.startswith("file:") and is_recording(file_path(url))):
         raise SourceError("source.recorded_pace needs a file: source holding a panpriv recording")
     if url.startswith("kafka://"):
-        return KafkaSource(parse_kafka_url(url), config, positions, on_revoke)
+        return KafkaSource(parse_kafka_url(url), config, positions, on_revoke, marks)
     if url.startswith("synthetic:"):
         params = parse_synthetic_url(url)
         if params["dim"] != codec.dim:
