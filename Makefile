@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test bench utility clean
+.PHONY: run test soak bench utility clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	bash tests/install_system_deps.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## soak: the long fault-injection campaign (tests/faults, marker `soak`; about 10 minutes): >= 100
+## kill -9 on files and on the real broker, every bit of a checkpoint flipped, >= 10^4 fuzzed
+## records per format. `make test` runs the fast subset of the same tests.
+soak: $(VENV)/.installed-test
+	bash tests/install_system_deps.sh
+	$(BIN)/python -m pytest -m soak -s tests/faults $(PYTEST_ARGS)
 
 ## bench: the performance benchmarks (each prints its side-by-side ratios, measured in one run).
 PERF_BENCHMARKS := encoder shuffle_gaussian_rdp iteration_accounting service
