@@ -88,6 +88,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _load_run_config(args)
     metrics = ServiceMetrics()
     metrics.set_info(config.learner.name, display_name(config.source.url), _version())
+    metrics.set_seeded(config.learner.seed is not None)
+    if config.learner.seed is not None:
+        from protocols.randomness import SEEDED_WARNING
+
+        log.warning("SEEDED MODE (--seed %d): %s; never use it for production data", config.learner.seed, SEEDED_WARNING)
     stop_server = None
     endpoint = None
     if config.metrics.port is not None:

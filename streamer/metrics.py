@@ -36,6 +36,10 @@ Series
     refreshed every ``metrics.lag_interval_s`` seconds and at every checkpoint.
 ``panpriv_info{learner, source, version}``
     Constant 1, labelled with what this process runs.
+``panpriv_seeded_mode``
+    1 when the learner's noise is explicitly seeded (``--seed``: replay/testing mode, no
+    pan-private guarantee), else 0; the ``PanprivSeededMode`` alert (deploy/) fires on 1, so a
+    production run with a seed does not look normal on the dashboard.
 """
 
 from __future__ import annotations
@@ -147,6 +151,11 @@ class ServiceMetrics:
         )
         self._lag_partitions: set[str] = set()
         self._info = Info("panpriv", "What this process runs.", registry=r)
+        self._seeded = Gauge(
+            "panpriv_seeded_mode",
+            "1 if the noise generator is explicitly seeded (replay/testing mode: no pan-private guarantee), else 0.",
+            registry=r,
+        )
 
     def observe_batch(self, records: int, seconds: float) -> None:
         """Count one learned micro-batch of ``records`` valid records that took ``seconds``."""
@@ -199,6 +208,12 @@ class ServiceMetrics:
         for partition, lag in checked.items():
             self._lag.labels(partition=partition).set(lag)
         self._lag_partitions = set(checked)
+
+    def set_seeded(self, seeded: bool) -> None:
+        """Report whether the noise is explicitly seeded (``panpriv_seeded_mode``)."""
+        if not isinstance(seeded, bool):
+            raise _invalid("ServiceMetrics.set_seeded", "seeded", "a bool", seeded)
+        self._seeded.set(1 if seeded else 0)
 
     def set_info(self, learner: str, source: str, version: str) -> None:
         """Label ``panpriv_info`` with the learner, the source (credentials removed) and version."""

@@ -78,6 +78,11 @@ CASES = {
         {f'panpriv_privacy_epsilon{{{LABELS}, guarantee="output"}}': "1x6",
          f'panpriv_privacy_epsilon{{{LABELS}, guarantee="intrusion"}}': "+Inf +Inf +Inf +Inf +Inf +Inf"},
         "3m", "PanprivPrivacyBudgetHigh", None),
+    "seeded noise (replay/testing mode)": case(
+        {f"panpriv_seeded_mode{{{LABELS}}}": "1x5"}, "2m", "PanprivSeededMode",
+        "panpriv panpriv:9477 runs with seeded noise (replay/testing mode)", severity="critical",
+        labels={"instance": "panpriv:9477"}),
+    "unseeded noise: quiet": case({f"panpriv_seeded_mode{{{LABELS}}}": "0x5"}, "2m", "PanprivSeededMode", None),
 }
 
 

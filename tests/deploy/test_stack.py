@@ -179,7 +179,7 @@ def test_dashboard_shows_every_required_view() -> None:
 def test_alert_rules_cover_the_required_conditions() -> None:
     by_name = {rule["alert"]: rule for rule in alert_rules()}
     assert set(by_name) == {"PanprivServiceDown", "PanprivNoRecordsProcessed", "PanprivRejectedRateHigh",
-                            "PanprivCheckpointStale", "PanprivPrivacyBudgetHigh"}
+                            "PanprivCheckpointStale", "PanprivPrivacyBudgetHigh", "PanprivSeededMode"}
     assert 'up{job="panpriv"} == 0' in by_name["PanprivServiceDown"]["expr"]
     for rule in by_name.values():
         assert rule["labels"]["severity"] in {"warning", "critical"}
