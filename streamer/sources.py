@@ -62,6 +62,15 @@ RECEIVE_MESSAGE_MAX_BYTES = 64 * 2**20
 ``fetch_max_bytes`` (50 MB), so a fetch across several full partitions fails with "Invalid frame
 length" and is retried; 64 MB accepts any response a default fetch can produce."""
 
+REBALANCE_TIMEOUT_MS = 30_000
+"""kafka-python's ``max_poll_interval_ms``, which is also the rebalance timeout it sends with a
+group join: how long the group waits for a member to rejoin. Its default (5 minutes) made a
+process stopped during a join hold the group that long (issue 15). The processing loop polls
+every few seconds at most (a micro-batch, a checkpoint), far within 30 s."""
+
+ASSIGNMENT_LOG_EVERY_S = 10.0
+"""While no partition is assigned, say so this often (a silent wait looks like a hang)."""
+
 CAUGHT_UP_POLLS = 2
 """Consecutive empty polls at or past the end offsets before a ``stop_at_end`` source is done.
 Some brokers (the Tansu test broker) report an end offset below the last record, so one empty poll
@@ -439,6 +448,7 @@ class KafkaSource:
         self._on_revoke = on_revoke
         self._failure: BaseException | None = None
         self._empty_polls = 0
+        self._waiting_since = self._waiting_logged = time.monotonic()  # "waiting for an assignment" log line
         source = self
 
         class Listener(ConsumerRebalanceListener):  # kafka-python requires a subclass
@@ -458,6 +468,7 @@ class KafkaSource:
                 session_timeout_ms=config.session_timeout_ms,
                 heartbeat_interval_ms=max(100, config.session_timeout_ms // 4),
                 max_poll_records=config.batch_records,
+                max_poll_interval_ms=max(REBALANCE_TIMEOUT_MS, config.session_timeout_ms),
                 receive_message_max_bytes=RECEIVE_MESSAGE_MAX_BYTES,
             )
         except KafkaError as exc:
@@ -538,6 +549,7 @@ class KafkaSource:
     def poll(self, max_records: int, timeout_s: float) -> Batch | None:
         records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         self._raise_failure()
+        self._log_waiting()
         batch = Batch({})
         for tp, messages in records.items():
             key = f"{tp.topic}/{tp.partition}"
@@ -561,6 +573,16 @@ class KafkaSource:
             return None
         self._empty_polls = 0
         return batch
+
+    def _log_waiting(self) -> None:
+        """Log every :data:`ASSIGNMENT_LOG_EVERY_S` while the group has assigned us nothing."""
+        now = time.monotonic()
+        if self._assigned:
+            self._waiting_since = self._waiting_logged = now
+        elif now - self._waiting_logged >= ASSIGNMENT_LOG_EVERY_S:
+            log.info("no partition assigned yet by consumer group %r after %.0f s; waiting (another member may be "
+                     "holding the group until its session or rebalance timeout)", self.url.group, now - self._waiting_since)
+            self._waiting_logged = now
 
     def _offset_reset(self, key: str, position: int, offset: int) -> int:
         """A record below our position: refuse (:mod:`streamer.kafka_calls`), or with

@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from streamer.checkpoint import CheckpointStore
+from streamer.cli import main
 from streamer.integrity import seal
 from tests.faults.conftest import synthetic_args
 from tests.faults.harness import assert_no_traceback, run_panpriv, slow_synthetic_run, start_panpriv, wait_for
@@ -53,14 +54,25 @@ EXPECTED = {
 
 @pytest.mark.parametrize("command", ["run", "inspect"])
 @pytest.mark.parametrize("name", sorted(CORRUPTIONS))
-def test_foreign_or_corrupt_checkpoint_is_one_line_error(name, command, run_copy, tmp_path) -> None:
+def test_foreign_or_corrupt_checkpoint_is_one_line_error(name, command, run_copy, capsys) -> None:
+    """In-process through the CLI's entry point (fast); any exception escaping fails the test."""
     manifest(run_copy).write_bytes(CORRUPTIONS[name](run_copy))
     argv = synthetic_args(run_copy) if command == "run" else ["inspect", str(run_copy)]
-    code, output = run_panpriv(argv, tmp_path)
+    code = main(argv)
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
     assert code == 2, output
-    assert_no_traceback(output)
     errors = error_lines(output)
     assert len(errors) == 1 and EXPECTED[name] in errors[0] and "checkpoint.json" in errors[0], output
+
+
+@pytest.mark.parametrize("command", ["run", "inspect"])
+def test_corrupt_checkpoint_as_a_process_no_traceback(command, run_copy, tmp_path) -> None:
+    manifest(run_copy).write_bytes(b"[]")
+    argv = synthetic_args(run_copy) if command == "run" else ["inspect", str(run_copy)]
+    code, output = run_panpriv(argv, tmp_path)
+    assert code == 2 and len(error_lines(output)) == 1, output
+    assert_no_traceback(output)
 
 
 @pytest.mark.parametrize("command", ["run", "inspect"])

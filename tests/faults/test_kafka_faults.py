@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 
 DIM = 4
 STOP_BOUND_S = 10.0
+JOIN_BOUND_S = 30.0  # before the fix the next member waited more than 60 s (the issue saw > 7 minutes)
 
 
 def kafka_args(bootstrap: str, topic: str, group: str, out: Path, n: int, *extra: str) -> list[str]:
@@ -156,3 +157,30 @@ def test_stop_at_end_waits_for_partitions_held_by_another_member(kafka_broker, t
     assert code == 0 and "finished" in output, output
     assert learned(out) == n
     assert_no_traceback(output)
+
+
+def test_stop_during_the_group_join_does_not_wedge_the_group(kafka_broker, tmp_path) -> None:
+    """Issue 15, failure 10: a process stopped while joining cancelled its join and the LeaveGroup
+    queued behind it, and the group kept waiting for it (streamer.kafka_calls.close)."""
+    topic = kafka_broker.create_topic(f"join-{uuid.uuid4().hex[:8]}", 2)
+    produce_json_records(kafka_broker.bootstrap, topic, 100, DIM, 2, seed=5)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    first = start_panpriv(kafka_args(kafka_broker.bootstrap, topic, group, tmp_path / "first", 10_000), tmp_path, "first")
+    try:
+        wait_for(lambda: "resuming at the checkpointed" in first.output() or "new run" in first.output(), 30, "start-up")
+        time.sleep(0.3)
+        first.process.send_signal(signal.SIGTERM)  # while it joins (or just after)
+        t0 = time.monotonic()
+        assert first.wait(30) == 0, first.output()
+        assert time.monotonic() - t0 <= STOP_BOUND_S
+    finally:
+        first.stop()
+    t0 = time.monotonic()
+    out = tmp_path / "second"
+    second = start_panpriv(kafka_args(kafka_broker.bootstrap, topic, group, out, 10_000, "--stop-at-end"), tmp_path, "second")
+    try:
+        code = second.wait(JOIN_BOUND_S + 30)
+    finally:
+        second.stop()
+    assert code == 0 and learned(out) == 100, second.output()
+    assert time.monotonic() - t0 <= JOIN_BOUND_S + 15, f"the next member waited {time.monotonic() - t0:.0f} s"
