@@ -276,3 +276,21 @@ def test_config_is_json_and_rebuilds_with_a_loss_dict():
     assert config["loss"] == {"name": "huber", "ridge": 0.0, "intercept": True, "intercept_scale": 1.0, "delta": 0.3}
     rebuilt = PanPrivateACSA(**config)
     assert rebuilt.loss == learner.loss and rebuilt.config() == learner.config()
+
+
+# -- secure noise (noise="secure"): the same conformance suite, exact discrete Gaussian draws ------
+
+SECURE_CASES = {
+    "1-nonsmooth": (lambda rng: PanPrivateACSA(3, HingeLoss(intercept=True), 1.0, 1e-5, horizon=40, batch_size=6, radius=20.0, noise="secure", rng=rng), X3, Y3),
+    "3-strongly-convex": (lambda rng: PanPrivateACSA(3, {"name": "absolute", "ridge": 0.2}, 2.0, 1e-5, horizon=60, batch_size=4, radius=20.0, noise="secure", rng=rng), X3R, Y3R),
+    "4-strongly-convex-smooth": (lambda rng: PanPrivateACSA(3, SquaredLoss(ridge=0.1), 0.5, 1e-5, horizon=30, batch_size=3, radius=20.0, noise="secure", rng=rng), X3R, Y3R),
+}
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("case", sorted(SECURE_CASES))
+def test_conformance_secure_noise(case, check):
+    """protocols.checks with noise="secure"; the statistical check fails falsely with probability ≤ 1e-3."""
+    factory, X, y = SECURE_CASES[case]
+    check(factory, X, y)
