@@ -136,7 +136,8 @@ class PanPrivateACSA(Learner):
         ``"auto"``: Moreau-smooth non-smooth losses only; ``"moreau"``: always (needs a closed-form
         prox); ``"none"``: never (needs a smooth loss).
     calibration
-        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1).
+        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1). Calibrates the
+        float Gaussian draws; with ``noise="secure"`` the discrete Gaussian has its own calibration.
     gradient_bound
         C: per-record gradients are clipped to norm min(C, L), L the loss's worst-case bound over Θ;
         ``None`` (default): L. The noise is calibrated to the sensitivity 2·min(C, L)/b, and the
