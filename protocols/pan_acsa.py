@@ -62,6 +62,7 @@ from numpy.typing import NDArray
 
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import secure_noise
 from protocols import validation as check
 from protocols.acsa import (
     DEFAULT_TUNING,
@@ -77,7 +78,6 @@ from protocols.acsa import (
     step,
     uses_moreau,
 )
-from protocols import secure_noise
 from protocols.base import Learner, StateValue, check_batch
 from protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from protocols.errors import InvalidInputError
@@ -304,14 +304,20 @@ class PanPrivateACSA(Learner):
         """What a slice of the batch adds to g_t: Σ∇/b (float), or Σ trunc(∇/γ) in grid units (secure)."""
         if self._secure is None:
             return gradients.sum(axis=0) / batch
-        return secure_noise.to_grid(gradients, self._lipschitz).sum(axis=0)
+        units = secure_noise.to_grid(gradients, self._lipschitz)
+        total = units.sum(axis=0)
+        units.fill(0)  # the per-record grid vectors are clean data: do not leave them in freed memory
+        return total
 
     def _noisy_mean(self, batch: int) -> Array:
         """g_t plus the second draw, as the batch's noisy mean gradient (secure: γ·sum/b, formed
         only now — post-processing of the noisy integer sum)."""
         if self._secure is None:
             return self._grad + self._draw(batch)
-        return (self._grad + self._draw(batch)).astype(np.float64) * (secure_noise.grid_step(self._lipschitz) / batch)
+        draw = self._draw(batch)
+        self._grad += draw
+        draw.fill(0)  # the pure noise vector Z'_t must not outlive its use
+        return self._grad.astype(np.float64) * (secure_noise.grid_step(self._lipschitz) / batch)
 
     # -- secure noise (end) --------------------------------------------------------------------
 
