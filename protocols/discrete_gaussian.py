@@ -108,6 +108,14 @@ class GeneratorUniform:
                 return value
 
 
+def _scrub(*arrays: IntArray) -> None:
+    """Overwrite intermediate arrays that hold noise values (or functions of them) before they are
+    freed, so that a later read of the process's memory does not find them (numpy reuses freed
+    buffers without clearing them). Raw bytes from ``secrets`` are immutable and are not scrubbed."""
+    for array in arrays:
+        array.fill(0)
+
+
 def _oversampled(needed: int, acceptance: float) -> int:
     """Trials to run for ``needed`` accepted draws when a trial is accepted with probability about
     ``acceptance``: the expected need plus about three standard deviations, so that one round of
@@ -196,6 +204,7 @@ def bernoulli_exp(num: IntArray, den: int, source: UniformSource) -> NDArray[np.
         active = active[remaining[active] > 0]
     alive = np.flatnonzero(result)
     result[alive] = _bernoulli_exp_fraction(fraction[alive], den, source)
+    _scrub(whole, fraction, remaining)
     return result
 
 
@@ -232,12 +241,18 @@ def discrete_laplace(scale: int, size: int, source: UniformSource) -> NDArray[np
         trials = _oversampled(size - filled, _LAPLACE_ACCEPTANCE)
         u = source.below(np.full(trials, t, dtype=np.int64))
         kept = np.flatnonzero(bernoulli_exp(u, scale, source))
-        magnitude = u[kept] + t * _geometric_exp1(kept.size, source)
+        magnitude = u[kept]
+        quotient = _geometric_exp1(kept.size, source)
+        quotient *= t
+        magnitude += quotient
         negative = source.below(np.full(kept.size, 2, dtype=np.int64)) == 1
         valid = ~(negative & (magnitude == 0))
-        draws = np.where(negative, -magnitude, magnitude)[valid][: size - filled]
+        signed = np.where(negative, -magnitude, magnitude)
+        kept_draws = signed[valid]
+        draws = kept_draws[: size - filled]
         out[filled : filled + draws.size] = draws
         filled += draws.size
+        _scrub(u, quotient, magnitude, signed, kept_draws)
     return out
 
 
@@ -297,13 +312,17 @@ def sample_discrete_gaussian(
         y = discrete_laplace(t, _oversampled(size - filled, _GAUSSIAN_ACCEPTANCE), source)
         magnitude = np.abs(y)
         if int(magnitude.max(initial=0)) * slope + offset < 2**31:  # the square fits int64
-            w = magnitude * np.int64(slope) - np.int64(offset)
+            w = magnitude * np.int64(slope)
+            w -= np.int64(offset)
             num: IntArray = w * w
+            _scrub(w)
         else:
             num = np.array([(int(m) * slope - offset) ** 2 for m in magnitude], dtype=object)
-        draws = y[bernoulli_exp(num, den, source)][: size - filled]
+        accepted = y[bernoulli_exp(num, den, source)]
+        draws = accepted[: size - filled]
         out[filled : filled + draws.size] = draws
         filled += draws.size
+        _scrub(y, magnitude, num, accepted)
     return out
 
 
