@@ -304,10 +304,7 @@ class PanPrivateACSA(Learner):
         """What a slice of the batch adds to g_t: Σ∇/b (float), or Σ trunc(∇/γ) in grid units (secure)."""
         if self._secure is None:
             return gradients.sum(axis=0) / batch
-        units = secure_noise.to_grid(gradients, self._lipschitz)
-        total = units.sum(axis=0)
-        units.fill(0)  # the per-record grid vectors are clean data: do not leave them in freed memory
-        return total
+        return secure_noise.grid_sum(gradients, self._lipschitz)
 
     def _noisy_mean(self, batch: int) -> Array:
         """g_t plus the second draw, as the batch's noisy mean gradient (secure: γ·sum/b, formed

@@ -206,6 +206,22 @@ def test_grid_rows_never_exceed_the_integer_norm_bound():
     assert (np.abs(units) <= np.abs(scaled) + 1e-9).all() and (np.abs(scaled) - np.abs(units) < 1 + 1e-9).all()
 
 
+def test_grid_sum_equals_the_sum_of_integer_rows_exactly():
+    rng = np.random.default_rng(3)
+    bound = 1.3
+    for rows, columns in ((1, 3), (500, 21), (3000, 101), (40, 1001)):
+        vectors = rng.normal(size=(rows, columns))
+        vectors *= bound / np.maximum(bound, np.linalg.norm(vectors, axis=1, keepdims=True))
+        vectors[: rows // 3] *= bound / np.linalg.norm(vectors[: rows // 3], axis=1, keepdims=True) * (1 + 4e-16)
+        vectors[-1] = 0.0
+        vectors[-1, 0] = bound * 1.001  # over the bound (a clipping defect): the integer path must fix it
+        expected = secure_noise.to_grid(vectors, bound).sum(axis=0)
+        assert (np.einsum("ij,ij->i", *(2 * [secure_noise.to_grid(vectors, bound)])) <= 4**secure_noise.GRID_BITS).all()
+        total = secure_noise.grid_sum(vectors, bound)
+        assert total.dtype == np.int64 and np.array_equal(total, expected)
+    assert np.array_equal(secure_noise.grid_sum(np.zeros((0, 4)), bound), np.zeros(4, dtype=np.int64))
+
+
 def test_replacing_one_record_moves_the_sum_by_at_most_the_sensitivity():
     bound = 3.0
     worst = np.array([[bound, 0.0, 0.0]]), np.array([[-bound, 0.0, 0.0]])
