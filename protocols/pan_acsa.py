@@ -390,6 +390,10 @@ class PanPrivateACSA(Learner):
                 "each batch gets two draws (at its start and at its end), each making the batch sum "
                 "(epsilon, delta)-DP alone; every record enters exactly one batch"
             )
+            assumptions[3] = (
+                "the intruder reads the internal state (iterates and partial gradient accumulator) at "
+                "most once; every noise draw uses fresh uniform integers from OS entropy (secrets)"
+            )
             assumptions.append(secure_noise.describe(self._secure))
             references += ["Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"]
         else:

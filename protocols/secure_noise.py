@@ -150,6 +150,6 @@ def describe(calibration: DrawCalibration) -> str:
         f"record's clipped gradient truncated toward zero and bounded in integers to norm 2^{GRID_BITS}, "
         f"so the sum's l2 sensitivity is {SENSITIVITY_UNITS} grid units; each draw is exact discrete "
         f"Gaussian N_Z(0, {calibration.sigma2}) per coordinate (sampled from OS entropy without "
-        f"floating point), i.e. rho = {calibration.rho:.6g}-zCDP for the sum (CKS 2020, Thm 14), hence "
-        f"(epsilon, delta) = ({calibration.epsilon:.6g}, {calibration.delta:g})-DP (CKS 2020, Cor. 13)"
+        f"floating point), i.e. rho = {calibration.rho:.6g}-zCDP for the sum (Canonne, Kamath & Steinke 2020, Thm 14), "
+        f"hence (epsilon, delta) = ({calibration.epsilon:.6g}, {calibration.delta:g})-DP (ibid., Cor. 13)"
     )
