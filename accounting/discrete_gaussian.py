@@ -12,7 +12,9 @@ guarantees (Canonne, Kamath & Steinke 2020, "CKS" below):
   independent coordinates add. CKS's multivariate corrections (a term 10·Σ_k e^{−2π²σ²k/(k+1)})
   concern *sums* of discrete Gaussians (the distributed setting of Kairouz, Liu & Steinke 2021);
   they do not apply here, where one discrete Gaussian vector is added centrally.
-* **zCDP → (ε, δ)** (CKS Cor. 13): ρ-zCDP implies (ε, δ)-DP for
+* **zCDP → (ε, δ)** (CKS Cor. 13, arXiv v4; the ρ-zCDP case of their Prop. 12, the RDP
+  conversion δ = exp((α − 1)(ε_α − ε))/α · (1 − 1/α)^(α−1) that dp-accounting also implements,
+  with ε_α = αρ): ρ-zCDP implies (ε, δ)-DP for
   δ = inf_{α>1} exp((α − 1)(αρ − ε)) / (α − 1) · (1 − 1/α)^α, tighter than the classic
   ε = ρ + 2√(ρ log(1/δ)) (Bun & Steinke 2016, Prop. 1.3). This is what the multivariate mechanism
   gets: the exact δ(ε) of a p-dimensional discrete Gaussian depends on the direction of the shift.
@@ -29,7 +31,7 @@ margin of :data:`DELTA_MARGIN` on δ for the rounding of the final evaluation.
 References
 ----------
 Canonne, Kamath & Steinke (2020), "The Discrete Gaussian for Differential Privacy", NeurIPS 2020,
-arXiv:2004.00010, Thms 4, 7, 14 and Cor. 13.
+arXiv:2004.00010 (theorem numbers of v4), Thms 4, 7, 14, Prop. 12 and Cor. 13.
 Bun & Steinke (2016), "Concentrated differential privacy: simplifications, extensions, and lower
 bounds", TCC 2016, arXiv:1605.02065, Prop. 1.3.
 """
