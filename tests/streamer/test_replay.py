@@ -9,6 +9,7 @@ restarts as a new ledger instance composed with what the interrupted pass releas
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from streamer.codec import encode_batch, encode_json, make_codec
 from streamer.config import load_config
 from streamer.errors import ConfigError, SourceError
 from streamer.indexed import IndexedFile
-from streamer.processor import Processor
+from streamer.processor import PUBLIC_COUNTS, Processor
 from streamer.recording import RecordingWriter
 from streamer.sinks import read_snapshots
 from streamer.sources import iter_batches, open_source
@@ -235,7 +236,9 @@ def test_a_pass_stopped_midway_restarts_as_a_new_instance_composed_in_the_ledger
     assert saved.extra["replay"] == {"passes_charged": 0, "restart": True}
     assert saved.records == saved.learner_state["records"] == 0
     interrupted = PrivacyLedger.from_dict(saved.ledger).instances[first.instance]
-    assert interrupted.output.delta > 0 and interrupted == PrivacyReport.from_dict(first.last_snapshot["privacy"])
+    stated = PrivacyReport.from_dict(first.last_snapshot["privacy"])
+    assert stated.assumptions[-1] == PUBLIC_COUNTS  # the service adds which counts are public
+    assert interrupted.output.delta > 0 and interrupted == dataclasses.replace(stated, assumptions=stated.assumptions[:-1])
     # A budget below the composition stops before the new pass uses anything.
     capped = Processor(config(path, tmp_path / "out", **settings, **{"learner.max_epsilon": 1.5})).run()
     assert capped.outcome == "budget_exhausted" and "raise ε to 2" in capped.message and capped.records == 0
