@@ -200,3 +200,17 @@ def report_for(ledger: PrivacyLedger, instances: Iterable[str], records: int) ->
         references=tuple(references),
         max_records_per_user=ledger.max_records_per_user,
     )
+
+
+def per_source(ledger: PrivacyLedger) -> dict[str, tuple[Guarantee, Guarantee]]:
+    """Per data source of ``ledger``, the (output, intrusion) guarantee composed over every use,
+    worst case over its records (what ``panpriv budget`` and the metrics show)."""
+    result: dict[str, tuple[Guarantee, Guarantee]] = {}
+    for source in ledger.sources:
+        output, intrusion = Guarantee(0.0, 0.0), Guarantee(0.0, 0.0)
+        for segment in ledger.coverage(source):
+            o, i = ledger.record_guarantee(segment.uses)
+            output = Guarantee(max(output.epsilon, o.epsilon), max(output.delta, o.delta))
+            intrusion = Guarantee(max(intrusion.epsilon, i.epsilon), max(intrusion.delta, i.delta))
+        result[source] = (output, intrusion)
+    return result

@@ -332,3 +332,46 @@ def describe_excess(excess: Excess, limit: float, instances: Mapping[str, Instan
         f"records [{excess.start:,}, {excess.stop:,}) of {excess.source} would reach ε = {excess.epsilon:.4g} "
         f"> max_epsilon = {limit:g}; already spent by: {spent}"
     )
+
+
+def describe_store(directory: Path, contains: str | None = None) -> str:
+    """``panpriv budget``: per data source, its ranges and uses with the composed guarantee; then
+    every run (output directory, start, last durable checkpoint) and its instances' reports."""
+    from datetime import UTC, datetime
+
+    from accounting.budget import per_source
+
+    path = Path(directory) / DATABASE_NAME
+    if not path.exists():
+        return f"budget store {path}: empty (no run has used this state directory)"
+    store = BudgetStore(Path(directory))
+    try:
+        ledger = store.ledger()
+        instances = store.instances()
+        runs = store.runs()
+    finally:
+        store.close()
+    lines = [f"budget store {path}"]
+    sources = [s for s in ledger.sources if contains is None or contains in s]
+    totals = per_source(ledger)
+    lines.append(f"  data sources ({len(sources)}):")
+    for source in sources:
+        output, intrusion = totals[source]
+        lines.append(f"    {source}: composed over all runs, worst record: output {output}, intrusion {intrusion}")
+        for segment in ledger.coverage(source):
+            o, i = ledger.record_guarantee(segment.uses)
+            lines.append(
+                f"      [{segment.start:,}, {segment.stop:,}) used by {', '.join(segment.uses)}: output {o}, intrusion {i}"
+            )
+    lines.append(f"  runs ({len(runs)}):")
+    for run in runs:
+        started = datetime.fromtimestamp(run.started, UTC).isoformat(timespec="seconds")
+        ended = "stopped cleanly" if run.clean else "running, or crashed"
+        lines.append(
+            f"    {run.run}: out {run.out}, source {run.source}, started {started}, last durable checkpoint "
+            f"{run.sequence} ({ended})" + (f", {run.losses} crash loss(es) accounted" if run.losses else "")
+        )
+        for info in sorted(instances.values(), key=lambda i: i.instance):
+            if info.run == run.run:
+                lines.append(f"      {info.instance}: output {info.report.output}, intrusion {info.report.intrusion}")
+    return "\n".join(lines)

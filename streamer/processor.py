@@ -82,7 +82,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.budget import Excess, exceeds, lost_state_report, report_for
+from accounting.budget import Excess, exceeds, lost_state_report, per_source, report_for
 from accounting.ledger import PrivacyLedger, PrivacyReport
 from protocols.base import Learner
 from protocols.errors import ProtocolError
@@ -309,12 +309,12 @@ class Processor:
         self._store_pass = self._passes_charged
         if saved is not None:
             self._account_lost_state(source, saved)
+        self._precheck_budget(source)
         self.budget.begin_run(self.instance, self.out, display_name(self.config.source.url))
         for instance, report in self.ledger.instances.items():
             if instance == self.instance or instance.startswith(self.instance + "/"):
                 self._store_register(instance, report)
         self._register_learner()
-        self._precheck_budget(source)
 
     def _account_lost_state(self, source: Source | IndexedFile, saved: Checkpoint) -> None:
         state = self.budget.run_state(saved.instance)
@@ -366,8 +366,8 @@ class Processor:
     def _refuse_if_spent_by_others(self, ranges: Mapping[str, tuple[int, int]], limit: float) -> None:
         data_ranges = self._keys.ranges(ranges)
         ledger = self.budget.ledger(data_ranges)
-        if self.instance not in ledger.instances:
-            ledger.register(self.instance, self._store_report(self.instance))
+        if self.instance not in ledger.instances:  # the learner's whole guarantee stands for this run's use
+            ledger.register(self.instance, self.learner.privacy())
         excess = exceeds(ledger, self.instance, data_ranges, limit)
         if excess is not None and self._spent_by_others(excess):
             raise BudgetExceededError(
@@ -379,12 +379,11 @@ class Processor:
         mine = set(self.ledger.instances)
         return any(instance not in mine for instance, _ in excess.spent_by)
 
-    def _store_report(self, instance: str) -> PrivacyReport:
-        return self._stored_reports.get(instance) or self.ledger.instances[instance]
-
     def _store_register(self, instance: str, report: PrivacyReport) -> None:
-        """Mirror a ledger registration in the budget store (only when it changed: one write)."""
-        if self._stored_reports.get(instance) != report:
+        """Mirror a ledger registration in the budget store, when its guarantees changed (a write
+        per change, not per micro-batch: the record count in the report is not what is composed)."""
+        stored = self._stored_reports.get(instance)
+        if stored is None or (stored.output, stored.intrusion) != (report.output, report.intrusion):
             self.budget.register(instance, self.instance, report, self.out)
             self._stored_reports[instance] = report
 
@@ -405,14 +404,18 @@ class Processor:
 
     # -- reporting -------------------------------------------------------------------------------
 
-    def report(self) -> PrivacyReport:
+    def _store_ledger(self) -> PrivacyLedger:
+        """Every use, by every run, of the data sources this run has charged."""
+        return self.budget.ledger([self._keys.key(k) for k in self.ledger.sources])
+
+    def report(self, store_ledger: PrivacyLedger | None = None) -> PrivacyReport:
         """The guarantee of the records this run learned, composed over every run that used them
         (the budget store; this run's own ledger when the store is not open yet), with ``records``
         = records the learner has learned and the public counts stated."""
         own = self.ledger.report()
         if hasattr(self, "budget"):
-            keys = [self._keys.key(k) for k in self.ledger.sources]
-            composed = report_for(self.budget.ledger(keys), self.ledger.instances, self.learner.records_seen)
+            store_ledger = store_ledger if store_ledger is not None else self._store_ledger()
+            composed = report_for(store_ledger, self.ledger.instances, self.learner.records_seen)
             # The store holds every use of our records, ours included; the own ledger can only be weaker
             # when the store was emptied or moved, so the statement takes the worse of the two.
             if not (composed.output.dominates(own.output) and composed.intrusion.dominates(own.intrusion)):
@@ -798,9 +801,11 @@ class Processor:
         )
         durable_at = self.store.save(checkpoint)
         self.budget.mark_durable(self.instance, self.sequence, self._keys.positions(positions), clean=final)
-        report = self.report()
+        store_ledger = self._store_ledger()
+        report = self.report(store_ledger)
         self.metrics.observe_checkpoint(time.perf_counter() - t0, durable_at)
         self.metrics.observe_privacy(report)
+        self.metrics.observe_budget(per_source(store_ledger))
         if self._source is not None:
             self._source.acknowledge(positions)
             self._refresh_lag(force=True)
