@@ -227,7 +227,7 @@ class BudgetStore:
             return None
         with self._transaction() as db:
             if limit is not None:
-                excess = exceeds(self._ledger(db, ranges), instance, ranges, limit)
+                excess = exceeds(self._ledger(db, ranges, also=(instance,)), instance, ranges, limit)
                 if excess is not None:
                     return excess
             for source, (start, stop) in ranges.items():
@@ -279,7 +279,9 @@ class BudgetStore:
 
     # -- reading -------------------------------------------------------------------------------------
 
-    def _ledger(self, db: sqlite3.Connection, sources: Iterable[str] | None) -> PrivacyLedger:
+    def _ledger(self, db: sqlite3.Connection, sources: Iterable[str] | None, also: Iterable[str] = ()) -> PrivacyLedger:
+        """The composed ledger of ``sources`` (``None``: all), with the reports of the instances
+        in ``also`` registered too (an instance about to charge them for the first time)."""
         if sources is None:
             rows = db.execute("SELECT instance, source, start, stop FROM charges").fetchall()
         else:
@@ -291,7 +293,7 @@ class BudgetStore:
                     f"SELECT instance, source, start, stop FROM charges WHERE source IN ({','.join('?' * len(chunk))})",
                     chunk,
                 ).fetchall()
-        names = sorted({row[0] for row in rows})
+        names = sorted({row[0] for row in rows} | set(also))
         reports: dict[str, PrivacyReport] = {}
         for i in range(0, len(names), 500):
             chunk = names[i : i + 500]
@@ -299,6 +301,9 @@ class BudgetStore:
                 f"SELECT instance, report FROM instances WHERE instance IN ({','.join('?' * len(chunk))})", chunk
             ):
                 reports[instance] = PrivacyReport.from_dict(json.loads(text))
+        missing = set(also) - set(reports)
+        if missing:
+            raise BudgetError(f"{self.path}: instances {sorted(missing)} charge before they are registered")
         charges = sorted((Charge(*row) for row in rows), key=lambda c: (c.source, c.start, c.instance))
         return compose(reports, charges, self.max_records_per_user)
 

@@ -35,10 +35,13 @@ def _session_budget_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.fixture(autouse=True)
-def _budget_store_per_test(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _budget_store_per_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Each test's runs (in process and in child processes, which inherit the environment) compose
-    in a budget store of their own."""
-    monkeypatch.setenv("PANPRIV_STATE_DIR", str(tmp_path_factory.mktemp("panpriv-state")))
+    in a budget store of their own. A private MonkeyPatch: a test's ``monkeypatch.undo()`` must not
+    move it back to the session's store."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PANPRIV_STATE_DIR", str(tmp_path_factory.mktemp("panpriv-state")))
+        yield
 
 
 @pytest.fixture(scope="session")
