@@ -277,6 +277,11 @@ class BudgetStore:
                 db.execute("UPDATE runs SET losses = losses + 1 WHERE run = ?", (run[0],))
         return lost
 
+    def note_loss(self, run: str) -> None:
+        """Count one more crash loss of ``run`` (one whose lost instance was charged directly)."""
+        with self._transaction() as db:
+            db.execute("UPDATE runs SET losses = losses + 1 WHERE run = ?", (run,))
+
     # -- reading -------------------------------------------------------------------------------------
 
     def _ledger(self, db: sqlite3.Connection, sources: Iterable[str] | None, also: Iterable[str] = ()) -> PrivacyLedger:

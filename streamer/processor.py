@@ -1,8 +1,10 @@
-"""The processing loop: micro-batch → validate → learn → charge the ledger → checkpoint → snapshot.
+"""The processing loop: micro-batch → charge the budget → validate → learn → ledger → checkpoint → snapshot.
 
 Loop
 ----
-Poll the source for a micro-batch, decode and validate it (rejects are counted by reason, optionally
+Poll the source for a micro-batch; charge its position ranges to the budget store shared by every
+run (:mod:`streamer.budget`: durable before anything is learned, refused if the records' ε over all
+runs would exceed ``max_epsilon``); decode and validate it (rejects are counted by reason, optionally
 sent to a dead-letter topic; valid records are clipped), ``learn_many`` the valid records, charge
 the privacy ledger with the batch's consumed position ranges, and advance the positions. Every
 ``checkpoint.every_records`` records or ``checkpoint.every_seconds`` seconds, take a checkpoint;
@@ -14,8 +16,10 @@ spend it (an outcome, not a crash).
 Checkpoint order (quix-streams'): (1) take the snapshot from the learner (a release may change a
 learner's accounting, so it must be in the state saved next); (2) register the learner's current
 guarantee in the ledger; (3) flush the dead-letter producer; (4) write the manifest atomically
-(:mod:`streamer.checkpoint`): noisy state, positions, ledger, reject counters, config hash;
-(5) only now acknowledge upstream (Kafka offset commit) and (6) emit the snapshot.
+(:mod:`streamer.checkpoint`): noisy state, positions, ledger, reject counters, config hash, then
+note the durable positions in the budget store; (5) only now acknowledge upstream (Kafka offset
+commit) and (6) emit the snapshot. Step (2) also writes the learner's guarantee to the budget store
+when it changed, so the store never holds a guarantee weaker than what was released.
 
 Why each record contributes exactly once to the state that survives a crash
 --------------------------------------------------------------------------
@@ -47,6 +51,12 @@ P itself — all written in one atomic ``os.replace``, so they always agree.
   two learners (two ledgers) hold those records. For exactly-once across the whole stream, run one
   process per consumer group (or give each process its own topics).
 * Any unexpected error also exits without a final checkpoint, for the same reason.
+* What the lost work cost (issue 13): records learned after C were in the process's state, which
+  an intrusion could have read, though nothing was released from it. They were charged to the
+  budget store before they were learned, so on restart the store still holds the charges beyond
+  P; they become an intrusion-only *lost* instance and the re-learning charges the run again, so
+  the guarantee stated for those records is the composition of both uses
+  (:mod:`accounting.budget`, :meth:`Processor._begin_budget`).
 
 Learners that read a recording by record index (``shuffled-pnsgd``, ``shuffle-gd``; what they
 declare is in :mod:`streamer.replay`) get an :class:`~streamer.indexed.IndexedFile` instead of a
@@ -331,6 +341,7 @@ class Processor:
                 return
             self.budget.register(lost_instance, saved.instance, lost_report, self.out)
             self.budget.charge(lost_instance, self._keys.ranges(source.extent))
+            self.budget.note_loss(saved.instance)
             log.warning("run %s did not stop cleanly: its state since the last checkpoint was lost; charged as %s",
                         saved.instance, lost_instance)
             return

@@ -30,6 +30,7 @@ from streamer.codec import encode_json
 from streamer.config import load_config
 from streamer.errors import ConfigError
 from streamer.identity import file_digest
+from streamer.metrics import ServiceMetrics
 from streamer.processor import Processor
 from streamer.recording import RecordingWriter
 from tests.realparts import wait_until
@@ -297,3 +298,14 @@ def test_kill_9_then_restart_reports_the_composition_of_both_uses(tmp_path) -> N
     assert stated.output == Guarantee(1.0, 1e-6)
     assert stated.intrusion == Guarantee(2.0, 2e-6)
     assert any(lost in text for text in stated.assumptions)
+
+
+def test_metrics_export_the_budget_composed_over_all_runs_per_data_source(jsonl, tmp_path) -> None:
+    Processor(configure(jsonl, tmp_path / "a")).run()
+    metrics = ServiceMetrics()
+    result = Processor(configure(jsonl, tmp_path / "b"), metrics=metrics).run()
+    source = f"sha256:{file_digest(jsonl)}"
+    for guarantee in ("output", "intrusion"):
+        assert metrics.registry.get_sample_value("panpriv_budget_epsilon", {"source": source, "guarantee": guarantee}) == 2.0
+        assert metrics.registry.get_sample_value("panpriv_privacy_epsilon", {"guarantee": guarantee}) == 2.0
+    assert result.report.output.epsilon == 2.0
