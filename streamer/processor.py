@@ -93,7 +93,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from accounting.budget import Excess, exceeds, lost_state_report, per_source, report_for
-from accounting.ledger import PrivacyLedger, PrivacyReport
+from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 from protocols.base import Learner
 from protocols.errors import ProtocolError
 from streamer.budget import BudgetExceededError, BudgetStore, default_state_dir, describe_excess
@@ -692,16 +692,19 @@ class Processor:
     def _charge_pass_budget(self, source: IndexedFile) -> str | None:
         """Before the first micro-batch of a pass, charge the whole recording to the pass's
         instance in the budget store (durably, before anything of the pass is learned). A pass
-        instance not registered yet (a learner reporting per round registers a round once it has
-        begun) is registered first with the learner's cumulative guarantee, which bounds the
-        round's increment; the round's own report replaces it once the round has begun."""
+        instance not registered yet (a learner reporting per round knows a round's report only
+        once the round has begun) is registered first as claiming no guarantee at all — safe if
+        the process dies before the round's own report replaces it after its first micro-batch."""
         n = self.learner.n  # type: ignore[attr-defined]
         number = self.learner.records_seen // n + 1
         if self.learner.records_seen % n or number <= self._store_pass:
             return None
         instance = self._pass_instance(number)
         if instance not in self._stored_reports:
-            self._store_register(instance, self.learner.privacy())
+            self._store_register(instance, PrivacyReport(
+                self.learner.name, 0, Guarantee.none(), Guarantee.none(),
+                assumptions=("a round not begun yet: no guarantee is claimed until its own report is registered",),
+            ))
         refused = self._charge_budget(instance, source.extent)
         if refused is None:
             self._store_pass = number

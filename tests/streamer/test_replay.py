@@ -22,6 +22,7 @@ import pytest
 
 from accounting.ledger import PrivacyLedger, PrivacyReport
 from protocols.pnsgd import ShuffledPNSGD
+from streamer.budget import BudgetStore
 from streamer.checkpoint import CheckpointStore
 from streamer.codec import encode_batch, encode_json, make_codec
 from streamer.config import load_config
@@ -330,6 +331,12 @@ def test_shuffle_learners_run_through_the_service_on_a_recording(name, tmp_path,
     assert checkpoint.finished and checkpoint.learner == name
     uses = {key: [(s.start, s.stop, len(s.uses)) for s in ledger.coverage(key)] for key in ledger.sources}
     assert uses == {key: [(start, stop, rounds)] for key, (start, stop) in extent.items()}
+    # The budget store saw the same uses under the data keys (the recording's declared source), and
+    # the stated guarantee composed over it is the ledger's: no round is left with its provisional report.
+    shared = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"])).ledger()
+    assert {key.removeprefix("kafka:source=test/"): [(s.start, s.stop, len(s.uses)) for s in shared.coverage(key)]
+            for key in shared.sources} == uses
+    assert (final.report.output, final.report.intrusion) == (ledger.report().output, ledger.report().intrusion)
     if name == "shuffle-gd":
         assert ledger.report().output.epsilon == pytest.approx(final.learner.privacy().output.epsilon, rel=1e-8)
         assert ledger.report().output.epsilon >= final.learner.privacy().output.epsilon
