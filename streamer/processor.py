@@ -138,6 +138,13 @@ PUBLIC_COUNTS = (
 )
 """Stated with every report the service releases (issue 13, point 5)."""
 
+SEEDED_OUTPUT = (
+    "seeded noise (learner.seed): the output guarantee holds only against an analyst who does not know the seed "
+    "(it is stored in the configuration and the checkpoint) and only if no other run uses the same seed; a seeded "
+    "run refuses to resume, so its noise stream never restarts"
+)
+"""Stated with every report of a seeded run (issue 13, point 4)."""
+
 _OPEN_END = 2**62
 """The end of a range "from here to whatever the source holds" in the start-up budget check."""
 
@@ -434,6 +441,8 @@ class Processor:
         else:
             composed = dataclasses.replace(own, records=self.learner.records_seen)
         assumptions = tuple(composed.assumptions) + (PUBLIC_COUNTS,)
+        if self.config.learner.seed is not None:
+            assumptions += (SEEDED_OUTPUT,)
         return dataclasses.replace(composed, assumptions=assumptions)
 
     def _over_budget(self, ranges: Mapping[str, tuple[int, int]] | None = None, instance: str | None = None) -> float | None:

@@ -244,6 +244,8 @@ def test_a_seeded_run_refuses_to_resume(jsonl, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(Processor, "_process", stop_after_3)
     assert Processor(configure(jsonl, out, **{"learner.seed": 5})).run().outcome == "stopped"
     monkeypatch.undo()
+    stated = json.loads((out / "snapshots.jsonl").read_text().splitlines()[-1])["privacy"]
+    assert any("only against an analyst who does not know the seed" in text for text in stated["assumptions"])
     with pytest.raises(ConfigError, match="learner.seed: refusing to resume the seeded run"):
         Processor(configure(jsonl, out, **{"learner.seed": 5})).run()
 
