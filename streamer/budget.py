@@ -34,7 +34,8 @@ service charges a range before it learns it. A check against ``max_epsilon`` and
 allows are one ``BEGIN IMMEDIATE`` transaction, so two processes on this machine sharing the
 state directory cannot both pass the check on the same records. Processes on different machines
 need a shared store; this one is local (the state directory must not be on a network file
-system, where SQLite's locking is unreliable).
+system, where SQLite's locking is unreliable); :mod:`streamer.budget_kafka` keeps the same store on
+a compacted Kafka topic, without atomic check-and-charge across machines.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from accounting.budget import Charge, Excess, compose, exceeds
 from accounting.ledger import PrivacyLedger, PrivacyReport
@@ -329,6 +331,27 @@ class BudgetStore:
         return [state for name in names if (state := self._run_state(self._db, name)) is not None]
 
 
+def open_budget(config: Any) -> Any:
+    """The budget store a :class:`~streamer.config.ServiceConfig` names: the compacted Kafka topic
+    ``[budget] kafka_topic`` (:mod:`streamer.budget_kafka`) if set, else the SQLite store in
+    ``[budget] state_dir`` (default :func:`default_state_dir`)."""
+    budget = config.budget
+    k = config.learner.max_records_per_user
+    if budget.kafka_topic:
+        from streamer.budget_kafka import KafkaBudgetStore
+        from streamer.errors import ConfigError
+        from streamer.sources import parse_kafka_url
+
+        if budget.kafka_bootstrap:
+            bootstrap = [h for h in budget.kafka_bootstrap.split(",") if h]
+        elif config.source.url.startswith("kafka://"):
+            bootstrap = parse_kafka_url(config.source.url).bootstrap
+        else:
+            raise ConfigError("budget.kafka_bootstrap is required when budget.kafka_topic is set and the source is not Kafka")
+        return KafkaBudgetStore(bootstrap, budget.kafka_topic, k)
+    return BudgetStore(budget.state_dir or default_state_dir(), k)
+
+
 def describe_excess(excess: Excess, limit: float, instances: Mapping[str, InstanceInfo]) -> str:
     """One line naming what a refused charge would reach and the runs that spent the budget."""
     spenders = []
@@ -347,14 +370,19 @@ def describe_excess(excess: Excess, limit: float, instances: Mapping[str, Instan
 def describe_store(directory: Path, contains: str | None = None) -> str:
     """``panpriv budget``: per data source, its ranges and uses with the composed guarantee; then
     every run (output directory, start, last durable checkpoint) and its instances' reports."""
+    path = Path(directory) / DATABASE_NAME
+    if not path.exists():
+        return f"budget store {path}: empty (no run has used this state directory)"
+    return describe_opened(BudgetStore(Path(directory)), contains)
+
+
+def describe_opened(store: Any, contains: str | None = None) -> str:
+    """:func:`describe_store` for an opened store (SQLite or Kafka); closes it."""
     from datetime import UTC, datetime
 
     from accounting.budget import per_source
 
-    path = Path(directory) / DATABASE_NAME
-    if not path.exists():
-        return f"budget store {path}: empty (no run has used this state directory)"
-    store = BudgetStore(Path(directory))
+    path = store.path
     try:
         ledger = store.ledger()
         instances = store.instances()

@@ -228,9 +228,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
-    from streamer.budget import default_state_dir, describe_store
+    from streamer.budget import default_state_dir, describe_opened, describe_store
 
-    print(describe_store(Path(args.state_dir or default_state_dir()), args.source))
+    if args.kafka:
+        from streamer.budget_kafka import KafkaBudgetStore
+        from streamer.sources import parse_kafka_url
+
+        spec = parse_kafka_url(args.kafka)
+        print(describe_opened(KafkaBudgetStore(spec.bootstrap, spec.topics[0]), args.source))
+    else:
+        print(describe_store(Path(args.state_dir or default_state_dir()), args.source))
     return EXIT_OK
 
 
@@ -344,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     budget.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
     budget.add_argument("--source", help="only data keys containing this text (e.g. a topic name)")
+    budget.add_argument("--kafka", metavar="URL", help="the store on a Kafka topic ([budget] kafka_topic): kafka://host:port/topic")
     budget.set_defaults(handler=cmd_budget)
     return parser
 

@@ -177,6 +177,10 @@ class BudgetConfig(_Section):
         description="directory of the budget store; None: $PANPRIV_STATE_DIR, else $XDG_STATE_HOME/panpriv, "
         "else ~/.local/state/panpriv",
     )
+    kafka_topic: str | None = Field(
+        default=None, description="keep the budget store on this compacted Kafka topic instead (several machines)"
+    )
+    kafka_bootstrap: str | None = Field(default=None, description="default: the kafka source's brokers")
 
 
 class ServiceConfig(_Section):

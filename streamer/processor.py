@@ -96,7 +96,7 @@ from accounting.budget import Excess, exceeds, lost_state_report, per_source, re
 from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 from protocols.base import Learner
 from protocols.errors import ProtocolError
-from streamer.budget import BudgetExceededError, BudgetStore, default_state_dir, describe_excess
+from streamer.budget import BudgetExceededError, BudgetStore, describe_excess, open_budget
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
@@ -222,7 +222,7 @@ class Processor:
         self._lag_due = 0.0  # monotonic time of the next lag refresh
         self._rounds_registered = 0  # rounds of a per-round learner registered in the ledger
         # The budget store (streamer.budget), shared by every run on this machine's state directory:
-        self.budget: BudgetStore
+        self.budget: BudgetStore  # or a streamer.budget_kafka.KafkaBudgetStore: the same interface
         self._keys = DataKeys()
         self._stored_reports: dict[str, PrivacyReport] = {}  # what the store holds for our instances
         self._learned_here = 0  # records learned by this process (0: a budget refusal is a refusal to start)
@@ -319,9 +319,7 @@ class Processor:
         recording — conservative. A pass restarted under a new instance (``resumes_mid_pass``
         False) composes with the interrupted pass in full already and needs no lost instance.
         """
-        self.budget = BudgetStore(
-            self.config.budget.state_dir or default_state_dir(), self.config.learner.max_records_per_user
-        )
+        self.budget = open_budget(self.config)
         self._keys = data_keys_for(self.config.source.url, source)
         self._store_pass = self._passes_charged
         if saved is not None:

@@ -84,3 +84,58 @@ def test_runs_over_one_topic_and_a_replay_of_its_recording_compose_and_the_budge
     snapshots = tmp_path / "d" / "snapshots.jsonl"
     assert not snapshots.exists() or snapshots.read_bytes() == b""  # nothing released
     assert [len(s.uses) for key in keys for s in store.ledger().coverage(key)] == [3] * PARTITIONS
+
+
+def test_the_budget_store_on_a_compacted_topic_is_shared_by_runs_and_survives_reopening(kafka_broker, tmp_path) -> None:
+    """[budget] kafka_topic: two runs over the same file (in two processes' worth of store objects)
+    compose through the topic; a third store object reading the topic from the start sees every
+    charge, the runs and the lost-state reclassification; a run past max_epsilon is refused."""
+    from streamer.budget import BudgetExceededError
+    from streamer.budget_kafka import KafkaBudgetStore
+    from streamer.config import load_config
+    from streamer.identity import file_digest
+    from streamer.processor import Processor
+
+    path = tmp_path / "data.jsonl"
+    rng = np.random.default_rng(5)
+    path.write_bytes(b"\n".join(encode_json(x, 1 if x[0] > 0 else -1) for x in rng.standard_normal((1500, DIM)) / 2) + b"\n")
+    store_topic = f"panpriv-budget-{uuid.uuid4().hex[:8]}"
+
+    def configure(out: Path, **extra):
+        return load_config(None, {
+            "source.url": f"file:{path}", "records.format": "json", "records.dim": DIM, "records.feature_bound": 1.0,
+            "source.batch_records": 200, "checkpoint.every_records": 500, "snapshots.every_records": 500,
+            "metrics.port": None, "out": str(out), "budget.kafka_topic": store_topic,
+            "budget.kafka_bootstrap": kafka_broker.bootstrap, **extra,
+        })
+
+    first = Processor(configure(tmp_path / "a")).run()
+    second = Processor(configure(tmp_path / "b")).run()
+    assert first.report.output.epsilon == 1.0 and second.report.output.epsilon == 2.0
+    with pytest.raises(BudgetExceededError, match="ε = 3 > max_epsilon = 2.5"):
+        Processor(configure(tmp_path / "c", **{"learner.max_epsilon": 2.5})).run()
+
+    reader = KafkaBudgetStore([kafka_broker.bootstrap], store_topic)
+    try:
+        key = f"sha256:{file_digest(path)}"
+        coverage = reader.ledger().coverage(key)
+        assert [(s.start, s.stop, s.uses) for s in coverage] == [(0, 1500, tuple(sorted((first.instance, second.instance))))]
+        assert {run.out for run in reader.runs() if run.clean} == {str(tmp_path / "a"), str(tmp_path / "b")}
+        # Reclassification is written to the topic too: another reader sees it.
+        from accounting.budget import lost_state_report
+
+        reader.reclassify_lost(first.instance, {key: 1000}, f"{first.instance}/lost-001",
+                               lost_state_report(first.report))
+    finally:
+        reader.close()
+    again = KafkaBudgetStore([kafka_broker.bootstrap], store_topic)
+    try:
+        segments = [(s.start, s.stop, s.uses) for s in again.ledger().coverage(key)]
+        lost = f"{first.instance}/lost-001"
+        assert segments == [
+            (0, 1000, tuple(sorted((first.instance, second.instance)))),
+            (1000, 1500, tuple(sorted((lost, second.instance)))),
+        ]
+        assert again.run_state(first.instance).losses == 1
+    finally:
+        again.close()
