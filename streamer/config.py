@@ -10,7 +10,8 @@ Sections (TOML tables) and what they decide:
   length ``n``, ``max_epsilon`` (stop before the composed guarantee would exceed it),
   ``max_records_per_user`` (declared, not enforced), a test-only ``seed``, and learner-specific ``options``.
 - ``[checkpoint]``, ``[snapshots]``, ``[metrics]`` — cadence, sinks, HTTP endpoint.
-- ``[budget]`` — ``state_dir``, the directory of the budget store shared by every run
+- ``[budget]`` — ``state_dir``, the directory of the budget store shared by every run, or
+  ``kafka_topic``/``kafka_bootstrap`` to keep it on a compacted Kafka topic
   (:mod:`streamer.budget`).
 - top level: ``out`` (directory of checkpoints and snapshots) and ``progress``.
 
