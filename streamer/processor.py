@@ -433,9 +433,10 @@ class Processor:
             store_ledger = store_ledger if store_ledger is not None else self._store_ledger()
             composed = report_for(store_ledger, self.ledger.instances, self.learner.records_seen)
             # The store holds every use of our records, ours included; the own ledger can only be weaker
-            # when the store was emptied or moved, so the statement takes the worse of the two.
-            if not (composed.output.dominates(own.output) and composed.intrusion.dominates(own.intrusion)):
-                composed = dataclasses.replace(own, records=self.learner.records_seen)
+            # where the store was emptied or moved, so the statement takes the worse of the two.
+            composed = dataclasses.replace(
+                composed, output=_worse(composed.output, own.output), intrusion=_worse(composed.intrusion, own.intrusion)
+            )
         else:
             composed = dataclasses.replace(own, records=self.learner.records_seen)
         assumptions = tuple(composed.assumptions) + (PUBLIC_COUNTS,)
@@ -900,6 +901,11 @@ class Processor:
 
 
 _STOPPED = "stop requested (signal); final checkpoint taken"
+
+
+def _worse(a: Guarantee, b: Guarantee) -> Guarantee:
+    """The componentwise weaker of two guarantees (it bounds both)."""
+    return Guarantee(max(a.epsilon, b.epsilon), max(a.delta, b.delta))
 
 
 def _refused(name: str) -> LearnerInputError:
