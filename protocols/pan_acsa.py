@@ -62,6 +62,7 @@ from numpy.typing import NDArray
 
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import secure_noise
 from protocols import validation as check
 from protocols.acsa import (
     DEFAULT_TUNING,
@@ -78,6 +79,7 @@ from protocols.acsa import (
     uses_moreau,
 )
 from protocols.base import Learner, StateValue, check_batch
+from protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
@@ -134,7 +136,8 @@ class PanPrivateACSA(Learner):
         ``"auto"``: Moreau-smooth non-smooth losses only; ``"moreau"``: always (needs a closed-form
         prox); ``"none"``: never (needs a smooth loss).
     calibration
-        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1).
+        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1). Calibrates the
+        float Gaussian draws; with ``noise="secure"`` the discrete Gaussian has its own calibration.
     gradient_bound
         C: per-record gradients are clipped to norm min(C, L), L the loss's worst-case bound over Θ;
         ``None`` (default): L. The noise is calibrated to the sensitivity 2·min(C, L)/b, and the
@@ -146,6 +149,13 @@ class PanPrivateACSA(Learner):
         overshooting (O'Donoghue & Candès 2015; post-processing, :func:`protocols.acsa.step`),
         planned with :data:`protocols.acsa.RESTART_TUNING`. ``"none"``: Lan's method with 000's
         parameters, for which Thm C.3's utility bound is proven.
+    noise
+        ``"gaussian"`` (default): float64 Gaussian draws from numpy, accumulator in float64.
+        ``"secure"``: the accumulator is an int64 vector on a public fixed-point grid and both draws
+        are exact discrete Gaussians sampled from OS entropy without floating point, calibrated by
+        :mod:`accounting.discrete_gaussian` (:mod:`protocols.secure_noise`; Canonne, Kamath &
+        Steinke 2020), so no noise value passes through a floating-point sampler (Mironov 2012).
+        Same (ε, δ), same Lemma C.4 argument; σ is about 6–8% larger (zCDP accounting).
     rng
         ``None`` (default): every noise draw uses a fresh OS-entropy generator (pan-private).
         A seed or generator: reproducible replay/testing mode, in which there is no pan-private
@@ -166,7 +176,9 @@ class PanPrivateACSA(Learner):
     """
 
     name = "pan-acsa"
-    noisy_counters = frozenset({"step"})  # reset by restarts, which read the noisy gradients
+    # "step": reset by restarts, which read the noisy gradients; "grad_units": the secure mode's
+    # integer accumulator (noisy, compared in distribution by the conformance suite).
+    noisy_counters = frozenset({"step", "grad_units"})
 
     def __init__(
         self,
@@ -183,6 +195,7 @@ class PanPrivateACSA(Learner):
         calibration: str = "analytic",
         gradient_bound: float | None = None,
         restart: str = "gradient",
+        noise: str = "gaussian",
         rng: RngLike = None,
     ) -> None:
         self.dim = check.positive_int(_OWNER, "dim", dim)
@@ -203,12 +216,20 @@ class PanPrivateACSA(Learner):
         self.smoothing = smoothing
         self.gradient_bound = None if gradient_bound is None else check.positive(_OWNER, "gradient_bound", gradient_bound)
         self.restart = check.choice(_OWNER, "restart", restart, RESTARTS)
+        self.noise = check.choice(_OWNER, "noise", noise, secure_noise.NOISES)
 
         self._ball = L2Ball(self.radius)
         self._noise = NoiseSource(rng)
         self._params = self.loss.param_dim(self.dim)
         self._lipschitz = effective_gradient_bound(self.loss, self.feature_bound, self.radius, self.gradient_bound)
         self._unit_sigma = unit_sigma * (1.0 + SENSITIVITY_SLACK)
+        # -- secure noise (begin): the fixed-point grid and the discrete Gaussian of each draw
+        self._secure = secure_noise.calibrate_draw(self.epsilon, self.delta) if self.noise == "secure" else None
+        self._uniform: UniformSource | None = (
+            GeneratorUniform(np.random.default_rng(rng)) if self._secure is not None and rng is not None else None
+        )
+        noise_multiplier = self._unit_sigma if self._secure is None else self._secure.noise_multiplier
+        # -- secure noise (end)
         # Two draws of standard deviation ζ = s·2L/b each: E‖Z‖² = p·8 s² L²/b², i.e. ν² = 8 s².
         self._problem = Problem.for_loss(
             self.loss,
@@ -216,7 +237,7 @@ class PanPrivateACSA(Learner):
             feature_bound=self.feature_bound,
             radius=self.radius,
             strong_convexity=self.strong_convexity,
-            noise_multiplier=math.sqrt(8.0) * self._unit_sigma,
+            noise_multiplier=math.sqrt(8.0) * noise_multiplier,
             gradient_bound=self.gradient_bound,
         )
         self._plans_cache: tuple[int, tuple[RunPlan, ...]] | None = None
@@ -227,7 +248,7 @@ class PanPrivateACSA(Learner):
         self._filled = 0
         self._iterate = Iterate.start(np.zeros(self._params))
         # The accumulator g_t; between batches it is unused (zeros) until Z_t initialises it.
-        self._grad = np.zeros(self._params)
+        self._grad = self._zero_accumulator()
 
     # -- plans and noise ---------------------------------------------------------------------
 
@@ -262,11 +283,40 @@ class PanPrivateACSA(Learner):
 
     def batch_noise_std(self, batch: int) -> float:
         """ζ for a batch of ``batch`` records: the standard deviation of each of the two draws, for
-        ℓ2 sensitivity 2L/b (times 1 + :data:`SENSITIVITY_SLACK`)."""
+        ℓ2 sensitivity 2L/b (times 1 + :data:`SENSITIVITY_SLACK`). Secure noise: γσ/b, the draw's
+        σ in grid units times the grid step, on the scale of the batch mean (N_Z's standard
+        deviation is at most σ)."""
+        if self._secure is not None:
+            return math.sqrt(self._secure.sigma2) * secure_noise.grid_step(self._lipschitz) / batch
         return self._unit_sigma * 2.0 * self._lipschitz / batch
 
     def _draw(self, batch: int) -> Array:
+        if self._secure is not None:  # grid units, exact (secure noise)
+            return secure_noise.draw(self._secure, self._params, self._uniform)
         return self._noise.generator().normal(0.0, self.batch_noise_std(batch), size=self._params)
+
+    # -- secure noise (begin): the accumulator's representation in each mode ------------------
+
+    def _zero_accumulator(self) -> NDArray[np.float64] | NDArray[np.int64]:
+        return np.zeros(self._params, dtype=np.float64 if self._secure is None else np.int64)
+
+    def _contribution(self, gradients: Array, batch: int) -> NDArray[np.float64] | NDArray[np.int64]:
+        """What a slice of the batch adds to g_t: Σ∇/b (float), or Σ trunc(∇/γ) in grid units (secure)."""
+        if self._secure is None:
+            return gradients.sum(axis=0) / batch
+        return secure_noise.grid_sum(gradients, self._lipschitz)
+
+    def _noisy_mean(self, batch: int) -> Array:
+        """g_t plus the second draw, as the batch's noisy mean gradient (secure: γ·sum/b, formed
+        only now — post-processing of the noisy integer sum)."""
+        if self._secure is None:
+            return self._grad + self._draw(batch)
+        draw = self._draw(batch)
+        self._grad += draw
+        draw.fill(0)  # the pure noise vector Z'_t must not outlive its use
+        return self._grad.astype(np.float64) * (secure_noise.grid_step(self._lipschitz) / batch)
+
+    # -- secure noise (end) --------------------------------------------------------------------
 
     # -- learning ------------------------------------------------------------------------------
 
@@ -283,7 +333,7 @@ class PanPrivateACSA(Learner):
             take = min(batch - self._filled, Z.shape[0] - position)
             rows = slice(position, position + take)
             gradients = record_gradients(self.loss, self._iterate.theta_md, Z[rows], labels[rows], plan, self._lipschitz)
-            self._grad = self._grad + gradients.sum(axis=0) / batch
+            self._grad = self._grad + self._contribution(gradients, batch)
             self._filled += take
             self._records += take
             position += take
@@ -292,7 +342,7 @@ class PanPrivateACSA(Learner):
 
     def _finish_batch(self, plan: RunPlan, batch: int) -> None:
         """Alg. 6 lines 9–12 for the completed batch."""
-        gradient = self._grad + self._draw(batch) + self.loss.ridge_gradient(self._iterate.theta_md)
+        gradient = self._noisy_mean(batch) + self.loss.ridge_gradient(self._iterate.theta_md)
         self._iterate = step(self._iterate, gradient, plan.sizes, self._ball, restart=self.restart == "gradient")
         if self._iterate.batch > plan.steps:  # run over: next phase or next epoch, warm-started
             self._phase += 1
@@ -301,7 +351,7 @@ class PanPrivateACSA(Learner):
                 self._phase = 0
             self._iterate = Iterate.start(self._iterate.theta_ag)
         self._filled = 0
-        self._grad = np.zeros(self._params)
+        self._grad = self._zero_accumulator()
 
     # -- outputs -------------------------------------------------------------------------------
 
@@ -335,7 +385,19 @@ class PanPrivateACSA(Learner):
             "most once; every noise draw comes from a generator freshly seeded from OS entropy",
         ]
         references = ["000, Alg. 6", "000, Lemma C.4", "000, Thm C.3", "000, Def. C.2"]
-        references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "000, Lemma C.5")
+        if self._secure is not None:  # secure noise: the draws are discrete Gaussians
+            assumptions[2] = (
+                "each batch gets two draws (at its start and at its end), each making the batch sum "
+                "(epsilon, delta)-DP alone; every record enters exactly one batch"
+            )
+            assumptions[3] = (
+                "the intruder reads the internal state (iterates and partial gradient accumulator) at "
+                "most once; every noise draw uses fresh uniform integers from OS entropy (secrets)"
+            )
+            assumptions.append(secure_noise.describe(self._secure))
+            references += ["Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"]
+        else:
+            references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "000, Lemma C.5")
         return self._privacy_report(guarantee, guarantee, assumptions, references, seeded=self._noise.is_seeded)
 
     # -- persistence ---------------------------------------------------------------------------
@@ -355,11 +417,14 @@ class PanPrivateACSA(Learner):
             "calibration": self.calibration,
             "gradient_bound": self.gradient_bound,
             "restart": self.restart,
+            "noise": self.noise,
         }
 
     def state_dict(self) -> dict[str, StateValue]:
         """Counters, the iterates (post-processing of noisy sums) and the accumulator g_t (noisy:
-        Z_t plus the batch's partial sum; zeros between batches)."""
+        Z_t plus the batch's partial sum; zeros between batches). Secure noise: the accumulator is
+        ``"grad_units"``, int64 grid units, instead of ``"grad"``."""
+        accumulator = "grad" if self._secure is None else "grad_units"
         return {
             "records": self._records,
             "epoch": self._epoch,
@@ -370,11 +435,12 @@ class PanPrivateACSA(Learner):
             "theta": self._iterate.theta.copy(),
             "theta_ag": self._iterate.theta_ag.copy(),
             "theta_md": self._iterate.theta_md.copy(),
-            "grad": self._grad.copy(),
+            accumulator: self._grad.copy(),
         }
 
     def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
-        missing = set(_ARRAYS + _COUNTERS) - set(state)
+        float_arrays = _ARRAYS if self._secure is None else _ARRAYS[:-1]
+        missing = set(float_arrays + _COUNTERS + (() if self._secure is None else ("grad_units",))) - set(state)
         if missing:
             raise InvalidInputError(f"{_OWNER}.load_state_dict: state lacks {sorted(missing)}")
         counters = {}
@@ -384,7 +450,7 @@ class PanPrivateACSA(Learner):
                 raise InvalidInputError(check.message(f"{_OWNER}.load_state_dict", key, "an int >= 0", value))
             counters[key] = int(value)
         arrays = {}
-        for key in _ARRAYS:
+        for key in float_arrays:
             array = np.array(state[key], dtype=np.float64, copy=True)
             if array.shape != (self._params,) or not np.all(np.isfinite(array)):
                 raise InvalidInputError(
@@ -410,4 +476,14 @@ class PanPrivateACSA(Learner):
         self._iterate = Iterate(
             arrays["theta"], arrays["theta_ag"], arrays["theta_md"], counters["step"], counters["batch"]
         )
-        self._grad = arrays["grad"]
+        self._grad = arrays["grad"] if self._secure is None else self._read_units(state["grad_units"])
+
+    def _read_units(self, value: StateValue) -> NDArray[np.int64]:
+        """The secure mode's int64 accumulator from a state dict (integers only, no float)."""
+        array = np.asarray(value)
+        if array.shape != (self._params,) or array.dtype.kind not in "iu":
+            raise InvalidInputError(
+                f"{_OWNER}.load_state_dict: 'grad_units' must be {self._params} integers (noise='secure'); "
+                f"got shape {array.shape}, dtype {array.dtype}"
+            )
+        return array.astype(np.int64, copy=True)
