@@ -22,9 +22,12 @@ def synthetic_args(out: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The --out directory of a real, finished synthetic run (do not modify: copy it)."""
+    """The --out directory of a real, finished synthetic run (do not modify: copy it). Its budget
+    store is its own: the session's store is read by other session-scoped fixtures."""
     workdir = tmp_path_factory.mktemp("finished")
-    code, output = run_panpriv(synthetic_args(workdir / "out"), workdir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PANPRIV_STATE_DIR", str(workdir / "state"))
+        code, output = run_panpriv(synthetic_args(workdir / "out"), workdir)
     assert code == 0, output
     return workdir / "out"
 
