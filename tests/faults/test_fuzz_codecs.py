@@ -27,7 +27,7 @@ from streamer.config import load_config
 
 DIM = 3
 BOUND = 1.0
-FAST_EXAMPLES = 150
+FAST_EXAMPLES = 100
 SOAK_RECORDS = 10_000
 SOAK_EXAMPLES = 1_000  # batches of up to 16 messages, repeated until SOAK_RECORDS records
 
