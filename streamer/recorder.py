@@ -16,6 +16,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from streamer import kafka_calls
 from streamer.errors import SourceError
 from streamer.identity import kafka_cluster_identity
 from streamer.recording import RecordingWriter
@@ -49,7 +50,7 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
                 raise SourceError(f"topic {topic!r} does not exist on {','.join(spec.bootstrap)}")
             partitions += [TopicPartition(topic, p) for p in sorted(ids)]
         consumer.assign(partitions)
-        start = consumer.beginning_offsets(partitions)
+        start = kafka_calls.beginning_offsets(consumer, partitions)
         for tp in partitions:
             consumer.seek(tp, start[tp])
         created = datetime.now(UTC).isoformat(timespec="seconds")
@@ -69,7 +70,7 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
                 empty_polls = 0
                 last_progress = time.monotonic()
                 continue
-            end = consumer.end_offsets(partitions)
+            end = kafka_calls.end_offsets(consumer, partitions)  # bounded: a silent broker is a one-line Kafka error
             caught_up = all(consumer.position(tp) >= end[tp] for tp in partitions)
             empty_polls = empty_polls + 1 if caught_up else 0
             if not caught_up and time.monotonic() - last_progress > timeout_s:
