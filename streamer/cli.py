@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import math
+import sqlite3
 import sys
 import time
 from datetime import UTC, datetime
@@ -395,6 +396,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
+    except sqlite3.Error as exc:  # the budget store failed (full disk, locked or damaged file)
+        print(
+            f"panpriv {args.command}: error: the privacy budget store failed ({exc}); nothing was learned "
+            "past its last charge. Check free space and permissions of the state directory (--state-dir), "
+            "then run the same command again",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
     except OSError as exc:  # a file error not raised as a StreamerError: one line, no traceback
         from streamer.ioerrors import describe
 

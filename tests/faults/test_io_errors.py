@@ -134,3 +134,30 @@ def test_disk_full_keeps_the_last_good_checkpoint_and_no_tmp(tmpfs, tmp_path) ->
         assert resumed.wait(30) == 0, resumed.output()
     finally:
         resumed.stop()
+
+
+@pytest.mark.slow
+def test_full_budget_store_disk_is_one_line_error(tmpfs, tmp_path) -> None:
+    """The budget store (SQLite) on a full file system: the run stops with one line naming the store
+    and the fix, no traceback, and nothing is learned past the last durable charge."""
+    disk = tmpfs("512k")
+    out = tmp_path / "out"
+    child = start_panpriv([*slow_synthetic_run(out, rate=4000), "--state-dir", str(disk)], tmp_path)
+    try:
+        store = CheckpointStore(out / "checkpoints")
+        wait_for(lambda: store.path.exists() and store.load().records > 0, 30, "a first checkpoint")
+        fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+        try:  # fill the state directory's file system to the last byte
+            while os.write(fd, b"\0" * 512):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        code = child.wait(60)
+    finally:
+        child.stop()
+    output = child.output()
+    assert code == 1, output
+    assert_no_traceback(output)
+    assert "budget store failed" in output and "--state-dir" in output, output
