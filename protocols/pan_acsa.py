@@ -73,7 +73,6 @@ from protocols.acsa import (
     Tuning,
     effective_gradient_bound,
     plan_runs,
-    record_gradients,
     step,
     uses_moreau,
 )
@@ -81,7 +80,9 @@ from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
+from protocols import scratch
 from protocols.randomness import NoiseSource, RngLike
+from protocols.scratch import BLOCK_ROWS, Scratch
 
 Array = NDArray[np.float64]
 
@@ -228,6 +229,7 @@ class PanPrivateACSA(Learner):
         self._iterate = Iterate.start(np.zeros(self._params))
         # The accumulator g_t; between batches it is unused (zeros) until Z_t initialises it.
         self._grad = np.zeros(self._params)
+        self._scratch = Scratch()
 
     # -- plans and noise ---------------------------------------------------------------------
 
@@ -265,35 +267,57 @@ class PanPrivateACSA(Learner):
         ℓ2 sensitivity 2L/b (times 1 + :data:`SENSITIVITY_SLACK`)."""
         return self._unit_sigma * 2.0 * self._lipschitz / batch
 
-    def _draw(self, batch: int) -> Array:
-        return self._noise.generator().normal(0.0, self.batch_noise_std(batch), size=self._params)
+    def _add_noise(self, batch: int) -> None:
+        """g_t += N(0, ζ_t² I), drawn into the accumulator's own buffer (no pure-noise array is left
+        behind, :meth:`protocols.randomness.NoiseSource.add_gaussian`)."""
+        self._noise.add_gaussian(self._grad, self.batch_noise_std(batch))
 
     # -- learning ------------------------------------------------------------------------------
 
     def learn_many(self, X: Array, y: Array) -> None:
-        """Add a micro-batch of records; any split of the stream gives the same mechanism."""
+        """Add a micro-batch of records; any split of the stream gives the same mechanism.
+
+        Features, labels, per-record gradients and their partial sums live only in this learner's
+        :class:`protocols.scratch.Scratch` buffers, zeroed before returning; the accumulator is
+        updated in place. So after the call, memory holds no clean per-record value and no pure
+        noise draw (tests/protocols/test_memory_residue.py).
+        """
         X, y = check_batch(_OWNER, X, y, self.dim)
-        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
-        position = 0
-        while position < Z.shape[0]:
-            plan = self.current_plan()
-            batch = plan.batch_size(self._iterate.batch)
-            if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
-                self._grad = self._draw(batch)
-            take = min(batch - self._filled, Z.shape[0] - position)
-            rows = slice(position, position + take)
-            gradients = record_gradients(self.loss, self._iterate.theta_md, Z[rows], labels[rows], plan, self._lipschitz)
-            self._grad = self._grad + gradients.sum(axis=0) / batch
-            self._filled += take
-            self._records += take
-            position += take
-            if self._filled == batch:
-                self._finish_batch(plan, batch)
+        try:
+            position = 0
+            while position < X.shape[0]:
+                plan = self.current_plan()
+                batch = plan.batch_size(self._iterate.batch)
+                if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
+                    self._grad.fill(0.0)
+                    self._add_noise(batch)
+                take = min(batch - self._filled, X.shape[0] - position, BLOCK_ROWS)
+                rows = slice(position, position + take)
+                self._add_records(X[rows], y[rows], plan, batch)
+                self._filled += take
+                self._records += take
+                position += take
+                if self._filled == batch:
+                    self._finish_batch(plan, batch)
+        finally:
+            self._scratch.wipe()
+
+    def _add_records(self, X: Array, y: Array, plan: RunPlan, batch: int) -> None:
+        """g_t += Σ ∇ℓ(θ^md_t; x)/b_t over the rows (Alg. 6 line 7), through scratch buffers."""
+        Z = scratch.features(self.loss, X, self.feature_bound, self._scratch)
+        labels = scratch.labels(self.loss, y, self._scratch)
+        gradients = scratch.clipped_gradients(
+            self.loss, self._iterate.theta_md, Z, labels, self._lipschitz, self._scratch, plan.smoothing
+        )
+        total = scratch.row_sum(gradients, self._scratch)
+        total /= batch
+        self._grad += total
 
     def _finish_batch(self, plan: RunPlan, batch: int) -> None:
         """Alg. 6 lines 9–12 for the completed batch."""
-        gradient = self._grad + self._draw(batch) + self.loss.ridge_gradient(self._iterate.theta_md)
-        self._iterate = step(self._iterate, gradient, plan.sizes, self._ball, restart=self.restart == "gradient")
+        self._add_noise(batch)
+        self._grad += self.loss.ridge_gradient(self._iterate.theta_md)
+        self._iterate = step(self._iterate, self._grad, plan.sizes, self._ball, restart=self.restart == "gradient")
         if self._iterate.batch > plan.steps:  # run over: next phase or next epoch, warm-started
             self._phase += 1
             if self._phase == len(self.epoch_plans(self._epoch)):
@@ -301,7 +325,7 @@ class PanPrivateACSA(Learner):
                 self._phase = 0
             self._iterate = Iterate.start(self._iterate.theta_ag)
         self._filled = 0
-        self._grad = np.zeros(self._params)
+        self._grad.fill(0.0)
 
     # -- outputs -------------------------------------------------------------------------------
 

@@ -192,7 +192,11 @@ class L2BallRandomizer:
         same_side = toward * np.einsum("ij,ij->i", z, G) > 0.0
         keep = same_side == (uniforms[:, 1] < self.keep_probability)
         sign = np.where(keep | (norms == 0.0), 1.0, -1.0)
-        return (_l2_scale(self.clip, self.epsilon0, dim) * sign)[:, None] * z
+        try:
+            return (_l2_scale(self.clip, self.epsilon0, dim) * sign)[:, None] * z
+        finally:  # work arrays tied to the clean input (norms, sides) and to the draw: wiped
+            for work in (uniforms, z, norms, toward, same_side, keep, sign):
+                work.fill(0)
 
     def dummy(self, count: int, dim: int, generator: np.random.Generator) -> Array:
         """R(0): uniform on the sphere of radius B."""

@@ -73,7 +73,9 @@ from protocols.calibration import smallest_feasible
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
+from protocols import scratch
 from protocols.randomness import RngLike
+from protocols.scratch import BLOCK_ROWS
 from protocols.sgd import AveragedSGD, MessageSGDLearner
 from protocols.state_io import read_array, read_float, read_int
 
@@ -306,21 +308,39 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def learn_many(self, X: Array, y: Array) -> None:
         """Add a micro-batch; any split of the stream gives the same mechanism."""
         X, y = check_batch(_OWNER, X, y, self.dim)
-        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
-        position = 0
-        while position < Z.shape[0]:
-            take = min(self._round.window - self._filled, Z.shape[0] - position)
-            generator = self._noise.generator()
-            chosen = position + self._participants(take, generator)
-            if chosen.size:
-                gradients = self.loss.gradient(self._sgd.theta, Z[chosen], labels[chosen])
-                self._partial = self._partial + self._randomizer.privatize(gradients, generator).sum(axis=0)
+        try:
+            position = 0
+            while position < X.shape[0]:
+                take = min(self._round.window - self._filled, X.shape[0] - position)
+                with self._noise.draw() as generator:
+                    chosen = position + self._participants(take, generator)
+                for start in range(0, chosen.size, BLOCK_ROWS):
+                    self._add_messages(X, y, chosen[start : start + BLOCK_ROWS])
                 self._count += chosen.size
-            self._filled += take
-            self._records += take
-            position += take
-            if self._filled == self._round.window:
-                self._finish_round()
+                self._filled += take
+                self._records += take
+                position += take
+                if self._filled == self._round.window:
+                    self._finish_round()
+        finally:
+            self._scratch.wipe()
+
+    def _add_messages(self, X: Array, y: Array, users: NDArray[np.int64]) -> None:
+        """partial += Σ (clip_C(∇ℓ(θ; x_i)) + N(0, (σC)² I)) over ``users`` (rows of X). The
+        gradients are clipped in scratch and the noise is drawn into them in place
+        (:meth:`protocols.randomness.NoiseSource.add_gaussian`): the same messages as
+        :meth:`protocols.randomizers.GaussianRandomizer.privatize`, with no clean or pure-noise
+        array left behind."""
+        picked, picked_labels = X[users], y[users]
+        try:
+            Z = scratch.features(self.loss, picked, self.feature_bound, self._scratch)
+            labels = scratch.labels(self.loss, picked_labels, self._scratch)
+        finally:
+            picked.fill(0.0)
+            picked_labels.fill(0.0)
+        messages = scratch.clipped_gradients(self.loss, self._sgd.theta, Z, labels, self._clip, self._scratch)
+        self._noise.add_gaussian(messages, self._randomizer.noise_std)
+        self._partial += scratch.row_sum(messages, self._scratch)
 
     def _participants(self, take: int, generator: np.random.Generator) -> NDArray[np.int64]:
         """Indices (within the next ``take`` records of the window) of the users who send a message.
