@@ -70,12 +70,21 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array) -> Array:
 
 
 def features(loss: Loss, X: Array, feature_bound: float, scratch: Scratch) -> Array:
-    """:meth:`Loss.features` of the rows ``X`` (at most :data:`BLOCK_ROWS`), in ``scratch``."""
+    """:meth:`Loss.features` of the rows ``X`` (at most :data:`BLOCK_ROWS`), in ``scratch``.
+
+    Every elementwise operation runs on C-contiguous buffers: a ufunc writing into a strided view
+    (such as the first d columns of the feature matrix) goes through numpy's iterator buffer,
+    which would leave a copy of the raw rows in freed memory. So the rows are clipped in a
+    contiguous buffer and then copied (a plain strided copy, no buffer) next to the intercept."""
     m, d = X.shape
-    Z = scratch.take("features", m, loss.param_dim(d))
-    clip_rows_into(X, feature_bound, Z[:, :d], scratch.take("row_norms", m))
-    if loss.intercept:
-        Z[:, d] = loss.intercept_scale
+    clipped = scratch.take("clipped_rows", m, d)
+    np.copyto(clipped, X)
+    clip_rows_into(clipped, feature_bound, clipped, scratch.take("row_norms", m))
+    if not loss.intercept:
+        return clipped
+    Z = scratch.take("features", m, d + 1)
+    Z[:, :d] = clipped
+    Z[:, d] = loss.intercept_scale
     return Z
 
 
