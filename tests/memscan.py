@@ -18,6 +18,10 @@ from numpy.typing import NDArray
 MAX_RATIO = 1e4
 """find_difference tries vectors V with |V[0]| up to this multiple of the difference's scale."""
 
+MIN_RATIO = 1e-3
+"""find_difference ignores V smaller than this multiple of the difference's scale: W = c + (tiny
+V) is a copy of c (reported by find_vector), not a decomposition into noise and clean parts."""
+
 MAX_PAIRS = 50_000_000
 """Largest number of first-coordinate candidate pairs :meth:`Memory.find_difference` checks."""
 
@@ -104,7 +108,7 @@ class Memory:
         """Pairs (i, j) of word positions with floats[j + k] − floats[i + k] ≈ difference[k] for every
         k, within ``tolerance`` plus 8 ulps of the larger operand: a vector V and a vector W = V + c
         (for example a noise draw and the accumulator after the clean contribution c was added).
-        Only V with |V[0]| ≤ :data:`MAX_RATIO`·max|c| are tried: beyond that, 8 ulps exceed c's
+        Only V with max|V| ≥ :data:`MIN_RATIO`·max|c| and |V| ≤ :data:`MAX_RATIO`·max|c| count: beyond that, 8 ulps exceed c's
         scale and equal large vectors would match any small c."""
         p = difference.size
         scale = MAX_RATIO * float(np.max(np.abs(difference)))
@@ -128,7 +132,8 @@ class Memory:
             for i, j in zip(first.tolist(), second.tolist(), strict=True):
                 v, w = self.floats[i : i + p], self.floats[j : j + p]
                 bound = tolerance + 8.0 * np.spacing(np.maximum(np.abs(v), np.abs(w)))
-                if np.all(np.abs(w - v - difference) <= bound) and np.all(np.abs(v) <= scale):
+                substantial = float(np.max(np.abs(v))) >= MIN_RATIO * scale / MAX_RATIO
+                if substantial and np.all(np.abs(w - v - difference) <= bound) and np.all(np.abs(v) <= scale):
                     found.append((i, j))
         return found
 

@@ -100,7 +100,7 @@ CASES: dict[str, Case] = {
     "pnsgd": Case(
         make=lambda d, rng: OnlinePNSGD(d, LOSS, 1.0, eta=0.1, radius=1.0, rng=rng),
         query=lambda learner: learner._theta,
-        records=lambda learner, mode: 3,
+        records=lambda learner, mode: 1,  # one step: its query point is the one the child reports
         clip=lambda learner: learner._lipschitz,
         kind="step",
         modes=("mid",),
