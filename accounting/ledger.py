@@ -20,7 +20,8 @@ instance at one time, and sees the outputs of all: ``max_j [intrusion(u_j) + Σ_
 The service-level guarantee is the componentwise maximum over records — each record individually
 satisfies its own (ε_r, δ_r) ≤ (max ε, max δ), and (ε, δ)-DP is monotone in both.
 
-Unit. One record is one user unless ``max_records_per_user = k`` is declared; then the user-level
+Unit. One record is one user unless ``max_records_per_user = k`` is declared (declared, not
+enforced: nothing checks that a user has at most k records); then the user-level
 guarantee follows from group privacy: (ε, δ)-DP for one record implies
 (k ε, k e^{(k−1) ε} δ)-DP for k records (Dwork & Roth 2014, Thm 2.2 and its (ε, δ) extension,
 Vadhan 2017, Lemma 2.2). The bound is loose but always valid.
@@ -204,7 +205,8 @@ class PrivacyReport:
             parts.append("; there is no pan-private guarantee against an intruder reading the state")
         if self.max_records_per_user is not None:
             parts.append(
-                f". Per user with at most {self.max_records_per_user} records (group privacy): "
+                f". Per user with at most {self.max_records_per_user} records (a declared bound, not enforced; "
+                "group privacy): "
                 f"outputs {self.user_output}, intrusion {self.user_intrusion}"
             )
         text = "".join(parts) + "."

@@ -62,6 +62,7 @@ from numpy.typing import NDArray
 
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import secure_noise
 from protocols import validation as check
 from protocols.acsa import (
     DEFAULT_TUNING,
@@ -77,6 +78,7 @@ from protocols.acsa import (
     uses_moreau,
 )
 from protocols.base import Learner, StateValue, check_batch
+from protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
@@ -135,7 +137,8 @@ class PanPrivateACSA(Learner):
         ``"auto"``: Moreau-smooth non-smooth losses only; ``"moreau"``: always (needs a closed-form
         prox); ``"none"``: never (needs a smooth loss).
     calibration
-        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1).
+        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1). Calibrates the
+        float Gaussian draws; with ``noise="secure"`` the discrete Gaussian has its own calibration.
     gradient_bound
         C: per-record gradients are clipped to norm min(C, L), L the loss's worst-case bound over Θ;
         ``None`` (default): L. The noise is calibrated to the sensitivity 2·min(C, L)/b, and the
@@ -147,6 +150,13 @@ class PanPrivateACSA(Learner):
         overshooting (O'Donoghue & Candès 2015; post-processing, :func:`protocols.acsa.step`),
         planned with :data:`protocols.acsa.RESTART_TUNING`. ``"none"``: Lan's method with 000's
         parameters, for which Thm C.3's utility bound is proven.
+    noise
+        ``"gaussian"`` (default): float64 Gaussian draws from numpy, accumulator in float64.
+        ``"secure"``: the accumulator is an int64 vector on a public fixed-point grid and both draws
+        are exact discrete Gaussians sampled from OS entropy without floating point, calibrated by
+        :mod:`accounting.discrete_gaussian` (:mod:`protocols.secure_noise`; Canonne, Kamath &
+        Steinke 2020), so no noise value passes through a floating-point sampler (Mironov 2012).
+        Same (ε, δ), same Lemma C.4 argument; σ is about 6–8% larger (zCDP accounting).
     rng
         ``None`` (default): every noise draw uses a fresh OS-entropy generator (pan-private).
         A seed or generator: reproducible replay/testing mode, in which there is no pan-private
@@ -167,7 +177,9 @@ class PanPrivateACSA(Learner):
     """
 
     name = "pan-acsa"
-    noisy_counters = frozenset({"step"})  # reset by restarts, which read the noisy gradients
+    # "step": reset by restarts, which read the noisy gradients; "grad_units": the secure mode's
+    # integer accumulator (noisy, compared in distribution by the conformance suite).
+    noisy_counters = frozenset({"step", "grad_units"})
 
     def __init__(
         self,
@@ -184,6 +196,7 @@ class PanPrivateACSA(Learner):
         calibration: str = "analytic",
         gradient_bound: float | None = None,
         restart: str = "gradient",
+        noise: str = "gaussian",
         rng: RngLike = None,
     ) -> None:
         self.dim = check.positive_int(_OWNER, "dim", dim)
@@ -204,12 +217,20 @@ class PanPrivateACSA(Learner):
         self.smoothing = smoothing
         self.gradient_bound = None if gradient_bound is None else check.positive(_OWNER, "gradient_bound", gradient_bound)
         self.restart = check.choice(_OWNER, "restart", restart, RESTARTS)
+        self.noise = check.choice(_OWNER, "noise", noise, secure_noise.NOISES)
 
         self._ball = L2Ball(self.radius)
         self._noise = NoiseSource(rng)
         self._params = self.loss.param_dim(self.dim)
         self._lipschitz = effective_gradient_bound(self.loss, self.feature_bound, self.radius, self.gradient_bound)
         self._unit_sigma = unit_sigma * (1.0 + SENSITIVITY_SLACK)
+        # -- secure noise (begin): the fixed-point grid and the discrete Gaussian of each draw
+        self._secure = secure_noise.calibrate_draw(self.epsilon, self.delta) if self.noise == "secure" else None
+        self._uniform: UniformSource | None = (
+            GeneratorUniform(np.random.default_rng(rng)) if self._secure is not None and rng is not None else None
+        )
+        noise_multiplier = self._unit_sigma if self._secure is None else self._secure.noise_multiplier
+        # -- secure noise (end)
         # Two draws of standard deviation ζ = s·2L/b each: E‖Z‖² = p·8 s² L²/b², i.e. ν² = 8 s².
         self._problem = Problem.for_loss(
             self.loss,
@@ -217,7 +238,7 @@ class PanPrivateACSA(Learner):
             feature_bound=self.feature_bound,
             radius=self.radius,
             strong_convexity=self.strong_convexity,
-            noise_multiplier=math.sqrt(8.0) * self._unit_sigma,
+            noise_multiplier=math.sqrt(8.0) * noise_multiplier,
             gradient_bound=self.gradient_bound,
         )
         self._plans_cache: tuple[int, tuple[RunPlan, ...]] | None = None
@@ -228,7 +249,7 @@ class PanPrivateACSA(Learner):
         self._filled = 0
         self._iterate = Iterate.start(np.zeros(self._params))
         # The accumulator g_t; between batches it is unused (zeros) until Z_t initialises it.
-        self._grad = np.zeros(self._params)
+        self._grad = self._zero_accumulator()
         self._scratch = Scratch()
 
     # -- plans and noise ---------------------------------------------------------------------
@@ -264,13 +285,31 @@ class PanPrivateACSA(Learner):
 
     def batch_noise_std(self, batch: int) -> float:
         """ζ for a batch of ``batch`` records: the standard deviation of each of the two draws, for
-        ℓ2 sensitivity 2L/b (times 1 + :data:`SENSITIVITY_SLACK`)."""
+        ℓ2 sensitivity 2L/b (times 1 + :data:`SENSITIVITY_SLACK`). Secure noise: γσ/b, the draw's
+        σ in grid units times the grid step, on the scale of the batch mean (N_Z's standard
+        deviation is at most σ)."""
+        if self._secure is not None:
+            return math.sqrt(self._secure.sigma2) * secure_noise.grid_step(self._lipschitz) / batch
         return self._unit_sigma * 2.0 * self._lipschitz / batch
 
     def _add_noise(self, batch: int) -> None:
-        """g_t += N(0, ζ_t² I), drawn into the accumulator's own buffer (no pure-noise array is left
-        behind, :meth:`protocols.randomness.NoiseSource.add_gaussian`)."""
-        self._noise.add_gaussian(self._grad, self.batch_noise_std(batch))
+        """g_t += one draw, into the accumulator's own buffer: N(0, ζ_t² I) through
+        :meth:`protocols.randomness.NoiseSource.add_gaussian`, or (secure) the exact discrete
+        Gaussian in grid units, whose array is zeroed right after it is added. No pure-noise array
+        outlives the call."""
+        if self._secure is None:
+            self._noise.add_gaussian(self._grad, self.batch_noise_std(batch))
+            return
+        draw = secure_noise.draw(self._secure, self._params, self._uniform)
+        self._grad += draw
+        draw.fill(0)
+
+    # -- secure noise (begin): the accumulator's representation in each mode ------------------
+
+    def _zero_accumulator(self) -> NDArray[np.float64] | NDArray[np.int64]:
+        return np.zeros(self._params, dtype=np.float64 if self._secure is None else np.int64)
+
+    # -- secure noise (end) --------------------------------------------------------------------
 
     # -- learning ------------------------------------------------------------------------------
 
@@ -289,7 +328,7 @@ class PanPrivateACSA(Learner):
                 plan = self.current_plan()
                 batch = plan.batch_size(self._iterate.batch)
                 if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
-                    self._grad.fill(0.0)
+                    self._grad.fill(0)
                     self._add_noise(batch)
                 take = min(batch - self._filled, X.shape[0] - position, BLOCK_ROWS)
                 rows = slice(position, position + take)
@@ -303,21 +342,32 @@ class PanPrivateACSA(Learner):
             self._scratch.wipe()
 
     def _add_records(self, X: Array, y: Array, plan: RunPlan, batch: int) -> None:
-        """g_t += Σ ∇ℓ(θ^md_t; x)/b_t over the rows (Alg. 6 line 7), through scratch buffers."""
+        """g_t += Σ ∇ℓ(θ^md_t; x)/b_t over the rows (Alg. 6 line 7; secure: Σ trunc(∇/γ) in grid
+        units), through scratch buffers; the secure mode's integer partial sum is zeroed after
+        it is added."""
         Z = scratch.features(self.loss, X, self.feature_bound, self._scratch)
         labels = scratch.labels(self.loss, y, self._scratch)
         gradients = scratch.clipped_gradients(
             self.loss, self._iterate.theta_md, Z, labels, self._lipschitz, self._scratch, plan.smoothing
         )
-        total = scratch.row_sum(gradients, self._scratch)
-        total /= batch
-        self._grad += total
+        if self._secure is None:
+            total = scratch.row_sum(gradients, self._scratch)
+            total /= batch
+            self._grad += total
+            return
+        units = secure_noise.grid_sum(gradients, self._lipschitz)
+        self._grad += units
+        units.fill(0)
 
     def _finish_batch(self, plan: RunPlan, batch: int) -> None:
         """Alg. 6 lines 9–12 for the completed batch."""
         self._add_noise(batch)
-        self._grad += self.loss.ridge_gradient(self._iterate.theta_md)
-        self._iterate = step(self._iterate, self._grad, plan.sizes, self._ball, restart=self.restart == "gradient")
+        if self._secure is None:
+            gradient = self._grad  # updated in place: no copy of the noisy sum is made
+        else:  # γ·sum/b, formed only now: post-processing of the noisy integer sum
+            gradient = self._grad.astype(np.float64) * (secure_noise.grid_step(self._lipschitz) / batch)
+        gradient += self.loss.ridge_gradient(self._iterate.theta_md)
+        self._iterate = step(self._iterate, gradient, plan.sizes, self._ball, restart=self.restart == "gradient")
         if self._iterate.batch > plan.steps:  # run over: next phase or next epoch, warm-started
             self._phase += 1
             if self._phase == len(self.epoch_plans(self._epoch)):
@@ -325,7 +375,7 @@ class PanPrivateACSA(Learner):
                 self._phase = 0
             self._iterate = Iterate.start(self._iterate.theta_ag)
         self._filled = 0
-        self._grad.fill(0.0)
+        self._grad.fill(0)
 
     # -- outputs -------------------------------------------------------------------------------
 
@@ -359,7 +409,19 @@ class PanPrivateACSA(Learner):
             "most once; every noise draw comes from a generator freshly seeded from OS entropy",
         ]
         references = ["000, Alg. 6", "000, Lemma C.4", "000, Thm C.3", "000, Def. C.2"]
-        references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "000, Lemma C.5")
+        if self._secure is not None:  # secure noise: the draws are discrete Gaussians
+            assumptions[2] = (
+                "each batch gets two draws (at its start and at its end), each making the batch sum "
+                "(epsilon, delta)-DP alone; every record enters exactly one batch"
+            )
+            assumptions[3] = (
+                "the intruder reads the internal state (iterates and partial gradient accumulator) at "
+                "most once; every noise draw uses fresh uniform integers from OS entropy (secrets)"
+            )
+            assumptions.append(secure_noise.describe(self._secure))
+            references += ["Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"]
+        else:
+            references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "000, Lemma C.5")
         return self._privacy_report(guarantee, guarantee, assumptions, references, seeded=self._noise.is_seeded)
 
     # -- persistence ---------------------------------------------------------------------------
@@ -379,11 +441,14 @@ class PanPrivateACSA(Learner):
             "calibration": self.calibration,
             "gradient_bound": self.gradient_bound,
             "restart": self.restart,
+            "noise": self.noise,
         }
 
     def state_dict(self) -> dict[str, StateValue]:
         """Counters, the iterates (post-processing of noisy sums) and the accumulator g_t (noisy:
-        Z_t plus the batch's partial sum; zeros between batches)."""
+        Z_t plus the batch's partial sum; zeros between batches). Secure noise: the accumulator is
+        ``"grad_units"``, int64 grid units, instead of ``"grad"``."""
+        accumulator = "grad" if self._secure is None else "grad_units"
         return {
             "records": self._records,
             "epoch": self._epoch,
@@ -394,11 +459,12 @@ class PanPrivateACSA(Learner):
             "theta": self._iterate.theta.copy(),
             "theta_ag": self._iterate.theta_ag.copy(),
             "theta_md": self._iterate.theta_md.copy(),
-            "grad": self._grad.copy(),
+            accumulator: self._grad.copy(),
         }
 
     def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
-        missing = set(_ARRAYS + _COUNTERS) - set(state)
+        float_arrays = _ARRAYS if self._secure is None else _ARRAYS[:-1]
+        missing = set(float_arrays + _COUNTERS + (() if self._secure is None else ("grad_units",))) - set(state)
         if missing:
             raise InvalidInputError(f"{_OWNER}.load_state_dict: state lacks {sorted(missing)}")
         counters = {}
@@ -408,7 +474,7 @@ class PanPrivateACSA(Learner):
                 raise InvalidInputError(check.message(f"{_OWNER}.load_state_dict", key, "an int >= 0", value))
             counters[key] = int(value)
         arrays = {}
-        for key in _ARRAYS:
+        for key in float_arrays:
             array = np.array(state[key], dtype=np.float64, copy=True)
             if array.shape != (self._params,) or not np.all(np.isfinite(array)):
                 raise InvalidInputError(
@@ -434,4 +500,14 @@ class PanPrivateACSA(Learner):
         self._iterate = Iterate(
             arrays["theta"], arrays["theta_ag"], arrays["theta_md"], counters["step"], counters["batch"]
         )
-        self._grad = arrays["grad"]
+        self._grad = arrays["grad"] if self._secure is None else self._read_units(state["grad_units"])
+
+    def _read_units(self, value: StateValue) -> NDArray[np.int64]:
+        """The secure mode's int64 accumulator from a state dict (integers only, no float)."""
+        array = np.asarray(value)
+        if array.shape != (self._params,) or array.dtype.kind not in "iu":
+            raise InvalidInputError(
+                f"{_OWNER}.load_state_dict: 'grad_units' must be {self._params} integers (noise='secure'); "
+                f"got shape {array.shape}, dtype {array.dtype}"
+            )
+        return array.astype(np.int64, copy=True)

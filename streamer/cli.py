@@ -1,10 +1,12 @@
 """The ``panpriv`` command line: parse, load the config, call one function per command.
 
 Commands: ``run`` (the service), ``record`` (Kafka topic → replayable file), ``privacy`` (what-if
-calculator), ``inspect`` (checkpoint or snapshot summary), ``produce`` (synthetic load generator,
-:mod:`streamer.produce`). Exit codes: 0 success (including a
-stop by signal and an exhausted privacy budget, which are outcomes), 1 a runtime failure (broker
-unreachable, I/O error), 2 a usage or configuration error (including a refused resume).
+calculator), ``inspect`` (checkpoint or snapshot summary), ``budget`` (what every run spent, per
+data source: :mod:`streamer.budget`), ``produce`` (synthetic load generator,
+:mod:`streamer.produce`). Exit codes: 0 success (including a stop by signal and a budget exhausted
+mid-run, which are outcomes), 1 a runtime failure (broker unreachable, I/O error), 2 a usage or
+configuration error (including a refused resume), 3 a run refused before learning anything
+because other runs already spent the records' budget (``max_epsilon``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from streamer.errors import CheckpointError, ConfigError, LearnerInputError, Lea
 
 log = logging.getLogger("panpriv")
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 
 
 def _version() -> str:
@@ -55,6 +57,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint.every_records": args.checkpoint_every,
         "metrics.port": args.metrics_port if args.metrics_port not in (None, 0) else None,
         "progress": args.progress,
+        "budget.state_dir": args.state_dir,
     }
     if args.rate:  # 0 means "as fast as possible": applied after loading (see _load_run_config)
         overrides["source.rate"] = args.rate
@@ -129,6 +132,7 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
         for name, accuracy in rows:
             out(f"    {name:<52} {accuracy:7.2%}")
     out("  privacy         " + result.report.statement())
+    out(f"  budget store    {_state_dir(config)} (every run's use of these records: panpriv budget)")
     out(f"  checkpoint      {result.checkpoint_path}")
     if result.snapshot_path is not None:
         out(f"  snapshots       {result.snapshot_path} ({result.snapshots} emitted; last covers {result.last_snapshot['records']:,} records)" if result.last_snapshot else f"  snapshots       {result.snapshot_path}")
@@ -137,6 +141,12 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
     out(f"  inspect         panpriv inspect {config.out}")
     if result.outcome == "stopped":
         out(f"  resume          panpriv run {' '.join(_resume_args(args, config))}")
+
+
+def _state_dir(config: Any) -> Path:
+    from streamer.budget import default_state_dir
+
+    return Path(config.budget.state_dir or default_state_dir())
 
 
 def _display(url: str) -> str:
@@ -214,7 +224,30 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- budget -------------------------------------------------------------------------------------
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    from streamer.budget import default_state_dir, describe_opened, describe_store
+
+    if args.kafka:
+        from streamer.budget_kafka import KafkaBudgetStore
+        from streamer.sources import parse_kafka_url
+
+        spec = parse_kafka_url(args.kafka)
+        print(describe_opened(KafkaBudgetStore(spec.bootstrap, spec.topics[0]), args.source))
+    else:
+        print(describe_store(Path(args.state_dir or default_state_dir()), args.source))
+    return EXIT_OK
+
+
 # -- parser -------------------------------------------------------------------------------------
+
+
+STATE_DIR_HELP = (
+    "directory of the budget store shared by every run (default $PANPRIV_STATE_DIR, else $XDG_STATE_HOME/panpriv, "
+    "else ~/.local/state/panpriv)"
+)
 
 
 def _positive_float(text: str) -> float:
@@ -262,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--feature-bound", type=_positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
     run.add_argument("--seed", type=int, help="TEST/REPLAY ONLY: seed the noise (no pan-private guarantee)")
     run.add_argument("--progress", choices=["auto", "on", "off"], help="progress line on stderr (default auto: on a terminal)")
+    run.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
     run.set_defaults(handler=cmd_run)
 
     record = commands.add_parser(
@@ -306,6 +340,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("path")
     inspect.set_defaults(handler=cmd_inspect)
+
+    budget = commands.add_parser(
+        "budget",
+        help="what every run spent, per data source (the budget store)",
+        description=(
+            "List every data source in the budget store (Kafka cluster/topic/partition, a file's content hash), "
+            "its position ranges, which runs used them, and the guarantee composed over all of them; then the runs."
+        ),
+    )
+    budget.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
+    budget.add_argument("--source", help="only data keys containing this text (e.g. a topic name)")
+    budget.add_argument("--kafka", metavar="URL", help="the store on a Kafka topic ([budget] kafka_topic): kafka://host:port/topic")
+    budget.set_defaults(handler=cmd_budget)
     return parser
 
 
@@ -324,8 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("kafka").setLevel(logging.ERROR)
+    from streamer.budget import BudgetExceededError
+
     try:
         return int(args.handler(args))
+    except BudgetExceededError as exc:
+        print(f"panpriv {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BUDGET
     except (ConfigError, CheckpointError, LearnerUnavailableError, LearnerInputError) as exc:
         print(f"panpriv {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -8,8 +8,11 @@ Sections (TOML tables) and what they decide:
   ``feature_bound``, labels); records are clipped to ``feature_bound`` before learning.
 - ``[learner]`` — the learner name, the privacy target (``epsilon``, ``delta``), the public stream
   length ``n``, ``max_epsilon`` (stop before the composed guarantee would exceed it),
-  ``max_records_per_user``, a test-only ``seed``, and learner-specific ``options``.
+  ``max_records_per_user`` (declared, not enforced), a test-only ``seed``, and learner-specific ``options``.
 - ``[checkpoint]``, ``[snapshots]``, ``[metrics]`` — cadence, sinks, HTTP endpoint.
+- ``[budget]`` — ``state_dir``, the directory of the budget store shared by every run, or
+  ``kafka_topic``/``kafka_bootstrap`` to keep it on a compacted Kafka topic
+  (:mod:`streamer.budget`).
 - top level: ``out`` (directory of checkpoints and snapshots) and ``progress``.
 
 Privacy-relevant settings are those that change what the learner's noise protects or how it is
@@ -140,7 +143,9 @@ class LearnerConfig(_Section):
         default=None, gt=0, allow_inf_nan=False,
         description="stop before the ε of the output guarantee, or of a claimed intrusion guarantee, would exceed this",
     )
-    max_records_per_user: int | None = Field(default=None, ge=1)
+    max_records_per_user: int | None = Field(
+        default=None, ge=1, description="DECLARED, NOT ENFORCED: records per user, for the group-privacy figures"
+    )
     seed: int | None = Field(default=None, ge=0, description="TEST/REPLAY ONLY: seeded noise is not pan-private")
     options: Options = Field(default_factory=dict, description="learner-specific constructor arguments")
 
@@ -165,6 +170,20 @@ class MetricsConfig(_Section):
     )
 
 
+class BudgetConfig(_Section):
+    """Where the privacy budget shared by every run lives (:mod:`streamer.budget`)."""
+
+    state_dir: Path | None = Field(
+        default=None,
+        description="directory of the budget store; None: $PANPRIV_STATE_DIR, else $XDG_STATE_HOME/panpriv, "
+        "else ~/.local/state/panpriv",
+    )
+    kafka_topic: str | None = Field(
+        default=None, description="keep the budget store on this compacted Kafka topic instead (several machines)"
+    )
+    kafka_bootstrap: str | None = Field(default=None, description="default: the kafka source's brokers")
+
+
 class ServiceConfig(_Section):
     """The whole configuration of one ``panpriv run``."""
 
@@ -176,6 +195,7 @@ class ServiceConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     snapshots: SnapshotConfig = SnapshotConfig()
     metrics: MetricsConfig = MetricsConfig()
+    budget: BudgetConfig = BudgetConfig()
 
     @model_validator(mode="after")
     def _resolve_records(self) -> ServiceConfig:

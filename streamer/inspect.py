@@ -62,7 +62,11 @@ def describe_checkpoint(path: Path) -> str:
         covered = ", ".join(f"[{s.start}, {s.stop}) x{len(s.uses)}" for s in segments[:4])
         more = f", … ({len(segments)} segments)" if len(segments) > 4 else ""
         lines.append(f"    {key}: next {checkpoint.positions.get(key, '-')}; {covered or 'nothing charged'}{more}")
-    lines.append("  privacy: " + report.statement())
+    lines.append("  privacy (this run's own ledger): " + report.statement())
+    lines.append(
+        "  other runs over the same records (other --out, groups, replays, deleted checkpoints) compose with this "
+        "one in the budget store: `panpriv budget`"
+    )
     return "\n".join(lines)
 
 

@@ -20,7 +20,8 @@ Series
 ``panpriv_records_total``
     Valid records learned from (after validation and clipping).
 ``panpriv_records_rejected_total{reason}``
-    Records rejected by the codec, by reason.
+    Records rejected by the codec, by reason. Public, not noised: the privacy statement says so, and
+    the guarantee covers neighbouring streams whose records have the same validity.
 ``panpriv_batches_total``, ``panpriv_batch_seconds`` (histogram)
     Micro-batches learned and the wall time of each.
 ``panpriv_checkpoint_seconds`` (histogram), ``panpriv_last_checkpoint_timestamp_seconds``
@@ -31,6 +32,12 @@ Series
     The current per-record guarantee for ``guarantee="output"`` (everything released) and
     ``guarantee="intrusion"`` (pan-privacy: one intrusion plus all outputs; 000, Def. C.2), from
     the ledger's :class:`~accounting.ledger.PrivacyReport`. No guarantee is exported as ε = +Inf.
+    This is the guarantee of the records this run learned, composed over every run that used them
+    (the budget store, :mod:`streamer.budget`).
+``panpriv_budget_epsilon{source, guarantee}``
+    Per data source this run reads (a data key of :mod:`streamer.budget`: Kafka cluster/topic/
+    partition, a file's content hash), the ε composed over every run that used its records, worst
+    record; refreshed at every checkpoint.
 ``panpriv_consumer_lag_records{partition}``
     Records between the consumer position and the end of each assigned ``topic/partition``:
     refreshed every ``metrics.lag_interval_s`` seconds and at every checkpoint.
@@ -46,7 +53,7 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from accounting.ledger import PrivacyReport
+from accounting.ledger import Guarantee, PrivacyReport
 
 # Micro-batch wall time: from a 256-record batch of a cheap learner (~0.1 ms) to a stalled
 # downstream (10 s). Checkpoints add fsync latency, so their range starts higher.
@@ -140,6 +147,12 @@ class ServiceMetrics:
             "panpriv_privacy_delta", "Current per-record delta of the guarantee.", ["guarantee"],
             registry=r,
         )
+        self._budget_epsilon = Gauge(
+            "panpriv_budget_epsilon",
+            "Per data source read by this run (streamer.budget data key), the epsilon composed over every "
+            "run that used its records (budget store), worst record.",
+            ["source", "guarantee"], registry=r,
+        )
         self._lag = Gauge(
             "panpriv_consumer_lag_records",
             "Records between the consumer position and the end of each assigned topic/partition.",
@@ -184,6 +197,14 @@ class ServiceMetrics:
         for name, guarantee in (("output", report.output), ("intrusion", report.intrusion)):
             self._epsilon.labels(guarantee=name).set(guarantee.epsilon)
             self._delta.labels(guarantee=name).set(guarantee.delta)
+
+    def observe_budget(self, sources: Mapping[str, tuple[Guarantee, Guarantee]]) -> None:
+        """Export, per data source, the (output, intrusion) ε composed over all runs."""
+        owner = "ServiceMetrics.observe_budget"
+        for source, (output, intrusion) in sources.items():
+            label = _label(owner, "source", source)
+            self._budget_epsilon.labels(source=label, guarantee="output").set(output.epsilon)
+            self._budget_epsilon.labels(source=label, guarantee="intrusion").set(intrusion.epsilon)
 
     def observe_lag(self, lags: Mapping[str, int]) -> None:
         """Set the consumer lag of every currently assigned ``topic/partition``.

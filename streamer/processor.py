@@ -1,8 +1,10 @@
-"""The processing loop: micro-batch → validate → learn → charge the ledger → checkpoint → snapshot.
+"""The processing loop: micro-batch → charge the budget → validate → learn → ledger → checkpoint → snapshot.
 
 Loop
 ----
-Poll the source for a micro-batch, decode and validate it (rejects are counted by reason, optionally
+Poll the source for a micro-batch; charge its position ranges to the budget store shared by every
+run (:mod:`streamer.budget`: durable before anything is learned, refused if the records' ε over all
+runs would exceed ``max_epsilon``); decode and validate it (rejects are counted by reason, optionally
 sent to a dead-letter topic; valid records are clipped), ``learn_many`` the valid records, charge
 the privacy ledger with the batch's consumed position ranges, and advance the positions. Every
 ``checkpoint.every_records`` records or ``checkpoint.every_seconds`` seconds, take a checkpoint;
@@ -14,8 +16,10 @@ spend it (an outcome, not a crash).
 Checkpoint order (quix-streams'): (1) take the snapshot from the learner (a release may change a
 learner's accounting, so it must be in the state saved next); (2) register the learner's current
 guarantee in the ledger; (3) flush the dead-letter producer; (4) write the manifest atomically
-(:mod:`streamer.checkpoint`): noisy state, positions, ledger, reject counters, config hash;
-(5) only now acknowledge upstream (Kafka offset commit) and (6) emit the snapshot.
+(:mod:`streamer.checkpoint`): noisy state, positions, ledger, reject counters, config hash, then
+note the durable positions in the budget store; (5) only now acknowledge upstream (Kafka offset
+commit) and (6) emit the snapshot. Step (2) also writes the learner's guarantee to the budget store
+when it changed, so the store never holds a guarantee weaker than what was released.
 
 Why each record contributes exactly once to the state that survives a crash
 --------------------------------------------------------------------------
@@ -47,6 +51,12 @@ P itself — all written in one atomic ``os.replace``, so they always agree.
   two learners (two ledgers) hold those records. For exactly-once across the whole stream, run one
   process per consumer group (or give each process its own topics).
 * Any unexpected error also exits without a final checkpoint, for the same reason.
+* What the lost work cost (issue 13): records learned after C were in the process's state, which
+  an intrusion could have read, though nothing was released from it. They were charged to the
+  budget store before they were learned, so on restart the store still holds the charges beyond
+  P; they become an intrusion-only *lost* instance and the re-learning charges the run again, so
+  the guarantee stated for those records is the composition of both uses
+  (:mod:`accounting.budget`, :meth:`Processor._begin_budget`).
 
 Learners that read a recording by record index (``shuffled-pnsgd``, ``shuffle-gd``; what they
 declare is in :mod:`streamer.replay`) get an :class:`~streamer.indexed.IndexedFile` instead of a
@@ -82,13 +92,16 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import PrivacyLedger, PrivacyReport
+from accounting.budget import Excess, exceeds, lost_state_report, per_source, report_for
+from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 from protocols.base import Learner
 from protocols.errors import ProtocolError
+from streamer.budget import BudgetExceededError, BudgetStore, describe_excess, open_budget
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from streamer.errors import ConfigError, LearnerInputError
+from streamer.identity import DataKeys, data_keys_for
 from streamer.indexed import IndexedFile
 from streamer.learners import build_learner, constructor_arguments, learner_class, restore_learner
 from streamer.metrics import ServiceMetrics
@@ -103,11 +116,37 @@ from streamer.replay import (
     resumes_mid_pass,
 )
 from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
-from streamer.sources import Batch, Source, open_source, parse_kafka_url
+from streamer.sources import (
+    Batch,
+    LineFileSource,
+    RecordingSource,
+    Source,
+    SyntheticSource,
+    display_name,
+    open_source,
+    parse_kafka_url,
+)
 
 log = logging.getLogger("panpriv.processor")
 
 Outcome = Literal["finished", "stopped", "budget_exhausted"]
+
+PUBLIC_COUNTS = (
+    "public, not noised: the number of records read, the rejected ones by reason, and the positions consumed; "
+    "the guarantee therefore covers neighbouring streams whose differing record has the same validity "
+    "(accepted, or rejected for the same reason)"
+)
+"""Stated with every report the service releases (issue 13, point 5)."""
+
+SEEDED_OUTPUT = (
+    "seeded noise (learner.seed): the output guarantee holds only against an analyst who does not know the seed "
+    "(it is stored in the configuration and the checkpoint) and only if no other run uses the same seed; a seeded "
+    "run refuses to resume, so its noise stream never restarts"
+)
+"""Stated with every report of a seeded run (issue 13, point 4)."""
+
+_OPEN_END = 2**62
+"""The end of a range "from here to whatever the source holds" in the start-up budget check."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +221,12 @@ class Processor:
         self._boundary: _Boundary | None = None  # state at the last pass boundary (resumes_mid_pass False)
         self._lag_due = 0.0  # monotonic time of the next lag refresh
         self._rounds_registered = 0  # rounds of a per-round learner registered in the ledger
+        # The budget store (streamer.budget), shared by every run on this machine's state directory:
+        self.budget: BudgetStore  # or a streamer.budget_kafka.KafkaBudgetStore: the same interface
+        self._keys = DataKeys()
+        self._stored_reports: dict[str, PrivacyReport] = {}  # what the store holds for our instances
+        self._learned_here = 0  # records learned by this process (0: a budget refusal is a refusal to start)
+        self._store_pass = 0  # the last pass (1-based) of a recorded learner charged in the store
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -206,6 +251,12 @@ class Processor:
         self._config_hash = privacy_hash(self._privacy_config)
         if saved is not None:
             check_resumable(saved, self._config_hash, self._privacy_config, self.store.path)
+            if config.learner.seed is not None and saved.records > 0:
+                raise ConfigError(
+                    f"learner.seed: refusing to resume the seeded run in {self.out} — the seed would restart its noise "
+                    "stream, repeating noise already added to released snapshots (an analyst could cancel it). "
+                    "Start a new run with another --out (and another seed), or drop --seed for OS-entropy noise."
+                )
             self.learner = restore_learner(saved.learner, saved.learner_config, saved.learner_state, config.learner.seed)
             self.ledger = PrivacyLedger.from_dict(saved.ledger)
             self.instance = saved.instance
@@ -232,6 +283,7 @@ class Processor:
             self.ledger = PrivacyLedger(max_records_per_user=config.learner.max_records_per_user)
             self._register_learner()
             log.info("new run: learner %s (instance %s), n = %s", self.learner.name, self.instance, f"{n:,}")
+        self._begin_budget(source, saved)
         self._note_boundary()
         self._ready = True
 
@@ -252,11 +304,145 @@ class Processor:
     def snapshot_path(self) -> Path | None:
         return self.out / "snapshots.jsonl" if self.config.snapshots.jsonl else None
 
+    # -- the budget store ------------------------------------------------------------------------
+
+    def _begin_budget(self, source: Source | IndexedFile, saved: Checkpoint | None) -> None:
+        """Register this run in the budget store; on a resume, account the state a crash lost.
+
+        Crash accounting (:mod:`accounting.budget`). Sequential sources: every range the run
+        charged at or beyond its last durable checkpoint's positions (the later of the store's
+        mark and the checkpoint's own positions, per data key) was in a state that the crash
+        destroyed; those charges become an intrusion-only *lost* instance, and the resumed run
+        charges them again when it re-learns them. Learners that read a recording by index: the
+        set of records learned since the checkpoint is not known (it is a function of the
+        permutation), so a run that did not stop cleanly charges a lost instance with the whole
+        recording — conservative. A pass restarted under a new instance (``resumes_mid_pass``
+        False) composes with the interrupted pass in full already and needs no lost instance.
+        """
+        self.budget = open_budget(self.config)
+        self._keys = data_keys_for(self.config.source.url, source)
+        self._store_pass = self._passes_charged
+        if saved is not None:
+            self._account_lost_state(source, saved)
+        self._precheck_budget(source)
+        self.budget.begin_run(self.instance, self.out, display_name(self.config.source.url))
+        for instance, report in self.ledger.instances.items():
+            if instance == self.instance or instance.startswith(self.instance + "/"):
+                self._store_register(instance, report)
+        self._register_learner()
+
+    def _account_lost_state(self, source: Source | IndexedFile, saved: Checkpoint) -> None:
+        state = self.budget.run_state(saved.instance)
+        if state is None:
+            log.warning(
+                "the budget store %s has no record of run %s (another state directory?): what it spent before "
+                "this resume is not in the store", self.budget.path, saved.instance,
+            )
+            return
+        lost_instance = f"{saved.instance}/lost-{state.losses + 1:03d}"
+        lost_report = lost_state_report(self.learner.privacy())
+        if isinstance(source, IndexedFile):
+            if state.clean or saved.extra.get("replay", {}).get("restart"):
+                return
+            self.budget.register(lost_instance, saved.instance, lost_report, self.out)
+            self.budget.charge(lost_instance, self._keys.ranges(source.extent))
+            self.budget.note_loss(saved.instance)
+            log.warning("run %s did not stop cleanly: its state since the last checkpoint was lost; charged as %s",
+                        saved.instance, lost_instance)
+            return
+        durable = dict(state.positions)
+        for key, position in self._keys.positions(saved.positions).items():
+            durable[key] = max(durable.get(key, 0), position)
+        lost = self.budget.reclassify_lost(saved.instance, durable, lost_instance, lost_report)
+        if lost:
+            log.warning(
+                "records charged by run %s after its last durable checkpoint were in a state lost in a crash; they "
+                "are re-learned now, and their earlier use is charged as %s (intrusion only): %s",
+                saved.instance, lost_instance, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in sorted(lost.items())),
+            )
+
+    def _precheck_budget(self, source: Source | IndexedFile) -> None:
+        """Refuse to start when records this run is about to read were spent by other runs beyond
+        ``max_epsilon``. Finite local sources are read from their positions to the end; a Kafka
+        run's positions are known only once partitions are assigned, so its first micro-batch is
+        the check (:meth:`_charge_budget`)."""
+        limit = self.config.learner.max_epsilon
+        if limit is None:
+            return
+        if isinstance(source, IndexedFile):
+            ranges = dict(source.extent)
+        elif isinstance(source, (LineFileSource, SyntheticSource)):
+            ranges = {source.key: (self.positions.get(source.key, 0), _OPEN_END)}
+        elif isinstance(source, RecordingSource):
+            ranges = {key: (position, _OPEN_END) for key, position in source.resume_positions().items()}
+        else:
+            return
+        self._refuse_if_spent_by_others(ranges, limit)
+
+    def _refuse_if_spent_by_others(self, ranges: Mapping[str, tuple[int, int]], limit: float) -> None:
+        data_ranges = self._keys.ranges(ranges)
+        ledger = self.budget.ledger(data_ranges)
+        if self.instance not in ledger.instances:  # the learner's whole guarantee stands for this run's use
+            ledger.register(self.instance, self.learner.privacy())
+        excess = exceeds(ledger, self.instance, data_ranges, limit)
+        if excess is not None and self._spent_by_others(excess):
+            raise BudgetExceededError(
+                "refusing to start: " + describe_excess(excess, limit, self.budget.instances())
+                + "; nothing was learned. See `panpriv budget`."
+            )
+
+    def _spent_by_others(self, excess: Excess) -> bool:
+        mine = set(self.ledger.instances)
+        return any(instance not in mine for instance, _ in excess.spent_by)
+
+    def _store_register(self, instance: str, report: PrivacyReport) -> None:
+        """Mirror a ledger registration in the budget store, when its guarantees changed (a write
+        per change, not per micro-batch: the record count in the report is not what is composed)."""
+        stored = self._stored_reports.get(instance)
+        if stored is None or (stored.output, stored.intrusion) != (report.output, report.intrusion):
+            self.budget.register(instance, self.instance, report, self.out)
+            self._stored_reports[instance] = report
+
+    def _charge_budget(self, instance: str, ranges: Mapping[str, tuple[int, int]]) -> str | None:
+        """Charge ``ranges`` to ``instance`` in the budget store, durably, before they are learned.
+        Returns why not (the run then stops) if the records would exceed ``max_epsilon`` over all
+        runs; raises :class:`BudgetExceededError` if this process has learned nothing yet and
+        other runs spent the budget (a refusal to start)."""
+        limit = self.config.learner.max_epsilon
+        excess = self.budget.charge(instance, self._keys.ranges(ranges), limit)
+        if excess is None:
+            return None
+        assert limit is not None
+        text = describe_excess(excess, limit, self.budget.instances())
+        if self._learned_here == 0 and self._spent_by_others(excess):
+            raise BudgetExceededError(f"refusing to start: {text}; nothing was learned")
+        return f"stopped before learning records that would exceed the budget over all runs: {text}"
+
     # -- reporting -------------------------------------------------------------------------------
 
-    def report(self) -> PrivacyReport:
-        """The ledger's composed guarantee, with ``records`` = records the learner has learned."""
-        return dataclasses.replace(self.ledger.report(), records=self.learner.records_seen)
+    def _store_ledger(self) -> PrivacyLedger:
+        """Every use, by every run, of the data sources this run has charged."""
+        return self.budget.ledger([self._keys.key(k) for k in self.ledger.sources])
+
+    def report(self, store_ledger: PrivacyLedger | None = None) -> PrivacyReport:
+        """The guarantee of the records this run learned, composed over every run that used them
+        (the budget store; this run's own ledger when the store is not open yet), with ``records``
+        = records the learner has learned and the public counts stated."""
+        own = self.ledger.report()
+        if hasattr(self, "budget"):
+            store_ledger = store_ledger if store_ledger is not None else self._store_ledger()
+            composed = report_for(store_ledger, self.ledger.instances, self.learner.records_seen)
+            # The store holds every use of our records, ours included; the own ledger can only be weaker
+            # where the store was emptied or moved, so the statement takes the worse of the two.
+            composed = dataclasses.replace(
+                composed, output=_worse(composed.output, own.output), intrusion=_worse(composed.intrusion, own.intrusion)
+            )
+        else:
+            composed = dataclasses.replace(own, records=self.learner.records_seen)
+        assumptions = tuple(composed.assumptions) + (PUBLIC_COUNTS,)
+        if self.config.learner.seed is not None:
+            assumptions += (SEEDED_OUTPUT,)
+        return dataclasses.replace(composed, assumptions=assumptions)
 
     def _over_budget(self, ranges: Mapping[str, tuple[int, int]] | None = None, instance: str | None = None) -> float | None:
         """The ε that would be reached by charging ``ranges`` to ``instance`` (default: the
@@ -307,11 +493,17 @@ class Processor:
                 # for every learner (PNSGD accounts each one), and a learner that has learned
                 # nothing (a new run, a restarted pass) has nothing to release.
                 records = self.learner.records_seen
-                self._checkpoint(snapshot=records not in (0, self._snapshot_records), finished=outcome == "finished")
+                self._checkpoint(
+                    snapshot=records not in (0, self._snapshot_records), finished=outcome == "finished", final=True
+                )
+            except BaseException:
+                if hasattr(self, "budget"):
+                    self.budget.close()
+                raise
             finally:
                 self._close(source)
         log.info("%s: %s", outcome, message)
-        return RunResult(
+        result = RunResult(
             outcome=outcome,
             message=message,
             records=self.learner.records_seen,
@@ -325,6 +517,8 @@ class Processor:
             instance=self.instance,
             resumed=saved is not None,
         )
+        self.budget.close()
+        return result
 
     def _drive(self, source: Source | IndexedFile) -> tuple[Outcome, str]:
         """Run the loop that fits the source: stream order, or by record index."""
@@ -364,6 +558,9 @@ class Processor:
                     f"stopped before learning a batch that would raise ε to {over:.4g} "
                     f"(max_epsilon = {cfg.learner.max_epsilon}); its records were not used"
                 )
+            refused = self._charge_budget(self.instance, batch.ranges)  # durable before learning
+            if refused is not None:
+                return "budget_exhausted", refused
             handled = self._process(batch)
             pacer.consumed(handled)
             self._after_batch(handled, cadence, progress)
@@ -389,6 +586,7 @@ class Processor:
                 return
             (before, started), pending = pending, None
             learned = self.learner.records_seen - before
+            self._learned_here += learned
             self._charge_passes(source)
             self._register_learner()
             self.metrics.observe_batch(learned, time.perf_counter() - started)
@@ -411,6 +609,9 @@ class Processor:
                     f"stopped before a pass that would raise ε to {over:.4g} (max_epsilon = "
                     f"{cfg.learner.max_epsilon}); nothing of it was used"
                 ))
+            refused = self._charge_pass_budget(source)
+            if refused is not None:
+                raise Halt("budget_exhausted", refused)
             started = time.perf_counter()
             X, y = source.fetch(indices)
             pending = (self.learner.records_seen, started)
@@ -463,9 +664,14 @@ class Processor:
                 for number, report in enumerate(self.learner.round_reports(), start=1):  # type: ignore[attr-defined]
                     if number > self._rounds_registered:
                         self.ledger.register(pass_instance(self.instance, number), report)
+                        if hasattr(self, "budget"):
+                            self._store_register(pass_instance(self.instance, number), report)
                 self._rounds_registered = begun
         else:
-            self.ledger.register(self.instance, self.learner.privacy())
+            report = self.learner.privacy()
+            self.ledger.register(self.instance, report)
+            if hasattr(self, "budget"):
+                self._store_register(self.instance, report)
 
     def _charge_passes(self, source: IndexedFile) -> None:
         """Charge every pass begun since the last call with the whole recording, and count its rejects."""
@@ -490,6 +696,27 @@ class Processor:
             if instance in self.ledger.instances:
                 return self._over_budget(source.extent, instance)
         return self._over_budget()
+
+    def _charge_pass_budget(self, source: IndexedFile) -> str | None:
+        """Before the first micro-batch of a pass, charge the whole recording to the pass's
+        instance in the budget store (durably, before anything of the pass is learned). A pass
+        instance not registered yet (a learner reporting per round knows a round's report only
+        once the round has begun) is registered first as claiming no guarantee at all — safe if
+        the process dies before the round's own report replaces it after its first micro-batch."""
+        n = self.learner.n  # type: ignore[attr-defined]
+        number = self.learner.records_seen // n + 1
+        if self.learner.records_seen % n or number <= self._store_pass:
+            return None
+        instance = self._pass_instance(number)
+        if instance not in self._stored_reports:
+            self._store_register(instance, PrivacyReport(
+                self.learner.name, 0, Guarantee.none(), Guarantee.none(),
+                assumptions=("a round not begun yet: no guarantee is claimed until its own report is registered",),
+            ))
+        refused = self._charge_budget(instance, source.extent)
+        if refused is None:
+            self._store_pass = number
+        return refused
 
     def _note_boundary(self) -> None:
         """At a pass boundary of a learner that cannot resume mid-pass, keep what a resume restarts from."""
@@ -522,6 +749,7 @@ class Processor:
                 self.learner.learn_many(decoded.X, decoded.y)
             except ProtocolError:
                 raise _refused(self.learner.name) from None
+            self._learned_here += len(decoded.y)
         # Keep the ledger's view of the learner current (a learner whose guarantee grows with
         # records is then checked against max_epsilon at the next batch).
         self._register_learner()
@@ -562,8 +790,9 @@ class Processor:
             self._source.acknowledge(dict(self.positions), strict=True)
             self._checkpoint(snapshot=False)
 
-    def _checkpoint(self, snapshot: bool, finished: bool = False) -> None:
-        """Steps (1)–(6) of the module docstring."""
+    def _checkpoint(self, snapshot: bool, finished: bool = False, final: bool = False) -> None:
+        """Steps (1)–(6) of the module docstring; after (4), the budget store notes the durable
+        positions (``final``: the run stopped cleanly)."""
         t0 = time.perf_counter()
         released = self.learner.snapshot() if snapshot else None
         self._register_learner()
@@ -593,9 +822,12 @@ class Processor:
             extra=extra,
         )
         durable_at = self.store.save(checkpoint)
-        report = self.report()
+        self.budget.mark_durable(self.instance, self.sequence, self._keys.positions(positions), clean=final)
+        store_ledger = self._store_ledger()
+        report = self.report(store_ledger)
         self.metrics.observe_checkpoint(time.perf_counter() - t0, durable_at)
         self.metrics.observe_privacy(report)
+        self.metrics.observe_budget(per_source(store_ledger))
         if self._source is not None:
             self._source.acknowledge(positions)
             self._refresh_lag(force=True)
@@ -669,6 +901,11 @@ class Processor:
 
 
 _STOPPED = "stop requested (signal); final checkpoint taken"
+
+
+def _worse(a: Guarantee, b: Guarantee) -> Guarantee:
+    """The componentwise weaker of two guarantees (it bounds both)."""
+    return Guarantee(max(a.epsilon, b.epsilon), max(a.delta, b.delta))
 
 
 def _refused(name: str) -> LearnerInputError:

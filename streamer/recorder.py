@@ -3,7 +3,9 @@
 Every partition is assigned directly (no consumer group, nothing committed), read from its first
 retained offset until the consumer is caught up (positions at the end offsets and nothing more
 arriving), and written frame by frame with its
-``topic/partition`` key, offset and timestamp. Values are copied as they are — malformed messages
+``topic/partition`` key, offset and timestamp. The header names the cluster the topic lives on
+(:func:`streamer.identity.kafka_cluster_identity`), so a replay of the recording charges the
+topic's own data keys in the budget store. Values are copied as they are — malformed messages
 included — so a replay decodes and rejects exactly what the live service would.
 """
 
@@ -15,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from streamer.errors import SourceError
+from streamer.identity import kafka_cluster_identity
 from streamer.recording import RecordingWriter
 from streamer.sources import CAUGHT_UP_POLLS, RECEIVE_MESSAGE_MAX_BYTES, parse_kafka_url
 
@@ -50,7 +53,11 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
         for tp in partitions:
             consumer.seek(tp, start[tp])
         created = datetime.now(UTC).isoformat(timespec="seconds")
-        writer = RecordingWriter(path, spec.display(), [_key(tp) for tp in partitions], {_key(tp): start[tp] for tp in partitions}, created)
+        cluster = kafka_cluster_identity(consumer, spec.bootstrap)
+        writer = RecordingWriter(
+            path, spec.display(), [_key(tp) for tp in partitions], {_key(tp): start[tp] for tp in partitions}, created,
+            cluster=cluster,
+        )
         empty_polls = 0
         last_progress = time.monotonic()
         while empty_polls < CAUGHT_UP_POLLS:

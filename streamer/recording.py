@@ -9,11 +9,16 @@ Layout (little-endian)::
 
     b"PPREC1\\n"
     u32 header length, header JSON: {"version": 1, "source": ..., "created": ...,
-                                     "keys": ["topic/0", ...], "start": {"topic/0": offset, ...}}
+                                     "keys": ["topic/0", ...], "start": {"topic/0": offset, ...},
+                                     "cluster": "cluster=<id>"}
     frames: u16 key index, i64 offset, i64 timestamp (ms since the epoch), u32 length, value bytes
 
 ``start`` holds the first offset recorded for each key (the partition's beginning when recorded),
-so a replay's ledger ranges begin where the topic's did.
+so a replay's ledger ranges begin where the topic's did. ``cluster`` (optional; absent in
+recordings written before it existed, which stay readable) is the identity of the Kafka cluster
+the topic lives on (``cluster=<id>`` or ``bootstrap=<servers>``): with the keys and offsets it is
+the provenance the budget store (:mod:`streamer.budget`) charges, so a replay of a recording
+composes with every run on the topic itself.
 
 A recording holds raw record values: it is input data, with the same access rules as the topic it
 came from — never an output of the service.
@@ -58,13 +63,19 @@ def is_recording(path: Path) -> bool:
 class RecordingWriter:
     """Write a recording to ``path`` atomically (a temporary file renamed on :meth:`close`)."""
 
-    def __init__(self, path: Path, source: str, keys: Sequence[str], start: Mapping[str, int], created: str) -> None:
+    def __init__(
+        self, path: Path, source: str, keys: Sequence[str], start: Mapping[str, int], created: str,
+        cluster: str | None = None,
+    ) -> None:
         self.path = Path(path)
         self._tmp = self.path.with_name(self.path.name + ".tmp")
         self._index = {key: i for i, key in enumerate(keys)}
         self._handle: IO[bytes] = open(self._tmp, "wb")  # noqa: SIM115 - closed in close()
         header = json.dumps(
-            {"version": VERSION, "source": source, "created": created, "keys": list(keys), "start": dict(start)}
+            {
+                "version": VERSION, "source": source, "created": created, "keys": list(keys), "start": dict(start),
+                **({"cluster": cluster} if cluster else {}),
+            }
         ).encode("utf-8")
         self._handle.write(MAGIC + _LENGTH.pack(len(header)) + header)
         self.frames = 0

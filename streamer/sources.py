@@ -294,6 +294,10 @@ class RecordingSource(_LocalSource):
         self._paced = recorded_pace
         self._clock_origin: tuple[float, int] | None = None
 
+    def resume_positions(self) -> dict[str, int]:
+        """The next position this replay reads, per recorded key."""
+        return dict(self._positions)
+
     def poll(self, max_records: int, timeout_s: float) -> Batch | None:
         payloads: list[bytes] = []
         keys: list[str] = []
@@ -454,6 +458,20 @@ class KafkaSource:
         except KafkaError as exc:
             raise SourceError(f"cannot connect to Kafka at {','.join(url.bootstrap)}: {exc}") from None
         self._consumer.subscribe(topics=url.topics, listener=Listener())
+
+    def cluster_identity(self) -> str:
+        """The cluster part of this topic's data keys (:mod:`streamer.identity`): the broker's
+        cluster id (asked for through a metadata request), else the bootstrap servers."""
+        from kafka.errors import KafkaError
+
+        from streamer.identity import kafka_cluster_identity
+
+        try:
+            for topic in self.url.topics:
+                self._consumer.partitions_for_topic(topic)
+        except KafkaError as exc:
+            raise SourceError(f"cannot read metadata from Kafka at {','.join(self.url.bootstrap)}: {exc}") from None
+        return kafka_cluster_identity(self._consumer, self.url.bootstrap)
 
     # The rebalance callbacks run inside ``poll``; kafka-python logs and swallows their exceptions,
     # so a failure is stored and raised from ``poll`` as fatal.

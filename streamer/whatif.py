@@ -41,7 +41,9 @@ def _pan_acsa_lines(learner: Learner) -> list[str]:
         f"records per run: {plan.records:,}; batches T = {plan.steps:,} of b = "
         + " or ".join(f"{b:,}" for b in sizes)
         + " records",
-        "per batch: two Gaussian draws (at its start and its end), each with standard deviation",
+        "per batch: two "
+        + ("exact discrete Gaussian (noise = secure)" if getattr(learner, "noise", "gaussian") == "secure" else "Gaussian")
+        + " draws (at its start and its end), each with standard deviation",
     ]
     for b in sizes:
         lines.append(f"  zeta = {learner.batch_noise_std(b):.6g} for b = {b:,} (l2 sensitivity of the batch mean 2L/b)")  # type: ignore[attr-defined]

@@ -17,6 +17,33 @@ import pytest
 from tests.realparts import KafkaBroker, PrometheusServer, prometheus_binary
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_budget_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test writes the user's budget store: module- and session-scoped fixtures that run the
+    service share this session directory (each test gets its own below)."""
+    import os
+
+    previous = os.environ.get("PANPRIV_STATE_DIR")
+    os.environ["PANPRIV_STATE_DIR"] = str(tmp_path_factory.mktemp("panpriv-state"))
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("PANPRIV_STATE_DIR", None)
+        else:
+            os.environ["PANPRIV_STATE_DIR"] = previous
+
+
+@pytest.fixture(autouse=True)
+def _budget_store_per_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test's runs (in process and in child processes, which inherit the environment) compose
+    in a budget store of their own. A private MonkeyPatch: a test's ``monkeypatch.undo()`` must not
+    move it back to the session's store."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PANPRIV_STATE_DIR", str(tmp_path_factory.mktemp("panpriv-state")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))

@@ -78,7 +78,7 @@ def test_group_privacy_for_declared_records_per_user() -> None:
     ledger.charge("a", "s", 0, 10)
     composed = ledger.report()
     assert composed.user_output == Guarantee(3.0, 3 * math.exp(2.0) * 1e-6)
-    assert "at most 3 records" in composed.statement()
+    assert "at most 3 records (a declared bound, not enforced" in composed.statement()
 
 
 def test_guarantee_cannot_be_strengthened_after_spending() -> None:

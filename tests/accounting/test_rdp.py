@@ -75,7 +75,10 @@ def test_rdp_to_dp_matches_dp_accounting(values: list[float], log10_delta: float
         assert any(delta**2 + math.expm1(-v) > 0 for v in values)
         return
     assert epsilon == pytest.approx(expected, rel=1e-12, abs=1e-12)
-    assert order == expected_order
+    if order != expected_order:
+        # Two orders can attain the same minimum (up to rounding); the choice between them is free.
+        tied = values[orders.index(expected_order)]
+        assert rdp_to_dp([expected_order], [tied], delta)[0] == pytest.approx(epsilon, rel=1e-12, abs=1e-12)
 
 
 @settings(max_examples=200, deadline=None)

@@ -278,7 +278,9 @@ def test_dockerfile_copies_everything_the_projects_own_install_needs() -> None:
     copied = {Path(src.rstrip("/")) for name, args in dockerfile_instructions() if name == "COPY"
               and not args.startswith("--from") for src in args.split()[:-1]}
     needed = {Path("pyproject.toml"), Path(pyproject["project"]["readme"])}
-    needed |= {Path(package) for package in pyproject["tool"]["setuptools"]["packages"]}
+    needed |= {Path(name) for name in pyproject["project"].get("license-files", [])}
+    # Package discovery: `include = ["accounting*", ...]` names each top-level package.
+    needed |= {Path(pattern.rstrip("*")) for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert needed <= copied
     assert all((REPO / path).exists() for path in copied)
     # Package data (the bundled dataset) lives inside a copied package.

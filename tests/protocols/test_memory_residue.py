@@ -9,7 +9,8 @@ same records and the query point the child reported *before* learning, and fails
 
 - a clean per-record gradient row (clipped, as the learner adds it) or a raw feature row (the
   child zeroes its own input arrays in place first);
-- pan-acsa: the clean partial batch sum or mean (``Σ g_i`` and ``Σ g_i / b``);
+- pan-acsa: the clean partial batch sum or mean (``Σ g_i`` and ``Σ g_i / b``); with
+  ``noise="secure"``, the clean integer sum in grid units;
 - the pure noise: a vector V such that another vector W in memory satisfies W − V = the clean
   contribution (pan-acsa: Z_t and Z_t + Σ g_i/b; PNSGD: the step's draw and gradient + draw;
   shuffle-gaussian/checkin: one user's noise and her message) — found without knowing the noise;
@@ -38,6 +39,7 @@ import pytest
 from protocols.base import Learner
 from protocols.checkin import RandomCheckinSGD
 from protocols.losses import clip_rows
+from protocols import secure_noise
 from protocols.pan_acsa import PanPrivateACSA
 from protocols.pnsgd import OnlinePNSGD
 from protocols.shuffle_acsa import ShuffleACSA
@@ -75,7 +77,8 @@ class Case:
     query: Callable[[Any], np.ndarray]
     records: Callable[[Any, str], int]
     clip: Callable[[Any], float]
-    kind: str  # "accumulator" (pan-acsa), "step" (pnsgd), "pvec", "additive" (Gaussian messages)
+    kind: str  # "accumulator" (pan-acsa), "grid" (secure pan-acsa), "step" (pnsgd), "pvec",
+    # "additive" (Gaussian messages)
     modes: tuple[str, ...] = ("mid", "end")
 
 
@@ -96,6 +99,15 @@ CASES: dict[str, Case] = {
         records=_acsa_batch,
         clip=lambda learner: learner.gradient_norm_bound,
         kind="accumulator",
+    ),
+    "pan-acsa-secure": Case(
+        make=lambda d, rng: PanPrivateACSA(
+            d, LOSS, 1.0, 1e-6, horizon=20_000, batch_size=BATCH, noise="secure", rng=rng
+        ),
+        query=lambda learner: learner._iterate.theta_md,
+        records=_acsa_batch,
+        clip=lambda learner: learner.gradient_norm_bound,
+        kind="grid",
     ),
     "pnsgd": Case(
         make=lambda d, rng: OnlinePNSGD(d, LOSS, 1.0, eta=0.1, radius=1.0, rng=rng),
@@ -185,6 +197,9 @@ def _findings(name: str, dim: int, m: int, theta: np.ndarray, memory: Memory) ->
         look("clean batch sum", memory.find_vector(total, _tolerance(total)))
         look("clean batch mean", memory.find_vector(total / batch, _tolerance(total)))
         look("pure noise (V, V + clean mean)", memory.find_difference(total / batch, _tolerance(total / batch)))
+    elif case.kind == "grid":  # secure pan-acsa: the clean batch sum in integer grid units
+        total = secure_noise.grid_sum(G, case.clip(twin))
+        look("clean batch sum (grid units, int64)", memory.find_int_rows(total, total))
     elif case.kind in ("step", "additive"):
         for k in sample[:2]:
             look(f"pure noise of record {k} (V, V + gradient)", memory.find_difference(G[k], _tolerance(G[k])))

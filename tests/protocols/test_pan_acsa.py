@@ -276,3 +276,116 @@ def test_config_is_json_and_rebuilds_with_a_loss_dict():
     assert config["loss"] == {"name": "huber", "ridge": 0.0, "intercept": True, "intercept_scale": 1.0, "delta": 0.3}
     rebuilt = PanPrivateACSA(**config)
     assert rebuilt.loss == learner.loss and rebuilt.config() == learner.config()
+
+
+# -- secure noise (noise="secure"): the same conformance suite, exact discrete Gaussian draws ------
+
+SECURE_CASES = {
+    "1-nonsmooth": (lambda rng: PanPrivateACSA(3, HingeLoss(intercept=True), 1.0, 1e-5, horizon=40, batch_size=6, radius=20.0, noise="secure", rng=rng), X3, Y3),
+    "3-strongly-convex": (lambda rng: PanPrivateACSA(3, {"name": "absolute", "ridge": 0.2}, 2.0, 1e-5, horizon=60, batch_size=4, radius=20.0, noise="secure", rng=rng), X3R, Y3R),
+    "4-strongly-convex-smooth": (lambda rng: PanPrivateACSA(3, SquaredLoss(ridge=0.1), 0.5, 1e-5, horizon=30, batch_size=3, radius=20.0, noise="secure", rng=rng), X3R, Y3R),
+}
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("case", sorted(SECURE_CASES))
+def test_conformance_secure_noise(case, check):
+    """protocols.checks with noise="secure"; the statistical check fails falsely with probability ≤ 1e-3."""
+    factory, X, y = SECURE_CASES[case]
+    check(factory, X, y)
+
+
+@pytest.mark.statistical
+def test_secure_draws_are_the_calibrated_discrete_gaussian():
+    """noise="secure": mid-batch, grad_units − Σ to_grid(∇) = Z_t exactly (integers); over 400
+    seeded replicates its coordinates' sample second moment is compared with the σ² of
+    protocols.secure_noise.calibrate_draw by a two-sided χ² test at level 1e-4 (N_Z(0, σ²) has
+    variance σ² to double precision at this σ)."""
+    from protocols import secure_noise
+
+    X, y = X3[:4], Y3[:4]
+    loss = LogisticLoss()
+    residuals = []
+    for seed in range(400):
+        learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=40, batch_size=4, radius=1e6, noise="secure", rng=seed)
+        learner.learn_many(X[:3], y[:3])
+        state = learner.state_dict()
+        assert state["grad_units"].dtype == np.int64 and "grad" not in state
+        gradients = -(np.where(y[:3] == 1.0, 1.0, -1.0)[:, None] * loss.features(X[:3], 1.0)) / 2  # at θ^md = 0
+        contribution = secure_noise.to_grid(gradients, learner.gradient_norm_bound).sum(axis=0)
+        residuals.append(state["grad_units"] - contribution)
+    calibration = secure_noise.calibrate_draw(1.0, 1e-5)
+    residual = np.concatenate(residuals).astype(float)
+    chi2 = np.sum(residual**2) / calibration.sigma2
+    assert stats.chi2.sf(chi2, residual.size) > 5e-5 and stats.chi2.cdf(chi2, residual.size) > 5e-5
+    assert learner.batch_noise_std(4) == pytest.approx(
+        math.sqrt(calibration.sigma2) * learner.gradient_norm_bound / 2**secure_noise.GRID_BITS / 4
+    )
+
+
+def test_secure_sensitivity_of_the_integer_accumulator():
+    """Replacing one record (even by one with enormous features) moves the integer sum by at most
+    Δ = 2^(k+1) grid units in ℓ2 — the sensitivity the discrete Gaussian is calibrated to."""
+    from protocols import secure_noise
+
+    rng = np.random.default_rng(0)
+    for loss, X, y in ((SquaredLoss(label_bound=2.0), X3R, Y3R), (HingeLoss(), X3, Y3)):
+        for _ in range(20):
+            other_x = rng.normal(size=(1, 3)) * 1e6
+            other_y = np.array([rng.choice([0.0, 1.0]) if loss.binary_labels else rng.normal(0, 1e3)])
+            states = []
+            for Xi, yi in ((X[:5], y[:5]), (np.vstack([X[:4], other_x]), np.r_[y[:4], other_y])):
+                learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=60, batch_size=8, radius=3.0, noise="secure", rng=42)
+                learner.learn_many(X[:8], y[:8])
+                learner.learn_many(Xi, yi)
+                states.append(learner.state_dict()["grad_units"])
+            difference = states[0] - states[1]
+            assert int((difference**2).sum()) <= secure_noise.SENSITIVITY_UNITS**2
+
+
+def test_secure_privacy_report_states_the_discrete_gaussian_guarantee():
+    learner = PanPrivateACSA(3, LogisticLoss(), 0.5, 1e-6, horizon=100, noise="secure")
+    learner.learn_many(X3, Y3)
+    report = learner.privacy()
+    assert report.output == report.intrusion == Guarantee(0.5, 1e-6)
+    assert {"000, Lemma C.4", "Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"} <= set(report.references)
+    statement = next(a for a in report.assumptions if a.startswith("secure noise"))
+    assert "N_Z(0, " in statement and "zCDP" in statement
+    assert learner.config()["noise"] == "secure"
+    assert not any("Balle" in r for r in report.references)
+
+
+def test_secure_default_mode_draws_fresh_noise_and_states_are_checked():
+    states = []
+    for _ in range(2):
+        learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=60, batch_size=7, noise="secure")
+        learner.learn_many(X3[:50], Y3[:50])
+        states.append(learner.state_dict())
+    assert not np.array_equal(states[0]["grad_units"], states[1]["grad_units"])
+    state = states[0]
+    with pytest.raises(InvalidInputError, match="'grad_units' must be 3 integers"):
+        learner.load_state_dict({**state, "grad_units": state["grad_units"].astype(float)})
+    with pytest.raises(InvalidInputError, match="lacks"):
+        learner.load_state_dict({k: v for k, v in state.items() if k != "grad_units"})
+    gaussian = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=60, batch_size=7, rng=0)
+    with pytest.raises(InvalidInputError, match="lacks"):
+        learner.load_state_dict(gaussian.state_dict())
+    with pytest.raises(InvalidInputError, match="'noise' parameter"):
+        PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, noise="discrete")
+
+
+def test_secure_noise_learns_a_logistic_model():
+    """The seeded run of test_learns_a_logistic_model with noise="secure" also ends near the optimum."""
+    rng = np.random.default_rng(7)
+    theta_star = np.array([1.5, -1.0, 0.5, 0.0, 2.0])
+    X = rng.normal(size=(40_000, 5)) / math.sqrt(5)
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
+    y = (rng.uniform(size=40_000) < 1 / (1 + np.exp(-X @ theta_star))).astype(float)
+    loss = LogisticLoss()
+    learner = PanPrivateACSA(5, loss, 4.0, 1e-6, horizon=20_000, radius=4.0, noise="secure", rng=0)
+    learner.learn_many(X[:20_000], y[:20_000])
+    Z, labels = loss.features(X[20_000:], 1.0), loss.labels(y[20_000:])
+    excess = loss.objective(learner.release(), Z, labels) - loss.objective(theta_star, Z, labels)
+    start = loss.objective(np.zeros(5), Z, labels) - loss.objective(theta_star, Z, labels)
+    assert excess < 0.1 * start

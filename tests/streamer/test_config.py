@@ -138,6 +138,6 @@ def test_the_readme_configuration_example_is_valid() -> None:
     block = re.search(r"## Configuring.*?```toml\n(.*?)```", readme, re.S).group(1)
     config = ServiceConfig.model_validate(tomllib.loads(block))
     documented = set(re.findall(r"^(?:# )?(\w+) =", block, re.MULTILINE)) | {"options"}  # [learner.options]
-    for section in ("source", "records", "learner", "checkpoint", "snapshots", "metrics"):
+    for section in ("source", "records", "learner", "checkpoint", "snapshots", "metrics", "budget"):
         fields = set(getattr(config, section).__class__.model_fields)
         assert fields <= documented, f"[{section}] settings missing from the README: {fields - documented}"

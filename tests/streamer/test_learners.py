@@ -114,3 +114,20 @@ def test_every_registered_learner_streams_stops_and_resumes_exactly_once(name, t
     segments = PrivacyLedger.from_dict(checkpoint.ledger).coverage("synthetic:seed=2,dim=4")
     assert [(s.start, s.stop, len(s.uses)) for s in segments] == [(0, 6000, 1)]
     assert result.report.output.is_meaningful
+
+
+def test_pan_acsa_secure_noise_streams_checkpoints_and_resumes(tmp_path) -> None:
+    """``[learner.options] noise = "secure"`` reaches the learner; its int64 accumulator is written to
+    the checkpoint as integers and rebuilds the learner; the report states the discrete Gaussian."""
+    overrides = {**SYNTHETIC, "learner.name": "pan-acsa", "learner.options": {"noise": "secure"},
+                 "source.batch_records": 300, "checkpoint.every_records": 700, "snapshots.every_records": 1500,
+                 "metrics.port": None, "out": str(tmp_path / "out")}
+    result = Processor(load_config(None, overrides)).run()
+    assert (result.outcome, result.records) == ("finished", 6000)
+    checkpoint = CheckpointStore(tmp_path / "out" / "checkpoints").load()
+    assert checkpoint.learner_config["noise"] == "secure"
+    assert checkpoint.learner_state["grad_units"].dtype.kind == "i" and "grad" not in checkpoint.learner_state
+    rebuilt = learner_class("pan-acsa").from_state_dict(checkpoint.learner_config, checkpoint.learner_state)
+    assert rebuilt.records_seen == 6000 and rebuilt.state_dict()["grad_units"].dtype == "int64"
+    assert any(a.startswith("secure noise") for a in result.report.assumptions)
+    assert any("Canonne" in r for r in result.report.references)

@@ -9,6 +9,7 @@ restarts as a new ledger instance composed with what the interrupted pass releas
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,12 +22,13 @@ import pytest
 
 from accounting.ledger import PrivacyLedger, PrivacyReport
 from protocols.pnsgd import ShuffledPNSGD
+from streamer.budget import BudgetStore
 from streamer.checkpoint import CheckpointStore
 from streamer.codec import encode_batch, encode_json, make_codec
 from streamer.config import load_config
 from streamer.errors import ConfigError, SourceError
 from streamer.indexed import IndexedFile
-from streamer.processor import Processor
+from streamer.processor import PUBLIC_COUNTS, Processor
 from streamer.recording import RecordingWriter
 from streamer.sinks import read_snapshots
 from streamer.sources import iter_batches, open_source
@@ -235,7 +237,9 @@ def test_a_pass_stopped_midway_restarts_as_a_new_instance_composed_in_the_ledger
     assert saved.extra["replay"] == {"passes_charged": 0, "restart": True}
     assert saved.records == saved.learner_state["records"] == 0
     interrupted = PrivacyLedger.from_dict(saved.ledger).instances[first.instance]
-    assert interrupted.output.delta > 0 and interrupted == PrivacyReport.from_dict(first.last_snapshot["privacy"])
+    stated = PrivacyReport.from_dict(first.last_snapshot["privacy"])
+    assert stated.assumptions[-1] == PUBLIC_COUNTS  # the service adds which counts are public
+    assert interrupted.output.delta > 0 and interrupted == dataclasses.replace(stated, assumptions=stated.assumptions[:-1])
     # A budget below the composition stops before the new pass uses anything.
     capped = Processor(config(path, tmp_path / "out", **settings, **{"learner.max_epsilon": 1.5})).run()
     assert capped.outcome == "budget_exhausted" and "raise ε to 2" in capped.message and capped.records == 0
@@ -327,6 +331,12 @@ def test_shuffle_learners_run_through_the_service_on_a_recording(name, tmp_path,
     assert checkpoint.finished and checkpoint.learner == name
     uses = {key: [(s.start, s.stop, len(s.uses)) for s in ledger.coverage(key)] for key in ledger.sources}
     assert uses == {key: [(start, stop, rounds)] for key, (start, stop) in extent.items()}
+    # The budget store saw the same uses under the data keys (the recording's declared source), and
+    # the stated guarantee composed over it is the ledger's: no round is left with its provisional report.
+    shared = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"])).ledger()
+    assert {key.removeprefix("kafka:source=test/"): [(s.start, s.stop, len(s.uses)) for s in shared.coverage(key)]
+            for key in shared.sources} == uses
+    assert (final.report.output, final.report.intrusion) == (ledger.report().output, ledger.report().intrusion)
     if name == "shuffle-gd":
         assert ledger.report().output.epsilon == pytest.approx(final.learner.privacy().output.epsilon, rel=1e-8)
         assert ledger.report().output.epsilon >= final.learner.privacy().output.epsilon

@@ -120,6 +120,7 @@ class KafkaRun:
     group: str
     kills: list[int]  # records in the durable checkpoint at each kill
     seconds: float
+    state_dir: Path  # the budget store the runs shared
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +147,7 @@ def kafka_run(kafka_broker, topic, tmp_path_factory) -> KafkaRun:
     process = panpriv(*args, log=log)
     code = process.wait(timeout=120)
     assert code == 0, log.read_text()[-3000:]
-    return KafkaRun(out, group, kills, time.monotonic() - t0)
+    return KafkaRun(out, group, kills, time.monotonic() - t0, Path(os.environ["PANPRIV_STATE_DIR"]))
 
 
 def test_kill_9_cycles_leave_every_offset_covered_exactly_once(kafka_run, topic, kafka_broker) -> None:
@@ -181,6 +182,40 @@ def test_kill_9_cycles_leave_every_offset_covered_exactly_once(kafka_run, topic,
     finally:
         consumer.close(autocommit=False)
     assert committed == topic.end
+
+
+def test_kill_9_cycles_charge_the_lost_states_as_a_second_use(kafka_run, topic) -> None:
+    """Issue 13, point 3: the ranges each killed process had charged beyond its last durable
+    checkpoint are intrusion-only lost instances in the budget store; the records re-learned after
+    a kill have output ε = 1 (one release) and intrusion ε = 2, the composition of both uses, and
+    the final snapshot states exactly that."""
+    from accounting.budget import report_for
+    from streamer.budget import BudgetStore
+
+    checkpoint = CheckpointStore(kafka_run.out / "checkpoints").load()
+    store = BudgetStore(kafka_run.state_dir)
+    keys = [key for key in store.ledger().sources if key.rsplit("/", 2)[-2] == topic.name]
+    ledger = store.ledger(keys)
+    assert len(keys) == PARTITIONS
+    lost = sorted(name for name in ledger.instances if name.startswith(checkpoint.instance + "/lost-"))
+    assert lost, "no kill left a range charged beyond its checkpoint"  # 3 kills at random moments
+    run_state = store.run_state(checkpoint.instance)
+    assert run_state.losses == len(lost) and run_state.clean
+    for name in lost:
+        assert ledger.instances[name].output.epsilon == 0.0 and ledger.instances[name].intrusion.epsilon == 1.0
+    relearned = [s for key in keys for s in ledger.coverage(key) if len(s.uses) > 1]
+    assert relearned and all(set(s.uses) - {checkpoint.instance} <= set(lost) for s in relearned)
+    for segment in relearned:
+        output, intrusion = ledger.record_guarantee(segment.uses)
+        # One intrusion reads one state: a record lost in two crashes is still at 1 (lost) + 1 (outputs).
+        assert output.epsilon == 1.0 and intrusion.epsilon == 2.0
+    # Every offset is charged to the run itself exactly once besides its lost states.
+    for key in keys:
+        assert [s.uses.count(checkpoint.instance) for s in ledger.coverage(key)] == [1] * len(ledger.coverage(key))
+    stated = PrivacyReport.from_dict(strict_snapshots(kafka_run.out / "snapshots.jsonl")[-1]["privacy"])
+    expected = report_for(ledger, [checkpoint.instance], checkpoint.records)
+    assert (stated.output, stated.intrusion) == (expected.output, expected.intrusion)
+    assert stated.output.epsilon == 1.0 and stated.intrusion.epsilon == 2.0
 
 
 def test_recorded_replay_charges_the_same_ranges_and_resumes_mid_file(kafka_run, topic, kafka_broker, tmp_path) -> None:
