@@ -38,8 +38,9 @@ exact and several times faster than ``Generator.binomial``. Other p use ``Genera
 
 Randomness
 ----------
-``rng=None`` (default): every call draws its noise from a generator freshly seeded from OS entropy
-(:class:`protocols.randomness.NoiseSource`); passing a seed or ``Generator`` is the labelled
+``rng=None`` (default): every call draws its noise from a generator keyed from OS entropy and
+zeroed afterwards (:class:`protocols.randomness.NoiseSource`); the work buffers holding clean
+encodings, roundings and raw noise bits are zeroed too; passing a seed or ``Generator`` is the labelled
 replay/testing mode.
 
 References
@@ -196,7 +197,7 @@ class VectorSum:
         X : array of shape (m, d)
             One row per user (m ≥ 1), each of ℓ₂ norm ≤ ``l2_bound``, finite.
         rng : None, int or numpy.random.Generator
-            None: fresh OS-entropy generator (production). Seed/Generator: replay/testing mode.
+            None: a generator keyed from OS entropy, zeroed after use (production). Seed/Generator: replay/testing mode.
 
         Returns
         -------

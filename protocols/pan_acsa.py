@@ -158,7 +158,8 @@ class PanPrivateACSA(Learner):
         Steinke 2020), so no noise value passes through a floating-point sampler (Mironov 2012).
         Same (ε, δ), same Lemma C.4 argument; σ is about 6–8% larger (zCDP accounting).
     rng
-        ``None`` (default): every noise draw uses a fresh OS-entropy generator (pan-private).
+        ``None`` (default): every noise draw uses a generator keyed from OS entropy and zeroed
+        after the draw (pan-private; :mod:`protocols.randomness`).
         A seed or generator: reproducible replay/testing mode, in which there is no pan-private
         guarantee (see :mod:`protocols.randomness`).
 
@@ -406,7 +407,7 @@ class PanPrivateACSA(Learner):
             f"({calibration}) to make the batch mean (epsilon, delta)-DP alone; every record "
             "enters exactly one batch",
             "the intruder reads the internal state (iterates and partial gradient accumulator) at "
-            "most once; every noise draw comes from a generator freshly seeded from OS entropy",
+            "most once; every noise draw comes from a generator keyed from OS entropy and zeroed after the draw",
         ]
         references = ["000, Alg. 6", "000, Lemma C.4", "000, Thm C.3", "000, Def. C.2"]
         if self._secure is not None:  # secure noise: the draws are discrete Gaussians

@@ -271,7 +271,7 @@ class _PNSGD(Learner):
             "only snapshots leave the learner (predictions use the last snapshot); each is the "
             "current iterate, and the iterates between snapshots stay hidden",
             "the intruder reads the internal state (the iterate) at most once, between two record "
-            "updates; every noise draw comes from a generator freshly seeded from OS entropy",
+            "updates; every noise draw comes from a generator keyed from OS entropy and zeroed after the draw",
         ]
 
     # -- persistence ---------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Where the learners' noise randomness comes from, and why none of it stays in memory.
 
-Pan-privacy (Cheu, Joseph, Mao & Peng 2022, Def. C.2) lets an intruder read the internal state
-once. If the state held a pseudo-random generator, the intruder could predict every noise vector
-still to be added — and, since PCG64's LCG can be stepped backwards, *regenerate* every noise
+Pan-privacy (Cheu et al. 2022, Def. C.2) lets an intruder read the internal state once. If the
+state held a pseudo-random generator, the intruder could predict every noise vector still to be
+added — and, since PCG64's LCG can be stepped backwards (O'Neill 2014), *regenerate* every noise
 vector already added and subtract it from the accumulator. The intruder of the threat model reads
 the whole process memory, freed buffers included, so "no generator is kept" is not enough: the
 freed generator, its seed and its seed sequence must not be readable either.
