@@ -43,7 +43,7 @@ RngLike = int | np.random.Generator | None
 _STATE_WORDS = 4  # PCG64: 128-bit state + 128-bit increment, as four little-endian uint64 words
 
 
-def _fill_from_os(buffer: NDArray) -> None:
+def fill_from_os(buffer: NDArray) -> None:
     """Fill ``buffer`` (C-contiguous) with OS entropy, in place (no intermediate bytes object)."""
     view = memoryview(buffer).cast("B")
     fd = _urandom_fd()
@@ -74,7 +74,7 @@ class _KeyedPCG64:
         _check_layout(self)
 
     def rekey(self) -> None:
-        _fill_from_os(self._key)
+        fill_from_os(self._key)
         self._key[2] |= np.uint64(1)  # PCG64's increment must be odd
         ctypes.memmove(self._pcg_state, self._key.ctypes.data, 8 * _STATE_WORDS)
         self._key.fill(0)
