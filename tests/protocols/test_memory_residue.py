@@ -281,3 +281,60 @@ def _planted_child(conn: Any) -> None:
     conn.send(kept.tobytes())
     conn.recv()
     assert shifted.size == base.size == 21  # both stay alive until the parent has read them
+
+
+_KNOWN_KEY = (0x1234567890ABCDEF, 0x0FEDCBA987654321, 0x1111222233334445, 0x5555666677778888)
+_PCG64_MULTIPLIER = 0x2360ED051FC65DA44385DF649FCCF645
+
+
+def _known_key_child(conn: Any, name: str, dim: int, wipe: bool) -> None:
+    """Learn one micro-batch with the OS key replaced by a known one, so that the parent can
+    recompute every PCG64 state the draws went through."""
+    import protocols.randomness as randomness
+
+    def known(buffer: np.ndarray) -> None:
+        buffer[:] = np.array(_KNOWN_KEY, dtype=np.uint64)
+
+    randomness.fill_from_os = known
+    case = CASES[name]
+    learner = case.make(dim, None)
+    if not wipe:  # the control: the scan must find the state when it is not zeroed
+        learner._noise._keyed.wipe = lambda: None
+    X, y = _records(dim, case.records(learner, "mid"))
+    learner.learn_many(X, y)
+    conn.send("learned")
+    conn.recv()
+
+
+def _pcg64_states_found(name: str, dim: int, wipe: bool, steps: int = 20_000) -> list[int]:
+    """Steps k ≤ ``steps`` whose PCG64 state (low or high 64-bit word) is in the child's memory."""
+    context = multiprocessing.get_context("spawn")
+    here, there = context.Pipe()
+    child = context.Process(target=_known_key_child, args=(there, name, dim, wipe), daemon=True)
+    child.start()
+    try:
+        assert here.poll(120) and here.recv() == "learned"
+        raw = read_memory(child.pid)
+    finally:
+        here.send("done")
+        child.join(30)
+    words = set(np.frombuffer(raw[: len(raw) - len(raw) % 8], dtype=np.uint64).tolist())
+    state = _KNOWN_KEY[1] << 64 | _KNOWN_KEY[0]
+    increment = _KNOWN_KEY[3] << 64 | _KNOWN_KEY[2] | 1
+    found = []
+    for k in range(1, steps + 1):
+        state = (state * _PCG64_MULTIPLIER + increment) % (1 << 128)
+        if state & (2**64 - 1) in words or state >> 64 in words:
+            found.append(k)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_read_child_memory(), reason="needs Linux /proc/<pid>/mem")
+@pytest.mark.parametrize("name", ["pan-acsa", "shuffle-sgd", "shuffle-gaussian"])
+def test_no_generator_state_of_the_draws_is_left_in_memory(name: str) -> None:
+    """No PCG64 state a draw went through (from which the LCG regenerates the draw, backwards
+    and forwards) is anywhere in memory — not in the bit generator, not spilled to the stack; the
+    same scan finds it when the zeroing is disabled."""
+    assert _pcg64_states_found(name, 20, wipe=True) == []
+    assert _pcg64_states_found(name, 20, wipe=False) != []
