@@ -70,13 +70,13 @@ from numpy.typing import NDArray
 
 from accounting.checkin import CheckinGuarantee, averaged_updates, fixed_window, sliding_window
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import StateValue, check_batch
 from protocols.calibration import smallest_feasible
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
-from protocols import scratch
 from protocols.randomness import NoiseSource, RngLike
 from protocols.sgd import AveragedSGD, MessageSGDLearner
 from protocols.state_io import read_array, read_int

@@ -62,6 +62,7 @@ from numpy.typing import NDArray
 
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import secure_noise
 from protocols import validation as check
 from protocols.acsa import (
@@ -82,7 +83,6 @@ from protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
-from protocols import scratch
 from protocols.randomness import NoiseSource, RngLike
 from protocols.scratch import BLOCK_ROWS, Scratch
 

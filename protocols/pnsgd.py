@@ -67,13 +67,13 @@ from accounting.iteration import (
     shuffled_pnsgd_laplace_delta,
 )
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.pan_acsa import SENSITIVITY_SLACK
-from protocols import scratch
 from protocols.randomness import NoiseSource, RngLike
 from protocols.scratch import BLOCK_ROWS, Scratch
 

@@ -21,6 +21,8 @@ Micro-batches are processed in blocks of at most :data:`BLOCK_ROWS` rows, so the
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -42,7 +44,7 @@ class Scratch:
 
     def take(self, name: str, *shape: int) -> Array:
         """A C-contiguous view of ``shape`` on buffer ``name`` (contents undefined)."""
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.size < size:
             if buffer is not None:
@@ -117,6 +119,13 @@ def clipped_gradients(
     np.multiply(slopes[:, None], Z, out=G)
     slopes.fill(0.0)
     return clip_rows_into(G, bound, G, scratch.take("gradient_norms", m))
+
+
+def rows(Z: Array, indices: NDArray[np.int64], scratch: Scratch, name: str) -> Array:
+    """``Z[indices]`` into scratch buffer ``name`` (``np.take`` with ``mode="clip"`` writes
+    straight into ``out``; with the default mode it would buffer a copy)."""
+    out = scratch.take(name, indices.size, *Z.shape[1:])
+    return np.take(Z, indices, axis=0, out=out, mode="clip")
 
 
 def row_sum(G: Array, scratch: Scratch) -> Array:

@@ -37,8 +37,8 @@ from protocols import validation as check
 from protocols.base import Learner, StateValue
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
-from protocols.scratch import Scratch
 from protocols.randomness import NoiseSource, RngLike
+from protocols.scratch import Scratch
 from protocols.state_io import read_array, read_float
 
 Array = NDArray[np.float64]

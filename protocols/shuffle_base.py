@@ -52,13 +52,13 @@ from accounting.binomial import pvec_parameters, tight_delta
 from accounting.errors import InvalidParameterError
 from accounting.gaussian import analytic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import Learner, StateValue, check_batch
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
-from protocols import scratch
 from protocols.randomness import NoiseSource, RngLike
 from protocols.scratch import BLOCK_ROWS, Scratch
 from protocols.state_io import read_array, read_int
@@ -263,29 +263,35 @@ class EncodedLearner(Learner):
         X, y = check_batch(self._owner, X, y, self.dim)
         self._check_room(X.shape[0])
         try:
-            position = 0
-            while position < X.shape[0]:
-                vector_sum = self._round_sum()
-                take = min(vector_sum.n - self._filled, X.shape[0] - position, BLOCK_ROWS)
-                rows = slice(position, position + take)
-                self._add_messages(vector_sum, X[rows], y[rows])
-                self._filled += take
-                self._records += take
-                position += take
-                if self._filled == vector_sum.n:
-                    mean = vector_sum.analyze(self._totals) / vector_sum.n
-                    self._filled = 0
-                    self._totals = np.zeros(self._params, dtype=np.int64)
-                    self._finish_round(mean)
+            for start in range(0, X.shape[0], BLOCK_ROWS):
+                block = slice(start, start + BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[block], self.feature_bound, self._scratch)
+                labels = scratch.labels(self.loss, y[block], self._scratch)
+                self._learn_block(Z, labels)
         finally:
             self._scratch.wipe()
 
-    def _add_messages(self, vector_sum: VectorSum, X: Array, y: Array) -> None:
+    def _learn_block(self, Z: Array, labels: Array) -> None:
+        """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
+        position = 0
+        while position < Z.shape[0]:
+            vector_sum = self._round_sum()
+            take = min(vector_sum.n - self._filled, Z.shape[0] - position)
+            rows = slice(position, position + take)
+            self._add_messages(vector_sum, Z[rows], labels[rows])
+            self._filled += take
+            self._records += take
+            position += take
+            if self._filled == vector_sum.n:
+                mean = vector_sum.analyze(self._totals) / vector_sum.n
+                self._filled = 0
+                self._totals = np.zeros(self._params, dtype=np.int64)
+                self._finish_round(mean)
+
+    def _add_messages(self, vector_sum: VectorSum, Z: Array, labels: Array) -> None:
         """The users' PVEC messages for their clipped gradients, summed into ``totals``. Features,
         labels and gradients live in scratch (wiped by :meth:`learn_many`); the encoder wipes its
         own work buffers and the generator's state; the message counts are wiped here."""
-        Z = scratch.features(self.loss, X, self.feature_bound, self._scratch)
-        labels = scratch.labels(self.loss, y, self._scratch)
         with self._noise.draw() as generator:
             messages = vector_sum.randomize(self._gradients(Z, labels), generator)
         try:

@@ -67,13 +67,13 @@ from numpy.typing import NDArray
 from accounting import shuffle_gaussian as sg
 from accounting.ledger import Guarantee, PrivacyReport
 from accounting.rdp import RdpCurve
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import StateValue, check_batch
 from protocols.calibration import smallest_feasible
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
-from protocols import scratch
 from protocols.randomness import RngLike
 from protocols.scratch import BLOCK_ROWS
 from protocols.sgd import AveragedSGD, MessageSGDLearner
@@ -309,36 +309,39 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         """Add a micro-batch; any split of the stream gives the same mechanism."""
         X, y = check_batch(_OWNER, X, y, self.dim)
         try:
-            position = 0
-            while position < X.shape[0]:
-                take = min(self._round.window - self._filled, X.shape[0] - position)
-                with self._noise.draw() as generator:
-                    chosen = position + self._participants(take, generator)
-                for start in range(0, chosen.size, BLOCK_ROWS):
-                    self._add_messages(X, y, chosen[start : start + BLOCK_ROWS])
-                self._count += chosen.size
-                self._filled += take
-                self._records += take
-                position += take
-                if self._filled == self._round.window:
-                    self._finish_round()
+            for start in range(0, X.shape[0], BLOCK_ROWS):
+                block = slice(start, start + BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[block], self.feature_bound, self._scratch)
+                labels = scratch.labels(self.loss, y[block], self._scratch)
+                self._learn_block(Z, labels)
         finally:
             self._scratch.wipe()
 
-    def _add_messages(self, X: Array, y: Array, users: NDArray[np.int64]) -> None:
-        """partial += Σ (clip_C(∇ℓ(θ; x_i)) + N(0, (σC)² I)) over ``users`` (rows of X). The
+    def _learn_block(self, Z: Array, labels: Array) -> None:
+        """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
+        position = 0
+        while position < Z.shape[0]:
+            take = min(self._round.window - self._filled, Z.shape[0] - position)
+            with self._noise.draw() as generator:
+                chosen = position + self._participants(take, generator)
+            if chosen.size:
+                self._add_messages(Z, labels, chosen)
+            self._count += chosen.size
+            self._filled += take
+            self._records += take
+            position += take
+            if self._filled == self._round.window:
+                self._finish_round()
+
+    def _add_messages(self, Z: Array, labels: Array, users: NDArray[np.int64]) -> None:
+        """partial += Σ (clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)) over ``users`` (rows of Z). The
         gradients are clipped in scratch and the noise is drawn into them in place
         (:meth:`protocols.randomness.NoiseSource.add_gaussian`): the same messages as
         :meth:`protocols.randomizers.GaussianRandomizer.privatize`, with no clean or pure-noise
         array left behind."""
-        picked, picked_labels = X[users], y[users]
-        try:
-            Z = scratch.features(self.loss, picked, self.feature_bound, self._scratch)
-            labels = scratch.labels(self.loss, picked_labels, self._scratch)
-        finally:
-            picked.fill(0.0)
-            picked_labels.fill(0.0)
-        messages = scratch.clipped_gradients(self.loss, self._sgd.theta, Z, labels, self._clip, self._scratch)
+        Z_users = scratch.rows(Z, users, self._scratch, "user_features")
+        labels_users = scratch.rows(labels, users, self._scratch, "user_labels")
+        messages = scratch.clipped_gradients(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, self._scratch)
         self._noise.add_gaussian(messages, self._randomizer.noise_std)
         self._partial += scratch.row_sum(messages, self._scratch)
 
