@@ -216,9 +216,12 @@ def _row_norms(A: Array) -> Array:
 
 
 def _unit_rows(generator: np.random.Generator, k: int, dim: int) -> Array:
-    """k points uniform on the unit sphere of R^dim (normalised Gaussians)."""
+    """k points uniform on the unit sphere of R^dim (normalised Gaussians), normalised in place:
+    no un-normalised copy (which would give the direction drawn) is left behind."""
     Z = generator.standard_normal((k, dim))
-    return Z / np.maximum(_row_norms(Z), np.finfo(np.float64).tiny)[:, None]
+    norms = np.maximum(_row_norms(Z), np.finfo(np.float64).tiny)
+    Z /= norms[:, None]
+    return Z
 
 
 @functools.lru_cache(maxsize=64)

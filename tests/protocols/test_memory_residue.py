@@ -78,7 +78,7 @@ class Case:
     records: Callable[[Any, str], int]
     clip: Callable[[Any], float]
     kind: str  # "accumulator" (pan-acsa), "grid" (secure pan-acsa), "step" (pnsgd), "pvec",
-    # "additive" (Gaussian messages)
+    # "additive" (Gaussian messages), "rows" (rows only)
     modes: tuple[str, ...] = ("mid", "end")
 
 
@@ -151,6 +151,14 @@ CASES: dict[str, Case] = {
         records=lambda learner, mode: 40,
         clip=lambda learner: learner._clip,
         kind="additive",
+        modes=("mid",),
+    ),
+    "checkin-l2": Case(  # the l2-ball randomizer is not additive: clean rows and features only
+        make=lambda d, rng: RandomCheckinSGD(d, LOSS, 1.0, 1e-6, randomizer="l2", slots=1000, rng=rng),
+        query=lambda learner: learner._sgd.theta,
+        records=lambda learner, mode: 40,
+        clip=lambda learner: learner._clip,
+        kind="rows",
         modes=("mid",),
     ),
 }
