@@ -70,6 +70,7 @@ from numpy.typing import NDArray
 
 from accounting.checkin import CheckinGuarantee, averaged_updates, fixed_window, sliding_window
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import StateValue, check_batch
 from protocols.calibration import smallest_feasible
@@ -145,7 +146,8 @@ def check_in(
     probability = _probability(owner, "probability", probability)
     window = check.choice(owner, "window", window, WINDOWS)
     first = np.array([window_start(wake_slot, slots, window)], dtype=np.int64)
-    slot = int(check_in_slots(first, slots, probability, NoiseSource(rng).generator())[0])
+    with NoiseSource(rng).draw() as generator:
+        slot = int(check_in_slots(first, slots, probability, generator)[0])
     return None if slot < 0 else slot
 
 
@@ -295,16 +297,18 @@ class RandomCheckinSGD(MessageSGDLearner):
         """
         X, y = check_batch(_OWNER, X, y, self.dim)
         wake = self._wake_slots(X.shape[0], timestamps)
-        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
         starts = np.flatnonzero(np.diff(wake, prepend=-1)).tolist()
-        for begin, end in zip(starts, starts[1:] + [wake.size], strict=True):
-            slot = int(wake[begin])
-            if self._clock < 0:
-                self._clock = int(window_start(slot, self.slots, self.window))
-            self._close_until(slot)
-            self._arrive(slot, Z[begin:end], labels[begin:end])
-            self._records += int(end - begin)
-            self._latest = slot
+        try:
+            for begin, end in zip(starts, starts[1:] + [wake.size], strict=True):
+                slot = int(wake[begin])
+                if self._clock < 0:
+                    self._clock = int(window_start(slot, self.slots, self.window))
+                self._close_until(slot)
+                self._arrive(slot, X[begin:end], y[begin:end])
+                self._records += int(end - begin)
+                self._latest = slot
+        finally:
+            self._scratch.wipe()
 
     def _wake_slots(self, count: int, timestamps: Array | None) -> NDArray[np.int64]:
         if self.time == "position":
@@ -323,21 +327,36 @@ class RandomCheckinSGD(MessageSGDLearner):
             raise InvalidInputError(f"{_OWNER}: timestamps go back in time (wake slots must not decrease)")
         return wake
 
-    def _arrive(self, slot: int, Z: Array, labels: Array) -> None:
-        """Clients waking at ``slot``: check in, and those who may be used send their message."""
-        generator = self._noise.generator()
-        first = window_start(slot, self.slots, self.window)
-        targets = check_in_slots(np.full(Z.shape[0], first), self.slots, self.checkin_probability, generator)
-        rows = np.flatnonzero(targets >= 0)
+    def _arrive(self, slot: int, X: Array, y: Array) -> None:
+        """Clients waking at ``slot`` (raw rows ``X``, ``y``): check in, and those who may be used
+        send their message. Their features and clipped gradients live in scratch (wiped by
+        :meth:`learn_many`); Gaussian noise is drawn into the gradients in place, the
+        ℓ2-ball randomizer wipes its own work arrays."""
+        with self._noise.draw() as generator:
+            first = window_start(slot, self.slots, self.window)
+            targets = check_in_slots(np.full(X.shape[0], first), self.slots, self.checkin_probability, generator)
+            rows = np.flatnonzero(targets >= 0)
+            if rows.size == 0:
+                return
+            index = targets[rows] % self._buffer
+            if self.update == "single":
+                rows, index = self._winners(rows, index, generator)
         if rows.size == 0:
             return
-        index = targets[rows] % self._buffer
-        if self.update == "single":
-            rows, index = self._winners(rows, index, generator)
-        if rows.size == 0:
-            return
-        gradients = self.loss.gradient(self._sgd.theta, Z[rows], labels[rows])
-        messages = self._local.privatize(gradients, generator)
+        picked, picked_labels = X[rows], y[rows]
+        try:
+            Z = scratch.features(self.loss, picked, self.feature_bound, self._scratch)
+            labels = scratch.labels(self.loss, picked_labels, self._scratch)
+        finally:
+            picked.fill(0.0)
+            picked_labels.fill(0.0)
+        gradients = scratch.clipped_gradients(self.loss, self._sgd.theta, Z, labels, self._clip, self._scratch)
+        if isinstance(self._local, GaussianRandomizer):
+            self._noise.add_gaussian(gradients, self._local.noise_std)
+            messages = gradients
+        else:
+            with self._noise.draw() as generator:
+                messages = self._local.privatize(gradients, generator)
         if self.update == "single":
             self._messages[index] = messages
         else:
@@ -368,13 +387,13 @@ class RandomCheckinSGD(MessageSGDLearner):
         averaged slot)."""
         if slot <= self._clock:
             return
-        generator = self._noise.generator()
-        if self.update == "averaged":  # only pending slots can hold messages; the rest are skipped
-            for j in range(self._clock, min(slot, self._clock + self._buffer)):
-                self._close(j, generator)
-        else:
-            for j in range(self._clock, slot):
-                self._close(j, generator)
+        with self._noise.draw() as generator:
+            if self.update == "averaged":  # only pending slots can hold messages; the rest are skipped
+                for j in range(self._clock, min(slot, self._clock + self._buffer)):
+                    self._close(j, generator)
+            else:
+                for j in range(self._clock, slot):
+                    self._close(j, generator)
         self._clock = slot
 
     def _close(self, slot: int, generator: np.random.Generator) -> None:

@@ -23,7 +23,7 @@ checked to fit (otherwise the same code runs on arrays of Python ints, exact and
 sampler is vectorised: each step runs for all coordinates still pending at once, so a vector of p
 draws costs a few dozen numpy calls rather than p Python loops.
 
-Randomness: :class:`OsUniform` (the default) reads fresh bytes from the OS (``secrets``) for every
+Randomness: :class:`OsUniform` (the default) reads fresh words from the OS (``/dev/urandom``) for every
 batch of uniform integers and keeps no generator state. :class:`GeneratorUniform` draws from a
 ``numpy.random.Generator`` (``Generator.integers`` is exactly uniform): the labelled
 replay/testing mode, reproducible and therefore not pan-private.
@@ -47,6 +47,7 @@ from numpy.typing import NDArray
 
 from protocols import validation as check
 from protocols.errors import InvalidInputError
+from protocols.randomness import fill_from_os
 
 IntArray = NDArray[np.int64] | NDArray[np.object_]
 
@@ -65,7 +66,8 @@ class UniformSource(Protocol):
 class OsUniform:
     """Uniform integers from OS entropy (``secrets``), drawn fresh for every call; no state kept.
 
-    int64 bounds: 64-bit words from ``secrets.token_bytes`` reduced modulo the bound, rejecting the
+    int64 bounds: 64-bit words read from ``/dev/urandom`` straight into a numpy array
+    (:func:`protocols.randomness.fill_from_os`, scrubbed after use) reduced modulo the bound, rejecting the
     words below 2⁶⁴ mod b (the accepted range [2⁶⁴ mod b, 2⁶⁴) holds a multiple of b words, so the
     remainder is exactly uniform). Bounds of Python ints: ``secrets.randbelow`` per element.
     """
@@ -76,11 +78,15 @@ class OsUniform:
         out = np.empty(bounds.shape[0], dtype=np.int64)
         pending = np.arange(bounds.shape[0])
         while pending.size:
-            words = np.frombuffer(secrets.token_bytes(8 * pending.size), dtype=np.uint64)
+            words = np.empty(pending.size, dtype=np.uint64)
+            fill_from_os(words)  # read straight into the array: no bytes object left behind
             b = bounds[pending].astype(np.uint64)
             threshold = (np.uint64(0) - b) % b  # 2**64 mod b, in uint64 arithmetic (wraps by design)
             accepted = words >= threshold
-            out[pending[accepted]] = (words[accepted] % b[accepted]).astype(np.int64)
+            kept = words[accepted]
+            np.remainder(kept, b[accepted], out=kept)
+            out[pending[accepted]] = kept.view(np.int64)  # < b ≤ 2⁶³ − 1: the same value
+            _scrub(words, kept)
             pending = pending[~accepted]
         return out
 
@@ -111,7 +117,8 @@ class GeneratorUniform:
 def _scrub(*arrays: IntArray) -> None:
     """Overwrite intermediate arrays that hold noise values (or functions of them) before they are
     freed, so that a later read of the process's memory does not find them (numpy reuses freed
-    buffers without clearing them). Raw bytes from ``secrets`` are immutable and are not scrubbed."""
+    buffers without clearing them). The int64 path's raw words are scrubbed too; the Python-int
+    path (``secrets.randbelow``, bounds beyond int64) leaves immutable ints that are not."""
     for array in arrays:
         array.fill(0)
 

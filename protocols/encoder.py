@@ -38,8 +38,9 @@ exact and several times faster than ``Generator.binomial``. Other p use ``Genera
 
 Randomness
 ----------
-``rng=None`` (default): every call draws its noise from a generator freshly seeded from OS entropy
-(:class:`protocols.randomness.NoiseSource`); passing a seed or ``Generator`` is the labelled
+``rng=None`` (default): every call draws its noise from a generator keyed from OS entropy and
+zeroed afterwards (:class:`protocols.randomness.NoiseSource`); the work buffers holding clean
+encodings, roundings and raw noise bits are zeroed too; passing a seed or ``Generator`` is the labelled
 replay/testing mode.
 
 References
@@ -196,7 +197,7 @@ class VectorSum:
         X : array of shape (m, d)
             One row per user (m ≥ 1), each of ℓ₂ norm ≤ ``l2_bound``, finite.
         rng : None, int or numpy.random.Generator
-            None: fresh OS-entropy generator (production). Seed/Generator: replay/testing mode.
+            None: a generator keyed from OS entropy, zeroed after use (production). Seed/Generator: replay/testing mode.
 
         Returns
         -------
@@ -204,10 +205,11 @@ class VectorSum:
             x̄ᵢⱼ + ηᵢⱼ ∈ [0, g + b]: the number of one-bits user i sends labelled j.
         """
         X = self._checked(X, "randomize", exact_rows=False)
-        generator = NoiseSource(rng).generator()
         counts = np.empty(X.shape, dtype=np.int64)
-        for start, block in self._randomized_blocks(X, generator, "randomize"):
-            counts[start : start + block.shape[0]] = block
+        with NoiseSource(rng).draw() as generator:
+            for start, block in self._randomized_blocks(X, generator, "randomize"):
+                counts[start : start + block.shape[0]] = block
+                block.fill(0)
         return counts
 
     def randomize_bits(
@@ -242,11 +244,11 @@ class VectorSum:
                 f"VectorSum.randomize_bits: d·(g + b) = {self.d * per_label} messages exceed the "
                 f"limit {_MAX_MESSAGES}; use randomize (counts) for these parameters"
             )
-        generator = NoiseSource(rng).generator()
         encoded = self._encoded(row, np.empty_like(row))[0]
         floor = np.floor(encoded)
-        rounding_bit = generator.random(self.d) < encoded - floor
-        noise_bits = generator.random((self.d, self.b)) < self.p
+        with NoiseSource(rng).draw() as generator:
+            rounding_bit = generator.random(self.d) < encoded - floor
+            noise_bits = generator.random((self.d, self.b)) < self.p
         ones = floor.astype(np.int64) + rounding_bit + noise_bits.sum(axis=1)
         labels = np.repeat(np.arange(self.d, dtype=np.int64), per_label)
         bits = (np.arange(per_label)[None, :] < ones[:, None]).astype(np.int64).ravel()
@@ -318,7 +320,10 @@ class VectorSum:
         ndarray of float64, shape (d,)
         """
         X = self._checked(X, "estimate_sum", exact_rows=True)
-        generator = NoiseSource(rng).generator()
+        with NoiseSource(rng).draw() as generator:
+            return self._estimate_sum(X, generator, pooled_noise)
+
+    def _estimate_sum(self, X: NDArray[np.float64], generator: np.random.Generator, pooled_noise: bool) -> NDArray[np.float64]:
         if not pooled_noise:
             totals = np.zeros(self.d, dtype=np.int64)
             for _, block in self._randomized_blocks(X, generator, "estimate_sum"):
@@ -361,7 +366,9 @@ class VectorSum:
             chunk = X[start : start + self._chunk_rows]
             squared = np.einsum("ij,ij->i", chunk, chunk)
             too_long = ~(squared <= self.l2_bound**2)  # NaN compares False: caught here too
-            if np.any(too_long):
+            if not np.any(too_long):
+                squared.fill(0.0)  # the users' squared norms: clean, wiped
+            else:
                 if not np.all(np.isfinite(chunk)):
                     raise InvalidInputError(f"VectorSum.{method}: X contains NaN or infinite values")
                 row = int(np.argmax(too_long))
@@ -399,17 +406,36 @@ class VectorSum:
         spare = self._words * 64 - self.b
         if spare:
             words[-1] &= np.uint64((1 << (64 - spare)) - 1)
-        return np.add.reduce(np.bitwise_count(words), axis=0, dtype=np.int64)
+        ones = np.bitwise_count(words)
+        words.fill(0)  # the raw noise bits, wiped (the counts become the users' messages)
+        try:
+            return np.add.reduce(ones, axis=0, dtype=np.int64)
+        finally:
+            ones.fill(0)
 
     def _randomized_blocks(
         self, X: NDArray[np.float64], generator: np.random.Generator, method: str
     ) -> Iterator[tuple[int, NDArray[np.int64]]]:
-        """(first row, counts) for consecutive checked row blocks of X: bounded working memory."""
-        work = np.empty((self._chunk_rows, self.d))
-        uniforms = np.empty_like(work)
-        start = 0
-        for chunk in self._chunks(X, method):
-            counts = self._noise(generator, chunk.size).reshape(chunk.shape)
-            counts += self._rounded(chunk, generator, work, uniforms).astype(np.int64)
-            yield start, counts
-            start += chunk.shape[0]
+        """(first row, counts) for consecutive checked row blocks of X: bounded working memory.
+
+        The work buffers hold clean encodings s, the rounding uniforms and the rounded encodings
+        ⌊s + U⌋ (a user's message minus her binomial noise, which gives x to within Δ/g): they are
+        zeroed when the iteration ends, however it ends. The caller owns, and may wipe, each
+        yielded ``counts`` block (the users' messages)."""
+        rows = min(self._chunk_rows, X.shape[0])
+        work = np.zeros((rows, self.d))
+        uniforms = np.zeros_like(work)
+        rounded = np.zeros(work.shape, dtype=np.int64)
+        try:
+            start = 0
+            for chunk in self._chunks(X, method):
+                counts = self._noise(generator, chunk.size).reshape(chunk.shape)
+                block = rounded[: chunk.shape[0]]
+                np.copyto(block, self._rounded(chunk, generator, work, uniforms), casting="unsafe")
+                counts += block
+                yield start, counts
+                start += chunk.shape[0]
+        finally:
+            work.fill(0.0)
+            uniforms.fill(0.0)
+            rounded.fill(0)

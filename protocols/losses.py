@@ -70,6 +70,13 @@ def clip_rows(X: Array, bound: float) -> Array:
     return X * scale
 
 
+def _nonzero(kappa: Array) -> None:
+    """κ ← 1 where κ ≤ 0, in place (κ = ‖z‖²/β is 0 only for z = 0, where c·z = 0 whatever c)."""
+    zero = np.less_equal(kappa, 0.0)
+    np.copyto(kappa, 1.0, where=zero)
+    zero.fill(False)
+
+
 class Loss(abc.ABC):
     """A convex loss of a linear model, ``φ(⟨θ, z⟩, y) + (λ/2)‖θ‖²`` (see the module docstring).
 
@@ -102,7 +109,10 @@ class Loss(abc.ABC):
 
     @abc.abstractmethod
     def _dphi(self, s: Array, y: Array) -> Array:
-        """A (sub)derivative ∂φ/∂s, elementwise."""
+        """A (sub)derivative ∂φ/∂s, elementwise.
+
+        Implementations allocate only their result and work in it in place (no other temporary
+        holding a function of the records is left in freed memory; :mod:`protocols.scratch`)."""
 
     @abc.abstractmethod
     def _dphi_bound(self, norm_bound: float, radius: float) -> float:
@@ -113,7 +123,8 @@ class Loss(abc.ABC):
         return math.inf
 
     def _envelope_dphi(self, s: Array, y: Array, kappa: Array) -> Array:
-        """The c solving c ∈ ∂φ(s − cκ, y): derivative of the scalar Moreau envelope."""
+        """The c solving c ∈ ∂φ(s − cκ, y): derivative of the scalar Moreau envelope. ``kappa`` is
+        work space (it may be overwritten); only the result is allocated."""
         raise InvalidInputError(
             f"{type(self).__name__} has no closed-form proximal operator; Moreau smoothing "
             "(000, Lemma 4.6) is available for squared, hinge, absolute and huber"
@@ -257,7 +268,11 @@ class LogisticLoss(Loss):
         return np.logaddexp(0.0, -y * s)
 
     def _dphi(self, s: Array, y: Array) -> Array:
-        return -y * expit(-y * s)
+        out = np.multiply(y, s)  # -(y·s) is exactly (-y)·s, and -(y·e) exactly (-y)·e
+        np.negative(out, out=out)
+        expit(out, out=out)
+        np.multiply(y, out, out=out)
+        return np.negative(out, out=out)
 
     def _dphi_bound(self, norm_bound: float, radius: float) -> float:
         return 1.0
@@ -310,7 +325,9 @@ class SquaredLoss(Loss):
 
     def _envelope_dphi(self, s: Array, y: Array, kappa: Array) -> Array:
         # c = s − cκ − y  ⇒  c = (s − y)/(1 + κ)
-        return (s - y) / (1.0 + kappa)
+        out = np.subtract(s, y)
+        np.add(kappa, 1.0, out=kappa)
+        return np.divide(out, kappa, out=out)
 
     def _extra_config(self) -> dict[str, Any]:
         return {"label_bound": self.label_bound}
@@ -331,7 +348,13 @@ class HingeLoss(Loss):
         return np.maximum(0.0, 1.0 - y * s)
 
     def _dphi(self, s: Array, y: Array) -> Array:
-        return np.where(y * s < 1.0, -y, 0.0)
+        out = np.multiply(y, s)
+        active = np.less(out, 1.0)
+        np.negative(y, out=out)
+        np.logical_not(active, out=active)
+        np.copyto(out, 0.0, where=active)
+        active.fill(False)
+        return out
 
     def _dphi_bound(self, norm_bound: float, radius: float) -> float:
         return 1.0
@@ -339,8 +362,12 @@ class HingeLoss(Loss):
     def _envelope_dphi(self, s: Array, y: Array, kappa: Array) -> Array:
         # In t = ys: h(t) = max(0, 1 − t); c_t ∈ ∂h(t − c_t κ) gives c_t = clip((t − 1)/κ, −1, 0)
         # (κ = 0 only for z = 0, where the gradient c z is 0 whatever c is).
-        safe = np.where(kappa > 0.0, kappa, 1.0)
-        return y * np.clip((y * s - 1.0) / safe, -1.0, 0.0)
+        _nonzero(kappa)
+        out = np.multiply(y, s)
+        out -= 1.0
+        out /= kappa
+        np.clip(out, -1.0, 0.0, out=out)
+        return np.multiply(out, y, out=out)
 
 
 class AbsoluteLoss(Loss):
@@ -355,15 +382,18 @@ class AbsoluteLoss(Loss):
         return np.abs(s - y)
 
     def _dphi(self, s: Array, y: Array) -> Array:
-        return np.sign(s - y)
+        out = np.subtract(s, y)
+        return np.sign(out, out=out)
 
     def _dphi_bound(self, norm_bound: float, radius: float) -> float:
         return 1.0
 
     def _envelope_dphi(self, s: Array, y: Array, kappa: Array) -> Array:
         # c ∈ sign(s − y − cκ)  ⇒  c = clip((s − y)/κ, −1, 1)
-        safe = np.where(kappa > 0.0, kappa, 1.0)
-        return np.clip((s - y) / safe, -1.0, 1.0)
+        _nonzero(kappa)
+        out = np.subtract(s, y)
+        out /= kappa
+        return np.clip(out, -1.0, 1.0, out=out)
 
 
 class HuberLoss(Loss):
@@ -393,7 +423,8 @@ class HuberLoss(Loss):
         return np.where(r <= self.delta, 0.5 * r**2, self.delta * (r - 0.5 * self.delta))
 
     def _dphi(self, s: Array, y: Array) -> Array:
-        return np.clip(s - y, -self.delta, self.delta)
+        out = np.subtract(s, y)
+        return np.clip(out, -self.delta, self.delta, out=out)
 
     def _dphi_bound(self, norm_bound: float, radius: float) -> float:
         return self.delta
@@ -403,7 +434,10 @@ class HuberLoss(Loss):
 
     def _envelope_dphi(self, s: Array, y: Array, kappa: Array) -> Array:
         # Inside the quadratic zone c = r/(1 + κ); the clip covers the linear zone.
-        return np.clip((s - y) / (1.0 + kappa), -self.delta, self.delta)
+        out = np.subtract(s, y)
+        np.add(kappa, 1.0, out=kappa)
+        out /= kappa
+        return np.clip(out, -self.delta, self.delta, out=out)
 
     def _extra_config(self) -> dict[str, Any]:
         return {"delta": self.delta}

@@ -62,6 +62,7 @@ from numpy.typing import NDArray
 
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import secure_noise
 from protocols import validation as check
 from protocols.acsa import (
@@ -74,7 +75,6 @@ from protocols.acsa import (
     Tuning,
     effective_gradient_bound,
     plan_runs,
-    record_gradients,
     step,
     uses_moreau,
 )
@@ -84,6 +84,7 @@ from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.randomness import NoiseSource, RngLike
+from protocols.scratch import BLOCK_ROWS, Scratch
 
 Array = NDArray[np.float64]
 
@@ -157,7 +158,8 @@ class PanPrivateACSA(Learner):
         Steinke 2020), so no noise value passes through a floating-point sampler (Mironov 2012).
         Same (ε, δ), same Lemma C.4 argument; σ is about 6–8% larger (zCDP accounting).
     rng
-        ``None`` (default): every noise draw uses a fresh OS-entropy generator (pan-private).
+        ``None`` (default): every noise draw uses a generator keyed from OS entropy and zeroed
+        after the draw (pan-private; :mod:`protocols.randomness`).
         A seed or generator: reproducible replay/testing mode, in which there is no pan-private
         guarantee (see :mod:`protocols.randomness`).
 
@@ -249,6 +251,7 @@ class PanPrivateACSA(Learner):
         self._iterate = Iterate.start(np.zeros(self._params))
         # The accumulator g_t; between batches it is unused (zeros) until Z_t initialises it.
         self._grad = self._zero_accumulator()
+        self._scratch = Scratch()
 
     # -- plans and noise ---------------------------------------------------------------------
 
@@ -290,59 +293,81 @@ class PanPrivateACSA(Learner):
             return math.sqrt(self._secure.sigma2) * secure_noise.grid_step(self._lipschitz) / batch
         return self._unit_sigma * 2.0 * self._lipschitz / batch
 
-    def _draw(self, batch: int) -> Array:
-        if self._secure is not None:  # grid units, exact (secure noise)
-            return secure_noise.draw(self._secure, self._params, self._uniform)
-        return self._noise.generator().normal(0.0, self.batch_noise_std(batch), size=self._params)
+    def _add_noise(self, batch: int) -> None:
+        """g_t += one draw, into the accumulator's own buffer: N(0, ζ_t² I) through
+        :meth:`protocols.randomness.NoiseSource.add_gaussian`, or (secure) the exact discrete
+        Gaussian in grid units, whose array is zeroed right after it is added. No pure-noise array
+        outlives the call."""
+        if self._secure is None:
+            self._noise.add_gaussian(self._grad, self.batch_noise_std(batch))
+            return
+        draw = secure_noise.draw(self._secure, self._params, self._uniform)
+        self._grad += draw
+        draw.fill(0)
 
     # -- secure noise (begin): the accumulator's representation in each mode ------------------
 
     def _zero_accumulator(self) -> NDArray[np.float64] | NDArray[np.int64]:
         return np.zeros(self._params, dtype=np.float64 if self._secure is None else np.int64)
 
-    def _contribution(self, gradients: Array, batch: int) -> NDArray[np.float64] | NDArray[np.int64]:
-        """What a slice of the batch adds to g_t: Σ∇/b (float), or Σ trunc(∇/γ) in grid units (secure)."""
-        if self._secure is None:
-            return gradients.sum(axis=0) / batch
-        return secure_noise.grid_sum(gradients, self._lipschitz)
-
-    def _noisy_mean(self, batch: int) -> Array:
-        """g_t plus the second draw, as the batch's noisy mean gradient (secure: γ·sum/b, formed
-        only now — post-processing of the noisy integer sum)."""
-        if self._secure is None:
-            return self._grad + self._draw(batch)
-        draw = self._draw(batch)
-        self._grad += draw
-        draw.fill(0)  # the pure noise vector Z'_t must not outlive its use
-        return self._grad.astype(np.float64) * (secure_noise.grid_step(self._lipschitz) / batch)
-
     # -- secure noise (end) --------------------------------------------------------------------
 
     # -- learning ------------------------------------------------------------------------------
 
     def learn_many(self, X: Array, y: Array) -> None:
-        """Add a micro-batch of records; any split of the stream gives the same mechanism."""
+        """Add a micro-batch of records; any split of the stream gives the same mechanism.
+
+        Features, labels, per-record gradients and their partial sums live only in this learner's
+        :class:`protocols.scratch.Scratch` buffers, zeroed before returning; the accumulator is
+        updated in place. So after the call, memory holds no clean per-record value and no pure
+        noise draw (tests/protocols/test_memory_residue.py).
+        """
         X, y = check_batch(_OWNER, X, y, self.dim)
-        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
-        position = 0
-        while position < Z.shape[0]:
-            plan = self.current_plan()
-            batch = plan.batch_size(self._iterate.batch)
-            if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
-                self._grad = self._draw(batch)
-            take = min(batch - self._filled, Z.shape[0] - position)
-            rows = slice(position, position + take)
-            gradients = record_gradients(self.loss, self._iterate.theta_md, Z[rows], labels[rows], plan, self._lipschitz)
-            self._grad = self._grad + self._contribution(gradients, batch)
-            self._filled += take
-            self._records += take
-            position += take
-            if self._filled == batch:
-                self._finish_batch(plan, batch)
+        try:
+            position = 0
+            while position < X.shape[0]:
+                plan = self.current_plan()
+                batch = plan.batch_size(self._iterate.batch)
+                if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
+                    self._grad.fill(0)
+                    self._add_noise(batch)
+                take = min(batch - self._filled, X.shape[0] - position, BLOCK_ROWS)
+                rows = slice(position, position + take)
+                self._add_records(X[rows], y[rows], plan, batch)
+                self._filled += take
+                self._records += take
+                position += take
+                if self._filled == batch:
+                    self._finish_batch(plan, batch)
+        finally:
+            self._scratch.wipe()
+
+    def _add_records(self, X: Array, y: Array, plan: RunPlan, batch: int) -> None:
+        """g_t += Σ ∇ℓ(θ^md_t; x)/b_t over the rows (Alg. 6 line 7; secure: Σ trunc(∇/γ) in grid
+        units), through scratch buffers; the secure mode's integer partial sum is zeroed after
+        it is added."""
+        Z = scratch.features(self.loss, X, self.feature_bound, self._scratch)
+        labels = scratch.labels(self.loss, y, self._scratch)
+        gradients = scratch.clipped_gradients(
+            self.loss, self._iterate.theta_md, Z, labels, self._lipschitz, self._scratch, plan.smoothing
+        )
+        if self._secure is None:
+            total = scratch.row_sum(gradients, self._scratch)
+            total /= batch
+            self._grad += total
+            return
+        units = secure_noise.grid_sum(gradients, self._lipschitz)
+        self._grad += units
+        units.fill(0)
 
     def _finish_batch(self, plan: RunPlan, batch: int) -> None:
         """Alg. 6 lines 9–12 for the completed batch."""
-        gradient = self._noisy_mean(batch) + self.loss.ridge_gradient(self._iterate.theta_md)
+        self._add_noise(batch)
+        if self._secure is None:
+            gradient = self._grad  # updated in place: no copy of the noisy sum is made
+        else:  # γ·sum/b, formed only now: post-processing of the noisy integer sum
+            gradient = self._grad.astype(np.float64) * (secure_noise.grid_step(self._lipschitz) / batch)
+        gradient += self.loss.ridge_gradient(self._iterate.theta_md)
         self._iterate = step(self._iterate, gradient, plan.sizes, self._ball, restart=self.restart == "gradient")
         if self._iterate.batch > plan.steps:  # run over: next phase or next epoch, warm-started
             self._phase += 1
@@ -351,7 +376,7 @@ class PanPrivateACSA(Learner):
                 self._phase = 0
             self._iterate = Iterate.start(self._iterate.theta_ag)
         self._filled = 0
-        self._grad = self._zero_accumulator()
+        self._grad.fill(0)
 
     # -- outputs -------------------------------------------------------------------------------
 
@@ -382,7 +407,7 @@ class PanPrivateACSA(Learner):
             f"({calibration}) to make the batch mean (epsilon, delta)-DP alone; every record "
             "enters exactly one batch",
             "the intruder reads the internal state (iterates and partial gradient accumulator) at "
-            "most once; every noise draw comes from a generator freshly seeded from OS entropy",
+            "most once; every noise draw comes from a generator keyed from OS entropy and zeroed after the draw",
         ]
         references = ["000, Alg. 6", "000, Lemma C.4", "000, Thm C.3", "000, Def. C.2"]
         if self._secure is not None:  # secure noise: the draws are discrete Gaussians

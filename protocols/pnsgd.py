@@ -67,6 +67,7 @@ from accounting.iteration import (
     shuffled_pnsgd_laplace_delta,
 )
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
@@ -74,6 +75,7 @@ from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.pan_acsa import SENSITIVITY_SLACK
 from protocols.randomness import NoiseSource, RngLike
+from protocols.scratch import BLOCK_ROWS, Scratch
 
 Array = NDArray[np.float64]
 Fetch = Callable[[NDArray[np.int64]], tuple[Array, Array]]
@@ -144,6 +146,7 @@ class _PNSGD(Learner):
         self._contraction = self._accounting_call(contraction, self.eta, self._beta, self._rho)
         self._records = 0
         self._last_release = 0
+        self._scratch = Scratch()
         self._theta = np.zeros(self._params)
         self._released = np.zeros(self._params)
 
@@ -188,25 +191,35 @@ class _PNSGD(Learner):
         if X.shape[0] == 0:
             return
         self._check_room(X.shape[0])
-        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
-        scales = self._scales(self._records, Z.shape[0])
-        for k in range(Z.shape[0]):
-            self._step(Z[k : k + 1], labels[k : k + 1], float(scales[k]))
-            self._records += 1
+        scales = self._scales(self._records, X.shape[0])
+        try:
+            for start in range(0, X.shape[0], BLOCK_ROWS):
+                rows = slice(start, start + BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[rows], self.feature_bound, self._scratch)
+                labels = scratch.labels(self.loss, y[rows], self._scratch)
+                for k in range(Z.shape[0]):
+                    self._step(Z[k : k + 1], labels[k : k + 1], float(scales[start + k]))
+                    self._records += 1
+        finally:
+            self._scratch.wipe()
 
     def _step(self, z: Array, label: Array, scale: float) -> None:
-        """w ← Π_K(w − η(∇φ(w; z) clipped to L + λw + noise)) for one record (``z`` of shape (1, p))."""
+        """w ← Π_K(w − η(∇φ(w; z) clipped to L + λw + noise)) for one record (``z`` of shape (1, p)).
+
+        The update vector is built in one scratch row: the clipped gradient, + λw, + the noise
+        drawn into it (:meth:`protocols.randomness.NoiseSource.add_gaussian`); it is zeroed with
+        the scratch before ``learn_many`` returns, so neither the clean gradient nor the draw
+        outlives the call."""
         w = self._theta
-        gradient = self.loss.gradient(w, z, label)[0]
-        norm = math.sqrt(float(gradient @ gradient))
-        if norm > self._lipschitz:  # a no-op up to rounding when L is right; makes 2L hold
-            gradient = gradient * (self._lipschitz / norm)
-        generator = self._noise.generator()
+        update = scratch.clipped_gradients(self.loss, w, z, label, self._lipschitz, self._scratch)[0]
+        update += self.loss.ridge_gradient(w)
         if self.noise == "gaussian":
-            draw = generator.normal(0.0, scale, size=self._params)
+            self._noise.add_gaussian(update, scale)
         else:
-            draw = generator.laplace(0.0, scale, size=self._params)
-        self._theta = self._ball.project(w - self.eta * (gradient + self.loss.ridge_gradient(w) + draw))
+            self._noise.add_laplace(update, scale)
+        update *= self.eta
+        np.subtract(w, update, out=update)
+        self._theta = self._ball.project(update)
 
     # -- outputs -------------------------------------------------------------------------------
 
@@ -258,7 +271,7 @@ class _PNSGD(Learner):
             "only snapshots leave the learner (predictions use the last snapshot); each is the "
             "current iterate, and the iterates between snapshots stay hidden",
             "the intruder reads the internal state (the iterate) at most once, between two record "
-            "updates; every noise draw comes from a generator freshly seeded from OS entropy",
+            "updates; every noise draw comes from a generator keyed from OS entropy and zeroed after the draw",
         ]
 
     # -- persistence ---------------------------------------------------------------------------
@@ -601,7 +614,8 @@ class ShuffledPNSGD(_PNSGD):
                     "restart the pass with a fresh learner"
                 )
             dtype = np.uint32 if self.n < 2**32 else np.int64
-            self._order = self._noise.generator().permutation(self.n).astype(dtype)
+            with self._noise.draw() as generator:
+                self._order = generator.permutation(self.n).astype(dtype)
         return self._order
 
     def next_indices(self, count: int) -> NDArray[np.int64]:

@@ -192,7 +192,11 @@ class L2BallRandomizer:
         same_side = toward * np.einsum("ij,ij->i", z, G) > 0.0
         keep = same_side == (uniforms[:, 1] < self.keep_probability)
         sign = np.where(keep | (norms == 0.0), 1.0, -1.0)
-        return (_l2_scale(self.clip, self.epsilon0, dim) * sign)[:, None] * z
+        try:
+            return (_l2_scale(self.clip, self.epsilon0, dim) * sign)[:, None] * z
+        finally:  # work arrays tied to the clean input (norms, sides) and to the draw: wiped
+            for work in (uniforms, z, norms, toward, same_side, keep, sign):
+                work.fill(0)
 
     def dummy(self, count: int, dim: int, generator: np.random.Generator) -> Array:
         """R(0): uniform on the sphere of radius B."""
@@ -212,9 +216,12 @@ def _row_norms(A: Array) -> Array:
 
 
 def _unit_rows(generator: np.random.Generator, k: int, dim: int) -> Array:
-    """k points uniform on the unit sphere of R^dim (normalised Gaussians)."""
+    """k points uniform on the unit sphere of R^dim (normalised Gaussians), normalised in place:
+    no un-normalised copy (which would give the direction drawn) is left behind."""
     Z = generator.standard_normal((k, dim))
-    return Z / np.maximum(_row_norms(Z), np.finfo(np.float64).tiny)[:, None]
+    norms = np.maximum(_row_norms(Z), np.finfo(np.float64).tiny)
+    Z /= norms[:, None]
+    return Z
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,9 +1,26 @@
-"""Where the learners' noise randomness comes from.
+"""Where the learners' noise randomness comes from, and why none of it stays in memory.
 
-Pan-privacy (000, Def. C.2) lets an intruder read the internal state once. If the state held a
-pseudo-random generator, the intruder could predict every noise vector still to be added and
-subtract it from future outputs. So by default each noise draw uses a generator freshly seeded
-from OS entropy at draw time, and no generator state is ever kept between draws or saved.
+Pan-privacy (Cheu et al. 2022, Def. C.2) lets an intruder read the internal state once. If the
+state held a pseudo-random generator, the intruder could predict every noise vector still to be
+added — and, since PCG64's LCG can be stepped backwards (O'Neill 2014), *regenerate* every noise
+vector already added and subtract it from the accumulator. The intruder of the threat model reads
+the whole process memory, freed buffers included, so "no generator is kept" is not enough: the
+freed generator, its seed and its seed sequence must not be readable either.
+
+So, by default (``rng=None``), :meth:`NoiseSource.draw` keys one long-lived PCG64 bit generator
+with 256 bits read from the OS (``/dev/urandom`` via ``os.readv``, straight into a numpy buffer:
+no Python ``int`` or ``bytes`` holds them), lets the caller draw, and then overwrites the bit
+generator's state (state, increment, buffered half-word) and the entropy buffer with zeros. No
+``SeedSequence`` is ever built from secret entropy. Between draws the generator's state is zero:
+there is nothing to predict or regenerate. The noise values themselves are drawn straight into
+buffers the caller owns and wipes (:meth:`NoiseSource.add_gaussian` adds into an accumulator
+through a scratch buffer it zeroes). The distribution is numpy's own (ziggurat normal etc.), so the
+learners' mechanisms are unchanged.
+
+The PCG64 state is written through ``BitGenerator.ctypes.state_address`` (numpy's documented
+ctypes interface); the layout (a pointer to {state, inc} as 128-bit little-endian words) is checked
+once per process against ``BitGenerator.state``, and a mismatch refuses to run rather than leave
+state behind.
 
 Passing an explicit ``rng`` (a seed or a ``numpy.random.Generator``) is the labelled replay/testing
 mode (Scientific Python SPEC 7): reproducible, and *not* pan-private, because the generator then
@@ -12,37 +29,146 @@ lives in the learner's memory.
 
 from __future__ import annotations
 
-import secrets
+import contextlib
+import ctypes
+import functools
+import os
+from collections.abc import Iterator
 
 import numpy as np
+from numpy.typing import NDArray
 
 RngLike = int | np.random.Generator | None
 
+_STATE_WORDS = 4  # PCG64: 128-bit state + 128-bit increment, as four little-endian uint64 words
+
+
+def fill_from_os(buffer: NDArray) -> None:
+    """Fill ``buffer`` (C-contiguous) with OS entropy, in place (no intermediate bytes object)."""
+    view = memoryview(buffer).cast("B")
+    fd = _urandom_fd()
+    filled = 0
+    while filled < len(view):
+        read = os.readv(fd, [view[filled:]])
+        if read <= 0:
+            raise OSError("reading /dev/urandom returned no data")
+        filled += read
+
+
+@functools.cache
+def _urandom_fd() -> int:
+    return os.open("/dev/urandom", os.O_RDONLY | os.O_CLOEXEC)
+
+
+class _KeyedPCG64:
+    """A PCG64 generator whose state is set from OS entropy for one draw and zeroed after it."""
+
+    def __init__(self) -> None:
+        self._bit_generator = np.random.PCG64(0)  # seed 0: a public placeholder, overwritten per draw
+        self.generator = np.random.Generator(self._bit_generator)
+        address = self._bit_generator.ctypes.state_address
+        # numpy's pcg64_state: {pcg64_random_t *pcg_state; int has_uint32; uint32_t uinteger;}
+        self._pcg_state = ctypes.c_void_p.from_address(address).value
+        self._buffered = address + ctypes.sizeof(ctypes.c_void_p)
+        self._key = np.zeros(_STATE_WORDS, dtype=np.uint64)
+        _check_layout(self)
+
+    def rekey(self) -> None:
+        fill_from_os(self._key)
+        self._key[2] |= np.uint64(1)  # PCG64's increment must be odd
+        ctypes.memmove(self._pcg_state, self._key.ctypes.data, 8 * _STATE_WORDS)
+        self._key.fill(0)
+
+    def wipe(self) -> None:
+        ctypes.memset(self._pcg_state, 0, 8 * _STATE_WORDS)
+        ctypes.memset(self._buffered, 0, 8)  # has_uint32 and the buffered 32-bit half-word
+        self._key.fill(0)
+
+
+def _check_layout(keyed: _KeyedPCG64) -> None:
+    """Refuse to run if numpy's PCG64 state is not where :class:`_KeyedPCG64` writes it."""
+    keyed._key[:] = np.array([1, 2, 3, 5], dtype=np.uint64)
+    ctypes.memmove(keyed._pcg_state, keyed._key.ctypes.data, 8 * _STATE_WORDS)
+    state = keyed._bit_generator.state["state"]
+    keyed.wipe()
+    if state != {"state": 2 << 64 | 1, "inc": 5 << 64 | 3} or keyed._bit_generator.state["state"] != {
+        "state": 0,
+        "inc": 0,
+    }:
+        raise RuntimeError(
+            "protocols.randomness: this numpy's PCG64 state layout is not the one expected; the "
+            "noise generator could not be wiped after use, so the pan-private mode refuses to run"
+        )
+
 
 class NoiseSource:
-    """Hands out generators for noise draws.
+    """Hands out the randomness of noise draws.
 
     Parameters
     ----------
     rng
-        ``None`` (default): every :meth:`generator` call returns a new generator seeded with 128
-        bits from the OS (``secrets``). An int or ``Generator``: one seeded generator reused for
-        every draw — reproducible, for tests and replays only.
+        ``None`` (default): every :meth:`draw` keys a generator with 256 bits from the OS and zeroes
+        its state afterwards (module docstring). An int or ``Generator``: one seeded generator
+        reused for every draw — reproducible, for tests and replays only.
     """
 
     def __init__(self, rng: RngLike = None) -> None:
         self._fixed = None if rng is None else np.random.default_rng(rng)
+        self._keyed = _KeyedPCG64() if rng is None else None
+        self._scratch = np.zeros(0)
 
     @property
     def is_seeded(self) -> bool:
         """True in the explicit replay/testing mode (a fixed generator is held in memory)."""
         return self._fixed is not None
 
-    def generator(self) -> np.random.Generator:
-        """A generator for the next noise draw."""
+    @contextlib.contextmanager
+    def draw(self) -> Iterator[np.random.Generator]:
+        """A generator for one draw (or one block of draws), valid inside the ``with`` block only:
+        on exit its state is zeroed (OS-entropy mode). Whatever the caller draws into arrays of its
+        own, the caller wipes."""
         if self._fixed is not None:
-            return self._fixed
-        return np.random.default_rng(secrets.randbits(128))
+            yield self._fixed
+            return
+        assert self._keyed is not None
+        self._keyed.rekey()
+        try:
+            yield self._keyed.generator
+        finally:
+            self._keyed.wipe()
+
+    def add_gaussian(self, out: NDArray[np.float64], std: float) -> None:
+        """``out += N(0, std² I)`` in place, through a reused scratch buffer zeroed afterwards: no
+        array holding the pure noise outlives the call. In the seeded mode this is bitwise the
+        same as ``out + generator.normal(0.0, std, out.shape)``."""
+        size = out.size
+        if self._scratch.size < size:
+            self._scratch.fill(0.0)
+            self._scratch = np.zeros(size)
+        noise = self._scratch[:size].reshape(out.shape)
+        try:
+            with self.draw() as generator:
+                generator.standard_normal(out=noise)
+            noise *= std
+            out += noise
+        finally:
+            noise.fill(0.0)
+
+    def add_laplace(self, out: NDArray[np.float64], scale: float) -> None:
+        """``out += Laplace(0, scale)`` per coordinate, in place; the drawn array is zeroed before
+        it is dropped (``Generator.laplace`` has no ``out=``)."""
+        with self.draw() as generator:
+            noise = generator.laplace(0.0, scale, size=out.shape)
+        try:
+            out += noise
+        finally:
+            noise.fill(0.0)
+
+
+def wipe(*arrays: NDArray) -> None:
+    """Overwrite arrays with zeros in place (scratch that held clean data or pure noise)."""
+    for array in arrays:
+        array.fill(0)
 
 
 SEEDED_WARNING = (

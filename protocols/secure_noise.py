@@ -130,11 +130,15 @@ def grid_sum(vectors: NDArray[np.float64], bound: float) -> NDArray[np.int64]:
         return total
     units_f = vectors * (math.ldexp(1.0, GRID_BITS) / bound)
     np.trunc(units_f, out=units_f)
-    over = np.einsum("ij,ij->i", units_f, units_f) > 4**GRID_BITS
+    squares = np.einsum("ij,ij->i", units_f, units_f)
+    over = squares > 4**GRID_BITS
+    squares.fill(0.0)  # per-record squared norms: clean data, wiped like the grid vectors
     if over.any():
         units_f[over] = to_grid(vectors[over], bound)
-    total = units_f.sum(axis=0).astype(np.int64)
+    sums = units_f.sum(axis=0)
+    total = sums.astype(np.int64)
     units_f.fill(0.0)  # per-record grid vectors are clean data: do not leave them in freed memory
+    sums.fill(0.0)
     return total
 
 

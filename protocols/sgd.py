@@ -38,6 +38,7 @@ from protocols.base import Learner, StateValue
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.randomness import NoiseSource, RngLike
+from protocols.scratch import Scratch
 from protocols.state_io import read_array, read_float
 
 Array = NDArray[np.float64]
@@ -156,6 +157,7 @@ class MessageSGDLearner(Learner):
         self._params = self.loss.param_dim(self.dim)
         self._ball = L2Ball(self.radius)
         self._noise = NoiseSource(rng)
+        self._scratch = Scratch()  # clean per-record work buffers, wiped by learn_many
         self._sgd = AveragedSGD.start(self._params)
         self._records = 0
 

@@ -47,8 +47,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
-from protocols.acsa import Iterate, Problem, RunPlan, plan_runs, record_gradients, step, uses_moreau
+from protocols.acsa import Iterate, Problem, RunPlan, plan_runs, step, uses_moreau
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
@@ -171,7 +172,9 @@ class ShuffleACSA(EncodedLearner):
 
     def _gradients(self, Z: Array, y: Array) -> Array:
         plan = self.plans[self._phase]
-        return record_gradients(self.loss, self._iterate.theta_md, Z, y, plan, self._lipschitz)
+        return scratch.clipped_gradients(
+            self.loss, self._iterate.theta_md, Z, y, self._lipschitz, self._scratch, plan.smoothing
+        )
 
     def _finish_round(self, mean: Array) -> None:
         plan = self.plans[self._phase]

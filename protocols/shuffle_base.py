@@ -52,6 +52,7 @@ from accounting.binomial import pvec_parameters, tight_delta
 from accounting.errors import InvalidParameterError
 from accounting.gaussian import analytic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import Learner, StateValue, check_batch
 from protocols.encoder import VectorSum
@@ -59,6 +60,7 @@ from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.randomness import NoiseSource, RngLike
+from protocols.scratch import BLOCK_ROWS, Scratch
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -199,6 +201,7 @@ class EncodedLearner(Learner):
             raise InvalidInputError(check.message(owner, "honest_fraction", "a float in (0, 1]", honest_fraction))
         self._ball = L2Ball(self.radius)
         self._noise = NoiseSource(rng)
+        self._scratch = Scratch()
         self._params = self.loss.param_dim(self.dim)
         self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
         self._records = 0
@@ -259,14 +262,23 @@ class EncodedLearner(Learner):
         """Add a micro-batch of records (users); any split of the stream gives the same mechanism."""
         X, y = check_batch(self._owner, X, y, self.dim)
         self._check_room(X.shape[0])
-        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
+        try:
+            for start in range(0, X.shape[0], BLOCK_ROWS):
+                block = slice(start, start + BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[block], self.feature_bound, self._scratch)
+                labels = scratch.labels(self.loss, y[block], self._scratch)
+                self._learn_block(Z, labels)
+        finally:
+            self._scratch.wipe()
+
+    def _learn_block(self, Z: Array, labels: Array) -> None:
+        """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
         position = 0
         while position < Z.shape[0]:
             vector_sum = self._round_sum()
             take = min(vector_sum.n - self._filled, Z.shape[0] - position)
             rows = slice(position, position + take)
-            messages = vector_sum.randomize(self._gradients(Z[rows], labels[rows]), self._noise.generator())
-            self._totals = self._totals + messages.sum(axis=0)
+            self._add_messages(vector_sum, Z[rows], labels[rows])
             self._filled += take
             self._records += take
             position += take
@@ -275,6 +287,17 @@ class EncodedLearner(Learner):
                 self._filled = 0
                 self._totals = np.zeros(self._params, dtype=np.int64)
                 self._finish_round(mean)
+
+    def _add_messages(self, vector_sum: VectorSum, Z: Array, labels: Array) -> None:
+        """The users' PVEC messages for their clipped gradients, summed into ``totals``. Features,
+        labels and gradients live in scratch (wiped by :meth:`learn_many`); the encoder wipes its
+        own work buffers and the generator's state; the message counts are wiped here."""
+        with self._noise.draw() as generator:
+            messages = vector_sum.randomize(self._gradients(Z, labels), generator)
+        try:
+            self._totals += messages.sum(axis=0)
+        finally:
+            messages.fill(0)
 
     # -- outputs -------------------------------------------------------------------------------
 

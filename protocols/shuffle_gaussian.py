@@ -67,6 +67,7 @@ from numpy.typing import NDArray
 from accounting import shuffle_gaussian as sg
 from accounting.ledger import Guarantee, PrivacyReport
 from accounting.rdp import RdpCurve
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import StateValue, check_batch
 from protocols.calibration import smallest_feasible
@@ -74,6 +75,7 @@ from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
 from protocols.randomness import RngLike
+from protocols.scratch import BLOCK_ROWS
 from protocols.sgd import AveragedSGD, MessageSGDLearner
 from protocols.state_io import read_array, read_float, read_int
 
@@ -306,21 +308,42 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def learn_many(self, X: Array, y: Array) -> None:
         """Add a micro-batch; any split of the stream gives the same mechanism."""
         X, y = check_batch(_OWNER, X, y, self.dim)
-        Z, labels = self.loss.features(X, self.feature_bound), self.loss.labels(y)
+        try:
+            for start in range(0, X.shape[0], BLOCK_ROWS):
+                block = slice(start, start + BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[block], self.feature_bound, self._scratch)
+                labels = scratch.labels(self.loss, y[block], self._scratch)
+                self._learn_block(Z, labels)
+        finally:
+            self._scratch.wipe()
+
+    def _learn_block(self, Z: Array, labels: Array) -> None:
+        """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
         position = 0
         while position < Z.shape[0]:
             take = min(self._round.window - self._filled, Z.shape[0] - position)
-            generator = self._noise.generator()
-            chosen = position + self._participants(take, generator)
+            with self._noise.draw() as generator:
+                chosen = position + self._participants(take, generator)
             if chosen.size:
-                gradients = self.loss.gradient(self._sgd.theta, Z[chosen], labels[chosen])
-                self._partial = self._partial + self._randomizer.privatize(gradients, generator).sum(axis=0)
-                self._count += chosen.size
+                self._add_messages(Z, labels, chosen)
+            self._count += chosen.size
             self._filled += take
             self._records += take
             position += take
             if self._filled == self._round.window:
                 self._finish_round()
+
+    def _add_messages(self, Z: Array, labels: Array, users: NDArray[np.int64]) -> None:
+        """partial += Σ (clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)) over ``users`` (rows of Z). The
+        gradients are clipped in scratch and the noise is drawn into them in place
+        (:meth:`protocols.randomness.NoiseSource.add_gaussian`): the same messages as
+        :meth:`protocols.randomizers.GaussianRandomizer.privatize`, with no clean or pure-noise
+        array left behind."""
+        Z_users = scratch.rows(Z, users, self._scratch, "user_features")
+        labels_users = scratch.rows(labels, users, self._scratch, "user_labels")
+        messages = scratch.clipped_gradients(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, self._scratch)
+        self._noise.add_gaussian(messages, self._randomizer.noise_std)
+        self._partial += scratch.row_sum(messages, self._scratch)
 
     def _participants(self, take: int, generator: np.random.Generator) -> NDArray[np.int64]:
         """Indices (within the next ``take`` records of the window) of the users who send a message.

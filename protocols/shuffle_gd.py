@@ -61,12 +61,13 @@ from numpy.typing import NDArray
 
 from accounting.composition import advanced
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
 from protocols.acsa import uses_moreau
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
-from protocols.losses import Loss, clip_rows
+from protocols.losses import Loss
 from protocols.randomness import RngLike
 from protocols.sgd import AveragedSGD, bound_sq
 from protocols.shuffle_base import EncodedLearner, read_round
@@ -255,12 +256,9 @@ class ShuffleGD(EncodedLearner):
         return self._sum
 
     def _gradients(self, Z: Array, y: Array) -> Array:
-        theta = self._sgd.theta
-        if self.smoothing_parameter is None:
-            G = self.loss.gradient(theta, Z, y)
-        else:  # 000, Lemma 4.6 item 2: the gradient of the record's Moreau envelope
-            G = self.loss.envelope_gradient(theta, Z, y, self.smoothing_parameter)
-        return clip_rows(G, self._lipschitz)
+        return scratch.clipped_gradients(
+            self.loss, self._sgd.theta, Z, y, self._lipschitz, self._scratch, self.smoothing_parameter
+        )
 
     def _finish_round(self, mean: Array) -> None:
         gradient = mean + self.loss.ridge_gradient(self._sgd.theta)

@@ -41,11 +41,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import scratch
 from protocols import validation as check
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
-from protocols.losses import Loss, clip_rows
+from protocols.losses import Loss
 from protocols.randomness import RngLike
 from protocols.sgd import AveragedSGD, bound_sq
 from protocols.shuffle_base import EncodedLearner, max_guarantee, read_round
@@ -155,7 +156,7 @@ class ShuffleSGD(EncodedLearner):
         return self._sum
 
     def _gradients(self, Z: Array, y: Array) -> Array:
-        return clip_rows(self.loss.gradient(self._sgd.theta, Z, y), self._lipschitz)
+        return scratch.clipped_gradients(self.loss, self._sgd.theta, Z, y, self._lipschitz, self._scratch)
 
     def _finish_round(self, mean: Array) -> None:
         gradient = mean + self.loss.ridge_gradient(self._sgd.theta)

@@ -66,7 +66,7 @@ class NoisePerCall(_Base):
 
     def learn_many(self, X, y):
         super().learn_many(X, y)
-        self._grad = self._grad + self._draw(5)
+        self._noise.add_gaussian(self._grad, self.batch_noise_std(5))
 
 
 class TupleConfig(_Base):

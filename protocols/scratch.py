@@ -1,0 +1,135 @@
+"""Reused, wiped work buffers for the clean per-record computations of a micro-batch.
+
+An intruder who reads the process memory once (pan-privacy's threat model, read as "the whole
+process", freed buffers included) must find no clean per-record value. Numpy expressions leave
+their temporaries in freed memory (small ones in numpy's own cache, handed unchanged to the next
+allocation of the same size). So the learners compute features, labels, per-record gradients,
+their norms and partial sums into the buffers of a :class:`Scratch` with ``out=`` operations, and
+call :meth:`Scratch.wipe` (zeros) before ``learn_many`` returns. The functions here reproduce
+:meth:`protocols.losses.Loss.features`, :meth:`~protocols.losses.Loss.gradient`,
+:meth:`~protocols.losses.Loss.envelope_gradient` and :func:`protocols.losses.clip_rows` operation
+for operation, so results are bitwise the same and the mechanisms unchanged.
+
+What still passes through short-lived numpy temporaries: the loss's scalar link derivative
+φ'(⟨θ, z_i⟩, y_i) (one float per record, computed by the loss's ``_dphi``; the returned vector is
+wiped, its internal temporaries are not) and the label validation masks. Their residue is at most a
+few scalars per record of the last micro-batch, never a feature vector or a gradient.
+
+Micro-batches are processed in blocks of at most :data:`BLOCK_ROWS` rows, so the buffers stay small
+(and cheap to wipe) whatever the micro-batch size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from protocols.losses import Loss
+
+Array = NDArray[np.float64]
+
+BLOCK_ROWS = 4096
+"""Rows per block of a micro-batch: bounds the scratch memory (BLOCK_ROWS × p floats)."""
+
+_TINY = np.finfo(np.float64).tiny
+
+
+class Scratch:
+    """Named float64 work buffers, grown on demand and reused; :meth:`wipe` zeroes all of them."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Array] = {}
+
+    def take(self, name: str, *shape: int) -> Array:
+        """A C-contiguous view of ``shape`` on buffer ``name`` (contents undefined)."""
+        size = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < size:
+            if buffer is not None:
+                buffer.fill(0.0)
+            buffer = np.zeros(size)
+            self._buffers[name] = buffer
+        return buffer[:size].reshape(shape)
+
+    def wipe(self) -> None:
+        """Zero every buffer (call before returning from ``learn_many``)."""
+        for buffer in self._buffers.values():
+            buffer.fill(0.0)
+
+
+def clip_rows_into(X: Array, bound: float, out: Array, norms: Array) -> Array:
+    """:func:`protocols.losses.clip_rows` of ``X`` into ``out`` (may be ``X`` itself), using
+    ``norms`` (shape (m,)) as work space. Same operations, so bitwise the same result."""
+    np.einsum("ij,ij->i", X, X, out=norms)
+    np.sqrt(norms, out=norms)
+    np.maximum(norms, _TINY, out=norms)
+    np.divide(bound, norms, out=norms)
+    np.minimum(norms, 1.0, out=norms)
+    np.multiply(X, norms[:, None], out=out)
+    return out
+
+
+def features(loss: Loss, X: Array, feature_bound: float, scratch: Scratch) -> Array:
+    """:meth:`Loss.features` of the rows ``X`` (at most :data:`BLOCK_ROWS`), in ``scratch``.
+
+    Every elementwise operation runs on C-contiguous buffers: a ufunc writing into a strided view
+    (such as the first d columns of the feature matrix) goes through numpy's iterator buffer,
+    which would leave a copy of the raw rows in freed memory. So the rows are clipped in a
+    contiguous buffer and then copied (a plain strided copy, no buffer) next to the intercept."""
+    m, d = X.shape
+    clipped = scratch.take("clipped_rows", m, d)
+    np.copyto(clipped, X)
+    clip_rows_into(clipped, feature_bound, clipped, scratch.take("row_norms", m))
+    if not loss.intercept:
+        return clipped
+    Z = scratch.take("features", m, d + 1)
+    Z[:, :d] = clipped
+    Z[:, d] = loss.intercept_scale
+    return Z
+
+
+def labels(loss: Loss, y: Array, scratch: Scratch) -> Array:
+    """:meth:`Loss.labels` of ``y``, copied into ``scratch`` (the loss's own result is wiped)."""
+    mapped = loss.labels(y)
+    out = scratch.take("labels", y.shape[0])
+    out[...] = mapped
+    mapped.fill(0.0)
+    return out
+
+
+def clipped_gradients(
+    loss: Loss, theta: Array, Z: Array, y: Array, bound: float, scratch: Scratch, smoothing: float | None = None
+) -> Array:
+    """Per-record gradients at ``theta`` — of the loss, or of its ``smoothing``-Moreau envelope —
+    each clipped to norm ``bound``, in ``scratch``: shape (m, p). Bitwise equal to
+    ``clip_rows(loss.gradient(theta, Z, y), bound)`` (or ``loss.envelope_gradient``)."""
+    m, p = Z.shape
+    margins = scratch.take("margins", m)
+    np.matmul(Z, theta, out=margins)
+    if smoothing is None:
+        slopes = loss._dphi(margins, y)
+    else:
+        kappa = scratch.take("kappa", m)
+        np.einsum("ij,ij->i", Z, Z, out=kappa)
+        kappa /= smoothing
+        slopes = loss._envelope_dphi(margins, y, kappa)
+    G = scratch.take("gradients", m, p)
+    np.multiply(slopes[:, None], Z, out=G)
+    slopes.fill(0.0)
+    return clip_rows_into(G, bound, G, scratch.take("gradient_norms", m))
+
+
+def rows(Z: Array, indices: NDArray[np.int64], scratch: Scratch, name: str) -> Array:
+    """``Z[indices]`` into scratch buffer ``name`` (``np.take`` with ``mode="clip"`` writes
+    straight into ``out``; with the default mode it would buffer a copy)."""
+    out = scratch.take(name, indices.size, *Z.shape[1:])
+    return np.take(Z, indices, axis=0, out=out, mode="clip")
+
+
+def row_sum(G: Array, scratch: Scratch) -> Array:
+    """``G.sum(axis=0)`` into ``scratch`` (the clean partial sum, wiped with the rest)."""
+    out = scratch.take("row_sum", G.shape[1])
+    np.sum(G, axis=0, out=out)
+    return out
