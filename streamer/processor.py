@@ -771,7 +771,9 @@ class Processor:
             if self._dead_letters is not None:
                 self._send_dead_letters(batch, decoded, self._dead_letters)
         self.metrics.observe_batch(len(decoded.y), time.perf_counter() - t0)
-        return len(decoded.y) + sum(counts.values())
+        learned = len(decoded.y)
+        _wipe_records(decoded)
+        return learned + sum(counts.values())
 
     def _send_dead_letters(self, batch: Batch, decoded: Decoded, sink: DeadLetterSink) -> None:
         sent: set[int] = set()
@@ -915,6 +917,15 @@ _STOPPED = "stop requested (signal); final checkpoint taken"
 def _worse(a: Guarantee, b: Guarantee) -> Guarantee:
     """The componentwise weaker of two guarantees (it bounds both)."""
     return Guarantee(max(a.epsilon, b.epsilon), max(a.delta, b.delta))
+
+
+def _wipe_records(decoded: Decoded) -> None:
+    """Zero the decoded records once learned, so a later dump of the process does not find them in
+    freed memory (docs/privacy.md, "Process memory"); read-only views (of a message's bytes) are
+    left as they are."""
+    for array in (decoded.X, decoded.y):
+        if array.flags.writeable:
+            array.fill(0.0)
 
 
 def _refused(name: str) -> LearnerInputError:
