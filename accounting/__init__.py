@@ -1,7 +1,7 @@
 """Privacy accounting for every mechanism in panpriv.
 
 Pure functions of scalars plus a ledger: no I/O and no arrays of records. Each module covers one
-family of mechanisms and cites the seed paper (``shared/seeds``) and theorem it implements.
+family of mechanisms and cites the paper (docs/references.md) and theorem it implements.
 """
 
 from accounting.errors import AccountingError, InvalidParameterError

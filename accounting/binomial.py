@@ -1,17 +1,17 @@
-"""Parameters and privacy of the binomial shuffle protocols P1D and PVEC (000, §3 and App. A).
+"""Parameters and privacy of the binomial shuffle protocols P1D and PVEC (Cheu et al. 2022, §3 and App. A).
 
 Three entry points:
 
-* :func:`p1d_parameters` — (g, b, p) of the scalar-sum protocol P1D exactly as 000, Lemma 3.1
+* :func:`p1d_parameters` — (g, b, p) of the scalar-sum protocol P1D exactly as Cheu et al. 2022, Lemma 3.1
   chooses them, with its per-instance guarantee.
-* :func:`pvec_parameters` — (g, b, p) of the vector-sum protocol PVEC exactly as the proof of 000,
+* :func:`pvec_parameters` — (g, b, p) of the vector-sum protocol PVEC exactly as the proof of Cheu et al. 2022,
   Thm 3.2 (App. A.2, Thm A.6) chooses them, and the robust variant (Claim A.8, Cor. A.9).
 * :func:`tight_parameters` — (g, b, p) for the *same protocol* from a rigorous numerical accountant
   (:func:`tight_delta`) instead of the paper's loose constants: several orders of magnitude less
   noise variance (at n = 1000, d = 10, ε = 1, δ = 1e-6 the paper's variance is ≈ 1.9e5 times larger,
   and the tight one is within 18 % of a Gaussian mechanism with the same ℓ₂ sensitivity).
 
-The protocol (000, Alg. 1 and Alg. 2)
+The protocol (Cheu et al. 2022, Alg. 1 and Alg. 2)
 -------------------------------------
 Each of n users holds x ∈ ℝᵈ with ‖x‖₂ ≤ Δ₂. Per coordinate j it shifts w = xⱼ + Δ₂ ∈ [0, Δ]
 (Δ = 2Δ₂), scales s = w·g/Δ ∈ [0, g], rounds randomly to x̄ = ⌊s⌋ + Ber(s − ⌊s⌋), draws
@@ -23,7 +23,7 @@ independent over j. It outputs (Δ/g)(Tⱼ − n·b·p) − n·Δ₂.
 The tight accountant: the argument, step by step
 ------------------------------------------------
 Neighbouring batches differ in one user u (replacement): x = xᵤ, x′ = x′ᵤ, both of ℓ₂ norm ≤ Δ₂.
-In the robust setting (000, Def. A.7) only a fraction γ of users (at least M = ⌈γn⌉ of them) run
+In the robust setting (Cheu et al. 2022, Def. A.7) only a fraction γ of users (at least M = ⌈γn⌉ of them) run
 the randomizer; u is one of them. Write m = M·b, N ~ Bin(m, p)^{⊗d}, and δ(ε) for the
 hockey-stick divergence H_{e^ε}(P‖Q) = sup_S P(S) − e^ε Q(S) between the analyzer's views under
 the two batches; the mechanism is (ε, δ)-DP iff both H(P‖Q) and H(Q‖P) are ≤ δ.
@@ -81,8 +81,8 @@ reachable shift and for fractional inputs (rounding mixtures).
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng), Alg. 1, Alg. 2, Lemma 3.1 (= A.2), Lemma A.1, Thm 3.2 (= A.6),
-Claim A.8, Cor. A.9. Rényi-to-(ε, δ) conversion: 004, Lemma 2 (Canonne, Kamath & Steinke 2020,
+Cheu, Joseph, Mao & Peng (2022), Alg. 1, Alg. 2, Lemma 3.1 (= A.2), Lemma A.1, Thm 3.2 (= A.6),
+Claim A.8, Cor. A.9. Rényi-to-(ε, δ) conversion: Liew & Takahashi 2022, Lemma 2 (Canonne, Kamath & Steinke 2020,
 Prop. 12); its proof is the pointwise inequality of step 5.
 """
 
@@ -121,13 +121,13 @@ _ROWS_PER_BLOCK = 1 << 21  # elements per block in the moment sums (bounded memo
 
 
 # --------------------------------------------------------------------------------------------
-# 000, Lemma 3.1 and Thm 3.2: the paper's parameters
+# Cheu et al. 2022, Lemma 3.1 and Thm 3.2: the paper's parameters
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class P1DParameters:
-    """Parameters of P1D (000, Alg. 1) and the guarantee of 000, Lemma 3.1.
+    """Parameters of P1D (Cheu et al. 2022, Alg. 1) and the guarantee of Cheu et al. 2022, Lemma 3.1.
 
     Attributes
     ----------
@@ -153,7 +153,7 @@ class P1DParameters:
     delta: float
 
     def divergence_bound(self, distance: float) -> float:
-        """ε·(2/g + distance/Δ): the per-instance bound of 000, Lemma 3.1 item 1."""
+        """ε·(2/g + distance/Δ): the per-instance bound of Cheu et al. 2022, Lemma 3.1 item 1."""
         return self.epsilon * (2.0 / self.g + distance / self.bound)
 
     @property
@@ -174,7 +174,7 @@ class P1DParameters:
 
 @dataclass(frozen=True)
 class PVECParameters:
-    """Parameters of PVEC (000, Alg. 2) and the (ε, δ)-shuffle-DP guarantee they carry.
+    """Parameters of PVEC (Cheu et al. 2022, Alg. 2) and the (ε, δ)-shuffle-DP guarantee they carry.
 
     Attributes
     ----------
@@ -184,7 +184,7 @@ class PVECParameters:
         Δ₂: every input has ℓ₂ norm ≤ Δ₂; P1D runs per coordinate with Δ = 2Δ₂.
     honest_fraction : float
         γ: the guarantee holds whenever at least ``noisy_users`` = ⌈γn⌉ users follow the protocol
-        (000, Def. A.7); 1.0 means all users.
+        (Cheu et al. 2022, Def. A.7); 1.0 means all users.
     g, b : int
         Fixed-point resolution and noise trials per user and coordinate.
     p : float
@@ -195,7 +195,7 @@ class PVECParameters:
     calibration : {"paper", "tight"}
         Which analysis produced (g, b, p).
     per_coordinate : P1DParameters or None
-        For ``"paper"``: the P1D instance at (ε̂, δ̂) that each coordinate runs (000, Thm A.6).
+        For ``"paper"``: the P1D instance at (ε̂, δ̂) that each coordinate runs (Cheu et al. 2022, Thm A.6).
     """
 
     n: int
@@ -243,7 +243,7 @@ def _noisy_users(n: int, honest_fraction: float) -> int:
 
 
 def _lemma31_noise(n: int, g: int, epsilon: float, delta: float) -> tuple[int, float]:
-    """(b, p) of 000, Lemma 3.1: the least integer b > 180 g² ln(2/δ)/(ε² n) and
+    """(b, p) of Cheu et al. 2022, Lemma 3.1: the least integer b > 180 g² ln(2/δ)/(ε² n) and
     p = 90 g² ln(2/δ)/(b ε² n), which is then < 1/2."""
     threshold = 180.0 * g * g * math.log(2.0 / delta) / (epsilon * epsilon * n)
     b = math.floor(threshold) + 1
@@ -252,7 +252,7 @@ def _lemma31_noise(n: int, g: int, epsilon: float, delta: float) -> tuple[int, f
 
 
 def p1d_parameters(n: int, epsilon: float, delta: float, bound: float) -> P1DParameters:
-    """Parameters of P1D as chosen by 000, Lemma 3.1.
+    """Parameters of P1D as chosen by Cheu et al. 2022, Lemma 3.1.
 
     Parameters
     ----------
@@ -273,7 +273,7 @@ def p1d_parameters(n: int, epsilon: float, delta: float, bound: float) -> P1DPar
 
     Notes
     -----
-    The condition g ≥ Δ√n mixes data units (Δ) with a count (g); 000 uses it only for the variance
+    The condition g ≥ Δ√n mixes data units (Δ) with a count (g); Cheu et al. 2022 uses it only for the variance
     bound (rounding adds (Δ/g)²·n/4), never for privacy, so it is kept literally. The lemma's
     guarantee is per instance: D∞^δ ≤ ε·(2/g + |xᵤ − x′ᵤ|/Δ).
 
@@ -284,14 +284,14 @@ def p1d_parameters(n: int, epsilon: float, delta: float, bound: float) -> P1DPar
 
     References
     ----------
-    000, Alg. 1 and Lemma 3.1 (= Lemma A.2, proof via Lemma A.1).
+    Cheu et al. 2022, Alg. 1 and Lemma 3.1 (= Lemma A.2, proof via Lemma A.1).
     """
     owner = "p1d_parameters"
     n = positive_int(owner, "n", n)
     epsilon = in_range(owner, "epsilon", epsilon, 0.0, 15.0, closed_low=False, closed_high=True)
     delta = in_range(owner, "delta", delta, 0.0, 0.5, closed_low=False, closed_high=False)
     bound = positive(owner, "bound", bound)
-    # 000, Lemma 3.1: g ≥ Δ√n. Its proof (Lemma A.2) also uses α = ε/(3g) with
+    # Cheu et al. 2022, Lemma 3.1: g ≥ Δ√n. Its proof (Lemma A.2) also uses α = ε/(3g) with
     # ln((1 + α)/(1 − α)) ≤ 3α, false for α ≥ 0.87 (e.g. ε = 15, g = 4): we also require
     # α ≤ 0.8, i.e. g ≥ ε/2.4, where ln(9) = 2.197 ≤ 2.4 holds.
     g = max(1, math.ceil(bound * math.sqrt(n)), math.ceil(epsilon / 2.4))
@@ -307,7 +307,7 @@ def pvec_parameters(
     l2_bound: float,
     honest_fraction: float = 1.0,
 ) -> PVECParameters:
-    """Parameters of PVEC as chosen in the proof of 000, Thm 3.2 (App. A.2), or Cor. A.9.
+    """Parameters of PVEC as chosen in the proof of Cheu et al. 2022, Thm 3.2 (App. A.2), or Cor. A.9.
 
     Parameters
     ----------
@@ -341,7 +341,7 @@ def pvec_parameters(
 
     References
     ----------
-    000, Alg. 2, Thm 3.2 (= Thm A.6), Lemma 3.1, Lemma 3.3; Claim A.8 and Cor. A.9 (robust).
+    Cheu et al. 2022, Alg. 2, Thm 3.2 (= Thm A.6), Lemma 3.1, Lemma 3.3; Claim A.8 and Cor. A.9 (robust).
     """
     owner = "pvec_parameters"
     n = positive_int(owner, "n", n)
@@ -359,12 +359,12 @@ def pvec_parameters(
             raise InvalidParameterError(
                 owner,
                 "epsilon",
-                f"at most 1/honest_fraction = {1.0 / honest_fraction!r} (000, Cor. A.9)",
+                f"at most 1/honest_fraction = {1.0 / honest_fraction!r} (Cheu et al. 2022, Cor. A.9)",
                 epsilon,
             )
         delta = open_unit(owner, "delta", delta)
-    g = math.ceil(max(2.0 * l2_bound * math.sqrt(n), math.sqrt(d), 4.0))  # 000, Thm A.6
-    delta_hat = delta / (d + 1)  # 000, Thm A.6: γ = δ̂ = δ/(d + 1)
+    g = math.ceil(max(2.0 * l2_bound * math.sqrt(n), math.sqrt(d), 4.0))  # Cheu et al. 2022, Thm A.6
+    delta_hat = delta / (d + 1)  # Cheu et al. 2022, Thm A.6: γ = δ̂ = δ/(d + 1)
     epsilon_hat = epsilon * honest_fraction / (18.0 * math.sqrt(math.log(1.0 / delta_hat)))
     b, p = _lemma31_noise(n, g, epsilon_hat, delta_hat)
     coordinate = P1DParameters(
@@ -505,7 +505,7 @@ def _ball_bound(log_s: NDArray[np.float64], radius: float, d: int) -> float:
 
 
 def _log_conversion(alpha: float, epsilon: float) -> float:
-    """log c(α, ε) = −log α + (α − 1) log(1 − 1/α) − (α − 1)ε (step 5; 004, Lemma 2)."""
+    """log c(α, ε) = −log α + (α − 1) log(1 − 1/α) − (α − 1)ε (step 5; Liew & Takahashi 2022, Lemma 2)."""
     return -math.log(alpha) + (alpha - 1.0) * math.log1p(-1.0 / alpha) - (alpha - 1.0) * epsilon
 
 
@@ -581,7 +581,7 @@ def tight_delta(
 
     References
     ----------
-    000, Alg. 1, Alg. 2 (the protocol), Def. A.7 (robust); 004, Lemma 2 (conversion).
+    Cheu et al. 2022, Alg. 1, Alg. 2 (the protocol), Def. A.7 (robust); Liew & Takahashi 2022, Lemma 2 (conversion).
     """
     owner = "tight_delta"
     epsilon = positive(owner, "epsilon", epsilon)
@@ -646,7 +646,7 @@ def tight_parameters(
       grows like g²; at the cap the excess is about (c²d + n/4)/(c²g²), e.g. ≤ 25 % + n/(4c²g²)
       when the cap is 2√d). c comes from the
       analytic Gaussian (:func:`accounting.gaussian.analytic_sigma`) and only steers this choice.
-    * **b and p.** p = 1/2 (000's Alg. 1 asks p < 1/2, which only its Lemma 3.1 proof needs): the
+    * **b and p.** p = 1/2 (Cheu et al.'s Alg. 1 asks p < 1/2, which only its Lemma 3.1 proof needs): the
       least b meeting δ, by integer bisection. Lowering p at that b could save at most a fraction
       1/b of the noise variance (b − 1 trials at p = 1/2 fail), so it is done only when b < 100
       (bisection on p(1 − p)); otherwise p = 1/2 is kept, which lets the encoder draw Bin(b, 1/2)
@@ -655,7 +655,7 @@ def tight_parameters(
 
     References
     ----------
-    000, Alg. 1, Alg. 2, Thm 3.2 (the protocol and the paper's calibration it replaces),
+    Cheu et al. 2022, Alg. 1, Alg. 2, Thm 3.2 (the protocol and the paper's calibration it replaces),
     Def. A.7 / Claim A.8 (robust variant).
     """
     owner = "tight_parameters"

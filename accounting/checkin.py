@@ -1,18 +1,18 @@
-"""Privacy of distributed learning with random check-ins (002, Balle et al. 2020).
+"""Privacy of distributed learning with random check-ins (Balle et al. 2020).
 
-002's extraction lost every formula. This module ships only bounds proved here (the derivation is
+The text of Balle et al. 2020 we worked from had lost its formulas (those quoted here are recalled, and marked so). This module ships only bounds proved here (the derivation is
 in :func:`per_slot_epsilons`) or the bound that always holds; each result says which it is:
 
-* :func:`fixed_window` — 002 Thm 3.2 (A_fix, Alg. 1), **derived** here for an ε₀-DP local
+* :func:`fixed_window` — Balle et al. 2020 Thm 3.2 (A_fix, Alg. 1), **derived** here for an ε₀-DP local
   randomizer; the (ε₀, δ₀) variant falls back to (ε₀, δ₀).
-* :func:`sliding_window` — the setting of 002 Thm 4.3 (one record per slot, windows of m slots),
+* :func:`sliding_window` — the setting of Balle et al. 2020 Thm 4.3 (one record per slot, windows of m slots),
   **derived** by the same argument.
-* :func:`averaged_updates` (002 Thm 4.1, A_avg) and :func:`shuffling` (002 Thm 5.1) — no amplified
+* :func:`averaged_updates` (Balle et al. 2020 Thm 4.1, A_avg) and :func:`shuffling` (Balle et al. 2020 Thm 5.1) — no amplified
   bound derived: the **unamplified fallback**.
 * :func:`unamplified` — each client's record passes at most once through an ε₀-DP (or (ε₀, δ₀)-DP)
   local randomizer, so the protocol is (ε₀, δ₀)-DP.
 * :func:`erlingsson_shuffling` — Erlingsson et al. (2019) Thm 7, the published shuffling bound
-  002 compares against (a **published comparison** bound, not derived here).
+  Balle et al. 2020 compares against (a **published comparison** bound, not derived here).
 
 The amplified bounds are never reported above the fallback: when the derived ε is not below ε₀
 the fallback (ε₀, 0) is returned instead (it is better in both coordinates).
@@ -54,7 +54,7 @@ class CheckinGuarantee:
         The guarantee: the released model sequence is (ε, δ)-DP under replacement of one client's
         record.
     theorem : str
-        The seed result whose setting this accounts for, e.g. "002 Thm 3.2 (A_fix, Alg. 1)".
+        The seed result whose setting this accounts for, e.g. "Balle et al. 2020 Thm 3.2 (A_fix, Alg. 1)".
     status : {"derived", "unamplified fallback", "published comparison"}
         "derived": proved in this module (see :func:`per_slot_epsilons`); "unamplified
         fallback": the always-valid no-amplification bound; "published comparison": a bound
@@ -67,10 +67,10 @@ class CheckinGuarantee:
     status: Status
 
 
-_THM_3_2 = "002 Thm 3.2 (A_fix, Alg. 1)"
-_THM_4_1 = "002 Thm 4.1 (A_avg, Alg. 2)"
-_THM_4_3 = "002 Thm 4.3 (sliding windows)"
-_THM_5_1 = "002 Thm 5.1 (shuffling)"
+_THM_3_2 = "Balle et al. 2020 Thm 3.2 (A_fix, Alg. 1)"
+_THM_4_1 = "Balle et al. 2020 Thm 4.1 (A_avg, Alg. 2)"
+_THM_4_3 = "Balle et al. 2020 Thm 4.3 (sliding windows)"
+_THM_5_1 = "Balle et al. 2020 Thm 5.1 (shuffling)"
 
 
 def per_slot_epsilons(epsilon0: float, p0: float, m: int) -> NDArray[np.float64]:
@@ -92,7 +92,7 @@ def per_slot_epsilons(epsilon0: float, p0: float, m: int) -> NDArray[np.float64]
 
     Notes
     -----
-    **Setting (002 Def. 3.1, Alg. 1).** Neighbouring datasets differ in client 1's record
+    **Setting (Balle et al. 2020 Def. 3.1, Alg. 1).** Neighbouring datasets differ in client 1's record
     (x vs x′). Client 1 checks in with probability p₀ into a slot uniform over its m slots,
     independently of all data. Every slot updates the model with exactly one record passed
     through an adaptive ε₀-DP local randomizer R_j(· ; y_{<j}, record), where y_{<j} are the
@@ -107,7 +107,7 @@ def per_slot_epsilons(epsilon0: float, p0: float, m: int) -> NDArray[np.float64]
     worlds and is independent of client 1, so if every conditional pair is (ε, δ)-close, so is
     the mixture (joint convexity of the hockey-stick divergence). Given C, client 1's record is
     used at slot j with probability q_j = p₀ π_j / m ≤ p₀/m (π_j the chance the rule picks client
-    1 among those at slot j), at most one slot is used, and Σ_j q_j ≤ p₀ (002's "probable
+    1 among those at slot j), at most one slot is used, and Σ_j q_j ≤ p₀ (Balle et al.'s "probable
     replacement": slot j's record is x̄_j, replaced by x with probability q_j).
 
     **Step 2 (posterior).** Let E_j = "client 1 used at slot j" and N = Π_{i<j} R_i(y_i; x̄_i).
@@ -131,8 +131,8 @@ def per_slot_epsilons(epsilon0: float, p0: float, m: int) -> NDArray[np.float64]
 
     References
     ----------
-    002 (Balle, Kairouz, McMahan, Thakkar, Thakurta), Def. 3.1, Alg. 1, Thm 3.2 and its proof
-    sketch ("amplification by probable replacement"). formulas.md, 002 Thm 3.2 [recalled].
+    Balle et al. 2020 (Balle, Kairouz, McMahan, Thakkar, Thakurta), Def. 3.1, Alg. 1, Thm 3.2 and its proof
+    sketch ("amplification by probable replacement"). Balle et al. 2020 Thm 3.2 (as recalled).
     """
     owner = "per_slot_epsilons"
     epsilon0 = positive(owner, "epsilon0", epsilon0)
@@ -146,14 +146,14 @@ def per_slot_epsilons(epsilon0: float, p0: float, m: int) -> NDArray[np.float64]
 def fixed_window(
     epsilon0: float, p0: float, m: int, delta: float, delta0: float = 0.0
 ) -> CheckinGuarantee:
-    """(ε, δ)-DP of A_fix (002 Alg. 1): random check-ins into a fixed window of m slots.
+    """(ε, δ)-DP of A_fix (Balle et al. 2020 Alg. 1): random check-ins into a fixed window of m slots.
 
     Parameters
     ----------
     epsilon0 : float
         ε₀ > 0 of the local randomizer.
     p0 : float
-        Check-in probability p₀ in (0, 1] (002 Remark 1 suggests p₀ = m/n).
+        Check-in probability p₀ in (0, 1] (Balle et al. 2020 Remark 1 suggests p₀ = m/n).
     m : int
         Number of slots (model updates) m ≥ 1.
     delta : float
@@ -174,21 +174,21 @@ def fixed_window(
     **Step 4 of the derivation** (Steps 1–3 in :func:`per_slot_epsilons`). Given C, write the
     privacy loss of the output sequence by the chain rule as Σ_j c_j with
     c_j = log P_j(y_j | y_{<j}) / Q_j(y_j | y_{<j}). By Step 3, |c_j| ≤ ε_k for every history,
-    and E[c_j | y_{<j}] = KL(P_j ‖ Q_j) ≤ ε_k(e^{ε_k} − 1) (000 Lemma A.5(2)). Azuma–Hoeffding on
+    and E[c_j | y_{<j}] = KL(P_j ‖ Q_j) ≤ ε_k(e^{ε_k} − 1) (Cheu et al. 2022 Lemma A.5(2)). Azuma–Hoeffding on
     the martingale differences c_j − E[c_j | y_{<j}] (each in an interval of length 2ε_k fixed by
     the history) gives P(Σ c_j ≥ ε) ≤ δ for the ε above, i.e. (ε, δ)-DP given C, hence (Step 1)
-    unconditionally. This is 000 Lemma 3.3 with δ_j = 0, whose Azuma proof carries over verbatim
+    unconditionally. This is Cheu et al. 2022 Lemma 3.3 with δ_j = 0, whose Azuma proof carries over verbatim
     to adaptively chosen steps because the bounds ε_k do not depend on the history; it is
     computed by :func:`accounting.composition.heterogeneous`.
 
-    **Comparison with 002.** formulas.md recalls ε = p₀(e^{ε₀} − 1)√(2e^{ε₀} log(1/δ)/m) +
+    **Comparison with Balle et al. 2020.** The recalled Thm 3.2 reads ε = p₀(e^{ε₀} − 1)√(2e^{ε₀} log(1/δ)/m) +
     p₀² e^{ε₀}(e^{ε₀} − 1)²/m. Its square-root term is what Step 2 gives at p₀ = 1 after
     Σ_k 1/(1 − (k/m)(1 − e^{−ε₀}))² ≤ m e^{ε₀}; the bound here is never larger on the tested
     grid (tests), and is smaller for p₀ < 1 because it keeps the p₀ in the posterior.
 
     References
     ----------
-    002, Alg. 1 and Thm 3.2. 000, Lemma 3.3 / A.3 and Lemma A.5. formulas.md, 002 [recalled].
+    Balle et al. 2020, Alg. 1 and Thm 3.2. Cheu et al. 2022, Lemma 3.3 / A.3 and Lemma A.5.
     """
     owner = "fixed_window"
     return _one_record_per_slot(owner, _THM_3_2, epsilon0, p0, m, delta, delta0)
@@ -197,10 +197,10 @@ def fixed_window(
 def sliding_window(
     epsilon0: float, p0: float, m: int, delta: float, delta0: float = 0.0
 ) -> CheckinGuarantee:
-    """(ε, δ)-DP of random check-ins with sliding windows (the setting of 002 Thm 4.3).
+    """(ε, δ)-DP of random check-ins with sliding windows (the setting of Balle et al. 2020 Thm 4.3).
 
     Client i checks in with probability p₀ into a slot uniform over its own window of m slots
-    (002 §4.2: {i, …, i + m − 1}); every slot updates the model with one checked-in record or a
+    (Balle et al. 2020 §4.2: {i, …, i + m − 1}); every slot updates the model with one checked-in record or a
     dummy, as in A_fix. Slots outside client 1's window use the same record in both worlds, so
     their privacy loss is 0, and Steps 1–4 of :func:`per_slot_epsilons` / :func:`fixed_window`
     apply verbatim to the m slots of the window (a chosen slot outside the update range only
@@ -208,42 +208,42 @@ def sliding_window(
 
     References
     ----------
-    002, §4.2 and Thm 4.3 (formula lost; bound derived here).
+    Balle et al. 2020, §4.2 and Thm 4.3 (formula lost; bound derived here).
     """
     owner = "sliding_window"
     return _one_record_per_slot(owner, _THM_4_3, epsilon0, p0, m, delta, delta0)
 
 
 def averaged_updates(epsilon0: float, delta0: float = 0.0) -> CheckinGuarantee:
-    """(ε, δ)-DP of A_avg (002 Alg. 2, averaged updates): the unamplified fallback (ε₀, δ₀).
+    """(ε, δ)-DP of A_avg (Balle et al. 2020 Alg. 2, averaged updates): the unamplified fallback (ε₀, δ₀).
 
-    002 Thm 4.1 amplifies this protocol, but its formula was lost and its analysis must handle
+    Balle et al. 2020 Thm 4.1 amplifies this protocol, but its formula was lost and its analysis must handle
     the revealed per-slot counts and empty slots; no amplified bound is derived here.
 
     References
     ----------
-    002, Alg. 2 and Thm 4.1.
+    Balle et al. 2020, Alg. 2 and Thm 4.1.
     """
     return unamplified(epsilon0, delta0, theorem=_THM_4_1)
 
 
 def shuffling(epsilon0: float, delta0: float = 0.0) -> CheckinGuarantee:
-    """(ε, δ)-DP of shuffling + sequential local randomizers (002 Thm 5.1): the fallback (ε₀, δ₀).
+    """(ε, δ)-DP of shuffling + sequential local randomizers (Balle et al. 2020 Thm 5.1): the fallback (ε₀, δ₀).
 
-    002 Thm 5.1's formula was lost. The probable-replacement argument of
+    Balle et al. 2020 Thm 5.1's formula was lost. The probable-replacement argument of
     :func:`per_slot_epsilons` does not transfer (in the swapping view the first slot's record
     depends on client 1's position), so no amplified bound is derived here;
     :func:`erlingsson_shuffling` gives the published comparison bound.
 
     References
     ----------
-    002, Thm 5.1.
+    Balle et al. 2020, Thm 5.1.
     """
     return unamplified(epsilon0, delta0, theorem=_THM_5_1)
 
 
 def unamplified(
-    epsilon0: float, delta0: float = 0.0, theorem: str = "002 (any check-in protocol)"
+    epsilon0: float, delta0: float = 0.0, theorem: str = "Balle et al. 2020 (any check-in protocol)"
 ) -> CheckinGuarantee:
     """The bound that always holds: (ε₀, δ₀), with no amplification.
 
@@ -266,7 +266,7 @@ def unamplified(
 
     References
     ----------
-    002, §1 (Table 1, "None") and formulas.md, 002 (the fallback).
+    Balle et al. 2020, §1 (Table 1, "None") (the fallback).
     """
     owner = "unamplified"
     epsilon0 = positive(owner, "epsilon0", epsilon0)
@@ -289,12 +289,12 @@ def erlingsson_shuffling(epsilon0: float, n: int, delta: float) -> CheckinGuaran
     Returns
     -------
     CheckinGuarantee
-        Status "published comparison": quoted, not derived here; 002 §5 compares Thm 5.1 with it.
+        Status "published comparison": quoted, not derived here; Balle et al. 2020 §5 compares Thm 5.1 with it.
 
     References
     ----------
     Erlingsson, Feldman, Mironov, Raghunathan, Talwar, Thakurta (2019), "Amplification by
-    shuffling", Thm 7. 002, §5. formulas.md, 002 [confirmed as implemented by Balle's code].
+    shuffling", Thm 7. Balle et al. 2020, §5. (as implemented in the authors' code).
     """
     owner = "erlingsson_shuffling"
     epsilon0 = in_range(owner, "epsilon0", epsilon0, 0.0, 0.5, closed_low=False, closed_high=True)
@@ -316,7 +316,7 @@ def _one_record_per_slot(
     if fallback.delta > 0.0:
         return fallback
     slots = per_slot_epsilons(epsilon0, p0, m)
-    epsilon, composed_delta = heterogeneous(slots, np.zeros(m), delta)  # 000, Lemma 3.3
+    epsilon, composed_delta = heterogeneous(slots, np.zeros(m), delta)  # Cheu et al. 2022, Lemma 3.3
     if epsilon >= epsilon0:
         return fallback
     return CheckinGuarantee(epsilon, composed_delta, theorem, "derived")

@@ -1,9 +1,9 @@
 """Composition theorems for (ε, δ)-DP: basic, advanced (Dwork–Rothblum–Vadhan) and the
-heterogeneous advanced composition of 000, Lemma 3.3.
+heterogeneous advanced composition of Cheu et al. 2022, Lemma 3.3.
 
 Each function takes the per-mechanism guarantees and returns ``(epsilon, delta)`` of the joint
 release of all of them (adaptive composition for :func:`basic` and :func:`advanced`; for
-:func:`heterogeneous` as 000 states it: mechanisms with independent randomness). A total δ above 1
+:func:`heterogeneous` as Cheu et al. 2022 states it: mechanisms with independent randomness). A total δ above 1
 is reported as 1 (every mechanism is (ε, 1)-DP). Sums use ``math.fsum`` (correctly rounded), so
 adding a mechanism can never lower a reported value through rounding.
 """
@@ -67,7 +67,7 @@ def advanced(epsilon: float, delta: float, count: int, delta_slack: float) -> tu
     This is the form of Dwork & Roth (2014), Thm 3.20 (DRV 2010, Thm III.3), not the optimal
     composition of Kairouz, Oh & Viswanath (2015). It can exceed basic composition's kε for large
     ε; callers wanting the better of the two may take the minimum (both hold at δ ≥ kδ). With all
-    εⱼ = ε it coincides with :func:`heterogeneous` (000, Lemma 3.3) at γ = δ′.
+    εⱼ = ε it coincides with :func:`heterogeneous` (Cheu et al. 2022, Lemma 3.3) at γ = δ′.
 
     References
     ----------
@@ -87,7 +87,7 @@ def advanced(epsilon: float, delta: float, count: int, delta_slack: float) -> tu
 def heterogeneous(
     epsilons: Sequence[float], deltas: Sequence[float], gamma: float
 ) -> tuple[float, float]:
-    """Advanced composition with different εⱼ per mechanism (000, Lemma 3.3).
+    """Advanced composition with different εⱼ per mechanism (Cheu et al. 2022, Lemma 3.3).
 
     Parameters
     ----------
@@ -104,21 +104,21 @@ def heterogeneous(
 
     Notes
     -----
-    The seed's extraction garbles the square root (000 Lemma 3.3 prints "+2 log(1/γ) X εj", the
+    The paper's extracted text garbles the square root (Cheu et al. 2022 Lemma 3.3 prints "+2 log(1/γ) X εj", the
     restatement Lemma A.3 "2t log(1/γ) X εj"); the form above is the one its proof (Azuma on the
     privacy loss, App. A.2) yields, and it reduces to Dwork–Rothblum–Vadhan when all εⱼ are equal.
-    Because 000 proves it for a fixed pair of neighbouring datasets, the εⱼ may be per-instance
-    divergences (as 000 Thm 3.2 uses them). The tests check it against the exact privacy profile
+    Because Cheu et al. 2022 proves it for a fixed pair of neighbouring datasets, the εⱼ may be per-instance
+    divergences (as Cheu et al. 2022 Thm 3.2 uses them). The tests check it against the exact privacy profile
     of composed randomized response, the worst case for pure-DP components.
 
     References
     ----------
-    000 (Cheu, Joseph, Mao, Peng), Lemma 3.3 / Lemma A.3. formulas.md, 000 Lemma 3.3 [seed].
+    Cheu, Joseph, Mao & Peng (2022), Lemma 3.3 / Lemma A.3.
     """
     owner = "heterogeneous"
     eps, dels = _guarantees(owner, epsilons, deltas)
     log_inverse_gamma = math.log(1.0 / open_unit(owner, "gamma", gamma))
-    # 000, Lemma 3.3.
+    # Cheu et al. 2022, Lemma 3.3.
     composed = math.fsum(eps * np.expm1(eps)) + math.sqrt(2.0 * log_inverse_gamma * math.fsum(eps**2))
     return composed, min(1.0, math.fsum(dels) + gamma)
 

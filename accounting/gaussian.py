@@ -2,9 +2,9 @@
 
 Four views of one mechanism:
 
-* the exact privacy profile δ(ε) (Balle & Wang 2018; the same function as θ_γ in 003, Thm 1) and
+* the exact privacy profile δ(ε) (Balle & Wang 2018; the same function as θ_γ in Sordello et al. 2021, Thm 1) and
   its two inverses, σ(ε, δ) and ε(σ, δ);
-* the classic calibration of 000, Lemma C.5 (valid for ε < 1 only, and never smaller than the
+* the classic calibration of Cheu et al. 2022, Lemma C.5 (valid for ε < 1 only, and never smaller than the
   exact σ);
 * the Rényi-DP curve α Δ²/(2σ²), for composition in :mod:`accounting.rdp`.
 
@@ -116,14 +116,14 @@ def analytic_delta(epsilon: float, sigma: float, sensitivity: float = 1.0) -> fl
     Notes
     -----
     This is the hockey-stick divergence between N(0, σ²) and N(Δ, σ²), tight in both directions.
-    With γ = e^ε and r = Δ/σ it is θ_γ(r) = Q(log γ/r − r/2) − γ Q(log γ/r + r/2) of 003, Thm 1
+    With γ = e^ε and r = Δ/σ it is θ_γ(r) = Q(log γ/r − r/2) − γ Q(log γ/r + r/2) of Sordello et al. 2021, Thm 1
     (Q = 1 − Φ). Computed in log space without cancellation (see ``_log_delta``): relative accuracy
     about 1e-13 for every r; results below the smallest positive double underflow to 0.
 
     References
     ----------
     Balle & Wang (2018), "Improving the Gaussian mechanism for differential privacy", Thm 8.
-    003 (Sordello, Bu, Dong, Su), Thm 1 (θ_γ).
+    Sordello et al. 2021 (Sordello, Bu, Dong, Su), Thm 1 (θ_γ).
     """
     owner = "analytic_delta"
     epsilon = _epsilon(owner, epsilon, allow_inf=True)
@@ -161,7 +161,7 @@ def analytic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
     References
     ----------
     Balle & Wang (2018), Thm 8 and Alg. 1 (analytic Gaussian mechanism).
-    003, Thm 1 (θ_γ with γ = e^ε).
+    Sordello et al. 2021, Thm 1 (θ_γ with γ = e^ε).
     """
     owner = "analytic_sigma"
     epsilon = _epsilon(owner, epsilon, allow_inf=False)
@@ -198,7 +198,7 @@ def analytic_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> fl
 
     References
     ----------
-    Balle & Wang (2018), Thm 8. 003, Thm 1. The dp-accounting function
+    Balle & Wang (2018), Thm 8. Sordello et al. 2021, Thm 1. The dp-accounting function
     ``gaussian_mechanism.get_epsilon_gaussian`` computes the same quantity (test oracle).
     """
     owner = "analytic_epsilon"
@@ -220,7 +220,7 @@ def analytic_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> fl
 
 
 def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
-    """Classic Gaussian-mechanism calibration σ = Δ √(2 log(2/δ)) / ε of 000, Lemma C.5.
+    """Classic Gaussian-mechanism calibration σ = Δ √(2 log(2/δ)) / ε of Cheu et al. 2022, Lemma C.5.
 
     Parameters
     ----------
@@ -238,12 +238,12 @@ def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> flo
 
     Notes
     -----
-    Dwork & Roth's Thm A.1 states c² > 2 ln(1.25/δ); 000 uses the looser log(2/δ). Either is at
+    Dwork & Roth's Thm A.1 states c² > 2 ln(1.25/δ); Cheu et al. 2022 uses the looser log(2/δ). Either is at
     least :func:`analytic_sigma` (the exact minimum), which the tests check.
 
     References
     ----------
-    000 (Cheu, Joseph, Mao, Peng), Lemma C.5, used for the batch noise ζ of Alg. 6.
+    Cheu, Joseph, Mao & Peng (2022), Lemma C.5, used for the batch noise ζ of Alg. 6.
     """
     owner = "classic_sigma"
     epsilon = _real_in_open_unit_epsilon(owner, epsilon)
@@ -273,7 +273,7 @@ def rdp(
 
     References
     ----------
-    Mironov (2017), "Rényi differential privacy", Prop. 7. 004, Sec. 2 (Gaussian mechanism, used
+    Mironov (2017), "Rényi differential privacy", Prop. 7. Liew & Takahashi 2022, Sec. 2 (Gaussian mechanism, used
     as the unshuffled baseline of Table 1).
     """
     owner = "gaussian.rdp"
@@ -296,7 +296,7 @@ def _real_in_open_unit_epsilon(owner: str, epsilon: object) -> float:
     """ε in (0, 1), with the message naming ε rather than a probability."""
     value = positive(owner, "epsilon", epsilon)
     if value >= 1.0:
-        raise InvalidParameterError(owner, "epsilon", "a float in (0, 1) (000, Lemma C.5)", epsilon)
+        raise InvalidParameterError(owner, "epsilon", "a float in (0, 1) (Cheu et al. 2022, Lemma C.5)", epsilon)
     return value
 
 

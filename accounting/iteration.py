@@ -1,10 +1,10 @@
-"""Privacy amplification by iteration for projected noisy SGD (PNSGD), after 003.
+"""Privacy amplification by iteration for projected noisy SGD (PNSGD), after Sordello et al. 2021.
 
 PNSGD runs w_{t+1} = Π_K(w_t − η(∇ℓ(w_t, x_{t+1}) + Z_{t+1})) over a convex set K of diameter D
 (for Laplace noise: K = [a, b], D = b − a), with ℓ(·, x) L-Lipschitz, ρ-strongly convex and
 β-smooth, and only the final iterate released. A record seen at step i is hidden first by its own
 noisy step (factor A_i) and then by every later step t, whose kernel contracts the hockey-stick
-divergence E_{e^ε} by at most B_t (003, Thm 1, from Asoodeh et al. 2020, Thms 3–4):
+divergence E_{e^ε} by at most B_t (Sordello et al. 2021, Thm 1, from Asoodeh et al. 2020, Thms 3–4):
 
 * Gaussian noise N(0, σ_t² I):  A_i = θ_{e^ε}(2L/σ_i),  B_t = θ_{e^ε}(M D/(η σ_t));
 * Laplace noise  L(0, v_t) (d = 1):  A_i = θ^L_ε(2L/v_i),  B_t = θ^L_ε(M D/(η v_t)),
@@ -12,20 +12,20 @@ divergence E_{e^ε} by at most B_t (003, Thm 1, from Asoodeh et al. 2020, Thms 3
 where θ_γ(r) = Q(log γ/r − r/2) − γ Q(log γ/r + r/2) is the exact δ(ε) of a Gaussian shift by r
 standard deviations, θ^L_ε(r) = (1 − e^{(ε − r)/2})_+ is the exact δ(ε) of a Laplace shift by r
 scales, and M is :func:`contraction`. The record is then (ε, A_i ∏_{t=i+1}^{s} B_t)-DP, where s
-is the step whose iterate is released (003, Sec. 5).
+is the step whose iterate is released (Sordello et al. 2021, Sec. 5).
 
 Everything else in this module follows from that product:
 
-* shuffled PNSGD with a fixed noise level averages it over the n positions (003, Thm 2);
-* the fixed noise levels of 003, Thms 4–5 make δ(n) converge to δ*_L, δ*_G;
-* the decaying noise levels of 003, Thms 6–7 make δ for the record at position i converge, as the
-  stream grows, to the limits δ^{*,o} (numerical integrals, with the lower bound of 003, App. E);
+* shuffled PNSGD with a fixed noise level averages it over the n positions (Sordello et al. 2021, Thm 2);
+* the fixed noise levels of Sordello et al. 2021, Thms 4–5 make δ(n) converge to δ*_L, δ*_G;
+* the decaying noise levels of Sordello et al. 2021, Thms 6–7 make δ for the record at position i converge, as the
+  stream grows, to the limits δ^{*,o} (numerical integrals, with the lower bound of Sordello et al. 2021, App. E);
 * :func:`record_log_deltas` / :func:`worst_released_delta` evaluate the product for every record
   of a stream whose iterates are released at given steps (snapshots), in O(n);
 * :func:`shuffled_pnsgd_sigma` calibrates σ to a target δ at the actual n (Thm 5's σ(n) only
   reaches δ*_G in the limit).
 
-Deviations from 003, each explained where it is implemented: M is only valid for η ≤ 2/(β + ρ)
+Deviations from Sordello et al. 2021, each explained where it is implemented: M is only valid for η ≤ 2/(β + ρ)
 (:func:`contraction`); δ*_L, δ*_G and δ^{*,o} are limits, not finite-n bounds, and δ^{*,o} is a
 per-position limit (:func:`fixed_sigma`, :func:`gaussian_online_delta_star`).
 
@@ -34,10 +34,10 @@ Numerics: θ and 1 − θ are both evaluated in log space (1 − θ without canc
 
 References
 ----------
-003: Sordello, Bu, Dong, Su, "Privacy amplification via iteration for shuffled and online PNSGD"
-(``shared/seeds/003_*.txt``), Thms 1, 2, 4–7, Lemma 8, App. B–F.
+Sordello, Bu, Dong & Su (2021), "Privacy amplification via iteration for shuffled and online PNSGD"
+(docs/references.md), Thms 1, 2, 4–7, Lemma 8, App. B–F.
 Asoodeh, Diaz, Calmon (2020), "Privacy amplification of iterative algorithms via contraction
-coefficients", Thms 3–4 (cited by 003 as the source of Thm 1).
+coefficients", Thms 3–4 (cited by Sordello et al. 2021 as the source of Thm 1).
 """
 
 from __future__ import annotations
@@ -109,15 +109,15 @@ class WorstRecord:
 
 @dataclass(frozen=True)
 class OnlineLimit:
-    """Limit n → ∞ of δ for the record at one position under the online schedules (003, Thms 6–7).
+    """Limit n → ∞ of δ for the record at one position under the online schedules (Sordello et al. 2021, Thms 6–7).
 
     Attributes
     ----------
     delta_star : float
-        δ^{*,o} exactly as 003 states it: A_i · exp(∫_{i+1}^∞ log B(x) dx). Because log B(x) is
+        δ^{*,o} exactly as Sordello et al. 2021 states it: A_i · exp(∫_{i+1}^∞ log B(x) dx). Because log B(x) is
         increasing in x this is an upper bound on the true limit A_i ∏_{t>i} B_t.
     lower_bound : float
-        A_i · exp(∫_i^∞ log B(x) dx), the lower bound on the true limit of 003, App. E. The true
+        A_i · exp(∫_i^∞ log B(x) dx), the lower bound on the true limit of Sordello et al. 2021, App. E. The true
         limit lies in [lower_bound, delta_star].
     log_delta_star, log_lower_bound : float
         Their natural logarithms (−inf for 0), meaningful also where the values underflow.
@@ -185,7 +185,7 @@ def _laplace_log_theta(
     θ^L_ε(r) is the exact hockey-stick divergence E_{e^ε}(Lap(r, 1) ‖ Lap(0, 1)): the privacy loss
     is (|x| − |x − r|) ∈ [−r, r], it exceeds ε on x > (r + ε)/2, and integrating the two Laplace
     densities there gives 1 − ½e^{(ε−r)/2} − ½e^{ε}e^{−(r+ε)/2} = 1 − e^{(ε−r)/2} (for ε < r; 0
-    otherwise). This is A and B of 003, Eq. (4) with r = 2L/v and r = M(b − a)/(η v).
+    otherwise). This is A and B of Sordello et al. 2021, Eq. (4) with r = 2L/v and r = M(b − a)/(η v).
     """
     r = np.asarray(r, dtype=np.float64)
     log_comp = np.minimum((epsilon - r) / 2.0, 0.0)
@@ -200,7 +200,7 @@ _LOG_THETA = {"gaussian": _gaussian_log_theta, "laplace": _laplace_log_theta}
 
 
 def theta(gamma: float, r: float) -> float:
-    """θ_γ(r) of 003, Thm 1: the exact δ at ε = log γ of a Gaussian shifted by r std deviations.
+    """θ_γ(r) of Sordello et al. 2021, Thm 1: the exact δ at ε = log γ of a Gaussian shifted by r std deviations.
 
     Parameters
     ----------
@@ -222,7 +222,7 @@ def theta(gamma: float, r: float) -> float:
 
     References
     ----------
-    003, Thm 1 (definition of θ_γ; Asoodeh et al. 2020, Thm 3).
+    Sordello et al. 2021, Thm 1 (definition of θ_γ; Asoodeh et al. 2020, Thm 3).
     """
     owner = "theta"
     gamma = _finite_at_least(owner, "gamma", gamma, 1.0)
@@ -237,7 +237,7 @@ def theta(gamma: float, r: float) -> float:
 
 
 def contraction(eta: float, beta: float, rho: float) -> float:
-    """Lipschitz constant M of the gradient step w ↦ w − η∇ℓ(w) (003, Thm 1).
+    """Lipschitz constant M of the gradient step w ↦ w − η∇ℓ(w) (Sordello et al. 2021, Thm 1).
 
     Parameters
     ----------
@@ -251,7 +251,7 @@ def contraction(eta: float, beta: float, rho: float) -> float:
     Returns
     -------
     float
-        M = (1 − 2ηβρ/(β + ρ))^{1/2} for η ≤ 2/(β + ρ) (003, Thm 1), and M = ηβ − 1 for
+        M = (1 − 2ηβρ/(β + ρ))^{1/2} for η ≤ 2/(β + ρ) (Sordello et al. 2021, Thm 1), and M = ηβ − 1 for
         2/(β + ρ) < η ≤ 2/β. M = 1 when ρ = 0.
 
     Raises
@@ -261,7 +261,7 @@ def contraction(eta: float, beta: float, rho: float) -> float:
 
     Notes
     -----
-    003 states M = (1 − 2ηβρ/(β + ρ))^{1/2} without a condition on η. That formula is only valid
+    Sordello et al. 2021 states M = (1 − 2ηβρ/(β + ρ))^{1/2} without a condition on η. That formula is only valid
     for η ≤ 2/(β + ρ), which coincides with the η ≤ 2/β of Feldman et al. (2018, Prop. 18) only
     when ρ = 0. Derivation (ρ < β; for ρ = β, ∇g below is constant and the step is
     w ↦ (1 − ηβ)w + const): g = ℓ − (ρ/2)‖w‖² is convex and (β − ρ)-smooth, so
@@ -271,15 +271,15 @@ def contraction(eta: float, beta: float, rho: float) -> float:
 
     whose Lipschitz constant is at most |1 − η(β + ρ)/2| + η(β − ρ)/2 = max(1 − ηρ, ηβ − 1).
     For η ≤ 2/(β + ρ) this is 1 − ηρ ≤ (1 − 2ηβρ/(β + ρ))^{1/2} (the squares differ by
-    ηρ²(η − 2/(β + ρ)) ≤ 0), so 003's M is valid there. For η > 2/(β + ρ) it is ηβ − 1, and
-    003's M is then too small: for ℓ(w) = (β/2)w² (ρ may be any value ≤ β) the step is
-    w ↦ (1 − ηβ)w, e.g. β = 1, ρ = 0.2, η = 1.9 gives a factor 0.9 but 003's M = 0.606; with
+    ηρ²(η − 2/(β + ρ)) ≤ 0), so Sordello et al.'s M is valid there. For η > 2/(β + ρ) it is ηβ − 1, and
+    Sordello et al.'s M is then too small: for ℓ(w) = (β/2)w² (ρ may be any value ≤ β) the step is
+    w ↦ (1 − ηβ)w, e.g. β = 1, ρ = 0.2, η = 1.9 gives a factor 0.9 but Sordello et al.'s M = 0.606; with
     ρ = β the radicand is even negative. We therefore return ηβ − 1 on (2/(β + ρ), 2/β]; the two
     branches agree at η = 2/(β + ρ), where both equal (β − ρ)/(β + ρ).
 
     References
     ----------
-    003, Thm 1 (M). Asoodeh et al. (2020), Thm 3. Feldman, Mironov, Talwar, Thakurta (2018),
+    Sordello et al. 2021, Thm 1 (M). Asoodeh et al. (2020), Thm 3. Feldman, Mironov, Talwar, Thakurta (2018),
     Prop. 18 (contractivity of gradient steps for η ≤ 2/β).
     """
     owner = "contraction"
@@ -290,10 +290,10 @@ def contraction(eta: float, beta: float, rho: float) -> float:
         raise InvalidParameterError(owner, "rho", f"a float in [0, beta] = [0, {beta}]", rho)
     if eta > 2.0 / beta:
         raise InvalidParameterError(
-            owner, "eta", f"a float in (0, 2/beta] = (0, {2.0 / beta}] (003, Thm 1)", eta
+            owner, "eta", f"a float in (0, 2/beta] = (0, {2.0 / beta}] (Sordello et al. 2021, Thm 1)", eta
         )
     if eta * (beta + rho) <= 2.0:
-        return math.sqrt(max(1.0 - 2.0 * eta * beta * rho / (beta + rho), 0.0))  # 003, Thm 1
+        return math.sqrt(max(1.0 - 2.0 * eta * beta * rho / (beta + rho), 0.0))  # Sordello et al. 2021, Thm 1
     return eta * beta - 1.0
 
 
@@ -314,7 +314,7 @@ class _Model:
     def log_factors(
         self, epsilon: float, scales: NDArray[np.float64], noise: Noise
     ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-        """(log A_t, log B_t, log(1 − B_t)) for noise levels ``scales`` (003, Eqs. (3)–(4))."""
+        """(log A_t, log B_t, log(1 − B_t)) for noise levels ``scales`` (Sordello et al. 2021, Eqs. (3)–(4))."""
         log_theta = _LOG_THETA[noise]
         log_a, _ = log_theta(epsilon, 2.0 * self.lipschitz / scales)
         log_b, log_one_minus_b = log_theta(
@@ -369,7 +369,7 @@ def record_log_deltas(
         Lipschitz constant of ℓ, learning rate, diameter D of K (for Laplace: b − a, d = 1),
         smoothness and strong convexity; see :func:`contraction` for the constraint on η.
     noise : {"gaussian", "laplace"}
-        Noise family; A and B follow 003, Eq. (3) or Eq. (4).
+        Noise family; A and B follow Sordello et al. 2021, Eq. (3) or Eq. (4).
 
     Returns
     -------
@@ -380,7 +380,7 @@ def record_log_deltas(
 
     Notes
     -----
-    003, Sec. 5 (δ = A_i ∏_{t=i+1}^n B_t with per-step noise) applied to the iterate w_{s(i)}:
+    Sordello et al. 2021, Sec. 5 (δ = A_i ∏_{t=i+1}^n B_t with per-step noise) applied to the iterate w_{s(i)}:
     Thm 1 only needs the intermediate iterates between i and s(i) hidden. Later releases are
     post-processing of w_{s(i)} together with records independent of x_i (the chain of kernels
     after s(i) does not see x_i), so they do not weaken δ_i. Earlier releases do not depend on
@@ -392,7 +392,7 @@ def record_log_deltas(
 
     References
     ----------
-    003, Thm 1 and Sec. 5; Asoodeh et al. (2020), Thm 3.
+    Sordello et al. 2021, Thm 1 and Sec. 5; Asoodeh et al. (2020), Thm 3.
     """
     return _record_log_deltas(
         "record_log_deltas", epsilon, scales, releases, L, eta, diameter, beta, rho, noise
@@ -438,7 +438,7 @@ def worst_released_delta(
 
     References
     ----------
-    003, Thm 1 and Sec. 5.
+    Sordello et al. 2021, Thm 1 and Sec. 5.
     """
     log_deltas = _record_log_deltas(
         "worst_released_delta", epsilon, scales, releases, L, eta, diameter, beta, rho, noise
@@ -457,7 +457,7 @@ def pnsgd_delta(
     beta: float,
     rho: float,
 ) -> float:
-    """δ for the record at ``position`` of PNSGD with Gaussian noise σ_t at step t (003, Sec. 5).
+    """δ for the record at ``position`` of PNSGD with Gaussian noise σ_t at step t (Sordello et al. 2021, Sec. 5).
 
     Parameters
     ----------
@@ -474,11 +474,11 @@ def pnsgd_delta(
     -------
     float
         δ = θ_{e^ε}(2L/σ_i) · ∏_{t=i+1}^n θ_{e^ε}(M D/(η σ_t)). With a constant σ this is
-        A · B^{n−i} of 003, Thm 1.
+        A · B^{n−i} of Sordello et al. 2021, Thm 1.
 
     References
     ----------
-    003, Thm 1 (Eq. (3)) and Sec. 5.
+    Sordello et al. 2021, Thm 1 (Eq. (3)) and Sec. 5.
     """
     return _single_record_delta("pnsgd_delta", epsilon, sigmas, position, L, eta, diameter,
                                 beta, rho, "gaussian", "sigmas", "diameter")
@@ -507,7 +507,7 @@ def pnsgd_laplace_delta(
     L, eta, beta, rho : float
         As in :func:`record_log_deltas`.
     width : float
-        b − a > 0 (003 proves the Laplace case for d = 1 only).
+        b − a > 0 (Sordello et al. 2021 proves the Laplace case for d = 1 only).
 
     Returns
     -------
@@ -516,7 +516,7 @@ def pnsgd_laplace_delta(
 
     References
     ----------
-    003, Thm 1 (Eq. (4)) and Sec. 5; Asoodeh et al. (2020), Thm 4.
+    Sordello et al. 2021, Thm 1 (Eq. (4)) and Sec. 5; Asoodeh et al. (2020), Thm 4.
     """
     return _single_record_delta("pnsgd_laplace_delta", epsilon, scales, position, L, eta, width,
                                 beta, rho, "laplace", "scales", "width")
@@ -541,7 +541,7 @@ def _single_record_delta(
 
 
 # ---------------------------------------------------------------------------------------------
-# Shuffled PNSGD with a fixed noise level (003, Thm 2)
+# Shuffled PNSGD with a fixed noise level (Sordello et al. 2021, Thm 2)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -549,7 +549,7 @@ def _shuffled_delta(
     owner: str, n: int, epsilon: float, scale: float, L: float, eta: float, diameter: float,
     beta: float, rho: float, noise: Noise, scale_name: str, diameter_name: str,
 ) -> float:
-    """A (1 − Bⁿ) / (n (1 − B)) of 003, Thm 2, with 1 − B and log B taken from log space."""
+    """A (1 − Bⁿ) / (n (1 − B)) of Sordello et al. 2021, Thm 2, with 1 − B and log B taken from log space."""
     n = positive_int(owner, "n", n)
     epsilon = nonnegative(owner, "epsilon", epsilon)
     scale = positive(owner, scale_name, scale)
@@ -574,7 +574,7 @@ def shuffled_pnsgd_delta(
     beta: float,
     rho: float,
 ) -> float:
-    """δ of one epoch of shuffled PNSGD with Gaussian noise N(0, σ² I) (003, Thm 2).
+    """δ of one epoch of shuffled PNSGD with Gaussian noise N(0, σ² I) (Sordello et al. 2021, Thm 2).
 
     Parameters
     ----------
@@ -595,12 +595,12 @@ def shuffled_pnsgd_delta(
     Notes
     -----
     A uniformly random permutation puts the differing record at each position j with probability
-    1/n, where Thm 1 gives A B^{n−j}; joint convexity of E_γ averages the bounds (003, App. A).
+    1/n, where Thm 1 gives A B^{n−j}; joint convexity of E_γ averages the bounds (Sordello et al. 2021, App. A).
     Only the final iterate of the epoch is released.
 
     References
     ----------
-    003, Thm 2 (Eq. (5)) with Eq. (3).
+    Sordello et al. 2021, Thm 2 (Eq. (5)) with Eq. (3).
     """
     return _shuffled_delta("shuffled_pnsgd_delta", n, epsilon, sigma, L, eta, diameter, beta,
                            rho, "gaussian", "sigma", "diameter")
@@ -616,7 +616,7 @@ def shuffled_pnsgd_laplace_delta(
     beta: float,
     rho: float,
 ) -> float:
-    """δ of one epoch of shuffled PNSGD on K = [a, b] with Laplace noise L(0, v) (003, Thm 2).
+    """δ of one epoch of shuffled PNSGD on K = [a, b] with Laplace noise L(0, v) (Sordello et al. 2021, Thm 2).
 
     Parameters
     ----------
@@ -639,7 +639,7 @@ def shuffled_pnsgd_laplace_delta(
 
     References
     ----------
-    003, Thm 2 (Eq. (5)) with Eq. (4).
+    Sordello et al. 2021, Thm 2 (Eq. (5)) with Eq. (4).
     """
     return _shuffled_delta("shuffled_pnsgd_laplace_delta", n, epsilon, scale, L, eta, width,
                            beta, rho, "laplace", "scale", "width")
@@ -655,7 +655,7 @@ def shuffled_pnsgd_sigma(
     beta: float,
     rho: float,
 ) -> float:
-    """Smallest Gaussian σ for which one epoch of shuffled PNSGD is (ε, δ)-DP by 003, Thm 2.
+    """Smallest Gaussian σ for which one epoch of shuffled PNSGD is (ε, δ)-DP by Sordello et al. 2021, Thm 2.
 
     Parameters
     ----------
@@ -678,7 +678,7 @@ def shuffled_pnsgd_sigma(
 
     References
     ----------
-    003, Thm 2.
+    Sordello et al. 2021, Thm 2.
     """
     owner = "shuffled_pnsgd_sigma"
     delta = _open_unit(owner, "delta", delta)
@@ -703,7 +703,7 @@ def shuffled_pnsgd_sigma(
 
 
 # ---------------------------------------------------------------------------------------------
-# Noise schedules (003, Thms 4–7) and their limits
+# Noise schedules (Sordello et al. 2021, Thms 4–7) and their limits
 # ---------------------------------------------------------------------------------------------
 
 
@@ -728,7 +728,7 @@ def _lambertw_of_exp(log_x: NDArray[np.float64]) -> NDArray[np.float64]:
 def _log_lambert_argument(
     log_numerator: NDArray[np.float64], C1: float, C2: float
 ) -> NDArray[np.float64]:
-    """log(N/(2π C1²) + C2) for N = e^{log_numerator}: the argument of W in 003, Eq. (7)/Thm 7."""
+    """log(N/(2π C1²) + C2) for N = e^{log_numerator}: the argument of W in Sordello et al. 2021, Eq. (7)/Thm 7."""
     with np.errstate(divide="ignore"):
         log_c2 = math.log(C2) if C2 > 0.0 else -math.inf
     return np.logaddexp(log_numerator - math.log(2.0 * math.pi * C1 * C1), log_c2)
@@ -737,7 +737,7 @@ def _log_lambert_argument(
 def _schedule_model(
     owner: str, eta: float, diameter: float, beta: float, rho: float, diameter_name: str
 ) -> float:
-    """M D / η (validated, M > 0): the numerator shared by 003's σ(n), v(n), σ_j, v_j."""
+    """M D / η (validated, M > 0): the numerator shared by Sordello et al.'s σ(n), v(n), σ_j, v_j."""
     eta = positive(owner, "eta", eta)
     diameter = positive(owner, diameter_name, diameter)
     m = _contraction_for(owner, eta, beta, rho)
@@ -752,7 +752,7 @@ def _schedule_model(
 def fixed_sigma(
     n: int, eta: float, diameter: float, C1: float, C2: float, beta: float, rho: float
 ) -> float:
-    """Gaussian noise level σ(n) of 003, Thm 5 for shuffled PNSGD over n records.
+    """Gaussian noise level σ(n) of Sordello et al. 2021, Thm 5 for shuffled PNSGD over n records.
 
     Parameters
     ----------
@@ -772,14 +772,14 @@ def fixed_sigma(
 
     Notes
     -----
-    With this σ, B = θ_{e^ε}(2√W(x)) = 1 − 2C1e^{ε/2}/n + O(1/(n log n)) (003, Eq. (11)) and
+    With this σ, B = θ_{e^ε}(2√W(x)) = 1 − 2C1e^{ε/2}/n + O(1/(n log n)) (Sordello et al. 2021, Eq. (11)) and
     δ(n) = δ*_G + O(1/log n). The limit is not a bound at finite n: compute the guarantee with
-    :func:`shuffled_pnsgd_delta` at the σ used (for 003, App. G's parameters δ(n) > δ*_G), or
+    :func:`shuffled_pnsgd_delta` at the σ used (for Sordello et al. 2021, App. G's parameters δ(n) > δ*_G), or
     calibrate with :func:`shuffled_pnsgd_sigma`.
 
     References
     ----------
-    003, Thm 5 (Eq. (7)) and App. D.
+    Sordello et al. 2021, Thm 5 (Eq. (7)) and App. D.
     """
     owner = "fixed_sigma"
     n = positive_int(owner, "n", n)
@@ -793,7 +793,7 @@ def fixed_sigma(
 def fixed_laplace_scale(
     n: int, eta: float, width: float, C1: float, C2: float, beta: float, rho: float
 ) -> float:
-    """Laplace scale v(n) of 003, Thm 4 for shuffled PNSGD over n records on K = [a, b].
+    """Laplace scale v(n) of Sordello et al. 2021, Thm 4 for shuffled PNSGD over n records on K = [a, b].
 
     Parameters
     ----------
@@ -813,12 +813,12 @@ def fixed_laplace_scale(
 
     Notes
     -----
-    Then B = 1 − C1 e^{ε/2}/(n + C1C2) and δ(n) = δ*_L + O(1/n) (003, App. B); as for
+    Then B = 1 − C1 e^{ε/2}/(n + C1C2) and δ(n) = δ*_L + O(1/n) (Sordello et al. 2021, App. B); as for
     :func:`fixed_sigma`, report :func:`shuffled_pnsgd_laplace_delta` at the actual n.
 
     References
     ----------
-    003, Thm 4 (Eq. (6)) and App. B.
+    Sordello et al. 2021, Thm 4 (Eq. (6)) and App. B.
     """
     owner = "fixed_laplace_scale"
     n = positive_int(owner, "n", n)
@@ -830,7 +830,7 @@ def fixed_laplace_scale(
 
 
 def gaussian_delta_star(epsilon: float, C1: float) -> float:
-    """Limit δ*_G = (1 − e^{−2C1e^{ε/2}}) / (2C1 e^{ε/2}) of shuffled PNSGD under 003, Thm 5.
+    """Limit δ*_G = (1 − e^{−2C1e^{ε/2}}) / (2C1 e^{ε/2}) of shuffled PNSGD under Sordello et al. 2021, Thm 5.
 
     Parameters
     ----------
@@ -846,7 +846,7 @@ def gaussian_delta_star(epsilon: float, C1: float) -> float:
 
     References
     ----------
-    003, Thm 5 (Eq. (7)).
+    Sordello et al. 2021, Thm 5 (Eq. (7)).
     """
     owner = "gaussian_delta_star"
     epsilon = nonnegative(owner, "epsilon", epsilon)
@@ -854,7 +854,7 @@ def gaussian_delta_star(epsilon: float, C1: float) -> float:
 
 
 def laplace_delta_star(epsilon: float, C1: float) -> float:
-    """Limit δ*_L = (1 − e^{−C1e^{ε/2}}) / (C1 e^{ε/2}) of shuffled PNSGD under 003, Thm 4.
+    """Limit δ*_L = (1 − e^{−C1e^{ε/2}}) / (C1 e^{ε/2}) of shuffled PNSGD under Sordello et al. 2021, Thm 4.
 
     Parameters
     ----------
@@ -870,7 +870,7 @@ def laplace_delta_star(epsilon: float, C1: float) -> float:
 
     References
     ----------
-    003, Thm 4 (Eq. (6)).
+    Sordello et al. 2021, Thm 4 (Eq. (6)).
     """
     owner = "laplace_delta_star"
     epsilon = nonnegative(owner, "epsilon", epsilon)
@@ -892,7 +892,7 @@ def online_sigma(
     beta: float,
     rho: float,
 ) -> float | NDArray[np.float64]:
-    """Decaying Gaussian noise σ_j of 003, Thm 7 for step j of online PNSGD.
+    """Decaying Gaussian noise σ_j of Sordello et al. 2021, Thm 7 for step j of online PNSGD.
 
     Parameters
     ----------
@@ -915,11 +915,11 @@ def online_sigma(
     Notes
     -----
     Then B_j = θ_{e^ε}(2√W(j^{2α}/(2πC1²) + C2)) = 1 − 2C1e^{ε/2}/j^α + O(1/(j^α log j))
-    (003, App. F), so ∏_j B_j converges to a positive limit exactly when α > 1.
+    (Sordello et al. 2021, App. F), so ∏_j B_j converges to a positive limit exactly when α > 1.
 
     References
     ----------
-    003, Thm 7 and App. F.
+    Sordello et al. 2021, Thm 7 and App. F.
     """
     owner = "online_sigma"
     steps, scalar = _steps(owner, j)
@@ -942,7 +942,7 @@ def online_laplace_scale(
     beta: float,
     rho: float,
 ) -> float | NDArray[np.float64]:
-    """Decaying Laplace scale v_j of 003, Thm 6 for step j of online PNSGD on K = [a, b].
+    """Decaying Laplace scale v_j of Sordello et al. 2021, Thm 6 for step j of online PNSGD on K = [a, b].
 
     Parameters
     ----------
@@ -964,7 +964,7 @@ def online_laplace_scale(
 
     References
     ----------
-    003, Thm 6.
+    Sordello et al. 2021, Thm 6.
     """
     owner = "online_laplace_scale"
     steps, scalar = _steps(owner, j)
@@ -991,7 +991,7 @@ def gaussian_online_delta_star(
     beta: float,
     rho: float,
 ) -> OnlineLimit:
-    """δ^{*,o}_G of 003, Thm 7: the n → ∞ limit of δ for the record at ``position``.
+    """δ^{*,o}_G of Sordello et al. 2021, Thm 7: the n → ∞ limit of δ for the record at ``position``.
 
     Parameters
     ----------
@@ -1008,7 +1008,7 @@ def gaussian_online_delta_star(
     -------
     OnlineLimit
         ``delta_star`` = θ_{e^ε}(2L/σ_i) · exp(∫_{i+1}^∞ log θ_{e^ε}(2√W(x^{2α}/(2πC1²) + C2)) dx)
-        exactly as in 003, Thm 7, and ``lower_bound``, the same with ∫_i^∞ (003, App. E–F).
+        exactly as in Sordello et al. 2021, Thm 7, and ``lower_bound``, the same with ∫_i^∞ (Sordello et al. 2021, App. E–F).
 
     Notes
     -----
@@ -1022,7 +1022,7 @@ def gaussian_online_delta_star(
 
     References
     ----------
-    003, Thm 7 and App. F (App. E for the lower bound).
+    Sordello et al. 2021, Thm 7 and App. F (App. E for the lower bound).
     """
     owner = "gaussian_online_delta_star"
     epsilon = nonnegative(owner, "epsilon", epsilon)
@@ -1033,7 +1033,7 @@ def gaussian_online_delta_star(
     exponent, c1, c2 = 2.0 * float(alpha), float(C1), float(C2)
 
     def log_one_minus_b(log_t: NDArray[np.float64]) -> NDArray[np.float64]:
-        # B(x) = θ_{e^ε}(M D/(η σ(x))) = θ_{e^ε}(2√W(x^{2α}/(2πC1²) + C2)) (003, App. F).
+        # B(x) = θ_{e^ε}(M D/(η σ(x))) = θ_{e^ε}(2√W(x^{2α}/(2πC1²) + C2)) (Sordello et al. 2021, App. F).
         r = 2.0 * np.sqrt(_lambertw_of_exp(_log_lambert_argument(exponent * log_t, c1, c2)))
         return _gaussian_log_theta(epsilon, r)[1]
 
@@ -1052,7 +1052,7 @@ def laplace_online_delta_star(
     beta: float,
     rho: float,
 ) -> OnlineLimit:
-    """δ^{*,o}_L of 003, Thm 6: the n → ∞ limit of δ for the record at ``position``.
+    """δ^{*,o}_L of Sordello et al. 2021, Thm 6: the n → ∞ limit of δ for the record at ``position``.
 
     Parameters
     ----------
@@ -1070,8 +1070,8 @@ def laplace_online_delta_star(
     -------
     OnlineLimit
         ``delta_star`` = (1 − e^{ε/2 − 2Lη log(i^α/C1 + C2)/(M(b−a))})_+ ·
-        exp(∫_{i+1}^∞ log(1 − C1e^{ε/2}/(x^α + C1C2)) dx) as in 003, Thm 6, and ``lower_bound``
-        with ∫_i^∞ (003, App. E). If 1 − C1e^{ε/2}/(x^α + C1C2) ≤ 0 somewhere on the range the
+        exp(∫_{i+1}^∞ log(1 − C1e^{ε/2}/(x^α + C1C2)) dx) as in Sordello et al. 2021, Thm 6, and ``lower_bound``
+        with ∫_i^∞ (Sordello et al. 2021, App. E). If 1 − C1e^{ε/2}/(x^α + C1C2) ≤ 0 somewhere on the range the
         integral is −∞ and the bound is 0 (then some B_t = 0 exactly).
 
     Notes
@@ -1080,7 +1080,7 @@ def laplace_online_delta_star(
 
     References
     ----------
-    003, Thm 6 and App. E.
+    Sordello et al. 2021, Thm 6 and App. E.
     """
     owner = "laplace_online_delta_star"
     epsilon = nonnegative(owner, "epsilon", epsilon)
@@ -1093,7 +1093,7 @@ def laplace_online_delta_star(
     exponent, log_c1, log_c2 = float(alpha), math.log(C1), math.log(C2)
 
     def log_one_minus_b(log_t: NDArray[np.float64]) -> NDArray[np.float64]:
-        # 1 − B(x) = e^{ε/2}/(x^α/C1 + C2), capped at 1 where B = 0 (003, App. E).
+        # 1 − B(x) = e^{ε/2}/(x^α/C1 + C2), capped at 1 where B = 0 (Sordello et al. 2021, App. E).
         log_argument = np.logaddexp(exponent * log_t - log_c1, log_c2)
         return np.minimum(epsilon / 2.0 - log_argument, 0.0)
 
@@ -1173,7 +1173,7 @@ def _open_unit(owner: str, name: str, value: object) -> float:
 
 
 def _positive_log(owner: str, argument: float, c2: float, constraint: str) -> float:
-    """log(argument), raising on C2 when argument ≤ 1 (003's Laplace schedules need log > 0)."""
+    """log(argument), raising on C2 when argument ≤ 1 (Sordello et al.'s Laplace schedules need log > 0)."""
     if argument <= 1.0:
         raise InvalidParameterError(owner, "C2", f"such that {constraint}", c2)
     return math.log(argument)

@@ -4,7 +4,7 @@ Two types:
 
 - :class:`PrivacyReport` (frozen): the guarantee of one learner, or of the whole service, for
   released outputs and, separately, the pan-private guarantee (one intrusion into the internal
-  state at any single time, plus all outputs; 000, Def. C.2), with its unit, the number of records,
+  state at any single time, plus all outputs; Cheu et al. 2022, Def. C.2), with its unit, the number of records,
   and the assumptions behind the numbers.
 - :class:`PrivacyLedger`: which mechanism *instance* (one learner object, identified by a string)
   touched which records, where a record is identified by a source key and an integer position
@@ -141,7 +141,7 @@ class PrivacyReport:
         state), against an analyzer that sees all outputs.
     intrusion
         Pan-private guarantee, per record: one intrusion that reads the whole internal state once,
-        at any time, plus all outputs (000, Def. C.2). ``Guarantee.none()`` where the process holds
+        at any time, plus all outputs (Cheu et al. 2022, Def. C.2). ``Guarantee.none()`` where the process holds
         state that an intruder could read records from.
     unit
         ``"record"``; the user-level guarantees below apply when ``max_records_per_user`` is set.
@@ -151,7 +151,7 @@ class PrivacyReport:
         Everything the numbers rest on (neighbouring relation, public quantities, unproven
         assumptions of a cited theorem, trusted components).
     references
-        Seed theorems the numbers come from, e.g. ``"000, Thm C.3"``.
+        Seed theorems the numbers come from, e.g. ``"Cheu et al. 2022, Thm C.3"``.
     """
 
     mechanism: str

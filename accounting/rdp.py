@@ -3,10 +3,10 @@
 A mechanism is (α, ε(α))-RDP when the Rényi divergence of order α between its output
 distributions on any two neighbouring datasets is at most ε(α). An :class:`RdpCurve` holds that
 bound on a finite grid of orders. Composition (adaptive or not) adds curves order by order
-(004, Lemma 1); a mechanism run ``count`` times contributes ``count · ε(α)``. Both happen in
+(Liew & Takahashi 2022, Lemma 1); a mechanism run ``count`` times contributes ``count · ε(α)``. Both happen in
 :func:`compose` and nowhere else, so a repetition count cannot be applied twice or forgotten.
 
-The conversion to (ε, δ)-DP is 004, Lemma 2 (Canonne, Kamath & Steinke 2020, Prop. 12; Balle et
+The conversion to (ε, δ)-DP is Liew & Takahashi 2022, Lemma 2 (Canonne, Kamath & Steinke 2020, Prop. 12; Balle et
 al. 2020, Thm 21), the same improved conversion dp-accounting 0.6.0 uses in
 ``rdp_privacy_accountant.compute_epsilon`` (there with two extras this module omits: orders at or
 below 1.01 are skipped, and a KL/total-variation shortcut returns ε = 0 when
@@ -41,7 +41,7 @@ class RdpCurve:
 
     References
     ----------
-    Mironov (2017), Def. 4. 004, Def. 3 and Lemma 1 (composition).
+    Mironov (2017), Def. 4. Liew & Takahashi 2022, Def. 3 and Lemma 1 (composition).
     """
 
     orders: tuple[float, ...]
@@ -106,7 +106,7 @@ def compose(parts: Iterable[tuple[RdpCurve, int]]) -> RdpCurve:
 
     References
     ----------
-    004, Lemma 1 (adaptive RDP composition; Mironov 2017, Prop. 1).
+    Liew & Takahashi 2022, Lemma 1 (adaptive RDP composition; Mironov 2017, Prop. 1).
     """
     owner = "compose"
     items = list(parts)
@@ -154,14 +154,14 @@ def rdp_to_dp(
 
     References
     ----------
-    004, Lemma 2, Eq. (3). Canonne, Kamath & Steinke (2020), Prop. 12; Balle et al. (2020),
+    Liew & Takahashi 2022, Lemma 2, Eq. (3). Canonne, Kamath & Steinke (2020), Prop. 12; Balle et al. (2020),
     Thm 21 (Eq. 20).
     """
     owner = "rdp_to_dp"
     alphas = float_array(owner, "orders", orders, low=1.0, closed_low=False)
     values = _rdp_values(owner, rdp_values, len(alphas))
     log_delta = math.log(open_unit(owner, "delta", delta))
-    # 004, Lemma 2, Eq. (3).
+    # Liew & Takahashi 2022, Lemma 2, Eq. (3).
     epsilons = values + np.log1p(-1.0 / alphas) - (log_delta + np.log(alphas)) / (alphas - 1.0)
     best = int(np.argmin(epsilons))
     return max(0.0, float(epsilons[best])), float(alphas[best])
@@ -190,18 +190,18 @@ def rdp_to_delta(
 
     Notes
     -----
-    The same inequality as :func:`rdp_to_dp` solved for δ: Eq. (3) of 004 reads
+    The same inequality as :func:`rdp_to_dp` solved for δ: Eq. (3) of Liew & Takahashi 2022 reads
     ε = ε(α) + log(1 − 1/α) − (log δ + log α)/(α − 1).
 
     References
     ----------
-    004, Lemma 2, Eq. (3). Canonne, Kamath & Steinke (2020), Prop. 12.
+    Liew & Takahashi 2022, Lemma 2, Eq. (3). Canonne, Kamath & Steinke (2020), Prop. 12.
     """
     owner = "rdp_to_delta"
     alphas = float_array(owner, "orders", orders, low=1.0, closed_low=False)
     values = _rdp_values(owner, rdp_values, len(alphas))
     epsilon = nonnegative(owner, "epsilon", epsilon)
-    # 004, Lemma 2, Eq. (3) solved for log δ.
+    # Liew & Takahashi 2022, Lemma 2, Eq. (3) solved for log δ.
     log_deltas = (alphas - 1.0) * (values - epsilon + np.log1p(-1.0 / alphas)) - np.log(alphas)
     best = int(np.argmin(log_deltas))
     return math.exp(min(0.0, float(log_deltas[best]))), float(alphas[best])

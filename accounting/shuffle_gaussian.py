@@ -1,22 +1,22 @@
-"""Rényi DP of the shuffled Gaussian mechanism and its subsampled and check-in variants (004).
+"""Rényi DP of the shuffled Gaussian mechanism and its subsampled and check-in variants (Liew & Takahashi 2022).
 
-Mechanism (004, §2): each of n users adds N(0, σ² I) to her record and a trusted shuffler
+Mechanism (Liew & Takahashi 2022, §2): each of n users adds N(0, σ² I) to her record and a trusted shuffler
 releases the n noisy records in uniformly random order. ``sigma`` everywhere in this module is
 the *noise multiplier*: the noise standard deviation divided by the ℓ₂ distance between the two
-values a user's record can take in neighbouring datasets (004 normalises that distance to 1).
+values a user's record can take in neighbouring datasets (Liew & Takahashi 2022 normalises that distance to 1).
 
-The quantity 004, Thm 1 computes
+The quantity Liew & Takahashi 2022, Thm 1 computes
 ---------------------------------
 Write s = 1/(2σ²), E_n(λ) = E_{X~P}[(Q(X)/P(X))^λ] for P = N(0, σ² I_n) (every record 0) and
-Q = (1/n) Σ_i N(e_i, σ² I_n) (one record moved to 1), and ε_n(λ) = log E_n(λ)/(λ − 1). 004,
+Q = (1/n) Σ_i N(e_i, σ² I_n) (one record moved to 1), and ε_n(λ) = log E_n(λ)/(λ − 1). Liew & Takahashi 2022,
 Eq. (4) says
 
     E_n(λ) = e^{−sλ} n^{−λ} Σ_{k₁+…+k_n=λ} (λ choose k₁…k_n) e^{s Σ k_i²}
            = E_{K ~ Multinomial(λ; 1/n, …, 1/n)} [exp(s Σ_i K_i (K_i − 1))].
 
-Computing it (deviation from 004 §3.1: generating functions instead of partitions)
+Computing it (deviation from Liew & Takahashi 2022 §3.1: generating functions instead of partitions)
 -----------------------------------------------------------------------------------
-004, Alg. 1 enumerates the integer partitions of λ (p(λ) grows like e^{π√(2λ/3)}, so λ ≳ 80 is out
+Liew & Takahashi 2022, Alg. 1 enumerates the integer partitions of λ (p(λ) grows like e^{π√(2λ/3)}, so λ ≳ 80 is out
 of reach). Here every order up to λ_max comes from one generating function. Split each user's
 factor as e^{s k(k−1)} = 1 + (e^{s k(k−1)} − 1); only users with k ≥ 2 have a non-zero second
 part. With c(t) = Σ_{k≥2} c_k t^k, c_k = expm1(s k(k−1))/k! ≥ 0, the multinomial theorem gives
@@ -33,7 +33,7 @@ orders at once (orders 2..256 at n = 10⁹: see ``benchmarks/shuffle_gaussian_rd
 
 Assumptions (see :data:`THM1_ASSUMPTIONS`)
 ------------------------------------------
-004 proves Eq. (4) for the one pair D = (0, …, 0), D′ = (1, 0, …, 0) and one direction,
+Liew & Takahashi 2022 proves Eq. (4) for the one pair D = (0, …, 0), D′ = (1, 0, …, 0) and one direction,
 D_λ(M(D′) ‖ M(D)); it asserts "w.l.o.g." that this pair is the worst case (citing Koskela et al.
 2021, App. B.1). That reduction is not proven in the seed. Numerical evidence only: for n = 2, 3
 the reverse direction is the smaller one on the tested grid (tests); for n = 2 with records in an
@@ -45,7 +45,7 @@ report built on these functions must carry :data:`THM1_ASSUMPTIONS`.
 
 Non-integer orders
 ------------------
-Eq. (4) and 004 Eq. (10) are for integer λ. α ↦ log E(α) is convex (a cumulant generating
+Eq. (4) and Liew & Takahashi 2022 Eq. (10) are for integer λ. α ↦ log E(α) is convex (a cumulant generating
 function), so for non-integer α the linear interpolation of log E between ⌊α⌋ and ⌈α⌉ is an upper
 bound (Wang, Balle & Kasiviswanathan 2019, Cor. 10; log E(1) = 0). Integer orders are exact.
 """
@@ -77,8 +77,8 @@ __all__ = [
 ]
 
 THM1_ASSUMPTIONS: tuple[str, ...] = (
-    "004 Thm 1 (exact shuffled-Gaussian RDP) is computed for the neighbouring pair "
-    "(0,...,0) vs (1,0,...,0) in the direction D_lambda(mixture || Gaussian); 004 asserts without "
+    "Liew & Takahashi 2022 Thm 1 (exact shuffled-Gaussian RDP) is computed for the neighbouring pair "
+    "(0,...,0) vs (1,0,...,0) in the direction D_lambda(mixture || Gaussian); Liew & Takahashi 2022 asserts without "
     "proof that this pair and direction are the worst case. Checked numerically only: the "
     "reverse direction is smaller for n <= 3, and the pair was the worst found for n = 2 with "
     "records in an interval or a disc; it fails for domains that are not balls (three records "
@@ -86,12 +86,12 @@ THM1_ASSUMPTIONS: tuple[str, ...] = (
 )
 
 CHECKIN_ASSUMPTIONS: tuple[str, ...] = THM1_ASSUMPTIONS + (
-    "004 Thm 3 (shuffled check-in) assumes Eq. (12), E_n(lambda), is non-increasing in n; 004 "
-    "leaves this unproven. It holds: E_n(lambda) = E[(mean of n i.i.d. W_i)^lambda] (004 Eq. 7), "
+    "Liew & Takahashi 2022 Thm 3 (shuffled check-in) assumes Eq. (12), E_n(lambda), is non-increasing in n; Liew & Takahashi 2022 "
+    "leaves this unproven. It holds: E_n(lambda) = E[(mean of n i.i.d. W_i)^lambda] (Liew & Takahashi 2022 Eq. 7), "
     "and the mean of n variables is the average of its n leave-one-out means, so Jensen gives "
     "E_n <= E_{n-1} (proof in accounting.shuffle_gaussian.checkin_rdp)",
-    "004 Thm 3 rests on Eq. (11), the shuffled check-in mixture bound of Liew et al. (2022a), "
-    "which is not in the seeds and was not re-derived here",
+    "Liew & Takahashi 2022 Thm 3 rests on Eq. (11), the shuffled check-in mixture bound of Liew et al. (2022a), "
+    "which is not among the papers implemented here and was not re-derived",
 )
 
 _ArrayF = NDArray[np.float64]
@@ -107,7 +107,7 @@ def rdp(orders: Sequence[float] | NDArray[np.float64], n: int, sigma: float) -> 
 def rdp(
     orders: float | Sequence[float] | NDArray[np.float64], n: int, sigma: float
 ) -> float | _ArrayF:
-    """Exact RDP ε_n(λ) of the shuffled Gaussian mechanism (004, Thm 1, Eq. (4)).
+    """Exact RDP ε_n(λ) of the shuffled Gaussian mechanism (Liew & Takahashi 2022, Thm 1, Eq. (4)).
 
     Parameters
     ----------
@@ -124,17 +124,17 @@ def rdp(
     float or ndarray
         ε_n(λ), a float for a scalar ``orders`` and an array otherwise. n = 1 gives the Gaussian
         RDP λ/(2σ²); for n ≥ 2 the values lie strictly between λ/(2nσ²) (the Gaussian on the sum,
-        a post-processing) and λ/(2σ²) (004, Cor. 1).
+        a post-processing) and λ/(2σ²) (Liew & Takahashi 2022, Cor. 1).
 
     Notes
     -----
     Computed by the generating function in the module docstring, all orders at once; the result
-    agrees with the partition method of 004, Alg. 1 (:func:`rdp_by_partitions`) to about 1e-13
+    agrees with the partition method of Liew & Takahashi 2022, Alg. 1 (:func:`rdp_by_partitions`) to about 1e-13
     relative. The guarantee rests on :data:`THM1_ASSUMPTIONS`.
 
     References
     ----------
-    004, Thm 1 (Eq. (4)), its proof (Eqs. (5)–(9)) and Cor. 1.
+    Liew & Takahashi 2022, Thm 1 (Eq. (4)), its proof (Eqs. (5)–(9)) and Cor. 1.
     """
     owner = "shuffle_gaussian.rdp"
     lams, scalar = _orders(owner, orders)
@@ -145,7 +145,7 @@ def rdp(
 
 
 def rdp_by_partitions(order: int, n: int, sigma: float) -> float:
-    """ε_n(λ) of 004, Thm 1 by the integer-partition method of 004, Alg. 1 (the reference).
+    """ε_n(λ) of Liew & Takahashi 2022, Thm 1 by the integer-partition method of Liew & Takahashi 2022, Alg. 1 (the reference).
 
     Parameters
     ----------
@@ -166,7 +166,7 @@ def rdp_by_partitions(order: int, n: int, sigma: float) -> float:
     -----
     Each partition ρ of λ into p ≤ n parts with multiplicities κ₁, κ₂, … stands for
     n!/((n − p)! κ₁! κ₂! …) vectors (k₁, …, k_n), each with multinomial probability
-    λ!/(Π k_i! n^λ) (004 §3.1, Alg. 1). Two corrections to the printed Alg. 1: its line 7 drops the
+    λ!/(Π k_i! n^λ) (Liew & Takahashi 2022 §3.1, Alg. 1). Two corrections to the printed Alg. 1: its line 7 drops the
     1/(2σ²) in the exponent and line 8 returns the sum rather than log(sum)/(λ − 1). One change
     for accuracy: since these probabilities sum to 1, the code sums
     P(ρ)·expm1(s Σ k_i(k_i − 1)) ≥ 0 to get E_n(λ) − 1 directly, instead of summing terms near 1 and
@@ -175,7 +175,7 @@ def rdp_by_partitions(order: int, n: int, sigma: float) -> float:
 
     References
     ----------
-    004, Alg. 1 and §3.1; partitions generated in ascending order (Kelleher & O'Sullivan 2009,
+    Liew & Takahashi 2022, Alg. 1 and §3.1; partitions generated in ascending order (Kelleher & O'Sullivan 2009,
     cited there).
     """
     owner = "shuffle_gaussian.rdp_by_partitions"
@@ -223,7 +223,7 @@ def epsilon(
     compositions : int
         Number of (adaptively) composed runs, ≥ 1.
     orders : iterable of float
-        Rényi orders to optimise over; 004 §5.1 uses λ = 2..30 ("maximum λ ... 30").
+        Rényi orders to optimise over; Liew & Takahashi 2022 §5.1 uses λ = 2..30 ("maximum λ ... 30").
 
     Returns
     -------
@@ -232,13 +232,13 @@ def epsilon(
 
     Notes
     -----
-    With n = 60 000, σ = 9.48, δ = 1/n this reproduces the "Ours" row of 004, Table 1. There ε_n(λ)
+    With n = 60 000, σ = 9.48, δ = 1/n this reproduces the "Ours" row of Liew & Takahashi 2022, Table 1. There ε_n(λ)
     is about 3e-6 at λ = 30, so ε is almost all conversion overhead at the largest order and barely
     grows with the number of compositions.
 
     References
     ----------
-    004, Thm 1, Lemma 1 (composition), Lemma 2 (conversion, :func:`accounting.rdp.rdp_to_dp`),
+    Liew & Takahashi 2022, Thm 1, Lemma 1 (composition), Lemma 2 (conversion, :func:`accounting.rdp.rdp_to_dp`),
     §5.1 and Table 1.
     """
     owner = "shuffle_gaussian.epsilon"
@@ -252,7 +252,7 @@ def epsilon(
 def subsampled_rdp(
     orders: float | Sequence[float] | NDArray[np.float64], n: int, m: int, sigma: float
 ) -> float | _ArrayF:
-    """RDP of the subsampled shuffled Gaussian: m of n records, without replacement (004, Thm 2).
+    """RDP of the subsampled shuffled Gaussian: m of n records, without replacement (Liew & Takahashi 2022, Thm 2).
 
     Parameters
     ----------
@@ -272,7 +272,7 @@ def subsampled_rdp(
 
     Notes
     -----
-    Eq. (10) is Wang, Balle & Kasiviswanathan (2019), Thm 9 with ε(∞) = ∞ (``formulas.md``). The
+    Eq. (10) is Wang, Balle & Kasiviswanathan (2019), Thm 9 with ε(∞) = ∞. The
     extra min with ε_m(λ) is ours: conditioned on the sample, the outputs on neighbouring datasets
     are identical or are the shuffled Gaussian on neighbouring m-record datasets, and
     exp((λ − 1) D_λ) is jointly convex, so subsampling never increases RDP. It matters only for γ
@@ -281,7 +281,7 @@ def subsampled_rdp(
 
     References
     ----------
-    004, Thm 2 (Eq. (10)); Wang, Balle & Kasiviswanathan (2019), Thm 9 and Cor. 10.
+    Liew & Takahashi 2022, Thm 2 (Eq. (10)); Wang, Balle & Kasiviswanathan (2019), Thm 9 and Cor. 10.
     """
     owner = "shuffle_gaussian.subsampled_rdp"
     lams, scalar = _orders(owner, orders)
@@ -303,7 +303,7 @@ def checkin_rdp(
     sigma: float,
     slack: float,
 ) -> float | _ArrayF:
-    """RDP of the shuffled check-in Gaussian mechanism (004, Thm 3, Eq. (13)).
+    """RDP of the shuffled check-in Gaussian mechanism (Liew & Takahashi 2022, Thm 3, Eq. (13)).
 
     Each of n users checks in independently with probability γ; those who do send their record
     plus N(0, σ² I) to the shuffler.
@@ -333,15 +333,15 @@ def checkin_rdp(
     -----
     **Assumptions** (also in :data:`CHECKIN_ASSUMPTIONS`, for privacy reports):
 
-    1. 004 states Thm 3 only under the assumption, *not proven in 004*, that Eq. (12) —
+    1. Liew & Takahashi 2022 states Thm 3 only under the assumption, *not proven in Liew & Takahashi 2022*, that Eq. (12) —
        E_n(λ), the moment inside Eq. (4) — is monotonically decreasing in n. It is in fact
-       non-increasing: by 004 Eq. (7), E_n(λ) = E[W̄_n^λ] with W̄_n the mean of n i.i.d.
+       non-increasing: by Liew & Takahashi 2022 Eq. (7), E_n(λ) = E[W̄_n^λ] with W̄_n the mean of n i.i.d.
        W_i = exp((2X_i − 1)/(2σ²)), X_i ~ N(0, σ²). W̄_n equals the average of its n leave-one-out
        means, each distributed as W̄_{n−1}; w ↦ w^λ is convex, so Jensen gives
        E[W̄_n^λ] ≤ E[W̄_{n−1}^λ]. (Pinned numerically in the tests.) Hence ε^SSG_{γ,k} is
        non-increasing in k, which is how Thm 3 uses the assumption.
-    2. Eq. (11), the mixture over the number of check-ins, is quoted by 004 from Liew et al.
-       (2022a), which is not among the seeds; it is used as printed.
+    2. Eq. (11), the mixture over the number of check-ins, is quoted by Liew & Takahashi 2022 from Liew et al.
+       (2022a), which is not among the papers implemented here; it is used as printed.
     3. Thm 1's worst-case-pair assumption (:data:`THM1_ASSUMPTIONS`).
 
     Deviations from the printed Eq. (13): the seed writes the typical-case size as
@@ -352,7 +352,7 @@ def checkin_rdp(
 
     References
     ----------
-    004, Thm 3 (Eq. (13)), Eqs. (10)–(12), §6 (monotonicity stated as open); Liew et al. (2022a).
+    Liew & Takahashi 2022, Thm 3 (Eq. (13)), Eqs. (10)–(12), §6 (monotonicity stated as open); Liew et al. (2022a).
     """
     owner = "shuffle_gaussian.checkin_rdp"
     lams, scalar = _orders(owner, orders)
@@ -372,7 +372,7 @@ def checkin_rdp(
 
 
 def _log_moments(max_order: int, n: int, s: float) -> _ArrayF:
-    """log E_n(λ) for λ = 0, 1, …, max_order (004 Eq. (4); generating function, module docstring).
+    """log E_n(λ) for λ = 0, 1, …, max_order (Liew & Takahashi 2022 Eq. (4); generating function, module docstring).
 
     Entry λ is (λ − 1)·ε_n(λ); entries 0 and 1 are 0. c(t)^j has no terms below degree 2j, so the
     j-th step works on degrees 2j..max_order only (index d stands for degree 2j + d).
@@ -410,7 +410,7 @@ def _log_moments(max_order: int, n: int, s: float) -> _ArrayF:
 
 
 def _subsampled_log_moments(base: _ArrayF, gamma: float) -> _ArrayF:
-    """(λ − 1)·(004 Eq. (10)) for λ = 0..len(base) − 1, from base log-moments (λ − 1)ε(λ).
+    """(λ − 1)·(Liew & Takahashi 2022 Eq. (10)) for λ = 0..len(base) − 1, from base log-moments (λ − 1)ε(λ).
 
     Wang, Balle & Kasiviswanathan (2019), Thm 9 with ε(∞) = ∞:
     log(1 + γ² C(λ,2) min{4(e^{ε(2)} − 1), 2e^{ε(2)}} + Σ_{j=3}^{λ} 2 γ^j C(λ,j) e^{(j−1)ε(j)}).

@@ -3,9 +3,9 @@
 - :func:`acsa_with_plans`: AC-SA over a stream held in memory, following given
   :class:`protocols.acsa.RunPlan` s, with Gaussian noise of a chosen scale added once per batch.
   With ``noise_std = 0`` and a pan-private learner's plans it is "the same learner without noise";
-  with one draw of the calibrated ζ per batch it is the central-DP counterpart of 000 Alg. 6 (only
+  with one draw of the calibrated ζ per batch it is the central-DP counterpart of Cheu et al. 2022 Alg. 6 (only
   outputs are protected, so one draw suffices: Gaussian mechanism per batch, disjoint batches).
-- :func:`sgd_one_pass`: one-pass projected mini-batch SGD with iterate averaging (000 Alg. 3 with
+- :func:`sgd_one_pass`: one-pass projected mini-batch SGD with iterate averaging (Cheu et al. 2022 Alg. 3 with
   a central Gaussian sum instead of PVEC; Lemma 4.2's step η = D/√(T L_G)). :func:`dp_sgd_batch`
   gives its central-DP batch size, and ``batch=1, noise_std=0`` is non-private one-pass SGD.
 """
@@ -80,7 +80,7 @@ def sgd_one_pass(
 ) -> Array:
     """Averaged projected SGD, one pass, batches of ``batch``; N(0, noise_std² I) per batch mean.
 
-    Step η = D/√(T L_G) with L_G = L_F² + p·noise_std² (000 Lemma 4.2 / Thm 4.1's choice), where
+    Step η = D/√(T L_G) with L_G = L_F² + p·noise_std² (Cheu et al. 2022 Lemma 4.2 / Thm 4.1's choice), where
     L_F = L + λ r bounds the gradient of the whole objective on Θ; per-record gradients are
     clipped to L = min(``gradient_bound``, the loss's bound).
     """

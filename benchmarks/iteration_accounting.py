@@ -1,8 +1,8 @@
-"""Online PNSGD accounting (003, Sec. 5): O(n) prefix sums vs one product per record.
+"""Online PNSGD accounting (Sordello et al. 2021, Sec. 5): O(n) prefix sums vs one product per record.
 
 Run: ``.venv/bin/python benchmarks/iteration_accounting.py``
 
-For streams of n records under 003 App. G's online Gaussian schedule (Thm 7: ε = 1, L = 10,
+For streams of n records under Sordello et al. 2021 App. G's online Gaussian schedule (Thm 7: ε = 1, L = 10,
 η = 0.01, α = 1.5, C1 = C2 = 100, D = 1, β = 0.5, ρ = 0) with a snapshot every n/100 records,
 prints the time to build the σ schedule, the time of ``record_log_deltas`` (every record's δ at
 once, O(n)) next to the per-record loop over ``pnsgd_delta`` (O(n · snapshot interval); run on

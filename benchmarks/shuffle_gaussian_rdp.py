@@ -1,4 +1,4 @@
-"""Shuffled-Gaussian RDP (004 Thm 1): generating function vs the partition method of 004 Alg. 1.
+"""Shuffled-Gaussian RDP (Liew & Takahashi 2022 Thm 1): generating function vs the partition method of Liew & Takahashi 2022 Alg. 1.
 
 Run: ``.venv/bin/python benchmarks/shuffle_gaussian_rdp.py``
 

@@ -1,4 +1,4 @@
-"""Utility of pan-private AC-SA (000 Alg. 6, Thm C.3) next to its noiseless and central baselines.
+"""Utility of pan-private AC-SA (Cheu et al. 2022 Alg. 6, Thm C.3) next to its noiseless and central baselines.
 
 Run (from the repository root)::
 
@@ -13,9 +13,9 @@ Tables (markdown), all at δ = 1e-6, d = 20, ‖x‖ ≤ 1 (:mod:`benchmarks.syn
    population loss of ``PanPrivateACSA`` with its defaults (gradient restarts; the real streaming
    learner, fed in micro-batches of 4,096) next to: the same learner without noise (same plan,
    restarts, clipping: "noiseless"), the central-DP counterpart (one noise draw per batch, planned
-   for that noise), central-DP one-pass SGD (000 Alg. 3 with a Gaussian sum) and non-private
+   for that noise), central-DP one-pass SGD (Cheu et al. 2022 Alg. 3 with a Gaussian sum) and non-private
    one-pass SGD (b = 1). ``pan/noiseless`` is the cost of the noise.
-1b. At the largest n and ε = 1: restarts on/off (off = Lan's method with 000's parameters) and,
+1b. At the largest n and ε = 1: restarts on/off (off = Lan's method with Cheu et al.'s parameters) and,
    for least squares, C ∈ {L = 5.5, 2.5, 1, 0.5}.
 2. The other cases at ε = 1: absolute loss (case 1, Moreau smoothing), absolute + ridge (case 3)
    and squared + ridge (case 4) on the linear stream, logistic + ridge (case 4), and the logistic
@@ -184,7 +184,7 @@ def table_case2(ns: list[int], epsilons: list[float], quick: bool) -> None:
 
 
 def table_ablation(n: int, quick: bool) -> None:
-    """pan/noiseless at n, ε = 1 for the two utility options: restarts (vs Lan's method with 000's
+    """pan/noiseless at n, ε = 1 for the two utility options: restarts (vs Lan's method with Cheu et al.'s
     parameters) and the declared gradient bound C of the squared loss."""
     epsilon = 1.0
     print(f"\n## Table 1b — restarts and the gradient bound C, n = {n:.0e}, ε = 1, δ = 1e-6\n")

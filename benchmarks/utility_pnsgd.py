@@ -1,4 +1,4 @@
-"""Utility and guarantees of PNSGD (003) next to pan-private AC-SA, on the same synthetic streams.
+"""Utility and guarantees of PNSGD (Sordello et al. 2021) next to pan-private AC-SA, on the same synthetic streams.
 
 Run (from the repository root)::
 
@@ -6,7 +6,7 @@ Run (from the repository root)::
     .venv/bin/python -m benchmarks.utility_pnsgd --quick    # n ≤ 10⁵, fewer repetitions (~3 min)
 
 Table 1 — guarantees for a stream of 10⁶ records with a snapshot every 10⁴ records, and the cost
-of the accounting: for 003, App. G's online setting and for the learners of table 2, the
+of the accounting: for Sordello et al. 2021, App. G's online setting and for the learners of table 2, the
 (output, intrusion) δ at each ε that ``OnlinePNSGD.privacy()`` reports, next to the O(n) oracle
 ``accounting.iteration.worst_released_delta`` over the same stream (value and time). The learner's
 accounting is driven through its public API (restored at each snapshot position, then asked for
@@ -17,7 +17,7 @@ Table 2 — excess population loss (mean ± s.e. over repetitions) on the stream
 least squares, ‖θ*‖ = 2, radius 3; d = 20, ‖x‖ = 1), n ∈ {10³…10⁶}, ε ∈ {0.5, 1, 4}, each with the
 δ it comes with:
 
-- ``online 1/β``: OnlinePNSGD, 003 Thm 7 schedule with App. G's α = 1.5, C1 = C2 = 100, η = 1/β;
+- ``online 1/β``: OnlinePNSGD, Sordello et al. 2021 Thm 7 schedule with App. G's α = 1.5, C1 = C2 = 100, η = 1/β;
 - ``+ pan floor``: the same with ``pan_delta = 1e-6`` (every step (ε, 1e-6)-DP);
 - ``online 0.01/β``: η a hundred times smaller (its schedule σ_j ∝ 1/η, so A_j is tiny);
 - ``shuffled``: ShuffledPNSGD, one pass, Thm 5 noise with App. G's C1 = 1e5, C2 = 100, η = 1/β;
@@ -30,7 +30,7 @@ numbers (that mode has no intrusion guarantee; the δ_int printed is what the sa
 in the default OS-entropy mode, obtained by restoring it unseeded). The schedules of the online
 learner without floor and of the shuffled learner do not depend on ε, so one run serves the three ε.
 
-What to expect (003's schedules): the noise added to the iterate per step is η σ_j = M D/(2√W(·)),
+What to expect (Sordello et al.'s schedules): the noise added to the iterate per step is η σ_j = M D/(2√W(·)),
 independent of η and shrinking only like D/√(log j), so the last iterate keeps moving on the scale
 of K and its excess loss does not fall with n (it is above θ = 0's). See the report in the issue.
 """
@@ -95,7 +95,7 @@ def cell(excess: list[float], deltas: tuple[float, float]) -> str:
 
 
 def app_g_online(epsilon: float, **kwargs: object) -> OnlinePNSGD:
-    """003, App. G online: L = 10, β = 0.5, ρ = 0, η = 0.01, α = 1.5, C1 = C2 = 100, D = 1 (a Huber
+    """Sordello et al. 2021, App. G online: L = 10, β = 0.5, ρ = 0, η = 0.01, α = 1.5, C1 = C2 = 100, D = 1 (a Huber
     loss with threshold 10√2 at feature bound 1/√2 has exactly these L and β)."""
     return OnlinePNSGD(1, HuberLoss(delta=10 * math.sqrt(2)), epsilon, 0.01, 0.5, feature_bound=1 / math.sqrt(2),
                        **kwargs)
@@ -134,7 +134,7 @@ def table_guarantees() -> None:
     print("|---|---|---|---|---|---|---|")
     rows: list[tuple[str, float, Callable[[], OnlinePNSGD]]] = []
     for epsilon in EPSILONS:
-        rows.append(("003 App. G online (L = 10, η = 0.01, D = 1)", epsilon, lambda e=epsilon: app_g_online(e)))
+        rows.append(("Sordello et al. 2021 App. G online (L = 10, η = 0.01, D = 1)", epsilon, lambda e=epsilon: app_g_online(e)))
         rows.append(("App. G + pan floor 1e-6", epsilon, lambda e=epsilon: app_g_online(e, pan_delta=DELTA)))
     for setting in settings_case2():
         for epsilon in EPSILONS:

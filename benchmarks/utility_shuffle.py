@@ -18,10 +18,10 @@ Adding a learner (e.g. the encoder-based ShuffleSGD / ShuffleACSA / ShuffleGD wi
 ``(setting, n, epsilon, seed) -> Learner``. Nothing else changes. (ShuffleGD reads a recording T
 times, so it has its own table: :mod:`benchmarks.utility_shuffle_gd`.)
 
-Check-in configuration (002): the server can run at most :data:`SERVER_SLOTS` slots per stream (the
-rate limit that motivates 002 Alg. 1), so a slot holds ⌈n / 10⁵⌉ records; windows are a tenth of
+Check-in configuration (Balle et al. 2020): the server can run at most :data:`SERVER_SLOTS` slots per stream (the
+rate limit that motivates Balle et al. 2020 Alg. 1), so a slot holds ⌈n / 10⁵⌉ records; windows are a tenth of
 the stream's slots, at most 10⁴; Alg. 1 checks in with p₀ = 1/(records per slot) (about one
-candidate per slot, 002 Remark 1), Alg. 2 with p₀ = 1.
+candidate per slot, Balle et al. 2020 Remark 1), Alg. 2 with p₀ = 1.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def checkin_plan(n: int) -> tuple[int, int]:
 
 
 def _shuffle_checkin(setting: Setting, n: int, epsilon: float, seed: int | None) -> Learner:
-    """004 Thm 3: windows of 2b users each joining with probability 1/2 (b messages on average)."""
+    """Liew & Takahashi 2022 Thm 3: windows of 2b users each joining with probability 1/2 (b messages on average)."""
     b = plan_batch_size(setting.loss.param_dim(setting.task.d), "shuffle", epsilon, DELTA, n)
     return ShuffleGaussianSGD(
         setting.task.d, setting.loss, epsilon, DELTA, participation="checkin", window=2 * b, checkin_rate=0.5,

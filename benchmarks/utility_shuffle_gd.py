@@ -1,4 +1,4 @@
-"""Utility of fully interactive shuffle GD (000 Alg. 5) next to pan-private AC-SA, on the shared streams.
+"""Utility of fully interactive shuffle GD (Cheu et al. 2022 Alg. 5) next to pan-private AC-SA, on the shared streams.
 
 Run (from the repository root)::
 
@@ -48,7 +48,7 @@ def gd_learner(setting: Setting, n: int, epsilon: float, rounds: int, variant: t
 
 
 def table(ns: list[int], epsilons: list[float], cap: int, quick: bool) -> None:
-    print(f"\n## Shuffle GD (000 Alg. 5), excess population loss, d = 20, δ = 1e-6, T = min(Thm 4.9's T, {cap})\n")
+    print(f"\n## Shuffle GD (Cheu et al. 2022 Alg. 5), excess population loss, d = 20, δ = 1e-6, T = min(Thm 4.9's T, {cap})\n")
     names = [f"GD {c}, {b}" for c, b in VARIANTS]
     print("| task | n | ε | T (Thm 4.9) | " + " | ".join(names) + " | pan-private AC-SA | output ε of GD: "
           + ", ".join(f"{c}/{b}" for c, b in VARIANTS) + " |")

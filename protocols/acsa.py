@@ -1,9 +1,9 @@
 """The AC-SA core shared by the AC-SA learners: Lan's updates, step sizes and parameter plans.
 
-AC-SA (Lan 2012), the accelerated stochastic approximation that 000 privatises twice — with a
+AC-SA (Lan 2012), the accelerated stochastic approximation that Cheu et al. 2022 privatises twice — with a
 shuffled vector sum (Alg. 4, ``PAGD``) and with pan-private noise (Alg. 6) — is, per step t:
 
-1. ``θ^md_t = α_t θ_t + (1 − α_t) θ^ag_t``                     (middle point; 000 Alg. 4 line 3)
+1. ``θ^md_t = α_t θ_t + (1 − α_t) θ^ag_t``                     (middle point; Cheu et al. 2022 Alg. 4 line 3)
 2. ``g_t``  = a noisy gradient at ``θ^md_t``                       (supplied by the caller)
 3. ``θ_{t+1} = argmin_{θ∈Θ} ⟨g_t, θ − θ_t⟩ + (L_t/2)‖θ − θ_t‖² = Π_Θ(θ_t − g_t/L_t)``
 4. ``θ^ag_{t+1} = α_t θ_{t+1} + (1 − α_t) θ^ag_t``             (aggregate; the output)
@@ -11,23 +11,23 @@ shuffled vector sum (Alg. 4, ``PAGD``) and with pan-private noise (Alg. 6) — i
 This module holds the parts that do not depend on how ``g_t`` is privatised: :class:`Iterate` and
 :func:`step` (lines 3–4 and the next middle point, optionally with O'Donoghue–Candès gradient
 restarts), :class:`StepSizes` (α_t and L_t), :func:`plan_runs` (batch size, Moreau smoothing
-parameter and the phases of the strongly convex reduction, from the proofs of 000 Thms 4.3, 4.7,
+parameter and the phases of the strongly convex reduction, from the proofs of Cheu et al. 2022 Thms 4.3, 4.7,
 4.8 with the caller's noise level and the constants of a :class:`Tuning`, for a :class:`Problem`),
 :func:`uses_moreau` (the ``smoothing`` option), :func:`effective_gradient_bound` (the clip norm L,
 or a smaller declared bound) and :func:`record_gradients` (per-record gradients of the loss or its
 envelope at θ^md, clipped to L). A learner supplies the
 gradient oracle: it privatises the batch of :func:`record_gradients` however its model demands
-(000 Alg. 6: Gaussian noise twice; Alg. 4: PVEC), adds the ridge gradient, and calls :func:`step`.
+(Cheu et al. 2022 Alg. 6: Gaussian noise twice; Alg. 4: PVEC), adds the ridge gradient, and calls :func:`step`.
 
 Noise level. Privacy noise enters the plans only through the *noise multiplier* ν of the batch
 mean gradient: the caller's total privacy noise Z added to ``(1/b) Σ ∇ℓ`` has ``E‖Z‖² = p ν² L²/b²``
-(p parameters, L the per-record gradient bound). For 000 Alg. 6 with two draws of standard
-deviation ``ζ = s·2L/b`` each, ν² = 8 s². The oracle variance (000, proof of Thm C.3) is then
+(p parameters, L the per-record gradient bound). For Cheu et al. 2022 Alg. 6 with two draws of standard
+deviation ``ζ = s·2L/b`` each, ν² = 8 s². The oracle variance (Cheu et al. 2022, proof of Thm C.3) is then
 ``σ²(b) = L²/b + p ν² L²/b²``.
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng): Alg. 4, Lemma 4.4 (= Lan 2012, Thm 2), Thm 4.3 and its proof
+Cheu, Joseph, Mao & Peng (2022): Alg. 4, Lemma 4.4 (= Lan 2012, Thm 2), Thm 4.3 and its proof
 (batch size), Def. 4.5 / Lemma 4.6 / Thm 4.7 (Moreau smoothing), Thm 4.8 (strongly convex phases),
 Alg. 6 and Thm C.3 (pan-private variant).
 G. Lan (2012), "An optimal method for stochastic composite optimization", Math. Program. 133:365–397,
@@ -58,7 +58,7 @@ class Tuning:
     entering one batch. Measured on the streams of ``benchmarks/synthetic.py`` (d = 20,
     ‖x‖ = 1, δ = 1e-6), mean excess population loss over 3–20 repetitions per setting
     (``.venv/bin/python -m benchmarks.utility_pan_acsa --tune`` reruns the batch sweep).
-    :data:`DEFAULT_TUNING` is for Lan's method as 000 analyses it (no restarts; ``shuffle-acsa``
+    :data:`DEFAULT_TUNING` is for Lan's method as Cheu et al. 2022 analyses it (no restarts; ``shuffle-acsa``
     and ``pan-acsa`` with ``restart="none"``); :data:`RESTART_TUNING` for ``pan-acsa``'s default,
     AC-SA with gradient restarts (:func:`step`).
 
@@ -67,7 +67,7 @@ class Tuning:
       mean ratio to the best setting of each row (1.9; 2.6–5.5 for the other C_b), flat in κ ∈
       [1/16, 1/2]; κ = 1 was 1.3–4× worse than κ ≤ 1/2. Too few steps (larger C_b) leaves the
       accelerated method mid-oscillation; smaller C_b adds noise.
-    - With restarts the best step count grows much more slowly with n than 000's worst-case
+    - With restarts the best step count grows much more slowly with n than Cheu et al.'s worst-case
       T ∝ n^{2/5}: the restarted method converges in a few dozen steps on these streams (it
       exploits curvature the worst case does not assume), and every further step shrinks the
       batches and so adds noise; too few steps leave it unconverged (a sharp cliff). Sweep 1, 18
@@ -77,8 +77,8 @@ class Tuning:
       with n ≥ 10⁴ and 6–12 repetitions each: 3/5 with C_b = 1: mean 2.03 (worst row 6.8); 4/5
       with C_b ∈ {0.09, 0.10, 0.11, 0.13}: 1.51 (2.76), 1.45 (2.45), **1.35 (2.34)**, 1.40 (4.17:
       at n = 10⁵ the logistic stream falls off the cliff). Chosen: 4/5 and C_b = 0.11 — the same
-      b as 000's rule near n = 10⁵, larger batches beyond. A measured choice, not a theorem:
-      Thm C.3's rate is proven for Lan's method with 000's parameters (``restart="none"``).
+      b as Cheu et al.'s rule near n = 10⁵, larger batches beyond. A measured choice, not a theorem:
+      Thm C.3's rate is proven for Lan's method with Cheu et al.'s parameters (``restart="none"``).
     - C_s ∈ {1/4 … 8} for the absolute loss (case 1): 1/4–1 best, 1/2 chosen (n = 10⁴: 0.016,
       10⁵: 0.0013, 10⁶: 0.0004 at ε = 1); larger β_s shortens the steps (2β_s in L_t).
     - C_E ∈ {0.03, 0.1, 0.25, 1, 4} for the phases (cases 3, 4): 0.25 best at n = 10⁵ and 10⁶
@@ -88,11 +88,11 @@ class Tuning:
     Attributes
     ----------
     batch, batch_exponent
-        C_b and e in ``b = C_b · n^e (√p ν L / (β D))^{2/5}`` (000, proof of Thm 4.3: e = 3/5).
+        C_b and e in ``b = C_b · n^e (√p ν L / (β D))^{2/5}`` (Cheu et al. 2022, proof of Thm 4.3: e = 3/5).
     smoothing
-        C_s in ``β_s = C_s · L n^{2/3} / (D (√p ν)^{2/3})`` (000, proof of Thm 4.7).
+        C_s in ``β_s = C_s · L n^{2/3} / (D (√p ν)^{2/3})`` (Cheu et al. 2022, proof of Thm 4.7).
     noise_step
-        κ in ``L_t = (2/(t+1)) (2β + κ (T+2)^{3/2} σ / D)`` (Lan 2012, Cor. 1; 000 Lemma 4.4).
+        κ in ``L_t = (2/(t+1)) (2β + κ (T+2)^{3/2} σ / D)`` (Lan 2012, Cor. 1; Cheu et al. 2022 Lemma 4.4).
     error
         C_E in the per-phase error prediction that sets the next phase's distance (Thm 4.8).
     """
@@ -105,7 +105,7 @@ class Tuning:
 
 
 DEFAULT_TUNING = Tuning()
-"""000's parameters for Lan's method without restarts."""
+"""Cheu et al.'s parameters for Lan's method without restarts."""
 
 RESTART_TUNING = Tuning(batch=0.11, batch_exponent=0.8)
 """For AC-SA with gradient restarts: larger batches, fewer steps (see :class:`Tuning`)."""
@@ -116,7 +116,7 @@ def alpha(t: int) -> float:
 
     Notes
     -----
-    000 (Lemma 4.4, Thm 4.3; garbled in the seed text) reads α_t = 2/(t+2), i.e. α_1 = 2/3.
+    Cheu et al. 2022 (Lemma 4.4, Thm 4.3; garbled in the paper's extracted text) reads α_t = 2/(t+2), i.e. α_1 = 2/3.
     Lan's analysis needs α_1 = 1 (β_1 = 1), which makes θ^md_1 = θ_1 and removes the initial
     aggregate from the bound; we follow Lan.
     """
@@ -125,7 +125,7 @@ def alpha(t: int) -> float:
 
 @dataclass(frozen=True)
 class StepSizes:
-    """Lan's step sizes for a run of ``steps`` = T steps (Lan 2012, Cor. 1; 000, Lemma 4.4).
+    """Lan's step sizes for a run of ``steps`` = T steps (Lan 2012, Cor. 1; Cheu et al. 2022, Lemma 4.4).
 
     ``L_t = (2/(t+1)) · (2β + κ (T+2)^{3/2} σ / D)``, i.e. Lan's ``γ_t = 1/L_t = (t+1)γ/2`` with
     ``1/γ = 2β + κ (T+2)^{3/2} σ/D`` (Lan's ``γ = min{1/(2β), c D/((T+2)^{3/2} σ)}`` up to a factor
@@ -154,7 +154,7 @@ class Iterate:
     """The three AC-SA sequences, the index ``t`` (1-based) of the next AC-SA step and the index
     ``batch`` (1-based) of the next batch of the run.
 
-    ``theta_ag`` is the output (000 Alg. 4/6: "Output θ^ag_{T+1}"); ``theta_md`` is where the next
+    ``theta_ag`` is the output (Cheu et al. 2022 Alg. 4/6: "Output θ^ag_{T+1}"); ``theta_md`` is where the next
     gradient must be evaluated. ``t`` drives α_t and L_t and starts again at 1 after a restart
     (:func:`step`); ``batch`` counts the run's batches and never restarts, so the plan's record
     schedule — and with it the privacy accounting — is the same with or without restarts.
@@ -168,7 +168,7 @@ class Iterate:
 
     @classmethod
     def start(cls, theta0: Array, batch: int = 1) -> Iterate:
-        """θ_1 = θ^ag_1 = θ^md_1 = θ0 (000 Alg. 4/6 line "Initialize θ^ag_1 = θ_1 ∈ Θ"), t = 1."""
+        """θ_1 = θ^ag_1 = θ^md_1 = θ0 (Cheu et al. 2022 Alg. 4/6 line "Initialize θ^ag_1 = θ_1 ∈ Θ"), t = 1."""
         theta0 = np.array(theta0, dtype=np.float64, copy=True)
         return cls(theta0, theta0.copy(), theta0.copy(), 1, batch)
 
@@ -181,7 +181,7 @@ def step(current: Iterate, gradient: Array, sizes: StepSizes, ball: L2Ball, *, r
     """One AC-SA step from ``gradient`` (the oracle's answer at ``current.theta_md``).
 
     ``θ_{t+1} = Π_Θ(θ_t − g_t/L_t)``, ``θ^ag_{t+1} = α_t θ_{t+1} + (1 − α_t) θ^ag_t`` and the next
-    middle point ``θ^md_{t+1} = α_{t+1} θ_{t+1} + (1 − α_{t+1}) θ^ag_{t+1}`` (Lan 2012; 000 Alg. 4
+    middle point ``θ^md_{t+1} = α_{t+1} θ_{t+1} + (1 − α_{t+1}) θ^ag_{t+1}`` (Lan 2012; Cheu et al. 2022 Alg. 4
     line 3 at step t+1).
 
     ``restart=True`` adds the gradient restart test of O'Donoghue & Candès (2015, "Adaptive restart
@@ -194,13 +194,13 @@ def step(current: Iterate, gradient: Array, sizes: StepSizes, ball: L2Ball, *, r
     oscillate around θ* with a period of about 2π/√(γμ) steps (μ: the curvature along the
     oscillating direction), so the excess loss of θ^ag_{T+1} swings by orders of magnitude with T;
     restarting at each overshoot removes the swing (measured in ``benchmarks/utility_pan_acsa.py``).
-    Lan's bound (000 Lemma 4.4) is proven for the un-restarted method; with restarts it is not.
+    Lan's bound (Cheu et al. 2022 Lemma 4.4) is proven for the un-restarted method; with restarts it is not.
 
     Notes
     -----
-    000 Alg. 6 line 12 reads ``θ^md_{t+1} ← α_t θ_{t+1} + (1 − α_t) θ^ag_t``: the right-hand side of
+    Cheu et al. 2022 Alg. 6 line 12 reads ``θ^md_{t+1} ← α_t θ_{t+1} + (1 − α_t) θ^ag_t``: the right-hand side of
     line 11, so it would make θ^md_{t+1} = θ^ag_{t+1} at every step and remove the acceleration.
-    It is a typo for Lan's update (also 000's own Alg. 4 line 3), implemented here and pinned by
+    It is a typo for Lan's update (also Cheu et al.'s own Alg. 4 line 3), implemented here and pinned by
     ``tests/protocols/test_pan_acsa.py::test_middle_point_follows_lan_not_alg6_line12``.
     The middle point is projected onto Θ as well: it is a convex combination of points of Θ, so
     this only removes rounding, and the per-record gradient bound L (e.g. of the squared loss,
@@ -278,7 +278,7 @@ class Problem:
         return 2.0 * self.radius
 
     def oracle_std(self, batch: int) -> float:
-        """σ(b) = √(L²/b + p ν² L²/b²) (000, proof of Thm C.3, with the constants kept)."""
+        """σ(b) = √(L²/b + p ν² L²/b²) (Cheu et al. 2022, proof of Thm C.3, with the constants kept)."""
         L = self.lipschitz
         return math.sqrt(L * L / batch + self.dim * (self.noise_multiplier * L / batch) ** 2)
 
@@ -328,7 +328,7 @@ SMOOTHING = ("auto", "moreau", "none")
 
 
 def uses_moreau(owner: str, loss: Loss, smoothing: str) -> bool:
-    """Whether to optimise the Moreau envelope (000, Def. 4.5, Lemma 4.6) instead of the loss.
+    """Whether to optimise the Moreau envelope (Cheu et al. 2022, Def. 4.5, Lemma 4.6) instead of the loss.
 
     ``"auto"``: for non-smooth losses only (Thm 4.7 / C.3 cases 1 and 3); ``"moreau"``: always
     (needs a closed-form prox); ``"none"``: never (needs a smooth loss). Raises
@@ -348,7 +348,7 @@ def uses_moreau(owner: str, loss: Loss, smoothing: str) -> bool:
 
 def record_gradients(loss: Loss, theta_md: Array, Z: Array, y: Array, plan: RunPlan, lipschitz: float) -> Array:
     """Per-record gradients at θ^md for a run: of the loss, or of its β_s-Moreau envelope when the
-    plan smooths (000 Lemma 4.6 item 2, via :meth:`protocols.losses.Loss.envelope_gradient`),
+    plan smooths (Cheu et al. 2022 Lemma 4.6 item 2, via :meth:`protocols.losses.Loss.envelope_gradient`),
     each clipped to norm ``lipschitz``. Shape (m, p); the ridge term is not included.
 
     The clip is a no-op up to rounding when ``lipschitz`` is the loss's L over Θ (θ^md ∈ Θ); it
@@ -362,7 +362,7 @@ def record_gradients(loss: Loss, theta_md: Array, Z: Array, y: Array, plan: RunP
 
 
 def _batch_size(problem: Problem, records: int, distance: float, beta: float, tuning: Tuning) -> int:
-    """b = C_b n^e (√p ν L / (β D))^{2/5}, clamped to [1, n] (000, proof of Thm 4.3: e = 3/5).
+    """b = C_b n^e (√p ν L / (β D))^{2/5}, clamped to [1, n] (Cheu et al. 2022, proof of Thm 4.3: e = 3/5).
 
     It balances β D² b²/n² (acceleration term with T = n/b) against the privacy term
     D √p ν L/√(b n); with no noise (ν = 0) every record is its own batch.
@@ -373,7 +373,7 @@ def _batch_size(problem: Problem, records: int, distance: float, beta: float, tu
 
 
 def _smoothing(problem: Problem, records: int, distance: float, tuning: Tuning) -> float:
-    """β_s = C_s L n^{2/3} / (D (√p ν)^{2/3}) (000, proof of Thm 4.7 with the pan-private
+    """β_s = C_s L n^{2/3} / (D (√p ν)^{2/3}) (Cheu et al. 2022, proof of Thm 4.7 with the pan-private
     variance), capped at L n / D — where the smoothing error L²/(2β_s) is already below the
     statistical term L D/√n, so a larger β_s only shortens the steps (and ν = 0 needs a cap)."""
     L = problem.lipschitz
@@ -395,9 +395,9 @@ def plan_run(
 ) -> RunPlan:
     """Parameters of one AC-SA run over ``records`` records starting within ``distance`` of θ*.
 
-    ``moreau=True`` plans a Moreau-smoothed run (000, Thm 4.7): gradients of the β_s-envelope,
+    ``moreau=True`` plans a Moreau-smoothed run (Cheu et al. 2022, Thm 4.7): gradients of the β_s-envelope,
     whose smoothness is β_s. ``batch_size`` overrides the planned b (clamped to the run length).
-    Predicted excess loss (Lan 2012 Cor. 1 form, 000 Lemma 4.4, plus Lemma 4.6 item 3):
+    Predicted excess loss (Lan 2012 Cor. 1 form, Cheu et al. 2022 Lemma 4.4, plus Lemma 4.6 item 3):
     ``C_E (β D² / T² + D σ(b)/√T + [L²/(2β_s)])``.
     """
     L = problem.lipschitz
@@ -418,7 +418,7 @@ def plan_run(
 
 
 def phase_count(records: int) -> int:
-    """k = ⌈log₂ log₂ n⌉ phases (at least 1) for the strongly convex reduction (000, Thm 4.8:
+    """k = ⌈log₂ log₂ n⌉ phases (at least 1) for the strongly convex reduction (Cheu et al. 2022, Thm 4.8:
     "k = O(log log n)")."""
     if records < 4:
         return 1
@@ -433,10 +433,10 @@ def plan_runs(
     batch_size: int | None = None,
     tuning: Tuning = DEFAULT_TUNING,
 ) -> tuple[RunPlan, ...]:
-    """The runs that process ``records`` records: one for convex losses, the k phases of 000
+    """The runs that process ``records`` records: one for convex losses, the k phases of Cheu et al. 2022
     Thm 4.8 for λ-strongly convex ones (λ = ``problem.strong_convexity`` > 0).
 
-    Phases (000, Thm 4.8 and its proof): k = :func:`phase_count` disjoint runs of about n/k
+    Phases (Cheu et al. 2022, Thm 4.8 and its proof): k = :func:`phase_count` disjoint runs of about n/k
     records, each warm-started from the previous output. Phase i is planned for the distance
     ``D_i``: ``D_1 = min(D, L_F/λ)`` with ``L_F = L + λ_r r`` (for θ* minimising the λ-strongly
     convex objective F over Θ, λ‖θ − θ*‖² ≤ ⟨∇F(θ), θ − θ*⟩ ≤ L_F ‖θ − θ*‖), and

@@ -1,4 +1,4 @@
-"""The contract every panpriv learner follows (see ``shared/reference/design.md``).
+"""The contract every panpriv learner follows (the architecture is described in README.md).
 
 A learner consumes a stream in micro-batches of any size through :meth:`Learner.learn_many`,
 keeps only noisy internal state, and releases parameters through :meth:`Learner.snapshot`.

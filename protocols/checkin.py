@@ -1,24 +1,24 @@
-"""RandomCheckinSGD: distributed SGD with random check-ins (002, Algs 1 and 2, §4.2).
+"""RandomCheckinSGD: distributed SGD with random check-ins (Balle et al. 2020, Algs 1 and 2, §4.2).
 
 Time and clients. Time is cut into *slots*; the server performs at most one model update per slot.
 Each record is one client who wakes up at a slot — from its stream position (``time="position"``:
 slot ⌊i / slot_length⌋ for the i-th record) or from its timestamp (``time="timestamp"``: slot
 ⌊(t − origin) / slot_length⌋, timestamps passed to :meth:`RandomCheckinSGD.learn_many`). On waking
-the client performs a random check-in (002 Def. 3.1) with her own randomness: with probability p₀
+the client performs a random check-in (Balle et al. 2020 Def. 3.1) with her own randomness: with probability p₀
 she requests one slot chosen uniformly from her window of m slots, otherwise she abstains
 (:func:`check_in` is the client-side helper for real deployments; in a replay it is simulated).
 
-- ``window="sliding"`` (002 §4.2): the window is {w, …, w + m − 1} for a client waking at slot w.
-- ``window="fixed"`` (002 Alg. 1): slots are grouped into rounds of m; a client waking during round r
+- ``window="sliding"`` (Balle et al. 2020 §4.2): the window is {w, …, w + m − 1} for a client waking at slot w.
+- ``window="fixed"`` (Balle et al. 2020 Alg. 1): slots are grouped into rounds of m; a client waking during round r
   checks into a slot of round r + 1 (in Alg. 1 every client checks in before the round's first
   slot; in a stream that means the next round).
 
 Server. Slots are closed in order as time passes (a record waking at slot w closes every slot
-< w). ``update="single"`` (002 Alg. 1): one client among those checked in at the slot is chosen
+< w). ``update="single"`` (Balle et al. 2020 Alg. 1): one client among those checked in at the slot is chosen
 uniformly (each candidate draws a uniform key, the least key wins — the client-side equivalent of
 the server's uniform pick, independent of all data); her message updates the model; an empty slot
 gets a *dummy update*, the same local randomizer applied to the zero gradient.
-``update="averaged"`` (002 Alg. 2): all checked-in clients' messages are averaged; empty slots are
+``update="averaged"`` (Balle et al. 2020 Alg. 2): all checked-in clients' messages are averaged; empty slots are
 skipped. Each update is a projected SGD step with public step sizes (:class:`protocols.sgd.AveragedSGD`),
 and the released model is the average of the iterates.
 
@@ -26,7 +26,7 @@ Local randomizer (``randomizer``): ``"l2"`` — the pure ε₀-DP ℓ2-ball mech
 Wainwright (proof in :class:`protocols.randomizers.L2BallRandomizer`); ``"gaussian"`` — clip to C
 and add N(0, (σC)² I), an (ε₀, δ₀)-DP randomizer.
 
-Deviation forced by streaming (stated in every report). In 002 the chosen client receives the
+Deviation forced by streaming (stated in every report). In Balle et al. 2020 the chosen client receives the
 current model θ_j at her slot j and computes her gradient then. A replayed record is available only
 when it arrives, and raw records never stay in the process, so here a client who checks in computes
 and randomizes her gradient *on arrival*, at the model of that time, and the message waits for its
@@ -36,10 +36,10 @@ outputs (an adaptive local randomizer, as the accounting requires). Utility pays
 
 Guarantee against the analyzer (``output``), from :mod:`accounting.checkin`, per record:
 
-- single update, ε₀-DP randomizer: the amplified bound derived there for 002 Thm 3.2 (fixed window)
+- single update, ε₀-DP randomizer: the amplified bound derived there for Balle et al. 2020 Thm 3.2 (fixed window)
   or the setting of Thm 4.3 (sliding windows), at the target δ; the randomizer's ε₀ is the largest
   for which that bound meets the target ε (never below ε itself: the bound is never above ε₀).
-- averaged updates (002 Thm 4.1), or the Gaussian randomizer (an (ε₀, δ₀) randomizer, for which no
+- averaged updates (Balle et al. 2020 Thm 4.1), or the Gaussian randomizer (an (ε₀, δ₀) randomizer, for which no
   amplified bound is derived): the unamplified fallback (ε₀, δ₀) — each record passes at most once
   through the local randomizer — with ε₀ (resp. σ) calibrated to the target directly.
 
@@ -54,8 +54,8 @@ output bound when nothing is amplified.
 
 References
 ----------
-002 (Balle, Kairouz, McMahan, Thakkar, Thakurta 2020), Def. 3.1, Alg. 1, Thm 3.2, Alg. 2, Thm 4.1,
-§4.2 and Thm 4.3; formulas.md (002 formulas [recalled]/[not available]); 000, Def. C.2.
+Balle, Kairouz, McMahan, Thakkar & Thakurta (2020), Def. 3.1, Alg. 1, Thm 3.2, Alg. 2, Thm 4.1,
+§4.2 and Thm 4.3; Cheu et al. 2022, Def. C.2.
 Duchi, Jordan & Wainwright (2018) (the ℓ2 randomizer).
 """
 
@@ -96,8 +96,8 @@ _OWNER = "RandomCheckinSGD"
 def window_start(wake_slot: int | NDArray[np.int64], slots: int, window: str) -> int | NDArray[np.int64]:
     """First slot of the check-in window of a client waking at ``wake_slot``.
 
-    ``"sliding"``: the wake slot itself (002 §4.2). ``"fixed"``: the first slot of the next round of
-    ``slots`` slots (002 Alg. 1, every client checks in before the round starts).
+    ``"sliding"``: the wake slot itself (Balle et al. 2020 §4.2). ``"fixed"``: the first slot of the next round of
+    ``slots`` slots (Balle et al. 2020 Alg. 1, every client checks in before the round starts).
     """
     if window == "sliding":
         return wake_slot
@@ -107,7 +107,7 @@ def window_start(wake_slot: int | NDArray[np.int64], slots: int, window: str) ->
 def check_in_slots(
     first_slots: NDArray[np.int64], slots: int, probability: float, generator: np.random.Generator
 ) -> NDArray[np.int64]:
-    """Random check-ins (002 Def. 3.1) of clients whose windows start at ``first_slots``.
+    """Random check-ins (Balle et al. 2020 Def. 3.1) of clients whose windows start at ``first_slots``.
 
     Each client, independently: with probability p₀ the slot ``first + U{0, …, slots − 1}``,
     otherwise −1 (abstains).
@@ -138,7 +138,7 @@ def check_in(
 
     References
     ----------
-    002, Def. 3.1 (an (R, p₀) check-in), Alg. 1 (client side), §4.2.
+    Balle et al. 2020, Def. 3.1 (an (R, p₀) check-in), Alg. 1 (client side), §4.2.
     """
     owner = "check_in"
     wake_slot = check.positive_int(owner, "wake_slot", wake_slot, minimum=0)
@@ -169,8 +169,8 @@ def amplified_epsilon0(update: str, window: str, probability: float, slots: int,
 def guarantee(update: str, window: str, epsilon0: float, delta0: float, probability: float, slots: int, delta: float) -> CheckinGuarantee:
     """The output guarantee of a check-in protocol from :mod:`accounting.checkin`.
 
-    single + fixed: ``fixed_window`` (002 Thm 3.2); single + sliding: ``sliding_window`` (the
-    setting of 002 Thm 4.3); averaged: ``averaged_updates`` (002 Thm 4.1, unamplified). With
+    single + fixed: ``fixed_window`` (Balle et al. 2020 Thm 3.2); single + sliding: ``sliding_window`` (the
+    setting of Balle et al. 2020 Thm 4.3); averaged: ``averaged_updates`` (Balle et al. 2020 Thm 4.1, unamplified). With
     δ₀ > 0 every one of them is the unamplified fallback (ε₀, δ₀).
     """
     if update == "averaged":
@@ -183,7 +183,7 @@ def _accountant(update: str, window: str) -> Callable[..., CheckinGuarantee]:
 
 
 class RandomCheckinSGD(MessageSGDLearner):
-    """SGD with random check-ins of streaming clients (002 Algs 1–2, sliding windows §4.2).
+    """SGD with random check-ins of streaming clients (Balle et al. 2020 Algs 1–2, sliding windows §4.2).
 
     Parameters
     ----------
@@ -222,7 +222,7 @@ class RandomCheckinSGD(MessageSGDLearner):
 
     References
     ----------
-    002, Def. 3.1, Algs 1–2, Thms 3.2, 4.1, 4.3, §4.2; Duchi, Jordan & Wainwright (2018).
+    Balle et al. 2020, Def. 3.1, Algs 1–2, Thms 3.2, 4.1, 4.3, §4.2; Duchi, Jordan & Wainwright (2018).
     """
 
     name = "checkin"
@@ -426,10 +426,10 @@ class RandomCheckinSGD(MessageSGDLearner):
             "and which slots were updated are public",
             f"local randomizer: {randomizer}; a dummy update is the same randomizer applied to the "
             "zero gradient",
-            f"random check-ins (002 Def. 3.1) with probability {self.checkin_probability:g} into a "
+            f"random check-ins (Balle et al. 2020 Def. 3.1) with probability {self.checkin_probability:g} into a "
             f"{self.window} window of {self.slots} slots, decided with the client's own randomness; "
             "the server chooses among checked-in clients without looking at their data",
-            "streaming deviation from 002: a client computes and randomizes her gradient on arrival, at "
+            "streaming deviation from Balle et al. 2020: a client computes and randomizes her gradient on arrival, at "
             "the model of that time, and the message waits for its slot (privacy unaffected: an "
             "adaptive local randomizer)",
             f"{self._output.theorem}: {self._output.status}"
@@ -438,8 +438,8 @@ class RandomCheckinSGD(MessageSGDLearner):
             f"pan-privacy: the state holds pending slots' local-randomizer messages; one intrusion plus "
             f"all outputs is bounded by the local guarantee {local}",
         ]
-        references = ["002, Def. 3.1", "002, Alg. 2" if self.update == "averaged" else "002, Alg. 1"]
-        references.append(self._output.theorem.split(" (")[0].replace("002 ", "002, "))
+        references = ["Balle et al. 2020, Def. 3.1", "Balle et al. 2020, Alg. 2" if self.update == "averaged" else "Balle et al. 2020, Alg. 1"]
+        references.append(self._output.theorem.split(" (")[0].replace("Balle et al. 2020 ", "Balle et al. 2020, "))
         references.append("Duchi, Jordan & Wainwright 2018" if self.randomizer == "l2" else "Balle & Wang 2018, Thm 8")
         return self._report(output, local, assumptions, references)
 

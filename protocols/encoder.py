@@ -1,4 +1,4 @@
-"""The shuffle-model vector-sum protocol PVEC (000, Alg. 2 over Alg. 1), vectorised over a batch.
+"""The shuffle-model vector-sum protocol PVEC (Cheu et al. 2022, Alg. 2 over Alg. 1), vectorised over a batch.
 
 Every shuffle-model learner encodes each batch of gradients through :class:`VectorSum`.
 
@@ -17,7 +17,7 @@ Each user sends exactly g + b messages per label, so a shuffled batch is a unifo
 ordering of a multiset of (label, bit) pairs, and that multiset is fixed by the per-label numbers
 of one-bits: the multiset with Tⱼ ones labelled j (and n(g + b) − Tⱼ zeros). A uniform permutation
 of it is a post-processing of T = (T₁, …, T_d) that needs no data. So the shuffler's view carries
-exactly the information in T — the privacy analysis (000, Lemma A.2's first step) works with T —
+exactly the information in T — the privacy analysis (Cheu et al. 2022, Lemma A.2's first step) works with T —
 and the encoder represents a user's messages by its per-coordinate count of one-bits,
 x̄ + η ∈ [0, g + b]. :meth:`VectorSum.randomize_bits` materialises the literal message list of one
 user (for the wire and for tests); :meth:`VectorSum.aggregate_messages` counts a shuffled list.
@@ -45,7 +45,7 @@ replay/testing mode.
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng), Alg. 1 (P1D), Alg. 2 (PVEC), Lemma 3.1, Thm 3.2, App. A.3 (robust
+Cheu, Joseph, Mao & Peng (2022), Alg. 1 (P1D), Alg. 2 (PVEC), Lemma 3.1, Thm 3.2, App. A.3 (robust
 variant); the calibrations are in :mod:`accounting.binomial`.
 """
 
@@ -97,11 +97,11 @@ class VectorSum:
     l2_bound : float
         Δ₂ > 0. Rows above it are a caller error (:class:`InvalidInputError`), never clipped here.
     calibration : {"tight", "paper"}, default "tight"
-        ``"paper"``: (g, b, p) of 000, Thm 3.2 via :func:`accounting.binomial.pvec_parameters`.
+        ``"paper"``: (g, b, p) of Cheu et al. 2022, Thm 3.2 via :func:`accounting.binomial.pvec_parameters`.
         ``"tight"``: :func:`accounting.binomial.tight_parameters`, the numerical accountant for
         this exact protocol (orders of magnitude less noise).
     honest_fraction : float, default 1.0
-        γ: the guarantee holds whenever at least ⌈γn⌉ users run the randomizer (000, Def. A.7,
+        γ: the guarantee holds whenever at least ⌈γn⌉ users run the randomizer (Cheu et al. 2022, Def. A.7,
         Claim A.8, Cor. A.9). In [1/3, 1] for ``"paper"``, (0, 1] for ``"tight"``.
 
     Attributes
@@ -117,7 +117,7 @@ class VectorSum:
 
     References
     ----------
-    000, Alg. 1, Alg. 2, Thm 3.2, Cor. A.9.
+    Cheu et al. 2022, Alg. 1, Alg. 2, Thm 3.2, Cor. A.9.
     """
 
     def __init__(
@@ -215,7 +215,7 @@ class VectorSum:
     def randomize_bits(
         self, x: NDArray[np.float64], rng: RngLike = None
     ) -> NDArray[np.int64]:
-        """The literal message list of one user (000, Alg. 1 line 7, per coordinate of Alg. 2).
+        """The literal message list of one user (Cheu et al. 2022, Alg. 1 line 7, per coordinate of Alg. 2).
 
         Each noise trial is drawn as its own Bernoulli(p) bit and the rounding as its own
         Bernoulli bit, so this path shares no sampling code with :meth:`randomize`.
@@ -289,7 +289,7 @@ class VectorSum:
         return _column_sums(counts.astype(np.int64, copy=False))
 
     def analyze(self, totals: NDArray[np.int64]) -> NDArray[np.float64]:
-        """A_VEC: the unbiased estimate (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ of Σᵢ xᵢ (000, Alg. 2 line 12)."""
+        """A_VEC: the unbiased estimate (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ of Σᵢ xᵢ (Cheu et al. 2022, Alg. 2 line 12)."""
         totals = np.asarray(totals)
         if totals.shape != (self.d,) or not np.issubdtype(totals.dtype, np.integer):
             raise InvalidInputError(

@@ -1,13 +1,13 @@
 """The parameter set Θ of the learners: a closed ℓ2 ball centred at the origin.
 
-000's theorems (4.1, 4.3, 4.7, 4.8, C.3) assume a closed convex Θ ⊂ R^d of diameter D; the
-algorithms project onto it (000, Alg. 3 line 4, Alg. 4 line 5 and Alg. 6 line 10, whose
+Cheu et al.'s theorems (4.1, 4.3, 4.7, 4.8, C.3) assume a closed convex Θ ⊂ R^d of diameter D; the
+algorithms project onto it (Cheu et al. 2022, Alg. 3 line 4, Alg. 4 line 5 and Alg. 6 line 10, whose
 ``argmin_{θ∈Θ} ⟨g, θ − θ_t⟩ + (L_t/2)‖θ − θ_t‖²`` is the projection of ``θ_t − g/L_t``). Θ also fixes
 the Lipschitz constant of losses whose gradient grows with ‖θ‖ (squared loss).
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng), Thms 4.3, 4.7, 4.8, C.3 (closed convex Θ of diameter D).
+Cheu, Joseph, Mao & Peng (2022), Thms 4.3, 4.7, 4.8, C.3 (closed convex Θ of diameter D).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ huber (h)     r²/2 if |r| ≤ h, h(|r| − h/2) else    h R_z       R_z²      
 ============  ====================================  ==========  ===========  ===========
 
 Binary labels may be given as 0/1 or −1/+1 (0 is mapped to −1). The prox is the per-record
-proximal operator used for Moreau smoothing (000, Def. 4.5 and Lemma 4.6): for a linear model it
+proximal operator used for Moreau smoothing (Cheu et al. 2022, Def. 4.5 and Lemma 4.6): for a linear model it
 reduces to a scalar equation ``c ∈ ∂φ(s − cκ, y)`` with ``κ = ‖z‖²/β``, and the gradient of the
 envelope is ``c z`` (see :meth:`Loss.envelope_gradient`).
 
@@ -35,7 +35,7 @@ Every loss is rebuilt from a JSON-ready dict: ``loss_from_config(loss.config()) 
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng), Def. 4.5 and Lemma 4.6 (Moreau envelope, Nesterov 2005), and the
+Cheu, Joseph, Mao & Peng (2022), Def. 4.5 and Lemma 4.6 (Moreau envelope, Nesterov 2005), and the
 L-Lipschitz / β-smooth assumptions of Thms 4.3, 4.7, 4.8 and C.3.
 """
 
@@ -127,7 +127,7 @@ class Loss(abc.ABC):
         work space (it may be overwritten); only the result is allocated."""
         raise InvalidInputError(
             f"{type(self).__name__} has no closed-form proximal operator; Moreau smoothing "
-            "(000, Lemma 4.6) is available for squared, hinge, absolute and huber"
+            "(Cheu et al. 2022, Lemma 4.6) is available for squared, hinge, absolute and huber"
         )
 
     def _extra_config(self) -> dict[str, Any]:
@@ -191,11 +191,11 @@ class Loss(abc.ABC):
         For ``φ_i(θ) = φ(⟨θ, z_i⟩, y_i)`` the prox is ``θ − (c/β) z_i`` with ``c`` solving
         ``c ∈ ∂φ(s − cκ)``, ``s = ⟨θ, z_i⟩``, ``κ = ‖z_i‖²/β``, so the envelope gradient is
         ``c z_i``. Since ``c`` is a subgradient of φ at the prox point, ``|c| ≤ sup|φ'|``: the
-        envelope is as Lipschitz as the loss, and β-smooth (000, Lemma 4.6, items 1–2).
+        envelope is as Lipschitz as the loss, and β-smooth (Cheu et al. 2022, Lemma 4.6, items 1–2).
 
         Notes
         -----
-        000, Def. 4.5 takes the minimum over θ′ ∈ Θ; here it is over all of R^p, the classical
+        Cheu et al. 2022, Def. 4.5 takes the minimum over θ′ ∈ Θ; here it is over all of R^p, the classical
         Moreau envelope (Nesterov 2005), because that one has the closed form. Lemma 4.6's three
         properties hold for it unchanged (and with Lipschitz constant L instead of 2L).
         """

@@ -1,17 +1,17 @@
-"""Pan-private AC-SA: 000 Algorithm 6 with the four cases of 000 Theorem C.3.
+"""Pan-private AC-SA: Cheu et al. 2022 Algorithm 6 with the four cases of Cheu et al. 2022 Theorem C.3.
 
 The learner reads a stream one record at a time (vectorised over micro-batches) and keeps, as its
 whole internal state, the AC-SA iterates (θ_t, θ^ag_t, θ^md_t) and a gradient accumulator g_t.
 Records are grouped into consecutive batches of planned sizes b_t; for batch t:
 
-- when its first record arrives, ``g_t ← Z_t ~ N(0, ζ_t² I)`` (000 Alg. 6 lines 4–5);
+- when its first record arrives, ``g_t ← Z_t ~ N(0, ζ_t² I)`` (Cheu et al. 2022 Alg. 6 lines 4–5);
 - each record adds ``∇ℓ(θ^md_t; x)/b_t`` (line 7), with the gradient clipped to norm L;
 - at its end, ``g_t ← g_t + N(0, ζ_t² I)`` (line 9), the exact ridge gradient λ_r θ^md_t is added,
   and the AC-SA step of :mod:`protocols.acsa` runs (lines 10–12, Lan's update).
 
 An intruder who reads the state mid-batch sees ``Z_t + (partial sum)/b_t``, protected by Z_t;
 released parameters depend on the batch only through the full sum plus both draws, and given
-the intrusion the second draw protects the records after it (000, Lemma C.4, Case 2). So each
+the intrusion the second draw protects the records after it (Cheu et al. 2022, Lemma C.4, Case 2). So each
 draw alone must make the batch mean (ε, δ)-DP; its ℓ2 sensitivity under replacement of one
 record is 2L/b_t. Because every record enters exactly one batch and everything else is
 post-processing, the learner is (ε, δ)-pan-private (one intrusion plus all outputs) and its
@@ -20,7 +20,7 @@ outputs are (ε, δ)-DP, per record, however long the stream runs.
 Noise calibration: ``calibration="analytic"`` (default) takes the smallest ζ for which the Gaussian
 mechanism with sensitivity 2L/b is (ε, δ)-DP (Balle & Wang 2018, via
 :func:`accounting.gaussian.analytic_sigma`), valid for every ε > 0; ``"classic"`` takes
-ζ² = 8 L² log(2/δ)/(b² ε²) of 000 Alg. 6 line 1 / Lemma C.5, valid for ε < 1 only and never
+ζ² = 8 L² log(2/δ)/(b² ε²) of Cheu et al. 2022 Alg. 6 line 1 / Lemma C.5, valid for ε < 1 only and never
 smaller. Lemma C.4's proof uses nothing about ζ beyond that (ε, δ)-DP property, so both give the
 same guarantee.
 
@@ -31,9 +31,9 @@ of the noisy gradients (:func:`protocols.acsa.step`).
 
 Cases of Thm C.3 (parameters from :func:`protocols.acsa.plan_runs`):
 
-1. convex, non-smooth loss → Moreau smoothing (000 Thm 4.7): envelope gradients via the prox;
-2. β-smooth loss → AC-SA on the loss itself (000 Thm 4.3);
-3. λ-strongly convex (ridge or declared ``strong_convexity``), non-smooth → phases of 000 Thm 4.8,
+1. convex, non-smooth loss → Moreau smoothing (Cheu et al. 2022 Thm 4.7): envelope gradients via the prox;
+2. β-smooth loss → AC-SA on the loss itself (Cheu et al. 2022 Thm 4.3);
+3. λ-strongly convex (ridge or declared ``strong_convexity``), non-smooth → phases of Cheu et al. 2022 Thm 4.8,
    each Moreau-smoothed;
 4. λ-strongly convex and β-smooth → phases of Thm 4.8 without smoothing.
 
@@ -44,7 +44,7 @@ record still enters exactly one batch, so the guarantee does not change.
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng), Def. C.2 (pan-privacy), Alg. 6, Thm C.3, Lemma C.4, Lemma C.5;
+Cheu, Joseph, Mao & Peng (2022), Def. C.2 (pan-privacy), Alg. 6, Thm C.3, Lemma C.4, Lemma C.5;
 Alg. 4, Lemma 4.4, Thms 4.3, 4.7, 4.8 (the shuffle counterparts whose parameters C.3 reuses).
 Balle & Wang (2018), "Improving the Gaussian mechanism for differential privacy", Thm 8.
 G. Lan (2012), Math. Program. 133:365–397 (AC-SA).
@@ -112,7 +112,7 @@ def _unit_sigma(calibration: str, epsilon: float, delta: float) -> float:
 
 
 class PanPrivateACSA(Learner):
-    """Pan-private accelerated stochastic approximation (000, Alg. 6 and Thm C.3).
+    """Pan-private accelerated stochastic approximation (Cheu et al. 2022, Alg. 6 and Thm C.3).
 
     Parameters
     ----------
@@ -125,19 +125,19 @@ class PanPrivateACSA(Learner):
     horizon
         Records in the first epoch (the planned stream length n); ``None``: :data:`FIRST_EPOCH`.
     batch_size
-        Override of the planned batch size b (000, proof of Thm 4.3); ``None`` plans it.
+        Override of the planned batch size b (Cheu et al. 2022, proof of Thm 4.3); ``None`` plans it.
     radius
         Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
     feature_bound
         R: features are clipped to norm R (an intercept feature is added after clipping).
     strong_convexity
         λ ≥ 0 of the unregularised population loss, if known; the loss's ridge adds to it.
-        λ > 0 selects the phased reduction of 000, Thm 4.8 (cases 3 and 4).
+        λ > 0 selects the phased reduction of Cheu et al. 2022, Thm 4.8 (cases 3 and 4).
     smoothing
         ``"auto"``: Moreau-smooth non-smooth losses only; ``"moreau"``: always (needs a closed-form
         prox); ``"none"``: never (needs a smooth loss).
     calibration
-        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (000 Lemma C.5, ε < 1). Calibrates the
+        ``"analytic"`` (default, any ε > 0) or ``"classic"`` (Cheu et al. 2022 Lemma C.5, ε < 1). Calibrates the
         float Gaussian draws; with ``noise="secure"`` the discrete Gaussian has its own calibration.
     gradient_bound
         C: per-record gradients are clipped to norm min(C, L), L the loss's worst-case bound over Θ;
@@ -148,7 +148,7 @@ class PanPrivateACSA(Learner):
     restart
         ``"gradient"`` (default): AC-SA restarts when the noisy gradient shows the momentum
         overshooting (O'Donoghue & Candès 2015; post-processing, :func:`protocols.acsa.step`),
-        planned with :data:`protocols.acsa.RESTART_TUNING`. ``"none"``: Lan's method with 000's
+        planned with :data:`protocols.acsa.RESTART_TUNING`. ``"none"``: Lan's method with Cheu et al.'s
         parameters, for which Thm C.3's utility bound is proven.
     noise
         ``"gaussian"`` (default): float64 Gaussian draws from numpy, accumulator in float64.
@@ -165,7 +165,7 @@ class PanPrivateACSA(Learner):
 
     Notes
     -----
-    Deviations from 000, each explained where implemented: Lan's middle-point update instead of
+    Deviations from Cheu et al. 2022, each explained where implemented: Lan's middle-point update instead of
     Alg. 6 line 12 (:func:`protocols.acsa.step`); α_t = 2/(t+1) (:func:`protocols.acsa.alpha`); the
     Moreau envelope over R^p instead of Θ (:meth:`protocols.losses.Loss.envelope_gradient`);
     batch sizes b_t ∈ {⌊n/T⌋, ⌊n/T⌋ + 1} so that every record is used; the analytic calibration;
@@ -174,7 +174,7 @@ class PanPrivateACSA(Learner):
 
     References
     ----------
-    000, Alg. 6, Thm C.3, Lemma C.4, Lemma C.5, Def. C.2; Lan (2012); Balle & Wang (2018).
+    Cheu et al. 2022, Alg. 6, Thm C.3, Lemma C.4, Lemma C.5, Def. C.2; Lan (2012); Balle & Wang (2018).
     """
 
     name = "pan-acsa"
@@ -205,7 +205,7 @@ class PanPrivateACSA(Learner):
         self.calibration = check.choice(_OWNER, "calibration", calibration, ("analytic", "classic"))
         self.delta = check.open_unit(_OWNER, "delta", delta)
         if self.calibration == "classic":
-            self.epsilon = check.open_unit(_OWNER, "epsilon", epsilon)  # 000 Lemma C.5: ε < 1
+            self.epsilon = check.open_unit(_OWNER, "epsilon", epsilon)  # Cheu et al. 2022 Lemma C.5: ε < 1
         else:
             self.epsilon = check.positive(_OWNER, "epsilon", epsilon)
         unit_sigma = _unit_sigma(self.calibration, self.epsilon, self.delta)
@@ -262,7 +262,7 @@ class PanPrivateACSA(Learner):
 
     @property
     def tuning(self) -> Tuning:
-        """The planning constants: :data:`protocols.acsa.RESTART_TUNING` with restarts, 000's
+        """The planning constants: :data:`protocols.acsa.RESTART_TUNING` with restarts, Cheu et al.'s
         (:data:`protocols.acsa.DEFAULT_TUNING`) without."""
         return RESTART_TUNING if self.restart == "gradient" else DEFAULT_TUNING
 
@@ -381,7 +381,7 @@ class PanPrivateACSA(Learner):
     # -- outputs -------------------------------------------------------------------------------
 
     def release(self) -> Array:
-        """θ^ag of the run in progress (the output of 000 Alg. 6; the warm start at a run's start)."""
+        """θ^ag of the run in progress (the output of Cheu et al. 2022 Alg. 6; the warm start at a run's start)."""
         return self._iterate.theta_ag.copy()
 
     @property
@@ -389,14 +389,14 @@ class PanPrivateACSA(Learner):
         return self._records
 
     def privacy(self) -> PrivacyReport:
-        """(ε, δ) per record for all outputs, and for one intrusion plus all outputs (000, Lemma C.4).
+        """(ε, δ) per record for all outputs, and for one intrusion plus all outputs (Cheu et al. 2022, Lemma C.4).
 
         In the seeded replay/testing mode the intrusion guarantee is reported as none: the
         generator in memory lets an intruder predict the noise still to come.
         """
         guarantee = Guarantee(self.epsilon, self.delta)
         calibration = (
-            "analytic Gaussian (Balle & Wang 2018)" if self.calibration == "analytic" else "classic Gaussian (000, Lemma C.5)"
+            "analytic Gaussian (Balle & Wang 2018)" if self.calibration == "analytic" else "classic Gaussian (Cheu et al. 2022, Lemma C.5)"
         )
         assumptions = [
             "neighbouring streams differ in one record (replacement); stream positions, counts and "
@@ -409,7 +409,7 @@ class PanPrivateACSA(Learner):
             "the intruder reads the internal state (iterates and partial gradient accumulator) at "
             "most once; every noise draw comes from a generator keyed from OS entropy and zeroed after the draw",
         ]
-        references = ["000, Alg. 6", "000, Lemma C.4", "000, Thm C.3", "000, Def. C.2"]
+        references = ["Cheu et al. 2022, Alg. 6", "Cheu et al. 2022, Lemma C.4", "Cheu et al. 2022, Thm C.3", "Cheu et al. 2022, Def. C.2"]
         if self._secure is not None:  # secure noise: the draws are discrete Gaussians
             assumptions[2] = (
                 "each batch gets two draws (at its start and at its end), each making the batch sum "
@@ -422,7 +422,7 @@ class PanPrivateACSA(Learner):
             assumptions.append(secure_noise.describe(self._secure))
             references += ["Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"]
         else:
-            references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "000, Lemma C.5")
+            references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "Cheu et al. 2022, Lemma C.5")
         return self._privacy_report(guarantee, guarantee, assumptions, references, seeded=self._noise.is_seeded)
 
     # -- persistence ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Projected noisy SGD with privacy amplification by iteration: online and shuffled (003).
+"""Projected noisy SGD with privacy amplification by iteration: online and shuffled (Sordello et al. 2021).
 
-Both learners run, one record at a time, the PNSGD update of 003 (Sec. 1)
+Both learners run, one record at a time, the PNSGD update of Sordello et al. 2021 (Sec. 1)
 
     w_{t+1} = Π_K(w_t − η(∇ℓ(w_t; x_{t+1}) + Z_{t+1})),
 
@@ -11,22 +11,22 @@ only (K = [−r, r]), Laplace L(0, v_t). The step w ↦ w − η∇ℓ(w) is M-L
 (:func:`accounting.iteration.contraction`), which is what amplification by iteration needs, so
 the constructors refuse η > 2/β and non-smooth losses.
 
-Accounting follows what is released (003, Thm 1 and Sec. 5). A record at position i is hidden by
+Accounting follows what is released (Sordello et al. 2021, Thm 1 and Sec. 5). A record at position i is hidden by
 its own noisy step (factor A_i = θ_{e^ε}(2L/σ_i)) and then by every later step until the first
 released iterate w_{s(i)}, each contracting the hockey-stick divergence by B_t = θ_{e^ε}(MD/(ησ_t)):
 δ_i = A_i ∏_{t=i+1}^{s(i)} B_t. Later releases are post-processing of w_{s(i)} together with
-independent records and noise. 003 assumes every intermediate iterate stays hidden; here every
+independent records and noise. Sordello et al. 2021 assumes every intermediate iterate stays hidden; here every
 ``snapshot()`` is a release and the learners record where it happened (``_note_release``).
 
-- :class:`OnlinePNSGD` (``"pnsgd"``): the decaying noise of 003, Thm 7 (Gaussian) or Thm 6 (Laplace,
+- :class:`OnlinePNSGD` (``"pnsgd"``): the decaying noise of Sordello et al. 2021, Thm 7 (Gaussian) or Thm 6 (Laplace,
   d = 1), optionally floored for pan-privacy. Because its noise never increases along the stream,
   the least protected released record is the one just before the last release (proof in
   :meth:`OnlinePNSGD.privacy`), so the accounting is O(1) per release.
 - :class:`ShuffledPNSGD` (``"shuffled-pnsgd"``): one pass over a recorded stream of n records in
-  the order of a uniformly random permutation, with the fixed noise of 003, Thm 5 (Gaussian) or
-  Thm 4 (Laplace, d = 1) and the guarantee of 003, Thm 2, extended to intermediate snapshots.
+  the order of a uniformly random permutation, with the fixed noise of Sordello et al. 2021, Thm 5 (Gaussian) or
+  Thm 4 (Laplace, d = 1) and the guarantee of Sordello et al. 2021, Thm 2, extended to intermediate snapshots.
 
-Pan-privacy (000, Def. C.2). The internal state is the current iterate w_t (plus counters and the
+Pan-privacy (Cheu et al. 2022, Def. C.2). The internal state is the current iterate w_t (plus counters and the
 last released parameters). An intruder who reads it right after record i's step sees w_i, which
 depends on record i through that one noisy step only: the intrusion guarantee is (ε, A_i) — no
 amplification at all. Under the decaying schedule A_i → 1, and the learners say so; the
@@ -34,9 +34,9 @@ amplification at all. Under the decaying schedule A_i → 1, and the learners sa
 
 References
 ----------
-003: Sordello, Bu, Dong, Su, "Privacy amplification via iteration for shuffled and online PNSGD"
-(``shared/seeds/003_*.txt``): Thm 1 (from Asoodeh, Diaz, Calmon 2020, Thms 3–4), Thm 2 and App. A,
-Thms 4–7, App. B–F. 000 (Cheu, Joseph, Mao, Peng), Def. C.2 (pan-privacy). Balle & Wang (2018),
+Sordello, Bu, Dong & Su (2021), "Privacy amplification via iteration for shuffled and online PNSGD"
+(docs/references.md): Thm 1 (from Asoodeh, Diaz, Calmon 2020, Thms 3–4), Thm 2 and App. A,
+Thms 4–7, App. B–F. Cheu, Joseph, Mao & Peng (2022), Def. C.2 (pan-privacy). Balle & Wang (2018),
 Thm 8 (analytic Gaussian, for the pan floor).
 """
 
@@ -130,12 +130,12 @@ class _PNSGD(Learner):
         if not self.loss.smooth:
             raise InvalidInputError(check.message(
                 owner, "loss", "a smooth loss (logistic, squared or huber): amplification by iteration "
-                "needs the gradient step to be a contraction (003, Thm 1)", self.loss.name,
+                "needs the gradient step to be a contraction (Sordello et al. 2021, Thm 1)", self.loss.name,
             ))
         self._params = self.loss.param_dim(self.dim)
         if self.noise == "laplace" and self._params != 1:
             raise InvalidInputError(check.message(
-                owner, "noise", f"'gaussian' for a model with {self._params} parameters: 003 proves the "
+                owner, "noise", f"'gaussian' for a model with {self._params} parameters: Sordello et al. 2021 proves the "
                 "Laplace case (Thm 1, Eq. (4); Thms 4, 6) only for K = [a, b], one parameter", self.noise,
             ))
         self._ball = L2Ball(self.radius)
@@ -167,7 +167,7 @@ class _PNSGD(Learner):
         return (self._lipschitz * slack, self.eta, self._ball.diameter * slack, self._beta, self._rho)
 
     def _step_delta(self, scale: float) -> float:
-        """A = δ(ε) of one step with noise level ``scale`` (003, Eq. (3) or (4)), unrounded."""
+        """A = δ(ε) of one step with noise level ``scale`` (Sordello et al. 2021, Eq. (3) or (4)), unrounded."""
         single = pnsgd_delta if self.noise == "gaussian" else pnsgd_laplace_delta
         return self._accounting_call(single, self.epsilon, [scale], 1, *self._model())
 
@@ -181,7 +181,7 @@ class _PNSGD(Learner):
         """Hook: refuse records the learner cannot take (ShuffledPNSGD after its pass)."""
 
     def learn_many(self, X: Array, y: Array) -> None:
-        """One PNSGD step per record, in the order given (003, Sec. 1).
+        """One PNSGD step per record, in the order given (Sordello et al. 2021, Sec. 1).
 
         Features, labels and the noise levels are prepared for the whole micro-batch; the steps
         themselves are sequential, and each step's noise is drawn when that step runs (never in
@@ -224,7 +224,7 @@ class _PNSGD(Learner):
     # -- outputs -------------------------------------------------------------------------------
 
     def release(self) -> Array:
-        """The current iterate w_t, what a snapshot publishes (003 releases the last iterate; an
+        """The current iterate w_t, what a snapshot publishes (Sordello et al. 2021 releases the last iterate; an
         average of iterates would depend on the hidden intermediate ones)."""
         return self._theta.copy()
 
@@ -267,7 +267,7 @@ class _PNSGD(Learner):
             "gradient by at most 2L",
             f"K is the l2 ball of radius {self.radius:g} (D = {self._ball.diameter:g}); the loss is "
             f"beta = {self._beta:.6g}-smooth and rho = {self._rho:.6g}-strongly convex, eta = {self.eta:g} "
-            f"<= 2/beta, so each gradient step is M = {m:.6g}-Lipschitz (003, Thm 1)",
+            f"<= 2/beta, so each gradient step is M = {m:.6g}-Lipschitz (Sordello et al. 2021, Thm 1)",
             "only snapshots leave the learner (predictions use the last snapshot); each is the "
             "current iterate, and the iterates between snapshots stay hidden",
             "the intruder reads the internal state (the iterate) at most once, between two record "
@@ -327,7 +327,7 @@ def _counter(owner: str, key: str, value: object) -> int:
 
 
 class OnlinePNSGD(_PNSGD):
-    """Online PNSGD with the decaying noise of 003, Thm 7 (Gaussian) or Thm 6 (Laplace, d = 1).
+    """Online PNSGD with the decaying noise of Sordello et al. 2021, Thm 7 (Gaussian) or Thm 6 (Laplace, d = 1).
 
     Parameters
     ----------
@@ -346,7 +346,7 @@ class OnlinePNSGD(_PNSGD):
     alpha
         Decay exponent α > 1 of the schedule.
     C1, C2
-        Schedule constants of Thms 6–7 (defaults: 003, App. G's online setting, C1 = C2 = 100).
+        Schedule constants of Thms 6–7 (defaults: Sordello et al. 2021, App. G's online setting, C1 = C2 = 100).
         Larger C1 means more noise and smaller δ; C2 bounds the noise of the first steps. The
         Laplace schedule needs 1/C1 + C2 > 1.
     pan_delta
@@ -360,7 +360,7 @@ class OnlinePNSGD(_PNSGD):
 
     Notes
     -----
-    Noise schedule (003, Thm 7): σ_j = M D/(2η √W(j^{2α}/(2πC1²) + C2)), W the Lambert W function;
+    Noise schedule (Sordello et al. 2021, Thm 7): σ_j = M D/(2η √W(j^{2α}/(2πC1²) + C2)), W the Lambert W function;
     (Thm 6): v_j = M D/(2η log(j^α/C1 + C2)); with ``pan_delta``, σ_j ← max(σ_j, σ_pan), where
     σ_pan = :func:`accounting.gaussian.analytic_sigma` (ε, δ_pan, 2L) and, for Laplace,
     v_pan = 2L/(ε − 2 log(1 − δ_pan)) (the root of (1 − e^{ε/2 − L/v})_+ = δ_pan, Eq. (4)).
@@ -368,7 +368,7 @@ class OnlinePNSGD(_PNSGD):
     The noise injected into the iterate per step, ησ_j = M D/(2√W(·)), does not depend on η and
     shrinks only like D/√(α log j): it has to, for B_j = θ(2√W) = 1 − O(j^{−α}) to make the
     products of Thms 6–7 converge. The iterate therefore keeps moving on the scale of K; this is
-    the price of 003's online guarantee, measured in ``benchmarks/utility_pnsgd.py``.
+    the price of Sordello et al.'s online guarantee, measured in ``benchmarks/utility_pnsgd.py``.
 
     Pan floor trade-off: with σ_pan the per-step noise stops decaying. Every step is
     (ε, δ_pan)-DP, so the intrusion guarantee and (by post-processing) the output guarantee are at
@@ -377,7 +377,7 @@ class OnlinePNSGD(_PNSGD):
 
     References
     ----------
-    003, Thms 1, 6, 7 and Sec. 5; App. E–F (limits δ^{*,o}). 000, Def. C.2. Balle & Wang (2018).
+    Sordello et al. 2021, Thms 1, 6, 7 and Sec. 5; App. E–F (limits δ^{*,o}). Cheu et al. 2022, Def. C.2. Balle & Wang (2018).
     """
 
     name = "pnsgd"
@@ -411,7 +411,7 @@ class OnlinePNSGD(_PNSGD):
         sensitivity = 2.0 * self._model()[0]
         if self.noise == "gaussian":
             return self._accounting_call(analytic_sigma, self.epsilon, target, sensitivity)
-        # Laplace (003, Eq. (4)): A = (1 − e^{(ε − 2L/v)/2})_+ = target  ⇔  v = 2L/(ε − 2 log(1 − target)).
+        # Laplace (Sordello et al. 2021, Eq. (4)): A = (1 − e^{(ε − 2L/v)/2})_+ = target  ⇔  v = 2L/(ε − 2 log(1 − target)).
         scale = sensitivity / (self.epsilon - 2.0 * math.log1p(-target))
         while self._step_delta(scale) > target:  # rounding: step up until the bound holds
             scale = math.nextafter(scale, math.inf)
@@ -419,7 +419,7 @@ class OnlinePNSGD(_PNSGD):
 
     def noise_scales(self, first: int, count: int) -> Array:
         """Noise levels of steps ``first … first + count − 1`` (1-based): σ_j (Gaussian) or v_j
-        (Laplace) of 003, Thm 7 / Thm 6, floored at the pan level if ``pan_delta`` is set."""
+        (Laplace) of Sordello et al. 2021, Thm 7 / Thm 6, floored at the pan level if ``pan_delta`` is set."""
         first = check.positive_int(self._owner, "first", first)
         count = check.positive_int(self._owner, "count", count)
         steps = np.arange(first, first + count, dtype=np.int64)
@@ -442,7 +442,7 @@ class OnlinePNSGD(_PNSGD):
     def privacy(self) -> PrivacyReport:
         """Output and intrusion guarantees for the records processed so far.
 
-        Output: δ = max_i δ_i over released records, δ_i = A_i ∏_{t=i+1}^{s(i)} B_t (003, Thm 1 and
+        Output: δ = max_i δ_i over released records, δ_i = A_i ∏_{t=i+1}^{s(i)} B_t (Sordello et al. 2021, Thm 1 and
         Sec. 5, with s(i) the first snapshot at or after i). The schedule never increases the
         noise, so A_i is non-decreasing in i (θ increases in 2L/σ_i) and B_t ≤ 1; hence
         δ_i ≤ A_i ≤ A_s for every released i ≤ s = the last snapshot position, with equality for
@@ -459,7 +459,7 @@ class OnlinePNSGD(_PNSGD):
         theorem = "Thm 7" if self.noise == "gaussian" else "Thm 6"
         assumptions = self._common_assumptions()
         assumptions.append(
-            f"decaying {self.noise} noise of 003, {theorem} (alpha = {self.alpha:g}, C1 = {self.C1:g}, "
+            f"decaying {self.noise} noise of Sordello et al. 2021, {theorem} (alpha = {self.alpha:g}, C1 = {self.C1:g}, "
             f"C2 = {self.C2:g}); the least protected released record is the one just before the last "
             f"snapshot (position {self._last_release}), protected by its own step only"
         )
@@ -473,7 +473,7 @@ class OnlinePNSGD(_PNSGD):
                 f"pan floor: noise level >= {self._floor:.6g}, so every step is "
                 f"(epsilon, {self.pan_delta:g})-DP with sensitivity 2L"
             )
-        references = ["003, Thm 1", f"003, {theorem}", "003, Sec. 5", "Asoodeh et al. 2020, Thms 3-4", "000, Def. C.2"]
+        references = ["Sordello et al. 2021, Thm 1", f"Sordello et al. 2021, {theorem}", "Sordello et al. 2021, Sec. 5", "Asoodeh et al. 2020, Thms 3-4", "Cheu et al. 2022, Def. C.2"]
         if self.pan_delta is not None and self.noise == "gaussian":
             references.append("Balle & Wang 2018, Thm 8")
         return self._report(output, intrusion, assumptions, references)
@@ -482,7 +482,7 @@ class OnlinePNSGD(_PNSGD):
         """δ_i = A_i ∏_{t=i+1}^{s} B_t of the record at ``position`` if its first release is the
         iterate after step ``release`` (default: the records seen so far), unrounded.
 
-        This is the quantity of 003, Figs 1–2 (right panels): δ at n for the record at i. A what-if
+        This is the quantity of Sordello et al. 2021, Figs 1–2 (right panels): δ at n for the record at i. A what-if
         of the accounting (the schedule is public), costing O(s − i).
         """
         position = check.positive_int(self._owner, "position", position)
@@ -494,7 +494,7 @@ class OnlinePNSGD(_PNSGD):
         return self._accounting_call(single, self.epsilon, scales, 1, *self._model())
 
     def online_limit(self, position: int) -> OnlineLimit:
-        """δ^{*,o} of 003, Thm 7 (Thm 6 for Laplace) for the record at ``position``: the limit of
+        """δ^{*,o} of Sordello et al. 2021, Thm 7 (Thm 6 for Laplace) for the record at ``position``: the limit of
         its δ when no iterate is released before the end of an infinitely long stream.
 
         Computed for the schedule without the pan floor (a floor only lowers every A and B, so the
@@ -514,7 +514,7 @@ class OnlinePNSGD(_PNSGD):
 
 
 class ShuffledPNSGD(_PNSGD):
-    """One pass of PNSGD over a recorded stream of n records in uniformly random order (003, Thm 2).
+    """One pass of PNSGD over a recorded stream of n records in uniformly random order (Sordello et al. 2021, Thm 2).
 
     Parameters
     ----------
@@ -523,8 +523,8 @@ class ShuffledPNSGD(_PNSGD):
     n
         Number of records in the recording (public); the pass has exactly n steps.
     C1, C2
-        Constants of the fixed noise of 003, Thm 5 (Gaussian) / Thm 4 (Laplace); defaults from
-        003, App. G (C1 = 1e5, C2 = 100). δ(n) → δ*_G = (1 − e^{−2C1e^{ε/2}})/(2C1e^{ε/2}) (Thm 5)
+        Constants of the fixed noise of Sordello et al. 2021, Thm 5 (Gaussian) / Thm 4 (Laplace); defaults from
+        Sordello et al. 2021, App. G (C1 = 1e5, C2 = 100). δ(n) → δ*_G = (1 − e^{−2C1e^{ε/2}})/(2C1e^{ε/2}) (Thm 5)
         or δ*_L = (1 − e^{−C1e^{ε/2}})/(C1e^{ε/2}) (Thm 4); the report gives δ at the actual n.
 
     Notes
@@ -539,9 +539,9 @@ class ShuffledPNSGD(_PNSGD):
     Accounting. Conditional on π, the record that differs sits at position j = π(i) and Thm 1 gives
     A B^{s(j)−j} (s(j): first snapshot at or after j; positions after the last snapshot give 0).
     π is uniform and independent of the release positions, so by joint convexity of the
-    hockey-stick divergence (003, App. A) δ = (1/n) Σ_j A B^{s(j)−j} = Σ_windows (g/n)·δ_Thm2(g),
+    hockey-stick divergence (Sordello et al. 2021, App. A) δ = (1/n) Σ_j A B^{s(j)−j} = Σ_windows (g/n)·δ_Thm2(g),
     with g the window lengths between snapshots and δ_Thm2(g) = A(1 − B^g)/(g(1 − B)). With only
-    the final iterate released this is 003, Thm 2 exactly; intermediate snapshots cost more.
+    the final iterate released this is Sordello et al. 2021, Thm 2 exactly; intermediate snapshots cost more.
 
     Intrusion. π is in memory (it drives the reading), so an intruder knows every record's
     position and sees the current iterate: the intrusion guarantee is (ε, A), A = θ_{e^ε}(2L/σ)
@@ -560,7 +560,7 @@ class ShuffledPNSGD(_PNSGD):
 
     References
     ----------
-    003, Thms 1, 2, 4, 5 and App. A, B, D.
+    Sordello et al. 2021, Thms 1, 2, 4, 5 and App. A, B, D.
     """
 
     name = "shuffled-pnsgd"
@@ -596,7 +596,7 @@ class ShuffledPNSGD(_PNSGD):
 
     @property
     def noise_scale(self) -> float:
-        """The fixed σ(n) of 003, Thm 5 (or v(n) of Thm 4) used at every step."""
+        """The fixed σ(n) of Sordello et al. 2021, Thm 5 (or v(n) of Thm 4) used at every step."""
         return self._scale
 
     def _scales(self, start: int, count: int) -> Array:
@@ -655,7 +655,7 @@ class ShuffledPNSGD(_PNSGD):
 
     def privacy(self) -> PrivacyReport:
         """Output: Σ over the windows between snapshots of (g/n)·δ_Thm2(g) (see the class Notes);
-        003, Thm 2 when only the final iterate is released. Intrusion: A = θ_{e^ε}(2L/σ) once a
+        Sordello et al. 2021, Thm 2 when only the final iterate is released. Intrusion: A = θ_{e^ε}(2L/σ) once a
         record has been processed."""
         intrusion = self._step_delta(self._scale) if self._records else 0.0
         theorem = "Thm 5" if self.noise == "gaussian" else "Thm 4"
@@ -663,10 +663,10 @@ class ShuffledPNSGD(_PNSGD):
         assumptions.extend([
             f"the n = {self.n} records are visited in the order of one uniformly random permutation drawn "
             "by this learner, independent of the snapshot positions",
-            f"fixed {self.noise} noise of 003, {theorem} at n = {self.n} (level {self._scale:.6g})",
+            f"fixed {self.noise} noise of Sordello et al. 2021, {theorem} at n = {self.n} (level {self._scale:.6g})",
             "the intruder also reads the permutation, so an intrusion is protected by one noisy step",
         ])
-        references = ["003, Thm 1", "003, Thm 2", f"003, {theorem}", "003, App. A", "000, Def. C.2"]
+        references = ["Sordello et al. 2021, Thm 1", "Sordello et al. 2021, Thm 2", f"Sordello et al. 2021, {theorem}", "Sordello et al. 2021, App. A", "Cheu et al. 2022, Def. C.2"]
         return self._report(self._window_delta, intrusion, assumptions, references)
 
     # -- persistence ---------------------------------------------------------------------------

@@ -2,23 +2,23 @@
 
 Both randomizers first clip the gradient to ℓ2 norm C (``clip``), so that any two inputs of one
 user are within distance 2C — the sensitivity under replacement of her record — and are unbiased
-for the clipped gradient. A *dummy* message (002, Alg. 1: the server's update for an empty time
+for the clipped gradient. A *dummy* message (Balle et al. 2020, Alg. 1: the server's update for an empty time
 slot) is the same randomizer applied to the zero vector (:meth:`dummy`), which is what the
 amplification argument of :mod:`accounting.checkin` requires.
 
-- :class:`GaussianRandomizer`: x + N(0, (σC)² I), σ the *noise multiplier* relative to C (004 §5.2's
+- :class:`GaussianRandomizer`: x + N(0, (σC)² I), σ the *noise multiplier* relative to C (Liew & Takahashi 2022 §5.2's
   convention). It is (ε₀, δ₀)-DP with the exact Gaussian privacy profile for sensitivity 2C
-  (Balle & Wang 2018, Thm 8); in 004's normalisation (records at distance 1) its noise is σ/2.
+  (Balle & Wang 2018, Thm 8); in Liew & Takahashi's normalisation (records at distance 1) its noise is σ/2.
 - :class:`L2BallRandomizer`: the ℓ2-ball sampling mechanism of Duchi, Jordan & Wainwright (2018),
-  a pure ε₀-DP randomizer for vectors (the "ε₀-DP randomizer" of 002 Thm 3.2); the proof of ε₀ is
+  a pure ε₀-DP randomizer for vectors (the "ε₀-DP randomizer" of Balle et al. 2020 Thm 3.2); the proof of ε₀ is
   in its docstring.
 
 References
 ----------
-004, §5.2 (clip to C, add N(0, C²σ²I)); 004, §5.2's "σ = 0.86 corresponding to (ε₀, δ₀) =
+Liew & Takahashi 2022, §5.2 (clip to C, add N(0, C²σ²I)); Liew & Takahashi 2022, §5.2's "σ = 0.86 corresponding to (ε₀, δ₀) =
 (12, 1e-5)" (pinned in the tests: the exact profile at sensitivity 2C gives 12.06).
 Duchi, Jordan & Wainwright (2018), "Minimax optimal procedures for locally private estimation",
-JASA 113(521) (cited by 004), the ℓ2 sampling mechanism. Balle & Wang (2018), Thm 8.
+JASA 113(521) (cited by Liew & Takahashi 2022), the ℓ2 sampling mechanism. Balle & Wang (2018), Thm 8.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _gaussian_sigma(epsilon0: float, delta0: float) -> float:
 
 @dataclass(frozen=True)
 class GaussianRandomizer:
-    """Clip to norm C, then add N(0, (σC)² I) (004 §5.2).
+    """Clip to norm C, then add N(0, (σC)² I) (Liew & Takahashi 2022 §5.2).
 
     Parameters
     ----------
@@ -154,8 +154,8 @@ class L2BallRandomizer:
 
     References
     ----------
-    Duchi, Jordan & Wainwright (2018), JASA 113(521), the ℓ2 sampling strategy (cited by 004; the
-    same primitive underlies LDP-SGD, 004 footnote 1).
+    Duchi, Jordan & Wainwright (2018), JASA 113(521), the ℓ2 sampling strategy (cited by Liew & Takahashi 2022; the
+    same primitive underlies LDP-SGD, Liew & Takahashi 2022 footnote 1).
     """
 
     clip: float

@@ -14,12 +14,12 @@ Orabona, "A modern introduction to online learning", Thm 2.13). Taking expectati
 E‖ĝ_t‖² ≤ G_t² and Σ_t G_t²/√(Σ_{s≤t} G_s²) ≤ 2√(Σ_t G_t²) gives regret ≤ (3/2) D √(Σ_t G_t²); when
 each ĝ_t is unbiased for ∇F(θ_t) given the past, online-to-batch conversion gives
 E F(θ̄_T) − min F ≤ (3/2) D √(Σ_t G_t²)/T. With a constant G this is the anytime (3/2) D G/√T,
-the rate of 000 Lemma 4.2 without knowing T in advance. The steps depend on public quantities only,
+the rate of Cheu et al. 2022 Lemma 4.2 without knowing T in advance. The steps depend on public quantities only,
 so they add nothing to the privacy analysis.
 
 References
 ----------
-000, Lemma 4.2 (projected SGD with noisy gradients); Zinkevich (2003); Orabona (2019), Thm 2.13.
+Cheu et al. 2022, Lemma 4.2 (projected SGD with noisy gradients); Zinkevich (2003); Orabona (2019), Thm 2.13.
 """
 
 from __future__ import annotations
@@ -184,5 +184,5 @@ class MessageSGDLearner(Learner):
         user's message, so it is bounded by the ``local`` guarantee — and by nothing in the
         seeded replay/testing mode, where future noise is predictable."""
         return self._privacy_report(
-            output, local, assumptions, [*references, "000, Def. C.2"], seeded=self._noise.is_seeded
+            output, local, assumptions, [*references, "Cheu et al. 2022, Def. C.2"], seeded=self._noise.is_seeded
         )

@@ -1,7 +1,7 @@
-"""ShuffleACSA: sequentially interactive shuffle-private AC-SA (000, Alg. 4; Thms 4.3, 4.7, 4.8).
+"""ShuffleACSA: sequentially interactive shuffle-private AC-SA (Cheu et al. 2022, Alg. 4; Thms 4.3, 4.7, 4.8).
 
-Protocol (000, Alg. 4). A stream of n records (the ``horizon``, public) is cut into consecutive
-batches; each record is one user in exactly one batch (000, Def. 2.7). For batch t the users compute
+Protocol (Cheu et al. 2022, Alg. 4). A stream of n records (the ``horizon``, public) is cut into consecutive
+batches; each record is one user in exactly one batch (Cheu et al. 2022, Def. 2.7). For batch t the users compute
 ∇ℓ(θ^md_t; x), clipped to norm L, and report it through PVEC (:class:`protocols.encoder.VectorSum`
 with n = b_t users, (ε, δ), Δ₂ = L); the analyzer's sum estimate divided by b_t, plus the exact
 ridge gradient, is the AC-SA oracle answer g_t, and the shared AC-SA core
@@ -12,7 +12,7 @@ Cases (parameters from :func:`protocols.acsa.plan_runs`, the same planner PanPri
 with this learner's noise level):
 
 - β-smooth loss → one AC-SA run, batch size from the proof of Thm 4.3 (with its constants kept);
-- non-smooth loss → Moreau smoothing (000, Def. 4.5, Lemma 4.6, Thm 4.7): the oracle reports
+- non-smooth loss → Moreau smoothing (Cheu et al. 2022, Def. 4.5, Lemma 4.6, Thm 4.7): the oracle reports
   gradients of each record's β_s-Moreau envelope (:func:`protocols.acsa.record_gradients`), β_s
   from the proof of Thm 4.7;
 - λ-strongly convex (ridge or declared ``strong_convexity``) → the phases of Thm 4.8: k = O(log log n)
@@ -21,18 +21,18 @@ with this learner's noise level):
 Noise level. Privacy noise enters the plans through the noise multiplier ν of the batch mean:
 the PVEC estimate's per-coordinate variance v (≈ independent of b) gives E‖Z‖² = p v/b² on the
 mean, i.e. ν = √v/L (:class:`protocols.acsa.Problem`); the oracle variance is σ² = L²/b + p v/b²,
-000 Eq. (5). v is :func:`protocols.shuffle_base.sum_variance_hint` (planning only); the noise
+Cheu et al. 2022 Eq. (5). v is :func:`protocols.shuffle_base.sum_variance_hint` (planning only); the noise
 actually added is the calibrated PVEC's, one instance per distinct batch size (a run's batches
 have ⌊n/T⌋ or ⌊n/T⌋ + 1 users so that every record is used).
 
-Privacy (000, proofs of Thms 4.3, 4.7, 4.8): each round is (ε, δ)-shuffle private for its users, a
+Privacy (Cheu et al. 2022, proofs of Thms 4.3, 4.7, 4.8): each round is (ε, δ)-shuffle private for its users, a
 record is in one round, the rest is post-processing; smoothing changes only which function of the
 record is encoded (still clipped to L). So everything released is (ε, δ)-DP per record. The
 pan-private view is the local guarantee of one PVEC message (:mod:`protocols.shuffle_base`).
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng): Alg. 4, Lemma 4.4 (Lan 2012, Thm 2), Thm 4.3 and its proof
+Cheu, Joseph, Mao & Peng (2022): Alg. 4, Lemma 4.4 (Lan 2012, Thm 2), Thm 4.3 and its proof
 (Eq. (5)), Def. 4.5, Lemma 4.6, Thm 4.7, Thm 4.8, Alg. 2 / Thm 3.2, Def. 2.7, Def. C.2.
 G. Lan (2012), Math. Program. 133:365–397 (AC-SA).
 """
@@ -64,7 +64,7 @@ _OWNER = "ShuffleACSA"
 
 
 class ShuffleACSA(EncodedLearner):
-    """Shuffle-private accelerated stochastic approximation (000, Alg. 4; Thms 4.3, 4.7, 4.8).
+    """Shuffle-private accelerated stochastic approximation (Cheu et al. 2022, Alg. 4; Thms 4.3, 4.7, 4.8).
 
     Parameters
     ----------
@@ -75,37 +75,37 @@ class ShuffleACSA(EncodedLearner):
     epsilon, delta
         The (ε, δ) of every round, hence of everything released, per record.
     horizon
-        n, the number of records (users) of the protocol (public). 000 Alg. 4 fixes the number of
+        n, the number of records (users) of the protocol (public). Cheu et al. 2022 Alg. 4 fixes the number of
         rounds in advance; records beyond n are refused.
     batch_size
-        Override of the planned batch size b; ``None`` plans it (000, proof of Thm 4.3).
+        Override of the planned batch size b; ``None`` plans it (Cheu et al. 2022, proof of Thm 4.3).
     radius
         Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
     feature_bound
         R: features are clipped to norm R.
     strong_convexity
         λ ≥ 0 of the unregularised population loss, if known; the loss's ridge adds to it.
-        λ > 0 selects the phases of 000, Thm 4.8.
+        λ > 0 selects the phases of Cheu et al. 2022, Thm 4.8.
     smoothing
         ``"auto"`` (Moreau-smooth non-smooth losses only), ``"moreau"`` or ``"none"``.
     calibration
         ``"tight"`` (default) or ``"paper"`` (:class:`protocols.encoder.VectorSum`).
     honest_fraction
-        γ of 000, App. A.3 (robust shuffle privacy), passed to the PVEC instances.
+        γ of Cheu et al. 2022, App. A.3 (robust shuffle privacy), passed to the PVEC instances.
     rng
         ``None`` (default): fresh OS entropy for every draw. A seed or generator: the labelled
         replay/testing mode (no pan-private guarantee).
 
     Notes
     -----
-    Deviations from 000, each where implemented in :mod:`protocols.acsa`: α_t = 2/(t+1) and Lan's
+    Deviations from Cheu et al. 2022, each where implemented in :mod:`protocols.acsa`: α_t = 2/(t+1) and Lan's
     step sizes (the seed's Lemma 4.4 constants are garbled), batches of ⌊n/T⌋ or ⌊n/T⌋ + 1 users
     (Alg. 4 drops the n mod b leftover records), the Moreau envelope over R^p instead of Θ, and the
     constants the O(·) of Thms 4.3/4.7/4.8 leave open (:class:`protocols.acsa.Tuning`).
 
     References
     ----------
-    000, Alg. 4, Lemma 4.4, Thms 4.3, 4.7, 4.8, Thm 3.2, Def. 2.7, Def. C.2; Lan (2012).
+    Cheu et al. 2022, Alg. 4, Lemma 4.4, Thms 4.3, 4.7, 4.8, Thm 3.2, Def. 2.7, Def. C.2; Lan (2012).
     """
 
     name = "shuffle-acsa"
@@ -163,7 +163,7 @@ class ShuffleACSA(EncodedLearner):
     def _check_room(self, count: int) -> None:
         if self._records + count > self.horizon:
             raise InvalidInputError(
-                f"{_OWNER}: the protocol has horizon n = {self.horizon} records (000 Alg. 4 fixes its "
+                f"{_OWNER}: the protocol has horizon n = {self.horizon} records (Cheu et al. 2022 Alg. 4 fixes its "
                 f"rounds in advance); {self._records} done, {count} more given"
             )
 
@@ -188,11 +188,11 @@ class ShuffleACSA(EncodedLearner):
     # -- outputs -----------------------------------------------------------------------------------
 
     def release(self) -> Array:
-        """θ^ag of the run in progress (000 Alg. 4: "Output θ^ag_{T+1}"; a warm start at a phase's start)."""
+        """θ^ag of the run in progress (Cheu et al. 2022 Alg. 4: "Output θ^ag_{T+1}"; a warm start at a phase's start)."""
         return self._iterate.theta_ag.copy()
 
     def privacy(self) -> PrivacyReport:
-        """Output: (ε, δ) per record (000, Thms 4.3/4.7/4.8, privacy part). Intrusion: the local
+        """Output: (ε, δ) per record (Cheu et al. 2022, Thms 4.3/4.7/4.8, privacy part). Intrusion: the local
         guarantee of one PVEC message, the weakest over the batch sizes used."""
         output = Guarantee(self.epsilon, max(s.parameters.delta for s in self._sums.values()))
         intrusion = output
@@ -200,17 +200,17 @@ class ShuffleACSA(EncodedLearner):
             intrusion = max_guarantee(intrusion, self._local(vector_sum, self.epsilon))
         runs = ", ".join(f"{p.records} records in {p.steps} rounds" for p in self.plans)
         assumptions = [
-            f"each record is in exactly one round (sequential interactivity, 000 Def. 2.7; runs: {runs}); "
+            f"each record is in exactly one round (sequential interactivity, Cheu et al. 2022 Def. 2.7; runs: {runs}); "
             "later rounds see it only through the model",
             f"pan-privacy: the state holds the AC-SA iterates and the one-bit totals of the round in "
             f"progress; read right after a round's first user it shows her message alone, protected by "
             f"her own binomial noise: local guarantee {intrusion}",
         ]
-        references = ["000, Alg. 4", "000, Thm 4.3", "000, Def. 2.7"]
+        references = ["Cheu et al. 2022, Alg. 4", "Cheu et al. 2022, Thm 4.3", "Cheu et al. 2022, Def. 2.7"]
         if self.plans[0].smoothing is not None:
-            references.append("000, Thm 4.7")
+            references.append("Cheu et al. 2022, Thm 4.7")
         if len(self.plans) > 1:
-            references.append("000, Thm 4.8")
+            references.append("Cheu et al. 2022, Thm 4.8")
         return self._report(output, intrusion, assumptions, references)
 
     # -- persistence ---------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """What the encoder-based shuffle learners share: PVEC rounds over a stream, and the local bound.
 
-:class:`~protocols.shuffle_sgd.ShuffleSGD` (000, Alg. 3), :class:`~protocols.shuffle_acsa.ShuffleACSA`
-(000, Alg. 4) and :class:`~protocols.shuffle_gd.ShuffleGD` (000, Alg. 5) all proceed in *rounds*:
+:class:`~protocols.shuffle_sgd.ShuffleSGD` (Cheu et al. 2022, Alg. 3), :class:`~protocols.shuffle_acsa.ShuffleACSA`
+(Cheu et al. 2022, Alg. 4) and :class:`~protocols.shuffle_gd.ShuffleGD` (Cheu et al. 2022, Alg. 5) all proceed in *rounds*:
 the model is fixed during a round; each user (record) of the round computes her gradient at the
 model's query point, clips it to norm L and runs PVEC's local randomizer on it
-(:meth:`protocols.encoder.VectorSum.randomize`, 000 Alg. 2 over Alg. 1); when the round's last user
+(:meth:`protocols.encoder.VectorSum.randomize`, Cheu et al. 2022 Alg. 2 over Alg. 1); when the round's last user
 has reported, the analyzer turns the shuffled messages into an unbiased estimate of the gradient
 sum (:meth:`~protocols.encoder.VectorSum.analyze`), divides by the number of users and the learner
 takes a step. :class:`EncodedLearner` implements that loop once; each learner supplies the round's
@@ -20,7 +20,7 @@ sums of messages, so the state has the same distribution however the stream is s
 ``totals`` is stored as float64 holding exact integers (below 2⁵³ in any sane configuration):
 the conformance suite reads integer arrays as counters, and these are noisy values, not counters.
 
-Pan-private view (000, Def. C.2)
+Pan-private view (Cheu et al. 2022, Def. C.2)
 --------------------------------
 Encoder, shuffler and analyzer run in this one process. An intruder who reads the state between two
 records sees the model (a post-processing of earlier rounds' analyzer outputs) and ``totals``. Right
@@ -32,7 +32,7 @@ learners report it as such.
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng): Alg. 1, Alg. 2, Thm 3.2 (PVEC), Algs 3–5, Def. 2.7 (sequential
+Cheu, Joseph, Mao & Peng (2022): Alg. 1, Alg. 2, Thm 3.2 (PVEC), Algs 3–5, Def. 2.7 (sequential
 interactivity), Def. C.2 (pan-privacy), App. A.3 (robust shuffle privacy).
 """
 
@@ -97,7 +97,7 @@ def sum_variance_hint(
 
     The variance hardly depends on the number of users (the noise is calibrated to the sensitivity
     Δ = 2Δ₂ of the sum, whatever n is), so plans (batch sizes, step sizes) can be made before the
-    batch size is known. ``"paper"``: the exact bound of 000 Thm 3.2's parameters for one user
+    batch size is known. ``"paper"``: the exact bound of Cheu et al. 2022 Thm 3.2's parameters for one user
     (:func:`accounting.binomial.pvec_parameters`). ``"tight"``: the Gaussian proxy
     (2Δ₂·σ_unit)²/γ with σ_unit the analytic-Gaussian noise per unit sensitivity at (ε, δ) — the
     tight calibration is within ~20 % of it (:mod:`accounting.binomial`). Privacy never depends on
@@ -320,14 +320,14 @@ class EncodedLearner(Learner):
         ]
         if self.honest_fraction < 1.0:
             shared.append(
-                f"robust shuffle privacy (000, Def. A.7): the output guarantee holds whenever at least a "
+                f"robust shuffle privacy (Cheu et al. 2022, Def. A.7): the output guarantee holds whenever at least a "
                 f"fraction {self.honest_fraction:g} of each round's users run the randomizer honestly"
             )
         return self._privacy_report(
             output,
             intrusion,
             shared + assumptions,
-            ["000, Alg. 2", "000, Thm 3.2", *references, "000, Def. C.2"],
+            ["Cheu et al. 2022, Alg. 2", "Cheu et al. 2022, Thm 3.2", *references, "Cheu et al. 2022, Def. C.2"],
             seeded=self._noise.is_seeded,
         )
 

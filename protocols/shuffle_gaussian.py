@@ -1,6 +1,6 @@
-"""ShuffleGaussianSGD: projected SGD over rounds of shuffled Gaussian messages (004 §5.2).
+"""ShuffleGaussianSGD: projected SGD over rounds of shuffled Gaussian messages (Liew & Takahashi 2022 §5.2).
 
-Protocol (004 §5.2, in the streaming setting of 000 Def. 2.7). The stream is cut into consecutive
+Protocol (Liew & Takahashi 2022 §5.2, in the streaming setting of Cheu et al. 2022 Def. 2.7). The stream is cut into consecutive
 *windows* of N records; each window is one round. The model θ_t is fixed during the round. Every
 user (record) of the window who *participates* computes her gradient at θ_t, clips it to ℓ2 norm C
 and sends ``g + N(0, (σC)² I)`` (σ the noise multiplier, :class:`protocols.randomizers.GaussianRandomizer`)
@@ -8,11 +8,11 @@ to the shuffler; at the end of the window the analyzer takes the mean of the K m
 round (their order is irrelevant to it), adds the exact ridge gradient and takes a projected SGD
 step (:class:`protocols.sgd.AveragedSGD`). Who participates (``participation``):
 
-- ``"all"``: every record; N = b (``batch_size``). Accounted by 004 Thm 1 with n = b.
+- ``"all"``: every record; N = b (``batch_size``). Accounted by Liew & Takahashi 2022 Thm 1 with n = b.
 - ``"subsampled"``: the server samples b of the N users of the window uniformly without
-  replacement, without looking at their data (selection sampling). 004 Thm 2 with n = N, m = b.
+  replacement, without looking at their data (selection sampling). Liew & Takahashi 2022 Thm 2 with n = N, m = b.
 - ``"checkin"``: each user checks in independently with probability γ (``checkin_rate``), using
-  her own randomness (004 §4.2, "shuffled check-in"). 004 Thm 3 with n = N users.
+  her own randomness (Liew & Takahashi 2022 §4.2, "shuffled check-in"). Liew & Takahashi 2022 Thm 3 with n = N users.
 
 Guarantee against the analyzer (the ``output`` of :meth:`ShuffleGaussianSGD.privacy`). Neighbouring
 streams differ in one record, which lies in exactly one window. Conditioned on the history, rounds
@@ -21,12 +21,12 @@ users' clipped gradients at the common θ_t, and later rounds depend on it only 
 (their conditional laws given the history are identical). By adaptive composition its privacy
 loss is that of its own round alone — a *per-record* guarantee that does not grow with the stream
 (parallel composition over rounds). Two records of a user give clipped gradients at distance at
-most 2C, so in 004's normalisation (records at distance 1, noise σ_004) the round has
+most 2C, so in Liew & Takahashi's normalisation (records at distance 1, noise σ_004) the round has
 σ_004 = σC/(2C) = σ/2: that is the ``sigma`` passed to :mod:`accounting.shuffle_gaussian`. The
-RDP curve is converted by 004 Lemma 2 on the integer orders :data:`ORDERS`. The released model
+RDP curve is converted by Liew & Takahashi 2022 Lemma 2 on the integer orders :data:`ORDERS`. The released model
 is post-processing of the shuffled messages (and in fact of their sum alone).
 
-The shuffle bounds rest on assumptions 004 does not prove (``THM1_ASSUMPTIONS``,
+The shuffle bounds rest on assumptions Liew & Takahashi 2022 does not prove (``THM1_ASSUMPTIONS``,
 ``CHECKIN_ASSUMPTIONS`` of :mod:`accounting.shuffle_gaussian`), and every report using them lists
 them. The shuffled messages are a post-processing of the unshuffled ones, so the *local* Gaussian
 guarantee (ε₀, δ) (exact profile at sensitivity 2C, Balle & Wang 2018) is a proven bound on the same
@@ -48,8 +48,8 @@ bound alone — is at most ε at δ (:func:`noise_multiplier`). With ``batch_siz
 
 References
 ----------
-004, §5.2 (shuffled Gaussian DP-SGD), Thm 1 (Eq. 4), Thm 2 (Eq. 10), Thm 3 (Eq. 13), Lemma 1
-(composition), Lemma 2 (RDP to DP), §4.2 (shuffled check-in). 000, Def. 2.7 (sequential
+Liew & Takahashi 2022, §5.2 (shuffled Gaussian DP-SGD), Thm 1 (Eq. 4), Thm 2 (Eq. 10), Thm 3 (Eq. 13), Lemma 1
+(composition), Lemma 2 (RDP to DP), §4.2 (shuffled check-in). Cheu et al. 2022, Def. 2.7 (sequential
 interactivity), Def. C.2 (pan-privacy). Balle & Wang (2018), Thm 8.
 """
 
@@ -82,14 +82,14 @@ from protocols.state_io import read_array, read_float, read_int
 Array = NDArray[np.float64]
 
 ORDERS: tuple[int, ...] = tuple(range(2, 129))
-"""Integer Rényi orders of the RDP → DP conversion (004 Thm 1 is exact at integer orders; 004 §5.1
+"""Integer Rényi orders of the RDP → DP conversion (Liew & Takahashi 2022 Thm 1 is exact at integer orders; Liew & Takahashi 2022 §5.1
 uses 2..30, too few for ε ≤ 1 at small δ)."""
 
 PLANNING_ORDERS: tuple[int, ...] = tuple(range(2, 49))
 """Orders used only to plan a batch size (cheaper; the guarantee itself always uses :data:`ORDERS`)."""
 
 SLACKS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
-"""Values of 004 Thm 3's free Δ ∈ [0, 1] tried at every order; each gives a valid bound and the least
+"""Values of Liew & Takahashi 2022 Thm 3's free Δ ∈ [0, 1] tried at every order; each gives a valid bound and the least
 is kept. (A scan over Δ = 0, 0.05, …, 1 for N ∈ [50, 10⁴], γ ∈ [0.01, 0.9], σ_004 ∈ [0.5, 4] found
 the best Δ of an order anywhere in [0.1, 1]; this grid covers that range in steps of 0.1.)"""
 
@@ -103,7 +103,7 @@ _OWNER = "ShuffleGaussianSGD"
 
 @dataclass(frozen=True)
 class Round:
-    """Who takes part in one round, and the 004 theorem that accounts for it.
+    """Who takes part in one round, and the Liew & Takahashi 2022 theorem that accounts for it.
 
     Attributes
     ----------
@@ -124,27 +124,27 @@ class Round:
 
     @property
     def theorem(self) -> str:
-        return {"all": "004, Thm 1", "subsampled": "004, Thm 2", "checkin": "004, Thm 3"}[self.participation]
+        return {"all": "Liew & Takahashi 2022, Thm 1", "subsampled": "Liew & Takahashi 2022, Thm 2", "checkin": "Liew & Takahashi 2022, Thm 3"}[self.participation]
 
     @property
     def assumptions(self) -> tuple[str, ...]:
         return sg.CHECKIN_ASSUMPTIONS if self.participation == "checkin" else sg.THM1_ASSUMPTIONS
 
     def rdp(self, sigma: float, orders: tuple[int, ...] = ORDERS) -> Array:
-        """RDP of one round at ``orders``, for 004's noise multiplier ``sigma`` (= σ/2)."""
+        """RDP of one round at ``orders``, for Liew & Takahashi's noise multiplier ``sigma`` (= σ/2)."""
         if self.participation == "all":
-            return np.asarray(sg.rdp(orders, self.window, sigma))  # 004, Thm 1
+            return np.asarray(sg.rdp(orders, self.window, sigma))  # Liew & Takahashi 2022, Thm 1
         if self.participation == "subsampled":
-            return np.asarray(sg.subsampled_rdp(orders, self.window, self.batch, sigma))  # 004, Thm 2
+            return np.asarray(sg.subsampled_rdp(orders, self.window, self.batch, sigma))  # Liew & Takahashi 2022, Thm 2
         curves = [sg.checkin_rdp(orders, self.window, self.rate, sigma, slack) for slack in SLACKS]
-        return np.min(np.asarray(curves), axis=0)  # 004, Thm 3, the best Δ at each order
+        return np.min(np.asarray(curves), axis=0)  # Liew & Takahashi 2022, Thm 3, the best Δ at each order
 
 
 @functools.lru_cache(maxsize=1024)
 def shuffle_epsilon(round_: Round, noise_multiplier: float, delta: float, orders: tuple[int, ...] = ORDERS) -> float:
-    """ε at δ of one round whose users add N(0, (σC)² I) to gradients clipped to C (004 Thms 1–3).
+    """ε at δ of one round whose users add N(0, (σC)² I) to gradients clipped to C (Liew & Takahashi 2022 Thms 1–3).
 
-    The round's RDP at 004's σ_004 = σ/2 (sensitivity 2C), converted by 004 Lemma 2 (cached).
+    The round's RDP at Liew & Takahashi's σ_004 = σ/2 (sensitivity 2C), converted by Liew & Takahashi 2022 Lemma 2 (cached).
     """
     curve = RdpCurve.from_values(orders, round_.rdp(noise_multiplier / 2.0, orders))
     return curve.to_dp(delta)[0]
@@ -191,7 +191,7 @@ def plan_batch_size(params: int, accounting: str, epsilon: float, delta: float, 
 
 
 class ShuffleGaussianSGD(MessageSGDLearner):
-    """Projected SGD over shuffled Gaussian messages, one round per window (004 §5.2, Thms 1–3).
+    """Projected SGD over shuffled Gaussian messages, one round per window (Liew & Takahashi 2022 §5.2, Thms 1–3).
 
     Parameters
     ----------
@@ -217,7 +217,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     feature_bound
         Features are clipped to this norm (the loss's R).
     accounting
-        ``"shuffle"`` (default): the 004 bound under its stated assumptions, never above the local
+        ``"shuffle"`` (default): the Liew & Takahashi 2022 bound under its stated assumptions, never above the local
         bound. ``"local"``: the proven local Gaussian bound only.
     horizon
         Planned stream length, used only to cap a planned batch size.
@@ -227,7 +227,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
 
     References
     ----------
-    004, §5.2, Thms 1–3, Lemma 2; 000, Defs 2.7 and C.2.
+    Liew & Takahashi 2022, §5.2, Thms 1–3, Lemma 2; Cheu et al. 2022, Defs 2.7 and C.2.
     """
 
     name = "shuffle-gaussian"
@@ -385,19 +385,19 @@ class ShuffleGaussianSGD(MessageSGDLearner):
             "window and the number of messages in each round are public",
             f"each participating user clips her gradient to norm C = {C:.6g} and sends it plus "
             f"N(0, (sigma C)^2 I) with sigma = {sigma:.6g}; two records of a user give messages at "
-            f"distance <= 2C, so 004's noise multiplier is sigma/2 = {sigma / 2:.6g}",
+            f"distance <= 2C, so Liew & Takahashi's noise multiplier is sigma/2 = {sigma / 2:.6g}",
             "a trusted shuffler: the analyzer sees each round's messages in uniformly random order "
             "(here randomizer, shuffler and analyzer run in one process, and only the model, a "
             "function of the messages' mean, leaves it)",
             self._participation_text(),
         ]
-        references = ["004, §5.2", "Balle & Wang 2018, Thm 8"]
+        references = ["Liew & Takahashi 2022, §5.2", "Balle & Wang 2018, Thm 8"]
         if self._output_is_shuffle:
             assumptions.extend(self._round.assumptions)
             assumptions.append(
                 f"without the assumptions above, the proven bound on the same release is the local one, {local}"
             )
-            references[1:1] = [self._round.theorem, "004, Lemma 2"]
+            references[1:1] = [self._round.theorem, "Liew & Takahashi 2022, Lemma 2"]
         assumptions.append(
             "pan-privacy: the state holds the model and the sum of the noisy messages received so far "
             "in the current round; read right after a round's first message it shows that one "

@@ -1,6 +1,6 @@
-"""ShuffleGD: fully interactive shuffle-private gradient descent over a recorded stream (000, Alg. 5).
+"""ShuffleGD: fully interactive shuffle-private gradient descent over a recorded stream (Cheu et al. 2022, Alg. 5).
 
-Protocol (000, Alg. 5; Lemma B.6, Thm 4.9). n users (the records of a recording, n public) are
+Protocol (Cheu et al. 2022, Alg. 5; Lemma B.6, Thm 4.9). n users (the records of a recording, n public) are
 queried in each of T rounds: in round t every user computes ∇ℓ(θ_t; x), clipped to norm L (of the
 β_s-Moreau envelope for a non-smooth loss, Thm 4.9), and reports it through PVEC
 (:class:`protocols.encoder.VectorSum` with n users) at the per-round budget of Lemma B.6,
@@ -17,8 +17,8 @@ exactly n records (a pass may be split into any micro-batches; a round may strad
 records the protocol is complete and further records are refused. The recording itself holds raw
 records at rest: it is outside this learner and outside its guarantee.
 
-Privacy against the analyzer (000, proof of Lemma B.6). Each round is (ε₀, δ₀)-shuffle private
-(000, Thm 3.2, or the tight accountant of the same protocol), and a record takes part in every
+Privacy against the analyzer (Cheu et al. 2022, proof of Lemma B.6). Each round is (ε₀, δ₀)-shuffle private
+(Cheu et al. 2022, Thm 3.2, or the tight accountant of the same protocol), and a record takes part in every
 round: T-fold adaptive composition. The report gives, after t rounds started, the better of basic
 composition (tε₀, tδ₀) and advanced composition (Dwork–Rothblum–Vadhan; Dwork & Roth 2014,
 Thm 3.20) with slack δ′ = δ/(T + 1): ε₀√(2t log(1/δ′)) + tε₀(e^{ε₀} − 1), tδ₀ + δ′
@@ -46,7 +46,7 @@ with the local guarantee of one per-round PVEC message (:func:`protocols.shuffle
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng): Alg. 5, Lemma B.6, Thm 4.9 (T, β), Lemma 4.6, Alg. 2 / Thm 3.2,
+Cheu, Joseph, Mao & Peng (2022): Alg. 5, Lemma B.6, Thm 4.9 (T, β), Lemma 4.6, Alg. 2 / Thm 3.2,
 Def. C.2, App. B.3. Dwork & Roth (2014), Thm 3.20 (advanced composition).
 """
 
@@ -85,12 +85,12 @@ _OWNER = "ShuffleGD"
 
 
 def theorem_rounds(n: int, d: int, epsilon: float, delta: float) -> int:
-    """T = min{n, ε²n²/(d log²(nd/δ))} (000, Lemma B.6 / Thm 4.9), rounded down, at least 1."""
+    """T = min{n, ε²n²/(d log²(nd/δ))} (Cheu et al. 2022, Lemma B.6 / Thm 4.9), rounded down, at least 1."""
     return max(1, min(n, math.floor(epsilon**2 * n**2 / (d * math.log(n * d / delta) ** 2))))
 
 
 def round_budget(epsilon: float, delta: float, rounds: int) -> tuple[float, float]:
-    """(ε₀, δ₀) = (ε/(2√(2T log(1/δ))), δ/(T + 1)): each round's PVEC budget (000, Alg. 5 line 3,
+    """(ε₀, δ₀) = (ε/(2√(2T log(1/δ))), δ/(T + 1)): each round's PVEC budget (Cheu et al. 2022, Alg. 5 line 3,
     Lemma B.6)."""
     return epsilon / (2.0 * math.sqrt(2.0 * rounds * math.log(1.0 / delta))), delta / (rounds + 1)
 
@@ -113,7 +113,7 @@ def solved_round_epsilon(epsilon: float, delta: float, rounds: int) -> float:
 
 
 def theorem_smoothing(n: int, d: int, epsilon: float, delta: float, lipschitz: float, diameter: float) -> float:
-    """β_s = (L/D)·min(√n, εn/(√d log^{3/2}(d/δ))): the Moreau parameter of 000, Thm 4.9's proof."""
+    """β_s = (L/D)·min(√n, εn/(√d log^{3/2}(d/δ))): the Moreau parameter of Cheu et al. 2022, Thm 4.9's proof."""
     return lipschitz / diameter * min(math.sqrt(n), epsilon * n / (math.sqrt(d) * math.log(d / delta) ** 1.5))
 
 
@@ -129,7 +129,7 @@ def composed(epsilon0: float, delta0: float, rounds: int, slack: float) -> Guara
 
 
 class ShuffleGD(EncodedLearner):
-    """Fully interactive shuffle-private gradient descent over n recorded users (000, Alg. 5).
+    """Fully interactive shuffle-private gradient descent over n recorded users (Cheu et al. 2022, Alg. 5).
 
     Parameters
     ----------
@@ -142,10 +142,10 @@ class ShuffleGD(EncodedLearner):
     n
         Number of records (users) in the recording; every round queries all of them.
     rounds
-        T; ``None``: :func:`theorem_rounds` (000, Thm 4.9).
+        T; ``None``: :func:`theorem_rounds` (Cheu et al. 2022, Thm 4.9).
     budget
         How (ε, δ) is split over the rounds: ``"lemma-b6"`` (default) the per-round
-        (ε/(2√(2T log(1/δ))), δ/(T + 1)) of 000 Lemma B.6; ``"solved"`` the largest ε₀ whose
+        (ε/(2√(2T log(1/δ))), δ/(T + 1)) of Cheu et al. 2022 Lemma B.6; ``"solved"`` the largest ε₀ whose
         composition is still (ε, δ) (:func:`solved_round_epsilon`), same δ₀.
     radius
         Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
@@ -156,14 +156,14 @@ class ShuffleGD(EncodedLearner):
     calibration
         ``"tight"`` (default) or ``"paper"`` (:class:`protocols.encoder.VectorSum`).
     honest_fraction
-        γ of 000, App. A.3, passed to PVEC.
+        γ of Cheu et al. 2022, App. A.3, passed to PVEC.
     rng
         ``None`` (default): fresh OS entropy for every draw. A seed or generator: the labelled
         replay/testing mode (no pan-private guarantee).
 
     Notes
     -----
-    Deviations from 000: Alg. 5 line 4 reads θ_{t+1} ← Π(θ_t + η g_t) (a sign typo for descent);
+    Deviations from Cheu et al. 2022: Alg. 5 line 4 reads θ_{t+1} ← Π(θ_t + η g_t) (a sign typo for descent);
     Lemma B.6's constant step η = D/(L√T) is replaced by :class:`protocols.sgd.AveragedSGD`'s steps
     η_t = D/√(t G²) with G² = (√(L² + p v/n²) + λr)² (v the per-round PVEC variance), which accounts
     for the privacy noise the constant step ignores; the reported guarantee is the better of basic
@@ -173,7 +173,7 @@ class ShuffleGD(EncodedLearner):
 
     References
     ----------
-    000, Alg. 5, Lemma B.6, Thm 4.9, Thm 3.2, Def. C.2; Dwork & Roth (2014), Thms 3.16, 3.20.
+    Cheu et al. 2022, Alg. 5, Lemma B.6, Thm 4.9, Thm 3.2, Def. C.2; Dwork & Roth (2014), Thms 3.16, 3.20.
     """
 
     name = "shuffle-gd"
@@ -211,7 +211,7 @@ class ShuffleGD(EncodedLearner):
         total = self._composed(T)
         if total.epsilon > self.epsilon or total.delta > self.delta:
             raise InvalidInputError(
-                f"{_OWNER}: the per-round budget of 000 Lemma B.6, (ε₀, δ₀) = ({epsilon0:.6g}, {delta0:.3g}), "
+                f"{_OWNER}: the per-round budget of Cheu et al. 2022 Lemma B.6, (ε₀, δ₀) = ({epsilon0:.6g}, {delta0:.3g}), "
                 f"composes over T = {T} rounds to {total}, above the requested (ε = {self.epsilon:g}, "
                 f"δ = {self.delta:g}); choose a smaller 'epsilon' (Lemma B.6 assumes ε ≲ 2 log(1/δ)) or "
                 "another 'rounds'"
@@ -277,7 +277,7 @@ class ShuffleGD(EncodedLearner):
     # -- outputs -----------------------------------------------------------------------------------
 
     def release(self) -> Array:
-        """θ̄, the average of the iterates of the completed rounds (000 Alg. 5 line 6)."""
+        """θ̄, the average of the iterates of the completed rounds (Cheu et al. 2022 Alg. 5 line 6)."""
         return self._sgd.release()
 
     def _message(self) -> Guarantee:
@@ -291,7 +291,7 @@ class ShuffleGD(EncodedLearner):
         output = self._composed(t)
         intrusion = output.compose(self._message()) if t else output
         parameters = self._sum.parameters
-        split = "000 Lemma B.6's split" if self.budget == "lemma-b6" else "the largest ε₀ that composes to ε"
+        split = "Cheu et al. 2022 Lemma B.6's split" if self.budget == "lemma-b6" else "the largest ε₀ that composes to ε"
         assumptions = [
             f"every record takes part in each of the T = {self.planned_rounds} rounds (one pass of the "
             f"recording of n = {self.n} records per round); {t} rounds started so far",
@@ -305,7 +305,7 @@ class ShuffleGD(EncodedLearner):
             f"{self._message()}), composed with the outputs; the recording replayed for the passes "
             "holds raw records and is outside this guarantee",
         ]
-        references = ["000, Alg. 5", "000, Lemma B.6", "000, Thm 4.9", "Dwork & Roth 2014, Thm 3.20"]
+        references = ["Cheu et al. 2022, Alg. 5", "Cheu et al. 2022, Lemma B.6", "Cheu et al. 2022, Thm 4.9", "Dwork & Roth 2014, Thm 3.20"]
         return self._report(output, intrusion, assumptions, references)
 
     def round_reports(self) -> tuple[PrivacyReport, ...]:
@@ -333,7 +333,7 @@ class ShuffleGD(EncodedLearner):
                     output=increment,
                     intrusion=increment.compose(message),
                     assumptions=(f"round {t} of {self.planned_rounds}: the increment of the composed guarantee",),
-                    references=("000, Lemma B.6", "Dwork & Roth 2014, Thm 3.20"),
+                    references=("Cheu et al. 2022, Lemma B.6", "Dwork & Roth 2014, Thm 3.20"),
                 )
             )
         return tuple(reports)

@@ -1,14 +1,14 @@
-"""ShuffleSGD: sequentially interactive shuffle-private mini-batch SGD (000, Alg. 3 and Thm 4.1).
+"""ShuffleSGD: sequentially interactive shuffle-private mini-batch SGD (Cheu et al. 2022, Alg. 3 and Thm 4.1).
 
 Protocol. The stream is cut into consecutive batches of b records; each record is one user and
-takes part in exactly one round (sequential interactivity, 000 Def. 2.7). In round t every user of
+takes part in exactly one round (sequential interactivity, Cheu et al. 2022 Def. 2.7). In round t every user of
 the batch computes ∇ℓ(θ_t; x) at the current model, clipped to norm L, and reports it through PVEC
 (:class:`protocols.encoder.VectorSum` with n = b users, (ε, δ), Δ₂ = L); the analyzer's estimate of
 the gradient sum, divided by b, plus the exact ridge gradient, is the step direction ĝ_t, and
 θ_{t+1} = Π_Θ(θ_t − η_t ĝ_t). The released model is the average of the iterates stepped from
-(000 Alg. 3 line 6: "Output (1/T) Σ_{t<T} θ_t").
+(Cheu et al. 2022 Alg. 3 line 6: "Output (1/T) Σ_{t<T} θ_t").
 
-Privacy (000, proof of Thm 4.1). Each round is (ε, δ)-shuffle private for its users (000, Thm 3.2
+Privacy (Cheu et al. 2022, proof of Thm 4.1). Each round is (ε, δ)-shuffle private for its users (Cheu et al. 2022, Thm 3.2
 or the tight accountant of :mod:`accounting.binomial` for the same protocol); a record enters one
 round, and later rounds see it only through the model, so everything released is (ε, δ)-DP per
 record however long the stream runs (parallel composition and post-processing).
@@ -16,9 +16,9 @@ record however long the stream runs (parallel composition and post-processing).
 Step sizes and batch size. The projected-SGD core is :class:`protocols.sgd.AveragedSGD`: steps
 η_t = D/√(Σ_{s≤t} G²) with the public bound G² = (√(L² + p·v/b²) + λr)² on E‖ĝ_t‖², where v is
 the calibrated PVEC's per-coordinate variance bound and p the number of parameters — Thm 4.1's
-L_G = L² + O(d L² log²(d/δ)/(b²ε²)) with the constants of the actual calibration (000, Eq. (4)).
+L_G = L² + O(d L² log²(d/δ)/(b²ε²)) with the constants of the actual calibration (Cheu et al. 2022, Eq. (4)).
 Lemma 4.2 (and AveragedSGD's anytime form of it) bounds the excess loss by ~D·√(L_G/T) with
-T = n/b, i.e. (D/√n)·√(L² b + p v/b), which is least at b = √(p v)/L: the balance 000's proof of
+T = n/b, i.e. (D/√n)·√(L² b + p v/b), which is least at b = √(p v)/L: the balance Cheu et al.'s proof of
 Thm 4.1 strikes with b = √d log(d/δ)/ε, here with the constant that the chosen calibration
 implies (:func:`plan_batch_size`).
 
@@ -27,7 +27,7 @@ message, so the intrusion guarantee is the local guarantee of the randomizer.
 
 References
 ----------
-000 (Cheu, Joseph, Mao, Peng): Alg. 3, Thm 4.1 and its proof (Eq. (4)), Lemma 4.2 (= Lemma B.2),
+Cheu, Joseph, Mao & Peng (2022): Alg. 3, Thm 4.1 and its proof (Eq. (4)), Lemma 4.2 (= Lemma B.2),
 Alg. 2 / Thm 3.2 (PVEC), Def. 2.7, Def. C.2, App. A.3 (robust variant).
 """
 
@@ -63,14 +63,14 @@ def plan_batch_size(params: int, lipschitz: float, variance: float, cap: int) ->
     """b = √(p v)/L rounded, clamped to [1, cap]: the minimiser of L² b + p v/b (module docstring).
 
     ``variance`` is the per-coordinate variance v of PVEC's sum estimate; with the paper's
-    calibration v ≈ 4·45·18²·L² log(2/δ̂) log(1/δ̂)/ε² (000, Thm 3.2 with δ̂ = δ/(d + 1)), so
+    calibration v ≈ 4·45·18²·L² log(2/δ̂) log(1/δ̂)/ε² (Cheu et al. 2022, Thm 3.2 with δ̂ = δ/(d + 1)), so
     b ≈ 240·√p·log(d/δ)/ε: Thm 4.1's b = √d log(d/δ)/ε with its constant.
     """
     return int(min(cap, max(1, round(math.sqrt(params * variance) / lipschitz))))
 
 
 class ShuffleSGD(EncodedLearner):
-    """Shuffle-private mini-batch SGD, one PVEC round per batch (000, Alg. 3, Thm 4.1).
+    """Shuffle-private mini-batch SGD, one PVEC round per batch (Cheu et al. 2022, Alg. 3, Thm 4.1).
 
     Parameters
     ----------
@@ -91,7 +91,7 @@ class ShuffleSGD(EncodedLearner):
         (:class:`protocols.encoder.VectorSum`).
     honest_fraction
         γ: the output guarantee holds when at least a fraction γ of each round's users are honest
-        (000, App. A.3); passed to :class:`~protocols.encoder.VectorSum`.
+        (Cheu et al. 2022, App. A.3); passed to :class:`~protocols.encoder.VectorSum`.
     horizon
         Planned stream length; only caps a planned batch size.
     rng
@@ -100,7 +100,7 @@ class ShuffleSGD(EncodedLearner):
 
     Notes
     -----
-    Deviations from 000 Alg. 3: line 4 reads θ_t ← Π(θ_{t−1} + η g_t), a sign typo for gradient
+    Deviations from Cheu et al. 2022 Alg. 3: line 4 reads θ_t ← Π(θ_{t−1} + η g_t), a sign typo for gradient
     *descent*; the constant η = D/√(T L_G) of Thm 4.1 is replaced by AveragedSGD's anytime steps
     η_t = D/√(t G²) (same bound up to a factor 3/2, without knowing T), and b is planned with the
     calibration's constant instead of the O(·)-stripped √d log(d/δ)/ε.
@@ -108,11 +108,11 @@ class ShuffleSGD(EncodedLearner):
     Attributes
     ----------
     gradient_bound_sq
-        G² = (√(L² + p v/b²) + λr)², the public bound on E‖ĝ_t‖² (Thm 4.1's L_G, 000 Eq. (4)).
+        G² = (√(L² + p v/b²) + λr)², the public bound on E‖ĝ_t‖² (Thm 4.1's L_G, Cheu et al. 2022 Eq. (4)).
 
     References
     ----------
-    000, Alg. 3, Thm 4.1, Lemma 4.2, Thm 3.2, Def. 2.7, Def. C.2.
+    Cheu et al. 2022, Alg. 3, Thm 4.1, Lemma 4.2, Thm 3.2, Def. 2.7, Def. C.2.
     """
 
     name = "shuffle-sgd"
@@ -165,24 +165,24 @@ class ShuffleSGD(EncodedLearner):
     # -- outputs -----------------------------------------------------------------------------------
 
     def release(self) -> Array:
-        """θ̄, the average of the iterates stepped from (000 Alg. 3 line 6)."""
+        """θ̄, the average of the iterates stepped from (Cheu et al. 2022 Alg. 3 line 6)."""
         return self._sgd.release()
 
     def privacy(self) -> PrivacyReport:
-        """Output: the round's (ε, δ) per record (000, Thm 4.1's privacy part). Intrusion: the local
+        """Output: the round's (ε, δ) per record (Cheu et al. 2022, Thm 4.1's privacy part). Intrusion: the local
         guarantee of one PVEC message (never reported stronger than the output guarantee)."""
         parameters = self._sum.parameters
         output = Guarantee(parameters.epsilon, parameters.delta)
         intrusion = max_guarantee(self._local(self._sum, parameters.epsilon), output)
         assumptions = [
             f"each record is in exactly one round of b = {self._sum.n} users (sequential interactivity, "
-            "000 Def. 2.7); later rounds see it only through the model, so its guarantee is that of "
+            "Cheu et al. 2022 Def. 2.7); later rounds see it only through the model, so its guarantee is that of "
             "one PVEC round",
             f"pan-privacy: the state holds the model and the one-bit totals of the round in progress; "
             f"read right after a round's first user it shows her message alone, protected by her own "
             f"binomial noise: local guarantee {intrusion}",
         ]
-        return self._report(output, intrusion, assumptions, ["000, Alg. 3", "000, Thm 4.1", "000, Def. 2.7"])
+        return self._report(output, intrusion, assumptions, ["Cheu et al. 2022, Alg. 3", "Cheu et al. 2022, Thm 4.1", "Cheu et al. 2022, Def. 2.7"])
 
     # -- persistence ---------------------------------------------------------------------------------
 

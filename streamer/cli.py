@@ -196,7 +196,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
         )
         if args.learner == "pan-acsa":
             print(
-                "For pan-acsa (each batch draw alone protects its batch; 000, Lemma C.4) this is the "
+                "For pan-acsa (each batch draw alone protects its batch; Cheu et al. 2022, Lemma C.4) this is the "
                 "per-record guarantee for all outputs and for one intrusion plus all outputs."
             )
         return EXIT_OK

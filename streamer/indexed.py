@@ -1,8 +1,8 @@
 """Random access to a recorded file by record index, for learners that choose their own order.
 
 Some learners cannot take a stream in arrival order: :class:`protocols.pnsgd.ShuffledPNSGD` visits
-the records of a recording in a uniformly random order (003, Thm 2), and a multi-pass learner
-(``shuffle-gd``, 000 Alg. 5) reads the recording once per round. They ask for records by *record
+the records of a recording in a uniformly random order (Sordello et al. 2021, Thm 2), and a multi-pass learner
+(``shuffle-gd``, Cheu et al. 2022 Alg. 5) reads the recording once per round. They ask for records by *record
 index* (see :mod:`streamer.replay`); :class:`IndexedFile` answers.
 
 Record indices. Index ``i ∈ [0, n)`` names the ``i``-th *valid* record of the file in file order,

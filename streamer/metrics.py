@@ -30,7 +30,7 @@ Series
     Snapshots emitted.
 ``panpriv_privacy_epsilon{guarantee}``, ``panpriv_privacy_delta{guarantee}``
     The current per-record guarantee for ``guarantee="output"`` (everything released) and
-    ``guarantee="intrusion"`` (pan-privacy: one intrusion plus all outputs; 000, Def. C.2), from
+    ``guarantee="intrusion"`` (pan-privacy: one intrusion plus all outputs; Cheu et al. 2022, Def. C.2), from
     the ledger's :class:`~accounting.ledger.PrivacyReport`. No guarantee is exported as ε = +Inf.
     This is the guarantee of the records this run learned, composed over every run that used them
     (the budget store, :mod:`streamer.budget`).

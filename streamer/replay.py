@@ -3,7 +3,7 @@
 Most learners take a stream in arrival order (:meth:`protocols.base.Learner.learn_many` on each
 micro-batch). Some need the whole recording at hand and choose which record comes next:
 :class:`protocols.pnsgd.ShuffledPNSGD` visits the n records in the order of one uniformly random
-permutation (003, Thm 2); a multi-pass learner such as ``shuffle-gd`` (000, Alg. 5) reads every
+permutation (Sordello et al. 2021, Thm 2); a multi-pass learner such as ``shuffle-gd`` (Cheu et al. 2022, Alg. 5) reads every
 record once per round. The processor drives such a learner over an :class:`~streamer.indexed.IndexedFile`
 instead of a sequential source. A learner takes part by what it declares, not by its name:
 
@@ -34,7 +34,7 @@ Ledger. A pass uses every record of the recording, so when a pass begins its ins
 with the whole :attr:`~streamer.indexed.IndexedFile.extent` (every position of every source key,
 rejected messages included, as the sequential path charges them) — each record once per pass.
 Charging only the positions visited so far would not be more precise: for ShuffledPNSGD the
-guarantee of every record is an average over the random order (003, App. A), and the set of
+guarantee of every record is an average over the random order (Sordello et al. 2021, App. A), and the set of
 visited positions is information about the permutation that must not be kept at rest. The
 rejects of the recording are counted once per pass, as a sequential replay counts them.
 

@@ -8,7 +8,7 @@ Two directions, both without touching any data:
 - **noise → guarantee**: for a noise multiplier z (the standard deviation of a draw divided by the
   ℓ2 sensitivity it protects), the smallest ε with which the Gaussian mechanism is (ε, δ)-DP
   (Balle & Wang 2018, Thm 8, via :func:`accounting.gaussian.analytic_epsilon`); for pan-private
-  AC-SA each draw alone protects its batch (000, Lemma C.4), so this is the per-record guarantee
+  AC-SA each draw alone protects its batch (Cheu et al. 2022, Lemma C.4), so this is the per-record guarantee
   for outputs and for one intrusion.
 
 Per-learner calculators live in :data:`CALCULATORS`; a learner without one gets its report only.

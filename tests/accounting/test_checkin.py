@@ -1,9 +1,9 @@
-"""Tests for accounting.checkin (002, random check-ins).
+"""Tests for accounting.checkin (Balle et al. 2020, random check-ins).
 
-002's formulas were lost, so the amplified bound is derived in accounting.checkin and checked here
+Balle et al.'s formulas were lost, so the amplified bound is derived in accounting.checkin and checked here
 against two independent oracles:
 
-* brute force: the exact per-slot conditional privacy loss of A_fix (002 Alg. 1) on small
+* brute force: the exact per-slot conditional privacy loss of A_fix (Balle et al. 2020 Alg. 1) on small
   instances with random *adaptive* ε₀-DP randomizers, enumerating every check-in pattern and
   server choice, against ``per_slot_epsilons`` slot by slot;
 * the exact (ε, δ) profile of A_fix with randomized response and a lone client (check-in
@@ -181,7 +181,7 @@ common = {
 
 
 def _recalled_theorem_3_2(epsilon0: float, p0: float, m: int, delta: float) -> float:
-    # formulas.md, 002 Thm 3.2 [recalled]:
+    # formulas.md, Balle et al. 2020 Thm 3.2 [recalled]:
     # ε = p₀(e^{ε₀} − 1)√(2 e^{ε₀} log(1/δ)/m) + p₀² e^{ε₀}(e^{ε₀} − 1)²/m.
     growth = math.expm1(epsilon0)
     return p0 * growth * math.sqrt(2 * math.exp(epsilon0) * math.log(1 / delta) / m) + (
@@ -212,14 +212,14 @@ def test_simplified_form_of_theorem_3_2_is_an_upper_bound(
 
 
 def test_pinned_derived_value() -> None:
-    # ε₀ = 1, p₀ = 0.1, m = 1000, δ = 1e-6; recomputed here from the per-slot formula and 000
+    # ε₀ = 1, p₀ = 0.1, m = 1000, δ = 1e-6; recomputed here from the per-slot formula and Cheu et al. 2022
     # Lemma 3.3 independently of the module, and compared with the recalled Thm 3.2 (≈ 0.047171).
     k = np.arange(1000)
     w = (0.1 / 1000) / (1 - 0.1 * k / 1000 * (1 - math.exp(-1)))
     slots = np.log1p(w * (math.e - 1))
     expected = float(np.sum(slots * np.expm1(slots)) + math.sqrt(2 * math.log(1e6) * np.sum(slots**2)))
     guarantee = fixed_window(1.0, 0.1, 1000, 1e-6)
-    assert guarantee == CheckinGuarantee(guarantee.epsilon, 1e-6, "002 Thm 3.2 (A_fix, Alg. 1)", "derived")
+    assert guarantee == CheckinGuarantee(guarantee.epsilon, 1e-6, "Balle et al. 2020 Thm 3.2 (A_fix, Alg. 1)", "derived")
     assert guarantee.epsilon == pytest.approx(expected, rel=1e-12)
     assert guarantee.epsilon == pytest.approx(0.029538132, rel=1e-8)
     assert guarantee.epsilon < _recalled_theorem_3_2(1.0, 0.1, 1000, 1e-6) == pytest.approx(0.0471715, rel=1e-6)
@@ -258,12 +258,12 @@ def test_approximate_dp_randomizer_falls_back() -> None:
 def test_sliding_window_uses_the_same_derivation_with_its_own_label() -> None:
     fixed, sliding = fixed_window(0.8, 0.3, 400, 1e-5), sliding_window(0.8, 0.3, 400, 1e-5)
     assert sliding.epsilon == fixed.epsilon and sliding.status == "derived"
-    assert sliding.theorem == "002 Thm 4.3 (sliding windows)"
+    assert sliding.theorem == "Balle et al. 2020 Thm 4.3 (sliding windows)"
 
 
 def test_theorems_without_a_derived_bound_report_the_fallback() -> None:
-    assert averaged_updates(0.7) == CheckinGuarantee(0.7, 0.0, "002 Thm 4.1 (A_avg, Alg. 2)", "unamplified fallback")
-    assert shuffling(0.7, 1e-9) == CheckinGuarantee(0.7, 1e-9, "002 Thm 5.1 (shuffling)", "unamplified fallback")
+    assert averaged_updates(0.7) == CheckinGuarantee(0.7, 0.0, "Balle et al. 2020 Thm 4.1 (A_avg, Alg. 2)", "unamplified fallback")
+    assert shuffling(0.7, 1e-9) == CheckinGuarantee(0.7, 1e-9, "Balle et al. 2020 Thm 5.1 (shuffling)", "unamplified fallback")
     assert unamplified(2.0).status == "unamplified fallback"
 
 

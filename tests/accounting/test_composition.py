@@ -54,7 +54,7 @@ def test_advanced_worked_value() -> None:
 
 
 def test_heterogeneous_reduces_to_advanced_for_equal_epsilons() -> None:
-    # 000, Lemma 3.3 with all εⱼ = ε is Dwork–Rothblum–Vadhan at γ = δ′.
+    # Cheu et al. 2022, Lemma 3.3 with all εⱼ = ε is Dwork–Rothblum–Vadhan at γ = δ′.
     het = heterogeneous([0.3] * 50, [1e-8] * 50, 1e-6)
     adv = advanced(0.3, 1e-8, 50, 1e-6)
     assert het[0] == pytest.approx(adv[0], rel=1e-13)
@@ -62,7 +62,7 @@ def test_heterogeneous_reduces_to_advanced_for_equal_epsilons() -> None:
 
 
 def test_heterogeneous_worked_value() -> None:
-    # 000, Lemma 3.3: ε′ = Σ εⱼ(e^{εⱼ} − 1) + √(2 log(1/γ) Σ εⱼ²), δ′ = Σ δⱼ + γ.
+    # Cheu et al. 2022, Lemma 3.3: ε′ = Σ εⱼ(e^{εⱼ} − 1) + √(2 log(1/γ) Σ εⱼ²), δ′ = Σ δⱼ + γ.
     # εⱼ = (0.1, 0.2, 0.5), γ = 0.01: Σ εⱼ(e^{εⱼ}−1) = 0.0105171 + 0.0442806 + 0.3243606 = 0.3791583,
     # Σ εⱼ² = 0.30, √(2·4.6051702·0.30) = 1.6622588 → ε′ = 2.0414171.
     epsilon, delta = heterogeneous([0.1, 0.2, 0.5], [1e-6, 2e-6, 3e-6], 0.01)

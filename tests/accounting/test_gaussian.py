@@ -1,6 +1,6 @@
-"""Tests for accounting.gaussian: exact (analytic) Gaussian mechanism, 000 Lemma C.5, Gaussian RDP.
+"""Tests for accounting.gaussian: exact (analytic) Gaussian mechanism, Cheu et al. 2022 Lemma C.5, Gaussian RDP.
 
-Oracles: mpmath at 60 digits (the defining formula of Balle & Wang 2018 / 003 Thm 1), dp-accounting
+Oracles: mpmath at 60 digits (the defining formula of Balle & Wang 2018 / Sordello et al. 2021 Thm 1), dp-accounting
 0.6.0's analytic Gaussian and PLD accountants, and the reference values of formulas.md.
 """
 
@@ -54,7 +54,7 @@ def test_epsilon_oracle_values_from_formulas_md() -> None:
 
 
 def test_theta_of_003_theorem_1_is_the_same_function() -> None:
-    # 003, Thm 1: θ_γ(r) = Q(log γ/r − r/2) − γ Q(log γ/r + r/2); with γ = e^ε, r = Δ/σ.
+    # Sordello et al. 2021, Thm 1: θ_γ(r) = Q(log γ/r − r/2) − γ Q(log γ/r + r/2); with γ = e^ε, r = Δ/σ.
     for epsilon, sigma, sensitivity in [(0.5, 2.0, 1.0), (2.0, 0.7, 1.3), (8.0, 0.25, 0.5)]:
         gamma, r = math.exp(epsilon), sensitivity / sigma
         with mpmath.workdps(50):
@@ -165,11 +165,11 @@ def test_infinite_epsilon_has_zero_delta() -> None:
     assert analytic_delta(math.inf, 1.0) == 0.0
 
 
-# --- 000, Lemma C.5 ------------------------------------------------------------------------------
+# --- Cheu et al. 2022, Lemma C.5 ------------------------------------------------------------------------------
 
 
 def test_classic_sigma_formula() -> None:
-    # 000, Lemma C.5: σ² = 2 Δ² log(2/δ) / ε². ε = 0.5, δ = 1e-5, Δ = 2 → σ² = 32 log(2e5).
+    # Cheu et al. 2022, Lemma C.5: σ² = 2 Δ² log(2/δ) / ε². ε = 0.5, δ = 1e-5, Δ = 2 → σ² = 32 log(2e5).
     assert classic_sigma(0.5, 1e-5, 2.0) == pytest.approx(math.sqrt(32.0 * math.log(2e5)), rel=1e-15)
 
 

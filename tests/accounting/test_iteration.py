@@ -1,12 +1,12 @@
-"""Tests for accounting.iteration: amplification by iteration for PNSGD (003).
+"""Tests for accounting.iteration: amplification by iteration for PNSGD (Sordello et al. 2021).
 
 Oracles: mpmath at high precision for θ, Thm 2 and the online integrals (written here from the
 paper's formulas, independently of the module's log-space numerics); brute-force products over
-positions for Thm 1 / Sec. 5 and the average over positions of Thm 2's proof (003, App. A);
-closed forms derived from 003, App. B for the Laplace setting of App. G; the second-order
-expansion of 003, Eq. (11) for the Gaussian rate; accounting.gaussian.analytic_delta for θ.
+positions for Thm 1 / Sec. 5 and the average over positions of Thm 2's proof (Sordello et al. 2021, App. A);
+closed forms derived from Sordello et al. 2021, App. B for the Laplace setting of App. G; the second-order
+expansion of Sordello et al. 2021, Eq. (11) for the Gaussian rate; accounting.gaussian.analytic_delta for θ.
 
-003 prints no δ values (its Figs 1–4 are plots); it prints the App. G parameters and the limits
+Sordello et al. 2021 prints no δ values (its Figs 1–4 are plots); it prints the App. G parameters and the limits
 δ*_L, δ*_G, δ^{*,o} as formulas, which are pinned here, with the convergence toward them.
 """
 
@@ -44,7 +44,7 @@ from accounting.iteration import (
     worst_released_delta,
 )
 
-# 003, App. G. Shuffled (Figs 1–2 left/centre): L = 10, β = 0.5, ρ = 0, η = 0.1, ε = 1, C1 = 1e5,
+# Sordello et al. 2021, App. G. Shuffled (Figs 1–2 left/centre): L = 10, β = 0.5, ρ = 0, η = 0.1, ε = 1, C1 = 1e5,
 # (a, b) = (0, 1) with C2 = 2 (Laplace), D_K = 1 with C2 = 100 (Gaussian); Fig. 3: η ∈ {0.02, 0.01}.
 # Online (Figs 1–2 right): same L, β, ρ, ε; η = 0.01, α = 1.5, i = 100, C1 = 100, C2 = 100.
 EPSILON = 1.0
@@ -62,7 +62,7 @@ MODEL = {"L": 10.0, "eta": 0.1, "diameter": 1.0, "beta": 0.5, "rho": 0.0}
 
 
 def mp_theta(epsilon: float, r: object) -> mp.mpf:
-    """θ_{e^ε}(r) of 003, Thm 1, verbatim: Q(ε/r − r/2) − e^ε Q(ε/r + r/2)."""
+    """θ_{e^ε}(r) of Sordello et al. 2021, Thm 1, verbatim: Q(ε/r − r/2) − e^ε Q(ε/r + r/2)."""
     r = mp.mpf(r)
     q = lambda t: mp.ncdf(-t)  # noqa: E731  (Q(t) = 1 − Φ(t) = Φ(−t))
     return q(epsilon / r - r / 2) - mp.e**epsilon * q(epsilon / r + r / 2)
@@ -75,7 +75,7 @@ def mp_log_theta_near_one(epsilon: float, r: object) -> mp.mpf:
 
 
 def mp_thm2(n: int, a: mp.mpf, b: mp.mpf) -> mp.mpf:
-    """A (1 − Bⁿ) / (n (1 − B)), 003, Eq. (5)."""
+    """A (1 − Bⁿ) / (n (1 − B)), Sordello et al. 2021, Eq. (5)."""
     return a * (1 - b**n) / (n * (1 - b))
 
 
@@ -127,12 +127,12 @@ def test_theta_increases_in_r_and_decreases_in_gamma(
 
 
 def test_contraction_values() -> None:
-    assert contraction(0.1, 0.5, 0.0) == 1.0  # 003, App. G (ρ = 0)
+    assert contraction(0.1, 0.5, 0.0) == 1.0  # Sordello et al. 2021, App. G (ρ = 0)
     assert contraction(4.0, 0.5, 0.0) == 1.0  # η = 2/β
-    # 003, Thm 1 formula where it is valid (η ≤ 2/(β+ρ)).
+    # Sordello et al. 2021, Thm 1 formula where it is valid (η ≤ 2/(β+ρ)).
     assert contraction(0.5, 1.0, 0.5) == pytest.approx(math.sqrt(1.0 - 2 * 0.5 * 0.5 / 1.5))
-    # Deviation: for η > 2/(β+ρ) 003's M is too small. ℓ(w) = w²/2 (β = 1, also 0.2-strongly
-    # convex) has step w ↦ (1 − η)w = −0.9w at η = 1.9, while 003's formula gives 0.606.
+    # Deviation: for η > 2/(β+ρ) Sordello et al.'s M is too small. ℓ(w) = w²/2 (β = 1, also 0.2-strongly
+    # convex) has step w ↦ (1 − η)w = −0.9w at η = 1.9, while Sordello et al.'s formula gives 0.606.
     assert math.sqrt(1.0 - 2 * 1.9 * 1.0 * 0.2 / 1.2) == pytest.approx(0.6055, abs=1e-4)
     assert contraction(1.9, 1.0, 0.2) == pytest.approx(0.9, rel=1e-15)
     # The two branches meet at η = 2/(β + ρ) with value (β − ρ)/(β + ρ).
@@ -250,7 +250,7 @@ def test_online_stream_of_a_million_records_with_snapshots() -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 17])
 def test_shuffled_delta_is_the_average_over_positions(n: int) -> None:
-    """003, App. A: the differing record lands at each position with probability 1/n."""
+    """Sordello et al. 2021, App. A: the differing record lands at each position with probability 1/n."""
     sigma, scale = 1.7, 0.9
     gaussian = [pnsgd_delta(EPSILON, [sigma] * n, j, **MODEL) for j in range(1, n + 1)]
     assert shuffled_pnsgd_delta(n, EPSILON, sigma, **MODEL) == pytest.approx(
@@ -282,7 +282,7 @@ def test_app_g_gaussian_shuffled_matches_mpmath(n: int, eta: float) -> None:
 
 
 def test_delta_star_values() -> None:
-    # 003, Eqs. (6)–(7) at App. G's ε = 1, C1 = 10⁵.
+    # Sordello et al. 2021, Eqs. (6)–(7) at App. G's ε = 1, C1 = 10⁵.
     with mp.workdps(40):
         c = SHUFFLED_C1 * mp.e ** (EPSILON / 2)
         assert laplace_delta_star(EPSILON, SHUFFLED_C1) == pytest.approx(
@@ -324,7 +324,7 @@ def test_app_g_laplace_shuffled_closed_form_and_rate(n: int) -> None:
 def test_app_g_gaussian_rate_is_one_over_log_n_with_explicit_constant() -> None:
     """Fig. 2 left/centre: δ(n) → δ*_G from above at rate 1/log n (Thm 5).
 
-    Carrying 003, Eq. (11) one order further (Mills ratio Q(z) = φ(z)/z (1 − 1/z² + …) and
+    Carrying Sordello et al. 2021, Eq. (11) one order further (Mills ratio Q(z) = φ(z)/z (1 − 1/z² + …) and
     e^{ε}φ(u + ε/2u) = φ(u − ε/2u) = φ(u) e^{ε/2} e^{−ε²/8u²} with u = √W):
     1 − B = (2e^{ε/2}/√(2πx)) (1 − (1 + ε²/8)/W + O(W⁻²)), hence
     (δ(n)/δ*_G − 1)·W(x_n) → 1 + ε²/8 = 1.125, with x_n = n²/(2πC1²) + C2.
@@ -342,7 +342,7 @@ def test_app_g_gaussian_rate_is_one_over_log_n_with_explicit_constant() -> None:
 
 
 def test_fig3_convergence_from_above_and_below() -> None:
-    """003, Fig. 3: with η = 0.01 the factor A = θ(4Lη√W) < 1 pulls δ(n) below δ*_G."""
+    """Sordello et al. 2021, Fig. 3: with η = 0.01 the factor A = θ(4Lη√W) < 1 pulls δ(n) below δ*_G."""
     star = gaussian_delta_star(EPSILON, SHUFFLED_C1)
     for exponent in range(6, 16):
         n = 10**exponent
@@ -421,14 +421,14 @@ def test_online_schedules_match_003() -> None:
             v = 1 / (2 * ONLINE_ETA * log_argument)
             assert scales[k] == pytest.approx(float(v), rel=1e-13)
     assert isinstance(online_sigma(5, *ONLINE_SCHEDULE), float)
-    # Thm 5 is Thm 7's schedule with α = 1 evaluated at n (003, Sec. 5: "the only difference").
+    # Thm 5 is Thm 7's schedule with α = 1 evaluated at n (Sordello et al. 2021, Sec. 5: "the only difference").
     assert fixed_sigma(777, 0.1, 1.0, 3.0, 5.0, 0.5, 0.0) == pytest.approx(
         float(online_sigma(777, 1.0 + 1e-15, 0.1, 1.0, 3.0, 5.0, 0.5, 0.0)), rel=1e-12
     )
 
 
 def mp_online_gaussian_limit(start: int) -> mp.mpf:
-    """003, Thm 7 for App. G's online setting, with the integral from ``start`` (mpmath quad)."""
+    """Sordello et al. 2021, Thm 7 for App. G's online setting, with the integral from ``start`` (mpmath quad)."""
     x_i = mp_lambert_argument(ONLINE_I, 2 * ONLINE_ALPHA, ONLINE_C1, ONLINE_C2)
     sigma_i = 1 / (2 * ONLINE_ETA * mp.sqrt(mp.lambertw(x_i).real))
     a = mp_theta(EPSILON, 2 * 10 / sigma_i)
@@ -451,7 +451,7 @@ def test_app_g_online_gaussian_limit_matches_mpmath_and_brackets_the_true_limit(
     assert limit.delta_star == pytest.approx(3.00803866e-23, rel=1e-8)
     assert limit.lower_bound == pytest.approx(2.71177618e-23, rel=1e-8)
     # The true limit A_i ∏_{t>i} B_t: the finite product to N, times the tail ∏_{t>N} B_t, which
-    # lies between exp(∫_N^∞ log B) and exp(∫_{N+1}^∞ log B) (log B increasing; 003, App. E).
+    # lies between exp(∫_N^∞ log B) and exp(∫_{N+1}^∞ log B) (log B increasing; Sordello et al. 2021, App. E).
     n = 2 * 10**5
     model = {"L": 10.0, "eta": ONLINE_ETA, "diameter": 1.0, "beta": 0.5, "rho": 0.0}
     sigmas = online_sigma(np.arange(1, n + 1), *ONLINE_SCHEDULE)
@@ -491,7 +491,7 @@ def test_online_laplace_delta_approaches_its_limit_polynomially() -> None:
 
     log δ_i(n) − log δ_i(m) = −Σ_{t=n+1}^{m} log(1 − c/(t^α + C1C2)) with c = C1 e^{ε/2}, which is
     c ∫_n^m x^{−α} dx (1 + O(C1C2/n^α + 1/n)) = c (n^{1−α} − m^{1−α})/(α − 1): the finite-n δ
-    approaches the true limit at rate n^{1−α} = n^{−1/2}. 003 (App. E, Fig. 4) reports the rate
+    approaches the true limit at rate n^{1−α} = n^{−1/2}. Sordello et al. 2021 (App. E, Fig. 4) reports the rate
     toward δ^{*,o} as "empirically 1/log n"; since δ^{*,o} is not the limit itself, that gap
     does not vanish, and the rate to the true limit is polynomial.
     """

@@ -1,4 +1,4 @@
-"""Tests for accounting.rdp: RDP curves, composition counted once, and 004 Lemma 2 conversion.
+"""Tests for accounting.rdp: RDP curves, composition counted once, and Liew & Takahashi 2022 Lemma 2 conversion.
 
 Oracles: dp-accounting 0.6.0's RdpAccountant and its compute_epsilon / compute_delta (which use
 the same conversion, Canonne–Kamath–Steinke 2020 Prop. 12), the exact analytic Gaussian ε, and

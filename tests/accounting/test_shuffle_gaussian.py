@@ -1,8 +1,8 @@
-"""Tests for accounting.shuffle_gaussian: 004 Thm 1 (Eq. 4), Cor. 1, Alg. 1, Thm 2, Thm 3, Table 1.
+"""Tests for accounting.shuffle_gaussian: Liew & Takahashi 2022 Thm 1 (Eq. 4), Cor. 1, Alg. 1, Thm 2, Thm 3, Table 1.
 
-Oracles: the printed values of 004 Table 1; mpmath at 40 digits summing Eq. (4) over every vector
-(k₁, …, k_n) for tiny n; Gauss–Hermite quadrature of the Rényi divergence's definition (004
-Eq. (7)), independent of the multinomial expansion; the partition method of 004 Alg. 1;
+Oracles: the printed values of Liew & Takahashi 2022 Table 1; mpmath at 40 digits summing Eq. (4) over every vector
+(k₁, …, k_n) for tiny n; Gauss–Hermite quadrature of the Rényi divergence's definition (Liew & Takahashi 2022
+Eq. (7)), independent of the multinomial expansion; the partition method of Liew & Takahashi 2022 Alg. 1;
 dp-accounting 0.6.0's sampling-without-replacement Gaussian RDP (Wang, Balle & Kasiviswanathan
 2019) for the m = 1 case of Thm 2.
 """
@@ -38,7 +38,7 @@ def _mp_eq4(order: int, n: int, sigma: float) -> float:
 
 
 def _quadrature_log_moment(power: float, n: int, sigma: float, nodes: int = 90) -> float:
-    """log E_{X~N(0,σ²I_n)}[W̄^power], W̄ = (1/n)Σ exp((2X_i − 1)/(2σ²)) (004 Eq. (7)).
+    """log E_{X~N(0,σ²I_n)}[W̄^power], W̄ = (1/n)Σ exp((2X_i − 1)/(2σ²)) (Liew & Takahashi 2022 Eq. (7)).
 
     power = λ gives (λ−1)·D_λ(mixture ‖ Gaussian), the quantity of Thm 1; power = 1 − λ gives
     (λ−1)·D_λ(Gaussian ‖ mixture), the reverse direction. Tensor Gauss–Hermite rule.
@@ -51,9 +51,9 @@ def _quadrature_log_moment(power: float, n: int, sigma: float, nodes: int = 90) 
     return float(np.log(np.sum(weights * mean**power)))
 
 
-# --- values printed in 004 -------------------------------------------------------------------
+# --- values printed in Liew & Takahashi 2022 -------------------------------------------------------------------
 
-# 004 Table 1 ("the value of shuffle ε under composition"), n = 60 000, σ = 9.48, global
+# Liew & Takahashi 2022 Table 1 ("the value of shuffle ε under composition"), n = 60 000, σ = 9.48, global
 # sensitivity 1, maximum λ = 30 (§5.1), δ = 1/n (§5.1: "δ_final ≤ 1/n, which is the overall DP δ").
 TABLE1_OURS = (0.22820, 0.22820, 0.22821, 0.22821, 0.22821, 0.22822, 0.22822)
 TABLE1_CLONES = (0.18623, 0.38461, 0.59516, 0.79355, 1.02241, 1.22689, 1.43138)
@@ -74,7 +74,7 @@ def test_table1_uses_unit_sensitivity() -> None:
 
 
 def test_table1_rdp_beats_clones_only_under_composition() -> None:
-    # 004 §5.1: "the clones method gives tighter result without composition, the RDP accounting
+    # Liew & Takahashi 2022 §5.1: "the clones method gives tighter result without composition, the RDP accounting
     # shows tighter results by a large margin with composition".
     ours = [sg.epsilon(60_000, 9.48, 1 / 60_000, c) for c in range(1, 8)]
     assert ours[0] > TABLE1_CLONES[0]
@@ -155,9 +155,9 @@ def test_single_user_is_the_gaussian(sigma: float) -> None:
     order=st.integers(2, 64),
 )
 def test_between_sum_gaussian_and_unshuffled_gaussian(n: int, sigma: float, order: int) -> None:
-    # Upper: 004 Cor. 1, ε_n(λ) ≤ λ/(2σ²) (the local Gaussian, no shuffling), strict for n ≥ 2.
+    # Upper: Liew & Takahashi 2022 Cor. 1, ε_n(λ) ≤ λ/(2σ²) (the local Gaussian, no shuffling), strict for n ≥ 2.
     # Lower: the sum of the shuffled outputs, Σx + N(0, nσ²), is a post-processing, so
-    # ε_n(λ) ≥ λ/(2nσ²). 004's shuffle model does NOT reach the central Gaussian on the sum.
+    # ε_n(λ) ≥ λ/(2nσ²). Liew & Takahashi's shuffle model does NOT reach the central Gaussian on the sum.
     value = sg.rdp(order, n, sigma)
     assert order / (2 * n * sigma**2) * (1 - 1e-12) <= value < order / (2 * sigma**2)
 
@@ -188,7 +188,7 @@ def test_decreasing_in_sigma(n: int, sigma: float, ratio: float) -> None:
 
 
 def test_nonincreasing_in_n() -> None:
-    # The assumption of 004 Thm 3 (Eq. (12) decreasing in n), proven in checkin_rdp's docstring.
+    # The assumption of Liew & Takahashi 2022 Thm 3 (Eq. (12) decreasing in n), proven in checkin_rdp's docstring.
     sizes = list(range(1, 41)) + [100, 1000, 60_000, 10**9]
     for sigma in (0.3, 1.0, 9.48):
         values = np.array([sg.rdp([2, 3, 10, 30], n, sigma) for n in sizes])
@@ -227,7 +227,7 @@ def _two_user_divergence(order: int, sigma: float, a: tuple, b: tuple, c: tuple)
 
 
 def test_eq4_is_not_the_worst_case_for_every_record_domain() -> None:
-    # THM1_ASSUMPTIONS: 004 reduces to the pair (0, 0) vs (e₁, 0) "w.l.o.g.". The decomposition
+    # THM1_ASSUMPTIONS: Liew & Takahashi 2022 reduces to the pair (0, 0) vs (e₁, 0) "w.l.o.g.". The decomposition
     # above reproduces Eq. (4) for that pair ...
     origin, e1 = (0.0, 0.0), (1.0, 0.0)
     paper_pair = _two_user_divergence(2, 1.0, e1, origin, origin)
@@ -239,7 +239,7 @@ def test_eq4_is_not_the_worst_case_for_every_record_domain() -> None:
     assert worse > sg.rdp(2, 2, 1.0) + 0.019
 
 
-# --- 004 Thm 2: subsampled shuffled Gaussian -------------------------------------------------
+# --- Liew & Takahashi 2022 Thm 2: subsampled shuffled Gaussian -------------------------------------------------
 
 
 def _mp_eq10(order: int, gamma: float, base: list[float]) -> float:
@@ -291,7 +291,7 @@ def test_subsampled_below_unsubsampled_and_decreasing_in_sigma() -> None:
         assert np.all(sg.subsampled_rdp(orders, n, m, 1.5) < low_noise)
 
 
-# --- 004 Thm 3: shuffled check-in ------------------------------------------------------------
+# --- Liew & Takahashi 2022 Thm 3: shuffled check-in ------------------------------------------------------------
 
 
 def test_checkin_matches_eq13_assembled_in_mpmath() -> None:
@@ -321,7 +321,7 @@ def test_checkin_without_slack_is_at_least_everyone_checking_in() -> None:
 
 def test_checkin_states_its_assumptions() -> None:
     doc = sg.checkin_rdp.__doc__ or ""
-    assert "not proven in 004" in doc and "monotonically decreasing" in doc
+    assert "not proven in Liew & Takahashi 2022" in doc and "monotonically decreasing" in doc
     text = " ".join(sg.CHECKIN_ASSUMPTIONS)
     assert "Eq. (12)" in text and "unproven" in text and "Liew" in text
     assert set(sg.THM1_ASSUMPTIONS) <= set(sg.CHECKIN_ASSUMPTIONS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,20 @@ from tests.faults.harness import assert_no_traceback, run_panpriv, slow_syntheti
 
 def error_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if ": error:" in line]
+
+
+def fill_file_system(directory: Path) -> Path:
+    """Fill ``directory``'s file system to the last byte with a file there; return the file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 512):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return filler
 
 
 def manifest(out):  # noqa: ANN001
@@ -108,15 +123,7 @@ def test_disk_full_keeps_the_last_good_checkpoint_and_no_tmp(tmpfs, tmp_path) ->
     try:
         store = CheckpointStore(out / "checkpoints")
         wait_for(lambda: store.path.exists() and store.load().records > 0, 30, "a first checkpoint")
-        filler = disk / "filler"
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-        try:  # fill the file system to the last byte
-            while os.write(fd, b"\0" * 512):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        filler = fill_file_system(disk)
         code = child.wait(30)
     finally:
         child.stop()
@@ -146,14 +153,7 @@ def test_full_budget_store_disk_is_one_line_error(tmpfs, tmp_path) -> None:
     try:
         store = CheckpointStore(out / "checkpoints")
         wait_for(lambda: store.path.exists() and store.load().records > 0, 30, "a first checkpoint")
-        fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
-        try:  # fill the state directory's file system to the last byte
-            while os.write(fd, b"\0" * 512):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fill_file_system(disk)
         code = child.wait(60)
     finally:
         child.stop()

@@ -131,11 +131,11 @@ def test_batch_size_and_smoothing_follow_the_proofs():
     noise = math.sqrt(21) * 12.0
     plan = plan_run(PROBLEM, n, D, moreau=False)
     assert DEFAULT_TUNING.batch == 1.0
-    b = round(n**0.6 * (noise * 1.0 / (0.25 * D)) ** 0.4)  # 000, proof of Thm 4.3
+    b = round(n**0.6 * (noise * 1.0 / (0.25 * D)) ** 0.4)  # Cheu et al. 2022, proof of Thm 4.3
     assert b == 13707 and plan.steps == n // b == 72 and plan.smoothing is None
     assert plan.batch_size(1) == 13889 and plan.batch_size(72) == 13888  # n spread over T batches
     smoothed = plan_run(PROBLEM, n, D, moreau=True)
-    beta_s = DEFAULT_TUNING.smoothing * n ** (2 / 3) / (D * noise ** (2 / 3))  # 000, proof of Thm 4.7
+    beta_s = DEFAULT_TUNING.smoothing * n ** (2 / 3) / (D * noise ** (2 / 3))  # Cheu et al. 2022, proof of Thm 4.7
     assert smoothed.smoothing == pytest.approx(beta_s, rel=1e-12)
     assert smoothed.sizes.smoothness == pytest.approx(min(beta_s, 0.25))
     tuned = plan_run(PROBLEM, n, D, moreau=False, tuning=Tuning(batch=2.0))
@@ -160,7 +160,7 @@ def test_oracle_std():
 
 
 def test_strongly_convex_phases():
-    """000, Thm 4.8: k disjoint phases, D_1 = min(D, L_F/λ), then D_{i+1} = min(D_i, √(2Δ_i/λ))."""
+    """Cheu et al. 2022, Thm 4.8: k disjoint phases, D_1 = min(D, L_F/λ), then D_{i+1} = min(D_i, √(2Δ_i/λ))."""
     problem = Problem(dim=21, lipschitz=1.0, smoothness=0.25, ridge=0.5, strong_convexity=0.5, radius=5.0, noise_multiplier=12.0)
     plans = plan_runs(problem, 10**5, moreau=False)
     assert len(plans) == phase_count(10**5) == 5

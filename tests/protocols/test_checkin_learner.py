@@ -1,4 +1,4 @@
-"""Tests of RandomCheckinSGD (002 Algs 1–2, §4.2) and the ℓ2-ball randomizer: conformance, the
+"""Tests of RandomCheckinSGD (Balle et al. 2020 Algs 1–2, §4.2) and the ℓ2-ball randomizer: conformance, the
 randomizer's ε₀ and unbiasedness, guarantees from accounting.checkin, time slots, inputs."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_l2_randomizer_is_unbiased_with_norm_b():
 
 @pytest.mark.parametrize("window, accountant", [("sliding", sliding_window), ("fixed", fixed_window)])
 def test_single_updates_use_the_largest_epsilon0_meeting_the_derived_bound(window, accountant):
-    """ε₀ is the largest for which accounting.checkin's bound (002 Thm 3.2 / Thm 4.3 setting) meets ε
+    """ε₀ is the largest for which accounting.checkin's bound (Balle et al. 2020 Thm 3.2 / Thm 4.3 setting) meets ε
     at δ; the report prints that bound; the intrusion guarantee is the local (ε₀, 0)."""
     m, p0, epsilon = 2000, 0.5, 1.0
     learner = RandomCheckinSGD(4, LogisticLoss(), epsilon, DELTA, window=window, slots=m, checkin_probability=p0)
@@ -133,7 +133,7 @@ def test_averaged_updates_are_unamplified():
     assert averaged_updates(0.7).status == "unamplified fallback"
     report = learner.privacy()
     assert report.output == report.intrusion == Guarantee(0.7, 0.0)
-    assert "002, Thm 4.1" in report.references and "002, Alg. 2" in report.references
+    assert "Balle et al. 2020, Thm 4.1" in report.references and "Balle et al. 2020, Alg. 2" in report.references
     assert any("unamplified fallback" in a for a in report.assumptions)
 
 
@@ -159,7 +159,7 @@ def test_seeded_mode_has_no_pan_private_guarantee():
 
 
 def test_client_side_check_in():
-    """002 Def. 3.1: a slot of the client's window with probability p₀, else None."""
+    """Balle et al. 2020 Def. 3.1: a slot of the client's window with probability p₀, else None."""
     assert window_start(7, 4, "sliding") == 7 and window_start(7, 4, "fixed") == 8
     slots = [check_in(7, 4, 0.6, rng=seed) for seed in range(4000)]
     chosen = [s for s in slots if s is not None]

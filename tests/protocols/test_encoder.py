@@ -1,4 +1,4 @@
-"""Tests of protocols.encoder.VectorSum (000, Alg. 1 / Alg. 2).
+"""Tests of protocols.encoder.VectorSum (Cheu et al. 2022, Alg. 1 / Alg. 2).
 
 Statistical tests use seeded generators; each states its false-failure probability. The exact
 privacy of the calibrations is tested in tests/accounting/test_binomial.py.

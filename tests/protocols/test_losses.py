@@ -146,7 +146,7 @@ def test_prox_matches_brute_force_minimisation(loss):
 
 @pytest.mark.parametrize("loss", PROX, ids=repr)
 def test_moreau_envelope_properties_of_lemma_4_6(loss):
-    """000, Lemma 4.6: ∇f_β = β(θ − prox) (checked by finite differences of f_β), f_β ≤ f ≤
+    """Cheu et al. 2022, Lemma 4.6: ∇f_β = β(θ − prox) (checked by finite differences of f_β), f_β ≤ f ≤
     f_β + L²/(2β), gradient norm ≤ L, and β-smoothness."""
     rng = np.random.default_rng(5)
     Z, y = _records(loss, 50, rng)

@@ -1,4 +1,4 @@
-"""Tests of PanPrivateACSA (000 Alg. 6, Thm C.3): conformance, noise, sensitivity, cases, report."""
+"""Tests of PanPrivateACSA (Cheu et al. 2022 Alg. 6, Thm C.3): conformance, noise, sensitivity, cases, report."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from protocols.randomness import SEEDED_WARNING
 X3, Y3 = checks.make_stream(3, 60, binary=True)
 X3R, Y3R = checks.make_stream(3, 60, binary=False)
 
-# One factory per case of 000 Thm C.3; radius 20 keeps the noise visible (not hidden by projection).
+# One factory per case of Cheu et al. 2022 Thm C.3; radius 20 keeps the noise visible (not hidden by projection).
 CASES = {
     "1-nonsmooth": (lambda rng: PanPrivateACSA(3, HingeLoss(intercept=True), 1.0, 1e-5, horizon=40, batch_size=6, radius=20.0, rng=rng), X3, Y3),
     "2-smooth-doubling": (lambda rng: PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=12, radius=20.0, rng=rng), X3, Y3),
@@ -52,7 +52,7 @@ def test_cases_of_theorem_c3_are_selected():
 
 
 def test_middle_point_follows_lan_not_alg6_line12():
-    """000 Alg. 6 line 12 (θ^md_{t+1} ← α_t θ_{t+1} + (1 − α_t) θ^ag_t) would make θ^md = θ^ag after
+    """Cheu et al. 2022 Alg. 6 line 12 (θ^md_{t+1} ← α_t θ_{t+1} + (1 − α_t) θ^ag_t) would make θ^md = θ^ag after
     every step. Lan's update gives θ^md_{t+1} = α_{t+1} θ_{t+1} + (1 − α_{t+1}) θ^ag_{t+1}."""
     learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=10, batch_size=1, radius=50.0, restart="none", rng=3)
     learner.learn_many(X3[:2], Y3[:2])
@@ -71,7 +71,7 @@ def test_noise_calibration():
         assert zeta == pytest.approx(analytic_sigma(1.0, 1e-6, 2 * L / b) * (1 + SENSITIVITY_SLACK), rel=1e-12)
         assert analytic_delta(1.0, zeta, 2 * L / b) <= 1e-6  # each draw alone is (ε, δ)-DP
     classic = PanPrivateACSA(3, LogisticLoss(), 0.5, 1e-6, calibration="classic")
-    # 000 Alg. 6 line 1: ζ² = 8 L² log(2/δ)/(b² ε²), with L = 1.
+    # Cheu et al. 2022 Alg. 6 line 1: ζ² = 8 L² log(2/δ)/(b² ε²), with L = 1.
     assert classic.batch_noise_std(10) == pytest.approx(math.sqrt(8 * math.log(2e6) / (100 * 0.25)), rel=1e-8)
     assert classic.batch_noise_std(10) > PanPrivateACSA(3, LogisticLoss(), 0.5, 1e-6).batch_noise_std(10)
 
@@ -162,7 +162,7 @@ def test_restarts_change_the_steps_not_the_batches():
     for key in ("records", "epoch", "phase", "batch", "filled"):
         assert plain[0][key] == restarted[0][key]
     assert plain[0]["batch"] == 41
-    # Planning: 000's constants for Lan's method, the measured ones with restarts.
+    # Planning: Cheu et al.'s constants for Lan's method, the measured ones with restarts.
     assert PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, restart="none").tuning is DEFAULT_TUNING
     assert PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5).tuning is RESTART_TUNING
 
@@ -187,7 +187,7 @@ def test_privacy_report():
     report = learner.privacy()
     assert report.output == report.intrusion == Guarantee(0.5, 1e-6)
     assert report.records == 60 and report.mechanism == "pan-acsa"
-    assert {"000, Alg. 6", "000, Lemma C.4", "000, Thm C.3"} <= set(report.references)
+    assert {"Cheu et al. 2022, Alg. 6", "Cheu et al. 2022, Lemma C.4", "Cheu et al. 2022, Thm C.3"} <= set(report.references)
     assert SEEDED_WARNING not in report.assumptions
     seeded = PanPrivateACSA(3, LogisticLoss(), 0.5, 1e-6, rng=1).privacy()
     assert seeded.output == Guarantee(0.5, 1e-6) and not seeded.intrusion.is_meaningful
@@ -349,7 +349,7 @@ def test_secure_privacy_report_states_the_discrete_gaussian_guarantee():
     learner.learn_many(X3, Y3)
     report = learner.privacy()
     assert report.output == report.intrusion == Guarantee(0.5, 1e-6)
-    assert {"000, Lemma C.4", "Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"} <= set(report.references)
+    assert {"Cheu et al. 2022, Lemma C.4", "Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"} <= set(report.references)
     statement = next(a for a in report.assumptions if a.startswith("secure noise"))
     assert "N_Z(0, " in statement and "zCDP" in statement
     assert learner.config()["noise"] == "secure"

@@ -1,11 +1,11 @@
-"""Tests of OnlinePNSGD and ShuffledPNSGD (003): conformance, accounting, App. G, refusals, noise.
+"""Tests of OnlinePNSGD and ShuffledPNSGD (Sordello et al. 2021): conformance, accounting, App. G, refusals, noise.
 
 Oracles: the O(n) accountants of accounting.iteration (``worst_released_delta``,
 ``record_log_deltas``), independent of the learners' O(1) accounting; the pinned App. G values of
 tests/accounting/test_iteration.py (themselves checked there against mpmath); closed forms derived
-from 003, App. B; KS tests for the noise.
+from Sordello et al. 2021, App. B; KS tests for the noise.
 
-003 prints no δ values (Figs 1–4 are plots); it prints the App. G parameters, reproduced here
+Sordello et al. 2021 prints no δ values (Figs 1–4 are plots); it prints the App. G parameters, reproduced here
 through the learners with a Huber loss chosen to have exactly L = 10 and β = 0.5:
 feature bound R = 1/√2, Huber threshold 10√2 (L = 10√2·R, β = R²), radius 0.5 (D = 1).
 """
@@ -41,13 +41,13 @@ SLACK = 1 + SENSITIVITY_SLACK
 
 
 def app_g_online(noise: str = "gaussian", **kwargs) -> OnlinePNSGD:
-    """003, App. G online: L = 10, β = 0.5, ρ = 0, ε = 1, η = 0.01, α = 1.5, C1 = C2 = 100, D = 1."""
+    """Sordello et al. 2021, App. G online: L = 10, β = 0.5, ρ = 0, ε = 1, η = 0.01, α = 1.5, C1 = C2 = 100, D = 1."""
     return OnlinePNSGD(1, LOSS_APP_G, EPSILON, 0.01, 0.5, noise=noise, alpha=1.5, C1=100.0, C2=100.0,
                        feature_bound=R_APP_G, **kwargs)
 
 
 def app_g_shuffled(n: int, noise: str = "gaussian", eta: float = 0.1) -> ShuffledPNSGD:
-    """003, App. G shuffled: η = 0.1, C1 = 1e5, C2 = 100 (Gaussian) or 2 (Laplace, (a, b) = (0, 1))."""
+    """Sordello et al. 2021, App. G shuffled: η = 0.1, C1 = 1e5, C2 = 100 (Gaussian) or 2 (Laplace, (a, b) = (0, 1))."""
     C2 = 100.0 if noise == "gaussian" else 2.0
     return ShuffledPNSGD(1, LOSS_APP_G, EPSILON, eta, 0.5, n=n, noise=noise, C1=1e5, C2=C2, feature_bound=R_APP_G)
 
@@ -185,7 +185,7 @@ def test_online_output_is_the_worst_released_record(kwargs):
 
 def test_online_guarantees_for_a_million_records_with_snapshots_every_10k():
     """Issue 6's setting with App. G's online constants. The output guarantee is A at the last
-    snapshot (record 10⁶) and the intrusion guarantee A_{10⁶}: both near 0.55 — 003's decaying
+    snapshot (record 10⁶) and the intrusion guarantee A_{10⁶}: both near 0.55 — Sordello et al.'s decaying
     noise gives no useful uniform guarantee. A pan floor δ_pan = 1e-6 bounds both by 1e-6."""
     n = 10**6
     plain = restored_at(app_g_online(), n, n)
@@ -219,7 +219,7 @@ def test_online_intrusion_is_the_last_step_and_dominates_the_output():
     assert report.intrusion.delta == pytest.approx(learner.step_delta(300), rel=1e-8)
     assert report.intrusion.delta > report.output.delta
     assert SEEDED_WARNING not in report.assumptions
-    assert {"003, Thm 1", "003, Thm 7", "000, Def. C.2"} <= set(report.references)
+    assert {"Sordello et al. 2021, Thm 1", "Sordello et al. 2021, Thm 7", "Cheu et al. 2022, Def. C.2"} <= set(report.references)
 
 
 def test_online_seeded_mode_has_no_intrusion_guarantee():
@@ -252,7 +252,7 @@ def test_laplace_pan_floor_inverts_eq4():
     two_l = 2 * SLACK  # Huber(1) with R = 1: L = 1
     assert v == pytest.approx(two_l / (0.5 - 2 * math.log1p(-pan_delta)), rel=1e-8)
     assert learner.privacy().intrusion.delta == 0.0 and learner.step_delta(10**8) * (1 + DELTA_ROUNDING) <= pan_delta
-    # A = (1 − e^{ε/2 − L/v})_+ (003, Eq. (4)) at the floor.
+    # A = (1 − e^{ε/2 − L/v})_+ (Sordello et al. 2021, Eq. (4)) at the floor.
     assert learner.step_delta(10**8) == pytest.approx(1 - math.exp(0.25 - two_l / 2 / v), rel=1e-9)
 
 
@@ -262,7 +262,7 @@ def test_laplace_pan_floor_inverts_eq4():
 def true_online_limit(learner: OnlinePNSGD, position: int, far: int = 10**6) -> tuple[float, float]:
     """Bracket of the true limit A_i ∏_{t>i} B_t: the finite product to ``far`` times the tail
     ∏_{t>far} B_t, which lies between exp(∫_far^∞ log B) and exp(∫_{far+1}^∞ log B) because log B
-    increases (003, App. E); the tail is online_limit(far) divided by A_far."""
+    increases (Sordello et al. 2021, App. E); the tail is online_limit(far) divided by A_far."""
     finite = learner.record_delta(position, far)
     tail = learner.online_limit(far)
     a_far = learner.record_delta(far, far)
@@ -271,15 +271,15 @@ def true_online_limit(learner: OnlinePNSGD, position: int, far: int = 10**6) -> 
 
 @pytest.mark.parametrize("noise", ["gaussian", "laplace"])
 def test_app_g_online_limits_and_convergence(noise):
-    """003, Figs 1–2 right / Thms 6–7: δ for the record at i = 100 when the iterate after step n is
+    """Sordello et al. 2021, Figs 1–2 right / Thms 6–7: δ for the record at i = 100 when the iterate after step n is
     its first release, converging from above to a limit bounded by δ^{*,o}.
 
     δ^{*,o}_G = 3.00803866e-23 and δ^{*,o}_L = 1.55875243e-08 (pinned in test_iteration); the true
-    limits (bracketed to 1e-6) are 2.856170e-23 and 1.547040e-08, i.e. 003's integral bound is 5.3%
+    limits (bracketed to 1e-6) are 2.856170e-23 and 1.547040e-08, i.e. Sordello et al.'s integral bound is 5.3%
     and 0.76% above them. The deviation decays like n^{1−α}: log(δ_100(n)/δ_∞) = Σ_{t>n} −log B_t
-    with 1 − B_t ≈ c/t^α, c = 2C1e^{ε/2} (Gaussian, up to the O(1/log t) terms of 003, App. F) or
+    with 1 − B_t ≈ c/t^α, c = 2C1e^{ε/2} (Gaussian, up to the O(1/log t) terms of Sordello et al. 2021, App. F) or
     exactly c/(t^α + C1C2) with c = C1e^{ε/2} (Laplace), so √n·log(δ_100(n)/δ_∞) → c/(α − 1).
-    003 (App. E–F, Fig. 4) describes the rate as "empirically 1/log(n)"; it is this power law.
+    Sordello et al. 2021 (App. E–F, Fig. 4) describes the rate as "empirically 1/log(n)"; it is this power law.
     """
     learner = app_g_online(noise)
     limit = learner.online_limit(100)
@@ -310,7 +310,7 @@ def test_app_g_online_limits_and_convergence(noise):
 
 @pytest.mark.parametrize("n", [10**3, 10**4])
 def test_shuffled_single_release_is_thm2(n):
-    """A pass over n records with only the final iterate released reports 003, Thm 2 at σ(n) of
+    """A pass over n records with only the final iterate released reports Sordello et al. 2021, Thm 2 at σ(n) of
     Thm 5 (App. G Gaussian setting, η = 0.1), learning the records for real."""
     learner = app_g_shuffled(n)
     X, y = checks.make_stream(1, n, binary=False)
@@ -326,7 +326,7 @@ def test_shuffled_single_release_is_thm2(n):
 
 
 def test_app_g_shuffled_gaussian_convergence_and_rate():
-    """003, Fig. 2 left/centre (Thm 5): δ(n) → δ*_G = 3.0326533e-06 from above at rate 1/log n;
+    """Sordello et al. 2021, Fig. 2 left/centre (Thm 5): δ(n) → δ*_G = 3.0326533e-06 from above at rate 1/log n;
     (δ(n)/δ*_G − 1)·W(x_n) → 1 + ε²/8 (derived in test_iteration); at n = 10⁶, δ = 3.3438 δ*_G.
     Learners restored at the end of their pass report the final release."""
     star = gaussian_delta_star(EPSILON, 1e5)
@@ -345,7 +345,7 @@ def test_app_g_shuffled_gaussian_convergence_and_rate():
 
 
 def test_app_g_shuffled_laplace_closed_form_and_rate():
-    """003, Fig. 1 left/centre (Thm 4): with M = 1, 2Lη/(M(b − a)) = 2 and c = C1e^{ε/2}, App. B's
+    """Sordello et al. 2021, Fig. 1 left/centre (Thm 4): with M = 1, 2Lη/(M(b − a)) = 2 and c = C1e^{ε/2}, App. B's
     algebra is exact: δ(n) = A(1 − (1 − c/(n + C1C2))ⁿ)(n + C1C2)/(cn), A = 1 − e^{ε/2}C1²/(n + C1C2)²,
     and n(δ(n) − δ*_L) → C2e^{−ε/2} = 1.2131 (the 1/n rate), δ*_L = 6.0653066e-06."""
     star = laplace_delta_star(EPSILON, 1e5)
@@ -362,7 +362,7 @@ def test_app_g_shuffled_laplace_closed_form_and_rate():
 
 
 def test_fig3_smaller_eta_converges_from_below():
-    """003, Fig. 3: with η = 0.01 the factor A < 1 pulls δ(n) below δ*_G (η = 0.1: above)."""
+    """Sordello et al. 2021, Fig. 3: with η = 0.01 the factor A < 1 pulls δ(n) below δ*_G (η = 0.1: above)."""
     star = gaussian_delta_star(EPSILON, 1e5)
     for n in (10**6, 10**10):
         below = restored_at(app_g_shuffled(n, eta=0.01), n, 0, window_delta=0.0).snapshot().privacy.output.delta
@@ -373,7 +373,7 @@ def test_fig3_smaller_eta_converges_from_below():
 @pytest.mark.parametrize("noise", ["gaussian", "laplace"])
 def test_shuffled_intermediate_snapshots_average_over_positions(noise):
     """With snapshots at s_1 < … the output δ is (1/n)Σ_j A B^{s(j)−j} over positions j (unreleased
-    positions count 0): the brute-force average of Thm 1 over the n positions (003, App. A)."""
+    positions count 0): the brute-force average of Thm 1 over the n positions (Sordello et al. 2021, App. A)."""
     n = 120
     learner = ShuffledPNSGD(1, HuberLoss(), 0.7, 0.4, 2.0, n=n, noise=noise, C1=2.0, C2=2.0, rng=3)
     X, y = checks.make_stream(1, n, binary=False)

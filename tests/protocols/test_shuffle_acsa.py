@@ -1,4 +1,4 @@
-"""Tests of ShuffleACSA (000 Alg. 4; Thms 4.3, 4.7, 4.8) over the shared AC-SA core."""
+"""Tests of ShuffleACSA (Cheu et al. 2022 Alg. 4; Thms 4.3, 4.7, 4.8) over the shared AC-SA core."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_cases_use_the_shared_planner_with_the_pvec_noise_level():
     v = sum_variance_hint("paper", 3, 0.5, 1e-6, 1.0, 1.0)
     problem = Problem(3, 1.0, 0.25, 0.0, 0.0, 1.0, math.sqrt(v))
     assert learner.plans == plan_runs(problem, 10_000, moreau=False)
-    # Thm 4.3's proof: b ∝ n^{3/5}; the oracle variance is L²/b + p v/b² (000 Eq. (5)).
+    # Thm 4.3's proof: b ∝ n^{3/5}; the oracle variance is L²/b + p v/b² (Cheu et al. 2022 Eq. (5)).
     plan = learner.plans[0]
     b = plan.batch_size(1)
     assert plan.sizes.oracle_std == pytest.approx(math.sqrt(1 / b + 3 * v / b**2))
@@ -97,9 +97,9 @@ def test_privacy_report():
     report = learner.privacy()
     assert report.output == Guarantee(1.0, learner.vector_sums[5].parameters.delta)
     assert report.intrusion.epsilon > 1.0 and report.intrusion.delta == 1e-5
-    assert {"000, Alg. 4", "000, Thm 4.3", "000, Thm 3.2", "000, Def. C.2"} <= set(report.references)
+    assert {"Cheu et al. 2022, Alg. 4", "Cheu et al. 2022, Thm 4.3", "Cheu et al. 2022, Thm 3.2", "Cheu et al. 2022, Def. C.2"} <= set(report.references)
     hinge = CASES["phases"][0](0).privacy()
-    assert {"000, Thm 4.7", "000, Thm 4.8"} <= set(hinge.references) and not hinge.intrusion.is_meaningful
+    assert {"Cheu et al. 2022, Thm 4.7", "Cheu et al. 2022, Thm 4.8"} <= set(hinge.references) and not hinge.intrusion.is_meaningful
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Tests of ShuffleGaussianSGD (004 §5.2, Thms 1–3): conformance, noise levels, guarantees, inputs."""
+"""Tests of ShuffleGaussianSGD (Liew & Takahashi 2022 §5.2, Thms 1–3): conformance, noise levels, guarantees, inputs."""
 
 from __future__ import annotations
 
@@ -57,13 +57,13 @@ def test_conformance(case, check):
 
 
 def _thm1_epsilon(b: int, sigma: float, delta: float) -> float:
-    """Independent evaluation: 004 Thm 1 at n = b and σ_004 = σ/2, then 004 Lemma 2."""
+    """Independent evaluation: Liew & Takahashi 2022 Thm 1 at n = b and σ_004 = σ/2, then Liew & Takahashi 2022 Lemma 2."""
     return RdpCurve.from_values(ORDERS, sg.rdp(ORDERS, b, sigma / 2.0)).to_dp(delta)[0]
 
 
 @pytest.mark.parametrize("epsilon, b", [(1.0, 7), (0.5, 64), (4.0, 200)])
 def test_noise_is_the_smallest_meeting_theorem_1(epsilon, b):
-    """σ is calibrated so that 004 Thm 1 (n = b, noise σC, records at distance 2C) gives ε, and a
+    """σ is calibrated so that Liew & Takahashi 2022 Thm 1 (n = b, noise σC, records at distance 2C) gives ε, and a
     0.001 % smaller σ would not; the report prints exactly that bound."""
     learner = ShuffleGaussianSGD(5, LogisticLoss(), epsilon, DELTA, batch_size=b)
     sigma = learner.noise_multiplier
@@ -71,7 +71,7 @@ def test_noise_is_the_smallest_meeting_theorem_1(epsilon, b):
     assert _thm1_epsilon(b, sigma * (1 - 1e-5), DELTA) > epsilon
     report = learner.privacy()
     assert report.output == Guarantee(_thm1_epsilon(b, sigma, DELTA), DELTA)
-    assert "004, Thm 1" in report.references
+    assert "Liew & Takahashi 2022, Thm 1" in report.references
     assert set(sg.THM1_ASSUMPTIONS) <= set(report.assumptions)
     # Shuffling amplifies: the local guarantee of the same noise is much weaker.
     assert learner.local_guarantee().epsilon > 2 * epsilon
@@ -79,7 +79,7 @@ def test_noise_is_the_smallest_meeting_theorem_1(epsilon, b):
 
 def test_local_guarantee_is_the_exact_gaussian_profile_at_sensitivity_2c():
     """ε₀ of "clip to C, add N(0, (σC)² I)" equals dp-accounting's exact Gaussian ε at noise σ/2
-    for sensitivity 1 (the oracle), and 004 §5.2's σ = 0.86 is its "(ε₀, δ₀) = (12, 1e-5)"."""
+    for sensitivity 1 (the oracle), and Liew & Takahashi 2022 §5.2's σ = 0.86 is its "(ε₀, δ₀) = (12, 1e-5)"."""
     for sigma in (0.86, 2.0, 9.48):
         got = GaussianRandomizer(0.05, sigma, 1e-5).local_guarantee().epsilon
         assert got == pytest.approx(dpa_gaussian.get_epsilon_gaussian(sigma / 2.0, 1e-5), rel=1e-6)
@@ -92,7 +92,7 @@ def test_local_accounting_is_the_proven_gaussian_bound():
     report = learner.privacy()
     assert report.output.epsilon <= 1.0 and report.output == report.intrusion == learner.local_guarantee()
     assert not set(sg.THM1_ASSUMPTIONS) & set(report.assumptions)
-    assert "004, Thm 1" not in report.references
+    assert "Liew & Takahashi 2022, Thm 1" not in report.references
 
 
 def test_single_user_rounds_report_the_local_bound():
@@ -109,7 +109,7 @@ def test_subsampled_rounds_follow_theorem_2():
     expected = RdpCurve.from_values(ORDERS, sg.subsampled_rdp(ORDERS, 11, 4, sigma / 2.0)).to_dp(DELTA)[0]
     report = learner.privacy()
     assert report.output == Guarantee(expected, DELTA) and expected <= 2.0
-    assert "004, Thm 2" in report.references
+    assert "Liew & Takahashi 2022, Thm 2" in report.references
     # Sampling 4 of 11 never needs more noise than shuffling 4 users alone (Thm 2 is min'd with Thm 1).
     assert sigma <= noise_multiplier(Round("all", 4, 4, 1.0), "shuffle", 2.0, DELTA)
 
@@ -121,7 +121,7 @@ def test_checkin_rounds_follow_theorem_3():
     expected = RdpCurve.from_values(ORDERS, np.min(curves, axis=0)).to_dp(DELTA)[0]
     report = learner.privacy()
     assert report.output == Guarantee(expected, DELTA) and expected <= 2.0
-    assert "004, Thm 3" in report.references
+    assert "Liew & Takahashi 2022, Thm 3" in report.references
     assert set(sg.CHECKIN_ASSUMPTIONS) <= set(report.assumptions)
     # Every Δ gives a valid bound: the one at Δ = 0.5 alone is no smaller.
     single = RdpCurve.from_values(ORDERS, sg.checkin_rdp(ORDERS, 9, 0.5, sigma / 2.0, 0.5)).to_dp(DELTA)[0]

@@ -1,4 +1,4 @@
-"""Tests of ShuffleGD (000 Alg. 5, Lemma B.6, Thm 4.9): rounds = passes, composition, the ledger."""
+"""Tests of ShuffleGD (Cheu et al. 2022 Alg. 5, Lemma B.6, Thm 4.9): rounds = passes, composition, the ledger."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def drdv(epsilon0: float, delta0: float, k: int, slack: float) -> tuple[float, f
 
 
 def test_theorem_parameters():
-    """000 Thm 4.9 / Lemma B.6: T = min{n, ε²n²/(d log²(nd/δ))}, ε₀ = ε/(2√(2T log(1/δ))),
+    """Cheu et al. 2022 Thm 4.9 / Lemma B.6: T = min{n, ε²n²/(d log²(nd/δ))}, ε₀ = ε/(2√(2T log(1/δ))),
     δ₀ = δ/(T + 1), β = (L/D) min(√n, εn/(√d log^{3/2}(d/δ)))."""
     assert theorem_rounds(1000, 20, 1.0, 1e-6) == 88  # 10⁶/(20·log²(2·10¹⁰)) = 88.9
     assert theorem_rounds(100, 20, 4.0, 1e-6) == 17  # 16·10⁴/(20·log²(2·10⁹)) = 17.4
@@ -132,7 +132,7 @@ def test_intrusion_is_outputs_plus_one_message():
     assert local.epsilon >= learner.vector_sum.epsilon and local.delta == 1e-5
     assert report.intrusion == report.output.compose(local)
     assert learner.rounds_started == 3 and report.records == 20
-    assert {"000, Alg. 5", "000, Lemma B.6", "000, Thm 4.9"} <= set(report.references)
+    assert {"Cheu et al. 2022, Alg. 5", "Cheu et al. 2022, Lemma B.6", "Cheu et al. 2022, Thm 4.9"} <= set(report.references)
     assert not factory(0).privacy().intrusion.is_meaningful
 
 

@@ -1,4 +1,4 @@
-"""Tests of ShuffleSGD (000 Alg. 3, Thm 4.1) and of the shared PVEC round machinery."""
+"""Tests of ShuffleSGD (Cheu et al. 2022 Alg. 3, Thm 4.1) and of the shared PVEC round machinery."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def test_round_is_pvec_of_clipped_gradients_and_steps_with_public_G():
 
 
 def test_noise_level_is_thm_32_and_G_is_thm_41_L_G():
-    """Paper calibration: PVEC's (g, b, p) are those of 000 Thm 3.2 at (n = b, d, ε, δ, Δ₂ = L);
-    G² = (√(L² + d·v/b²) + λr)² with v PVEC's per-coordinate variance (000 Thm 4.1, Eq. (4))."""
+    """Paper calibration: PVEC's (g, b, p) are those of Cheu et al. 2022 Thm 3.2 at (n = b, d, ε, δ, Δ₂ = L);
+    G² = (√(L² + d·v/b²) + λr)² with v PVEC's per-coordinate variance (Cheu et al. 2022 Thm 4.1, Eq. (4))."""
     loss = LogisticLoss(intercept=True, ridge=0.05)
     learner = ShuffleSGD(3, loss, 0.5, 1e-6, batch_size=64, radius=2.0, calibration="paper", rng=0)
     L = loss.lipschitz(1.0, 2.0)
@@ -64,7 +64,7 @@ def test_noise_level_is_thm_32_and_G_is_thm_41_L_G():
     assert learner.gradient_bound_sq == pytest.approx((math.sqrt(L**2 + 4 * v / 64**2) + 0.05 * 2.0) ** 2, rel=1e-12)
     report = learner.privacy()
     assert report.output == Guarantee(0.5, 1e-6)
-    assert {"000, Alg. 3", "000, Thm 4.1", "000, Thm 3.2"} <= set(report.references)
+    assert {"Cheu et al. 2022, Alg. 3", "Cheu et al. 2022, Thm 4.1", "Cheu et al. 2022, Thm 3.2"} <= set(report.references)
 
 
 def test_tight_calibration_is_the_accountants():

@@ -53,7 +53,7 @@ def test_bad_options_are_named(overrides, message) -> None:
 
 
 def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch) -> None:
-    """OnlinePNSGD's guarantee depends on when snapshots are released (003 Thm 7 with
+    """OnlinePNSGD's guarantee depends on when snapshots are released (Sordello et al. 2021 Thm 7 with
     release-following accounting): the release is taken before the checkpoint that holds it."""
     overrides = {**SYNTHETIC, "learner.name": "pnsgd", "learner.options": {"eta": 0.5, "radius": 2.0},
                  "source.batch_records": 500, "checkpoint.every_records": 1000, "snapshots.every_records": 1000,
@@ -77,7 +77,7 @@ def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch) -> 
     checkpoint = CheckpointStore(tmp_path / "out" / "checkpoints").load()
     segments = PrivacyLedger.from_dict(checkpoint.ledger).coverage("synthetic:seed=2,dim=4")
     assert [(s.start, s.stop, len(s.uses)) for s in segments] == [(0, 6000, 1)]
-    # The report is the learner's, composed by the ledger: ε as configured, δ from 003's bound.
+    # The report is the learner's, composed by the ledger: ε as configured, δ from Sordello et al.'s bound.
     assert final.report.output.epsilon == 1.0 and 0.0 < final.report.output.delta < 1.0
     assert final.report == final.report.__class__.from_dict(final.last_snapshot["privacy"])
 

@@ -206,7 +206,7 @@ def test_seeded_shuffled_pnsgd_through_the_service_equals_the_learner_driven_dir
     assert {key: [(s.start, s.stop, s.uses) for s in ledger.coverage(key)] for key in ledger.sources} == {
         key: [(start, stop, (result.instance,))] for key, (start, stop) in extent.items()
     }
-    # One release, of the final iterate: 003 Thm 2 exactly (the learner's report, via the ledger).
+    # One release, of the final iterate: Sordello et al. 2021 Thm 2 exactly (the learner's report, via the ledger).
     direct.snapshot()
     assert result.report.output == direct.privacy().output
 
