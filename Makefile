@@ -34,10 +34,11 @@ test: $(VENV)/.installed-test
 
 ## soak: the long fault-injection campaign (tests/faults, marker `soak`; about 10 minutes): >= 100
 ## kill -9 on files and on the real broker, every bit of a checkpoint flipped, >= 10^4 fuzzed
-## records per format. `make test` runs the fast subset of the same tests.
+## records per format; and the slower memory-residue scans (d = 300 but for pan-acsa).
+## `make test` runs the fast subset of the same tests.
 soak: $(VENV)/.installed-test
 	bash tests/install_system_deps.sh
-	$(BIN)/python -m pytest -m soak -s tests/faults $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m soak -s tests/faults tests/protocols/test_memory_residue.py $(PYTEST_ARGS)
 
 ## bench: the performance benchmarks (each prints its side-by-side ratios, measured in one run).
 PERF_BENCHMARKS := encoder shuffle_gaussian_rdp iteration_accounting service
