@@ -22,6 +22,7 @@ Micro-batches are processed in blocks of at most :data:`BLOCK_ROWS` rows, so the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -97,6 +98,20 @@ def labels(loss: Loss, y: Array, scratch: Scratch) -> Array:
     out[...] = mapped
     mapped.fill(0.0)
     return out
+
+
+def learn_in_blocks(
+    loss: Loss, X: Array, y: Array, feature_bound: float, scratch: Scratch, learn_block: Callable[[Array, Array], None]
+) -> None:
+    """Call ``learn_block(features, labels)`` on the micro-batch ``X, y`` in blocks of at most
+    :data:`BLOCK_ROWS` rows, both built in ``scratch`` (:func:`features`, :func:`labels`); the
+    scratch is wiped when the micro-batch is done or fails."""
+    try:
+        for start in range(0, X.shape[0], BLOCK_ROWS):
+            block = slice(start, start + BLOCK_ROWS)
+            learn_block(features(loss, X[block], feature_bound, scratch), labels(loss, y[block], scratch))
+    finally:
+        scratch.wipe()
 
 
 def clipped_gradients(

@@ -60,7 +60,7 @@ from protocols.errors import InvalidInputError
 from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.randomness import NoiseSource, RngLike
-from protocols.scratch import BLOCK_ROWS, Scratch
+from protocols.scratch import Scratch
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -262,14 +262,7 @@ class EncodedLearner(Learner):
         """Add a micro-batch of records (users); any split of the stream gives the same mechanism."""
         X, y = check_batch(self._owner, X, y, self.dim)
         self._check_room(X.shape[0])
-        try:
-            for start in range(0, X.shape[0], BLOCK_ROWS):
-                block = slice(start, start + BLOCK_ROWS)
-                Z = scratch.features(self.loss, X[block], self.feature_bound, self._scratch)
-                labels = scratch.labels(self.loss, y[block], self._scratch)
-                self._learn_block(Z, labels)
-        finally:
-            self._scratch.wipe()
+        scratch.learn_in_blocks(self.loss, X, y, self.feature_bound, self._scratch, self._learn_block)
 
     def _learn_block(self, Z: Array, labels: Array) -> None:
         """The rounds over one block of features (in scratch), a round possibly straddling blocks."""

@@ -75,7 +75,6 @@ from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
 from protocols.randomness import RngLike
-from protocols.scratch import BLOCK_ROWS
 from protocols.sgd import AveragedSGD, MessageSGDLearner
 from protocols.state_io import read_array, read_float, read_int
 
@@ -308,14 +307,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def learn_many(self, X: Array, y: Array) -> None:
         """Add a micro-batch; any split of the stream gives the same mechanism."""
         X, y = check_batch(_OWNER, X, y, self.dim)
-        try:
-            for start in range(0, X.shape[0], BLOCK_ROWS):
-                block = slice(start, start + BLOCK_ROWS)
-                Z = scratch.features(self.loss, X[block], self.feature_bound, self._scratch)
-                labels = scratch.labels(self.loss, y[block], self._scratch)
-                self._learn_block(Z, labels)
-        finally:
-            self._scratch.wipe()
+        scratch.learn_in_blocks(self.loss, X, y, self.feature_bound, self._scratch, self._learn_block)
 
     def _learn_block(self, Z: Array, labels: Array) -> None:
         """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
