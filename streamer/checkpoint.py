@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from streamer.config import describe_changes
 from streamer.errors import CheckpointError
 from streamer.integrity import check_ledger, open_sealed, seal
 from streamer.outlock import prepare_output_directory
-from streamer.safefiles import fsync_directory, write_atomically
+from streamer.safefiles import write_atomically
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "checkpoint.json"

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from protocols.base import Snapshot
-from streamer.checkpoint import fsync_directory
+from streamer.safefiles import fsync_directory
 
 SCHEMA_VERSION = 1
 REASON_HEADER = "panpriv-reject-reason"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -31,7 +30,7 @@ import pytest
 from accounting.ledger import PrivacyLedger
 from streamer.checkpoint import CheckpointStore
 from streamer.codec import encode_json
-from tests.faults.harness import assert_no_traceback, start_panpriv, wait_for
+from tests.faults.harness import assert_no_traceback, start_panpriv
 
 DIM = 4
 MALFORMED_EVERY = 97  # one malformed message (a 400-digit label: once a crash loop) every 97

@@ -54,7 +54,7 @@ def test_resume_hint_and_any_text_are_redacted() -> None:
     config = argparse.Namespace(out="out")
     hint = " ".join(_resume_args(args, config))
     assert PASSWORD not in hint and "kafka://***@h:1/t" in hint
-    assert redact(f"x kafka://u:p/a@b@h:1/t?group=g y") == "x kafka://***@h:1/t?group=g y"
+    assert redact("x kafka://u:p/a@b@h:1/t?group=g y") == "x kafka://***@h:1/t?group=g y"
     assert redact("kafka://h:1/t?group=g") == "kafka://h:1/t?group=g"
 
 
