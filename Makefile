@@ -27,10 +27,13 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/panpriv run
 
-## test: the whole suite, integration tests included (real Kafka-protocol broker and Prometheus).
+## test: the whole suite, integration tests included (real Kafka-protocol broker and Prometheus),
+## on TEST_WORKERS processes (pytest-xdist; each test file stays on one worker, so module fixtures
+## are built once; each worker starts its own broker). TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
 	bash tests/install_system_deps.sh
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## soak: the long fault-injection campaign (tests/faults, marker `soak`; about 10 minutes): >= 100
 ## kill -9 on files and on the real broker, every bit of a checkpoint flipped, >= 10^4 fuzzed
