@@ -152,7 +152,10 @@ class Codec(abc.ABC):
             owned = True
         norms = np.sqrt(squares)
         if overflowed.any():
-            norms[overflowed] = _scaled_norms(X[overflowed])
+            if not owned:
+                X, owned = X.copy(), True
+            X[overflowed] = _onto_sphere(X[overflowed], self.bound)
+            norms[overflowed] = self.bound
         X = _clip(X, norms, self.bound, in_place=owned)
         rejects.sort(key=lambda r: r.index)
         return Decoded(X, y, tuple(rejects), origin)
@@ -188,10 +191,12 @@ def _clip(X: NDArray[np.float64], norms: NDArray[np.float64], bound: float, in_p
     return X * scale
 
 
-def _scaled_norms(X: NDArray[np.float64]) -> NDArray[np.float64]:
-    """ℓ2 norms of rows whose squares overflow (finite entries ≳ 1e154): ‖x‖ = m‖x/m‖, m = max|x_i|."""
-    peak = np.abs(X).max(axis=1)
-    return peak * np.sqrt(np.einsum("ij,ij->i", X / peak[:, None], X / peak[:, None]))
+def _onto_sphere(X: NDArray[np.float64], bound: float) -> NDArray[np.float64]:
+    """Rows whose squares overflow (finite entries ≳ 1e154, so ‖x‖ ≫ ``bound``) scaled onto the
+    sphere of radius ``bound`` without forming ‖x‖, which itself may exceed the largest float:
+    x·bound/‖x‖ = (x/m)·bound/‖x/m‖ with m = max|x_i| (1 ≤ ‖x/m‖ ≤ √d)."""
+    unit = X / np.abs(X).max(axis=1)[:, None]
+    return unit * (bound / np.sqrt(np.einsum("ij,ij->i", unit, unit)))[:, None]
 
 
 _MISSING = object()

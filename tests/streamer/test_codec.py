@@ -163,6 +163,13 @@ def test_huge_finite_rows_are_clipped_onto_the_sphere_not_rejected_or_zeroed() -
     assert decoded.rejects == () and decoded.origin.tolist() == [0, 1]
 
 
+def test_rows_whose_norm_exceeds_the_largest_float_keep_their_direction() -> None:
+    """‖(1.7e308, 1.7e308, -1.7e308)‖ is not a float: the row must still land on the sphere in its
+    own direction, not be scaled by bound/inf = 0."""
+    decoded = JsonCodec(records()).decode([encode_json([1.7e308, 1.7e308, -1.7e308], 1.0)])
+    np.testing.assert_allclose(decoded.X, [[3**-0.5, 3**-0.5, -(3**-0.5)]], rtol=1e-15)
+
+
 def test_arrays_from_outside_are_never_clipped_in_place_and_origin_names_the_message() -> None:
     X = np.array([[3.0, 4.0, 0.0], [0.1, 0.1, 0.1], [np.nan, 0, 0]])
     before = X.copy()
