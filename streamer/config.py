@@ -36,21 +36,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from protocols.catalogue import learner_names
 from streamer.datasets import adult
 from streamer.errors import ConfigError
 from streamer.urls import redact
 
-LEARNER_NAMES = (
-    "pan-acsa",
-    "pnsgd",
-    "shuffled-pnsgd",
-    "shuffle-sgd",
-    "shuffle-acsa",
-    "shuffle-gd",
-    "shuffle-gaussian",
-    "checkin",
-)
-"""Every learner name the CLI accepts; :mod:`streamer.learners` says which are in this build."""
+LEARNER_NAMES = learner_names()
+"""Every learner name the CLI accepts, from :mod:`protocols.catalogue`."""
 
 RecordFormat = Literal["json", "csv", "binary", "adult"]
 ADULT_TRAIN_URL = "adult:train"
@@ -137,7 +129,7 @@ class RecordsConfig(_Section):
 class LearnerConfig(_Section):
     """The learner and its privacy target."""
 
-    name: Literal[LEARNER_NAMES] = "pan-acsa"  # type: ignore[valid-type]
+    name: str = "pan-acsa"
     epsilon: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     delta: float = Field(default=1e-6, gt=0, lt=1)
     n: int | None = Field(default=None, ge=1, description="public stream length; None = from a finite source")
@@ -150,6 +142,13 @@ class LearnerConfig(_Section):
     )
     seed: int | None = Field(default=None, ge=0, description="TEST/REPLAY ONLY: seeded noise is not pan-private")
     options: Options = Field(default_factory=dict, description="learner-specific constructor arguments")
+
+    @field_validator("name")
+    @classmethod
+    def _catalogued(cls, name: str) -> str:
+        if name not in LEARNER_NAMES:
+            raise ValueError(f"unknown learner {name!r}; choose one of {', '.join(LEARNER_NAMES)}")
+        return name
 
 
 class CheckpointConfig(_Section):

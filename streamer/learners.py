@@ -1,10 +1,9 @@
-"""The learner registry: ``--learner NAME`` → a class in :mod:`protocols`, built from the config.
+"""The service's side of the learner catalogue: ``--learner NAME`` → a learner built from the config.
 
-Adding a learner is one line in :data:`REGISTRY` (its module, class, and default options). Names in
-:data:`streamer.config.LEARNER_NAMES` without an entry are planned but not in this build; asking
-for one fails with :class:`~streamer.errors.LearnerUnavailableError` saying so. A learner that
+The names and classes come from :mod:`protocols.catalogue` (the one list); this module adds the
+service's defaults (:data:`DEFAULT_OPTIONS`) and builds the constructor arguments. A learner that
 reads a recording by record index (``learn_recorded``: ``shuffled-pnsgd``, ``shuffle-gd``) is
-registered the same way; the processor sees what it declares (:mod:`streamer.replay`) and gives it
+catalogued the same way; the processor sees what it declares (:mod:`streamer.replay`) and gives it
 a ``file:`` source by index.
 
 Building. The service passes its common settings to the constructor parameters of the same name,
@@ -21,66 +20,34 @@ parameter           value
 ``rng``             ``learner.seed`` (test/replay mode) or ``None`` (OS entropy per draw)
 ==================  ================================================================
 
-Everything else comes from ``[learner.options]`` (over the entry's defaults). An option the
+Everything else comes from ``[learner.options]`` (over :data:`DEFAULT_OPTIONS`). An option the
 constructor does not accept is an error naming the option and the accepted ones.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from protocols.base import Learner
+from protocols.catalogue import UnknownLearnerError, load_learner
 from protocols.errors import InvalidInputError
-from streamer.config import LEARNER_NAMES, ServiceConfig
+from streamer.config import ServiceConfig
 from streamer.errors import ConfigError, LearnerUnavailableError
 
-
-@dataclass(frozen=True)
-class Entry:
-    """Where a learner lives and its default options."""
-
-    module: str
-    cls: str
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-
-
-REGISTRY: dict[str, Entry] = {
-    "pan-acsa": Entry("protocols.pan_acsa", "PanPrivateACSA", {"loss": {"name": "logistic"}}),
-    "pnsgd": Entry("protocols.pnsgd", "OnlinePNSGD", {"loss": {"name": "logistic"}}),
-    "shuffle-gaussian": Entry("protocols.shuffle_gaussian", "ShuffleGaussianSGD", {"loss": {"name": "logistic"}}),
-    "checkin": Entry("protocols.checkin", "RandomCheckinSGD", {"loss": {"name": "logistic"}}),
-    "shuffle-sgd": Entry("protocols.shuffle_sgd", "ShuffleSGD", {"loss": {"name": "logistic"}}),
-    "shuffled-pnsgd": Entry("protocols.pnsgd", "ShuffledPNSGD", {"loss": {"name": "logistic"}}),
-    "shuffle-acsa": Entry("protocols.shuffle_acsa", "ShuffleACSA", {"loss": {"name": "logistic"}}),
-    "shuffle-gd": Entry("protocols.shuffle_gd", "ShuffleGD", {"loss": {"name": "logistic"}}),
-}
+DEFAULT_OPTIONS: Mapping[str, Any] = {"loss": {"name": "logistic"}}
+"""Options every learner gets unless ``[learner.options]`` overrides them: the logistic loss."""
 
 _STREAM_LENGTH_NAMES = ("horizon", "n")
 
 
 def learner_class(name: str) -> type[Learner]:
-    """The class registered under ``name``."""
-    entry = REGISTRY.get(name)
-    if entry is None:
-        if name in LEARNER_NAMES:
-            raise LearnerUnavailableError(
-                f"learner {name!r} is planned but not in this build yet; available: {', '.join(sorted(REGISTRY))}"
-            )
-        raise LearnerUnavailableError(f"unknown learner {name!r}; choose one of {', '.join(LEARNER_NAMES)}")
+    """The class catalogued under ``name`` (:func:`protocols.catalogue.load_learner`)."""
     try:
-        module = importlib.import_module(entry.module)
-    except ModuleNotFoundError as exc:
-        raise LearnerUnavailableError(
-            f"learner {name!r} is registered but its module {entry.module} is missing ({exc})"
-        ) from None
-    cls = getattr(module, entry.cls)
-    if getattr(cls, "name", None) != name:
-        raise LearnerUnavailableError(f"{entry.module}.{entry.cls}.name is {cls.name!r}, registered as {name!r}")
-    return cls
+        return load_learner(name)
+    except UnknownLearnerError as exc:
+        raise LearnerUnavailableError(str(exc)) from None
 
 
 def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
@@ -95,7 +62,7 @@ def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
     }
     common.update({name: n for name in _STREAM_LENGTH_NAMES})
     arguments = {k: v for k, v in common.items() if k in parameters}
-    options = {**REGISTRY[config.learner.name].defaults, **config.learner.options}
+    options = {**DEFAULT_OPTIONS, **config.learner.options}
     accepted = set(parameters) - {"self", "rng"}
     for key, value in options.items():
         if key not in accepted:

@@ -1,4 +1,4 @@
-"""streamer.learners: the registry, building from config sections, and clear failures."""
+"""streamer.learners: the catalogue's names and classes, building from config sections, and clear failures."""
 
 from __future__ import annotations
 
@@ -8,25 +8,32 @@ from accounting.ledger import PrivacyLedger
 from streamer.checkpoint import CheckpointStore
 from streamer.config import LEARNER_NAMES, load_config
 from streamer.errors import ConfigError, LearnerUnavailableError
-from streamer.learners import REGISTRY, build_learner, constructor_arguments, learner_class
+from protocols.catalogue import CATALOGUE
+from streamer.learners import build_learner, constructor_arguments, learner_class
 from streamer.processor import Processor
 from streamer.replay import reads_by_index
 
 SYNTHETIC = {"source.url": "synthetic:n=6000&dim=4&seed=2", "records.dim": 4, "records.feature_bound": 1.0}
 
 
-def test_every_registered_name_is_a_cli_name_and_its_class_agrees() -> None:
-    assert set(REGISTRY) <= set(LEARNER_NAMES)
-    for name in REGISTRY:
+def test_every_catalogued_name_is_a_cli_name_and_its_class_agrees() -> None:
+    assert tuple(CATALOGUE) == LEARNER_NAMES
+    for name in CATALOGUE:
         assert learner_class(name).name == name
 
 
-def test_names_not_in_this_build_fail_clearly(monkeypatch) -> None:
-    monkeypatch.delitem(REGISTRY, "shuffle-gd")
-    with pytest.raises(LearnerUnavailableError, match="learner 'shuffle-gd' is planned but not in this build yet"):
-        learner_class("shuffle-gd")
+def test_unknown_and_broken_entries_fail_clearly(monkeypatch) -> None:
     with pytest.raises(LearnerUnavailableError, match="unknown learner 'nope'; choose one of pan-acsa"):
         learner_class("nope")
+    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "protocols.no_such_module:ShuffleGD")
+    with pytest.raises(LearnerUnavailableError, match="catalogued but its module protocols.no_such_module is missing"):
+        learner_class("shuffle-gd")
+    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "protocols.shuffle_gd:NoSuchClass")
+    with pytest.raises(LearnerUnavailableError, match="protocols.shuffle_gd has no NoSuchClass"):
+        learner_class("shuffle-gd")
+    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "protocols.shuffle_sgd:ShuffleSGD")
+    with pytest.raises(LearnerUnavailableError, match="name is 'shuffle-sgd', catalogued as 'shuffle-gd'"):
+        learner_class("shuffle-gd")
 
 
 def test_common_settings_reach_the_constructor() -> None:
@@ -82,7 +89,7 @@ def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch) -> 
     assert final.report == final.report.__class__.from_dict(final.last_snapshot["privacy"])
 
 
-STREAMING = sorted(name for name in REGISTRY if not reads_by_index(learner_class(name)))
+STREAMING = sorted(name for name in CATALOGUE if not reads_by_index(learner_class(name)))
 
 
 @pytest.mark.parametrize("name", STREAMING)

@@ -1,0 +1,63 @@
+"""The catalogue of learners: ``--learner NAME`` → the class that implements it, imported on use.
+
+This is the one list of learner names. The service's choices (:data:`streamer.config.LEARNER_NAMES`),
+its registry (:mod:`streamer.learners`) and the conformance test every learner must pass
+(``tests/protocols/test_conformance.py``) all derive from it. Adding a learner means writing its
+module, adding one line here, and giving its tests' parameters to the conformance test.
+
+Entries are ``"module:Class"`` strings, not classes, so that listing the names (``panpriv --help``)
+imports no learner module (start-up stays fast; each module pulls in its own accounting).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, cast
+
+from protocols.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from protocols.base import Learner
+
+CATALOGUE: dict[str, str] = {
+    "pan-acsa": "protocols.pan_acsa:PanPrivateACSA",
+    "pnsgd": "protocols.pnsgd:OnlinePNSGD",
+    "shuffled-pnsgd": "protocols.pnsgd:ShuffledPNSGD",
+    "shuffle-sgd": "protocols.shuffle_sgd:ShuffleSGD",
+    "shuffle-acsa": "protocols.shuffle_acsa:ShuffleACSA",
+    "shuffle-gd": "protocols.shuffle_gd:ShuffleGD",
+    "shuffle-gaussian": "protocols.shuffle_gaussian:ShuffleGaussianSGD",
+    "checkin": "protocols.checkin:RandomCheckinSGD",
+}
+"""Learner name → ``"module:Class"``, in the order the CLI lists them."""
+
+
+def learner_names() -> tuple[str, ...]:
+    """Every learner name, in catalogue order."""
+    return tuple(CATALOGUE)
+
+
+class UnknownLearnerError(InvalidInputError):
+    """A name that is not in the catalogue, or an entry whose module or class cannot be loaded."""
+
+
+def load_learner(name: str) -> type[Learner]:
+    """Import and return the class catalogued under ``name``.
+
+    Raises :class:`UnknownLearnerError` naming the choices for an unknown name, and saying what is
+    missing for an entry whose module or class cannot be found, or whose class declares another name.
+    """
+    target = CATALOGUE.get(name)
+    if target is None:
+        raise UnknownLearnerError(f"unknown learner {name!r}; choose one of {', '.join(CATALOGUE)}")
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UnknownLearnerError(f"learner {name!r} is catalogued but its module {module_name} is missing ({exc})") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise UnknownLearnerError(f"learner {name!r} is catalogued as {target}, but {module_name} has no {class_name}")
+    if getattr(cls, "name", None) != name:
+        raise UnknownLearnerError(f"{target}.name is {getattr(cls, 'name', None)!r}, catalogued as {name!r}")
+    return cast("type[Learner]", cls)
