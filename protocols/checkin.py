@@ -230,7 +230,7 @@ class RandomCheckinSGD(MessageSGDLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
         update: str = "single",

@@ -463,12 +463,15 @@ def loss_from_config(config: Mapping[str, Any]) -> Loss:
         raise InvalidInputError(f"invalid loss config {dict(config)!r}: {exc}") from None
 
 
-def as_loss(loss: Loss | Mapping[str, Any], owner: str) -> Loss:
-    """A loss object from a loss or its config dict (what learners' constructors accept)."""
+def as_loss(loss: Loss | Mapping[str, Any] | str, owner: str) -> Loss:
+    """A loss object from a loss, its name (``"logistic"``: default options) or its config dict
+    (``{"name": "logistic", "ridge": 0.1}``): what learners' constructors accept."""
     if isinstance(loss, Loss):
         return loss
+    if isinstance(loss, str):
+        return loss_from_config({"name": loss})
     if isinstance(loss, Mapping):
         return loss_from_config(loss)
     raise InvalidInputError(
-        check.message(owner, "loss", "a protocols.losses.Loss or its config dict", loss)
+        check.message(owner, "loss", "a protocols.losses.Loss, a loss name or a loss config dict", loss)
     )

@@ -185,7 +185,7 @@ class PanPrivateACSA(Learner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
         horizon: int | None = None,

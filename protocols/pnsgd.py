@@ -107,7 +107,7 @@ class _PNSGD(Learner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         eta: float,
         radius: float,
@@ -386,7 +386,7 @@ class OnlinePNSGD(_PNSGD):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         eta: float,
         radius: float,
@@ -574,7 +574,7 @@ class ShuffledPNSGD(_PNSGD):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         eta: float,
         radius: float,

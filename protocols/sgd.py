@@ -132,7 +132,7 @@ class MessageSGDLearner(Learner):
     def _setup(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
         clip: float | None,

@@ -114,7 +114,7 @@ class ShuffleACSA(EncodedLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
         horizon: int,

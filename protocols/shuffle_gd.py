@@ -182,7 +182,7 @@ class ShuffleGD(EncodedLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
         n: int,

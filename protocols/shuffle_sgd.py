@@ -121,7 +121,7 @@ class ShuffleSGD(EncodedLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
         batch_size: int | None = None,

@@ -218,4 +218,11 @@ def test_invalid_configs_and_parameters_name_the_problem():
     with pytest.raises(InvalidInputError, match="'intercept' parameter"):
         LogisticLoss(intercept=1)
     with pytest.raises(InvalidInputError, match="'loss' parameter of X"):
-        as_loss("logistic", "X")
+        as_loss(3.0, "X")
+    with pytest.raises(InvalidInputError, match="'name' entry of a loss config must be one of"):
+        as_loss("cauchy", "X")
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_a_loss_name_means_that_loss_with_its_defaults(name):
+    assert as_loss(name, "X") == LOSSES[name]() and type(as_loss(name, "X")) is LOSSES[name]
