@@ -14,6 +14,7 @@ every learner's tests run.
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -92,9 +93,25 @@ class Learner(abc.ABC):
     def privacy(self) -> PrivacyReport:
         """The guarantee for everything released so far and for one intrusion."""
 
-    @abc.abstractmethod
     def config(self) -> dict[str, Any]:
-        """JSON-ready constructor arguments (without ``rng``), enough to rebuild the learner."""
+        """JSON-ready constructor arguments (without ``rng``), enough to rebuild the learner.
+
+        Derived from the constructor's signature, never written by hand (River's ``_get_params``
+        convention): every parameter is read from the attribute of the same name, a loss as its
+        config dict. A learner that does not store a parameter under its name fails here, loudly.
+        """
+        from protocols.losses import Loss
+
+        config: dict[str, Any] = {}
+        for name in constructor_parameters(type(self)):
+            try:
+                value = getattr(self, name)
+            except AttributeError:
+                raise TypeError(
+                    f"{type(self).__name__} does not store its constructor argument {name!r} under that name"
+                ) from None
+            config[name] = value.config() if isinstance(value, Loss) else value
+        return config
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, StateValue]:
@@ -154,6 +171,25 @@ class Learner(abc.ABC):
         learner = cls(**dict(config), **kwargs)
         learner.load_state_dict(state)
         return learner
+
+
+def constructor_parameters(cls: type[Learner]) -> tuple[str, ...]:
+    """The names of ``cls``'s constructor parameters that :meth:`Learner.config` records: all of
+    them but ``self`` and ``rng`` (the noise source is never part of a configuration). A
+    constructor that passes ``**kwargs`` on contributes its named parameters and its parent's."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        forwards = False
+        for parameter in inspect.signature(vars(klass)["__init__"]).parameters.values():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                forwards = True
+            elif parameter.kind is not inspect.Parameter.VAR_POSITIONAL and parameter.name not in ("self", "rng", *names):
+                names.append(parameter.name)
+        if not forwards:
+            break
+    return tuple(names)
 
 
 def check_batch(

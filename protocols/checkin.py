@@ -445,25 +445,6 @@ class RandomCheckinSGD(MessageSGDLearner):
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def config(self) -> dict[str, Any]:
-        return {
-            "dim": self.dim,
-            "loss": self.loss.config(),
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "update": self.update,
-            "window": self.window,
-            "slots": self.slots,
-            "checkin_probability": self.checkin_probability,
-            "time": self.time,
-            "slot_length": self.slot_length,
-            "origin": self.origin,
-            "randomizer": self.randomizer,
-            "clip": self.clip,
-            "radius": self.radius,
-            "feature_bound": self.feature_bound,
-        }
-
     def state_dict(self) -> dict[str, StateValue]:
         """Counters and slots (public), the iterates, and the pending slots' noisy messages.
 

@@ -427,24 +427,6 @@ class PanPrivateACSA(Learner):
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def config(self) -> dict[str, Any]:
-        return {
-            "dim": self.dim,
-            "loss": self.loss.config(),
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "horizon": self.horizon,
-            "batch_size": self.batch_size,
-            "radius": self.radius,
-            "feature_bound": self.feature_bound,
-            "strong_convexity": self.strong_convexity,
-            "smoothing": self.smoothing,
-            "calibration": self.calibration,
-            "gradient_bound": self.gradient_bound,
-            "restart": self.restart,
-            "noise": self.noise,
-        }
-
     def state_dict(self) -> dict[str, StateValue]:
         """Counters, the iterates (post-processing of noisy sums) and the accumulator g_t (noisy:
         Z_t plus the batch's partial sum; zeros between batches). Secure noise: the accumulator is

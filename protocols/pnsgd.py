@@ -276,19 +276,6 @@ class _PNSGD(Learner):
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def _common_config(self) -> dict[str, Any]:
-        return {
-            "dim": self.dim,
-            "loss": self.loss.config(),
-            "epsilon": self.epsilon,
-            "eta": self.eta,
-            "radius": self.radius,
-            "noise": self.noise,
-            "feature_bound": self.feature_bound,
-            "C1": self.C1,
-            "C2": self.C2,
-        }
-
     def state_dict(self) -> dict[str, StateValue]:
         """Counters (records, position of the last snapshot), the noisy iterate and the last
         released parameters; no record, no generator, no permutation."""
@@ -509,9 +496,6 @@ class OnlinePNSGD(_PNSGD):
             self.C1, self.C2, self._beta, self._rho,
         )
 
-    def config(self) -> dict[str, Any]:
-        return {**self._common_config(), "alpha": self.alpha, "pan_delta": self.pan_delta}
-
 
 class ShuffledPNSGD(_PNSGD):
     """One pass of PNSGD over a recorded stream of n records in uniformly random order (Sordello et al. 2021, Thm 2).
@@ -670,9 +654,6 @@ class ShuffledPNSGD(_PNSGD):
         return self._report(self._window_delta, intrusion, assumptions, references)
 
     # -- persistence ---------------------------------------------------------------------------
-
-    def config(self) -> dict[str, Any]:
-        return {**self._common_config(), "n": self.n}
 
     def state_dict(self) -> dict[str, StateValue]:
         """The common state plus the accounted δ of closed windows; never the permutation."""

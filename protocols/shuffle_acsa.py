@@ -215,15 +215,6 @@ class ShuffleACSA(EncodedLearner):
 
     # -- persistence ---------------------------------------------------------------------------------
 
-    def config(self) -> dict[str, Any]:
-        return {
-            **self._common_config(),
-            "horizon": self.horizon,
-            "batch_size": self.batch_size,
-            "strong_convexity": self.strong_convexity,
-            "smoothing": self.smoothing,
-        }
-
     def state_dict(self) -> dict[str, StateValue]:
         """Counters, the round in progress (``filled``, noisy ``totals``) and the AC-SA iterates."""
         return {

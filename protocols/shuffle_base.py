@@ -326,18 +326,6 @@ class EncodedLearner(Learner):
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def _common_config(self) -> dict[str, object]:
-        return {
-            "dim": self.dim,
-            "loss": self.loss.config(),
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "radius": self.radius,
-            "feature_bound": self.feature_bound,
-            "calibration": self.calibration,
-            "honest_fraction": self.honest_fraction,
-        }
-
     def _round_state(self) -> dict[str, StateValue]:
         """``records``; ``filled`` and ``totals`` of the round in progress (noisy messages only)."""
         return {"records": self._records, "filled": self._filled, "totals": self._totals.astype(np.float64)}

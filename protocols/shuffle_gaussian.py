@@ -419,23 +419,6 @@ class ShuffleGaussianSGD(MessageSGDLearner):
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def config(self) -> dict[str, Any]:
-        return {
-            "dim": self.dim,
-            "loss": self.loss.config(),
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "batch_size": self.batch_size,
-            "participation": self.participation,
-            "window": self.window,
-            "checkin_rate": self.checkin_rate,
-            "clip": self.clip,
-            "radius": self.radius,
-            "feature_bound": self.feature_bound,
-            "accounting": self.accounting,
-            "horizon": self.horizon,
-        }
-
     def state_dict(self) -> dict[str, StateValue]:
         """Counters, the iterates (post-processing of noisy means) and the round's noisy partial sum.
 

@@ -340,15 +340,6 @@ class ShuffleGD(EncodedLearner):
 
     # -- persistence ---------------------------------------------------------------------------------
 
-    def config(self) -> dict[str, Any]:
-        return {
-            **self._common_config(),
-            "n": self.n,
-            "rounds": self.rounds,
-            "budget": self.budget,
-            "smoothing": self.smoothing,
-        }
-
     def state_dict(self) -> dict[str, StateValue]:
         """The round in progress (``filled``, noisy ``totals``) and the GD iterates (noisy)."""
         return {**self._round_state(), **self._sgd.state()}

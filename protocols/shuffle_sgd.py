@@ -186,9 +186,6 @@ class ShuffleSGD(EncodedLearner):
 
     # -- persistence ---------------------------------------------------------------------------------
 
-    def config(self) -> dict[str, Any]:
-        return {**self._common_config(), "batch_size": self.batch_size, "horizon": self.horizon}
-
     def state_dict(self) -> dict[str, StateValue]:
         """The round in progress (``filled``, noisy ``totals``) and the SGD iterates (noisy)."""
         return {**self._round_state(), **self._sgd.state()}

@@ -226,7 +226,7 @@ def test_predictions_use_the_released_parameters():
         ({"calibration": "rdp"}, "'calibration' parameter"),
         ({"loss": HingeLoss(), "smoothing": "none"}, "'smoothing' parameter .* non-smooth hinge"),
         ({"smoothing": "moreau"}, "'smoothing' parameter .*no closed-form prox"),
-        ({"loss": "logistic"}, "'loss' parameter"),
+        ({"loss": 1.0}, "'loss' parameter"),
         ({"gradient_bound": 0.0}, "'gradient_bound' parameter"),
         ({"restart": "always"}, "'restart' parameter"),
     ],

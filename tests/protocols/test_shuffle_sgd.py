@@ -152,7 +152,7 @@ def test_learns_a_logistic_model():
         ({"horizon": -3}, "'horizon' parameter of ShuffleSGD"),
         ({"epsilon": 20.0, "calibration": "paper"}, "ShuffleSGD: .*'epsilon' parameter of pvec_parameters"),
         ({"honest_fraction": 0.2, "calibration": "paper"}, "ShuffleSGD: .*'honest_fraction'"),
-        ({"loss": "hinge"}, "'loss' parameter"),
+        ({"loss": ["hinge"]}, "'loss' parameter"),
     ],
 )
 def test_invalid_parameters_are_named(kwargs, message):
