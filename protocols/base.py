@@ -163,6 +163,14 @@ class Learner(abc.ABC):
         )
 
     @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Constructor arguments (without ``rng``) on which the catalogue's conformance test
+        (``tests/protocols/test_catalogue.py``) runs :mod:`protocols.checks` for this learner
+        (River's ``_unit_test_params``). Small dimension, short horizons, a radius large enough
+        that the noise is not hidden by projection. Every catalogued learner must provide them."""
+        raise NotImplementedError(f"{cls.__name__} declares no unit_test_params(); the conformance test needs them")
+
+    @classmethod
     def from_state_dict(cls, config: Mapping[str, Any], state: Mapping[str, StateValue], **kwargs: Any) -> Self:
         """Rebuild a learner from :meth:`config` and :meth:`state_dict` output.
 

@@ -227,6 +227,13 @@ class RandomCheckinSGD(MessageSGDLearner):
 
     name = "checkin"
 
+    @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
+        return [
+            {"dim": 3, "loss": "logistic", "epsilon": 1.0, "delta": 1e-5, "slots": 5, "radius": 20.0},
+        ]
+
     def __init__(
         self,
         dim: int,

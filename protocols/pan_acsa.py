@@ -182,6 +182,14 @@ class PanPrivateACSA(Learner):
     # integer accumulator (noisy, compared in distribution by the conformance suite).
     noisy_counters = frozenset({"step", "grad_units"})
 
+    @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
+        return [
+            {"dim": 3, "loss": {"name": "hinge", "intercept": True}, "epsilon": 1.0, "delta": 1e-5, "horizon": 40, "batch_size": 6, "radius": 20.0},
+            {"dim": 3, "loss": "logistic", "epsilon": 1.0, "delta": 1e-5, "horizon": 12, "radius": 20.0, "restart": "none"},
+        ]
+
     def __init__(
         self,
         dim: int,

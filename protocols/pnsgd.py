@@ -75,10 +75,10 @@ from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.pan_acsa import SENSITIVITY_SLACK
 from protocols.randomness import NoiseSource, RngLike
+from protocols.recorded import Fetch, RecordedLearner
 from protocols.scratch import BLOCK_ROWS, Scratch
 
 Array = NDArray[np.float64]
-Fetch = Callable[[NDArray[np.int64]], tuple[Array, Array]]
 
 NOISES = ("gaussian", "laplace")
 
@@ -370,6 +370,14 @@ class OnlinePNSGD(_PNSGD):
     name = "pnsgd"
     _owner = "OnlinePNSGD"
 
+    @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
+        return [
+            {"dim": 3, "loss": {"name": "logistic", "intercept": True}, "epsilon": 1.0, "eta": 2.0, "radius": 20.0},
+            {"dim": 1, "loss": "huber", "epsilon": 1.0, "eta": 0.5, "radius": 5.0, "noise": "laplace"},
+        ]
+
     def __init__(
         self,
         dim: int,
@@ -497,7 +505,7 @@ class OnlinePNSGD(_PNSGD):
         )
 
 
-class ShuffledPNSGD(_PNSGD):
+class ShuffledPNSGD(_PNSGD, RecordedLearner):
     """One pass of PNSGD over a recorded stream of n records in uniformly random order (Sordello et al. 2021, Thm 2).
 
     Parameters
@@ -549,11 +557,16 @@ class ShuffledPNSGD(_PNSGD):
 
     name = "shuffled-pnsgd"
     _owner = "ShuffledPNSGD"
-    passes: ClassVar[int] = 1
-    """One pass over the recording (for drivers of ``learn_recorded``: progress)."""
     resumes_mid_pass: ClassVar[bool] = False
     """A state saved mid-pass is refused by :meth:`load_state_dict` (see Notes): a driver restarts
     the pass instead of resuming it."""
+
+    @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
+        return [
+            {"dim": 3, "loss": "logistic", "epsilon": 1.0, "eta": 2.0, "radius": 20.0, "n": 80, "C1": 10.0},
+        ]
 
     def __init__(
         self,

@@ -111,6 +111,13 @@ class ShuffleACSA(EncodedLearner):
     name = "shuffle-acsa"
     _owner = _OWNER
 
+    @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
+        return [
+            {"dim": 3, "loss": "logistic", "epsilon": 1.0, "delta": 1e-5, "horizon": 80, "batch_size": 5, "radius": 20.0},
+        ]
+
     def __init__(
         self,
         dim: int,

@@ -231,6 +231,15 @@ class ShuffleGaussianSGD(MessageSGDLearner):
 
     name = "shuffle-gaussian"
 
+    @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
+        return [
+            {"dim": 3, "loss": "logistic", "epsilon": 1.0, "delta": 1e-5, "batch_size": 7, "radius": 20.0},
+            {"dim": 3, "loss": {"name": "logistic", "ridge": 0.1}, "epsilon": 2.0, "delta": 1e-5, "participation": "checkin",
+             "window": 9, "checkin_rate": 0.5, "radius": 20.0},
+        ]
+
     def __init__(
         self,
         dim: int,

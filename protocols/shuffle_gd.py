@@ -53,7 +53,7 @@ Def. C.2, App. B.3. Dwork & Roth (2014), Thm 3.20 (advanced composition).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -69,11 +69,11 @@ from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
+from protocols.recorded import Fetch, RecordedLearner
 from protocols.sgd import AveragedSGD, bound_sq
 from protocols.shuffle_base import EncodedLearner, read_round
 
 Array = NDArray[np.float64]
-Fetch = Callable[[NDArray[np.int64]], tuple[Array, Array]]
 
 BUDGETS = ("lemma-b6", "solved")
 
@@ -128,7 +128,7 @@ def composed(epsilon0: float, delta0: float, rounds: int, slack: float) -> Guara
     return basic if basic.epsilon <= boosted.epsilon else boosted
 
 
-class ShuffleGD(EncodedLearner):
+class ShuffleGD(EncodedLearner, RecordedLearner):
     """Fully interactive shuffle-private gradient descent over n recorded users (Cheu et al. 2022, Alg. 5).
 
     Parameters
@@ -178,6 +178,14 @@ class ShuffleGD(EncodedLearner):
 
     name = "shuffle-gd"
     _owner = _OWNER
+    reports_per_round = True
+
+    @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
+        return [
+            {"dim": 3, "loss": "logistic", "epsilon": 4.0, "delta": 1e-5, "n": 8, "rounds": 12, "radius": 20.0},
+        ]
 
     def __init__(
         self,

@@ -118,6 +118,13 @@ class ShuffleSGD(EncodedLearner):
     name = "shuffle-sgd"
     _owner = _OWNER
 
+    @classmethod
+    def unit_test_params(cls) -> list[dict[str, Any]]:
+        """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
+        return [
+            {"dim": 3, "loss": "logistic", "epsilon": 1.0, "delta": 1e-5, "batch_size": 7, "radius": 20.0},
+        ]
+
     def __init__(
         self,
         dim: int,

@@ -96,6 +96,7 @@ from accounting.budget import Excess, exceeds, lost_state_report, per_source, re
 from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 from protocols.base import Learner
 from protocols.errors import ProtocolError
+from protocols.recorded import RecordedLearner
 from streamer.budget import BudgetExceededError, BudgetStore, describe_excess, open_budget
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
@@ -107,15 +108,7 @@ from streamer.learners import build_learner, constructor_arguments, learner_clas
 from streamer.metrics import ServiceMetrics
 from streamer.outlock import OutputLock
 from streamer.progress import Progress
-from streamer.replay import (
-    Halt,
-    RecordedLearner,
-    has_round_reports,
-    open_indexed,
-    pass_instance,
-    reads_by_index,
-    resumes_mid_pass,
-)
+from streamer.replay import Halt, has_round_reports, open_indexed, pass_instance, reads_by_index
 from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
 from streamer.sources import (
     MARKS_KEY,
@@ -308,6 +301,13 @@ class Processor:
         return self.out / "snapshots.jsonl" if self.config.snapshots.jsonl else None
 
     # -- the budget store ------------------------------------------------------------------------
+
+    @property
+    def _recorded_learner(self) -> RecordedLearner:
+        """The learner, for the record-index driver (which runs only for a :class:`RecordedLearner`)."""
+        if not isinstance(self.learner, RecordedLearner):
+            raise TypeError(f"learner {self.learner.name!r} does not read a recording by index")
+        return self.learner
 
     def _begin_budget(self, source: Source | IndexedFile, saved: Checkpoint | None) -> None:
         """Register this run in the budget store; on a resume, account the state a crash lost.
@@ -584,7 +584,7 @@ class Processor:
         records.
         """
         cfg = self.config
-        learner: RecordedLearner = self.learner  # type: ignore[assignment]
+        learner = self._recorded_learner
         micro_batch = cfg.source.batch_records if pacer.rate is None else min(cfg.source.batch_records, pacer.step)
         pending: tuple[int, float] | None = None  # (records before, start time) of the batch being learned
 
@@ -667,9 +667,10 @@ class Processor:
         recorded learner that reports per round (a round's report is fixed once it has begun, so
         the reports are asked for only when a round begins: they cost O(rounds))."""
         if self._recorded and has_round_reports(self.learner):
-            begun = -(-self.learner.records_seen // self.learner.n)  # type: ignore[attr-defined]
+            learner = self._recorded_learner
+            begun = -(-learner.records_seen // learner.n)
             if begun > self._rounds_registered:
-                for number, report in enumerate(self.learner.round_reports(), start=1):  # type: ignore[attr-defined]
+                for number, report in enumerate(learner.round_reports(), start=1):
                     if number > self._rounds_registered:
                         self.ledger.register(pass_instance(self.instance, number), report)
                         if hasattr(self, "budget"):
@@ -683,7 +684,7 @@ class Processor:
 
     def _charge_passes(self, source: IndexedFile) -> None:
         """Charge every pass begun since the last call with the whole recording, and count its rejects."""
-        n = self.learner.n  # type: ignore[attr-defined]
+        n = self._recorded_learner.n
         begun = -(-self.learner.records_seen // n)
         while self._passes_charged < begun:
             self._passes_charged += 1
@@ -699,7 +700,7 @@ class Processor:
     def _pass_over_budget(self, source: IndexedFile) -> float | None:
         """:meth:`_over_budget` before the next micro-batch: if it begins a pass whose instance is
         already registered, with that pass's charge included."""
-        if self.learner.records_seen == self._passes_charged * self.learner.n:  # type: ignore[attr-defined]
+        if self.learner.records_seen == self._passes_charged * self._recorded_learner.n:
             instance = self._pass_instance(self._passes_charged + 1)
             if instance in self.ledger.instances:
                 return self._over_budget(source.extent, instance)
@@ -711,7 +712,7 @@ class Processor:
         instance not registered yet (a learner reporting per round knows a round's report only
         once the round has begun) is registered first as claiming no guarantee at all — safe if
         the process dies before the round's own report replaces it after its first micro-batch."""
-        n = self.learner.n  # type: ignore[attr-defined]
+        n = self._recorded_learner.n
         number = self.learner.records_seen // n + 1
         if self.learner.records_seen % n or number <= self._store_pass:
             return None
@@ -728,8 +729,10 @@ class Processor:
 
     def _note_boundary(self) -> None:
         """At a pass boundary of a learner that cannot resume mid-pass, keep what a resume restarts from."""
-        learner = self.learner
-        if self._recorded and not resumes_mid_pass(learner) and learner.records_seen % learner.n == 0:  # type: ignore[attr-defined]
+        if not self._recorded:
+            return
+        learner = self._recorded_learner
+        if not learner.resumes_mid_pass and learner.records_seen % learner.n == 0:
             self._boundary = _Boundary(learner.state_dict(), learner.records_seen, self._snapshot_records, self._passes_charged)
 
     def _resumable_state(self) -> tuple[dict[str, Any], int, dict[str, Any]]:

@@ -5,30 +5,17 @@ micro-batch). Some need the whole recording at hand and choose which record come
 :class:`protocols.pnsgd.ShuffledPNSGD` visits the n records in the order of one uniformly random
 permutation (Sordello et al. 2021, Thm 2); a multi-pass learner such as ``shuffle-gd`` (Cheu et al. 2022, Alg. 5) reads every
 record once per round. The processor drives such a learner over an :class:`~streamer.indexed.IndexedFile`
-instead of a sequential source. A learner takes part by what it declares, not by its name:
-
-``n`` (required)
-    Records per pass: the number of valid records of the recording (the learner is built with it).
-``learn_recorded(fetch, micro_batch)`` (required)
-    Run the rest of the protocol, calling ``fetch(indices)`` for the ``(X, y)`` of the records at
-    those indices (at most ``micro_batch`` at a time) and learning them before the next call. The
-    processor's ``fetch`` is also where it takes control between micro-batches: it accounts,
-    checkpoints and snapshots the batch just learned, and stops the run by raising :class:`Halt`
-    (a learner must let exceptions from ``fetch`` propagate, leaving its state as after the last
-    batch it learned).
-``resumes_mid_pass`` (optional, default ``True``)
-    ``False`` when a state saved in the middle of a pass cannot be resumed soundly (ShuffledPNSGD:
-    its permutation is never saved). The processor then checkpoints mid-pass the state of the last
-    pass boundary, and a resume restarts the pass as a new ledger instance (see below).
-``round_reports()`` (optional)
-    One :class:`~accounting.ledger.PrivacyReport` per pass started, each the pass's *increment* of
-    the learner's composed guarantee (``shuffle-gd``): pass ``p`` is then its own ledger instance
-    :func:`pass_instance`, so the ledger's composition of the T uses of a record telescopes to the
-    learner's figure instead of composing the cumulative figure T times. Without it, the learner's
-    :meth:`~protocols.base.Learner.privacy` covers everything and each pass is charged to the one
-    instance (right for one pass; over-counts, never under-counts, for several).
-``passes`` (optional)
-    Number of passes, for the progress bar only.
+instead of a sequential source. A learner takes part by subclassing
+:class:`protocols.recorded.RecordedLearner` (``n``, ``learn_recorded(fetch, micro_batch)``,
+``resumes_mid_pass``, ``reports_per_round``/``round_reports()``, ``passes``), not by its name. The
+processor's ``fetch`` is where it takes control between micro-batches: it accounts, checkpoints and
+snapshots the batch just learned, and stops the run by raising :class:`Halt`. A learner that
+reports per round (``shuffle-gd``) has pass ``p`` as its own ledger instance :func:`pass_instance`,
+registered with the pass's *increment* of the learner's composed guarantee, so the ledger's
+composition of the T uses of a record telescopes to the learner's figure instead of composing the
+cumulative figure T times. Otherwise the learner's :meth:`~protocols.base.Learner.privacy` covers
+everything and each pass is charged to the one instance (right for one pass; over-counts, never
+under-counts, for several).
 
 Ledger. A pass uses every record of the recording, so when a pass begins its instance is charged
 with the whole :attr:`~streamer.indexed.IndexedFile.extent` (every position of every source key,
@@ -51,12 +38,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-from numpy.typing import NDArray
-
+from protocols.base import Learner
+from protocols.recorded import RecordedLearner
 from streamer.codec import Codec
 from streamer.config import SourceConfig
 from streamer.errors import ConfigError
@@ -64,17 +48,6 @@ from streamer.indexed import IndexedFile
 from streamer.sources import file_path
 
 log = logging.getLogger("panpriv.replay")
-
-Fetch = Callable[[NDArray[np.int64]], tuple[NDArray[np.float64], NDArray[np.float64]]]
-
-
-@runtime_checkable
-class RecordedLearner(Protocol):
-    """The required part of the declaration (module docstring)."""
-
-    n: int
-
-    def learn_recorded(self, fetch: Fetch, micro_batch: int) -> None: ...
 
 
 class Halt(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -86,19 +59,14 @@ class Halt(Exception):  # noqa: N818 - a control-flow signal, not an error
         self.message = message
 
 
-def reads_by_index(learner_cls: type[Any]) -> bool:
+def reads_by_index(learner_cls: type[Learner]) -> bool:
     """True if instances of ``learner_cls`` read a recording by record index."""
-    return callable(getattr(learner_cls, "learn_recorded", None))
+    return issubclass(learner_cls, RecordedLearner)
 
 
-def resumes_mid_pass(learner: object) -> bool:
-    """Whether a state saved mid-pass may be resumed (declared by the learner; default True)."""
-    return bool(getattr(learner, "resumes_mid_pass", True))
-
-
-def has_round_reports(learner: object) -> bool:
+def has_round_reports(learner: Learner) -> bool:
     """Whether the learner accounts each pass as its own increment (``round_reports()``)."""
-    return callable(getattr(learner, "round_reports", None))
+    return isinstance(learner, RecordedLearner) and learner.reports_per_round
 
 
 def pass_instance(instance: str, number: int) -> str:

@@ -1,0 +1,69 @@
+"""The conformance suite over every catalogued learner, discovered from :mod:`protocols.catalogue`
+with each learner's own :meth:`~protocols.base.Learner.unit_test_params` (River's pattern): a
+learner added to the catalogue is tested here without touching this file.
+
+The statistical micro-batch check runs in each learner's own test module, on configurations chosen
+to cover its modes; here every check that is exact runs on every entry, plus the configuration
+contract (every constructor argument is recorded and rebuilds an equal learner).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from protocols import checks
+from protocols.base import Learner, constructor_parameters
+from protocols.catalogue import CATALOGUE, load_learner
+from protocols.losses import as_loss
+from protocols.recorded import RecordedLearner
+
+EXACT_CHECKS = tuple(c for c in checks.ALL_CHECKS if c is not checks.check_micro_batch_invariance)
+CASES = [
+    (name, index, params)
+    for name in CATALOGUE
+    for index, params in enumerate(load_learner(name).unit_test_params())
+]
+
+
+def _stream(params: dict) -> tuple:
+    binary = as_loss(params["loss"], "test").name in ("logistic", "hinge")
+    return checks.make_stream(params["dim"], 40, binary=binary)
+
+
+def test_every_catalogued_learner_declares_test_parameters() -> None:
+    assert {name for name, _, _ in CASES} == set(CATALOGUE)
+
+
+@pytest.mark.parametrize("check", EXACT_CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(("name", "index", "params"), CASES, ids=[f"{n}-{i}" for n, i, _ in CASES])
+def test_conformance(name: str, index: int, params: dict, check) -> None:
+    cls = load_learner(name)
+    if check is checks.check_state_round_trip and issubclass(cls, RecordedLearner) and not cls.resumes_mid_pass:
+        pytest.skip(f"{name} declares that a state saved mid-pass cannot be resumed (its own tests check the refusal)")
+    X, y = _stream(params)
+    check(lambda rng: cls(**params, rng=rng), X, y)
+
+
+@pytest.mark.parametrize(("name", "index", "params"), CASES, ids=[f"{n}-{i}" for n, i, _ in CASES])
+def test_config_records_every_constructor_argument(name: str, index: int, params: dict) -> None:
+    """config() has exactly the constructor's parameters, each test parameter with the value given
+    (a loss by its config), and survives JSON into an equal learner: a parameter a learner forgot
+    to record (the old hand-written ``config()`` could drop ``restart``) fails here."""
+    cls = load_learner(name)
+    config = cls(**params, rng=0).config()
+    assert tuple(config) == constructor_parameters(cls)
+    for key, value in params.items():
+        expected = as_loss(value, "test").config() if key == "loss" else value
+        assert config[key] == expected, key
+    rebuilt = cls(**json.loads(json.dumps(config)), rng=0)
+    assert rebuilt.config() == config
+
+
+def test_a_learner_without_test_parameters_is_refused() -> None:
+    class Untested(Learner):
+        name = "untested"
+
+    with pytest.raises(NotImplementedError, match="Untested declares no unit_test_params"):
+        Untested.unit_test_params()
