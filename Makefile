@@ -28,11 +28,14 @@ run: $(VENV)/.installed
 	$(BIN)/panpriv run
 
 ## test: the whole suite, integration tests included (real Kafka-protocol broker and Prometheus),
-## on TEST_WORKERS processes (pytest-xdist; each test file stays on one worker, so module fixtures
+## after ruff (pyflakes, import order) and mypy (accounting, protocols, streamer: zero errors), on
+## TEST_WORKERS processes (pytest-xdist; each test file stays on one worker, so module fixtures
 ## are built once; each worker starts its own broker). TEST_WORKERS=0 runs in this process.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
 	bash tests/install_system_deps.sh
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## soak: the long fault-injection campaign (tests/faults, marker `soak`; about 10 minutes): >= 100

@@ -85,7 +85,7 @@ def advanced(epsilon: float, delta: float, count: int, delta_slack: float) -> tu
 
 
 def heterogeneous(
-    epsilons: Sequence[float], deltas: Sequence[float], gamma: float
+    epsilons: Sequence[float] | NDArray[np.float64], deltas: Sequence[float] | NDArray[np.float64], gamma: float
 ) -> tuple[float, float]:
     """Advanced composition with different εⱼ per mechanism (Cheu et al. 2022, Lemma 3.3).
 
@@ -132,7 +132,7 @@ def _probability(owner: str, name: str, value: object) -> float:
 
 
 def _guarantees(
-    owner: str, epsilons: Sequence[float], deltas: Sequence[float]
+    owner: str, epsilons: Sequence[float] | NDArray[np.float64], deltas: Sequence[float] | NDArray[np.float64]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Validated per-mechanism (εⱼ, δⱼ) arrays of equal length."""
     eps = float_array(owner, "epsilons", epsilons, low=0.0, closed_low=True)

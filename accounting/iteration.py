@@ -1028,7 +1028,7 @@ def gaussian_online_delta_star(
     epsilon = nonnegative(owner, "epsilon", epsilon)
     position = positive_int(owner, "position", position)
     sigma = online_sigma(position, alpha, eta, diameter, C1, C2, beta, rho)  # validates
-    r_a = 2.0 * positive(owner, "L", L) / float(sigma)  # type: ignore[arg-type]
+    r_a = 2.0 * positive(owner, "L", L) / float(sigma)
     log_a = float(_gaussian_log_theta(epsilon, np.array([r_a]))[0][0])
     exponent, c1, c2 = 2.0 * float(alpha), float(C1), float(C2)
 
@@ -1088,7 +1088,7 @@ def laplace_online_delta_star(
     if nonnegative(owner, "C2", C2) < 1.0:
         raise InvalidParameterError(owner, "C2", "a float >= 1 (v_t defined for all t)", C2)
     scale = online_laplace_scale(position, alpha, eta, width, C1, C2, beta, rho)  # validates
-    r_a = 2.0 * positive(owner, "L", L) / float(scale)  # type: ignore[arg-type]
+    r_a = 2.0 * positive(owner, "L", L) / float(scale)
     log_a = float(_laplace_log_theta(epsilon, np.array([r_a]))[0][0])
     exponent, log_c1, log_c2 = float(alpha), math.log(C1), math.log(C2)
 
@@ -1181,8 +1181,9 @@ def _positive_log(owner: str, argument: float, c2: float, constraint: str) -> fl
 
 def _steps(owner: str, j: object) -> tuple[NDArray[np.int64], bool]:
     """1-based step(s) as an int64 array, and whether a scalar was given."""
-    scalar = np.ndim(j) == 0
-    values = np.atleast_1d(np.asarray(j))
+    values = np.asarray(j)
+    scalar = values.ndim == 0
+    values = np.atleast_1d(values)
     if (
         values.ndim != 1
         or values.size == 0

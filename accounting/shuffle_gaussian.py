@@ -440,7 +440,7 @@ def _from_log_moments(lams: _ArrayF, log_moments: _ArrayF) -> _ArrayF:
 
 def _orders(owner: str, orders: object) -> tuple[_ArrayF, bool]:
     """Orders as a float array (each in (1, MAX_ORDER]) and whether the input was a scalar."""
-    scalar = np.ndim(orders) == 0 and not isinstance(orders, (str, bytes))
+    scalar = not isinstance(orders, (str, bytes)) and np.asarray(orders, dtype=object).ndim == 0
     values = [orders] if scalar else orders
     lams = float_array(owner, "orders", values, low=1.0, closed_low=False)
     if np.max(lams) > MAX_ORDER:

@@ -17,7 +17,7 @@ import abc
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -171,12 +171,17 @@ class Learner(abc.ABC):
         raise NotImplementedError(f"{cls.__name__} declares no unit_test_params(); the conformance test needs them")
 
     @classmethod
+    def from_config(cls, config: Mapping[str, Any], **kwargs: Any) -> Self:
+        """A fresh learner from :meth:`config` output; ``kwargs`` (e.g. ``rng``) go to the constructor."""
+        return cls(**dict(config), **kwargs)
+
+    @classmethod
     def from_state_dict(cls, config: Mapping[str, Any], state: Mapping[str, StateValue], **kwargs: Any) -> Self:
         """Rebuild a learner from :meth:`config` and :meth:`state_dict` output.
 
         ``kwargs`` (e.g. ``rng``) are passed to the constructor; they are not part of the config.
         """
-        learner = cls(**dict(config), **kwargs)
+        learner = cls.from_config(config, **kwargs)
         learner.load_state_dict(state)
         return learner
 
@@ -198,6 +203,14 @@ def constructor_parameters(cls: type[Learner]) -> tuple[str, ...]:
         if not forwards:
             break
     return tuple(names)
+
+
+@overload
+def check_batch(owner: str, X: object, y: None, dim: int) -> tuple[NDArray[np.float64], None]: ...
+
+
+@overload
+def check_batch(owner: str, X: object, y: object, dim: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]: ...
 
 
 def check_batch(

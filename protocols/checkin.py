@@ -425,7 +425,7 @@ class RandomCheckinSGD(MessageSGDLearner):
             f"(pure), gradients clipped to C = {self._clip:.6g}"
             if self.randomizer == "l2"
             else f"gradient clipped to C = {self._clip:.6g} plus N(0, (sigma C)^2 I) with sigma = "
-            f"{self._local.noise_multiplier:.6g}: ({local.epsilon:.6g}, {local.delta:g})-DP for sensitivity 2C"  # type: ignore[union-attr]
+            f"{getattr(self._local, 'noise_multiplier', float('nan')):.6g}: ({local.epsilon:.6g}, {local.delta:g})-DP for sensitivity 2C"
         )
         assumptions = [
             "neighbouring streams differ in one record (replacement); each record is one client who "

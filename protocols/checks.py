@@ -159,7 +159,7 @@ def check_config_round_trip(factory: Factory, X: Array, y: Array) -> None:
     text = json.dumps(config, allow_nan=False)
     loaded = json.loads(text)
     assert loaded == config, "config() changes through JSON (tuples, numpy scalars, NaN?)"
-    rebuilt = type(learner)(**loaded, rng=0)
+    rebuilt = type(learner).from_config(loaded, rng=0)
     assert rebuilt.config() == config, "a learner built from config() reports a different config()"
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import secrets
 from fractions import Fraction
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -103,7 +103,7 @@ class GeneratorUniform:
 
     def below(self, bounds: IntArray) -> IntArray:
         if bounds.dtype != object:
-            return self._generator.integers(0, bounds, dtype=np.int64)
+            return self._generator.integers(0, cast("NDArray[np.int64]", bounds), dtype=np.int64)
         return np.array([self._big_below(int(b)) for b in bounds], dtype=object)
 
     def _big_below(self, bound: int) -> int:
@@ -114,7 +114,7 @@ class GeneratorUniform:
                 return value
 
 
-def _scrub(*arrays: IntArray) -> None:
+def _scrub(*arrays: NDArray[Any]) -> None:
     """Overwrite intermediate arrays that hold noise values (or functions of them) before they are
     freed, so that a later read of the process's memory does not find them (numpy reuses freed
     buffers without clearing them). The int64 path's raw words are scrubbed too; the Python-int

@@ -83,6 +83,12 @@ def _column_sums(a: NDArray) -> NDArray:
     return folded + a[head:].sum(axis=0)
 
 
+NORM_TOLERANCE = 1e-9
+"""Rows whose ℓ₂ norm exceeds ``l2_bound`` by at most this relative amount (floating-point error
+of a normalisation such as ``x / ‖x‖``) are clipped onto the bound instead of refused. Clipping
+is exact, so the sensitivity — and the guarantee — is unchanged; larger excesses stay an error."""
+
+
 class VectorSum:
     """PVEC: shuffle-private, unbiased sum of n vectors of ℓ₂ norm ≤ Δ₂.
 
@@ -368,16 +374,25 @@ class VectorSum:
             too_long = ~(squared <= self.l2_bound**2)  # NaN compares False: caught here too
             if not np.any(too_long):
                 squared.fill(0.0)  # the users' squared norms: clean, wiped
-            else:
-                if not np.all(np.isfinite(chunk)):
-                    raise InvalidInputError(f"VectorSum.{method}: X contains NaN or infinite values")
-                row = int(np.argmax(too_long))
+                yield chunk
+                continue
+            if not np.all(np.isfinite(chunk)):
+                raise InvalidInputError(f"VectorSum.{method}: X contains NaN or infinite values")
+            beyond = squared > (self.l2_bound * (1.0 + NORM_TOLERANCE)) ** 2
+            if np.any(beyond):
+                row = int(np.argmax(beyond))
                 raise InvalidInputError(
                     f"VectorSum.{method}: every row of X must have l2 norm <= l2_bound = "
                     f"{self.l2_bound!r}; row {start + row} has norm {math.sqrt(squared[row])!r} "
                     "(clip before encoding)"
                 )
-            yield chunk
+            clipped = chunk.copy()
+            scale = np.nextafter(self.l2_bound / np.sqrt(squared[too_long]), 0.0)
+            clipped[too_long] *= scale[:, None]
+            squared.fill(0.0)
+            scale.fill(0.0)
+            yield clipped
+            clipped.fill(0.0)  # a clean copy of the users' rows: wiped once encoded
 
     def _encoded(self, chunk: NDArray[np.float64], out: NDArray[np.float64]) -> NDArray[np.float64]:
         """s = (x + Δ₂)·g/Δ, clipped to [0, g] (only floating-point error can leave it)."""

@@ -55,15 +55,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from accounting.gaussian import analytic_sigma, classic_sigma
 from accounting.ledger import Guarantee, PrivacyReport
-from protocols import scratch
-from protocols import secure_noise
+from protocols import scratch, secure_noise
 from protocols import validation as check
 from protocols.acsa import (
     DEFAULT_TUNING,
@@ -307,7 +306,7 @@ class PanPrivateACSA(Learner):
         Gaussian in grid units, whose array is zeroed right after it is added. No pure-noise array
         outlives the call."""
         if self._secure is None:
-            self._noise.add_gaussian(self._grad, self.batch_noise_std(batch))
+            self._noise.add_gaussian(cast("NDArray[np.float64]", self._grad), self.batch_noise_std(batch))
             return
         draw = secure_noise.draw(self._secure, self._params, self._uniform)
         self._grad += draw
@@ -316,7 +315,9 @@ class PanPrivateACSA(Learner):
     # -- secure noise (begin): the accumulator's representation in each mode ------------------
 
     def _zero_accumulator(self) -> NDArray[np.float64] | NDArray[np.int64]:
-        return np.zeros(self._params, dtype=np.float64 if self._secure is None else np.int64)
+        if self._secure is None:
+            return np.zeros(self._params, dtype=np.float64)
+        return np.zeros(self._params, dtype=np.int64)
 
     # -- secure noise (end) --------------------------------------------------------------------
 

@@ -44,7 +44,9 @@ Array = NDArray[np.float64]
 class LocalRandomizer(Protocol):
     """What the learners need from a local randomizer."""
 
-    clip: float
+    @property
+    def clip(self) -> float:
+        """The ℓ2 bound every input row is clipped to."""
 
     def privatize(self, G: Array, generator: np.random.Generator) -> Array:
         """Messages for the rows of ``G`` (shape (k, p)): each row clipped to ``clip``, then randomized."""

@@ -45,7 +45,7 @@ _STATE_WORDS = 4  # PCG64: 128-bit state + 128-bit increment, as four little-end
 
 def fill_from_os(buffer: NDArray) -> None:
     """Fill ``buffer`` (C-contiguous) with OS entropy, in place (no intermediate bytes object)."""
-    view = memoryview(buffer).cast("B")
+    view = memoryview(buffer.data).cast("B")
     fd = _urandom_fd()
     filled = 0
     while filled < len(view):
@@ -68,7 +68,10 @@ class _KeyedPCG64:
         self.generator = np.random.Generator(self._bit_generator)
         address = self._bit_generator.ctypes.state_address
         # numpy's pcg64_state: {pcg64_random_t *pcg_state; int has_uint32; uint32_t uinteger;}
-        self._pcg_state = ctypes.c_void_p.from_address(address).value
+        pcg_state = ctypes.c_void_p.from_address(address).value
+        if pcg_state is None:
+            raise RuntimeError("numpy's PCG64 has no state pointer: cannot key it from OS entropy")
+        self._pcg_state: int = pcg_state
         self._buffered = address + ctypes.sizeof(ctypes.c_void_p)
         self._key = np.zeros(_STATE_WORDS, dtype=np.uint64)
         _check_layout(self)

@@ -152,8 +152,9 @@ class MessageSGDLearner(Learner):
         self.delta = check.open_unit(owner, "delta", delta)
         self.radius = check.positive(owner, "radius", radius)
         self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
-        self.clip = None if clip is None else check.positive(owner, "clip", clip)
-        self._clip = self.loss.lipschitz(self.feature_bound, self.radius) if clip is None else self.clip
+        declared = None if clip is None else check.positive(owner, "clip", clip)
+        self.clip = declared
+        self._clip = self.loss.lipschitz(self.feature_bound, self.radius) if declared is None else declared
         self._params = self.loss.param_dim(self.dim)
         self._ball = L2Ball(self.radius)
         self._noise = NoiseSource(rng)

@@ -244,6 +244,6 @@ class ShuffleACSA(EncodedLearner):
                 f"{owner}: step {t} / filled {filled} do not fit the planned run; was the state saved "
                 "under another config?"
             )
-        arrays = [read_array(_OWNER, state, key, (self._params,)) for key in ("theta", "theta_ag", "theta_md")]
+        theta, theta_ag, theta_md = (read_array(_OWNER, state, key, (self._params,)) for key in ("theta", "theta_ag", "theta_md"))
         self._records, self._filled, self._totals, self._phase = records, filled, totals, phase
-        self._iterate = Iterate(*arrays, t, t)  # no restarts here: the step is the batch index
+        self._iterate = Iterate(theta, theta_ag, theta_md, t, t)  # no restarts here: the step is the batch index

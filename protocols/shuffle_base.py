@@ -43,7 +43,7 @@ import bisect
 import functools
 import math
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -179,7 +179,7 @@ class EncodedLearner(Learner):
     def _setup(
         self,
         dim: int,
-        loss: Loss | Mapping[str, object],
+        loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
         radius: float,

@@ -36,9 +36,9 @@ def read_float(owner: str, state: Mapping[str, StateValue], key: str) -> float:
     """A finite, non-negative float entry (ints are accepted)."""
     value = _entry(owner, state, key)
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-    if not ok or not (math.isfinite(float(value)) and float(value) >= 0.0):  # type: ignore[arg-type]
+    if not ok or not (math.isfinite(float(value)) and float(value) >= 0.0):
         raise InvalidInputError(check.message(f"{owner}.load_state_dict", key, "a finite float >= 0", value))
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def read_array(owner: str, state: Mapping[str, StateValue], key: str, shape: tuple[int, ...]) -> NDArray[np.float64]:

@@ -33,9 +33,10 @@ import abc
 import json
 import struct
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -248,7 +249,7 @@ class JsonCodec(Codec):
         return self.validate(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), rejects, owned=True)
 
 
-_SCAN = json.JSONDecoder().scan_once
+_SCAN: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")  # CPython's C scanner
 
 
 def _loads(payload: bytes) -> object:
@@ -357,7 +358,7 @@ class AdultCodec(Codec):
 
 BATCH_MAGIC = b"PPB1"
 _BATCH_HEADER = struct.Struct("<4sBBHI")
-_DTYPES = {1: np.dtype("<f4"), 2: np.dtype("<f8")}
+_DTYPES: dict[int, np.dtype[np.floating[Any]]] = {1: np.dtype("<f4"), 2: np.dtype("<f8")}
 
 
 def encode_batch(X: NDArray[np.floating], y: NDArray[np.floating], dtype: str = "float32") -> bytes:

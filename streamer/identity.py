@@ -39,7 +39,7 @@ def file_digest(path: Path) -> str:
     """SHA-256 of the file's content as the service reads it (decompressed for ``.gz``)."""
     digest = hashlib.sha256()
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:  # type: ignore[operator]
+    with opener(path, "rb") as handle:
         while chunk := handle.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()

@@ -89,7 +89,7 @@ def build_learner(config: ServiceConfig, n: int) -> Learner:
     """A fresh learner for ``config`` and public stream length ``n``."""
     cls = learner_class(config.learner.name)
     try:
-        return cls(**constructor_arguments(config, n), rng=config.learner.seed)
+        return cls.from_config(constructor_arguments(config, n), rng=config.learner.seed)
     except InvalidInputError as exc:
         raise ConfigError(f"learner {config.learner.name!r}: {exc}") from None
 

@@ -205,7 +205,7 @@ class Processor:
         self.snapshots = 0
         self._snapshot_records = -1  # records covered by the last snapshot (-1: none yet)
         self.last_snapshot: dict[str, Any] | None = None
-        self._source: Source | None = None
+        self._source: Source | IndexedFile | None = None
         self._sinks: list[SnapshotSink] = []
         self._dead_letters: DeadLetterSink | None = None
         self._privacy_config: dict[str, Any] = {}
@@ -285,7 +285,7 @@ class Processor:
 
     def _open_sinks(self) -> None:
         cfg = self.config
-        if cfg.snapshots.jsonl:
+        if self.snapshot_path is not None:
             self._sinks.append(JsonlSnapshotSink(self.snapshot_path))
         kafka_bootstrap = parse_kafka_url(cfg.source.url).bootstrap if cfg.source.url.startswith("kafka://") else None
         if cfg.snapshots.kafka_topic:
@@ -904,7 +904,7 @@ class Processor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _close(self, source: Source) -> None:
+    def _close(self, source: Source | IndexedFile) -> None:
         for closer in [source.close, *(s.close for s in self._sinks)] + (
             [self._dead_letters.close] if self._dead_letters else []
         ):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -107,7 +107,7 @@ class RecordingReader:
         self.keys: list[str] = list(self.header["keys"])
         self.start: dict[str, int] = {k: int(v) for k, v in self.header["start"].items()}
 
-    def frames(self, positions: Mapping[str, int] | None = None) -> Iterator[Frame]:
+    def frames(self, positions: Mapping[str, int] | None = None) -> Generator[Frame, None, None]:
         """Frames in file order, skipping those before ``positions[key]`` (resume points)."""
         positions = positions or {}
         with open(self.path, "rb", buffering=1 << 20) as handle:

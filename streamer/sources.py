@@ -52,7 +52,7 @@ from streamer import kafka_calls
 from streamer.codec import Codec
 from streamer.config import SourceConfig
 from streamer.errors import SourceError
-from streamer.recording import RecordingReader, is_recording
+from streamer.recording import Frame, RecordingReader, is_recording
 from streamer.urls import redact, refuse_credentials
 
 log = logging.getLogger("panpriv.sources")
@@ -304,7 +304,7 @@ class RecordingSource(_LocalSource):
         self.name = f"file:{path}"
         self._positions = {key: max(int(positions.get(key, 0)), self._reader.start.get(key, 0)) for key in self._reader.keys}
         self._frames = self._reader.frames(self._positions)
-        self._pending = None
+        self._pending: Frame | None = None
         self._eof = False
         self._paced = recorded_pace
         self._clock_origin: tuple[float, int] | None = None

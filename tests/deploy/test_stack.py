@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from streamer.config import load_config
 from streamer.cli import build_parser
+from streamer.config import load_config
 from streamer.produce import run_produce
 from streamer.sources import parse_kafka_url
 

@@ -207,6 +207,25 @@ def test_invalid_constructor_arguments(kwargs: dict, match: str) -> None:
         VectorSum(**kwargs)
 
 
+def test_rows_within_the_norm_tolerance_are_clipped_not_refused(small: VectorSum) -> None:
+    """Rows normalised as x / ‖x‖ can exceed the bound by an ulp: they are clipped onto it (exact:
+    the encoding of the clipped batch equals that of the batch scaled by hand), the caller's array
+    is untouched, and an excess beyond NORM_TOLERANCE still fails."""
+    X = _batch(small.n, small.d, small.l2_bound, np.random.default_rng(2))
+    X[5] = [0.6, 0.0, 0.8 * (1.0 + 5e-10)]  # norm 1 + 4e-10: within the tolerance
+    before = X.copy()
+    clipped = X.copy()
+    clipped[5] *= np.nextafter(1.0 / np.linalg.norm(X[5]), 0.0)
+    assert np.linalg.norm(clipped[5]) <= 1.0
+    bits = small.randomize(X, rng=7)
+    np.testing.assert_array_equal(bits, small.randomize(clipped, rng=7))
+    np.testing.assert_array_equal(X, before)
+    assert np.isfinite(small.estimate_sum(X)).all()
+    X[5] = [0.6, 0.0, 0.8 * (1.0 + 2e-9)]  # 1.6e-9 over: beyond the tolerance
+    with pytest.raises(InvalidInputError, match=r"l2 norm <= l2_bound = 1.0; row 5"):
+        small.estimate_sum(X)
+
+
 def test_invalid_batches(small: VectorSum) -> None:
     X = _batch(small.n, small.d, small.l2_bound, np.random.default_rng(2))
     too_long = X.copy()

@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from protocols import secure_noise
 from protocols.base import Learner
 from protocols.checkin import RandomCheckinSGD
 from protocols.losses import clip_rows
-from protocols import secure_noise
 from protocols.pan_acsa import PanPrivateACSA
 from protocols.pnsgd import OnlinePNSGD
 from protocols.shuffle_acsa import ShuffleACSA

@@ -10,10 +10,10 @@ import pytest
 from accounting.binomial import pvec_parameters, tight_delta, tight_parameters
 from accounting.ledger import Guarantee
 from protocols import checks
+from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.losses import HingeLoss, LogisticLoss, SquaredLoss
 from protocols.randomness import SEEDED_WARNING
-from protocols.encoder import VectorSum
 from protocols.shuffle_base import LOCAL_GRID, NORM_SLACK, message_guarantee, sum_variance_hint
 from protocols.shuffle_sgd import ShuffleSGD, plan_batch_size
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from accounting.ledger import PrivacyLedger
+from protocols.catalogue import CATALOGUE
 from streamer.checkpoint import CheckpointStore
 from streamer.config import LEARNER_NAMES, load_config
 from streamer.errors import ConfigError, LearnerUnavailableError
-from protocols.catalogue import CATALOGUE
 from streamer.learners import build_learner, constructor_arguments, learner_class
 from streamer.processor import Processor
 from streamer.replay import reads_by_index

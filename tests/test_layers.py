@@ -1,0 +1,41 @@
+"""The layering rule, checked on the source: ``streamer → protocols → accounting``, nothing runs
+back up. ``accounting`` is pure privacy math, ``protocols`` the mechanisms without I/O, ``streamer``
+the service; a lower layer importing a higher one (even lazily, inside a function) fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("accounting", "protocols", "streamer")
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level package names that ``path`` imports anywhere (module level or inside functions)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_module_imports_a_higher_layer(layer: str) -> None:
+    higher = set(LAYERS[LAYERS.index(layer) + 1:])
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(imported_packages(path) & higher)
+        for path in sorted((ROOT / layer).rglob("*.py"))
+        if imported_packages(path) & higher
+    }
+    assert offenders == {}, f"{layer} must not import {sorted(higher)}: {offenders}"
+
+
+def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from streamer.cli import main\n    import protocols.base\n")
+    assert imported_packages(module) == {"streamer", "protocols"}
