@@ -76,14 +76,48 @@ class Learner(abc.ABC):
     def learn_many(self, X: NDArray[np.float64], y: NDArray[np.float64]) -> None:
         """Process a micro-batch: ``X`` of shape (m, dim), ``y`` of shape (m,). Inputs are not mutated."""
 
-    def predict_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``loss.predict`` at the released parameters (logistic: P(y = 1); others: the score).
+    def learn_one(self, x: NDArray[np.float64], y: float) -> None:
+        """Process one record: :meth:`learn_many` on a micro-batch of one (same mechanism)."""
+        self.learn_many(np.asarray(x, dtype=np.float64).reshape(1, -1), np.array([y], dtype=np.float64))
 
-        Uses the learner's ``dim``, ``loss`` and ``feature_bound``; a learner whose predictions
-        must come from something other than :meth:`release` (PNSGD: the last snapshot) overrides it.
+    def predict_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Labels ±1 for a classification loss (logistic, hinge: the sign of the score ⟨θ, z⟩,
+        ties to +1), the predicted value for a regression loss; at the released parameters.
+
+        Features are clipped to ``feature_bound`` (and the intercept appended) exactly as in
+        training. Like River's ``predict_many`` and scikit-learn's ``predict``.
         """
+        scores = self.decision_many(X)
+        if not self.loss.binary_labels:
+            return scores
+        return np.where(scores >= 0.0, 1.0, -1.0)
+
+    def predict_proba_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
+        """P(y = 1) for each row, for the logistic loss (σ(⟨θ, z⟩)); an error for the other losses,
+        which do not model probabilities."""
+        if self.loss.name != "logistic":
+            raise InvalidInputError(
+                f"{type(self).__name__}.predict_proba_many: the {self.loss.name} loss gives no probabilities; "
+                "use predict_many (labels or values) or decision_many (scores)"
+            )
+        return self.loss.predict(self._prediction_params(), self._features(X))
+
+    def decision_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The linear scores ⟨θ, z⟩ at the released parameters (z: clipped features, intercept)."""
+        return self._features(X) @ self._prediction_params()
+
+    def predict_one(self, x: NDArray[np.float64]) -> float:
+        """:meth:`predict_many` for one record."""
+        return float(self.predict_many(np.asarray(x, dtype=np.float64).reshape(1, -1))[0])
+
+    def _features(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
         X_arr, _ = check_batch(type(self).__name__, X, None, self.dim)
-        return self.loss.predict(self.release(), self.loss.features(X_arr, self.feature_bound))
+        return self.loss.features(X_arr, self.feature_bound)
+
+    def _prediction_params(self) -> NDArray[np.float64]:
+        """The parameters predictions use: :meth:`release`, unless a learner's accounting depends on
+        which parameters leave it (PNSGD overrides this with its last snapshot)."""
+        return self.release()
 
     @abc.abstractmethod
     def release(self) -> NDArray[np.float64]:

@@ -234,14 +234,11 @@ class _PNSGD(Learner):
         self._last_release = self._records
         self._released = self._theta.copy()
 
-    def predict_many(self, X: Array) -> Array:
-        """``loss.predict`` at the parameters of the last snapshot (zeros before the first).
-
-        Predictions from the current iterate would be an unaccounted release: the accounting
-        depends on which iterates leave the learner.
-        """
-        X, _ = check_batch(self._owner, X, None, self.dim)
-        return self.loss.predict(self._released, self.loss.features(X, self.feature_bound))
+    def _prediction_params(self) -> Array:
+        """The parameters of the last snapshot (zeros before the first): predictions from the
+        current iterate would be an unaccounted release (the accounting depends on which
+        iterates leave the learner)."""
+        return self._released
 
     @property
     def records_seen(self) -> int:

@@ -30,11 +30,8 @@ class Comparison:
 
 
 def classify(learner: Learner, X: NDArray[np.float64]) -> NDArray[np.float64]:
-    """±1 labels from ``learner.predict_many`` (probabilities for a logistic loss, else scores)."""
-    scores = learner.predict_many(X)
-    loss = getattr(learner, "loss", None)
-    threshold = 0.5 if getattr(loss, "name", None) == "logistic" else 0.0
-    return np.where(scores > threshold, 1.0, -1.0)
+    """±1 labels: the sign of the learner's scores (``decision_many``), ties to −1."""
+    return np.where(learner.decision_many(X) > 0.0, 1.0, -1.0)
 
 
 def logistic_baseline(X: NDArray[np.float64], y: NDArray[np.float64], ridge: float = 1e-4) -> NDArray[np.float64]:

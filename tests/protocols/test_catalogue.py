@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from protocols import checks
 from protocols.base import Learner, constructor_parameters
 from protocols.catalogue import CATALOGUE, load_learner
+from protocols.errors import InvalidInputError
 from protocols.losses import as_loss
 from protocols.recorded import RecordedLearner
 
@@ -67,3 +69,35 @@ def test_a_learner_without_test_parameters_is_refused() -> None:
 
     with pytest.raises(NotImplementedError, match="Untested declares no unit_test_params"):
         Untested.unit_test_params()
+
+
+@pytest.mark.parametrize(("name", "index", "params"), CASES, ids=[f"{n}-{i}" for n, i, _ in CASES])
+def test_one_record_api_is_the_micro_batch_api_on_one_row(name: str, index: int, params: dict) -> None:
+    """learn_one/predict_one are learn_many/predict_many on a batch of one; predict_many gives
+    labels ±1 (the sign of decision_many) for classification losses, values otherwise."""
+    cls = load_learner(name)
+    X, y = _stream(params)
+    one, many = cls(**params, rng=3), cls(**params, rng=3)
+    for row in range(10):
+        one.learn_one(X[row], y[row])
+        many.learn_many(X[row : row + 1], y[row : row + 1])
+    checks._assert_states_equal(one.state_dict(), many.state_dict(), "learn_one vs learn_many")
+    one.snapshot()
+    scores = one.decision_many(X)
+    predicted = one.predict_many(X)
+    if as_loss(params["loss"], "test").binary_labels:
+        np.testing.assert_array_equal(predicted, np.where(scores >= 0.0, 1.0, -1.0))
+    else:
+        np.testing.assert_array_equal(predicted, scores)
+    assert one.predict_one(X[4]) == predicted[4]
+
+
+def test_probabilities_only_for_the_logistic_loss() -> None:
+    cls = load_learner("pan-acsa")
+    X, y = checks.make_stream(3, 40, binary=True)
+    logistic = cls(dim=3, loss="logistic", epsilon=1.0, delta=1e-5, horizon=40, rng=0)
+    logistic.learn_many(X, y)
+    np.testing.assert_allclose(logistic.predict_proba_many(X), 1.0 / (1.0 + np.exp(-logistic.decision_many(X))))
+    hinge = cls(dim=3, loss="hinge", epsilon=1.0, delta=1e-5, horizon=40, rng=0)
+    with pytest.raises(InvalidInputError, match="the hinge loss gives no probabilities"):
+        hinge.predict_proba_many(X)

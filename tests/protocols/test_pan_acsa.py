@@ -209,7 +209,7 @@ def test_predictions_use_the_released_parameters():
     learner = PanPrivateACSA(3, LogisticLoss(intercept=True), 4.0, 1e-5, horizon=60, batch_size=10, radius=3.0, rng=0)
     learner.learn_many(X3, Y3)
     Z = learner.loss.features(X3 * 10, 1.0)
-    np.testing.assert_allclose(learner.predict_many(X3 * 10), 1 / (1 + np.exp(-Z @ learner.release())))
+    np.testing.assert_allclose(learner.predict_proba_many(X3 * 10), 1 / (1 + np.exp(-Z @ learner.release())))
 
 
 @pytest.mark.parametrize(

@@ -507,8 +507,8 @@ def test_noise_has_the_scheduled_distribution(case):
 def test_predictions_use_the_last_snapshot_only():
     learner = OnlinePNSGD(3, LogisticLoss(), EPSILON, 1.0, 2.0, rng=2)
     learner.learn_many(X3[:10], Y3[:10])
-    np.testing.assert_array_equal(learner.predict_many(X3), np.full(40, 0.5))  # zeros: nothing released
+    np.testing.assert_array_equal(learner.predict_proba_many(X3), np.full(40, 0.5))  # zeros: nothing released
     params = learner.snapshot().params
     learner.learn_many(X3[10:], Y3[10:])
     assert not np.array_equal(learner.release(), params)
-    np.testing.assert_allclose(learner.predict_many(X3), 1 / (1 + np.exp(-X3 @ params)))
+    np.testing.assert_allclose(learner.predict_proba_many(X3), 1 / (1 + np.exp(-X3 @ params)))
