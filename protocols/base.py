@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, overload
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.special import expit
 
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols.errors import InvalidInputError
@@ -33,17 +34,129 @@ StateValue = NDArray[np.float64] | NDArray[np.int64] | int | float | str | bool
 """What a state dict may hold: noisy arrays, counters, and small labels (e.g. a phase name)."""
 
 
+CLIPPING_RULE = "l2-ball"
+"""How features are bounded, in training and in prediction alike: a row x with ‖x‖₂ above the
+feature bound R is replaced by R·x/‖x‖₂ (rows inside the ball are unchanged)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What released parameters need in order to be used: the loss (its link ``σ`` or identity, and
+    whether an intercept feature is appended), the feature dimension, the feature bound of the
+    clipping rule, and optional feature names. Public configuration: no data-dependent value."""
+
+    loss: Loss
+    dim: int
+    feature_bound: float
+    feature_names: tuple[str, ...] | None = None
+
+    @property
+    def link(self) -> str:
+        """``"logistic"`` (probabilities σ(⟨θ, z⟩)) or ``"identity"`` (scores, values)."""
+        return "logistic" if self.loss.name == "logistic" else "identity"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the snapshot record's ``model`` field)."""
+        return {
+            "loss": self.loss.config(),
+            "link": self.link,
+            "intercept": self.loss.intercept,
+            "dim": self.dim,
+            "feature_bound": self.feature_bound,
+            "clipping": CLIPPING_RULE,
+            "feature_names": None if self.feature_names is None else list(self.feature_names),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelSpec:
+        """Inverse of :meth:`to_dict`; an unknown clipping rule is refused (predictions would not
+        match training)."""
+        from protocols.losses import loss_from_config
+
+        if data.get("clipping", CLIPPING_RULE) != CLIPPING_RULE:
+            raise InvalidInputError(f"model: unknown clipping rule {data.get('clipping')!r}; this panpriv applies {CLIPPING_RULE!r}")
+        names = data.get("feature_names")
+        return cls(
+            loss_from_config(data["loss"]),
+            int(data["dim"]),
+            float(data["feature_bound"]),
+            None if names is None else tuple(str(n) for n in names),
+        )
+
+    def features(self, X: object) -> NDArray[np.float64]:
+        """Validated rows, clipped and extended exactly as in training (``loss.features``)."""
+        X_arr, _ = check_batch("ModelSpec", X, None, self.dim)
+        return self.loss.features(X_arr, self.feature_bound)
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """Released parameters with the guarantee that covers them.
+    """Released parameters with the guarantee that covers them, and what serving them needs.
 
     ``params`` are computed from noisy state only; ``records`` is how many records contributed.
+    ``model`` (absent from snapshots written before it existed) makes the snapshot servable:
+    :meth:`predict_many` applies the training-time clipping to new rows. Serving a snapshot is
+    post-processing of a release: it costs no privacy.
     """
 
     learner: str
     records: int
     params: NDArray[np.float64]
     privacy: PrivacyReport
+    model: ModelSpec | None = None
+
+    def _spec(self) -> ModelSpec:
+        if self.model is None:
+            raise InvalidInputError(
+                f"this {self.learner} snapshot carries no model description (written before servable snapshots); "
+                "load it with its loss and feature bound (streamer.serving.load_snapshot(..., loss=..., feature_bound=...))"
+            )
+        return self.model
+
+    def decision_many(self, X: object) -> NDArray[np.float64]:
+        """Scores ⟨θ, z⟩ of the rows of ``X`` (z: clipped features, intercept appended)."""
+        return self._spec().features(X) @ self.params
+
+    def predict_many(self, X: object) -> NDArray[np.float64]:
+        """Labels ±1 (classification losses) or values (regression losses); as :meth:`Learner.predict_many`."""
+        return labels_or_values(self._spec().loss, self.decision_many(X))
+
+    def predict_proba_many(self, X: object) -> NDArray[np.float64]:
+        """P(y = 1) for the logistic loss; an error for the others."""
+        spec = self._spec()
+        return probabilities(spec.loss, spec.features(X) @ self.params, f"{self.learner} snapshot")
+
+    def predict_one(self, x: object) -> float:
+        """:meth:`predict_many` for one row."""
+        return float(self.predict_many(np.asarray(x, dtype=np.float64).reshape(1, -1))[0])
+
+    def to_sklearn(self) -> Any:
+        """A fitted scikit-learn linear estimator (``coef_``, ``intercept_``) with these parameters:
+        ``LogisticRegression`` for the logistic loss, ``LinearRegression`` for the regression losses,
+        ``SGDClassifier(loss="hinge")`` for the hinge loss. Caveat: scikit-learn does not clip
+        features, so its predictions match :meth:`predict_many` only on rows with ‖x‖₂ ≤ the
+        feature bound; clip other rows first (or use this snapshot). Needs scikit-learn."""
+        try:
+            from sklearn.linear_model import LinearRegression, LogisticRegression, SGDClassifier
+        except ImportError:
+            raise ImportError("Snapshot.to_sklearn needs scikit-learn (pip install scikit-learn)") from None
+        spec = self._spec()
+        params = np.asarray(self.params, dtype=np.float64)
+        coef, intercept = params[: spec.dim], 0.0
+        if spec.loss.intercept:
+            intercept = float(params[spec.dim]) * spec.loss.intercept_scale
+        estimator: Any
+        if spec.loss.binary_labels:
+            estimator = LogisticRegression() if spec.loss.name == "logistic" else SGDClassifier(loss="hinge")
+            estimator.classes_ = np.array([-1.0, 1.0])
+            estimator.coef_ = coef.reshape(1, -1).copy()
+            estimator.intercept_ = np.array([intercept])
+        else:
+            estimator = LinearRegression()
+            estimator.coef_ = coef.copy()
+            estimator.intercept_ = intercept
+        estimator.n_features_in_ = spec.dim
+        return estimator
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (parameters as a list of floats)."""
@@ -52,7 +165,25 @@ class Snapshot:
             "records": self.records,
             "params": [float(v) for v in self.params],
             "privacy": self.privacy.to_dict(),
+            "model": None if self.model is None else self.model.to_dict(),
         }
+
+
+def labels_or_values(loss: Loss, scores: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Labels ±1 (sign of the score, ties to +1) for a classification loss; the scores otherwise."""
+    if not loss.binary_labels:
+        return scores
+    return np.where(scores >= 0.0, 1.0, -1.0)
+
+
+def probabilities(loss: Loss, scores: NDArray[np.float64], owner: str) -> NDArray[np.float64]:
+    """σ(score) for the logistic loss; an error naming ``owner`` for the losses that give none."""
+    if loss.name != "logistic":
+        raise InvalidInputError(
+            f"{owner}: the {loss.name} loss gives no probabilities; use predict_many (labels or values) "
+            "or decision_many (scores)"
+        )
+    return np.asarray(expit(scores), dtype=np.float64)
 
 
 class Learner(abc.ABC):
@@ -87,20 +218,12 @@ class Learner(abc.ABC):
         Features are clipped to ``feature_bound`` (and the intercept appended) exactly as in
         training. Like River's ``predict_many`` and scikit-learn's ``predict``.
         """
-        scores = self.decision_many(X)
-        if not self.loss.binary_labels:
-            return scores
-        return np.where(scores >= 0.0, 1.0, -1.0)
+        return labels_or_values(self.loss, self.decision_many(X))
 
     def predict_proba_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
         """P(y = 1) for each row, for the logistic loss (σ(⟨θ, z⟩)); an error for the other losses,
         which do not model probabilities."""
-        if self.loss.name != "logistic":
-            raise InvalidInputError(
-                f"{type(self).__name__}.predict_proba_many: the {self.loss.name} loss gives no probabilities; "
-                "use predict_many (labels or values) or decision_many (scores)"
-            )
-        return self.loss.predict(self._prediction_params(), self._features(X))
+        return probabilities(self.loss, self.decision_many(X), f"{type(self).__name__}.predict_proba_many")
 
     def decision_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
         """The linear scores ⟨θ, z⟩ at the released parameters (z: clipped features, intercept)."""
@@ -168,7 +291,7 @@ class Learner(abc.ABC):
         """
         params = np.array(self.release(), dtype=np.float64, copy=True)
         self._note_release()
-        return Snapshot(self.name, self.records_seen, params, self.privacy())
+        return Snapshot(self.name, self.records_seen, params, self.privacy(), ModelSpec(self.loss, self.dim, self.feature_bound))
 
     def _note_release(self) -> None:
         """Hook: called when a snapshot is released. Default: releases do not change accounting."""

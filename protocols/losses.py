@@ -66,7 +66,8 @@ def clip_rows(X: Array, bound: float) -> Array:
     """
     X = np.asarray(X, dtype=np.float64)
     norms = np.sqrt(np.einsum("...i,...i->...", X, X))[..., None]
-    scale = np.minimum(1.0, bound / np.maximum(norms, np.finfo(np.float64).tiny))
+    with np.errstate(over="ignore"):  # bound/tiny may overflow to inf: the minimum makes it 1
+        scale = np.minimum(1.0, bound / np.maximum(norms, np.finfo(np.float64).tiny))
     return X * scale
 
 

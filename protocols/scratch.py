@@ -66,7 +66,8 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array) -> Array:
     np.einsum("ij,ij->i", X, X, out=norms)
     np.sqrt(norms, out=norms)
     np.maximum(norms, _TINY, out=norms)
-    np.divide(bound, norms, out=norms)
+    with np.errstate(over="ignore"):  # bound/_TINY may overflow to inf: the minimum below makes it 1
+        np.divide(bound, norms, out=norms)
     np.minimum(norms, 1.0, out=norms)
     np.multiply(X, norms[:, None], out=out)
     return out

@@ -232,6 +232,41 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- predict ------------------------------------------------------------------------------------
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Score a source's records with a released snapshot; one JSON line per valid record."""
+    import numpy as np
+
+    from streamer.serving import load_snapshot, predict_source
+
+    snapshot = load_snapshot(args.snapshot, args.sequence)
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115 - closed below
+    scored = rejected = correct = 0
+    try:
+        for part in predict_source(snapshot, args.source, args.format):
+            probabilities = part.probabilities
+            for i, prediction in enumerate(part.predictions):
+                line: dict[str, float] = {"prediction": float(prediction)}
+                if probabilities is not None:
+                    line["probability"] = float(probabilities[i])
+                out.write(json.dumps(line) + "\n")
+            scored += len(part.predictions)
+            rejected += part.rejected
+            correct += int(np.sum((part.predictions > 0) == (part.labels > 0)))
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    assert snapshot.model is not None  # predict_source refuses a snapshot without one
+    summary = f"scored {scored:,} records ({rejected:,} rejected) with the {snapshot.learner} snapshot of {snapshot.records:,} records"
+    if snapshot.model.loss.binary_labels and scored:
+        summary += f"; accuracy against the source's own labels: {correct / scored:.2%}"
+    if not args.quiet:
+        print(summary, file=sys.stderr)
+    return EXIT_OK
+
+
 # -- budget -------------------------------------------------------------------------------------
 
 
@@ -349,6 +384,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("path")
     inspect.set_defaults(handler=cmd_inspect)
+
+    predict = commands.add_parser(
+        "predict",
+        help="score records with a released snapshot (same clipping as training; no privacy cost)",
+        description=(
+            "Load a snapshot from a snapshots JSONL file (the last one, or --sequence N) and write one JSON line per "
+            "valid record of --source: the prediction (a label +1/-1 for classification losses, else the value) "
+            "and, for the logistic loss, the probability of +1."
+        ),
+    )
+    predict.add_argument("--snapshot", type=Path, required=True, help="a snapshots.jsonl written by panpriv run --out")
+    predict.add_argument("--sequence", type=int, help="the snapshot that follows this checkpoint sequence (default: the last)")
+    predict.add_argument("--source", required=True, help="file:PATH (JSONL, CSV, recording) or adult:test")
+    predict.add_argument("--format", choices=("json", "csv", "binary", "adult"), help="record format (default: inferred)")
+    predict.add_argument("--out", type=Path, help="write predictions here instead of stdout")
+    predict.set_defaults(handler=cmd_predict)
 
     budget = commands.add_parser(
         "budget",

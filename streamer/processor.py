@@ -101,6 +101,7 @@ from streamer.budget import BudgetExceededError, BudgetStore, describe_excess, o
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
+from streamer.datasets import adult
 from streamer.errors import ConfigError, LearnerInputError
 from streamer.identity import DataKeys, data_keys_for
 from streamer.indexed import IndexedFile
@@ -853,6 +854,7 @@ class Processor:
                 rejected=sum(self.rejects.values()),
                 positions=positions,
                 privacy=report.to_dict(),
+                feature_names=adult.FEATURE_NAMES if self.config.records.format == "adult" else None,
             )
             for sink in self._sinks:
                 sink.emit(record)

@@ -5,10 +5,16 @@ only), how many records contributed, the privacy report (numbers and a one-parag
 the guarantee, its unit and its assumptions), the source positions covered (offsets are public),
 and the creation time. Fields::
 
-    {"schema_version": 1, "sequence": 7, "instance": "pan-acsa-1f2e…", "learner": "pan-acsa",
+    {"schema_version": 2, "sequence": 7, "instance": "pan-acsa-1f2e…", "learner": "pan-acsa",
      "records": 12000, "rejected": 3, "positions": {"topic/0": 4001, …}, "params": [...],
+     "model": {"loss": {"name": "logistic", ...}, "link": "logistic", "intercept": false, "dim": 20,
+               "feature_bound": 1.0, "clipping": "l2-ball", "feature_names": null},
      "privacy": {... PrivacyReport.to_dict(), including "statement" ...},
      "created": "2026-11-22T10:00:00.000Z"}
+
+``model`` (schema version 2; version-1 records lack it) is what serving the parameters needs
+(:class:`protocols.base.ModelSpec`): ``streamer.serving.load_snapshot(path).predict_many(X)`` and
+``panpriv predict`` apply the same clipping as training.
 
 Snapshots are emitted only after the checkpoint holding their records is durable (see
 :mod:`streamer.processor`), so after a crash the next snapshot's ``records`` is never smaller than
@@ -35,7 +41,7 @@ from typing import Any, Protocol
 from protocols.base import Snapshot
 from streamer.safefiles import fsync_directory
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 REASON_HEADER = "panpriv-reject-reason"
 
 
@@ -47,8 +53,13 @@ def snapshot_record(
     rejected: int,
     positions: Mapping[str, int],
     privacy: Mapping[str, Any],
+    feature_names: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready snapshot record (module docstring); ``privacy`` is the ledger's report."""
+    """The JSON-ready snapshot record (module docstring); ``privacy`` is the ledger's report,
+    ``feature_names`` the source's public feature names where it has them (Adult)."""
+    model = None
+    if snapshot.model is not None:
+        model = {**snapshot.model.to_dict(), "feature_names": None if feature_names is None else list(feature_names)}
     return {
         "schema_version": SCHEMA_VERSION,
         "sequence": sequence,
@@ -58,6 +69,7 @@ def snapshot_record(
         "rejected": rejected,
         "positions": dict(positions),
         "params": [float(v) for v in snapshot.params],
+        "model": model,
         "privacy": dict(privacy),
         "created": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     }

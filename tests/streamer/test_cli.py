@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from accounting.gaussian import analytic_epsilon, analytic_sigma
 from streamer.cli import main
 from streamer.config import load_config
+from streamer.datasets import adult
 from streamer.learners import build_learner
+from streamer.serving import load_snapshot
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["record"], ["privacy"], ["inspect"]])
@@ -110,3 +113,16 @@ def test_embedded_default_run_and_inspect(tmp_path, capsys) -> None:
     summary = capsys.readouterr().out
     assert "adult:train: next 32562; [0, 32562) x1" in summary  # the trailing blank line is charged too
     assert "record counts never decrease: yes" in summary
+
+    # The last snapshot serves: plain Python, `panpriv predict` and scikit-learn give the service's own scoring.
+    X_test, y_test = adult.load("test")
+    served = load_snapshot(out / "snapshots.jsonl")
+    labels = served.predict_many(X_test)
+    assert float(np.mean(labels == y_test)) * 100 == pytest.approx(accuracy["pan-acsa"], abs=0.005)
+    predictions = tmp_path / "predictions.jsonl"
+    assert main(["predict", "--snapshot", str(out / "snapshots.jsonl"), "--source", "adult:test", "--out", str(predictions)]) == 0
+    assert "scored 16,281 records (0 rejected)" in capsys.readouterr().err
+    lines = [json.loads(line) for line in predictions.read_text().splitlines()]
+    np.testing.assert_array_equal([line["prediction"] for line in lines], labels)
+    np.testing.assert_allclose([line["probability"] for line in lines], served.predict_proba_many(X_test), rtol=1e-15)
+    np.testing.assert_array_equal(served.to_sklearn().predict(X_test), labels)  # every Adult row is inside the bound
