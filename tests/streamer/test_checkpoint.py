@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from accounting.ledger import PrivacyLedger
-from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value
+from protocols import checks
+from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
+from streamer.cli import main
 from streamer.errors import CheckpointError, OutputError
+from streamer.learners import restore_learner
 
 
 def make(sequence: int = 1, **changes) -> Checkpoint:
@@ -101,3 +106,25 @@ def test_resume_is_refused_naming_each_changed_setting(tmp_path) -> None:
     assert "learner.epsilon: 1.0 in the checkpoint, 2.0 now" in message
     assert "records.dim: '(unset)' in the checkpoint, 3 now" in message
     assert "learner.delta" not in message
+
+
+OLD_CHECKPOINTS = Path(__file__).parent / "fixtures" / "checkpoints_v0_2ecd321"
+
+
+@pytest.mark.parametrize("name", ["pan-acsa", "shuffle-sgd"])
+def test_checkpoints_written_before_the_learner_catalogue_still_load_and_continue(name: str, tmp_path: Path) -> None:
+    """Checkpoints written by commit 2ecd321 (hand-written ``config()``s, before the catalogue and
+    servable snapshots): 219 accepted records of a public horizon of 800 (``panpriv run --n 800`` on
+    a 400-line file). They load, rebuild the same configuration, and the learner continues."""
+    checkpoint = read_manifest(OLD_CHECKPOINTS / f"{name}.json")
+    learner = restore_learner(name, checkpoint.learner_config, checkpoint.learner_state, None)
+    assert learner.records_seen == checkpoint.records == 219
+    assert learner.config() == checkpoint.learner_config
+    X, y = checks.make_stream(4, 100, binary=True)
+    learner.learn_many(X, 2.0 * y - 1.0)
+    snapshot = learner.snapshot()
+    assert snapshot.records == 319 and np.all(np.isfinite(snapshot.params)) and snapshot.model is not None
+    out = tmp_path / "out" / "checkpoints"
+    out.mkdir(parents=True)
+    shutil.copy(OLD_CHECKPOINTS / f"{name}.json", out / "checkpoint.json")
+    assert main(["inspect", str(tmp_path / "out")]) == 0
