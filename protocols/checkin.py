@@ -289,6 +289,15 @@ class RandomCheckinSGD(MessageSGDLearner):
         )
         return L2BallRandomizer(self._clip, epsilon0)
 
+    def describe_noise(self) -> tuple[str, ...]:
+        """The local randomizer of every checked-in update (Balle et al. 2020, Alg. 1)."""
+        local = self._local.local_guarantee()
+        return (
+            f"every checked-in update: the {self.randomizer} local randomizer on the gradient clipped to "
+            f"C = {self._clip:.6g}, ({local.epsilon:.4g}, {local.delta:.3g})-DP alone; {self.slots:,} slots, "
+            f"check-in probability {self.checkin_probability:g}",
+        )
+
     @property
     def local_randomizer(self) -> LocalRandomizer:
         """The calibrated local randomizer (its ε₀ or noise multiplier)."""

@@ -282,6 +282,22 @@ class PanPrivateACSA(Learner):
             self._plans_cache = (epoch, plans)
         return self._plans_cache[1]
 
+    def describe_noise(self) -> tuple[str, ...]:
+        """The plan's batches and the standard deviation of each batch's two draws (Cheu et al. 2022, Alg. 6)."""
+        plan = self.current_plan()
+        sizes = sorted({plan.batch_size(t) for t in range(1, plan.steps + 1)})
+        lines = [
+            f"records per run: {plan.records:,}; batches T = {plan.steps:,} of b = " + " or ".join(f"{b:,}" for b in sizes) + " records",
+            "per batch: two "
+            + ("exact discrete Gaussian (noise = secure)" if self.noise == "secure" else "Gaussian")
+            + " draws (at its start and its end), each with standard deviation",
+            *(f"  zeta = {self.batch_noise_std(b):.6g} for b = {b:,} (l2 sensitivity of the batch mean 2L/b)" for b in sizes),
+            f"per-record gradients clipped to norm L = {self.gradient_norm_bound:.6g}",
+            "Moreau smoothing: " + ("none (smooth loss)" if plan.smoothing is None else f"beta_s = {plan.smoothing:.6g}"),
+            f"restarts: {self.restart} (post-processing; no effect on the guarantee)",
+        ]
+        return tuple(lines)
+
     def current_plan(self) -> RunPlan:
         """The plan of the run in progress."""
         return self.epoch_plans(self._epoch)[self._phase]

@@ -55,7 +55,7 @@ from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
-from protocols.shuffle_base import EncodedLearner, max_guarantee, read_round
+from protocols.shuffle_base import EncodedLearner, max_guarantee, pvec_noise_lines, read_round
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -154,6 +154,9 @@ class ShuffleACSA(EncodedLearner):
         self._sums: dict[int, VectorSum] = {b: self._vector_sum(b, self.epsilon, self.delta) for b in sizes}
         self._phase = 0
         self._iterate = Iterate.start(np.zeros(self._params))
+
+    def describe_noise(self) -> tuple[str, ...]:
+        return pvec_noise_lines(self._sums[b] for b in sorted(self._sums))
 
     @property
     def vector_sums(self) -> dict[int, VectorSum]:

@@ -42,7 +42,7 @@ import abc
 import bisect
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -136,6 +136,20 @@ def _local_epsilon(g: int, b: int, p: float, d: int, delta: float, start: float)
     # returned has passed, so the result never rests on that).
     least = low + 1 + bisect.bisect_left(range(low + 1, high), True, key=passes)
     return start * LOCAL_GRID**least
+
+
+def pvec_noise_lines(vector_sums: Iterable[VectorSum]) -> tuple[str, ...]:
+    """``describe_noise`` lines of the PVEC rounds (Cheu et al. 2022, Alg. 2): each user's clipped
+    gradient, encoded per coordinate by randomized rounding to g levels plus b Bernoulli(p) noise bits."""
+    lines = ["each user's clipped gradient is encoded by PVEC (Cheu et al. 2022, Alg. 2): per coordinate, "
+             "randomized rounding to g levels plus b Bernoulli(p) noise bits; the shuffler mixes the round's bits"]
+    for vector_sum in vector_sums:
+        p = vector_sum.parameters
+        lines.append(
+            f"  rounds of n = {p.n:,} users, d = {p.d}: g = {p.g}, b = {p.b}, p = {p.p:.4g}, l2 bound {p.l2_bound:.6g} "
+            f"-> ({p.epsilon:.4g}, {p.delta:.3g})-shuffle-DP per round ({p.calibration} calibration)"
+        )
+    return tuple(lines)
 
 
 def message_guarantee(vector_sum: VectorSum, delta: float, floor: float) -> Guarantee:

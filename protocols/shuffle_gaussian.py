@@ -377,6 +377,13 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         """(ε₀, δ) of one user's message (exact Gaussian profile, sensitivity 2C)."""
         return self._randomizer.local_guarantee()
 
+    def describe_noise(self) -> tuple[str, ...]:
+        """Every message: the clipped gradient plus N(0, (zC)^2 I) (Liew & Takahashi 2022, Alg. 1)."""
+        return (
+            f"every message: the gradient clipped to C = {self._clip:.6g} plus N(0, (z C)^2 I) per coordinate, "
+            f"z = {self.noise_multiplier:.6g} (standard deviation {self._randomizer.noise_std:.6g})",
+        )
+
     def privacy(self) -> PrivacyReport:
         """Output: the shuffle-model guarantee per record; intrusion: the local guarantee."""
         local = self._randomizer.local_guarantee()

@@ -71,7 +71,7 @@ from protocols.losses import Loss
 from protocols.randomness import RngLike
 from protocols.recorded import Fetch, RecordedLearner
 from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_base import EncodedLearner, read_round
+from protocols.shuffle_base import EncodedLearner, pvec_noise_lines, read_round
 
 Array = NDArray[np.float64]
 
@@ -231,6 +231,9 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         noise = self._params * self._sum.parameters.variance_bound / self.n  # p·v/n per message
         self.gradient_bound_sq = bound_sq(self._lipschitz, noise, self.n, self.loss.ridge * self.radius)
         self._sgd = AveragedSGD.start(self._params)
+
+    def describe_noise(self) -> tuple[str, ...]:
+        return pvec_noise_lines([self._sum])
 
     @property
     def vector_sum(self) -> VectorSum:

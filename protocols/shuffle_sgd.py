@@ -49,7 +49,7 @@ from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
 from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_base import EncodedLearner, max_guarantee, read_round
+from protocols.shuffle_base import EncodedLearner, max_guarantee, pvec_noise_lines, read_round
 
 Array = NDArray[np.float64]
 
@@ -151,6 +151,9 @@ class ShuffleSGD(EncodedLearner):
         noise = self._params * self._sum.parameters.variance_bound / b  # p·v/b: per-message equivalent
         self.gradient_bound_sq = bound_sq(self._lipschitz, noise, b, self.loss.ridge * self.radius)
         self._sgd = AveragedSGD.start(self._params)
+
+    def describe_noise(self) -> tuple[str, ...]:
+        return pvec_noise_lines([self._sum])
 
     @property
     def vector_sum(self) -> VectorSum:

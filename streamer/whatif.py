@@ -11,17 +11,15 @@ Two directions, both without touching any data:
   AC-SA each draw alone protects its batch (Cheu et al. 2022, Lemma C.4), so this is the per-record guarantee
   for outputs and for one intrusion.
 
-Per-learner calculators live in :data:`CALCULATORS`; a learner without one gets its report only.
+The noise lines come from the learner itself (``describe_noise``), from its public configuration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from accounting.gaussian import analytic_epsilon
 from accounting.ledger import PrivacyReport
-from protocols.base import Learner
 from streamer.config import ServiceConfig
 from streamer.learners import build_learner
 
@@ -34,33 +32,10 @@ class WhatIf:
     lines: tuple[str, ...]
 
 
-def _pan_acsa_lines(learner: Learner) -> list[str]:
-    plan = learner.current_plan()  # type: ignore[attr-defined]
-    sizes = sorted({plan.batch_size(t) for t in range(1, plan.steps + 1)})
-    lines = [
-        f"records per run: {plan.records:,}; batches T = {plan.steps:,} of b = "
-        + " or ".join(f"{b:,}" for b in sizes)
-        + " records",
-        "per batch: two "
-        + ("exact discrete Gaussian (noise = secure)" if getattr(learner, "noise", "gaussian") == "secure" else "Gaussian")
-        + " draws (at its start and its end), each with standard deviation",
-    ]
-    for b in sizes:
-        lines.append(f"  zeta = {learner.batch_noise_std(b):.6g} for b = {b:,} (l2 sensitivity of the batch mean 2L/b)")  # type: ignore[attr-defined]
-    lines.append(f"per-record gradients clipped to norm L = {learner.gradient_norm_bound:.6g}")  # type: ignore[attr-defined]
-    lines.append("Moreau smoothing: " + ("none (smooth loss)" if plan.smoothing is None else f"beta_s = {plan.smoothing:.6g}"))
-    lines.append(f"restarts: {learner.restart} (post-processing; no effect on the guarantee)")  # type: ignore[attr-defined]
-    return lines
-
-
-CALCULATORS: dict[str, Callable[[Learner], list[str]]] = {"pan-acsa": _pan_acsa_lines}
-
-
 def target_to_noise(config: ServiceConfig, n: int) -> WhatIf:
-    """The would-be learner's report and noise for ``config`` and stream length ``n``."""
+    """The would-be learner's report and noise (:meth:`protocols.base.Learner.describe_noise`)."""
     learner = build_learner(config, n)
-    calculator = CALCULATORS.get(learner.name)
-    lines = calculator(learner) if calculator else ["(no noise calculator for this learner yet)"]
+    lines = learner.describe_noise() or ("(this learner describes its noise in the guarantee's assumptions below)",)
     return WhatIf(learner.privacy(), tuple(lines))
 
 
