@@ -340,12 +340,12 @@ def open_budget(config: Any) -> Any:
     if budget.kafka_topic:
         from streamer.budget_kafka import KafkaBudgetStore
         from streamer.errors import ConfigError
-        from streamer.sources import parse_kafka_url
+        from streamer.source_url import KafkaUrl, parse_source_url
 
         if budget.kafka_bootstrap:
             bootstrap = [h for h in budget.kafka_bootstrap.split(",") if h]
-        elif config.source.url.startswith("kafka://"):
-            bootstrap = parse_kafka_url(config.source.url).bootstrap
+        elif isinstance(source := parse_source_url(config.source.url), KafkaUrl):
+            bootstrap = source.bootstrap
         else:
             raise ConfigError("budget.kafka_bootstrap is required when budget.kafka_topic is set and the source is not Kafka")
         return KafkaBudgetStore(bootstrap, budget.kafka_topic, k)

@@ -275,7 +275,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
     if args.kafka:
         from streamer.budget_kafka import KafkaBudgetStore
-        from streamer.sources import parse_kafka_url
+        from streamer.source_url import parse_kafka_url
 
         spec = parse_kafka_url(args.kafka)
         print(describe_opened(KafkaBudgetStore(spec.bootstrap, spec.topics[0]), args.source))

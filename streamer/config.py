@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from protocols.catalogue import learner_names
 from streamer.datasets import adult
 from streamer.errors import ConfigError
+from streamer.source_url import SCHEMES, scheme_of
 from streamer.urls import redact
 
 LEARNER_NAMES = learner_names()
@@ -73,8 +74,7 @@ class SourceConfig(_Section):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
-        scheme = url.split(":", 1)[0] if ":" in url else ""
-        if scheme not in ("kafka", "file", "synthetic", "adult"):
+        if scheme_of(url) not in SCHEMES:
             raise ValueError(
                 "must start with kafka://, file:, synthetic: or adult:"
             )
@@ -82,7 +82,7 @@ class SourceConfig(_Section):
 
     @model_validator(mode="after")
     def _dead_letter_needs_kafka(self) -> SourceConfig:
-        if self.dead_letter_topic is not None and not self.url.startswith("kafka://"):
+        if self.dead_letter_topic is not None and scheme_of(self.url) != "kafka":
             raise ValueError("dead_letter_topic needs a kafka:// source (it is produced to the same cluster)")
         return self
 
@@ -221,16 +221,17 @@ class ServiceConfig(_Section):
                     f"records.feature_bound is required for format {fmt!r} "
                     "(a PUBLIC bound on ‖x‖₂; records are clipped to it, and it must not be computed from the data)"
                 )
-        if self.source.url.startswith("adult:") and fmt != "adult":
+        if scheme_of(self.source.url) == "adult" and fmt != "adult":
             raise ValueError("records.format must be 'adult' for an adult: source")
         object.__setattr__(self, "records", records.model_copy(update=updates))
         return self
 
 
 def _infer_format(url: str) -> RecordFormat:
-    if url.startswith("adult:"):
+    scheme = scheme_of(url)
+    if scheme == "adult":
         return "adult"
-    if url.startswith("file:") and url.split("?")[0].removesuffix(".gz").endswith(".csv"):
+    if scheme == "file" and url.split("?")[0].removesuffix(".gz").endswith(".csv"):
         return "csv"
     return "json"
 

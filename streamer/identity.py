@@ -18,7 +18,7 @@ from typing import Any
 
 from streamer.errors import SourceError
 from streamer.recording import RecordingReader, is_recording
-from streamer.sources import file_path, parse_kafka_url
+from streamer.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_kafka_url, parse_source_url
 
 
 def bootstrap_identity(hosts: list[str]) -> str:
@@ -85,18 +85,18 @@ class DataKeys:
 def data_keys_for(url: str, source: Any) -> DataKeys:
     """The data keys of the source opened from ``url`` (``source`` is the opened source; for Kafka
     its consumer answers the cluster identity)."""
-    if url.startswith("kafka://"):
-        return DataKeys(kafka_cluster=source.cluster_identity())
-    if url.startswith("adult:"):
-        from streamer.datasets import adult
+    match parse_source_url(url):
+        case KafkaUrl():
+            return DataKeys(kafka_cluster=source.cluster_identity())
+        case AdultUrl(split=split):
+            from streamer.datasets import adult
 
-        split = url.removeprefix("adult:")
-        path = {"train": adult.TRAIN_PATH, "test": adult.TEST_PATH}[split]
-        return DataKeys({url: f"sha256:{file_digest(Path(path))}"})
-    if url.startswith("file:"):
-        path = file_path(url)
-        if is_recording(path):
-            return DataKeys(kafka_cluster=recording_cluster(RecordingReader(path)))
-        digest = f"sha256:{file_digest(path)}"
-        return DataKeys({f"file:{path.resolve()}": digest, f"file:{path}": digest})
-    return DataKeys()  # synthetic: the key (seed, dim) already names the data
+            path = adult.TRAIN_PATH if split == "train" else adult.TEST_PATH
+            return DataKeys({url: f"sha256:{file_digest(Path(path))}"})
+        case FileUrl(path=path):
+            if is_recording(path):
+                return DataKeys(kafka_cluster=recording_cluster(RecordingReader(path)))
+            digest = f"sha256:{file_digest(path)}"
+            return DataKeys({f"file:{path.resolve()}": digest, f"file:{path}": digest})
+        case SyntheticUrl():
+            return DataKeys()  # the key (seed, dim) already names the data

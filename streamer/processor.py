@@ -111,6 +111,7 @@ from streamer.outlock import OutputLock
 from streamer.progress import Progress
 from streamer.replay import Halt, has_round_reports, open_indexed, pass_instance, reads_by_index
 from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
+from streamer.source_url import KafkaUrl, parse_source_url
 from streamer.sources import (
     MARKS_KEY,
     Batch,
@@ -120,7 +121,6 @@ from streamer.sources import (
     SyntheticSource,
     display_name,
     open_source,
-    parse_kafka_url,
     source_marks,
 )
 
@@ -288,7 +288,8 @@ class Processor:
         cfg = self.config
         if self.snapshot_path is not None:
             self._sinks.append(JsonlSnapshotSink(self.snapshot_path))
-        kafka_bootstrap = parse_kafka_url(cfg.source.url).bootstrap if cfg.source.url.startswith("kafka://") else None
+        parsed = parse_source_url(cfg.source.url)
+        kafka_bootstrap = parsed.bootstrap if isinstance(parsed, KafkaUrl) else None
         if cfg.snapshots.kafka_topic:
             bootstrap = [cfg.snapshots.kafka_bootstrap] if cfg.snapshots.kafka_bootstrap else kafka_bootstrap
             if not bootstrap:

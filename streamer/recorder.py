@@ -20,7 +20,8 @@ from streamer import kafka_calls
 from streamer.errors import SourceError
 from streamer.identity import kafka_cluster_identity
 from streamer.recording import RecordingWriter
-from streamer.sources import CAUGHT_UP_POLLS, RECEIVE_MESSAGE_MAX_BYTES, parse_kafka_url
+from streamer.source_url import parse_kafka_url
+from streamer.sources import CAUGHT_UP_POLLS, RECEIVE_MESSAGE_MAX_BYTES
 
 log = logging.getLogger("panpriv.recorder")
 

@@ -45,7 +45,7 @@ from streamer.codec import Codec
 from streamer.config import SourceConfig
 from streamer.errors import ConfigError
 from streamer.indexed import IndexedFile
-from streamer.sources import file_path
+from streamer.source_url import FileUrl, parse_source_url
 
 log = logging.getLogger("panpriv.replay")
 
@@ -78,7 +78,8 @@ def pass_instance(instance: str, number: int) -> str:
 def open_indexed(config: SourceConfig, codec: Codec, learner: str) -> IndexedFile:
     """The record-index reader for ``config.url``; a :class:`ConfigError` if the source cannot be
     read by index (a :class:`~streamer.errors.SourceError` if the file cannot)."""
-    if not config.url.startswith("file:"):
+    parsed = parse_source_url(config.url)
+    if not isinstance(parsed, FileUrl):
         raise ConfigError(
             f"learner {learner!r} reads a recording by record index, so its source must be file:PATH "
             "(a panpriv recording, JSONL or CSV); record a Kafka topic first with `panpriv record`"
@@ -88,7 +89,7 @@ def open_indexed(config: SourceConfig, codec: Codec, learner: str) -> IndexedFil
             f"source.recorded_pace: learner {learner!r} chooses the order of the records, so recorded "
             "timestamps cannot pace it; use source.rate"
         )
-    path = file_path(config.url)
+    path = parsed.path
     log.info("indexing %s: decoding and validating every record once", path)
     started = time.monotonic()
     indexed = IndexedFile(path, codec)

@@ -24,6 +24,7 @@ from accounting.ledger import PrivacyReport
 from protocols.base import ModelSpec, Snapshot
 from protocols.losses import as_loss
 from streamer.errors import ConfigError
+from streamer.source_url import AdultUrl, parse_source_url
 
 
 def snapshot_records(path: Path) -> list[dict[str, Any]]:
@@ -104,7 +105,7 @@ def predict_source(snapshot: Snapshot, url: str, record_format: str | None = Non
     if snapshot.model is None:
         raise ConfigError("this snapshot has no model description (schema version 1): load it in Python with load_snapshot(..., loss=..., feature_bound=...)")
     overrides: dict[str, Any] = {"source.url": url}
-    if not url.startswith("adult:"):
+    if not isinstance(parse_source_url(url), AdultUrl):
         overrides.update({"records.dim": snapshot.model.dim, "records.feature_bound": snapshot.model.feature_bound})
     if record_format is not None:
         overrides["records.format"] = record_format

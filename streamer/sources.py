@@ -39,7 +39,6 @@ from __future__ import annotations
 import gzip
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +52,8 @@ from streamer.codec import Codec
 from streamer.config import SourceConfig
 from streamer.errors import SourceError
 from streamer.recording import Frame, RecordingReader, is_recording
-from streamer.urls import redact, refuse_credentials
+from streamer.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_source_url
+from streamer.urls import redact
 
 log = logging.getLogger("panpriv.sources")
 
@@ -134,68 +134,10 @@ class FatalSourceError(SourceError):
     checkpoint before a Kafka revocation: another consumer may now own those records)."""
 
 
-# -- URLs ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KafkaUrl:
-    bootstrap: list[str]
-    topics: list[str]
-    group: str
-
-    def display(self) -> str:
-        return f"kafka://{','.join(self.bootstrap)}/{','.join(self.topics)}?group={self.group}"
-
-
-def parse_kafka_url(url: str) -> KafkaUrl:
-    """``kafka://host:port[,host:port]/topic[,topic]?group=name`` (group defaults to ``panpriv``)."""
-    try:
-        refuse_credentials(url)
-    except ValueError as exc:
-        raise SourceError(str(exc)) from None
-    parts = urllib.parse.urlsplit(url)
-    hosts = [h for h in parts.netloc.rsplit("@", 1)[-1].split(",") if h]
-    topics = [t for t in parts.path.lstrip("/").split(",") if t]
-    query = urllib.parse.parse_qs(parts.query)
-    unknown = set(query) - {"group"}
-    if parts.scheme != "kafka" or not hosts or not topics or unknown:
-        raise SourceError(
-            f"bad Kafka source {redact(url)!r}: expected kafka://host:port[,host:port]/topic[,topic]?group=name"
-            + (f" (unknown parameters {sorted(unknown)})" if unknown else "")
-        )
-    return KafkaUrl(hosts, topics, query.get("group", ["panpriv"])[0])
-
-
-def file_path(url: str) -> Path:
-    """The path of a ``file:PATH`` / ``file://PATH`` URL."""
-    rest = url.removeprefix("file:")
-    if rest.startswith("//"):
-        rest = rest[2:]
-    if not rest:
-        raise SourceError(f"bad file source {url!r}: expected file:PATH")
-    return Path(rest).expanduser()
-
-
-def parse_synthetic_url(url: str) -> dict[str, int]:
-    """``synthetic:n=100000&dim=20&seed=0`` → ``{"n": …, "dim": …, "seed": …}``."""
-    rest = url.removeprefix("synthetic:").lstrip("?")
-    params = urllib.parse.parse_qs(rest)
-    unknown = set(params) - {"n", "dim", "seed"}
-    try:
-        values = {k: int(v[0]) for k, v in params.items() if k in ("n", "dim", "seed")}
-    except ValueError:
-        values = {}
-    if unknown or "n" not in values or "dim" not in values or values["n"] < 1 or values["dim"] < 1:
-        raise SourceError(f"bad synthetic source {url!r}: expected synthetic:n=N&dim=D[&seed=S] with N, D >= 1")
-    values.setdefault("seed", 0)
-    return values
-
-
 def display_name(url: str) -> str:
     """The URL without credentials, for logs and metrics labels."""
-    if url.startswith("kafka://"):
-        return parse_kafka_url(url).display()
-    return redact(url)
+    parsed = parse_source_url(url)
+    return parsed.display() if isinstance(parsed, KafkaUrl) else redact(url)
 
 
 # -- local sources -------------------------------------------------------------------------------
@@ -712,31 +654,26 @@ def open_source(
 ) -> Source:
     """Build the source named by ``config.url``, resuming at ``positions`` (``marks``: the
     timestamps of the last records before them, for Kafka's regression check)."""
-    url = config.url
-    if config.recorded_pace and not (url.startswith("file:") and is_recording(file_path(url))):
+    parsed = parse_source_url(config.url)
+    if config.recorded_pace and not (isinstance(parsed, FileUrl) and is_recording(parsed.path)):
         raise SourceError("source.recorded_pace needs a file: source holding a panpriv recording")
-    if url.startswith("kafka://"):
-        return KafkaSource(parse_kafka_url(url), config, positions, on_revoke, marks)
-    if url.startswith("synthetic:"):
-        params = parse_synthetic_url(url)
-        if params["dim"] != codec.dim:
-            raise SourceError(f"synthetic source dim={params['dim']} but records.dim={codec.dim}")
-        return SyntheticSource(params["n"], params["dim"], params["seed"], positions)
-    if url.startswith("adult:"):
-        from streamer.datasets import adult
+    match parsed:
+        case KafkaUrl():
+            return KafkaSource(parsed, config, positions, on_revoke, marks)
+        case SyntheticUrl(n=n, dim=dim, seed=seed):
+            if dim != codec.dim:
+                raise SourceError(f"synthetic source dim={dim} but records.dim={codec.dim}")
+            return SyntheticSource(n, dim, seed, positions)
+        case AdultUrl(split=split):
+            from streamer.datasets import adult
 
-        split = url.removeprefix("adult:")
-        paths = {"train": adult.TRAIN_PATH, "test": adult.TEST_PATH}
-        if split not in paths:
-            raise SourceError(f"bad Adult source {url!r}: expected adult:train or adult:test")
-        return LineFileSource(paths[split], url, codec, positions, skip_header=False)
-    if url.startswith("file:"):
-        path = file_path(url)
-        if is_recording(path):
-            return RecordingSource(path, positions, config.recorded_pace, codec)
-        skip_header = codec.records.csv_header and codec.records.format == "csv"
-        return LineFileSource(path, f"file:{path.resolve()}", codec, positions, skip_header)
-    raise SourceError(f"unknown source {url!r}")
+            path = adult.TRAIN_PATH if split == "train" else adult.TEST_PATH
+            return LineFileSource(path, config.url, codec, positions, skip_header=False)
+        case FileUrl(path=path):
+            if is_recording(path):
+                return RecordingSource(path, positions, config.recorded_pace, codec)
+            skip_header = codec.records.csv_header and codec.records.format == "csv"
+            return LineFileSource(path, f"file:{path.resolve()}", codec, positions, skip_header)
 
 
 def iter_batches(source: Source, max_records: int, timeout_s: float = 0.2) -> Iterator[Batch]:

@@ -33,7 +33,7 @@ import yaml
 from streamer.cli import build_parser
 from streamer.config import load_config
 from streamer.produce import run_produce
-from streamer.sources import parse_kafka_url
+from streamer.source_url import parse_kafka_url
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from streamer.codec import make_codec
 from streamer.config import load_config
 from streamer.errors import SourceError
 from streamer.recording import RecordingReader, RecordingWriter
-from streamer.sources import Batch, iter_batches, open_source, parse_kafka_url, parse_synthetic_url
+from streamer.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_kafka_url, parse_source_url, parse_synthetic_url
+from streamer.sources import Batch, iter_batches, open_source
 
 
 def config(url: str, **extra):
@@ -189,3 +191,20 @@ def test_a_recording_of_binary_batches_counts_records_not_messages(tmp_path) -> 
         source = open_source(cfg.source, make_codec(cfg.records), {})
         assert (source.count_records(), source.total_positions()) == (expected, 4)
         source.close()
+
+
+def test_source_urls_parse_once_into_their_kind() -> None:
+    assert parse_source_url("kafka://h:1,h:2/a,b?group=g") == KafkaUrl(["h:1", "h:2"], ["a", "b"], "g")
+    assert parse_source_url("file:/data/x.jsonl") == FileUrl(Path("/data/x.jsonl"))
+    assert parse_source_url("file:///data/x.jsonl") == FileUrl(Path("/data/x.jsonl"))
+    assert parse_source_url("adult:test") == AdultUrl("test")
+    assert parse_source_url("synthetic:n=10&dim=3") == SyntheticUrl(10, 3, 0)
+    for url, message in (
+        ("adult:validation", "expected adult:train or adult:test"),
+        ("s3://bucket/key", "unknown source 's3://bucket/key'"),
+        ("kafka://u:secret@h:1/t", r"carries credentials"),
+        ("synthetic:n=0&dim=3", "expected synthetic:n=N&dim=D"),
+    ):
+        with pytest.raises(SourceError, match=message) as info:
+            parse_source_url(url)
+        assert "secret" not in str(info.value)
