@@ -108,6 +108,7 @@ from streamer.indexed import IndexedFile
 from streamer.learners import build_learner, constructor_arguments, learner_class, restore_learner
 from streamer.metrics import ServiceMetrics
 from streamer.outlock import OutputLock
+from streamer.pacing import Cadence, Pacer
 from streamer.progress import Progress
 from streamer.replay import Halt, has_round_reports, open_indexed, pass_instance, reads_by_index
 from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
@@ -537,8 +538,8 @@ class Processor:
             limit = self.config.learner.max_epsilon
             return "budget_exhausted", f"the guarantee is already ε = {over:.4g} > max_epsilon = {limit}; nothing learned"
         progress = self._make_progress(source)
-        pacer = _Pacer(self.config.source.rate)
-        cadence = _Cadence(self.config)
+        pacer = Pacer(self.config.source.rate)
+        cadence = Cadence(self.config)
         try:
             if isinstance(source, IndexedFile):
                 return self._replay(source, pacer, cadence, progress)
@@ -548,7 +549,7 @@ class Processor:
                 self._draw(progress, force=True)
                 progress.close()
 
-    def _loop(self, source: Source, pacer: _Pacer, cadence: _Cadence, progress: Progress | None) -> tuple[Outcome, str]:
+    def _loop(self, source: Source, pacer: Pacer, cadence: Cadence, progress: Progress | None) -> tuple[Outcome, str]:
         cfg = self.config
         while not self.stop_event.is_set():
             self._refresh_lag()
@@ -576,7 +577,7 @@ class Processor:
             self._after_batch(handled, cadence, progress)
         return "stopped", _STOPPED
 
-    def _replay(self, source: IndexedFile, pacer: _Pacer, cadence: _Cadence, progress: Progress | None) -> tuple[Outcome, str]:
+    def _replay(self, source: IndexedFile, pacer: Pacer, cadence: Cadence, progress: Progress | None) -> tuple[Outcome, str]:
         """Drive a learner that reads the recording by record index (:mod:`streamer.replay`).
 
         The learner runs its own loop (``learn_recorded``); the ``fetch`` given to it first
@@ -636,7 +637,7 @@ class Processor:
         account()
         return "finished", "every pass over the recording is complete"
 
-    def _after_batch(self, records: int, cadence: _Cadence, progress: Progress | None) -> None:
+    def _after_batch(self, records: int, cadence: Cadence, progress: Progress | None) -> None:
         cadence.add(records)
         if progress is not None:
             self._draw(progress)
@@ -652,7 +653,7 @@ class Processor:
         if lags is not None:
             self.metrics.observe_lag(lags)
 
-    def _checkpoint_if_due(self, cadence: _Cadence, idle: bool = False) -> None:
+    def _checkpoint_if_due(self, cadence: Cadence, idle: bool = False) -> None:
         if cadence.checkpoint_due(idle):
             snapshot = cadence.snapshot_due
             self._checkpoint(snapshot=snapshot)
@@ -868,8 +869,7 @@ class Processor:
         if not self._progress_enabled:
             return None
         if isinstance(source, IndexedFile):  # progress in records learned over all passes
-            passes = getattr(self.learner, "passes", None)
-            return Progress(source.n * passes if passes else None, start=self.learner.records_seen)
+            return Progress(source.n * self._recorded_learner.passes, start=self.learner.records_seen)
         try:
             total = source.total_positions()
         except Exception:  # noqa: BLE001 - progress is cosmetic; a failed size query must not stop a run
@@ -953,76 +953,3 @@ class _Boundary:
     records: int
     snapshot_records: int
     passes_charged: int
-
-
-class _Cadence:
-    """When to checkpoint (every ``checkpoint.every_records`` records or ``every_seconds``) and
-    whether a snapshot goes with it (``snapshots.every_records`` records since the last one)."""
-
-    def __init__(self, config: ServiceConfig) -> None:
-        self.every_records = config.checkpoint.every_records
-        self.every_seconds = config.checkpoint.every_seconds
-        self.snapshot_every = config.snapshots.every_records
-        self.since_checkpoint = self.since_snapshot = 0
-        self.last = time.monotonic()
-
-    def add(self, records: int) -> None:
-        self.since_checkpoint += records
-        self.since_snapshot += records
-
-    @property
-    def snapshot_due(self) -> bool:
-        return self.since_snapshot >= self.snapshot_every
-
-    def checkpoint_due(self, idle: bool = False) -> bool:
-        """After a batch: a snapshot or a checkpoint is due. While idle: only time, and only if
-        something was learned since the last checkpoint."""
-        late = time.monotonic() - self.last >= self.every_seconds
-        if idle:
-            return self.since_checkpoint > 0 and late
-        return self.snapshot_due or self.since_checkpoint >= self.every_records or late
-
-    def checkpointed(self, snapshot: bool) -> None:
-        self.since_checkpoint, self.last = 0, time.monotonic()
-        if snapshot:
-            self.since_snapshot = 0
-
-
-class _Pacer:
-    """Limit consumption to ``rate`` records per second (None: unlimited), in ~50 ms steps, so
-    that a paced run still learns in batches of ``rate/20`` records rather than one at a time."""
-
-    STEP_S = 0.05
-
-    def __init__(self, rate: float | None) -> None:
-        self.rate = rate
-        self._t0 = time.monotonic()
-        self._done = 0
-
-    @property
-    def step(self) -> int:
-        """Records per step (paced runs only)."""
-        return max(1, int((self.rate or 0.0) * self.STEP_S))
-
-    def _budget(self, rate: float) -> float:
-        return rate * (time.monotonic() - self._t0) - self._done
-
-    def allowance(self, maximum: int) -> int:
-        """Records that may be read now (0: wait first). Time spent idle (waiting for a consumer
-        group assignment, an empty topic) is not saved up for a later burst beyond one step."""
-        if self.rate is None:
-            return maximum
-        step = min(maximum, max(1, int(self.rate * self.STEP_S)))
-        if self._budget(self.rate) > 2 * step:
-            self._done = int(self.rate * (time.monotonic() - self._t0)) - step
-        budget = int(self._budget(self.rate))
-        return min(maximum, budget) if budget >= step else 0
-
-    def consumed(self, records: int) -> None:
-        self._done += records
-
-    def wait(self, timeout_s: float) -> None:
-        """Sleep until the next step is allowed (at most ``timeout_s``)."""
-        if self.rate is not None:
-            step = max(1.0, self.rate * self.STEP_S)
-            time.sleep(min(timeout_s, max(0.001, (step - self._budget(self.rate)) / self.rate)))
