@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -173,7 +174,8 @@ class Iterate:
         return cls(theta0, theta0.copy(), theta0.copy(), 1, batch)
 
 
-RESTARTS = ("gradient", "none")
+Restart = Literal["gradient", "none"]
+RESTARTS: tuple[Restart, ...] = ("gradient", "none")
 """The ``restart`` choices of the AC-SA learners (see :func:`step`)."""
 
 
@@ -323,7 +325,8 @@ def effective_gradient_bound(loss: Loss, feature_bound: float, radius: float, gr
     return lipschitz if gradient_bound is None else min(lipschitz, gradient_bound)
 
 
-SMOOTHING = ("auto", "moreau", "none")
+Smoothing = Literal["auto", "moreau", "none"]
+SMOOTHING: tuple[Smoothing, ...] = ("auto", "moreau", "none")
 """The ``smoothing`` choices of the AC-SA learners."""
 
 

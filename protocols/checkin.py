@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -83,10 +83,14 @@ from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
 
-UPDATES = ("single", "averaged")
-WINDOWS = ("sliding", "fixed")
-TIMES = ("position", "timestamp")
-RANDOMIZERS = ("l2", "gaussian")
+Update = Literal["single", "averaged"]
+UPDATES: tuple[Update, ...] = ("single", "averaged")
+Window = Literal["sliding", "fixed"]
+WINDOWS: tuple[Window, ...] = ("sliding", "fixed")
+Clock = Literal["position", "timestamp"]
+TIMES: tuple[Clock, ...] = ("position", "timestamp")
+RandomizerName = Literal["l2", "gaussian"]
+RANDOMIZERS: tuple[RandomizerName, ...] = ("l2", "gaussian")
 NO_CANDIDATE = 1.0
 """Key of a slot with no candidate (drawn keys lie in [0, 1))."""
 
@@ -240,14 +244,14 @@ class RandomCheckinSGD(MessageSGDLearner):
         loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
-        update: str = "single",
-        window: str = "sliding",
+        update: Update = "single",
+        window: Window = "sliding",
         slots: int = 1000,
         checkin_probability: float = 1.0,
-        time: str = "position",
+        time: Clock = "position",
         slot_length: float = 1,
         origin: float = 0.0,
-        randomizer: str = "l2",
+        randomizer: RandomizerName = "l2",
         clip: float | None = None,
         radius: float = 1.0,
         feature_bound: float = 1.0,

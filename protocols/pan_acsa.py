@@ -55,7 +55,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -70,7 +70,9 @@ from protocols.acsa import (
     RESTARTS,
     Iterate,
     Problem,
+    Restart,
     RunPlan,
+    Smoothing,
     Tuning,
     effective_gradient_bound,
     plan_runs,
@@ -94,6 +96,11 @@ SENSITIVITY_SLACK = 1e-9
 """Relative margin added to the sensitivity 2L/b when calibrating ζ. Clipping a gradient to norm L
 and scaling a unit-sensitivity σ are exact only up to rounding (a few ulps); this margin, far
 larger than any rounding and far too small to matter for utility, keeps the calibration a bound."""
+
+GaussianCalibration = Literal["analytic", "classic"]
+GAUSSIAN_CALIBRATIONS: tuple[GaussianCalibration, ...] = ("analytic", "classic")
+"""How each batch draw is calibrated: the analytic Gaussian (Balle & Wang 2018, Thm 8) or the
+classic σ = √(2 ln(1.25/δ))·Δ/ε (needs ε < 1; Cheu et al. 2022, Lemma C.5)."""
 
 _OWNER = "PanPrivateACSA"
 _ARRAYS = ("theta", "theta_ag", "theta_md", "grad")
@@ -200,16 +207,16 @@ class PanPrivateACSA(Learner):
         radius: float = 1.0,
         feature_bound: float = 1.0,
         strong_convexity: float = 0.0,
-        smoothing: str = "auto",
-        calibration: str = "analytic",
+        smoothing: Smoothing = "auto",
+        calibration: GaussianCalibration = "analytic",
         gradient_bound: float | None = None,
-        restart: str = "gradient",
-        noise: str = "gaussian",
+        restart: Restart = "gradient",
+        noise: secure_noise.Noise = "gaussian",
         rng: RngLike = None,
     ) -> None:
         self.dim = check.positive_int(_OWNER, "dim", dim)
         self.loss = as_loss(loss, _OWNER)
-        self.calibration = check.choice(_OWNER, "calibration", calibration, ("analytic", "classic"))
+        self.calibration = check.choice(_OWNER, "calibration", calibration, GAUSSIAN_CALIBRATIONS)
         self.delta = check.open_unit(_OWNER, "delta", delta)
         if self.calibration == "classic":
             self.epsilon = check.open_unit(_OWNER, "epsilon", epsilon)  # Cheu et al. 2022 Lemma C.5: ε < 1

@@ -45,7 +45,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -80,7 +80,8 @@ from protocols.scratch import BLOCK_ROWS, Scratch
 
 Array = NDArray[np.float64]
 
-NOISES = ("gaussian", "laplace")
+Noise = Literal["gaussian", "laplace"]
+NOISES: tuple[Noise, ...] = ("gaussian", "laplace")
 
 DELTA_ROUNDING = 1e-9
 """Relative margin added to every reported δ. θ_γ is evaluated to about 1e-13 relative and products
@@ -111,7 +112,7 @@ class _PNSGD(Learner):
         epsilon: float,
         eta: float,
         radius: float,
-        noise: str,
+        noise: Noise,
         feature_bound: float,
         C1: float,
         C2: float,
@@ -382,7 +383,7 @@ class OnlinePNSGD(_PNSGD):
         epsilon: float,
         eta: float,
         radius: float,
-        noise: str = "gaussian",
+        noise: Noise = "gaussian",
         alpha: float = 1.5,
         C1: float = 100.0,
         C2: float = 100.0,
@@ -573,7 +574,7 @@ class ShuffledPNSGD(_PNSGD, RecordedLearner):
         eta: float,
         radius: float,
         n: int,
-        noise: str = "gaussian",
+        noise: Noise = "gaussian",
         C1: float = 1e5,
         C2: float = 100.0,
         feature_bound: float = 1.0,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -51,7 +52,8 @@ and a batch sum within int64 for batches of up to 2^40 records."""
 SENSITIVITY_UNITS = 2 ** (GRID_BITS + 1)
 """Δ: the ℓ2 sensitivity, in grid units, of a batch sum under replacement of one record."""
 
-NOISES = ("gaussian", "secure")
+Noise = Literal["gaussian", "secure"]
+NOISES: tuple[Noise, ...] = ("gaussian", "secure")
 """The ``noise`` options: float64 Gaussian (numpy) or the exact discrete Gaussian on a grid."""
 
 

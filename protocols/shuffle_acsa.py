@@ -49,13 +49,13 @@ from numpy.typing import NDArray
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import scratch
 from protocols import validation as check
-from protocols.acsa import Iterate, Problem, RunPlan, plan_runs, step, uses_moreau
+from protocols.acsa import Iterate, Problem, RunPlan, Smoothing, plan_runs, step, uses_moreau
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
-from protocols.shuffle_base import EncodedLearner, max_guarantee, pvec_noise_lines, read_round
+from protocols.shuffle_base import Calibration, EncodedLearner, max_guarantee, pvec_noise_lines, read_round
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -129,8 +129,8 @@ class ShuffleACSA(EncodedLearner):
         radius: float = 1.0,
         feature_bound: float = 1.0,
         strong_convexity: float = 0.0,
-        smoothing: str = "auto",
-        calibration: str = "tight",
+        smoothing: Smoothing = "auto",
+        calibration: Calibration = "tight",
         honest_fraction: float = 1.0,
         rng: RngLike = None,
     ) -> None:

@@ -43,7 +43,7 @@ import bisect
 import functools
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -65,7 +65,8 @@ from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
 
-CALIBRATIONS = ("tight", "paper")
+Calibration = Literal["tight", "paper"]
+CALIBRATIONS: tuple[Calibration, ...] = ("tight", "paper")
 
 NORM_SLACK = 1e-9
 """Relative margin between the clip norm L and the ℓ₂ bound Δ₂ = L(1 + slack) declared to PVEC:
@@ -198,7 +199,7 @@ class EncodedLearner(Learner):
         delta: float,
         radius: float,
         feature_bound: float,
-        calibration: str,
+        calibration: Calibration,
         honest_fraction: float,
         rng: RngLike,
     ) -> None:
@@ -231,7 +232,7 @@ class EncodedLearner(Learner):
                 epsilon,
                 delta,
                 self._lipschitz * (1.0 + NORM_SLACK),
-                calibration=self.calibration,  # type: ignore[arg-type]
+                calibration=self.calibration,
                 honest_fraction=self.honest_fraction,
             )
         except (InvalidInputError, InvalidParameterError) as exc:

@@ -59,7 +59,7 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -92,8 +92,10 @@ SLACKS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 
 is kept. (A scan over Δ = 0, 0.05, …, 1 for N ∈ [50, 10⁴], γ ∈ [0.01, 0.9], σ_004 ∈ [0.5, 4] found
 the best Δ of an order anywhere in [0.1, 1]; this grid covers that range in steps of 0.1.)"""
 
-PARTICIPATION = ("all", "subsampled", "checkin")
-ACCOUNTING = ("shuffle", "local")
+Participation = Literal["all", "subsampled", "checkin"]
+PARTICIPATION: tuple[Participation, ...] = ("all", "subsampled", "checkin")
+Accounting = Literal["shuffle", "local"]
+ACCOUNTING: tuple[Accounting, ...] = ("shuffle", "local")
 MAX_PLANNED_BATCH = 2**16
 """Largest batch :func:`plan_batch_size` considers."""
 
@@ -247,13 +249,13 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         epsilon: float,
         delta: float,
         batch_size: int | None = None,
-        participation: str = "all",
+        participation: Participation = "all",
         window: int | None = None,
         checkin_rate: float | None = None,
         clip: float | None = None,
         radius: float = 1.0,
         feature_bound: float = 1.0,
-        accounting: str = "shuffle",
+        accounting: Accounting = "shuffle",
         horizon: int | None = None,
         rng: RngLike = None,
     ) -> None:

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -63,7 +63,7 @@ from accounting.composition import advanced
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import scratch
 from protocols import validation as check
-from protocols.acsa import uses_moreau
+from protocols.acsa import Smoothing, uses_moreau
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
@@ -71,11 +71,12 @@ from protocols.losses import Loss
 from protocols.randomness import RngLike
 from protocols.recorded import Fetch, RecordedLearner
 from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_base import EncodedLearner, pvec_noise_lines, read_round
+from protocols.shuffle_base import Calibration, EncodedLearner, pvec_noise_lines, read_round
 
 Array = NDArray[np.float64]
 
-BUDGETS = ("lemma-b6", "solved")
+Budget = Literal["lemma-b6", "solved"]
+BUDGETS: tuple[Budget, ...] = ("lemma-b6", "solved")
 
 ROUND_MARGIN = 1e-9
 """Relative amount by which each per-round ledger increment is rounded up (module docstring): the
@@ -195,11 +196,11 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         delta: float,
         n: int,
         rounds: int | None = None,
-        budget: str = "lemma-b6",
+        budget: Budget = "lemma-b6",
         radius: float = 1.0,
         feature_bound: float = 1.0,
-        smoothing: str = "auto",
-        calibration: str = "tight",
+        smoothing: Smoothing = "auto",
+        calibration: Calibration = "tight",
         honest_fraction: float = 1.0,
         rng: RngLike = None,
     ) -> None:

@@ -49,7 +49,7 @@ from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
 from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_base import EncodedLearner, max_guarantee, pvec_noise_lines, read_round
+from protocols.shuffle_base import Calibration, EncodedLearner, max_guarantee, pvec_noise_lines, read_round
 
 Array = NDArray[np.float64]
 
@@ -134,7 +134,7 @@ class ShuffleSGD(EncodedLearner):
         batch_size: int | None = None,
         radius: float = 1.0,
         feature_bound: float = 1.0,
-        calibration: str = "tight",
+        calibration: Calibration = "tight",
         honest_fraction: float = 1.0,
         horizon: int | None = None,
         rng: RngLike = None,

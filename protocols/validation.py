@@ -18,6 +18,10 @@ from protocols.errors import InvalidInputError
 T = TypeVar("T")
 
 
+Choice = TypeVar("Choice", bound=str)
+"""A mode's ``Literal`` type: :func:`choice` returns the value typed as one of its options."""
+
+
 def _protocol_error(check: Callable[..., T], *args: object) -> T:
     try:
         return check(*args)
@@ -57,8 +61,9 @@ def boolean(owner: str, name: str, value: object) -> bool:
     return value
 
 
-def choice(owner: str, name: str, value: object, options: Collection[str]) -> str:
-    """One of the strings in ``options``."""
-    if not (isinstance(value, str) and value in options):
-        raise InvalidInputError(message(owner, name, f"one of {sorted(options)}", value))
-    return value
+def choice(owner: str, name: str, value: object, options: Collection[Choice]) -> Choice:
+    """One of the strings in ``options`` (typed as the options' ``Literal`` type)."""
+    for option in options:
+        if value == option and isinstance(value, str):
+            return option
+    raise InvalidInputError(message(owner, name, f"one of {sorted(options)}", value))
