@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import math
+import shlex
 import sqlite3
 import sys
 import time
@@ -148,7 +149,7 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
         out(f"  metrics         were served at {endpoint} while the run lasted")
     out(f"  inspect         panpriv inspect {config.out}")
     if result.outcome == "stopped":
-        out(f"  resume          panpriv run {' '.join(_resume_args(args, config))}")
+        out(f"  resume          panpriv run {shlex.join(_resume_args(args, config))}")
 
 
 def _state_dir(config: Any) -> Path:
@@ -161,6 +162,12 @@ def _display(url: str) -> str:
     from streamer.sources import display_name
 
     return display_name(url)
+
+
+def _after_command(argv: list[str]) -> list[str]:
+    """The arguments after the subcommand (the global flags before it take no values)."""
+    first = next((i for i, token in enumerate(argv) if not token.startswith("-")), len(argv))
+    return argv[first + 1 :]
 
 
 def _resume_args(args: argparse.Namespace, config: Any) -> list[str]:
@@ -310,9 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"panpriv {_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # The global flags are accepted after the subcommand too (`panpriv run -q`); SUPPRESS keeps a
+    # subcommand from resetting a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="log warnings and errors only")
 
     run = commands.add_parser(
         "run",
+        parents=[common],
         help="run the service (default: replay UCI Adult through pan-private AC-SA)",
         description=(
             "Consume records, learn with only noisy state, checkpoint, and emit snapshots with their "
@@ -344,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     record = commands.add_parser(
         "record",
+        parents=[common],
         help="copy a Kafka topic to a replayable file (offsets and timestamps kept)",
         description="Read every partition of the topic(s) from its first to its current last offset and write a recording for `panpriv run --source file:PATH`.",
     )
@@ -354,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     privacy = commands.add_parser(
         "privacy",
+        parents=[common],
         help="what-if calculator: target -> noise, or noise -> guarantee",
         description=(
             "Target -> noise: the learner's planned batches, the standard deviation of each noise draw, and "
@@ -373,12 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from streamer import produce as load
 
-    produce = commands.add_parser("produce", help=load.HELP, description=load.DESCRIPTION)
+    produce = commands.add_parser("produce", parents=[common], help=load.HELP, description=load.DESCRIPTION)
     load.add_produce_arguments(produce)
     produce.set_defaults(handler=load.run_produce)
 
     inspect = commands.add_parser(
         "inspect",
+        parents=[common],
         help="summarise a checkpoint, a snapshots file, or an output directory",
         description="Summarise a checkpoint manifest, a snapshots JSONL file, or a --out directory holding both.",
     )
@@ -387,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     predict = commands.add_parser(
         "predict",
+        parents=[common],
         help="score records with a released snapshot (same clipping as training; no privacy cost)",
         description=(
             "Load a snapshot from a snapshots JSONL file (the last one, or --sequence N) and write one JSON line per "
@@ -403,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     budget = commands.add_parser(
         "budget",
+        parents=[common],
         help="what every run spent, per data source (the budget store)",
         description=(
             "List every data source in the budget store (Kafka cluster/topic/partition, a file's content hash), "
@@ -424,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    args.argv = argv[1:] if argv and argv[0] == "run" else []
+    args.argv = _after_command(argv) if args.command == "run" else []
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

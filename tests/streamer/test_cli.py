@@ -3,14 +3,17 @@ the embedded default run (what `make run` executes)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import shlex
+import types
 
 import numpy as np
 import pytest
 
 from accounting.gaussian import analytic_epsilon, analytic_sigma
-from streamer.cli import main
+from streamer.cli import _after_command, _resume_args, build_parser, main
 from streamer.config import load_config
 from streamer.datasets import adult
 from streamer.learners import build_learner
@@ -126,3 +129,22 @@ def test_embedded_default_run_and_inspect(tmp_path, capsys) -> None:
     np.testing.assert_array_equal([line["prediction"] for line in lines], labels)
     np.testing.assert_allclose([line["probability"] for line in lines], served.predict_proba_many(X_test), rtol=1e-15)
     np.testing.assert_array_equal(served.to_sklearn().predict(X_test), labels)  # every Adult row is inside the bound
+
+
+def test_global_flags_work_before_and_after_the_subcommand() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["run", "-q"]).quiet is True
+    assert parser.parse_args(["-q", "run"]).quiet is True
+    assert parser.parse_args(["run"]).quiet is False
+    assert parser.parse_args(["inspect", "x", "--quiet"]).quiet is True
+
+
+def test_the_resume_hint_is_one_shell_command_whatever_the_arguments_hold(tmp_path) -> None:
+    """`&`, `?` and spaces in a URL or path survive a copy-paste of the hint into a shell; the
+    arguments are those after the subcommand even when a global flag came first."""
+    argv = ["-q", "run", "--source", "synthetic:n=10&dim=3&seed=1", "--dim", "3"]
+    args = argparse.Namespace(argv=_after_command(argv))
+    hint = "panpriv run " + shlex.join(_resume_args(args, types.SimpleNamespace(out=tmp_path / "a b?")))
+    assert shlex.split(hint) == [
+        "panpriv", "run", "--source", "synthetic:n=10&dim=3&seed=1", "--dim", "3", "--out", str(tmp_path / "a b?"),
+    ]
