@@ -197,6 +197,9 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
     if args.noise_multiplier is not None:
         epsilon = noise_to_epsilon(args.noise_multiplier, args.delta)
+        if args.json:
+            print(json.dumps({"noise_multiplier": args.noise_multiplier, "epsilon": epsilon, "delta": args.delta}))
+            return EXIT_OK
         print(
             f"A Gaussian draw with standard deviation {args.noise_multiplier:g} x its l2 sensitivity is "
             f"(epsilon = {epsilon:.6g}, delta = {args.delta:g})-DP (Balle & Wang 2018, Thm 8)."
@@ -219,6 +222,12 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     }
     config = load_config(None, overrides)
     answer = target_to_noise(config, args.n)
+    if args.json:
+        print(json.dumps({
+            "learner": args.learner, "n": args.n, "dim": args.dim, "feature_bound": args.feature_bound,
+            "noise": list(answer.lines), "privacy": answer.report.to_dict(),
+        }))
+        return EXIT_OK
     print(f"{args.learner} on n = {args.n:,} records of dimension {args.dim}, features clipped to norm {args.feature_bound:g}:")
     for line in answer.lines:
         print("  " + line)
@@ -383,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     privacy.add_argument("--feature-bound", type=_positive_float, default=math.sqrt(14), help="l2 bound on features (default: the Adult encoding's sqrt(14))")
     privacy.add_argument("--options", help='learner options as JSON, e.g. \'{"radius": 16}\'')
     privacy.add_argument("--noise-multiplier", type=_positive_float, help="noise -> guarantee for this sigma/sensitivity")
+    privacy.add_argument("--json", action="store_true", help="one JSON object (noise lines and the privacy report) instead of text")
     privacy.set_defaults(handler=cmd_privacy)
 
     from streamer import produce as load

@@ -148,3 +148,14 @@ def test_the_resume_hint_is_one_shell_command_whatever_the_arguments_hold(tmp_pa
     assert shlex.split(hint) == [
         "panpriv", "run", "--source", "synthetic:n=10&dim=3&seed=1", "--dim", "3", "--out", str(tmp_path / "a b?"),
     ]
+
+
+def test_privacy_json_is_the_text_answer_as_data(capsys) -> None:
+    assert main(["privacy", "--n", "5000", "--dim", "3", "--feature-bound", "1", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["learner"] == "pan-acsa" and answer["n"] == 5000
+    assert answer["privacy"]["output"] == {"epsilon": 1.0, "delta": 1e-06}
+    assert answer["noise"][0].startswith("records per run: 5,000; batches T = ")
+    assert main(["privacy", "--noise-multiplier", "2", "--delta", "1e-5", "--json"]) == 0
+    gaussian = json.loads(capsys.readouterr().out)
+    assert gaussian["epsilon"] == pytest.approx(analytic_epsilon(2.0, 1e-5, 1.0))
