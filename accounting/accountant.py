@@ -12,10 +12,14 @@ adaptive composition, with the tightest of the valid bounds it knows:
   compose by the better of basic composition (Σεⱼ, Σδⱼ) (Dwork & Roth 2014, Thm 3.16) and
   heterogeneous advanced composition with slack γ (Σ εⱼ(e^{εⱼ} − 1) + √(2 ln(1/γ) Σ εⱼ²),
   Σδⱼ + γ) (Kairouz, Oh & Viswanath 2015; Cheu et al. 2022, Lemma 3.3).
-- Both kinds together: the Gaussian part's (ε_G, δ_G) and the other part's (ε_A, δ_A) compose
-  to (ε_G + ε_A, δ_G + δ_A) (basic composition of two adaptive mechanisms); the split of δ (or
-  of ε) between them is searched on a grid, and every grid point is itself a valid bound, so
-  the minimum is too.
+- Both kinds together, in any interleaving: the Gaussian part's (ε_G, δ_G) and the other part's
+  (ε_A, δ_A) compose to (ε_G + ε_A, δ_G + δ_A). Why interleaving is allowed: in f-DP the adaptive
+  composition of all the events is the tensor product of their trade-off functions, which is
+  commutative and monotone (Dong, Roth & Su 2022, Thm 3.2 and Prop. D.1), so the Gaussian factors
+  can be grouped (exactly G_μ, bounded below by f_{ε_G, δ_G}) and the others bounded below by the
+  trade-off function of their advanced- or basic-composition pair; two (ε, δ) trade-off functions
+  compose within basic composition. The split of δ (or of ε) between the parts is searched on a
+  grid; every grid point is itself a valid bound, so the minimum is too.
 
 :meth:`Accountant.to_dp_events` exports the events as ``dp_accounting`` DpEvents (the optional
 ``dp-accounting`` package) so a user can cross-check with an independent accountant; an
