@@ -15,7 +15,7 @@ adaptive composition, with the tightest of the valid bounds it knows:
 - Both kinds together, in any interleaving: the Gaussian part's (ε_G, δ_G) and the other part's
   (ε_A, δ_A) compose to (ε_G + ε_A, δ_G + δ_A). Why interleaving is allowed: in f-DP the adaptive
   composition of all the events is the tensor product of their trade-off functions, which is
-  commutative and monotone (Dong, Roth & Su 2022, Thm 3.2 and Prop. D.1), so the Gaussian factors
+  commutative and monotone in each factor (Dong, Roth & Su 2022, Thm 3.2 and §3), so the Gaussian factors
   can be grouped (exactly G_μ, bounded below by f_{ε_G, δ_G}) and the others bounded below by the
   trade-off function of their advanced- or basic-composition pair; two (ε, δ) trade-off functions
   compose within basic composition. The split of δ (or of ε) between the parts is searched on a
