@@ -233,11 +233,10 @@ class Learner(abc.ABC):
         """:meth:`predict_many` for one record."""
         return float(self.predict_many(np.asarray(x, dtype=np.float64).reshape(1, -1))[0])
 
+    @abc.abstractmethod
     def describe_noise(self) -> tuple[str, ...]:
         """Lines for ``panpriv privacy`` describing the noise this configuration adds (batches,
-        standard deviations, clipping), computed from the public configuration only; empty for a
-        learner whose report's assumptions already say all there is."""
-        return ()
+        standard deviations, clipping), computed from the public configuration only."""
 
     def _features(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
         X_arr, _ = check_batch(type(self).__name__, X, None, self.dim)

@@ -167,6 +167,12 @@ class _PNSGD(Learner):
         slack = 1.0 + SENSITIVITY_SLACK
         return (self._lipschitz * slack, self.eta, self._ball.diameter * slack, self._beta, self._rho)
 
+    def _noise_to_radius(self, level: float) -> float:
+        """η·(rms norm of one step's noise vector)/radius: the noise's size against the domain's
+        (a Laplace coordinate of scale v has standard deviation √2·v)."""
+        std = level if self.noise == "gaussian" else math.sqrt(2.0) * level
+        return self.eta * std * math.sqrt(self.loss.param_dim(self.dim)) / self.radius
+
     def _step_delta(self, scale: float) -> float:
         """A = δ(ε) of one step with noise level ``scale`` (Sordello et al. 2021, Eq. (3) or (4)), unrounded."""
         single = pnsgd_delta if self.noise == "gaussian" else pnsgd_laplace_delta
@@ -410,6 +416,18 @@ class OnlinePNSGD(_PNSGD):
             scale = math.nextafter(scale, math.inf)
         return scale
 
+    def describe_noise(self) -> tuple[str, ...]:
+        """The decaying noise level at a few steps, next to the domain's radius (Sordello et al. 2021, Thms 6-7)."""
+        kind = "standard deviation" if self.noise == "gaussian" else "Laplace scale"
+        steps = (1, 100, 10_000, 1_000_000)
+        levels = [float(self.noise_scales(t, 1)[0]) for t in steps]
+        return (
+            f"every step: the gradient clipped to L = {self._lipschitz:.6g}, a step of size eta = {self.eta:g}, "
+            f"{self.noise} noise, projection onto the ball of radius {self.radius:g}",
+            f"noise {kind} per coordinate at step " + ", ".join(f"{t:,}: {v:.4g}" for t, v in zip(steps, levels)),
+            f"  one step's noise vector (rms norm eta * std * sqrt(p)) is {self._noise_to_radius(levels[0]):.3g} x the radius at step 1",
+        )
+
     def noise_scales(self, first: int, count: int) -> Array:
         """Noise levels of steps ``first … first + count − 1`` (1-based): σ_j (Gaussian) or v_j
         (Laplace) of Sordello et al. 2021, Thm 7 / Thm 6, floored at the pan level if ``pan_delta`` is set."""
@@ -588,6 +606,16 @@ class ShuffledPNSGD(_PNSGD, RecordedLearner):
         )
         self._order: NDArray[np.integer] | None = None
         self._window_delta = 0.0  # Σ over closed windows of (g/n)·δ_Thm2(g)
+
+    def describe_noise(self) -> tuple[str, ...]:
+        """The fixed noise level of every step of the pass (Sordello et al. 2021, Thm 5 / Thm 4)."""
+        kind = "standard deviation" if self.noise == "gaussian" else "Laplace scale"
+        return (
+            f"{self.n:,} steps, each: the gradient clipped to L = {self._lipschitz:.6g}, a step of size eta = {self.eta:g}, "
+            f"{self.noise} noise, projection onto the ball of radius {self.radius:g}",
+            f"noise {kind} per coordinate at every step: {self._scale:.4g}; one step's noise vector "
+            f"(rms norm eta * std * sqrt(p)) is {self._noise_to_radius(self._scale):.3g} x the radius",
+        )
 
     @property
     def noise_scale(self) -> float:

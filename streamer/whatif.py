@@ -35,8 +35,7 @@ class WhatIf:
 def target_to_noise(config: ServiceConfig, n: int) -> WhatIf:
     """The would-be learner's report and noise (:meth:`protocols.base.Learner.describe_noise`)."""
     learner = build_learner(config, n)
-    lines = learner.describe_noise() or ("(this learner describes its noise in the guarantee's assumptions below)",)
-    return WhatIf(learner.privacy(), tuple(lines))
+    return WhatIf(learner.privacy(), learner.describe_noise())
 
 
 def noise_to_epsilon(noise_multiplier: float, delta: float) -> float:

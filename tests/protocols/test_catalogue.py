@@ -101,3 +101,9 @@ def test_probabilities_only_for_the_logistic_loss() -> None:
     hinge = cls(dim=3, loss="hinge", epsilon=1.0, delta=1e-5, horizon=40, rng=0)
     with pytest.raises(InvalidInputError, match="the hinge loss gives no probabilities"):
         hinge.predict_proba_many(X)
+
+
+@pytest.mark.parametrize(("name", "index", "params"), CASES, ids=[f"{n}-{i}" for n, i, _ in CASES])
+def test_every_learner_describes_its_noise(name: str, index: int, params: dict) -> None:
+    lines = load_learner(name)(**params, rng=0).describe_noise()
+    assert lines and all(isinstance(line, str) and line for line in lines)
