@@ -2,8 +2,9 @@
 
 This is the one list of learner names. The service's choices (:data:`streamer.config.LEARNER_NAMES`),
 its registry (:mod:`streamer.learners`) and the conformance test every learner must pass
-(``tests/protocols/test_conformance.py``) all derive from it. Adding a learner means writing its
-module, adding one line here, and giving its tests' parameters to the conformance test.
+(``tests/protocols/test_catalogue.py``) all derive from it. Adding a learner means writing its
+module (with ``unit_test_params()``: the parameters the conformance test builds it with), adding
+one line here, and writing its own tests.
 
 Entries are ``"module:Class"`` strings, not classes, so that listing the names (``panpriv --help``)
 imports no learner module (start-up stays fast; each module pulls in its own accounting).

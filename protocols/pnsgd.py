@@ -45,6 +45,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -89,6 +90,29 @@ of many factors add rounding; the margin keeps the printed δ an upper bound (it
 difference that matters)."""
 
 _COMMON_ARRAYS = ("theta", "released")
+
+
+@dataclass(frozen=True)
+class IterationModel:
+    """The constants amplification by iteration is accounted with (Sordello et al. 2021, Thm 1).
+
+    ``lipschitz`` (L) bounds a clipped data gradient, so one record moves a step by at most 2L;
+    ``eta`` is the step size; ``diameter`` is D of the domain K (its width for the one-parameter
+    Laplace case); the loss is ``beta``-smooth and ``rho``-strongly convex, so each gradient step
+    is M-Lipschitz (:func:`accounting.iteration.contraction`). A learner's
+    ``iteration_model`` gives the values its accounting uses.
+    """
+
+    lipschitz: float
+    eta: float
+    diameter: float
+    beta: float
+    rho: float
+
+    def arguments(self) -> tuple[float, float, float, float, float]:
+        """(L, η, D, β, ρ), the trailing positional arguments of the :mod:`accounting.iteration`
+        δ functions (``pnsgd_delta``, ``shuffled_pnsgd_delta`` and their Laplace forms)."""
+        return (self.lipschitz, self.eta, self.diameter, self.beta, self.rho)
 
 
 def _rounded_up(delta: float) -> float:
@@ -160,12 +184,13 @@ class _PNSGD(Learner):
         except InvalidParameterError as error:
             raise InvalidInputError(check.message(self._owner, error.name, error.constraint, error.value)) from None
 
-    def _model(self) -> tuple[float, float, float, float, float]:
-        """(L, η, D, β, ρ) as the accountants take them, with L and D inflated by
+    @property
+    def iteration_model(self) -> IterationModel:
+        """The accounted constants, with L and D inflated by
         :data:`protocols.pan_acsa.SENSITIVITY_SLACK`: clipping to L and projecting onto the ball are
         exact only up to rounding, and θ increases in both."""
         slack = 1.0 + SENSITIVITY_SLACK
-        return (self._lipschitz * slack, self.eta, self._ball.diameter * slack, self._beta, self._rho)
+        return IterationModel(self._lipschitz * slack, self.eta, self._ball.diameter * slack, self._beta, self._rho)
 
     def _noise_to_radius(self, level: float) -> float:
         """η·(rms norm of one step's noise vector)/radius: the noise's size against the domain's
@@ -176,7 +201,7 @@ class _PNSGD(Learner):
     def _step_delta(self, scale: float) -> float:
         """A = δ(ε) of one step with noise level ``scale`` (Sordello et al. 2021, Eq. (3) or (4)), unrounded."""
         single = pnsgd_delta if self.noise == "gaussian" else pnsgd_laplace_delta
-        return self._accounting_call(single, self.epsilon, [scale], 1, *self._model())
+        return self._accounting_call(single, self.epsilon, [scale], 1, *self.iteration_model.arguments())
 
     # -- learning ------------------------------------------------------------------------------
 
@@ -251,15 +276,15 @@ class _PNSGD(Learner):
     def records_seen(self) -> int:
         return self._records
 
-    def _report(self, output: float, intrusion: float, assumptions: list[str], references: list[str]) -> PrivacyReport:
-        """The PrivacyReport with rounded-up δ's; no intrusion guarantee in the seeded mode."""
-        return self._privacy_report(
-            Guarantee(self.epsilon, _rounded_up(output)),
-            Guarantee(self.epsilon, _rounded_up(intrusion)),
-            assumptions,
-            references,
-            seeded=self._noise.is_seeded,
-        )
+    def _report(
+        self, output: Guarantee, intrusion: Guarantee, assumptions: list[str], references: list[str]
+    ) -> PrivacyReport:
+        """The PrivacyReport; no intrusion guarantee in the seeded mode."""
+        return self._privacy_report(output, intrusion, assumptions, references, seeded=self._noise.is_seeded)
+
+    def _guarantee(self, delta: float) -> Guarantee:
+        """(ε, δ) with δ rounded up by :data:`DELTA_ROUNDING`."""
+        return Guarantee(self.epsilon, _rounded_up(delta))
 
     def _common_assumptions(self) -> list[str]:
         m = self._contraction
@@ -407,7 +432,7 @@ class OnlinePNSGD(_PNSGD):
         """Smallest noise level whose single step is (ε, δ_pan (1 − 2·DELTA_ROUNDING))-DP, so that
         the reported (rounded-up) A stays ≤ δ_pan."""
         target = pan_delta * (1.0 - 2.0 * DELTA_ROUNDING)
-        sensitivity = 2.0 * self._model()[0]
+        sensitivity = 2.0 * self.iteration_model.lipschitz
         if self.noise == "gaussian":
             return self._accounting_call(analytic_sigma, self.epsilon, target, sensitivity)
         # Laplace (Sordello et al. 2021, Eq. (4)): A = (1 − e^{(ε − 2L/v)/2})_+ = target  ⇔  v = 2L/(ε − 2 log(1 − target)).
@@ -487,7 +512,7 @@ class OnlinePNSGD(_PNSGD):
         references = ["Sordello et al. 2021, Thm 1", f"Sordello et al. 2021, {theorem}", "Sordello et al. 2021, Sec. 5", "Asoodeh et al. 2020, Thms 3-4", "Cheu et al. 2022, Def. C.2"]
         if self.pan_delta is not None and self.noise == "gaussian":
             references.append("Balle & Wang 2018, Thm 8")
-        return self._report(output, intrusion, assumptions, references)
+        return self._report(self._guarantee(output), self._guarantee(intrusion), assumptions, references)
 
     def record_delta(self, position: int, release: int | None = None) -> float:
         """δ_i = A_i ∏_{t=i+1}^{s} B_t of the record at ``position`` if its first release is the
@@ -502,7 +527,7 @@ class OnlinePNSGD(_PNSGD):
             raise InvalidInputError(check.message(self._owner, "release", f"an int >= position = {position}", release))
         scales = self.noise_scales(position, release - position + 1)
         single = pnsgd_delta if self.noise == "gaussian" else pnsgd_laplace_delta
-        return self._accounting_call(single, self.epsilon, scales, 1, *self._model())
+        return self._accounting_call(single, self.epsilon, scales, 1, *self.iteration_model.arguments())
 
     def online_limit(self, position: int) -> OnlineLimit:
         """δ^{*,o} of Sordello et al. 2021, Thm 7 (Thm 6 for Laplace) for the record at ``position``: the limit of
@@ -667,8 +692,7 @@ class ShuffledPNSGD(_PNSGD, RecordedLearner):
     def _window(self, length: int) -> float:
         """(g/n)·δ_Thm2(g) = (A/n) Σ_{k<g} B^k for a window of g steps ending at a release."""
         shuffled = shuffled_pnsgd_delta if self.noise == "gaussian" else shuffled_pnsgd_laplace_delta
-        model = self._model()
-        delta = self._accounting_call(shuffled, length, self.epsilon, self._scale, *model)
+        delta = self._accounting_call(shuffled, length, self.epsilon, self._scale, *self.iteration_model.arguments())
         return length / self.n * delta
 
     def _note_release(self) -> None:
@@ -690,7 +714,7 @@ class ShuffledPNSGD(_PNSGD, RecordedLearner):
             "the intruder also reads the permutation, so an intrusion is protected by one noisy step",
         ])
         references = ["Sordello et al. 2021, Thm 1", "Sordello et al. 2021, Thm 2", f"Sordello et al. 2021, {theorem}", "Sordello et al. 2021, App. A", "Cheu et al. 2022, Def. C.2"]
-        return self._report(self._window_delta, intrusion, assumptions, references)
+        return self._report(self._guarantee(self._window_delta), self._guarantee(intrusion), assumptions, references)
 
     # -- persistence ---------------------------------------------------------------------------
 

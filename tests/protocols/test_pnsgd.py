@@ -70,6 +70,21 @@ def test_app_g_loss_has_the_papers_constants():
     assert LOSS_APP_G.smoothness(R_APP_G) == pytest.approx(0.5, rel=1e-15)
 
 
+@pytest.mark.parametrize("learner", [app_g_online(), app_g_shuffled(100)], ids=["online", "shuffled"])
+def test_iteration_model_is_the_papers_constants_with_the_slack(learner):
+    """The public (L, eta, D, beta, rho) group is App. G's, and arguments() is the accountants' order."""
+    iteration_model = learner.iteration_model
+    expected = model(learner)
+    assert iteration_model.lipschitz == pytest.approx(expected["L"], rel=1e-15)
+    assert iteration_model.diameter == pytest.approx(expected["diameter"], rel=1e-15)
+    assert (iteration_model.eta, iteration_model.beta, iteration_model.rho) == pytest.approx(
+        (expected["eta"], expected["beta"], expected["rho"]), rel=1e-15
+    )
+    assert iteration_model.arguments() == pytest.approx(tuple(expected.values()), rel=1e-15)
+    with pytest.raises(AttributeError):
+        iteration_model.eta = 1.0  # frozen: a learner's accounted constants cannot be edited through it
+
+
 # ---------------------------------------------------------------------------------- conformance
 
 X3, Y3 = checks.make_stream(3, 40, binary=True)
