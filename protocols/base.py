@@ -17,18 +17,19 @@ import abc
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self, overload
+from typing import Any, ClassVar, Self, overload
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.special import expit
 
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols import validation as check
 from protocols.errors import InvalidInputError
-from protocols.randomness import SEEDED_WARNING
-
-if TYPE_CHECKING:
-    from protocols.losses import Loss
+from protocols.geometry import L2Ball
+from protocols.losses import Loss, as_loss
+from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from protocols.scratch import Scratch
 
 StateValue = NDArray[np.float64] | NDArray[np.int64] | int | float | str | bool
 """What a state dict may hold: noisy arrays, counters, and small labels (e.g. a phase name)."""
@@ -202,6 +203,26 @@ class Learner(abc.ABC):
     dim: int
     loss: Loss
     feature_bound: float
+    radius: float
+
+    def _setup_common(
+        self, owner: str, dim: int, loss: Loss | Mapping[str, Any] | str, radius: float, feature_bound: float, rng: RngLike
+    ) -> None:
+        """The constructor header every learner root shares: validate and store ``dim``, ``loss``
+        (a :class:`~protocols.losses.Loss`, its config dict or its name), ``radius`` and
+        ``feature_bound`` under their names (errors name ``owner``), and set up what each learner
+        holds: the parameter count ``_params`` (with the intercept), the domain ``_ball`` of that
+        radius, the ``_noise`` source (OS entropy unless ``rng`` is given: the loudly labelled
+        replay/testing mode), the wiped ``_scratch`` buffers and the ``_records`` counter."""
+        self.dim = check.positive_int(owner, "dim", dim)
+        self.loss = as_loss(loss, owner)
+        self.radius = check.positive(owner, "radius", radius)
+        self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
+        self._params = self.loss.param_dim(self.dim)
+        self._ball = L2Ball(self.radius)
+        self._noise = NoiseSource(rng)
+        self._scratch = Scratch()
+        self._records = 0
 
     @abc.abstractmethod
     def learn_many(self, X: NDArray[np.float64], y: NDArray[np.float64]) -> None:
@@ -262,8 +283,6 @@ class Learner(abc.ABC):
         convention): every parameter is read from the attribute of the same name, a loss as its
         config dict. A learner that does not store a parameter under its name fails here, loudly.
         """
-        from protocols.losses import Loss
-
         config: dict[str, Any] = {}
         for name in constructor_parameters(type(self)):
             try:

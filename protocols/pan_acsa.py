@@ -82,10 +82,9 @@ from protocols.acsa import (
 from protocols.base import Learner, StateValue, check_batch
 from protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from protocols.errors import InvalidInputError
-from protocols.geometry import L2Ball
-from protocols.losses import Loss, as_loss
-from protocols.randomness import NoiseSource, RngLike
-from protocols.scratch import BLOCK_ROWS, Scratch
+from protocols.losses import Loss
+from protocols.randomness import RngLike
+from protocols.scratch import BLOCK_ROWS
 
 Array = NDArray[np.float64]
 
@@ -214,8 +213,7 @@ class PanPrivateACSA(Learner):
         noise: secure_noise.Noise = "gaussian",
         rng: RngLike = None,
     ) -> None:
-        self.dim = check.positive_int(_OWNER, "dim", dim)
-        self.loss = as_loss(loss, _OWNER)
+        self._setup_common(_OWNER, dim, loss, radius, feature_bound, rng)
         self.calibration = check.choice(_OWNER, "calibration", calibration, GAUSSIAN_CALIBRATIONS)
         self.delta = check.open_unit(_OWNER, "delta", delta)
         if self.calibration == "classic":
@@ -225,8 +223,6 @@ class PanPrivateACSA(Learner):
         unit_sigma = _unit_sigma(self.calibration, self.epsilon, self.delta)
         self.horizon = None if horizon is None else check.positive_int(_OWNER, "horizon", horizon)
         self.batch_size = None if batch_size is None else check.positive_int(_OWNER, "batch_size", batch_size)
-        self.radius = check.positive(_OWNER, "radius", radius)
-        self.feature_bound = check.positive(_OWNER, "feature_bound", feature_bound)
         self.strong_convexity = check.nonnegative(_OWNER, "strong_convexity", strong_convexity)
         self._moreau = uses_moreau(_OWNER, self.loss, smoothing)
         self.smoothing = smoothing
@@ -234,9 +230,6 @@ class PanPrivateACSA(Learner):
         self.restart = check.choice(_OWNER, "restart", restart, RESTARTS)
         self.noise = check.choice(_OWNER, "noise", noise, secure_noise.NOISES)
 
-        self._ball = L2Ball(self.radius)
-        self._noise = NoiseSource(rng)
-        self._params = self.loss.param_dim(self.dim)
         self._lipschitz = effective_gradient_bound(self.loss, self.feature_bound, self.radius, self.gradient_bound)
         self._unit_sigma = unit_sigma * (1.0 + SENSITIVITY_SLACK)
         # -- secure noise (begin): the fixed-point grid and the discrete Gaussian of each draw
@@ -258,14 +251,12 @@ class PanPrivateACSA(Learner):
         )
         self._plans_cache: tuple[int, tuple[RunPlan, ...]] | None = None
 
-        self._records = 0
         self._epoch = 0
         self._phase = 0
         self._filled = 0
         self._iterate = Iterate.start(np.zeros(self._params))
         # The accumulator g_t; between batches it is unused (zeros) until Z_t initialises it.
         self._grad = self._zero_accumulator()
-        self._scratch = Scratch()
 
     # -- plans and noise ---------------------------------------------------------------------
 

@@ -72,12 +72,11 @@ from protocols import scratch
 from protocols import validation as check
 from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
-from protocols.geometry import L2Ball
-from protocols.losses import Loss, as_loss
+from protocols.losses import Loss
 from protocols.pan_acsa import SENSITIVITY_SLACK
-from protocols.randomness import NoiseSource, RngLike
+from protocols.randomness import RngLike
 from protocols.recorded import Fetch, RecordedLearner
-from protocols.scratch import BLOCK_ROWS, Scratch
+from protocols.scratch import BLOCK_ROWS
 
 Array = NDArray[np.float64]
 
@@ -143,13 +142,10 @@ class _PNSGD(Learner):
         rng: RngLike,
     ) -> None:
         owner = self._owner
-        self.dim = check.positive_int(owner, "dim", dim)
-        self.loss = as_loss(loss, owner)
+        self._setup_common(owner, dim, loss, radius, feature_bound, rng)
         self.epsilon = check.positive(owner, "epsilon", epsilon)
         self.eta = check.positive(owner, "eta", eta)
-        self.radius = check.positive(owner, "radius", radius)
         self.noise = check.choice(owner, "noise", noise, NOISES)
-        self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
         self.C1 = check.positive(owner, "C1", C1)
         self.C2 = check.nonnegative(owner, "C2", C2)
         if not self.loss.smooth:
@@ -157,21 +153,16 @@ class _PNSGD(Learner):
                 owner, "loss", "a smooth loss (logistic, squared or huber): amplification by iteration "
                 "needs the gradient step to be a contraction (Sordello et al. 2021, Thm 1)", self.loss.name,
             ))
-        self._params = self.loss.param_dim(self.dim)
         if self.noise == "laplace" and self._params != 1:
             raise InvalidInputError(check.message(
                 owner, "noise", f"'gaussian' for a model with {self._params} parameters: Sordello et al. 2021 proves the "
                 "Laplace case (Thm 1, Eq. (4); Thms 4, 6) only for K = [a, b], one parameter", self.noise,
             ))
-        self._ball = L2Ball(self.radius)
-        self._noise = NoiseSource(rng)
         self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
         self._beta = self.loss.smoothness(self.feature_bound) + self.loss.ridge
         self._rho = self.loss.ridge
         self._contraction = self._accounting_call(contraction, self.eta, self._beta, self._rho)
-        self._records = 0
         self._last_release = 0
-        self._scratch = Scratch()
         self._theta = np.zeros(self._params)
         self._released = np.zeros(self._params)
 

@@ -36,9 +36,8 @@ from accounting.ledger import Guarantee, PrivacyReport
 from protocols import validation as check
 from protocols.base import Learner, StateValue
 from protocols.geometry import L2Ball
-from protocols.losses import Loss, as_loss
+from protocols.losses import Loss
 from protocols.randomness import NoiseSource, RngLike
-from protocols.scratch import Scratch
 from protocols.state_io import read_array, read_float
 
 Array = NDArray[np.float64]
@@ -146,21 +145,13 @@ class MessageSGDLearner(Learner):
         up to rounding; it still makes the sensitivity hold by construction).
         """
         owner = type(self).__name__
-        self.dim = check.positive_int(owner, "dim", dim)
-        self.loss = as_loss(loss, owner)
+        self._setup_common(owner, dim, loss, radius, feature_bound, rng)
         self.epsilon = check.positive(owner, "epsilon", epsilon)
         self.delta = check.open_unit(owner, "delta", delta)
-        self.radius = check.positive(owner, "radius", radius)
-        self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
         declared = None if clip is None else check.positive(owner, "clip", clip)
         self.clip = declared
         self._clip = self.loss.lipschitz(self.feature_bound, self.radius) if declared is None else declared
-        self._params = self.loss.param_dim(self.dim)
-        self._ball = L2Ball(self.radius)
-        self._noise = NoiseSource(rng)
-        self._scratch = Scratch()  # clean per-record work buffers, wiped by learn_many
         self._sgd = AveragedSGD.start(self._params)
-        self._records = 0
 
     def _step(self, mean_message: Array, count: float) -> None:
         """One SGD step on the mean of ``count`` messages plus the exact ridge gradient, with

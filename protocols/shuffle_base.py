@@ -57,10 +57,8 @@ from protocols import validation as check
 from protocols.base import Learner, StateValue, check_batch
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
-from protocols.geometry import L2Ball
-from protocols.losses import Loss, as_loss
-from protocols.randomness import NoiseSource, RngLike
-from protocols.scratch import Scratch
+from protocols.losses import Loss
+from protocols.randomness import RngLike
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -204,22 +202,14 @@ class EncodedLearner(Learner):
         rng: RngLike,
     ) -> None:
         owner = self._owner
-        self.dim = check.positive_int(owner, "dim", dim)
-        self.loss = as_loss(loss, owner)
+        self._setup_common(owner, dim, loss, radius, feature_bound, rng)
         self.epsilon = check.positive(owner, "epsilon", epsilon)
         self.delta = check.open_unit(owner, "delta", delta)
-        self.radius = check.positive(owner, "radius", radius)
-        self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
         self.calibration = check.choice(owner, "calibration", calibration, CALIBRATIONS)
         self.honest_fraction = check.positive(owner, "honest_fraction", honest_fraction)
         if self.honest_fraction > 1.0:
             raise InvalidInputError(check.message(owner, "honest_fraction", "a float in (0, 1]", honest_fraction))
-        self._ball = L2Ball(self.radius)
-        self._noise = NoiseSource(rng)
-        self._scratch = Scratch()
-        self._params = self.loss.param_dim(self.dim)
         self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
-        self._records = 0
         self._filled = 0
         self._totals = np.zeros(self._params, dtype=np.int64)
 
