@@ -84,6 +84,7 @@ from protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
+from protocols.rounds import round_slices
 from protocols.scratch import BLOCK_ROWS
 
 Array = NDArray[np.float64]
@@ -300,6 +301,10 @@ class PanPrivateACSA(Learner):
         """The plan of the run in progress."""
         return self.epoch_plans(self._epoch)[self._phase]
 
+    def _current_batch(self) -> int:
+        """b_t of the batch in progress."""
+        return self.current_plan().batch_size(self._iterate.batch)
+
     @property
     def gradient_norm_bound(self) -> float:
         """The norm per-record gradients are clipped to: min(``gradient_bound``, the loss's L)."""
@@ -347,19 +352,15 @@ class PanPrivateACSA(Learner):
         """
         X, y = check_batch(_OWNER, X, y, self.dim)
         try:
-            position = 0
-            while position < X.shape[0]:
+            for rows in round_slices(X.shape[0], lambda: min(self._current_batch() - self._filled, BLOCK_ROWS)):
                 plan = self.current_plan()
                 batch = plan.batch_size(self._iterate.batch)
                 if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
                     self._grad.fill(0)
                     self._add_noise(batch)
-                take = min(batch - self._filled, X.shape[0] - position, BLOCK_ROWS)
-                rows = slice(position, position + take)
                 self._add_records(X[rows], y[rows], plan, batch)
-                self._filled += take
-                self._records += take
-                position += take
+                self._filled += rows.stop - rows.start
+                self._records += rows.stop - rows.start
                 if self._filled == batch:
                     self._finish_batch(plan, batch)
         finally:

@@ -59,6 +59,7 @@ from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
+from protocols.rounds import round_slices
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -271,15 +272,11 @@ class EncodedLearner(Learner):
 
     def _learn_block(self, Z: Array, labels: Array) -> None:
         """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
-        position = 0
-        while position < Z.shape[0]:
+        for rows in round_slices(Z.shape[0], lambda: self._round_sum().n - self._filled):
             vector_sum = self._round_sum()
-            take = min(vector_sum.n - self._filled, Z.shape[0] - position)
-            rows = slice(position, position + take)
             self._add_messages(vector_sum, Z[rows], labels[rows])
-            self._filled += take
-            self._records += take
-            position += take
+            self._filled += rows.stop - rows.start
+            self._records += rows.stop - rows.start
             if self._filled == vector_sum.n:
                 mean = vector_sum.analyze(self._totals) / vector_sum.n
                 self._filled = 0

@@ -75,6 +75,7 @@ from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
 from protocols.randomness import RngLike
+from protocols.rounds import round_slices
 from protocols.sgd import AveragedSGD, MessageSGDLearner
 from protocols.state_io import read_array, read_float, read_int
 
@@ -322,17 +323,15 @@ class ShuffleGaussianSGD(MessageSGDLearner):
 
     def _learn_block(self, Z: Array, labels: Array) -> None:
         """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
-        position = 0
-        while position < Z.shape[0]:
-            take = min(self._round.window - self._filled, Z.shape[0] - position)
+        for rows in round_slices(Z.shape[0], lambda: self._round.window - self._filled):
+            take = rows.stop - rows.start
             with self._noise.draw() as generator:
-                chosen = position + self._participants(take, generator)
+                chosen = rows.start + self._participants(take, generator)
             if chosen.size:
                 self._add_messages(Z, labels, chosen)
             self._count += chosen.size
             self._filled += take
             self._records += take
-            position += take
             if self._filled == self._round.window:
                 self._finish_round()
 
