@@ -204,6 +204,7 @@ class Learner(abc.ABC):
     loss: Loss
     feature_bound: float
     radius: float
+    _noise: NoiseSource
 
     def _setup_common(
         self, owner: str, dim: int, loss: Loss | Mapping[str, Any] | str, radius: float, feature_bound: float, rng: RngLike
@@ -320,18 +321,17 @@ class Learner(abc.ABC):
     def _note_release(self) -> None:
         """Hook: called when a snapshot is released. Default: releases do not change accounting."""
 
-    def _privacy_report(
-        self,
-        output: Guarantee,
-        intrusion: Guarantee,
-        assumptions: Sequence[str],
-        references: Sequence[str],
-        *,
-        seeded: bool,
+    def _report(
+        self, output: Guarantee, intrusion: Guarantee, assumptions: Sequence[str], references: Sequence[str]
     ) -> PrivacyReport:
         """The :class:`PrivacyReport` of this learner, under the rule every learner follows: with a
-        ``seeded`` noise generator (replay/testing mode) an intruder can predict the noise still to
-        come, so there is no intrusion guarantee and the report says why (:data:`SEEDED_WARNING`)."""
+        seeded noise source (replay/testing mode) an intruder can predict the noise still to come,
+        so there is no intrusion guarantee and the report says why (:data:`SEEDED_WARNING`).
+
+        The one signature of the learners' reports: a learner family that shares assumptions or
+        references (the PVEC learners, the message-SGD learners) overrides it, adds them and calls
+        this one."""
+        seeded = self._noise.is_seeded
         if seeded:
             assumptions = [*assumptions, SEEDED_WARNING]
         return PrivacyReport(

@@ -447,7 +447,7 @@ class PanPrivateACSA(Learner):
             references += ["Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"]
         else:
             references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "Cheu et al. 2022, Lemma C.5")
-        return self._privacy_report(guarantee, guarantee, assumptions, references, seeded=self._noise.is_seeded)
+        return self._report(guarantee, guarantee, assumptions, references)
 
     # -- persistence ---------------------------------------------------------------------------
 

@@ -267,12 +267,6 @@ class _PNSGD(Learner):
     def records_seen(self) -> int:
         return self._records
 
-    def _report(
-        self, output: Guarantee, intrusion: Guarantee, assumptions: list[str], references: list[str]
-    ) -> PrivacyReport:
-        """The PrivacyReport; no intrusion guarantee in the seeded mode."""
-        return self._privacy_report(output, intrusion, assumptions, references, seeded=self._noise.is_seeded)
-
     def _guarantee(self, delta: float) -> Guarantee:
         """(ε, δ) with δ rounded up by :data:`DELTA_ROUNDING`."""
         return Guarantee(self.epsilon, _rounded_up(delta))

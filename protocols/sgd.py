@@ -25,7 +25,7 @@ Cheu et al. 2022, Lemma 4.2 (projected SGD with noisy gradients); Zinkevich (200
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,11 +170,9 @@ class MessageSGDLearner(Learner):
         return self._records
 
     def _report(
-        self, output: Guarantee, local: Guarantee, assumptions: list[str], references: list[str]
+        self, output: Guarantee, intrusion: Guarantee, assumptions: Sequence[str], references: Sequence[str]
     ) -> PrivacyReport:
         """The report with the pan-private view every such learner has: an intrusion may read one
-        user's message, so it is bounded by the ``local`` guarantee — and by nothing in the
+        user's message, so ``intrusion`` is the local guarantee of one message — and nothing in the
         seeded replay/testing mode, where future noise is predictable."""
-        return self._privacy_report(
-            output, local, assumptions, [*references, "Cheu et al. 2022, Def. C.2"], seeded=self._noise.is_seeded
-        )
+        return super()._report(output, intrusion, assumptions, [*references, "Cheu et al. 2022, Def. C.2"])

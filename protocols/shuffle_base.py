@@ -42,7 +42,7 @@ import abc
 import bisect
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -301,7 +301,7 @@ class EncodedLearner(Learner):
         return self._records
 
     def _report(
-        self, output: Guarantee, intrusion: Guarantee, assumptions: list[str], references: list[str]
+        self, output: Guarantee, intrusion: Guarantee, assumptions: Sequence[str], references: Sequence[str]
     ) -> PrivacyReport:
         """The report with the assumptions every encoder-based learner shares."""
         shared = [
@@ -318,12 +318,11 @@ class EncodedLearner(Learner):
                 f"robust shuffle privacy (Cheu et al. 2022, Def. A.7): the output guarantee holds whenever at least a "
                 f"fraction {self.honest_fraction:g} of each round's users run the randomizer honestly"
             )
-        return self._privacy_report(
+        return super()._report(
             output,
             intrusion,
-            shared + assumptions,
+            [*shared, *assumptions],
             ["Cheu et al. 2022, Alg. 2", "Cheu et al. 2022, Thm 3.2", *references, "Cheu et al. 2022, Def. C.2"],
-            seeded=self._noise.is_seeded,
         )
 
     # -- persistence ---------------------------------------------------------------------------
