@@ -330,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     # subcommand from resetting a value given before it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="log warnings and errors only")
+    # The commands that only talk to Kafka read the [kafka] section (TLS, SASL, options) of a config file.
+    kafka_only = argparse.ArgumentParser(add_help=False)
+    kafka_only.add_argument("--config", dest="kafka_config", type=Path, metavar="TOML",
+                            help="read the [kafka] section (TLS, SASL, client options) of this file; PANPRIV_KAFKA__* variables override it")
 
     run = commands.add_parser(
         "run",
@@ -365,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     record = commands.add_parser(
         "record",
-        parents=[common],
+        parents=[common, kafka_only],
         help="copy a Kafka topic to a replayable file (offsets and timestamps kept)",
         description="Read every partition of the topic(s) from its first to its current last offset and write a recording for `panpriv run --source file:PATH`.",
     )
@@ -397,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from streamer import produce as load
 
-    produce = commands.add_parser("produce", parents=[common], help=load.HELP, description=load.DESCRIPTION)
+    produce = commands.add_parser("produce", parents=[common, kafka_only], help=load.HELP, description=load.DESCRIPTION)
     load.add_produce_arguments(produce)
     produce.set_defaults(handler=load.run_produce)
 
@@ -429,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     budget = commands.add_parser(
         "budget",
-        parents=[common],
+        parents=[common, kafka_only],
         help="what every run spent, per data source (the budget store)",
         description=(
             "List every data source in the budget store (Kafka cluster/topic/partition, a file's content hash), "
@@ -462,6 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     from streamer.budget import BudgetExceededError
 
     try:
+        if hasattr(args, "kafka_config"):
+            from streamer import kafka_client
+            from streamer.config import load_kafka_config
+
+            kafka_client.configure(load_kafka_config(args.kafka_config))
         return int(args.handler(args))
     except BudgetExceededError as exc:
         print(f"panpriv {args.command}: {exc}", file=sys.stderr)

@@ -97,6 +97,7 @@ from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 from protocols.base import Learner
 from protocols.errors import ProtocolError
 from protocols.recorded import RecordedLearner
+from streamer import kafka_client
 from streamer.budget import BudgetExceededError, BudgetStore, describe_excess, open_budget
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
@@ -191,6 +192,7 @@ class Processor:
         if config.out is None:
             raise ConfigError("out: the processor needs an output directory")
         self.config = config
+        kafka_client.configure(config.kafka)  # every Kafka client of the run uses [kafka] (streamer.kafka_client)
         self.out = Path(config.out)
         self.metrics = metrics if metrics is not None else ServiceMetrics()
         self.stop_event = stop if stop is not None else threading.Event()
