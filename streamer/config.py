@@ -106,6 +106,10 @@ class RecordsConfig(_Section):
     )
     label_min: float = -math.inf
     label_max: float = math.inf
+    guard_records: int = Field(
+        default=1000, ge=0, description="stop if the first this-many records are nearly all rejected (0: off; streamer.reject_guard)"
+    )
+    guard_ratio: float = Field(default=0.99, gt=0, le=1, description="the rejected share that stops the run")
 
     @field_validator("feature_bound", "label_min", "label_max")
     @classmethod

@@ -103,6 +103,7 @@ from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from streamer.datasets import adult
+from streamer.reject_guard import RejectGuard
 from streamer.errors import ConfigError, LearnerInputError
 from streamer.identity import DataKeys, data_keys_for
 from streamer.indexed import IndexedFile
@@ -199,6 +200,7 @@ class Processor:
         self._progress_enabled = progress
         self.store = CheckpointStore(self.out / "checkpoints")
         self.codec: Codec = make_codec(config.records)
+        self._reject_guard = RejectGuard(self.codec, config.records.guard_records, config.records.guard_ratio)
         # Set up by run():
         self.learner: Learner
         self.ledger: PrivacyLedger
@@ -571,6 +573,7 @@ class Processor:
                     f"stopped before learning a batch that would raise ε to {over:.4g} "
                     f"(max_epsilon = {cfg.learner.max_epsilon}); its records were not used"
                 )
+            self._reject_guard.check(batch)  # a misconfiguration stops here, before any charge (streamer.reject_guard)
             refused = self._charge_budget(self.instance, batch.ranges)  # durable before learning
             if refused is not None:
                 return "budget_exhausted", refused
