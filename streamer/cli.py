@@ -106,6 +106,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             endpoint = f"http://{config.metrics.addr}:{config.metrics.port}/metrics"
             log.info("metrics at %s", endpoint)
         except OSError as exc:
+            # A service (Kafka source) is watched through its metrics: without them it would run
+            # unmonitored, so a busy port is an error; a demo or replay only warns.
+            if config.source.url.startswith("kafka://"):
+                raise ConfigError(
+                    f"metrics.port {config.metrics.port} on {config.metrics.addr}: {exc.strerror} (another panpriv or "
+                    "exporter holds it?). Choose a free port with --metrics-port PORT, or --metrics-port 0 for none"
+                ) from None
             log.warning("metrics endpoint not started (port %d: %s); continuing without it", config.metrics.port, exc.strerror)
     progress = config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty())
     log.info("output directory: %s", config.out)
