@@ -74,6 +74,10 @@ def _load_run_config(args: argparse.Namespace) -> Any:
     base = ADULT_DEMO if args.config is None and args.source is None else None
     overrides = _run_overrides(args)
     config = load_config(args.config, overrides, base=base)
+    flags = _learner_option_flags(args)
+    if flags:  # over the file's (or the demo's) [learner.options], key by key
+        merged = _merge_options(dict(config.learner.options), flags)
+        config = load_config(args.config, {**overrides, "learner.options": merged}, base=base)
     updates: dict[str, Any] = {}
     if args.rate == 0:
         updates["source"] = config.source.model_copy(update={"rate": None})
@@ -83,6 +87,50 @@ def _load_run_config(args: argparse.Namespace) -> Any:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         updates["out"] = Path("out") / f"{config.learner.name}-{stamp}"
     return config.model_copy(update=updates) if updates else config
+
+
+def _learner_option_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``[learner.options]`` from the flags: ``--options JSON``, then each ``--set key=value``
+    (a dotted key reaches into a table: ``loss.name=ridge``; the value is read as JSON, else kept
+    as a string), then ``--radius`` and ``--intercept`` (later flags win)."""
+    from streamer.learners import DEFAULT_OPTIONS
+
+    options: dict[str, Any] = {}
+    if args.options:
+        try:
+            parsed = json.loads(args.options)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--options: not valid JSON ({exc.msg} at character {exc.pos}); e.g. --options '{{\"radius\": 4}}'") from None
+        if not isinstance(parsed, dict):
+            raise ConfigError("--options: must be a JSON object, e.g. --options '{\"radius\": 4}'")
+        options = _merge_options(options, parsed)
+    for assignment in args.set or []:
+        key, sep, text = assignment.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set radius=4 or --set loss.name=ridge")
+        try:
+            value: Any = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        *parents, leaf = key.split(".")
+        node = options
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    if args.radius is not None:
+        options["radius"] = args.radius
+    if args.intercept:
+        options.setdefault("loss", {})["intercept"] = True
+    if isinstance(options.get("loss"), dict):
+        options["loss"] = {**DEFAULT_OPTIONS["loss"], **options["loss"]}
+    return options
+
+
+def _merge_options(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        merged[key] = _merge_options(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -122,6 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if stop_server is not None:
             stop_server()
+    log.info("learner %s ran with options %s", result.learner.name, _effective_options(result.learner))
     _print_summary(config, result, time.monotonic() - started, endpoint, args)
     return EXIT_OK
 
@@ -132,6 +181,7 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
     out("")
     out(f"panpriv run: {result.outcome.replace('_', ' ')} — {result.message} ({seconds:.1f} s)")
     out(f"  learner         {result.learner.name} (instance {result.instance})")
+    out(f"  options         {_effective_options(result.learner)}")
     out(f"  source          {_display(config.source.url)}")
     reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(result.rejects.items()))
     out(f"  records learned {result.records:,}" + (f"; rejected {rejected:,} ({reasons})" if rejected else "; rejected 0"))
@@ -157,6 +207,11 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
     out(f"  inspect         panpriv inspect {config.out}")
     if result.outcome == "stopped":
         out(f"  resume          panpriv run {shlex.join(_resume_args(args, config))}")
+
+
+def _effective_options(learner: Any) -> str:
+    """The learner's constructor arguments as it runs (defaults included), ``key=value, …``."""
+    return ", ".join(f"{key}={json.dumps(value, sort_keys=True)}" for key, value in sorted(learner.config().items()))
 
 
 def _state_dir(config: Any) -> Path:
@@ -370,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dim", type=int, help="feature dimension")
     run.add_argument("--feature-bound", type=_positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
     run.add_argument("--seed", type=int, help="TEST/REPLAY ONLY: seed the noise (no pan-private guarantee)")
+    run.add_argument("--options", metavar="JSON", help='learner options as a JSON object over the config\'s, e.g. \'{"eta": 0.1, "radius": 4}\'')
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="one learner option (repeatable; a dotted key reaches a table: loss.name=ridge)")
+    run.add_argument("--radius", type=_positive_float, help="radius of the parameter ball (learner.options.radius; a PUBLIC bound chosen before seeing the data)")
+    run.add_argument("--intercept", action="store_true", help="learn an intercept (learner.options.loss.intercept = true)")
     run.add_argument("--progress", choices=["auto", "on", "off"], help="progress line on stderr (default auto: on a terminal)")
     run.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
     run.set_defaults(handler=cmd_run)
