@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from streamer.errors import CheckpointError, ConfigError, LearnerInputError, LearnerUnavailableError, StreamerError
-from streamer.urls import redact, redact_logs
+from streamer.urls import redact
 
 log = logging.getLogger("panpriv")
 
@@ -62,6 +62,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "metrics.port": args.metrics_port if args.metrics_port not in (None, 0) else None,
         "progress": args.progress,
         "budget.state_dir": args.state_dir,
+        "status_interval_s": args.status_every,
     }
     if args.rate:  # 0 means "as fast as possible": applied after loading (see _load_run_config)
         overrides["source.rate"] = args.rate
@@ -226,10 +227,15 @@ def _display(url: str) -> str:
     return display_name(url)
 
 
+_GLOBAL_FLAGS_WITH_VALUES = ("--log-level", "--log-format")
+
+
 def _after_command(argv: list[str]) -> list[str]:
-    """The arguments after the subcommand (the global flags before it take no values)."""
-    first = next((i for i, token in enumerate(argv) if not token.startswith("-")), len(argv))
-    return argv[first + 1 :]
+    """The arguments after the subcommand (skipping the global flags before it and their values)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in _GLOBAL_FLAGS_WITH_VALUES else 1
+    return argv[i + 1 :]
 
 
 def _resume_args(args: argparse.Namespace, config: Any) -> list[str]:
@@ -380,6 +386,8 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     from streamer.config import LEARNER_NAMES
+    from streamer.logs import FORMATS as LOG_FORMATS
+    from streamer.logs import LEVELS as LOG_LEVELS
 
     parser = argparse.ArgumentParser(
         prog="panpriv",
@@ -387,11 +395,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"panpriv {_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="log level (default INFO; -q: WARNING)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json: one JSON object per line")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     # The global flags are accepted after the subcommand too (`panpriv run -q`); SUPPRESS keeps a
     # subcommand from resetting a value given before it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="log warnings and errors only")
+    common.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=argparse.SUPPRESS, help="log level (default INFO; -q: WARNING)")
+    common.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS, help="text (default) or json: one JSON object per line")
     # The commands that only talk to Kafka read the [kafka] section (TLS, SASL, options) of a config file.
     kafka_only = argparse.ArgumentParser(add_help=False)
     kafka_only.add_argument("--config", dest="kafka_config", type=Path, metavar="TOML",
@@ -431,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--intercept", action="store_true", help="learn an intercept (learner.options.loss.intercept = true)")
     run.add_argument("--progress", choices=["auto", "on", "off"], help="progress line on stderr (default auto: on a terminal)")
     run.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
+    run.add_argument("--status-every", type=float, metavar="SECONDS", help="off a terminal, log a status line this often (default 30; 0: never)")
     run.set_defaults(handler=cmd_run)
 
     record = commands.add_parser(
@@ -522,13 +535,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     args.argv = _after_command(argv) if args.command == "run" else []
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("kafka").setLevel(logging.ERROR)
-    redact_logs()
+    from streamer import logs
+
+    logs.setup(args.log_level or ("WARNING" if args.quiet else "INFO"), args.log_format or "text")
     from streamer.budget import BudgetExceededError
 
     try:

@@ -16,7 +16,7 @@ Sections (TOML tables) and what they decide:
 - ``[budget]`` — ``state_dir``, the directory of the budget store shared by every run, or
   ``kafka_topic``/``kafka_bootstrap`` to keep it on a compacted Kafka topic
   (:mod:`streamer.budget`).
-- top level: ``out`` (directory of checkpoints and snapshots) and ``progress``.
+- top level: ``out`` (directory of checkpoints and snapshots), ``progress`` and ``status_interval_s``.
 
 Privacy-relevant settings are those that change what the learner's noise protects or how it is
 accounted: the whole ``[learner]`` section except ``max_epsilon`` (a stopping policy, not a
@@ -264,6 +264,9 @@ class ServiceConfig(_Section):
 
     out: Path | None = Field(default=None, description="checkpoints and snapshots; None: out/<learner>-<time>")
     progress: Literal["auto", "on", "off"] = "auto"
+    status_interval_s: float = Field(
+        default=30.0, ge=0, le=86_400, description="without the progress bar, log a status line this often (0: never; streamer.status)"
+    )
     source: SourceConfig = SourceConfig()
     records: RecordsConfig = RecordsConfig()
     learner: LearnerConfig = LearnerConfig()

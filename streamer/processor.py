@@ -104,6 +104,7 @@ from streamer.codec import Codec, Decoded, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from streamer.datasets import adult
 from streamer.reject_guard import RejectGuard
+from streamer.status import RejectLog, StatusLine
 from streamer.errors import ConfigError, LearnerInputError
 from streamer.identity import DataKeys, data_keys_for
 from streamer.indexed import IndexedFile
@@ -200,6 +201,8 @@ class Processor:
         self._progress_enabled = progress
         self.store = CheckpointStore(self.out / "checkpoints")
         self.codec: Codec = make_codec(config.records)
+        self._reject_log = RejectLog()
+        self._status = StatusLine(None if progress else config.status_interval_s)  # off a terminal (streamer.status)
         self._reject_guard = RejectGuard(self.codec, config.records.guard_records, config.records.guard_ratio)
         # Set up by run():
         self.learner: Learner
@@ -658,7 +661,11 @@ class Processor:
         if lags is not None:
             self.metrics.observe_lag(lags)
 
+    def _lags(self) -> dict[str, int] | None:
+        return self._source.lag() if self._source is not None else None
+
     def _checkpoint_if_due(self, cadence: Cadence, idle: bool = False) -> None:
+        self._status.tick(self.learner.records_seen, self.rejects, self._lags, self.report, cadence)
         if cadence.checkpoint_due(idle):
             snapshot = cadence.snapshot_due
             self._checkpoint(snapshot=snapshot)
@@ -779,6 +786,7 @@ class Processor:
         if counts:
             self.rejects.update(counts)
             self.metrics.observe_rejects(counts)
+            self._reject_log.note(counts, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in batch.ranges.items()))
             if self._dead_letters is not None:
                 self._send_dead_letters(batch, decoded, self._dead_letters)
         self.metrics.observe_batch(len(decoded.y), time.perf_counter() - t0)
