@@ -484,6 +484,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_produce_arguments(produce)
     produce.set_defaults(handler=load.run_produce)
 
+    from streamer import dev_broker
+
+    broker = commands.add_parser("dev-broker", parents=[common], help=dev_broker.HELP, description=dev_broker.__doc__)
+    dev_broker.add_arguments(broker)
+    broker.set_defaults(handler=dev_broker.run)
+
     inspect = commands.add_parser(
         "inspect",
         parents=[common],
