@@ -9,6 +9,10 @@ each batch is charged: once it has seen that many and at least ``records.guard_r
 an example, and the likely fix. Nothing of that batch is charged or learned, and no checkpoint is
 taken, so no offset is committed.
 
+Privacy: the decision depends only on reject counts by reason, which are public in every
+learner's statement (the guarantee covers neighbouring streams whose differing record has the same
+validity), so stopping reveals nothing the statement does not already make public.
+
 Limits: batches read before the guard has seen ``guard_records`` records (a source that delivers
 fewer records per poll) are charged and learned as usual — a conservative over-count of the
 budget, never an under-count. The guard runs only in a run's first window (a resumed run starts a
