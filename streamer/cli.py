@@ -60,6 +60,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "snapshots.every_records": args.snapshot_every,
         "checkpoint.every_records": args.checkpoint_every,
         "metrics.port": args.metrics_port if args.metrics_port not in (None, 0) else None,
+        "metrics.textfile": args.metrics_textfile,
         "progress": args.progress,
         "budget.state_dir": args.state_dir,
         "status_interval_s": args.status_every,
@@ -143,6 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = ServiceMetrics()
     metrics.set_info(config.learner.name, display_name(config.source.url), _version())
     metrics.set_seeded(config.learner.seed is not None)
+    metrics.set_epsilon_budget(config.learner.max_epsilon)
     if config.learner.seed is not None:
         from protocols.randomness import SEEDED_WARNING
 
@@ -171,6 +173,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if stop_server is not None:
             stop_server()
+        if config.metrics.textfile is not None:
+            metrics.write_textfile(str(config.metrics.textfile))
     log.info("learner %s ran with options %s", result.learner.name, _effective_options(result.learner))
     _print_summary(config, result, time.monotonic() - started, endpoint, args)
     return EXIT_OK
@@ -430,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--snapshot-every", type=int, metavar="RECORDS", help="emit a snapshot at most every RECORDS records")
     run.add_argument("--checkpoint-every", type=int, metavar="RECORDS", help="checkpoint at most every RECORDS records")
     run.add_argument("--metrics-port", type=int, help="Prometheus endpoint port (0: none; default 9477)")
+    run.add_argument("--metrics-textfile", type=Path, metavar="PATH", help="also write the metrics to PATH at the end (node_exporter textfile collector; short replays)")
     run.add_argument("--rate", type=float, help="records per second (0: as fast as possible)")
     run.add_argument("--stop-at-end", action="store_true", help="Kafka: exit once every partition of the topics is caught up")
     run.add_argument("--accept-offset-reset", action="store_true", help="Kafka: read on when a topic's offsets went back below the checkpoint (re-created topic); the ledger charges those offsets again")

@@ -177,6 +177,9 @@ class MetricsConfig(_Section):
     lag_interval_s: float = Field(
         default=2.0, gt=0, le=3600, description="Kafka: refresh the consumer lag this often between checkpoints"
     )
+    textfile: Path | None = Field(
+        default=None, description="also write every series to this file at the end of the run (node_exporter textfile collector)"
+    )
 
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]

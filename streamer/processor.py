@@ -789,7 +789,7 @@ class Processor:
             self._reject_log.note(counts, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in batch.ranges.items()))
             if self._dead_letters is not None:
                 self._send_dead_letters(batch, decoded, self._dead_letters)
-        self.metrics.observe_batch(len(decoded.y), time.perf_counter() - t0)
+        self.metrics.observe_batch(len(decoded.y), time.perf_counter() - t0, batch.consumed, sum(counts.values()))
         learned = len(decoded.y)
         _wipe_records(decoded)
         return learned + sum(counts.values())

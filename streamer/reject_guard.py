@@ -63,9 +63,10 @@ class RejectGuard:
         counts = decoded.reject_counts()
         self.read += len(decoded.y) + sum(counts.values())
         self.reasons.update(counts)
-        for array in (decoded.X, decoded.y):  # the records are learned from the second decode; wipe these
-            if array.flags.writeable:
-                array.fill(0.0)
+        if batch.arrays is None:  # decoded from messages: our own copy, learned from a second decode; wipe it
+            for array in (decoded.X, decoded.y):  # (arrays of a numeric batch are the batch's own: the processor wipes them)
+                if array.flags.writeable:
+                    array.fill(0.0)
         rejected = sum(self.reasons.values())
         if self.read >= self._window and rejected >= self._ratio * self.read:
             raise RejectRatioError(self._message(batch.payloads, decoded, rejected))
