@@ -201,6 +201,9 @@ class KafkaConfig(_Section):
     (offsets, group, security) are set by panpriv or by the fields above and refused there.
     """
 
+    client: Literal["kafka-python", "confluent"] = Field(
+        default="kafka-python", description="the source's client library; confluent: confluent-kafka (librdkafka), pip install confluent-kafka"
+    )
     security_protocol: SecurityProtocol = "PLAINTEXT"
     sasl_mechanism: SaslMechanism | None = None
     sasl_username: str | None = None
@@ -214,6 +217,9 @@ class KafkaConfig(_Section):
     connect_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="start-up: wait this long for a broker to answer")
     consumer: dict[str, OptionValue] = Field(default_factory=dict, description="extra kafka-python consumer options")
     producer: dict[str, OptionValue] = Field(default_factory=dict, description="extra kafka-python producer options")
+    librdkafka: dict[str, OptionValue] = Field(
+        default_factory=dict, description="client = confluent: extra librdkafka properties of the source's consumer"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaConfig:

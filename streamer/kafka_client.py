@@ -41,6 +41,12 @@ RESERVED = frozenset({
 """Options ``[kafka] consumer``/``producer`` may not set: offsets and the group decide exactly-once
 (:mod:`streamer.sources`), serialisation is panpriv's, and security has its own fields."""
 
+LIBRDKAFKA_RESERVED = frozenset({
+    "bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset",
+    "security.protocol", "enable.partition.eof",
+})
+"""The same for ``[kafka] librdkafka`` (plus every ``sasl.*`` and ``ssl.*`` property)."""
+
 WAIT_LOG_EVERY_S = 5.0
 """While waiting for a broker at start-up, say so this often."""
 
@@ -65,6 +71,14 @@ def configure(settings: KafkaConfig) -> None:
                 if name not in known:
                     raise ConfigError(f"kafka.{section}.{name}: not a kafka-python {section} option (see its "
                                       f"KafkaConsumer/KafkaProducer documentation for the names, e.g. fetch_max_bytes)")
+    if settings.client == "confluent":
+        try:
+            import confluent_kafka  # noqa: F401 - only checked for presence
+        except ImportError:
+            raise ConfigError("kafka.client = 'confluent' needs confluent-kafka: pip install 'panpriv[confluent]'") from None
+        for name in settings.librdkafka:
+            if name in LIBRDKAFKA_RESERVED or name.startswith(("sasl.", "ssl.")):
+                raise ConfigError(f"kafka.librdkafka.{name}: set by panpriv (or by a [kafka] security field); remove it")
     _settings = settings
     _checked.clear()
 

@@ -641,7 +641,7 @@ MARKS_KEY = "source_marks"
 
 def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, dict[str, int]]:
     """``{MARKS_KEY: marks}`` for a checkpoint at ``positions`` (empty for sources without marks)."""
-    marks = source.marks(positions) if isinstance(source, KafkaSource) else {}
+    marks = source.marks(positions) if hasattr(source, "marks") else {}  # the Kafka sources (either client)
     return {MARKS_KEY: marks} if marks else {}
 
 
@@ -659,6 +659,10 @@ def open_source(
         raise SourceError("source.recorded_pace needs a file: source holding a panpriv recording")
     match parsed:
         case KafkaUrl():
+            if kafka_client.settings().client == "confluent":
+                from streamer.source_confluent import ConfluentKafkaSource
+
+                return ConfluentKafkaSource(parsed, config, positions, on_revoke, marks)  # type: ignore[return-value]
             return KafkaSource(parsed, config, positions, on_revoke, marks)
         case SyntheticUrl(n=n, dim=dim, seed=seed):
             if dim != codec.dim:

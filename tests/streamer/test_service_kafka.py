@@ -86,11 +86,12 @@ def topic(kafka_broker) -> Topic:
     return Topic(name, end, rejects)
 
 
-def panpriv(*args: str, log: Path) -> subprocess.Popen:
+def panpriv(*args: str, log: Path, client: str = "kafka-python") -> subprocess.Popen:
+    """``panpriv ARGS`` as a child process whose Kafka source uses ``client`` ([kafka] client)."""
     handle = open(log, "ab")  # noqa: SIM115 - inherited by the child; closed when the test ends
     return subprocess.Popen(
         [sys.executable, "-m", "streamer.cli", *args], stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
-        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "PANPRIV_KAFKA__CLIENT": client},
     )
 
 
@@ -123,9 +124,11 @@ class KafkaRun:
     state_dir: Path  # the budget store the runs shared
 
 
-@pytest.fixture(scope="module")
-def kafka_run(kafka_broker, topic, tmp_path_factory) -> KafkaRun:
-    """Issue 8 test 1's scenario: consume with kill -9 at random points, restart, run to the end."""
+@pytest.fixture(scope="module", params=["kafka-python", "confluent"])
+def kafka_run(request, kafka_broker, topic, tmp_path_factory) -> KafkaRun:
+    """Issue 8 test 1's scenario: consume with kill -9 at random points, restart, run to the end;
+    once with each Kafka client of the source (kafka-python, confluent-kafka)."""
+    client = request.param
     out = tmp_path_factory.mktemp("kafka-run") / "out"
     group = f"g-{uuid.uuid4().hex[:8]}"
     args = run_args(kafka_broker.bootstrap, topic.name, group, out, "--stop-at-end", "--rate", "20000")
@@ -135,7 +138,7 @@ def kafka_run(kafka_broker, topic, tmp_path_factory) -> KafkaRun:
     t0 = time.monotonic()
     for _ in range(3):
         before = checkpoint_records(out)
-        process = panpriv(*args, log=log)
+        process = panpriv(*args, log=log, client=client)
         try:
             # Let this run make durable progress, then kill it at a random moment.
             wait_until(lambda: process.poll() is None and checkpoint_records(out) >= before + 6000, 60, "progress before the kill")
@@ -144,7 +147,7 @@ def kafka_run(kafka_broker, topic, tmp_path_factory) -> KafkaRun:
             process.kill()  # SIGKILL: no handler runs, nothing is flushed
             process.wait(timeout=10)
         kills.append(checkpoint_records(out))
-    process = panpriv(*args, log=log)
+    process = panpriv(*args, log=log, client=client)
     code = process.wait(timeout=120)
     assert code == 0, log.read_text()[-3000:]
     return KafkaRun(out, group, kills, time.monotonic() - t0, Path(os.environ["PANPRIV_STATE_DIR"]))
