@@ -112,6 +112,26 @@ def test_service_consumes_through_tls_and_sasl(secure_cluster: SecureCluster, tm
         assert PASSWORD not in text
 
 
+def test_confluent_client_consumes_through_tls_and_sasl(secure_cluster: SecureCluster, tmp_path: Path) -> None:
+    """The librdkafka consumer ([kafka] client = "confluent") logs in through the same listener."""
+    config = write_toml(tmp_path / "panpriv.toml", {
+        "out": tmp_path / "out", "progress": "off",
+        "source": {"url": f"kafka://{secure_cluster.bootstrap}/secure-c?group=g-confluent", "stop_at_end": True},
+        "records": {"format": "json", "dim": 5, "feature_bound": 1.0},
+        "learner": {"name": "pan-acsa", "n": 1000},
+        "kafka": secure_cluster.settings(client="confluent"),
+    })
+    env = {"PANPRIV_KAFKA__SASL_PASSWORD": PASSWORD}
+    produced = panpriv(["produce", "--config", str(config), "--bootstrap", secure_cluster.bootstrap,
+                        "--topic", "secure-c", "--n", "1000", "--dim", "5"], env, tmp_path)
+    assert produced.returncode == 0, produced.stderr
+    logins_before = secure_cluster.proxy.logins
+    run = panpriv(["run", "--config", str(config), "--metrics-port", "0"], env, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "records learned 1,000" in run.stdout and PASSWORD not in run.stdout + run.stderr
+    assert secure_cluster.proxy.logins > logins_before
+
+
 def test_wrong_password_stops_at_once_with_the_reason(secure_cluster: SecureCluster, tmp_path: Path) -> None:
     config = write_toml(tmp_path / "k.toml", {"kafka": secure_cluster.settings()})
     refused_before = secure_cluster.proxy.refused
@@ -175,3 +195,20 @@ def test_password_never_in_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as error:
         load_kafka_config(path)
     assert "kafka.sasl_password" in str(error.value) and "s3cret" not in str(error.value)
+
+
+def test_librdkafka_properties_follow_the_kafka_section(tmp_path: Path) -> None:
+    from streamer.source_confluent import librdkafka_settings
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read here")
+    settings = librdkafka_settings(KafkaConfig(
+        client="confluent", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256", sasl_username="u",
+        sasl_password=PASSWORD, ssl_cafile=ca, ssl_check_hostname=False, librdkafka={"fetch.wait.max.ms": 50},
+    ))
+    assert settings == {"security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "u",
+                        "sasl.password": PASSWORD, "ssl.ca.location": str(ca),
+                        "ssl.endpoint.identification.algorithm": "none", "fetch.wait.max.ms": 50}
+    for name in ("group.id", "sasl.password", "enable.auto.commit"):
+        with pytest.raises(ConfigError, match=f"kafka.librdkafka.{name}: set by panpriv"):
+            kafka_client.configure(KafkaConfig(client="confluent", librdkafka={name: "x"}))
