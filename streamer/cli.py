@@ -314,9 +314,9 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from streamer.inspect import describe
+    from streamer.inspect import describe, summary
 
-    print(describe(Path(args.path)))
+    print(json.dumps(summary(Path(args.path)), sort_keys=True) if args.json else describe(Path(args.path)))
     return EXIT_OK
 
 
@@ -502,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Summarise a checkpoint manifest, a snapshots JSONL file, or a --out directory holding both.",
     )
     inspect.add_argument("path")
+    inspect.add_argument("--json", action="store_true", help="one JSON object instead of text (for scripts)")
     inspect.set_defaults(handler=cmd_inspect)
 
     predict = commands.add_parser(
