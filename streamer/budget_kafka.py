@@ -62,9 +62,9 @@ class KafkaBudgetStore:
 
     def __init__(self, bootstrap: list[str], topic: str, max_records_per_user: int | None = None) -> None:
         from kafka import TopicPartition
+        from kafka.errors import KafkaError
 
         from streamer import kafka_client
-        from kafka.errors import KafkaError
 
         self.path = f"kafka://{','.join(bootstrap)}/{topic}"
         self.max_records_per_user = max_records_per_user

@@ -109,7 +109,7 @@ def security_options(config: KafkaConfig | None = None) -> dict[str, Any]:
 def describe(bootstrap: Sequence[str] | str) -> str:
     """``"127.0.0.1:9092 (SASL_SSL, SCRAM-SHA-512 as alice)"``: where and how, without secrets."""
     hosts = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
-    how = _settings.security_protocol
+    how: str = _settings.security_protocol
     if _settings.sasl_mechanism:
         how += f", {_settings.sasl_mechanism} as {_settings.sasl_username}"
     return f"{hosts} ({how})"
@@ -123,8 +123,9 @@ class _LoginFailure(logging.Handler):
         self.message: str | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        if "Sasl" in record.msg:
-            self.message = str(record.args[-1]) if record.args else record.getMessage()
+        if "Sasl" in str(record.msg):
+            args = record.args if isinstance(record.args, tuple) else ()
+            self.message = str(args[-1]) if args else record.getMessage()
 
 
 def _hosts(bootstrap: Sequence[str] | str) -> list[tuple[str, int]]:

@@ -103,8 +103,6 @@ from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from streamer.datasets import adult
-from streamer.reject_guard import RejectGuard
-from streamer.status import RejectLog, StatusLine
 from streamer.errors import ConfigError, LearnerInputError
 from streamer.identity import DataKeys, data_keys_for
 from streamer.indexed import IndexedFile
@@ -113,6 +111,7 @@ from streamer.metrics import ServiceMetrics
 from streamer.outlock import OutputLock
 from streamer.pacing import Cadence, Pacer
 from streamer.progress import Progress
+from streamer.reject_guard import RejectGuard
 from streamer.replay import Halt, has_round_reports, open_indexed, pass_instance, reads_by_index
 from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
 from streamer.source_url import KafkaUrl, parse_source_url
@@ -127,6 +126,7 @@ from streamer.sources import (
     open_source,
     source_marks,
 )
+from streamer.status import RejectLog, StatusLine
 
 log = logging.getLogger("panpriv.processor")
 

@@ -662,7 +662,7 @@ def open_source(
             if kafka_client.settings().client == "confluent":
                 from streamer.source_confluent import ConfluentKafkaSource
 
-                return ConfluentKafkaSource(parsed, config, positions, on_revoke, marks)  # type: ignore[return-value]
+                return ConfluentKafkaSource(parsed, config, positions, on_revoke, marks)
             return KafkaSource(parsed, config, positions, on_revoke, marks)
         case SyntheticUrl(n=n, dim=dim, seed=seed):
             if dim != codec.dim:
