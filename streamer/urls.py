@@ -35,7 +35,7 @@ def refuse_credentials(url: str, what: str = "Kafka source") -> None:
     if has_credentials(url):
         raise ValueError(
             f"{what} {redact(url)} carries credentials (user:password@), which panpriv does not read from "
-            "URLs; remove them and set [kafka] security_protocol, sasl_mechanism and sasl_username, with the "
+            "URLs (it would connect unauthenticated); remove them and set [kafka] security_protocol, sasl_mechanism and sasl_username, with the "
             "password in PANPRIV_KAFKA__SASL_PASSWORD (and rotate it if this command line was logged or shared)"
         )
 
