@@ -662,7 +662,10 @@ class Processor:
             self.metrics.observe_lag(lags)
 
     def _lags(self) -> dict[str, int] | None:
-        return self._source.lag() if self._source is not None else None
+        """The lag per partition in records (messages x records per message read), for the status line."""
+        lags = self._source.lag() if self._source is not None else None
+        ratio = self.metrics.records_per_message
+        return None if lags is None else {key: round(lag * ratio) for key, lag in lags.items()}
 
     def _checkpoint_if_due(self, cadence: Cadence, idle: bool = False) -> None:
         self._status.tick(self.learner.records_seen, self.rejects, self._lags, self.report, cadence)

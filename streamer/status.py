@@ -47,7 +47,7 @@ class StatusLine:
         status: dict[str, Any] = {
             "records": records,
             "rejected": dict(sorted(rejects.items())),
-            "lag_records": None if lags is None else sum(lags.values()),
+            "lag_records": sum(lags.values()) if lags else None,  # None: not Kafka, unknown, or nothing assigned yet
             "epsilon_output": privacy.output.epsilon,
             "epsilon_intrusion": privacy.intrusion.epsilon,
             "next_checkpoint_records": max(0, cadence.every_records - cadence.since_checkpoint),
