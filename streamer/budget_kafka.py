@@ -61,8 +61,10 @@ class KafkaBudgetStore:
     """
 
     def __init__(self, bootstrap: list[str], topic: str, max_records_per_user: int | None = None) -> None:
-        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+        from kafka import TopicPartition
         from kafka.errors import KafkaError
+
+        from streamer import kafka_client
 
         self.path = f"kafka://{','.join(bootstrap)}/{topic}"
         self.max_records_per_user = max_records_per_user
@@ -72,11 +74,11 @@ class KafkaBudgetStore:
         self._runs: dict[str, dict[str, Any]] = {}
         try:
             _ensure_topic(bootstrap, topic)
-            self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", client_id="panpriv-budget", retries=5)
+            self._producer = kafka_client.producer(bootstrap, acks="all", client_id="panpriv-budget", retries=5)
             # fetch_max_wait_ms: an empty fetch at the end of the topic returns at once instead of after
             # the default 500 ms (a refresh before every charge ends with two empty polls).
-            self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                           client_id="panpriv-budget", fetch_max_wait_ms=5)
+            self._consumer = kafka_client.consumer(bootstrap, group_id=None, enable_auto_commit=False,
+                                                   client_id="panpriv-budget", fetch_max_wait_ms=5)
             self._tp = TopicPartition(topic, _PARTITION)
             self._consumer.assign([self._tp])
             self._consumer.seek_to_beginning(self._tp)
@@ -257,18 +259,19 @@ class KafkaBudgetStore:
 def _ensure_topic(bootstrap: list[str], topic: str) -> None:
     """Create ``topic`` (one partition, compacted, replicated on up to 3 brokers) unless it exists.
     An operator may create it beforehand with other settings; it must have one partition."""
-    from kafka import KafkaAdminClient, KafkaConsumer
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    probe = KafkaConsumer(bootstrap_servers=bootstrap, client_id="panpriv-budget")
+    from streamer import kafka_client
+
+    probe = kafka_client.consumer(bootstrap, client_id="panpriv-budget")
     try:
         if topic in probe.topics():
             return
         brokers = len(probe._client.cluster.brokers()) or 1  # kafka-python's metadata, as in identity.py
     finally:
         probe.close()
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="panpriv-budget")
+    admin = kafka_client.admin(bootstrap, client_id="panpriv-budget")
     try:
         admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=min(3, brokers),
                                       topic_configs={"cleanup.policy": "compact"})])

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from streamer.errors import CheckpointError, ConfigError, LearnerInputError, LearnerUnavailableError, StreamerError
-from streamer.urls import redact, redact_logs
+from streamer.urls import redact
 
 log = logging.getLogger("panpriv")
 
@@ -60,8 +60,10 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "snapshots.every_records": args.snapshot_every,
         "checkpoint.every_records": args.checkpoint_every,
         "metrics.port": args.metrics_port if args.metrics_port not in (None, 0) else None,
+        "metrics.textfile": args.metrics_textfile,
         "progress": args.progress,
         "budget.state_dir": args.state_dir,
+        "status_interval_s": args.status_every,
     }
     if args.rate:  # 0 means "as fast as possible": applied after loading (see _load_run_config)
         overrides["source.rate"] = args.rate
@@ -74,6 +76,10 @@ def _load_run_config(args: argparse.Namespace) -> Any:
     base = ADULT_DEMO if args.config is None and args.source is None else None
     overrides = _run_overrides(args)
     config = load_config(args.config, overrides, base=base)
+    flags = _learner_option_flags(args)
+    if flags:  # over the file's (or the demo's) [learner.options], key by key
+        merged = _merge_options(dict(config.learner.options), flags)
+        config = load_config(args.config, {**overrides, "learner.options": merged}, base=base)
     updates: dict[str, Any] = {}
     if args.rate == 0:
         updates["source"] = config.source.model_copy(update={"rate": None})
@@ -85,6 +91,50 @@ def _load_run_config(args: argparse.Namespace) -> Any:
     return config.model_copy(update=updates) if updates else config
 
 
+def _learner_option_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``[learner.options]`` from the flags: ``--options JSON``, then each ``--set key=value``
+    (a dotted key reaches into a table: ``loss.name=ridge``; the value is read as JSON, else kept
+    as a string), then ``--radius`` and ``--intercept`` (later flags win)."""
+    from streamer.learners import DEFAULT_OPTIONS
+
+    options: dict[str, Any] = {}
+    if args.options:
+        try:
+            parsed = json.loads(args.options)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--options: not valid JSON ({exc.msg} at character {exc.pos}); e.g. --options '{{\"radius\": 4}}'") from None
+        if not isinstance(parsed, dict):
+            raise ConfigError("--options: must be a JSON object, e.g. --options '{\"radius\": 4}'")
+        options = _merge_options(options, parsed)
+    for assignment in args.set or []:
+        key, sep, text = assignment.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set radius=4 or --set loss.name=ridge")
+        try:
+            value: Any = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        *parents, leaf = key.split(".")
+        node = options
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    if args.radius is not None:
+        options["radius"] = args.radius
+    if args.intercept:
+        options.setdefault("loss", {})["intercept"] = True
+    if isinstance(options.get("loss"), dict):
+        options["loss"] = {**DEFAULT_OPTIONS["loss"], **options["loss"]}
+    return options
+
+
+def _merge_options(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        merged[key] = _merge_options(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from streamer.metrics import ServiceMetrics
     from streamer.processor import Processor
@@ -94,6 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = ServiceMetrics()
     metrics.set_info(config.learner.name, display_name(config.source.url), _version())
     metrics.set_seeded(config.learner.seed is not None)
+    metrics.set_epsilon_budget(config.learner.max_epsilon)
     if config.learner.seed is not None:
         from protocols.randomness import SEEDED_WARNING
 
@@ -106,6 +157,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             endpoint = f"http://{config.metrics.addr}:{config.metrics.port}/metrics"
             log.info("metrics at %s", endpoint)
         except OSError as exc:
+            # A service (Kafka source) is watched through its metrics: without them it would run
+            # unmonitored, so a busy port is an error; a demo or replay only warns.
+            if config.source.url.startswith("kafka://"):
+                raise ConfigError(
+                    f"metrics.port {config.metrics.port} on {config.metrics.addr}: {exc.strerror} (another panpriv or "
+                    "exporter holds it?). Choose a free port with --metrics-port PORT, or --metrics-port 0 for none"
+                ) from None
             log.warning("metrics endpoint not started (port %d: %s); continuing without it", config.metrics.port, exc.strerror)
     progress = config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty())
     log.info("output directory: %s", config.out)
@@ -115,6 +173,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if stop_server is not None:
             stop_server()
+        if config.metrics.textfile is not None:
+            metrics.write_textfile(str(config.metrics.textfile))
+    log.info("learner %s ran with options %s", result.learner.name, _effective_options(result.learner))
     _print_summary(config, result, time.monotonic() - started, endpoint, args)
     return EXIT_OK
 
@@ -125,6 +186,7 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
     out("")
     out(f"panpriv run: {result.outcome.replace('_', ' ')} — {result.message} ({seconds:.1f} s)")
     out(f"  learner         {result.learner.name} (instance {result.instance})")
+    out(f"  options         {_effective_options(result.learner)}")
     out(f"  source          {_display(config.source.url)}")
     reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(result.rejects.items()))
     out(f"  records learned {result.records:,}" + (f"; rejected {rejected:,} ({reasons})" if rejected else "; rejected 0"))
@@ -152,6 +214,11 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
         out(f"  resume          panpriv run {shlex.join(_resume_args(args, config))}")
 
 
+def _effective_options(learner: Any) -> str:
+    """The learner's constructor arguments as it runs (defaults included), ``key=value, …``."""
+    return ", ".join(f"{key}={json.dumps(value, sort_keys=True)}" for key, value in sorted(learner.config().items()))
+
+
 def _state_dir(config: Any) -> Path:
     from streamer.budget import default_state_dir
 
@@ -164,10 +231,15 @@ def _display(url: str) -> str:
     return display_name(url)
 
 
+_GLOBAL_FLAGS_WITH_VALUES = ("--log-level", "--log-format")
+
+
 def _after_command(argv: list[str]) -> list[str]:
-    """The arguments after the subcommand (the global flags before it take no values)."""
-    first = next((i for i, token in enumerate(argv) if not token.startswith("-")), len(argv))
-    return argv[first + 1 :]
+    """The arguments after the subcommand (skipping the global flags before it and their values)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in _GLOBAL_FLAGS_WITH_VALUES else 1
+    return argv[i + 1 :]
 
 
 def _resume_args(args: argparse.Namespace, config: Any) -> list[str]:
@@ -242,9 +314,9 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from streamer.inspect import describe
+    from streamer.inspect import describe, summary
 
-    print(describe(Path(args.path)))
+    print(json.dumps(summary(Path(args.path)), sort_keys=True) if args.json else describe(Path(args.path)))
     return EXIT_OK
 
 
@@ -318,6 +390,8 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     from streamer.config import LEARNER_NAMES
+    from streamer.logs import FORMATS as LOG_FORMATS
+    from streamer.logs import LEVELS as LOG_LEVELS
 
     parser = argparse.ArgumentParser(
         prog="panpriv",
@@ -325,11 +399,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"panpriv {_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="log level (default INFO; -q: WARNING)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json: one JSON object per line")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     # The global flags are accepted after the subcommand too (`panpriv run -q`); SUPPRESS keeps a
     # subcommand from resetting a value given before it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="log warnings and errors only")
+    common.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=argparse.SUPPRESS, help="log level (default INFO; -q: WARNING)")
+    common.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS, help="text (default) or json: one JSON object per line")
+    # The commands that only talk to Kafka read the [kafka] section (TLS, SASL, options) of a config file.
+    kafka_only = argparse.ArgumentParser(add_help=False)
+    kafka_only.add_argument("--config", dest="kafka_config", type=Path, metavar="TOML",
+                            help="read the [kafka] section (TLS, SASL, client options) of this file; PANPRIV_KAFKA__* variables override it")
 
     run = commands.add_parser(
         "run",
@@ -352,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--snapshot-every", type=int, metavar="RECORDS", help="emit a snapshot at most every RECORDS records")
     run.add_argument("--checkpoint-every", type=int, metavar="RECORDS", help="checkpoint at most every RECORDS records")
     run.add_argument("--metrics-port", type=int, help="Prometheus endpoint port (0: none; default 9477)")
+    run.add_argument("--metrics-textfile", type=Path, metavar="PATH", help="also write the metrics to PATH at the end (node_exporter textfile collector; short replays)")
     run.add_argument("--rate", type=float, help="records per second (0: as fast as possible)")
     run.add_argument("--stop-at-end", action="store_true", help="Kafka: exit once every partition of the topics is caught up")
     run.add_argument("--accept-offset-reset", action="store_true", help="Kafka: read on when a topic's offsets went back below the checkpoint (re-created topic); the ledger charges those offsets again")
@@ -359,13 +442,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dim", type=int, help="feature dimension")
     run.add_argument("--feature-bound", type=_positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
     run.add_argument("--seed", type=int, help="TEST/REPLAY ONLY: seed the noise (no pan-private guarantee)")
+    run.add_argument("--options", metavar="JSON", help='learner options as a JSON object over the config\'s, e.g. \'{"eta": 0.1, "radius": 4}\'')
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="one learner option (repeatable; a dotted key reaches a table: loss.name=ridge)")
+    run.add_argument("--radius", type=_positive_float, help="radius of the parameter ball (learner.options.radius; a PUBLIC bound chosen before seeing the data)")
+    run.add_argument("--intercept", action="store_true", help="learn an intercept (learner.options.loss.intercept = true)")
     run.add_argument("--progress", choices=["auto", "on", "off"], help="progress line on stderr (default auto: on a terminal)")
     run.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
+    run.add_argument("--status-every", type=float, metavar="SECONDS", help="off a terminal, log a status line this often (default 30; 0: never)")
     run.set_defaults(handler=cmd_run)
 
     record = commands.add_parser(
         "record",
-        parents=[common],
+        parents=[common, kafka_only],
         help="copy a Kafka topic to a replayable file (offsets and timestamps kept)",
         description="Read every partition of the topic(s) from its first to its current last offset and write a recording for `panpriv run --source file:PATH`.",
     )
@@ -397,9 +485,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     from streamer import produce as load
 
-    produce = commands.add_parser("produce", parents=[common], help=load.HELP, description=load.DESCRIPTION)
+    produce = commands.add_parser("produce", parents=[common, kafka_only], help=load.HELP, description=load.DESCRIPTION)
     load.add_produce_arguments(produce)
     produce.set_defaults(handler=load.run_produce)
+
+    from streamer import dev_broker
+
+    broker = commands.add_parser("dev-broker", parents=[common], help=dev_broker.HELP, description=dev_broker.__doc__)
+    dev_broker.add_arguments(broker)
+    broker.set_defaults(handler=dev_broker.run)
 
     inspect = commands.add_parser(
         "inspect",
@@ -408,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Summarise a checkpoint manifest, a snapshots JSONL file, or a --out directory holding both.",
     )
     inspect.add_argument("path")
+    inspect.add_argument("--json", action="store_true", help="one JSON object instead of text (for scripts)")
     inspect.set_defaults(handler=cmd_inspect)
 
     predict = commands.add_parser(
@@ -429,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     budget = commands.add_parser(
         "budget",
-        parents=[common],
+        parents=[common, kafka_only],
         help="what every run spent, per data source (the budget store)",
         description=(
             "List every data source in the budget store (Kafka cluster/topic/partition, a file's content hash), "
@@ -452,16 +547,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     args.argv = _after_command(argv) if args.command == "run" else []
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("kafka").setLevel(logging.ERROR)
-    redact_logs()
+    from streamer import logs
+
+    logs.setup(args.log_level or ("WARNING" if args.quiet else "INFO"), args.log_format or "text")
     from streamer.budget import BudgetExceededError
 
     try:
+        if hasattr(args, "kafka_config"):
+            from streamer import kafka_client
+            from streamer.config import load_kafka_config
+
+            kafka_client.configure(load_kafka_config(args.kafka_config))
         return int(args.handler(args))
     except BudgetExceededError as exc:
         print(f"panpriv {args.command}: {exc}", file=sys.stderr)

@@ -10,10 +10,13 @@ Sections (TOML tables) and what they decide:
   length ``n``, ``max_epsilon`` (stop before the composed guarantee would exceed it),
   ``max_records_per_user`` (declared, not enforced), a test-only ``seed``, and learner-specific ``options``.
 - ``[checkpoint]``, ``[snapshots]``, ``[metrics]`` — cadence, sinks, HTTP endpoint.
+- ``[kafka]`` — how to reach the cluster: TLS, SASL, client options (:class:`KafkaConfig`); used by
+  every Kafka client of the process (source, dead letters, snapshot and budget topics, ``produce``,
+  ``record``), secrets from the environment.
 - ``[budget]`` — ``state_dir``, the directory of the budget store shared by every run, or
   ``kafka_topic``/``kafka_bootstrap`` to keep it on a compacted Kafka topic
   (:mod:`streamer.budget`).
-- top level: ``out`` (directory of checkpoints and snapshots) and ``progress``.
+- top level: ``out`` (directory of checkpoints and snapshots), ``progress`` and ``status_interval_s``.
 
 Privacy-relevant settings are those that change what the learner's noise protects or how it is
 accounted: the whole ``[learner]`` section except ``max_epsilon`` (a stopping policy, not a
@@ -29,12 +32,13 @@ import copy
 import hashlib
 import json
 import math
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from protocols.catalogue import learner_names
 from streamer.datasets import adult
@@ -102,6 +106,10 @@ class RecordsConfig(_Section):
     )
     label_min: float = -math.inf
     label_max: float = math.inf
+    guard_records: int = Field(
+        default=1000, ge=0, description="stop if the first this-many records are nearly all rejected (0: off; streamer.reject_guard)"
+    )
+    guard_ratio: float = Field(default=0.99, gt=0, le=1, description="the rejected share that stops the run")
 
     @field_validator("feature_bound", "label_min", "label_max")
     @classmethod
@@ -169,6 +177,81 @@ class MetricsConfig(_Section):
     lag_interval_s: float = Field(
         default=2.0, gt=0, le=3600, description="Kafka: refresh the consumer lag this often between checkpoints"
     )
+    textfile: Path | None = Field(
+        default=None, description="also write every series to this file at the end of the run (node_exporter textfile collector)"
+    )
+
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+KAFKA_ENV_PREFIX = "PANPRIV_KAFKA__"
+"""``PANPRIV_KAFKA__SASL_PASSWORD=…`` sets ``[kafka] sasl_password`` (any scalar setting of the
+section, upper-cased), over the file: secrets stay out of files and command lines."""
+
+
+class KafkaConfig(_Section):
+    """How every Kafka client of the process reaches the cluster (TLS, SASL, client options).
+
+    Secrets (``sasl_password``, ``ssl_password``) are :class:`pydantic.SecretStr`: their ``repr``
+    and ``str`` are ``**********``, and nothing that leaves the process (logs, metrics,
+    checkpoints, the privacy hash) contains this section. Give them through the environment
+    (:data:`KAFKA_ENV_PREFIX`) or name the variable holding them (``sasl_password_env``).
+    ``consumer`` and ``producer`` are passed to the client unchanged (kafka-python's option names,
+    e.g. ``fetch_max_bytes``, ``compression_type``); the options that decide correctness
+    (offsets, group, security) are set by panpriv or by the fields above and refused there.
+    """
+
+    client: Literal["kafka-python", "confluent"] = Field(
+        default="kafka-python", description="the source's client library; confluent: confluent-kafka (librdkafka), pip install confluent-kafka"
+    )
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = Field(default=None, description="prefer PANPRIV_KAFKA__SASL_PASSWORD or sasl_password_env")
+    sasl_password_env: str | None = Field(default=None, description="name of the environment variable holding the SASL password")
+    ssl_cafile: Path | None = Field(default=None, description="CA bundle (PEM) that signed the brokers' certificates; None: the system's")
+    ssl_certfile: Path | None = Field(default=None, description="client certificate (PEM), for mutual TLS")
+    ssl_keyfile: Path | None = Field(default=None, description="client private key (PEM), for mutual TLS")
+    ssl_password: SecretStr | None = Field(default=None, description="password of ssl_keyfile")
+    ssl_check_hostname: bool = True
+    connect_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="start-up: wait this long for a broker to answer")
+    consumer: dict[str, OptionValue] = Field(default_factory=dict, description="extra kafka-python consumer options")
+    producer: dict[str, OptionValue] = Field(default_factory=dict, description="extra kafka-python producer options")
+    librdkafka: dict[str, OptionValue] = Field(
+        default_factory=dict, description="client = confluent: extra librdkafka properties of the source's consumer"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaConfig:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl:
+            if self.sasl_mechanism is None:
+                raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
+            if not self.sasl_username:
+                raise ValueError(f"security_protocol {self.security_protocol} needs sasl_username")
+            if self.password() is None:
+                where = f"the environment variable {self.sasl_password_env}" if self.sasl_password_env else f"{KAFKA_ENV_PREFIX}SASL_PASSWORD"
+                raise ValueError(f"security_protocol {self.security_protocol} needs a SASL password: set {where}")
+        elif self.sasl_mechanism is not None or self.sasl_username is not None:
+            raise ValueError(f"sasl_mechanism/sasl_username are set but security_protocol is {self.security_protocol}; use SASL_SSL (or SASL_PLAINTEXT)")
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None:
+                if not self.security_protocol.endswith("SSL"):
+                    raise ValueError(f"{name} is set but security_protocol is {self.security_protocol}; use SSL or SASL_SSL")
+                if not Path(path).is_file():
+                    raise ValueError(f"{name}: file {path} does not exist")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (mutual TLS needs both)")
+        return self
+
+    def password(self) -> str | None:
+        """The SASL password: ``sasl_password``, else the variable named by ``sasl_password_env``."""
+        if self.sasl_password is not None:
+            return self.sasl_password.get_secret_value()
+        if self.sasl_password_env:
+            return os.environ.get(self.sasl_password_env) or None
+        return None
 
 
 class BudgetConfig(_Section):
@@ -190,6 +273,9 @@ class ServiceConfig(_Section):
 
     out: Path | None = Field(default=None, description="checkpoints and snapshots; None: out/<learner>-<time>")
     progress: Literal["auto", "on", "off"] = "auto"
+    status_interval_s: float = Field(
+        default=30.0, ge=0, le=86_400, description="without the progress bar, log a status line this often (0: never; streamer.status)"
+    )
     source: SourceConfig = SourceConfig()
     records: RecordsConfig = RecordsConfig()
     learner: LearnerConfig = LearnerConfig()
@@ -197,6 +283,7 @@ class ServiceConfig(_Section):
     snapshots: SnapshotConfig = SnapshotConfig()
     metrics: MetricsConfig = MetricsConfig()
     budget: BudgetConfig = BudgetConfig()
+    kafka: KafkaConfig = KafkaConfig()
 
     @model_validator(mode="after")
     def _resolve_records(self) -> ServiceConfig:
@@ -287,10 +374,36 @@ def load_config(
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
+    _apply_kafka_environment(data)
     try:
         return ServiceConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, path)) from None
+
+
+def _apply_kafka_environment(data: dict[str, Any]) -> None:
+    """Set ``data["kafka"][name]`` from every ``PANPRIV_KAFKA__NAME`` variable (:data:`KAFKA_ENV_PREFIX`)."""
+    for variable, value in os.environ.items():
+        if variable.startswith(KAFKA_ENV_PREFIX):
+            data.setdefault("kafka", {})[variable.removeprefix(KAFKA_ENV_PREFIX).lower()] = value
+
+
+def load_kafka_config(path: Path | None = None) -> KafkaConfig:
+    """The ``[kafka]`` section of ``path`` (other sections ignored) with the environment over it,
+    for the commands that only talk to Kafka (``produce``, ``record``, ``budget --kafka``)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = {"kafka": tomllib.loads(Path(path).read_text(encoding="utf-8")).get("kafka", {})}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    _apply_kafka_environment(data)
+    try:
+        return KafkaConfig.model_validate(data.get("kafka", {}))
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, path).replace("\n  ", "\n  kafka.")) from None
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -313,7 +426,8 @@ def _format_errors(exc: ValidationError, path: Path | None) -> str:
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; see README 'Configuring')"
         value = error.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {redact(repr(value))})"
+        secret = "password" in name  # never echo a secret, even a malformed one
+        shown = "" if isinstance(value, dict) or secret else f" (got {redact(repr(value))})"
         lines.append(f"  {name}: {message}{shown}" if name else f"  {message}")
     return "\n".join(lines)
 

@@ -97,3 +97,58 @@ def describe_recording(path: Path) -> str:
             f"  recorded {reader.header['created']}; keys: {', '.join(reader.keys)}",
         ]
     )
+
+
+# -- JSON (panpriv inspect --json) ----------------------------------------------------------------
+
+
+def summary(path: Path) -> dict[str, object]:
+    """The same summary as :func:`describe`, as one JSON-ready object (``checkpoint``,
+    ``snapshots`` and/or ``recording`` keys), for scripts; no learner state, no parameters."""
+    if path.is_dir():
+        manifest, snapshots = path / "checkpoints" / MANIFEST_NAME, path / "snapshots.jsonl"
+        found: dict[str, object] = {}
+        if manifest.exists():
+            found["checkpoint"] = checkpoint_summary(manifest)
+        if snapshots.exists():
+            found["snapshots"] = snapshots_summary(snapshots)
+        if not found:
+            raise CheckpointError(f"{path} holds neither checkpoints/{MANIFEST_NAME} nor snapshots.jsonl")
+        return found
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    if is_recording(path):
+        reader = RecordingReader(path)
+        return {"recording": {"path": str(path), "messages": reader.count(), "source": reader.header["source"],
+                              "created": reader.header["created"], "keys": list(reader.keys)}}
+    if path.suffix == ".jsonl":
+        return {"snapshots": snapshots_summary(path)}
+    return {"checkpoint": checkpoint_summary(path)}
+
+
+def checkpoint_summary(path: Path) -> dict[str, object]:
+    checkpoint = read_manifest(path)
+    ledger = PrivacyLedger.from_dict(checkpoint.ledger)
+    report = dataclasses.replace(ledger.report(), records=checkpoint.records)
+    return {
+        "path": str(path), "sequence": checkpoint.sequence, "created": _time(checkpoint.created),
+        "finished": checkpoint.finished, "learner": checkpoint.learner, "instance": checkpoint.instance,
+        "records": checkpoint.records, "snapshots": checkpoint.snapshots, "rejects": dict(sorted(checkpoint.rejects.items())),
+        "config_hash": checkpoint.config_hash, "positions": dict(sorted(checkpoint.positions.items())),
+        "coverage": {key: [[s.start, s.stop, len(s.uses)] for s in ledger.coverage(key)] for key in sorted(ledger.sources)},
+        "privacy": report.to_dict(),
+    }
+
+
+def snapshots_summary(path: Path) -> dict[str, object]:
+    records = read_snapshots(path)
+    if not records:
+        return {"path": str(path), "count": 0}
+    last = records[-1]
+    counts = [r["records"] for r in records]
+    return {
+        "path": str(path), "count": len(records), "last_sequence": last["sequence"], "last_records": last["records"],
+        "last_created": last["created"], "parameters": len(last["params"]),
+        "records_never_decrease": all(a <= b for a, b in zip(counts, counts[1:], strict=False)),
+        "privacy": last["privacy"],
+    }

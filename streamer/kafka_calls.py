@@ -114,11 +114,12 @@ def changed_partitions(bootstrap: list[str], wanted: Mapping[Any, tuple[int, int
     runs inside the group consumer's own ``poll``)."""
     if not wanted:
         return {}
-    from kafka import KafkaConsumer
     from kafka.errors import OffsetOutOfRangeError
 
-    probe = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                          client_id="panpriv-verify", auto_offset_reset="none")
+    from streamer import kafka_client
+
+    probe = kafka_client.consumer(bootstrap, group_id=None, enable_auto_commit=False,
+                                  client_id="panpriv-verify", auto_offset_reset="none")
     found: dict[Any, Any] = {}
     try:
         probe.assign(list(wanted))

@@ -35,6 +35,7 @@ from protocols.catalogue import UnknownLearnerError, load_learner
 from protocols.errors import InvalidInputError
 from streamer.config import ServiceConfig
 from streamer.errors import ConfigError, LearnerUnavailableError
+from streamer.option_hints import hint
 
 DEFAULT_OPTIONS: Mapping[str, Any] = {"loss": {"name": "logistic"}}
 """Options every learner gets unless ``[learner.options]`` overrides them: the logistic loss."""
@@ -79,7 +80,7 @@ def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
     ]
     if missing:
         raise ConfigError(
-            f"learner {config.learner.name!r} needs " + ", ".join(f"learner.options.{m}" for m in missing)
+            f"learner {config.learner.name!r} needs " + ", ".join(f"learner.options.{m}{hint(m)}" for m in missing)
             + f" (constructor arguments of {cls.__name__} without a default)"
         )
     return arguments

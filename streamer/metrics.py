@@ -11,6 +11,9 @@ loss, accuracy, feature or label summary of incoming data), because a metric lea
 and only noisy state may leave it (issue 8; docs/privacy.md). Counts of records are public
 quantities in the accounting: the guarantees are stated for a stream whose length is known.
 
+No ``_created`` series (prometheus-client's creation timestamps of counters and histograms):
+they double the series count and no rule or panel uses them.
+
 The registry is injected (a fresh :class:`~prometheus_client.CollectorRegistry` if none is given)
 so that tests read values from it and several services can live in one process without clashing
 on the global default registry.
@@ -20,11 +23,13 @@ Series
 ``panpriv_records_total``
     Valid records learned from (after validation and clipping).
 ``panpriv_records_rejected_total{reason}``
-    Records rejected by the codec, by reason. Public, not noised: the privacy statement says so, and
-    the guarantee covers neighbouring streams whose records have the same validity.
-``panpriv_batches_total``, ``panpriv_batch_seconds`` (histogram)
+    Records rejected by the codec, by reason; every reason of :class:`streamer.codec.Reason` is
+    exported from the start at 0 (a rate over a series that appears at its first reject is lost).
+    Public, not noised: the privacy statement says so, and the guarantee covers neighbouring
+    streams whose records have the same validity.
+``panpriv_batches_total``, ``panpriv_batch_duration_seconds`` (histogram)
     Micro-batches learned and the wall time of each.
-``panpriv_checkpoint_seconds`` (histogram), ``panpriv_last_checkpoint_timestamp_seconds``
+``panpriv_checkpoint_duration_seconds`` (histogram), ``panpriv_last_checkpoint_timestamp_seconds``
     Duration of each durable checkpoint and the Unix time at which the last one became durable.
 ``panpriv_snapshots_total``
     Snapshots emitted.
@@ -38,9 +43,16 @@ Series
     Per data source this run reads (a data key of :mod:`streamer.budget`: Kafka cluster/topic/
     partition, a file's content hash), the ε composed over every run that used its records, worst
     record; refreshed at every checkpoint.
-``panpriv_consumer_lag_records{partition}``
-    Records between the consumer position and the end of each assigned ``topic/partition``:
+``panpriv_privacy_epsilon_budget{guarantee}``
+    ``learner.max_epsilon`` for both guarantees when it is set (absent otherwise): the alert
+    ``PanprivPrivacyBudgetHigh`` divides ``panpriv_privacy_epsilon`` by it.
+``panpriv_consumer_lag_messages{topic, partition}``
+    Kafka messages (offsets) between the consumer position and the end of each assigned partition:
     refreshed every ``metrics.lag_interval_s`` seconds and at every checkpoint.
+``panpriv_consumer_lag_records{topic, partition}``
+    The same lag in records: messages times the records per message read so far (valid and
+    rejected; 1 for one-record JSON/CSV messages, ~256 for binary batches). An estimate: the
+    unread messages may hold another number of records.
 ``panpriv_info{learner, source, version}``
     Constant 1, labelled with what this process runs.
 ``panpriv_seeded_mode``
@@ -55,7 +67,7 @@ import math
 import urllib.parse
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, start_http_server
 
 from accounting.ledger import Guarantee, PrivacyReport
 
@@ -67,6 +79,8 @@ CHECKPOINT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
                               5.0, 10.0, 30.0)
 
 GUARANTEES = ("output", "intrusion")
+
+disable_created_metrics()  # module docstring
 
 
 def _invalid(owner: str, name: str, constraint: str, value: object) -> ValueError:
@@ -91,6 +105,12 @@ def _label(owner: str, name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise _invalid(owner, name, "a non-empty str", value)
     return value
+
+
+def _topic_partition(key: str) -> tuple[str, str]:
+    """``"events/2"`` -> ``("events", "2")`` (a topic name has no ``/``; a key without one is its own topic)."""
+    topic, _, partition = key.rpartition("/")
+    return (topic, partition) if topic else (key, "")
 
 
 def _without_credentials(source: str) -> str:
@@ -126,13 +146,17 @@ class ServiceMetrics:
             "panpriv_records_rejected", "Records rejected by validation, by reason.", ["reason"],
             registry=r,
         )
+        from streamer.codec import Reason
+
+        for reason in Reason:
+            self._rejected.labels(reason=reason.value)  # exported at 0 from the start
         self._batches = Counter("panpriv_batches", "Micro-batches learned.", registry=r)
         self._batch_seconds = Histogram(
-            "panpriv_batch_seconds", "Wall time to learn one micro-batch.",
+            "panpriv_batch_duration_seconds", "Wall time to learn one micro-batch.",
             buckets=BATCH_SECONDS_BUCKETS, registry=r,
         )
         self._checkpoint_seconds = Histogram(
-            "panpriv_checkpoint_seconds", "Wall time to make one checkpoint durable.",
+            "panpriv_checkpoint_duration_seconds", "Wall time to make one checkpoint durable.",
             buckets=CHECKPOINT_SECONDS_BUCKETS, registry=r,
         )
         self._last_checkpoint = Gauge(
@@ -157,12 +181,25 @@ class ServiceMetrics:
             "run that used its records (budget store), worst record.",
             ["source", "guarantee"], registry=r,
         )
-        self._lag = Gauge(
+        self._epsilon_budget = Gauge(
+            "panpriv_privacy_epsilon_budget",
+            "learner.max_epsilon, the epsilon the service stops before exceeding (absent when not set).",
+            ["guarantee"], registry=r,
+        )
+        self._lag_messages = Gauge(
+            "panpriv_consumer_lag_messages",
+            "Kafka messages (offsets) between the consumer position and the end of each assigned partition.",
+            ["topic", "partition"], registry=r,
+        )
+        self._lag_records = Gauge(
             "panpriv_consumer_lag_records",
-            "Records between the consumer position and the end of each assigned topic/partition.",
-            ["partition"], registry=r,
+            "Estimated records between the consumer position and the end of each assigned partition "
+            "(messages x records per message read so far).",
+            ["topic", "partition"], registry=r,
         )
         self._lag_partitions: set[str] = set()
+        self._messages_read = 0  # positions consumed (messages), for records per message
+        self._records_read = 0  # valid and rejected records in them
         self._info = Info("panpriv", "What this process runs.", registry=r)
         self._seeded = Gauge(
             "panpriv_seeded_mode",
@@ -170,11 +207,16 @@ class ServiceMetrics:
             registry=r,
         )
 
-    def observe_batch(self, records: int, seconds: float) -> None:
-        """Count one learned micro-batch of ``records`` valid records that took ``seconds``."""
+    def observe_batch(self, records: int, seconds: float, messages: int | None = None, rejected: int = 0) -> None:
+        """Count one learned micro-batch of ``records`` valid records that took ``seconds``;
+        ``messages`` (positions consumed) and ``rejected`` feed the records-per-message estimate
+        of ``panpriv_consumer_lag_records``."""
         owner = "ServiceMetrics.observe_batch"
         records = _count(owner, "records", records)
         seconds = _seconds(owner, "seconds", seconds)
+        if messages is not None:
+            self._messages_read += _count(owner, "messages", messages)
+            self._records_read += records + _count(owner, "rejected", rejected)
         self._records.inc(records)
         self._batches.inc()
         self._batch_seconds.observe(seconds)
@@ -215,20 +257,44 @@ class ServiceMetrics:
             self._budget_epsilon.labels(source=label, guarantee="output").set(output.epsilon)
             self._budget_epsilon.labels(source=label, guarantee="intrusion").set(intrusion.epsilon)
 
+    def set_epsilon_budget(self, max_epsilon: float | None) -> None:
+        """Export ``max_epsilon`` for both guarantees (``None``: no budget, no series)."""
+        if max_epsilon is None:
+            return
+        value = _seconds("ServiceMetrics.set_epsilon_budget", "max_epsilon", max_epsilon)
+        for guarantee in GUARANTEES:
+            self._epsilon_budget.labels(guarantee=guarantee).set(value)
+
+    @property
+    def records_per_message(self) -> float:
+        """Records (valid and rejected) per message read so far; 1 before the first batch."""
+        return self._records_read / self._messages_read if self._messages_read else 1.0
+
     def observe_lag(self, lags: Mapping[str, int]) -> None:
-        """Set the consumer lag of every currently assigned ``topic/partition``.
+        """Set the consumer lag of every currently assigned ``topic/partition`` (in messages, and
+        in records by :attr:`records_per_message`).
 
         ``lags`` is the whole current assignment: the series of a partition missing from it
         (revoked in a rebalance) is removed, since its lag is now another consumer's to report.
         """
         owner = "ServiceMetrics.observe_lag"
-        checked = {_label(owner, "partition", partition): _count(owner, f"lags[{partition!r}]", lag)
-                   for partition, lag in lags.items()}
+        checked = {_label(owner, "partition", key): _count(owner, f"lags[{key!r}]", lag) for key, lag in lags.items()}
         for stale in self._lag_partitions - checked.keys():
-            self._lag.remove(stale)
-        for partition, lag in checked.items():
-            self._lag.labels(partition=partition).set(lag)
+            for gauge in (self._lag_messages, self._lag_records):
+                gauge.remove(*_topic_partition(stale))
+        ratio = self.records_per_message
+        for key, lag in checked.items():
+            topic, partition = _topic_partition(key)
+            self._lag_messages.labels(topic=topic, partition=partition).set(lag)
+            self._lag_records.labels(topic=topic, partition=partition).set(round(lag * ratio))
         self._lag_partitions = set(checked)
+
+    def write_textfile(self, path: str) -> None:
+        """Write the registry to ``path`` in the text format, atomically (node_exporter's textfile
+        collector reads it): a replay shorter than a scrape interval still publishes its numbers."""
+        from prometheus_client import write_to_textfile
+
+        write_to_textfile(path, self.registry)
 
     def set_seeded(self, seeded: bool) -> None:
         """Report whether the noise is explicitly seeded (``panpriv_seeded_mode``)."""

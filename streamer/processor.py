@@ -97,6 +97,7 @@ from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 from protocols.base import Learner
 from protocols.errors import ProtocolError
 from protocols.recorded import RecordedLearner
+from streamer import kafka_client
 from streamer.budget import BudgetExceededError, BudgetStore, describe_excess, open_budget
 from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, Decoded, make_codec
@@ -110,6 +111,7 @@ from streamer.metrics import ServiceMetrics
 from streamer.outlock import OutputLock
 from streamer.pacing import Cadence, Pacer
 from streamer.progress import Progress
+from streamer.reject_guard import RejectGuard
 from streamer.replay import Halt, has_round_reports, open_indexed, pass_instance, reads_by_index
 from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink, snapshot_record
 from streamer.source_url import KafkaUrl, parse_source_url
@@ -124,6 +126,7 @@ from streamer.sources import (
     open_source,
     source_marks,
 )
+from streamer.status import RejectLog, StatusLine
 
 log = logging.getLogger("panpriv.processor")
 
@@ -191,12 +194,16 @@ class Processor:
         if config.out is None:
             raise ConfigError("out: the processor needs an output directory")
         self.config = config
+        kafka_client.configure(config.kafka)  # every Kafka client of the run uses [kafka] (streamer.kafka_client)
         self.out = Path(config.out)
         self.metrics = metrics if metrics is not None else ServiceMetrics()
         self.stop_event = stop if stop is not None else threading.Event()
         self._progress_enabled = progress
         self.store = CheckpointStore(self.out / "checkpoints")
         self.codec: Codec = make_codec(config.records)
+        self._reject_log = RejectLog()
+        self._status = StatusLine(None if progress else config.status_interval_s)  # off a terminal (streamer.status)
+        self._reject_guard = RejectGuard(self.codec, config.records.guard_records, config.records.guard_ratio)
         # Set up by run():
         self.learner: Learner
         self.ledger: PrivacyLedger
@@ -569,6 +576,7 @@ class Processor:
                     f"stopped before learning a batch that would raise ε to {over:.4g} "
                     f"(max_epsilon = {cfg.learner.max_epsilon}); its records were not used"
                 )
+            self._reject_guard.check(batch)  # a misconfiguration stops here, before any charge (streamer.reject_guard)
             refused = self._charge_budget(self.instance, batch.ranges)  # durable before learning
             if refused is not None:
                 return "budget_exhausted", refused
@@ -653,7 +661,14 @@ class Processor:
         if lags is not None:
             self.metrics.observe_lag(lags)
 
+    def _lags(self) -> dict[str, int] | None:
+        """The lag per partition in records (messages x records per message read), for the status line."""
+        lags = self._source.lag() if self._source is not None else None
+        ratio = self.metrics.records_per_message
+        return None if lags is None else {key: round(lag * ratio) for key, lag in lags.items()}
+
     def _checkpoint_if_due(self, cadence: Cadence, idle: bool = False) -> None:
+        self._status.tick(self.learner.records_seen, self.rejects, self._lags, self.report, cadence)
         if cadence.checkpoint_due(idle):
             snapshot = cadence.snapshot_due
             self._checkpoint(snapshot=snapshot)
@@ -774,9 +789,10 @@ class Processor:
         if counts:
             self.rejects.update(counts)
             self.metrics.observe_rejects(counts)
+            self._reject_log.note(counts, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in batch.ranges.items()))
             if self._dead_letters is not None:
                 self._send_dead_letters(batch, decoded, self._dead_letters)
-        self.metrics.observe_batch(len(decoded.y), time.perf_counter() - t0)
+        self.metrics.observe_batch(len(decoded.y), time.perf_counter() - t0, batch.consumed, sum(counts.values()))
         learned = len(decoded.y)
         _wipe_records(decoded)
         return learned + sum(counts.values())

@@ -74,11 +74,12 @@ def produce(
     fmt: Literal["json", "binary"] = "json", batch_records: int = 256, rate: float | None = None,
 ) -> int:
     """Send the synthetic records to ``topic`` at ``bootstrap``; return the number of records sent."""
-    from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
+    from streamer import kafka_client
+
     try:
-        producer = KafkaProducer(bootstrap_servers=bootstrap.split(","), linger_ms=20, acks=1,
+        producer = kafka_client.producer(bootstrap.split(","), linger_ms=20, acks=1,
                                  max_request_size=16 * 1024 * 1024)
     except KafkaError as exc:
         raise SourceError(f"cannot connect to Kafka at {bootstrap}: {exc}") from None

@@ -36,11 +36,13 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
     Raises :class:`SourceError` if a topic does not exist or no progress is made for
     ``timeout_s`` seconds.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
+
+    from streamer import kafka_client
 
     spec = parse_kafka_url(url)
-    consumer = KafkaConsumer(
-        bootstrap_servers=spec.bootstrap, enable_auto_commit=False, group_id=None, client_id="panpriv-record",
+    consumer = kafka_client.consumer(
+        spec.bootstrap, enable_auto_commit=False, group_id=None, client_id="panpriv-record",
         receive_message_max_bytes=RECEIVE_MESSAGE_MAX_BYTES,
     )
     try:

@@ -130,10 +130,10 @@ class KafkaSnapshotSink:
     """Produce snapshot records as JSON to ``topic`` (acks=all; each emit waits for the broker)."""
 
     def __init__(self, bootstrap: list[str], topic: str) -> None:
-        from kafka import KafkaProducer
+        from streamer import kafka_client
 
         self.topic = topic
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", client_id="panpriv-snapshots")
+        self._producer = kafka_client.producer(bootstrap, acks="all", client_id="panpriv-snapshots")
 
     def emit(self, record: Mapping[str, Any]) -> None:
         value = json.dumps(record, sort_keys=True, allow_nan=False).encode("utf-8")
@@ -147,10 +147,10 @@ class DeadLetterSink:
     """Produce rejected messages, unchanged, to ``topic`` with the reason in a header."""
 
     def __init__(self, bootstrap: list[str], topic: str) -> None:
-        from kafka import KafkaProducer
+        from streamer import kafka_client
 
         self.topic = topic
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", client_id="panpriv-dead-letters")
+        self._producer = kafka_client.producer(bootstrap, acks="all", client_id="panpriv-dead-letters")
 
     def send(self, value: bytes, reason: str, key: str, position: int) -> None:
         headers = [

@@ -47,7 +47,7 @@ from typing import IO, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from streamer import kafka_calls
+from streamer import kafka_calls, kafka_client
 from streamer.codec import Codec
 from streamer.config import SourceConfig
 from streamer.errors import SourceError
@@ -381,7 +381,7 @@ class KafkaSource:
         on_revoke: Callable[[], None] | None = None,
         marks: Mapping[str, int] | None = None,
     ) -> None:
-        from kafka import ConsumerRebalanceListener, KafkaConsumer
+        from kafka import ConsumerRebalanceListener
         from kafka.errors import KafkaError
 
         self.url = url
@@ -405,8 +405,8 @@ class KafkaSource:
                 source._assigned_partitions(assigned)
 
         try:
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=url.bootstrap,
+            self._consumer = kafka_client.consumer(
+                url.bootstrap,
                 group_id=url.group,
                 client_id="panpriv",
                 enable_auto_commit=False,
@@ -418,7 +418,7 @@ class KafkaSource:
                 receive_message_max_bytes=RECEIVE_MESSAGE_MAX_BYTES,
             )
         except KafkaError as exc:
-            raise SourceError(f"cannot connect to Kafka at {','.join(url.bootstrap)}: {exc}") from None
+            raise SourceError(f"cannot connect to Kafka at {kafka_client.describe(url.bootstrap)}: {exc}") from None
         self._consumer.subscribe(topics=url.topics, listener=Listener())
 
     def cluster_identity(self) -> str:
@@ -641,7 +641,7 @@ MARKS_KEY = "source_marks"
 
 def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, dict[str, int]]:
     """``{MARKS_KEY: marks}`` for a checkpoint at ``positions`` (empty for sources without marks)."""
-    marks = source.marks(positions) if isinstance(source, KafkaSource) else {}
+    marks = source.marks(positions) if hasattr(source, "marks") else {}  # the Kafka sources (either client)
     return {MARKS_KEY: marks} if marks else {}
 
 
@@ -659,6 +659,10 @@ def open_source(
         raise SourceError("source.recorded_pace needs a file: source holding a panpriv recording")
     match parsed:
         case KafkaUrl():
+            if kafka_client.settings().client == "confluent":
+                from streamer.source_confluent import ConfluentKafkaSource
+
+                return ConfluentKafkaSource(parsed, config, positions, on_revoke, marks)
             return KafkaSource(parsed, config, positions, on_revoke, marks)
         case SyntheticUrl(n=n, dim=dim, seed=seed):
             if dim != codec.dim:

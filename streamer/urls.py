@@ -1,8 +1,8 @@
-"""Credentials in source URLs: refused until Kafka security settings exist, and never printed.
+"""Credentials in source URLs: refused (they belong in ``[kafka]``), and never printed.
 
-``kafka://user:password@host/topic`` looks like it authenticates, but panpriv has no Kafka
-security settings yet (SASL/TLS belong to the operability issue): connecting without them would
-silently ignore the credentials. :func:`refuse_credentials` turns such a URL into a clear error
+``kafka://user:password@host/topic`` looks like it authenticates, but the Kafka security settings
+live in the ``[kafka]`` section with the password in the environment (:mod:`streamer.kafka_client`):
+connecting with the URL's credentials ignored would silently be unauthenticated. :func:`refuse_credentials` turns such a URL into a clear error
 instead. :func:`redact` removes the ``user:password@`` part of every URL in a text; it is applied
 to everything that leaves the process as text (error messages, the resume hint, log records), so a
 password typed into a URL is never echoed whatever path the URL takes.
@@ -34,9 +34,9 @@ def refuse_credentials(url: str, what: str = "Kafka source") -> None:
     """Raise ``ValueError`` (redacted) if ``url`` carries credentials (module docstring)."""
     if has_credentials(url):
         raise ValueError(
-            f"{what} {redact(url)} carries credentials (user:password@), but panpriv has no Kafka "
-            "authentication settings yet and would connect unauthenticated; remove the credentials "
-            "from the URL (and rotate the password if this command line was logged or shared)"
+            f"{what} {redact(url)} carries credentials (user:password@), which panpriv does not read from "
+            "URLs (it would connect unauthenticated); remove them and set [kafka] security_protocol, sasl_mechanism and sasl_username, with the "
+            "password in PANPRIV_KAFKA__SASL_PASSWORD (and rotate it if this command line was logged or shared)"
         )
 
 

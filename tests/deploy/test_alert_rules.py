@@ -42,6 +42,7 @@ def case(series: dict[str, str], eval_time: str, alert: str, summary: str | None
     }
 
 
+BUDGET_4 = {f'panpriv_privacy_epsilon_budget{{{LABELS}, guarantee="{g}"}}': "4x6" for g in ("output", "intrusion")}
 FLOWING = {f"panpriv_records_total{{{LABELS}}}": "0+6000x30"}  # 100 records/s
 CASES = {
     "down: scrape fails for 2 minutes": case(
@@ -71,12 +72,26 @@ CASES = {
         "20m", "PanprivCheckpointStale", None),
     "epsilon above 80% of max_epsilon": case(
         {f'panpriv_privacy_epsilon{{{LABELS}, guarantee="output"}}': "2 3.3x5",
-         f'panpriv_privacy_epsilon{{{LABELS}, guarantee="intrusion"}}': "+Inf +Inf +Inf +Inf +Inf +Inf"},
-        "3m", "PanprivPrivacyBudgetHigh", "panpriv panpriv:9477: epsilon 3.3 is above 80% of max_epsilon",
+         f'panpriv_privacy_epsilon{{{LABELS}, guarantee="intrusion"}}': "+Inf +Inf +Inf +Inf +Inf +Inf",
+         **BUDGET_4},
+        "3m", "PanprivPrivacyBudgetHigh", "panpriv panpriv:9477 has spent 82.5% of max_epsilon",
         labels={"instance": "panpriv:9477"}),
+    "the intrusion guarantee counts too": case(
+        {f'panpriv_privacy_epsilon{{{LABELS}, guarantee="output"}}': "1x6",
+         f'panpriv_privacy_epsilon{{{LABELS}, guarantee="intrusion"}}': "1 3.6x5", **BUDGET_4},
+        "3m", "PanprivPrivacyBudgetHigh", "panpriv panpriv:9477 has spent 90% of max_epsilon",
+        labels={"instance": "panpriv:9477"}),
+    "another budget: the same epsilon is quiet": case(
+        {f'panpriv_privacy_epsilon{{{LABELS}, guarantee="output"}}': "2 3.3x5",
+         f'panpriv_privacy_epsilon_budget{{{LABELS}, guarantee="output"}}': "10x6",
+         f'panpriv_privacy_epsilon_budget{{{LABELS}, guarantee="intrusion"}}': "10x6"},
+        "3m", "PanprivPrivacyBudgetHigh", None),
+    "no max_epsilon: no budget to spend": case(
+        {f'panpriv_privacy_epsilon{{{LABELS}, guarantee="output"}}': "2 30x5"},
+        "3m", "PanprivPrivacyBudgetHigh", None),
     "no pan-private guarantee (+Inf) is not a spent budget": case(
         {f'panpriv_privacy_epsilon{{{LABELS}, guarantee="output"}}': "1x6",
-         f'panpriv_privacy_epsilon{{{LABELS}, guarantee="intrusion"}}': "+Inf +Inf +Inf +Inf +Inf +Inf"},
+         f'panpriv_privacy_epsilon{{{LABELS}, guarantee="intrusion"}}': "+Inf +Inf +Inf +Inf +Inf +Inf", **BUDGET_4},
         "3m", "PanprivPrivacyBudgetHigh", None),
     "seeded noise (replay/testing mode)": case(
         {f"panpriv_seeded_mode{{{LABELS}}}": "1x5"}, "2m", "PanprivSeededMode",

@@ -163,17 +163,28 @@ def test_dashboard_shows_every_required_view() -> None:
     queries = dashboard_queries()
     used = set().union(*map(promql_metric_names, queries))
     assert {
-        "panpriv_records_total", "panpriv_records_rejected_total", "panpriv_batch_seconds_bucket",
+        "panpriv_records_total", "panpriv_records_rejected_total", "panpriv_batch_duration_seconds_bucket",
         "panpriv_last_checkpoint_timestamp_seconds", "panpriv_consumer_lag_records",
         "panpriv_privacy_epsilon", "panpriv_privacy_delta", "panpriv_snapshots_total",
     } <= used
     # Rejects split by reason; latency as quantiles; both guarantees shown for ε and δ.
     assert any("by (reason)" in q and "panpriv_records_rejected_total" in q for q in queries)
     assert {q.split(",")[0] for q in queries if q.startswith("histogram_quantile")
-            and "panpriv_batch_seconds_bucket" in q} >= {"histogram_quantile(0.5", "histogram_quantile(0.99"}
+            and "panpriv_batch_duration_seconds_bucket" in q} >= {"histogram_quantile(0.5", "histogram_quantile(0.99"}
     for metric in ("panpriv_privacy_epsilon", "panpriv_privacy_delta"):
         for guarantee in ("output", "intrusion"):
-            assert any(f'{metric}{{guarantee="{guarantee}"}}' in q for q in queries), (metric, guarantee)
+            assert any(f'{metric}{{guarantee="{guarantee}", ' in q for q in queries), (metric, guarantee)
+    assert any("by (topic, partition)" in q and "panpriv_consumer_lag_records" in q for q in queries)
+
+
+def test_dashboard_has_datasource_and_instance_variables_used_by_every_query() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert variables["instance"]["query"]["query"] == "label_values(panpriv_info, instance)"
+    for query in dashboard_queries():
+        selectors = re.findall(r"panpriv_\w+(\{[^}]*\})?", query)
+        assert selectors and all('instance=~"$instance"' in s for s in selectors), query
 
 
 def test_alert_rules_cover_the_required_conditions() -> None:
@@ -251,9 +262,11 @@ def test_grafana_provisioning_matches_the_compose_mounts_and_the_dashboard() -> 
     assert bind_mounts(grafana)[provider["options"]["path"]] == DASHBOARD.parent
     datasource = load_yaml(DEPLOY / "grafana/provisioning/datasources/prometheus.yml")["datasources"][0]
     assert datasource["url"] == "http://prometheus:9090"
-    uids = {target["datasource"]["uid"] for panel in json.loads(DASHBOARD.read_text())["panels"]
-            for target in panel.get("targets", [])}
-    assert uids == {datasource["uid"]}
+    dashboard = json.loads(DASHBOARD.read_text())
+    uids = {target["datasource"]["uid"] for panel in dashboard["panels"] for target in panel.get("targets", [])}
+    assert uids == {"${datasource}"}  # the variable, whose default is the provisioned datasource
+    variable = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
+    assert variable["current"]["value"] == datasource["uid"]
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -347,7 +360,10 @@ def test_alert_thresholds_follow_the_service_config() -> None:
     checkpoint_expr = next(r["expr"] for r in alert_rules() if r["alert"] == "PanprivCheckpointStale")
     age_threshold = float(re.search(r"panpriv_last_checkpoint_timestamp_seconds\s*>\s*([0-9.]+)", checkpoint_expr).group(1))
     assert age_threshold == 2 * config.checkpoint.every_seconds
-    assert rule_threshold("PanprivPrivacyBudgetHigh") == pytest.approx(0.8 * config.learner.max_epsilon, rel=1e-12)
+    # The budget alert reads max_epsilon from the service (panpriv_privacy_epsilon_budget), not a copy.
+    budget_expr = next(r["expr"] for r in alert_rules() if r["alert"] == "PanprivPrivacyBudgetHigh")
+    assert "/ panpriv_privacy_epsilon_budget" in budget_expr and rule_threshold("PanprivPrivacyBudgetHigh") == 0.8
+    assert config.learner.max_epsilon is not None
 
 
 # --- docker compose -----------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def test_the_readme_configuration_example_is_valid() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     block = re.search(r"## Configuring.*?```toml\n(.*?)```", readme, re.S).group(1)
     config = ServiceConfig.model_validate(tomllib.loads(block))
-    documented = set(re.findall(r"^(?:# )?(\w+) =", block, re.MULTILINE)) | {"options"}  # [learner.options]
-    for section in ("source", "records", "learner", "checkpoint", "snapshots", "metrics", "budget"):
+    documented = set(re.findall(r"^(?:# )?(\w+) =", block, re.MULTILINE)) | {"options", "consumer", "producer", "librdkafka"}  # tables
+    for section in ("source", "records", "learner", "checkpoint", "snapshots", "metrics", "budget", "kafka"):
         fields = set(getattr(config, section).__class__.model_fields)
         assert fields <= documented, f"[{section}] settings missing from the README: {fields - documented}"

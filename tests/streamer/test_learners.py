@@ -51,7 +51,7 @@ def test_common_settings_reach_the_constructor() -> None:
         ({"learner.options": {"radiuss": 1.0}}, "learner.options.radiuss: PanPrivateACSA has no parameter 'radiuss'"),
         ({"learner.options": {"epsilon": 1.0}}, "learner.options.epsilon: set it through its own setting"),
         ({"learner.options": {"radius": -1.0}}, "The 'radius' parameter of PanPrivateACSA must be"),
-        ({"learner.name": "pnsgd"}, "learner 'pnsgd' needs learner.options.eta, learner.options.radius"),
+        ({"learner.name": "pnsgd"}, "learner 'pnsgd' needs learner.options.eta (--set eta=0.1: the step size"),
     ],
 )
 def test_bad_options_are_named(overrides, message) -> None:

@@ -38,12 +38,12 @@ def test_observe_batch_counts_records_and_batches_and_times_them(metrics: Servic
     metrics.observe_batch(44, 0.0004)
     assert value(metrics, "panpriv_records_total") == 300.0
     assert value(metrics, "panpriv_batches_total") == 2.0
-    assert value(metrics, "panpriv_batch_seconds_count") == 2.0
-    assert value(metrics, "panpriv_batch_seconds_sum") == pytest.approx(0.0034)
+    assert value(metrics, "panpriv_batch_duration_seconds_count") == 2.0
+    assert value(metrics, "panpriv_batch_duration_seconds_sum") == pytest.approx(0.0034)
     # 0.0004 s falls in the 0.0005 bucket, 0.003 s only from the 0.005 bucket on.
-    assert value(metrics, "panpriv_batch_seconds_bucket", le="0.0005") == 1.0
-    assert value(metrics, "panpriv_batch_seconds_bucket", le="0.0025") == 1.0
-    assert value(metrics, "panpriv_batch_seconds_bucket", le="0.005") == 2.0
+    assert value(metrics, "panpriv_batch_duration_seconds_bucket", le="0.0005") == 1.0
+    assert value(metrics, "panpriv_batch_duration_seconds_bucket", le="0.0025") == 1.0
+    assert value(metrics, "panpriv_batch_duration_seconds_bucket", le="0.005") == 2.0
 
 
 def test_empty_batch_counts_a_batch_but_no_records(metrics: ServiceMetrics) -> None:
@@ -66,9 +66,9 @@ def test_checkpoint_duration_and_last_timestamp(metrics: ServiceMetrics) -> None
     assert value(metrics, "panpriv_last_checkpoint_timestamp_seconds") == 0.0
     metrics.observe_checkpoint(0.02, 1_700_000_000.5)
     metrics.observe_checkpoint(0.2, 1_700_000_060.25)
-    assert value(metrics, "panpriv_checkpoint_seconds_count") == 2.0
-    assert value(metrics, "panpriv_checkpoint_seconds_sum") == pytest.approx(0.22)
-    assert value(metrics, "panpriv_checkpoint_seconds_bucket", le="0.025") == 1.0
+    assert value(metrics, "panpriv_checkpoint_duration_seconds_count") == 2.0
+    assert value(metrics, "panpriv_checkpoint_duration_seconds_sum") == pytest.approx(0.22)
+    assert value(metrics, "panpriv_checkpoint_duration_seconds_bucket", le="0.025") == 1.0
     assert value(metrics, "panpriv_last_checkpoint_timestamp_seconds") == 1_700_000_060.25
 
 
@@ -95,13 +95,48 @@ def test_no_guarantee_is_exported_as_plus_infinity(metrics: ServiceMetrics) -> N
 
 def test_lag_is_the_current_assignment_and_revoked_partitions_disappear(metrics: ServiceMetrics) -> None:
     metrics.observe_lag({"events/0": 10, "events/1": 0, "events/2": 7})
-    assert value(metrics, "panpriv_consumer_lag_records", partition="events/2") == 7.0
+    assert value(metrics, "panpriv_consumer_lag_messages", topic="events", partition="2") == 7.0
+    assert value(metrics, "panpriv_consumer_lag_records", topic="events", partition="2") == 7.0  # no batch yet: 1/message
     metrics.observe_lag({"events/0": 4, "events/1": 1})
-    assert value(metrics, "panpriv_consumer_lag_records", partition="events/0") == 4.0
-    assert value(metrics, "panpriv_consumer_lag_records", partition="events/1") == 1.0
-    assert value(metrics, "panpriv_consumer_lag_records", partition="events/2") is None
+    assert value(metrics, "panpriv_consumer_lag_messages", topic="events", partition="0") == 4.0
+    assert value(metrics, "panpriv_consumer_lag_messages", topic="events", partition="1") == 1.0
+    for name in ("panpriv_consumer_lag_messages", "panpriv_consumer_lag_records"):
+        assert value(metrics, name, topic="events", partition="2") is None
     metrics.observe_lag({})
-    assert value(metrics, "panpriv_consumer_lag_records", partition="events/0") is None
+    assert value(metrics, "panpriv_consumer_lag_records", topic="events", partition="0") is None
+
+
+def test_lag_in_records_counts_the_records_per_message_read(metrics: ServiceMetrics) -> None:
+    """Binary batches: 4 messages held 1,000 valid and 24 rejected records, so 256 per message."""
+    metrics.observe_batch(1000, 0.01, messages=4, rejected=24)
+    metrics.observe_lag({"a.b/3": 10})
+    assert value(metrics, "panpriv_consumer_lag_messages", topic="a.b", partition="3") == 10.0
+    assert value(metrics, "panpriv_consumer_lag_records", topic="a.b", partition="3") == 2560.0
+
+
+def test_every_reject_reason_is_exported_at_zero_from_the_start(metrics: ServiceMetrics) -> None:
+    from streamer.codec import Reason
+
+    for reason in Reason:
+        assert value(metrics, "panpriv_records_rejected_total", reason=reason.value) == 0.0
+
+
+def test_no_created_series_and_the_budget_only_when_set(metrics: ServiceMetrics) -> None:
+    from prometheus_client import generate_latest
+
+    metrics.observe_batch(5, 0.01)
+    assert b"_created" not in generate_latest(metrics.registry)
+    metrics.set_epsilon_budget(None)
+    assert value(metrics, "panpriv_privacy_epsilon_budget", guarantee="output") is None
+    metrics.set_epsilon_budget(4.0)
+    assert value(metrics, "panpriv_privacy_epsilon_budget", guarantee="output") == 4.0
+    assert value(metrics, "panpriv_privacy_epsilon_budget", guarantee="intrusion") == 4.0
+
+
+def test_textfile_holds_the_series(metrics: ServiceMetrics, tmp_path) -> None:
+    metrics.observe_batch(7, 0.01)
+    metrics.write_textfile(str(tmp_path / "panpriv.prom"))
+    assert "panpriv_records_total 7.0" in (tmp_path / "panpriv.prom").read_text().splitlines()
 
 
 def test_info_labels_and_credentials_never_become_a_label(metrics: ServiceMetrics) -> None:
@@ -174,15 +209,15 @@ def test_real_prometheus_scrapes_every_series(metrics: ServiceMetrics, prometheu
         assert prom.wait_for_value("panpriv_records_total", lambda v: v == 256.0) == 256.0
         expected = {
             "panpriv_batches_total": 2.0,
-            "panpriv_batch_seconds_count": 2.0,
+            "panpriv_batch_duration_seconds_count": 2.0,
             'panpriv_records_rejected_total{reason="wrong_dimension"}': 4.0,
-            "panpriv_checkpoint_seconds_count": 1.0,
+            "panpriv_checkpoint_duration_seconds_count": 1.0,
             "panpriv_last_checkpoint_timestamp_seconds": 1_700_000_000.0,
             "panpriv_snapshots_total": 1.0,
             'panpriv_privacy_epsilon{guarantee="output"}': 1.0,
             'panpriv_privacy_delta{guarantee="output"}': 1e-6,
             'panpriv_privacy_epsilon{guarantee="intrusion"}': math.inf,
-            'panpriv_consumer_lag_records{partition="events/0"}': 17.0,
+            'panpriv_consumer_lag_records{topic="events",partition="0"}': 17.0,
             'panpriv_info{learner="pan-acsa",source="synthetic:d=20"}': 1.0,
         }
         scraped = {}

@@ -86,11 +86,16 @@ def topic(kafka_broker) -> Topic:
     return Topic(name, end, rejects)
 
 
-def panpriv(*args: str, log: Path) -> subprocess.Popen:
+def panpriv(*args: str, log: Path, client: str = "kafka-python", state_dir: Path | None = None) -> subprocess.Popen:
+    """``panpriv ARGS`` as a child process whose Kafka source uses ``client`` ([kafka] client),
+    with the budget store in ``state_dir`` (default: this test's)."""
     handle = open(log, "ab")  # noqa: SIM115 - inherited by the child; closed when the test ends
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PANPRIV_KAFKA__CLIENT": client}
+    if state_dir is not None:
+        env["PANPRIV_STATE_DIR"] = str(state_dir)
     return subprocess.Popen(
         [sys.executable, "-m", "streamer.cli", *args], stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
-        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True, env=env,
     )
 
 
@@ -123,9 +128,14 @@ class KafkaRun:
     state_dir: Path  # the budget store the runs shared
 
 
-@pytest.fixture(scope="module")
-def kafka_run(kafka_broker, topic, tmp_path_factory) -> KafkaRun:
-    """Issue 8 test 1's scenario: consume with kill -9 at random points, restart, run to the end."""
+@pytest.fixture(scope="module", params=["kafka-python", "confluent"])
+def kafka_run(request, kafka_broker, topic, tmp_path_factory) -> KafkaRun:
+    """Issue 8 test 1's scenario: consume with kill -9 at random points, restart, run to the end;
+    once with each Kafka client of the source (kafka-python, confluent-kafka)."""
+    client = request.param
+    # A budget store per client: both runs read the same topic, and the store would (rightly)
+    # compose the second run with the first.
+    state_dir = tmp_path_factory.mktemp(f"state-{client}")
     out = tmp_path_factory.mktemp("kafka-run") / "out"
     group = f"g-{uuid.uuid4().hex[:8]}"
     args = run_args(kafka_broker.bootstrap, topic.name, group, out, "--stop-at-end", "--rate", "20000")
@@ -135,7 +145,7 @@ def kafka_run(kafka_broker, topic, tmp_path_factory) -> KafkaRun:
     t0 = time.monotonic()
     for _ in range(3):
         before = checkpoint_records(out)
-        process = panpriv(*args, log=log)
+        process = panpriv(*args, log=log, client=client, state_dir=state_dir)
         try:
             # Let this run make durable progress, then kill it at a random moment.
             wait_until(lambda: process.poll() is None and checkpoint_records(out) >= before + 6000, 60, "progress before the kill")
@@ -144,10 +154,10 @@ def kafka_run(kafka_broker, topic, tmp_path_factory) -> KafkaRun:
             process.kill()  # SIGKILL: no handler runs, nothing is flushed
             process.wait(timeout=10)
         kills.append(checkpoint_records(out))
-    process = panpriv(*args, log=log)
+    process = panpriv(*args, log=log, client=client, state_dir=state_dir)
     code = process.wait(timeout=120)
     assert code == 0, log.read_text()[-3000:]
-    return KafkaRun(out, group, kills, time.monotonic() - t0, Path(os.environ["PANPRIV_STATE_DIR"]))
+    return KafkaRun(out, group, kills, time.monotonic() - t0, state_dir)
 
 
 def test_kill_9_cycles_leave_every_offset_covered_exactly_once(kafka_run, topic, kafka_broker) -> None:
