@@ -24,7 +24,6 @@ Security settings are translated from ``[kafka]`` to librdkafka's property names
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,7 +31,7 @@ from streamer import kafka_calls, kafka_client
 from streamer.config import KafkaConfig, SourceConfig
 from streamer.errors import SourceError
 from streamer.source_url import KafkaUrl
-from streamer.sources import ASSIGNMENT_LOG_EVERY_S, CAUGHT_UP_POLLS, REBALANCE_TIMEOUT_MS, Batch, FatalSourceError
+from streamer.sources import REBALANCE_TIMEOUT_MS, Batch, FatalSourceError, KafkaConsumerSource
 
 log = logging.getLogger("panpriv.sources")
 
@@ -56,7 +55,7 @@ def librdkafka_settings(config: KafkaConfig) -> dict[str, Any]:
     return {**config.librdkafka, **settings}
 
 
-class ConfluentKafkaSource:
+class ConfluentKafkaSource(KafkaConsumerSource):
     """A confluent-kafka consumer group whose positions come from our checkpoint (module docstring)."""
 
     def __init__(
@@ -69,16 +68,8 @@ class ConfluentKafkaSource:
     ) -> None:
         from confluent_kafka import Consumer, KafkaException
 
-        self.url = url
-        self.name = url.display()
-        self._config = config
-        self._positions: dict[str, int] = {k: int(v) for k, v in positions.items()}
-        self._marks: dict[str, tuple[int, int]] = {k: (self._positions[k], int(t)) for k, t in (marks or {}).items() if k in self._positions}
+        super().__init__(url, config, positions, on_revoke, marks)
         self._assigned: list[Any] = []
-        self._on_revoke = on_revoke
-        self._failure: BaseException | None = None
-        self._empty_polls = 0
-        self._waiting_since = self._waiting_logged = time.monotonic()
         kafka_client.preflight(url.bootstrap)  # a wrong protocol or login stops here with its name
         try:
             self._consumer = Consumer({
@@ -158,26 +149,7 @@ class ConfluentKafkaSource:
             mark = self._marks.get(key)
             if mark is not None and mark[0] == self._positions.get(key) and mark[0] - 1 >= beginning[key]:
                 wanted[TopicPartition(tp.topic, tp.partition)] = mark
-        reset = set()
-        for tp, found in kafka_calls.changed_partitions(self.url.bootstrap, wanted).items():
-            key = f"{tp.topic}/{tp.partition}"
-            if not self._config.accept_offset_reset:
-                raise kafka_calls.replaced(key, self._positions[key], found)
-            log.warning("partition %s no longer holds the records before offset %d; reading it from its beginning "
-                        "(accept_offset_reset)", key, self._positions[key])
-            self._marks.pop(key, None)
-            reset.add(key)
-        return reset
-
-    def marks(self, positions: Mapping[str, int]) -> dict[str, int]:
-        return {key: ts for key, (position, ts) in self._marks.items() if positions.get(key) == position}
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            if isinstance(failure, kafka_calls.OffsetRegressionError):
-                raise failure
-            raise FatalSourceError(f"Kafka rebalance failed: {failure!r}") from failure
+        return self._replaced_partitions(kafka_calls.changed_partitions(self.url.bootstrap, wanted))
 
     # -- consuming --------------------------------------------------------------------------------
 
@@ -193,43 +165,10 @@ class ConfluentKafkaSource:
                     raise FatalSourceError(f"Kafka consumer failed: {error.str()}")
                 log.warning("Kafka consumer: %s", error.str())
                 continue
-            by_key.setdefault(f"{message.topic()}/{message.partition()}", []).append(message)
-        batch = Batch({})
-        for key, group in by_key.items():
-            start = self._positions.get(key, group[0].offset())
-            if group[0].offset() < start:
-                start = self._offset_reset(key, start, group[0].offset())
-            fresh = [m for m in group if m.offset() >= start]
-            if not fresh:
-                continue
-            for message in fresh:
-                batch.payloads.append(message.value() or b"")
-                batch.keys.append(key)
-                batch.positions.append(message.offset())
-            stop = fresh[-1].offset() + 1
-            batch.ranges[key] = (start, stop)
-            self._positions[key] = stop
-            self._marks[key] = (stop, fresh[-1].timestamp()[1])
-        if not batch.ranges:
-            if self._config.stop_at_end:
-                self._empty_polls = self._empty_polls + 1 if self._check_caught_up() else 0
-            return None
-        self._empty_polls = 0
-        return batch
-
-    def _log_waiting(self) -> None:
-        now = time.monotonic()
-        if self._assigned:
-            self._waiting_since = self._waiting_logged = now
-        elif now - self._waiting_logged >= ASSIGNMENT_LOG_EVERY_S:
-            log.info("no partition assigned yet by consumer group %r after %.0f s; waiting", self.url.group, now - self._waiting_since)
-            self._waiting_logged = now
-
-    def _offset_reset(self, key: str, position: int, offset: int) -> int:
-        if not self._config.accept_offset_reset:
-            raise kafka_calls.regression(key, position, offset)
-        log.warning("partition %s was reset from offset %d to %d; reading on from there (accept_offset_reset)", key, position, offset)
-        return offset
+            by_key.setdefault(f"{message.topic()}/{message.partition()}", []).append(
+                (message.offset(), message.value() or b"", message.timestamp()[1])
+            )
+        return self._batch(by_key)
 
     def _check_caught_up(self) -> bool:
         """Every partition of the topics consumed: ours by our positions, the others by the group's commits."""
@@ -258,10 +197,6 @@ class ConfluentKafkaSource:
         except KafkaException as exc:
             log.debug("caught-up check failed (%s); polling on", exc)
             return False
-
-    @property
-    def exhausted(self) -> bool:
-        return self._empty_polls >= CAUGHT_UP_POLLS
 
     def total_positions(self) -> int | None:
         if not self._assigned:

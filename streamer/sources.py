@@ -36,13 +36,14 @@ dropped, so a redelivery can never be learned twice.
 
 from __future__ import annotations
 
+import abc
 import gzip
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -370,7 +371,118 @@ class SyntheticSource(_LocalSource):
 # -- Kafka --------------------------------------------------------------------------------------
 
 
-class KafkaSource:
+class KafkaConsumerSource(abc.ABC):
+    """What the two Kafka consumer sources share (:class:`KafkaSource` on kafka-python,
+    :class:`streamer.source_confluent.ConfluentKafkaSource` on librdkafka): the offset-regression
+    marks and their verdicts, the deferred rebalance failure, the wait for an assignment and the
+    end-of-topic rule. Subclasses call this constructor, then open their consumer and set
+    ``_assigned`` (the client's own collection of assigned partitions)."""
+
+    _assigned: Any
+
+    def __init__(
+        self,
+        url: KafkaUrl,
+        config: SourceConfig,
+        positions: Mapping[str, int],
+        on_revoke: Callable[[], None] | None,
+        marks: Mapping[str, int] | None,
+    ) -> None:
+        self.url = url
+        self.name = url.display()
+        self._config = config
+        self._positions: dict[str, int] = {k: int(v) for k, v in positions.items()}
+        # key -> (position, timestamp of the record at position - 1): kafka_calls' regression check
+        self._marks: dict[str, tuple[int, int]] = {k: (self._positions[k], int(t)) for k, t in (marks or {}).items() if k in self._positions}
+        self._on_revoke = on_revoke
+        self._failure: BaseException | None = None
+        self._empty_polls = 0
+        self._waiting_since = self._waiting_logged = time.monotonic()  # "waiting for an assignment" log line
+
+    def marks(self, positions: Mapping[str, int]) -> dict[str, int]:
+        """The timestamps of the last records before ``positions`` (for the checkpoint)."""
+        return {key: ts for key, (position, ts) in self._marks.items() if positions.get(key) == position}
+
+    def _replaced_partitions(self, changed: Mapping[Any, Any]) -> set[str]:
+        """The verdict on partitions whose record before our position changed
+        (:func:`kafka_calls.changed_partitions`): refuse, or with ``accept_offset_reset`` return
+        their keys to be read anew from their beginning."""
+        reset = set()
+        for tp, found in changed.items():
+            key = f"{tp.topic}/{tp.partition}"
+            if not self._config.accept_offset_reset:
+                raise kafka_calls.replaced(key, self._positions[key], found)
+            log.warning("partition %s no longer holds the records before offset %d; reading it from its beginning "
+                        "(accept_offset_reset)", key, self._positions[key])
+            self._marks.pop(key, None)
+            reset.add(key)
+        return reset
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            if isinstance(failure, kafka_calls.OffsetRegressionError):
+                raise failure
+            raise FatalSourceError(f"Kafka rebalance failed: {failure!r}") from failure
+
+    def _log_waiting(self) -> None:
+        """Log every :data:`ASSIGNMENT_LOG_EVERY_S` while the group has assigned us nothing."""
+        now = time.monotonic()
+        if self._assigned:
+            self._waiting_since = self._waiting_logged = now
+        elif now - self._waiting_logged >= ASSIGNMENT_LOG_EVERY_S:
+            log.info("no partition assigned yet by consumer group %r after %.0f s; waiting (another member may be "
+                     "holding the group until its session or rebalance timeout)", self.url.group, now - self._waiting_since)
+            self._waiting_logged = now
+
+    def _offset_reset(self, key: str, position: int, offset: int) -> int:
+        """A record below our position: refuse (:mod:`streamer.kafka_calls`), or with
+        ``accept_offset_reset`` continue from ``offset``."""
+        if not self._config.accept_offset_reset:
+            raise kafka_calls.regression(key, position, offset)
+        log.warning("partition %s was reset from offset %d to %d; reading on from there (accept_offset_reset)", key, position, offset)
+        return offset
+
+    def _batch(self, by_key: Mapping[str, list[tuple[int, bytes, int]]]) -> Batch | None:
+        """The batch of one poll, from each partition's ``(offset, value, timestamp ms)`` in
+        offset order: records below our position are dropped (a redelivery is never learned
+        twice), a partition reset below it is refused or accepted (:meth:`_offset_reset`), and
+        positions and marks advance. ``None`` when nothing new arrived; with ``stop_at_end``,
+        empty polls count towards :attr:`exhausted` only while every partition is caught up."""
+        batch = Batch({})
+        for key, messages in by_key.items():
+            first = messages[0][0]
+            start = self._positions.get(key, first)
+            if first < start:  # the broker reset the consumer below our position
+                start = self._offset_reset(key, start, first)
+            fresh = [m for m in messages if m[0] >= start]
+            if not fresh:
+                continue
+            for offset, value, _ in fresh:
+                batch.payloads.append(value)
+                batch.keys.append(key)
+                batch.positions.append(offset)
+            stop = fresh[-1][0] + 1
+            batch.ranges[key] = (start, stop)
+            self._positions[key] = stop
+            self._marks[key] = (stop, fresh[-1][2])
+        if not batch.ranges:
+            if self._config.stop_at_end:
+                self._empty_polls = self._empty_polls + 1 if self._check_caught_up() else 0
+            return None
+        self._empty_polls = 0
+        return batch
+
+    @abc.abstractmethod
+    def _check_caught_up(self) -> bool:
+        """Whether every partition of the consumed topics is read to its end (ours or the group's)."""
+
+    @property
+    def exhausted(self) -> bool:
+        return self._empty_polls >= CAUGHT_UP_POLLS
+
+
+class KafkaSource(KafkaConsumerSource):
     """A kafka-python consumer group whose positions come from our checkpoint (module docstring)."""
 
     def __init__(
@@ -384,17 +496,8 @@ class KafkaSource:
         from kafka import ConsumerRebalanceListener
         from kafka.errors import KafkaError
 
-        self.url = url
-        self.name = url.display()
-        self._config = config
-        self._positions: dict[str, int] = {k: int(v) for k, v in positions.items()}
-        # key -> (position, timestamp of the record at position - 1): kafka_calls' regression check
-        self._marks: dict[str, tuple[int, int]] = {k: (self._positions[k], int(t)) for k, t in (marks or {}).items() if k in self._positions}
+        super().__init__(url, config, positions, on_revoke, marks)
         self._assigned: set = set()
-        self._on_revoke = on_revoke
-        self._failure: BaseException | None = None
-        self._empty_polls = 0
-        self._waiting_since = self._waiting_logged = time.monotonic()  # "waiting for an assignment" log line
         source = self
 
         class Listener(ConsumerRebalanceListener):  # kafka-python requires a subclass
@@ -483,74 +586,16 @@ class KafkaSource:
             if (mark := self._marks.get(f"{tp.topic}/{tp.partition}")) is not None
             and mark[0] == self._positions.get(f"{tp.topic}/{tp.partition}") and mark[0] - 1 >= beginning[tp]
         }
-        changed = kafka_calls.changed_partitions(self.url.bootstrap, wanted)
-        reset = set()
-        for tp, found in changed.items():
-            key = f"{tp.topic}/{tp.partition}"
-            if not self._config.accept_offset_reset:
-                raise kafka_calls.replaced(key, self._positions[key], found)
-            log.warning("partition %s no longer holds the records before offset %d; reading it from its beginning "
-                        "(accept_offset_reset)", key, self._positions[key])
-            self._marks.pop(key, None)
-            reset.add(key)
-        return reset
-
-    def marks(self, positions: Mapping[str, int]) -> dict[str, int]:
-        """The timestamps of the last records before ``positions`` (for the checkpoint)."""
-        return {key: ts for key, (position, ts) in self._marks.items() if positions.get(key) == position}
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            if isinstance(failure, kafka_calls.OffsetRegressionError):
-                raise failure
-            raise FatalSourceError(f"Kafka rebalance failed: {failure!r}") from failure
+        return self._replaced_partitions(kafka_calls.changed_partitions(self.url.bootstrap, wanted))
 
     def poll(self, max_records: int, timeout_s: float) -> Batch | None:
         records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         self._raise_failure()
         self._log_waiting()
-        batch = Batch({})
-        for tp, messages in records.items():
-            key = f"{tp.topic}/{tp.partition}"
-            start = self._positions.get(key, messages[0].offset)
-            if messages[0].offset < start:  # the broker reset the consumer below our position
-                start = self._offset_reset(key, start, messages[0].offset)
-            fresh = [m for m in messages if m.offset >= start]
-            if not fresh:
-                continue
-            for message in fresh:
-                batch.payloads.append(message.value if message.value is not None else b"")
-                batch.keys.append(key)
-                batch.positions.append(message.offset)
-            stop = fresh[-1].offset + 1
-            batch.ranges[key] = (start, stop)
-            self._positions[key] = stop
-            self._marks[key] = (stop, fresh[-1].timestamp)
-        if not batch.ranges:
-            if self._config.stop_at_end:
-                self._empty_polls = self._empty_polls + 1 if self._check_caught_up() else 0
-            return None
-        self._empty_polls = 0
-        return batch
-
-    def _log_waiting(self) -> None:
-        """Log every :data:`ASSIGNMENT_LOG_EVERY_S` while the group has assigned us nothing."""
-        now = time.monotonic()
-        if self._assigned:
-            self._waiting_since = self._waiting_logged = now
-        elif now - self._waiting_logged >= ASSIGNMENT_LOG_EVERY_S:
-            log.info("no partition assigned yet by consumer group %r after %.0f s; waiting (another member may be "
-                     "holding the group until its session or rebalance timeout)", self.url.group, now - self._waiting_since)
-            self._waiting_logged = now
-
-    def _offset_reset(self, key: str, position: int, offset: int) -> int:
-        """A record below our position: refuse (:mod:`streamer.kafka_calls`), or with
-        ``accept_offset_reset`` continue from ``offset``."""
-        if not self._config.accept_offset_reset:
-            raise kafka_calls.regression(key, position, offset)
-        log.warning("partition %s was reset from offset %d to %d; reading on from there (accept_offset_reset)", key, position, offset)
-        return offset
+        return self._batch({
+            f"{tp.topic}/{tp.partition}": [(m.offset, m.value if m.value is not None else b"", m.timestamp) for m in messages]
+            for tp, messages in records.items()
+        })
 
     def _check_caught_up(self) -> bool:
         """Every partition of the topics consumed (ours or the group's), not only the assigned ones."""
@@ -563,10 +608,6 @@ class KafkaSource:
         except KafkaError as exc:
             log.debug("caught-up check failed (%s); polling on", type(exc).__name__)
             return False
-
-    @property
-    def exhausted(self) -> bool:
-        return self._empty_polls >= CAUGHT_UP_POLLS
 
     def total_positions(self) -> int | None:
         if not self._assigned:
@@ -641,7 +682,7 @@ MARKS_KEY = "source_marks"
 
 def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, dict[str, int]]:
     """``{MARKS_KEY: marks}`` for a checkpoint at ``positions`` (empty for sources without marks)."""
-    marks = source.marks(positions) if hasattr(source, "marks") else {}  # the Kafka sources (either client)
+    marks = source.marks(positions) if isinstance(source, KafkaConsumerSource) else {}
     return {MARKS_KEY: marks} if marks else {}
 
 
