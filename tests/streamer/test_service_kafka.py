@@ -112,6 +112,26 @@ def checkpoint_records(out: Path) -> int:
     return -1 if checkpoint is None else checkpoint.records
 
 
+def charged_beyond_checkpoint(out: Path, state_dir: Path, topic: str) -> bool:
+    """Whether the budget store holds a charge past the durable checkpoint's position on some
+    partition: a kill now leaves a lost state (records charged and learned, never made durable)."""
+    from streamer.budget import BudgetStore
+
+    checkpoint = CheckpointStore(out / "checkpoints").load()
+    if checkpoint is None:
+        return False
+    store = BudgetStore(state_dir)
+    try:
+        ledger = store.ledger()
+        for key in ledger.sources:
+            topic_name, partition = key.rsplit("/", 2)[-2:]
+            if topic_name == topic and max(s.stop for s in ledger.coverage(key)) > checkpoint.positions.get(f"{topic}/{partition}", 0):
+                return True
+        return False
+    finally:
+        store.close()
+
+
 def strict_snapshots(path: Path) -> list[dict]:
     """Every line must be a complete JSON snapshot (a crash may not leave a partial line behind)."""
     data = path.read_bytes()
@@ -150,6 +170,10 @@ def kafka_run(request, kafka_broker, topic, tmp_path_factory) -> KafkaRun:
             # Let this run make durable progress, then kill it at a random moment.
             wait_until(lambda: process.poll() is None and checkpoint_records(out) >= before + 6000, 60, "progress before the kill")
             time.sleep(chooser.uniform(0.0, 0.4))
+            # At the kill, some charged records must be past the durable checkpoint (the lost
+            # state the second test looks for); on a loaded machine the random moment alone can
+            # fall right after a checkpoint, before the next batch is charged.
+            wait_until(lambda: charged_beyond_checkpoint(out, state_dir, topic.name), 30, "a charge past the checkpoint")
         finally:
             process.kill()  # SIGKILL: no handler runs, nothing is flushed
             process.wait(timeout=10)
