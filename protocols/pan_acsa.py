@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -107,14 +108,31 @@ _ARRAYS = ("theta", "theta_ag", "theta_md", "grad")
 _COUNTERS = ("records", "epoch", "phase", "step", "batch", "filled")
 
 
+@dataclass(frozen=True)
+class _Calibration:
+    """One way to calibrate a batch draw: its σ for sensitivity Δ, whether it needs ε < 1, and
+    how the privacy report names and cites it."""
+
+    sigma: Callable[[float, float, float], float]
+    needs_epsilon_below_one: bool
+    description: str
+    reference: str
+
+
+_CALIBRATIONS: dict[str, _Calibration] = {
+    "analytic": _Calibration(analytic_sigma, False, "analytic Gaussian (Balle & Wang 2018)", "Balle & Wang 2018, Thm 8"),
+    "classic": _Calibration(
+        classic_sigma, True, "classic Gaussian (Cheu et al. 2022, Lemma C.5)", "Cheu et al. 2022, Lemma C.5"
+    ),
+}
+
+
 @functools.lru_cache(maxsize=64)
 def _unit_sigma(calibration: str, epsilon: float, delta: float) -> float:
     """σ making the Gaussian mechanism with sensitivity 1 (ε, δ)-DP. The mechanism depends only
     on sensitivity/σ, so ζ for sensitivity Δ is Δ times this (up to rounding; see
     :data:`SENSITIVITY_SLACK`). Cached: the analytic calibration is a root search."""
-    if calibration == "classic":
-        return classic_sigma(epsilon, delta, 1.0)
-    return analytic_sigma(epsilon, delta, 1.0)
+    return _CALIBRATIONS[calibration].sigma(epsilon, delta, 1.0)
 
 
 class PanPrivateACSA(Learner):
@@ -217,7 +235,7 @@ class PanPrivateACSA(Learner):
         self._setup_common(_OWNER, dim, loss, radius, feature_bound, rng)
         self.calibration = check.choice(_OWNER, "calibration", calibration, GAUSSIAN_CALIBRATIONS)
         self.delta = check.open_unit(_OWNER, "delta", delta)
-        if self.calibration == "classic":
+        if _CALIBRATIONS[self.calibration].needs_epsilon_below_one:
             self.epsilon = check.open_unit(_OWNER, "epsilon", epsilon)  # Cheu et al. 2022 Lemma C.5: ε < 1
         else:
             self.epsilon = check.positive(_OWNER, "epsilon", epsilon)
@@ -419,9 +437,7 @@ class PanPrivateACSA(Learner):
         generator in memory lets an intruder predict the noise still to come.
         """
         guarantee = Guarantee(self.epsilon, self.delta)
-        calibration = (
-            "analytic Gaussian (Balle & Wang 2018)" if self.calibration == "analytic" else "classic Gaussian (Cheu et al. 2022, Lemma C.5)"
-        )
+        calibration = _CALIBRATIONS[self.calibration].description
         assumptions = [
             "neighbouring streams differ in one record (replacement); stream positions, counts and "
             "the horizon are public",
@@ -446,7 +462,7 @@ class PanPrivateACSA(Learner):
             assumptions.append(secure_noise.describe(self._secure))
             references += ["Canonne, Kamath & Steinke 2020, Thm 14", "Canonne, Kamath & Steinke 2020, Cor. 13"]
         else:
-            references.append("Balle & Wang 2018, Thm 8" if self.calibration == "analytic" else "Cheu et al. 2022, Lemma C.5")
+            references.append(_CALIBRATIONS[self.calibration].reference)
         return self._report(guarantee, guarantee, assumptions, references)
 
     # -- persistence ---------------------------------------------------------------------------

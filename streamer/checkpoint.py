@@ -42,11 +42,40 @@ from streamer.safefiles import write_atomically
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "checkpoint.json"
+SOURCE_MARKS_KEY = "source_marks"
+"""The key of a Kafka source's marks in the manifest's ``extra`` object."""
+
+
+@dataclass(frozen=True)
+class ReplayMarks:
+    """Where a learner that reads a recording by index stands in its passes (:mod:`streamer.replay`).
+
+    ``passes_charged``: passes whose ledger instance was charged with the whole recording;
+    ``restart``: the checkpoint holds the state at the start of an interrupted pass (a learner
+    that cannot resume mid-pass), so the resumed run restarts that pass under a new instance."""
+
+    passes_charged: int
+    restart: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passes_charged": self.passes_charged, **({"restart": True} if self.restart else {})}
+
+    @classmethod
+    def from_dict(cls, body: Mapping[str, Any]) -> ReplayMarks:
+        return cls(passes_charged=int(body.get("passes_charged", 0)), restart=bool(body.get("restart", False)))
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """The content of one manifest (see the module docstring)."""
+    """The content of one manifest (see the module docstring).
+
+    Beyond the learner, positions, ledger and counters, a manifest holds what a resume needs to
+    continue the run's bookkeeping: ``snapshot_records`` (records covered by the last snapshot;
+    -1 before the first), ``replay`` (a recorded learner's pass marks, ``None`` for stream
+    learners) and ``source_marks`` (a Kafka source's timestamps of the last records before the
+    positions, for the offset-regression check of :mod:`streamer.kafka_calls`). On disk these
+    three live in the manifest's ``extra`` object, under the same keys since schema version 1.
+    """
 
     sequence: int
     created: float
@@ -63,7 +92,18 @@ class Checkpoint:
     privacy_config: dict[str, Any]
     schema_version: int = SCHEMA_VERSION
     finished: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    snapshot_records: int = -1
+    replay: ReplayMarks | None = None
+    source_marks: dict[str, int] = field(default_factory=dict)
+
+    def extra(self) -> dict[str, Any]:
+        """The manifest's ``extra`` object (the layout of schema version 1)."""
+        extra: dict[str, Any] = {"snapshot_records": self.snapshot_records}
+        if self.replay is not None:
+            extra["replay"] = self.replay.to_dict()
+        if self.source_marks:
+            extra[SOURCE_MARKS_KEY] = dict(self.source_marks)
+        return extra
 
     def to_json(self) -> str:
         body = {
@@ -84,7 +124,7 @@ class Checkpoint:
             "rejects": self.rejects,
             "records": self.records,
             "snapshots": self.snapshots,
-            "extra": self.extra,
+            "extra": self.extra(),
         }
         return json.dumps(body, sort_keys=True, allow_nan=False)
 
@@ -113,12 +153,22 @@ class Checkpoint:
                 rejects={str(k): int(v) for k, v in body["rejects"].items()},
                 records=int(body["records"]),
                 snapshots=int(body["snapshots"]),
-                extra=dict(body.get("extra", {})),
+                **_typed_extra(dict(body.get("extra", {}))),
             )
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{where} is not a valid panpriv checkpoint: {exc!r}") from None
+
+
+def _typed_extra(extra: dict[str, Any]) -> dict[str, Any]:
+    """The typed fields stored in a manifest's ``extra`` object (absent ones keep their defaults)."""
+    fields: dict[str, Any] = {"snapshot_records": int(extra.get("snapshot_records", -1))}
+    if "replay" in extra:
+        fields["replay"] = ReplayMarks.from_dict(dict(extra["replay"]))
+    if SOURCE_MARKS_KEY in extra:
+        fields["source_marks"] = {str(k): int(v) for k, v in dict(extra[SOURCE_MARKS_KEY]).items()}
+    return fields
 
 
 def encode_value(value: Any) -> Any:

@@ -676,14 +676,10 @@ class KafkaSource(KafkaConsumerSource):
 # -- construction -------------------------------------------------------------------------------
 
 
-MARKS_KEY = "source_marks"
-"""The checkpoint's ``extra`` entry holding a Kafka source's marks (:mod:`streamer.kafka_calls`)."""
-
-
-def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, dict[str, int]]:
-    """``{MARKS_KEY: marks}`` for a checkpoint at ``positions`` (empty for sources without marks)."""
-    marks = source.marks(positions) if isinstance(source, KafkaConsumerSource) else {}
-    return {MARKS_KEY: marks} if marks else {}
+def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, int]:
+    """A Kafka source's marks for a checkpoint at ``positions`` (:mod:`streamer.kafka_calls`);
+    empty for sources without marks."""
+    return source.marks(positions) if isinstance(source, KafkaConsumerSource) else {}
 
 
 def open_source(

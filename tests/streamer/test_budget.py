@@ -33,6 +33,7 @@ from streamer.identity import file_digest
 from streamer.metrics import ServiceMetrics
 from streamer.processor import Processor
 from streamer.recording import RecordingWriter
+from streamer.stream_driver import StreamDriver
 from tests.realparts import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,16 +173,16 @@ def test_deleting_the_checkpoint_does_not_reset_the_budget(jsonl, tmp_path) -> N
 
 def test_restoring_an_old_checkpoint_charges_the_relearned_records_again(jsonl, tmp_path, monkeypatch) -> None:
     out = tmp_path / "out"
-    stop = Processor._process
+    stop = StreamDriver._process
     calls = {"n": 0}
 
     def stop_after_8(self, batch):  # noqa: ANN001 - learn the batch, then stop like SIGTERM does
         calls["n"] += 1
         if calls["n"] == 8:
-            self.stop_event.set()
+            self._stop.set()
         return stop(self, batch)
 
-    monkeypatch.setattr(Processor, "_process", stop_after_8)
+    monkeypatch.setattr(StreamDriver, "_process", stop_after_8)
     Processor(configure(jsonl, out)).run()
     monkeypatch.undo()
     backup = (out / "checkpoints" / "checkpoint.json").read_bytes()
@@ -231,17 +232,17 @@ def test_a_run_refused_by_the_shared_budget_exits_3_naming_the_runs(jsonl, tmp_p
 
 def test_a_seeded_run_refuses_to_resume(jsonl, tmp_path, monkeypatch) -> None:
     out = tmp_path / "out"
-    original = Processor._process
+    original = StreamDriver._process
     calls = {"n": 0}
 
     def stop_after_3(self, batch):  # noqa: ANN001
         calls["n"] += 1
         if calls["n"] > 3:
-            self.stop_event.set()
-            return 0
+            self._stop.set()
+            return 0, 0
         return original(self, batch)
 
-    monkeypatch.setattr(Processor, "_process", stop_after_3)
+    monkeypatch.setattr(StreamDriver, "_process", stop_after_3)
     assert Processor(configure(jsonl, out, **{"learner.seed": 5})).run().outcome == "stopped"
     monkeypatch.undo()
     stated = json.loads((out / "snapshots.jsonl").read_text().splitlines()[-1])["privacy"]

@@ -12,6 +12,7 @@ from streamer.errors import ConfigError, LearnerUnavailableError
 from streamer.learners import build_learner, constructor_arguments, learner_class
 from streamer.processor import Processor
 from streamer.replay import reads_by_index
+from streamer.stream_driver import StreamDriver
 
 SYNTHETIC = {"source.url": "synthetic:n=6000&dim=4&seed=2", "records.dim": 4, "records.feature_bound": 1.0}
 
@@ -65,17 +66,17 @@ def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch) -> 
     overrides = {**SYNTHETIC, "learner.name": "pnsgd", "learner.options": {"eta": 0.5, "radius": 2.0},
                  "source.batch_records": 500, "checkpoint.every_records": 1000, "snapshots.every_records": 1000,
                  "metrics.port": None, "out": str(tmp_path / "out")}
-    original = Processor._process
+    original = StreamDriver._process
     calls = {"n": 0}
 
     def stop_after_five(self, batch):
         calls["n"] += 1
         if calls["n"] > 5:
-            self.stop_event.set()
-            return 0
+            self._stop.set()
+            return 0, 0
         return original(self, batch)
 
-    monkeypatch.setattr(Processor, "_process", stop_after_five)
+    monkeypatch.setattr(StreamDriver, "_process", stop_after_five)
     first = Processor(load_config(None, overrides)).run()
     monkeypatch.undo()
     assert first.outcome == "stopped" and first.records == 2500
@@ -101,17 +102,17 @@ def test_every_registered_learner_streams_stops_and_resumes_exactly_once(name, t
     overrides = {**SYNTHETIC, "learner.name": name, "learner.options": options, "source.batch_records": 300,
                  "checkpoint.every_records": 700, "snapshots.every_records": 1500, "metrics.port": None,
                  "out": str(tmp_path / "out")}
-    original = Processor._process
+    original = StreamDriver._process
     calls = {"n": 0}
 
     def stop_after_seven(self, batch):
         calls["n"] += 1
         if calls["n"] > 7:
-            self.stop_event.set()
-            return 0
+            self._stop.set()
+            return 0, 0
         return original(self, batch)
 
-    monkeypatch.setattr(Processor, "_process", stop_after_seven)
+    monkeypatch.setattr(StreamDriver, "_process", stop_after_seven)
     assert Processor(load_config(None, overrides)).run().records == 2100
     monkeypatch.undo()
     result = Processor(load_config(None, overrides)).run()

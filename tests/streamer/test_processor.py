@@ -21,6 +21,7 @@ from streamer.metrics import ServiceMetrics
 from streamer.processor import Processor
 from streamer.sinks import read_snapshots
 from streamer.sources import Batch
+from streamer.stream_driver import StreamDriver
 
 N_LINES = 3000
 BAD = {7: b"\xff", 100: b'{"x": [1, 2], "y": 1}', 1500: b'{"x": [0, 0, NaN], "y": 1}', 2999: b'{"x": [0, 0, 0], "y": 5}'}
@@ -55,7 +56,7 @@ def configure(stream, out, **extra):
 
 def stop_after(monkeypatch, batches: int, crash: bool) -> None:
     """Make the next Processor stop (cleanly, or by an exception = a crash) after ``batches`` batches."""
-    original = Processor._process
+    original = StreamDriver._process
     seen = {"n": 0}
 
     def process(self, batch):
@@ -63,11 +64,11 @@ def stop_after(monkeypatch, batches: int, crash: bool) -> None:
         if seen["n"] > batches:
             if crash:
                 raise RuntimeError("simulated crash")
-            self.stop_event.set()
-            return 0
+            self._stop.set()
+            return 0, 0
         return original(self, batch)
 
-    monkeypatch.setattr(Processor, "_process", process)
+    monkeypatch.setattr(StreamDriver, "_process", process)
 
 
 def assert_exactly_once(out, stream) -> None:

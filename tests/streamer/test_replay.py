@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,14 @@ import pytest
 from accounting.ledger import PrivacyLedger, PrivacyReport
 from protocols.pnsgd import ShuffledPNSGD
 from streamer.budget import BudgetStore
-from streamer.checkpoint import CheckpointStore
+from streamer.budget_session import PUBLIC_COUNTS
+from streamer.checkpoint import CheckpointStore, ReplayMarks
 from streamer.codec import encode_batch, encode_json, make_codec
 from streamer.config import load_config
 from streamer.errors import ConfigError, SourceError
+from streamer.heartbeat import Heartbeat
 from streamer.indexed import IndexedFile
-from streamer.processor import PUBLIC_COUNTS, Processor
+from streamer.processor import Processor
 from streamer.recording import RecordingWriter
 from streamer.sinks import read_snapshots
 from streamer.sources import iter_batches, open_source
@@ -211,30 +214,33 @@ def test_seeded_shuffled_pnsgd_through_the_service_equals_the_learner_driven_dir
     assert result.report.output == direct.privacy().output
 
 
-def stop_mid_pass(monkeypatch, records: int) -> None:
-    """Make the next Processor stop cleanly once the learner has learned ``records`` records."""
-    original = Processor._after_batch
+def stop_mid_pass(monkeypatch, records: int) -> threading.Event:
+    """A stop event for the next Processor, set once its learner has learned ``records`` records
+    (checked after each micro-batch, as a SIGTERM arriving then would be)."""
+    stop = threading.Event()
+    original = Heartbeat.batch
 
-    def after_batch(self, learned, cadence, progress):
-        original(self, learned, cadence, progress)
-        if self.learner.records_seen >= records:
-            self.stop_event.set()
+    def batch(self, handled):  # noqa: ANN001
+        original(self, handled)
+        if self._state.learner.records_seen >= records:
+            stop.set()
 
-    monkeypatch.setattr(Processor, "_after_batch", after_batch)
+    monkeypatch.setattr(Heartbeat, "batch", batch)
+    return stop
 
 
 def test_a_pass_stopped_midway_restarts_as_a_new_instance_composed_in_the_ledger(tmp_path, monkeypatch) -> None:
     path = jsonl_file(tmp_path / "s.jsonl")
     key = f"file:{path.resolve()}"
     settings = {"source.batch_records": 50, "checkpoint.every_records": 100, "snapshots.every_records": 200}
-    stop_mid_pass(monkeypatch, 250)
-    first = Processor(config(path, tmp_path / "out", **settings)).run()
+    stop = stop_mid_pass(monkeypatch, 250)
+    first = Processor(config(path, tmp_path / "out", **settings), stop=stop).run()
     monkeypatch.undo()
     assert first.outcome == "stopped" and 250 <= first.records < first.learner.n
     store = CheckpointStore(tmp_path / "out" / "checkpoints")
     saved = store.load()
     # The pass cannot resume (its permutation is gone): the checkpoint holds the pass's start.
-    assert saved.extra["replay"] == {"passes_charged": 0, "restart": True}
+    assert saved.replay == ReplayMarks(passes_charged=0, restart=True)
     assert saved.records == saved.learner_state["records"] == 0
     interrupted = PrivacyLedger.from_dict(saved.ledger).instances[first.instance]
     stated = PrivacyReport.from_dict(first.last_snapshot["privacy"])
@@ -285,7 +291,7 @@ def test_kill_9_mid_pass_then_the_pass_restarts_and_the_ledger_composes_both(tmp
         process.wait(timeout=10)
     store = CheckpointStore(out / "checkpoints")
     killed = store.load()
-    assert killed.extra["replay"]["restart"] and killed.records == 0, log.read_text()[-2000:]
+    assert killed.replay is not None and killed.replay.restart and killed.records == 0, log.read_text()[-2000:]
     released = PrivacyLedger.from_dict(killed.ledger).instances[killed.instance]
     assert released.output.delta > 0  # the interrupted pass released snapshots
     assert panpriv(args, log).wait(timeout=120) == 0, log.read_text()[-2000:]
@@ -318,8 +324,8 @@ def test_shuffle_learners_run_through_the_service_on_a_recording(name, tmp_path,
     path = json_recording(tmp_path / "r.pprec")
     settings = {"records.format": "json", "learner.name": name, "learner.options": SHUFFLE_OPTIONS[name],
                 "source.batch_records": 64, "checkpoint.every_records": 128, "snapshots.every_records": 256}
-    stop_mid_pass(monkeypatch, 700 if name == "shuffle-gd" else 300)  # shuffle-gd: in its second round
-    first = Processor(config(path, tmp_path / "out", **settings)).run()
+    stop = stop_mid_pass(monkeypatch, 700 if name == "shuffle-gd" else 300)  # shuffle-gd: in its second round
+    first = Processor(config(path, tmp_path / "out", **settings), stop=stop).run()
     monkeypatch.undo()
     assert first.outcome == "stopped"
     final = Processor(config(path, tmp_path / "out", **settings)).run()

@@ -1,0 +1,178 @@
+"""The stream driver: poll a micro-batch, charge it, validate it, learn it, account it.
+
+Each micro-batch of a sequential source (:mod:`streamer.sources`) goes through, in order:
+
+1. the run's own ledger: stop *before* a batch whose charge would raise ε above
+   ``learner.max_epsilon`` (an outcome, not a crash);
+2. the reject-ratio guard (:mod:`streamer.reject_guard`): a misconfiguration stops here, before
+   anything is charged;
+3. the budget store (:mod:`streamer.budget_session`): the batch's position ranges are charged
+   durably before anything is learned, refused if the records' ε over all runs would exceed
+   ``max_epsilon``;
+4. decode and validate (rejects counted by reason, optionally sent to a dead-letter topic; valid
+   records clipped), ``learn_many`` the valid records, register the learner's guarantee, charge
+   the ledger with the whole consumed range, and advance the positions;
+5. the heartbeat (:mod:`streamer.heartbeat`): cadence, progress, status, checkpoint when due.
+
+What is charged. The ledger is charged with the whole consumed range of each batch, rejected
+records and non-record lines included: conservative (a rejected record is accounted as if used,
+which can only over-state what was spent) and compact (one segment per source key). A replay of
+the same range by the same learner — a rewound consumer group, a file replayed into the same
+``--out`` after its positions were reset — composes in the ledger rather than being counted once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from protocols.errors import ProtocolError
+from streamer.codec import Codec, Decoded
+from streamer.config import ServiceConfig
+from streamer.driver import STOPPED, Driver, Outcome, Resumable
+from streamer.errors import LearnerInputError
+from streamer.heartbeat import Heartbeat
+from streamer.metrics import ServiceMetrics
+from streamer.pacing import Pacer
+from streamer.reject_guard import RejectGuard
+from streamer.sinks import DeadLetterSink
+from streamer.sources import Batch, Source
+from streamer.status import RejectLog
+from streamer.training_state import TrainingState
+
+
+class StreamDriver(Driver):
+    """Feeds ``learn_many`` from a sequential source (module docstring)."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        state: TrainingState,
+        source: Source,
+        codec: Codec,
+        metrics: ServiceMetrics,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(state)
+        self._config = config
+        self._source = source
+        self._codec = codec
+        self._metrics = metrics
+        self._stop = stop
+        self.dead_letters: DeadLetterSink | None = None  # set once the sinks are open (after set-up)
+        self._reject_guard = RejectGuard(codec, config.records.guard_records, config.records.guard_ratio)
+        self._reject_log = RejectLog()
+
+    def register_learner(self) -> None:
+        report = self.state.learner.privacy()
+        self.state.ledger.register(self.state.instance, report)
+        if self.session is not None:
+            self.session.register(self.state.instance, report, self.state.instance)
+
+    def resumable(self) -> Resumable:
+        learner = self.state.learner
+        return Resumable(learner.state_dict(), learner.records_seen, self.state.snapshot_records, replay=None)
+
+    def progress_span(self) -> tuple[int | None, int]:
+        try:
+            total = self._source.total_positions()
+        except Exception:  # noqa: BLE001 - progress is cosmetic; a failed size query must not stop a run
+            total = None
+        return total, self.progress_position()
+
+    def progress_position(self) -> int:
+        return sum(self.state.positions.values())
+
+    def drive(self, heartbeat: Heartbeat, pacer: Pacer) -> tuple[Outcome, str]:
+        cfg = self._config
+        session = self._session()
+        while not self._stop.is_set():
+            heartbeat.lag.refresh()
+            limit = pacer.allowance(cfg.source.batch_records)
+            if limit == 0:
+                pacer.wait(cfg.source.poll_timeout_s)
+                continue
+            batch = self._source.poll(limit, cfg.source.poll_timeout_s)
+            if batch is None:
+                if self._source.exhausted:
+                    return "finished", "the source is exhausted"
+                heartbeat.idle()
+                continue
+            over = self.state.over_budget(cfg.learner.max_epsilon, batch.ranges)
+            if over is not None:
+                return "budget_exhausted", (
+                    f"stopped before learning a batch that would raise ε to {over:.4g} "
+                    f"(max_epsilon = {cfg.learner.max_epsilon}); its records were not used"
+                )
+            self._reject_guard.check(batch)  # a misconfiguration stops here, before any charge (streamer.reject_guard)
+            refused = session.charge(self.state.instance, batch.ranges, self.state.ledger.instances)  # durable first
+            if refused is not None:
+                return "budget_exhausted", refused
+            learned, handled = self._process(batch)
+            session.learned_here += learned
+            pacer.consumed(handled)
+            heartbeat.batch(handled)
+        return "stopped", STOPPED
+
+    def _process(self, batch: Batch) -> tuple[int, int]:
+        """Learn one batch and charge its ranges; return the records learned, and handled in all
+        (learned + rejected)."""
+        t0 = time.perf_counter()
+        state = self.state
+        if batch.arrays is not None:
+            decoded: Decoded = self._codec.validate_arrays(*batch.arrays)
+        else:
+            decoded = self._codec.decode(batch.payloads)
+        if len(decoded.y):
+            try:
+                state.learner.learn_many(decoded.X, decoded.y)
+            except ProtocolError:
+                raise refused_records(state.learner.name) from None
+        # Keep the ledger's view of the learner current (a learner whose guarantee grows with
+        # records is then checked against max_epsilon at the next batch).
+        self.register_learner()
+        for key, (start, stop) in batch.ranges.items():
+            state.ledger.charge(state.instance, key, start, stop)
+            state.positions[key] = stop
+        counts = decoded.reject_counts()
+        if counts:
+            state.rejects.update(counts)
+            self._metrics.observe_rejects(counts)
+            self._reject_log.note(counts, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in batch.ranges.items()))
+            if self.dead_letters is not None:
+                self._send_dead_letters(batch, decoded, self.dead_letters)
+        self._metrics.observe_batch(len(decoded.y), time.perf_counter() - t0, batch.consumed, sum(counts.values()))
+        learned = len(decoded.y)
+        wipe_records(decoded)
+        return learned, learned + sum(counts.values())
+
+    @staticmethod
+    def _send_dead_letters(batch: Batch, decoded: Decoded, sink: DeadLetterSink) -> None:
+        sent: set[int] = set()
+        for reject in decoded.rejects:
+            if reject.index in sent:
+                continue
+            sent.add(reject.index)
+            sink.send(
+                batch.payloads[reject.index], reject.reason.value, batch.keys[reject.index], batch.positions[reject.index]
+            )
+
+
+def wipe_records(decoded: Decoded) -> None:
+    """Zero the decoded records once learned, so a later dump of the process does not find them in
+    freed memory (docs/privacy.md, "Process memory"); read-only views (of a message's bytes) are
+    left as they are."""
+    for array in (decoded.X, decoded.y):
+        if array.flags.writeable:
+            array.fill(0.0)
+
+
+def refused_records(name: str) -> LearnerInputError:
+    """The error for a learner refusing validated records. Its own message may quote record values
+    (e.g. an unexpected label), so it is not passed on; the state may be partly updated, so the
+    run stops without a checkpoint."""
+    return LearnerInputError(
+        f"learner {name!r} refused a validated micro-batch; the [records] domain (label_values / label_min / "
+        "label_max, dim) does not match what the learner accepts. Details are withheld because they may quote "
+        "record values."
+    )
