@@ -388,16 +388,19 @@ class PanPrivateACSA(Learner):
         """g_t += Σ ∇ℓ(θ^md_t; x)/b_t over the rows (Alg. 6 line 7; secure: Σ trunc(∇/γ) in grid
         units), through scratch buffers; the secure mode's integer partial sum is zeroed after
         it is added."""
-        Z = scratch.features(self.loss, X, self.feature_bound, self._scratch)
         labels = scratch.labels(self.loss, y, self._scratch)
-        gradients = scratch.clipped_gradients(
-            self.loss, self._iterate.theta_md, Z, labels, self._lipschitz, self._scratch, plan.smoothing
-        )
-        if self._secure is None:
-            total = scratch.row_sum(gradients, self._scratch)
+        if self._secure is None:  # the fused GLM path: no feature or gradient matrix is formed
+            total = scratch.clipped_gradient_sum(
+                self.loss, self._iterate.theta_md, X, labels, self.feature_bound, self._lipschitz, self._scratch,
+                plan.smoothing,
+            )
             total /= batch
             self._grad += total
             return
+        Z = scratch.features(self.loss, X, self.feature_bound, self._scratch)
+        gradients = scratch.clipped_gradients(
+            self.loss, self._iterate.theta_md, Z, labels, self._lipschitz, self._scratch, plan.smoothing
+        )
         units = secure_noise.grid_sum(gradients, self._lipschitz)
         self._grad += units
         units.fill(0)

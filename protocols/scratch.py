@@ -137,6 +137,74 @@ def clipped_gradients(
     return clip_rows_into(G, bound, G, scratch.take("gradient_norms", m))
 
 
+def clipped_gradient_sum(
+    loss: Loss,
+    theta: Array,
+    X: Array,
+    y: Array,
+    feature_bound: float,
+    bound: float,
+    scratch: Scratch,
+    smoothing: float | None = None,
+) -> Array:
+    """Σ_i of the per-record gradients at ``theta`` of the rows ``X`` (raw, C-contiguous), each
+    clipped to norm ``bound``: shape (p,), in ``scratch``. The same sum as
+    ``row_sum(clipped_gradients(loss, theta, features(loss, X, …), y, bound, …))`` up to
+    floating-point rounding, without forming the feature or the gradient matrix.
+
+    Why it is the same mechanism: every loss here is a GLM, ℓ(θ; z, y) = φ(⟨θ, z⟩, y), so the
+    gradient (and the Moreau envelope's, Cheu et al. 2022, Lemma 4.6) is a scalar times z,
+    g_i = s_i·z_i, with ‖g_i‖ = |s_i|·‖z_i‖. The feature clip is z_i = f_i·x_i (plus the intercept
+    c), f_i = min(1, R/‖x_i‖), so ‖z_i‖² = f_i²‖x_i‖² + c² and ⟨θ, z_i⟩ = f_i⟨θ_x, x_i⟩ + c·θ_c
+    come from one pass over X each; the clipped gradient is w_i·z_i with
+    w_i = s_i·min(1, L/(|s_i|‖z_i‖)), and the sum is (Xᵀ(w∘f), c·Σw): one more pass (BLAS).
+    Each record's contribution has norm |w_i|·‖z_i‖ ≤ L up to rounding, which the learners'
+    sensitivity slack covers (:data:`protocols.pan_acsa.SENSITIVITY_SLACK`).
+
+    ``y`` are the loss's labels (:func:`labels`). Only m-vectors and the p-vector sum are
+    written, all in ``scratch``; the loss's φ' vector is wiped as in :func:`clipped_gradients`.
+    """
+    m, d = X.shape
+    intercept = loss.intercept_scale if loss.intercept else 0.0
+    squares = scratch.take("row_squares", m)  # ‖x_i‖², then ‖z_i‖²
+    np.einsum("ij,ij->i", X, X, out=squares)
+    scale = scratch.take("feature_scale", m)  # f_i, as clip_rows_into computes it
+    np.sqrt(squares, out=scale)
+    np.maximum(scale, _TINY, out=scale)
+    with np.errstate(over="ignore"):
+        np.divide(feature_bound, scale, out=scale)
+    np.minimum(scale, 1.0, out=scale)
+    squares *= scale
+    squares *= scale
+    squares += intercept * intercept
+    margins = scratch.take("margins", m)
+    np.matmul(X, theta[:d], out=margins)
+    margins *= scale
+    if loss.intercept:
+        margins += intercept * theta[d]
+    if smoothing is None:
+        slopes = loss._dphi(margins, y)
+    else:
+        kappa = scratch.take("kappa", m)
+        np.divide(squares, smoothing, out=kappa)
+        slopes = loss._envelope_dphi(margins, y, kappa)
+    weights = scratch.take("gradient_weights", m)  # min(1, L/‖g_i‖), then w_i
+    np.sqrt(squares, out=weights)
+    np.multiply(weights, np.abs(slopes, out=margins), out=weights)  # margins is free again
+    np.maximum(weights, _TINY, out=weights)
+    with np.errstate(over="ignore"):
+        np.divide(bound, weights, out=weights)
+    np.minimum(weights, 1.0, out=weights)
+    weights *= slopes
+    slopes.fill(0.0)
+    total = scratch.take("row_sum", loss.param_dim(d))
+    if loss.intercept:
+        total[d] = intercept * float(np.sum(weights))
+    weights *= scale
+    np.matmul(weights, X, out=total[:d])
+    return total
+
+
 def rows(Z: Array, indices: NDArray[np.int64], scratch: Scratch, name: str) -> Array:
     """``Z[indices]`` into scratch buffer ``name`` (``np.take`` with ``mode="clip"`` writes
     straight into ``out``; with the default mode it would buffer a copy)."""

@@ -85,3 +85,24 @@ def test_os_entropy_gaussian_has_unit_variance() -> None:
     NoiseSource().add_gaussian(out, 1.0)
     assert abs(out.var() - 1.0) < 6.0 * np.sqrt(2.0 / out.size)
     assert abs(out.mean()) < 6.0 / np.sqrt(out.size)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("intercept", [False, True])
+@pytest.mark.parametrize("smoothing", [None, 2.0])
+@pytest.mark.parametrize("bound", [0.05, 0.5, 100.0])  # most, some, and no gradients clipped
+def test_the_fused_clipped_gradient_sum_equals_the_sum_of_clipped_gradients(name, intercept, smoothing, bound) -> None:
+    """The GLM fast path (no feature or gradient matrix) sums the same clipped gradients."""
+    if smoothing is not None and name not in SMOOTHABLE:
+        pytest.skip("the logistic loss is smooth: no Moreau smoothing")
+    loss = LOSSES[name](intercept=intercept, intercept_scale=0.7)
+    X, y, theta = _data(m=300)
+    X[::17] = 0.0  # zero rows: norms at the floor, weights finite
+    theta = theta[: loss.param_dim(X.shape[1])] * 3.0
+    Z = loss.features(X, 1.0)
+    labels = loss.labels(y)
+    gradients = loss.gradient(theta, Z, labels) if smoothing is None else loss.envelope_gradient(theta, Z, labels, smoothing)
+    clipped = clip_rows(gradients, bound)
+    assert (np.linalg.norm(gradients, axis=1) > bound).any() == (bound < 100.0)
+    fused = scratch.clipped_gradient_sum(loss, theta, X, labels, 1.0, bound, Scratch(), smoothing)
+    np.testing.assert_allclose(fused, clipped.sum(axis=0), rtol=1e-12, atol=1e-12 * bound)
