@@ -14,6 +14,7 @@ every learner's tests run.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -276,6 +277,24 @@ class Learner(abc.ABC):
     @abc.abstractmethod
     def privacy(self) -> PrivacyReport:
         """The guarantee for everything released so far and for one intrusion."""
+
+    def planned_privacy(self) -> PrivacyReport:
+        """The weakest guarantee this learner can come to report over its planned use: every record
+        of its horizon learned, under any pattern of snapshots, and one intrusion.
+
+        The default is :meth:`privacy`, right for learners whose guarantee is fixed when they are
+        built (it is the calibration target); a learner whose guarantee grows with records,
+        rounds or releases overrides it. The service compares it with the requested δ before it
+        learns anything (:mod:`streamer.delta_target`).
+        """
+        return self.privacy()
+
+    def _planned(self, output: Guarantee, intrusion: Guarantee) -> PrivacyReport:
+        """:meth:`privacy`'s report with the planned guarantees, under :meth:`_report`'s rule for a
+        seeded noise source (no intrusion guarantee)."""
+        return dataclasses.replace(
+            self.privacy(), output=output, intrusion=Guarantee.none() if self._noise.is_seeded else intrusion
+        )
 
     def config(self) -> dict[str, Any]:
         """JSON-ready constructor arguments (without ``rng``), enough to rebuild the learner.

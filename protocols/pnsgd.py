@@ -499,6 +499,15 @@ class OnlinePNSGD(_PNSGD):
             references.append("Balle & Wang 2018, Thm 8")
         return self._report(self._guarantee(output), self._guarantee(intrusion), assumptions, references)
 
+    def planned_privacy(self) -> PrivacyReport:
+        """The stream has no end, so without a pan floor the worst δ over the planned use is the
+        limit of A_j as the noise decays: 1, i.e. no (ε, δ) guarantee with δ < 1. With
+        ``pan_delta`` every step is (ε, δ_pan)-DP, so every output and intrusion guarantee stays
+        at δ_pan (see :meth:`privacy`)."""
+        # The floor keeps every step's δ at most δ_pan·(1 − 2·DELTA_ROUNDING), so the rounded-up report stays ≤ δ_pan.
+        worst = Guarantee(self.epsilon, self.pan_delta if self.pan_delta is not None else 1.0)
+        return self._planned(worst, worst)
+
     def record_delta(self, position: int, release: int | None = None) -> float:
         """δ_i = A_i ∏_{t=i+1}^{s} B_t of the record at ``position`` if its first release is the
         iterate after step ``release`` (default: the records seen so far), unrounded.
@@ -700,6 +709,17 @@ class ShuffledPNSGD(_PNSGD, RecordedLearner):
         ])
         references = ["Sordello et al. 2021, Thm 1", "Sordello et al. 2021, Thm 2", f"Sordello et al. 2021, {theorem}", "Sordello et al. 2021, App. A", "Cheu et al. 2022, Def. C.2"]
         return self._report(self._guarantee(self._window_delta), self._guarantee(intrusion), assumptions, references)
+
+    def planned_privacy(self) -> PrivacyReport:
+        """The worst δ over every pattern of snapshots in the pass. With A the δ of one step and B
+        the per-step factor of Sordello et al. 2021, Thm 2, a window of g steps adds
+        (A/n)·Σ_{k<g} B^k; windows partition at most n steps, so their sum is at most
+        A·(Σ g)/n ≤ A when B ≤ 1, and at most (A/n)·Σ_{k<n} B^k = δ_Thm2(n) when B ≥ 1 (each
+        window's powers start at 0, the smallest). Output: the larger of the two bounds;
+        intrusion: A (see :meth:`privacy`)."""
+        step = self._step_delta(self._scale)
+        output = max(step, self._window(self.n))
+        return self._planned(self._guarantee(output), self._guarantee(step))
 
     # -- persistence ---------------------------------------------------------------------------
 

@@ -320,6 +320,12 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         references = ["Cheu et al. 2022, Alg. 5", "Cheu et al. 2022, Lemma B.6", "Cheu et al. 2022, Thm 4.9", "Dwork & Roth 2014, Thm 3.20"]
         return self._report(output, intrusion, assumptions, references)
 
+    def planned_privacy(self) -> PrivacyReport:
+        """The guarantee once all T planned rounds have started (:meth:`privacy` counts the rounds
+        started so far)."""
+        output = self._composed(self.planned_rounds)
+        return self._planned(output, output.compose(self._message()))
+
     def round_reports(self) -> tuple[PrivacyReport, ...]:
         """One report per round started: the round's increment of the composed guarantee.
 

@@ -55,6 +55,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "learner.delta": args.delta,
         "learner.n": args.n,
         "learner.max_epsilon": args.max_epsilon,
+        "learner.accept_larger_delta": True if args.accept_larger_delta else None,
         "learner.seed": args.seed,
         "out": args.out,
         "snapshots.every_records": args.snapshot_every,
@@ -94,7 +95,7 @@ def _load_run_config(args: argparse.Namespace) -> Any:
 def _learner_option_flags(args: argparse.Namespace) -> dict[str, Any]:
     """``[learner.options]`` from the flags: ``--options JSON``, then each ``--set key=value``
     (a dotted key reaches into a table: ``loss.name=ridge``; the value is read as JSON, else kept
-    as a string), then ``--radius`` and ``--intercept`` (later flags win)."""
+    as a string), then ``--radius`` and ``--intercept``/``--no-intercept`` (later flags win)."""
     from streamer.learners import DEFAULT_OPTIONS
 
     options: dict[str, Any] = {}
@@ -121,8 +122,8 @@ def _learner_option_flags(args: argparse.Namespace) -> dict[str, Any]:
         node[leaf] = value
     if args.radius is not None:
         options["radius"] = args.radius
-    if args.intercept:
-        options.setdefault("loss", {})["intercept"] = True
+    if args.intercept is not None:
+        options.setdefault("loss", {})["intercept"] = args.intercept
     if isinstance(options.get("loss"), dict):
         options["loss"] = {**DEFAULT_OPTIONS["loss"], **options["loss"]}
     return options
@@ -297,7 +298,8 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "learner": args.learner, "n": args.n, "dim": args.dim, "feature_bound": args.feature_bound,
-            "noise": list(answer.lines), "privacy": answer.report.to_dict(),
+            "noise": list(answer.lines), "privacy": answer.report.to_dict(), "planned": answer.planned.to_dict(),
+            "delta_above_request": answer.excess is not None,
         }))
         return EXIT_OK
     print(f"{args.learner} on n = {args.n:,} records of dimension {args.dim}, features clipped to norm {args.feature_bound:g}:")
@@ -306,6 +308,13 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     report = answer.report
     print(f"  outputs:   {report.output}")
     print(f"  intrusion: {report.intrusion}  (one read of the internal state plus all outputs)")
+    planned = answer.planned
+    if (planned.output, planned.intrusion) != (report.output, report.intrusion):
+        print(f"  over the planned use (all n records, any snapshots): outputs {planned.output}, intrusion {planned.intrusion}")
+    if answer.excess is not None:
+        which, delta = answer.excess
+        print(f"  WARNING: delta = {delta:.3g} for its {which} exceeds the requested {args.delta:g}; "
+              "`panpriv run` refuses this unless --accept-larger-delta")
     print("  " + report.statement())
     return EXIT_OK
 
@@ -430,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--delta", type=_positive_float, help="privacy delta per record (default 1e-6)")
     run.add_argument("--n", type=int, help="public stream length (required for Kafka sources)")
     run.add_argument("--max-epsilon", type=_positive_float, help="stop before the composed epsilon would exceed this")
+    run.add_argument("--accept-larger-delta", action="store_true",
+                     help="run a learner whose guarantee can exceed --delta (PNSGD without a pan floor); refused otherwise")
     run.add_argument("--out", type=Path, help="directory for checkpoints and snapshots (resumes if it holds a checkpoint)")
     run.add_argument("--snapshot-every", type=int, metavar="RECORDS", help="emit a snapshot at most every RECORDS records")
     run.add_argument("--checkpoint-every", type=int, metavar="RECORDS", help="checkpoint at most every RECORDS records")
@@ -445,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--options", metavar="JSON", help='learner options as a JSON object over the config\'s, e.g. \'{"eta": 0.1, "radius": 4}\'')
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="one learner option (repeatable; a dotted key reaches a table: loss.name=ridge)")
     run.add_argument("--radius", type=_positive_float, help="radius of the parameter ball (learner.options.radius; a PUBLIC bound chosen before seeing the data)")
-    run.add_argument("--intercept", action="store_true", help="learn an intercept (learner.options.loss.intercept = true)")
+    run.add_argument("--intercept", action=argparse.BooleanOptionalAction, default=None,
+                     help="learn an intercept (the default; --no-intercept: learner.options.loss.intercept = false)")
     run.add_argument("--progress", choices=["auto", "on", "off"], help="progress line on stderr (default auto: on a terminal)")
     run.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
     run.add_argument("--status-every", type=float, metavar="SECONDS", help="off a terminal, log a status line this often (default 30; 0: never)")

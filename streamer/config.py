@@ -148,6 +148,11 @@ class LearnerConfig(_Section):
     max_records_per_user: int | None = Field(
         default=None, ge=1, description="DECLARED, NOT ENFORCED: records per user, for the group-privacy figures"
     )
+    accept_larger_delta: bool = Field(
+        default=False,
+        description="let a learner whose guarantee can exceed 'delta' (PNSGD, shuffle-gd's intrusion) run; "
+        "otherwise it is refused at start (streamer.delta_target)",
+    )
     seed: int | None = Field(default=None, ge=0, description="TEST/REPLAY ONLY: seeded noise is not pan-private")
     options: Options = Field(default_factory=dict, description="learner-specific constructor arguments")
 

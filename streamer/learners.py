@@ -18,6 +18,8 @@ parameter           value
 ``delta``           ``learner.delta``
 ``horizon``/``n``   the public stream length (``learner.n``, or the finite source's count)
 ``rng``             ``learner.seed`` (test/replay mode) or ``None`` (OS entropy per draw)
+``radius``          unless given: √d (:func:`default_radius`)
+``pan_delta``       PNSGD, unless given: ``learner.delta`` (:mod:`streamer.delta_target`)
 ==================  ================================================================
 
 Everything else comes from ``[learner.options]`` (over :data:`DEFAULT_OPTIONS`). An option the
@@ -37,8 +39,23 @@ from streamer.config import ServiceConfig
 from streamer.errors import ConfigError, LearnerUnavailableError
 from streamer.option_hints import hint
 
-DEFAULT_OPTIONS: Mapping[str, Any] = {"loss": {"name": "logistic"}}
-"""Options every learner gets unless ``[learner.options]`` overrides them: the logistic loss."""
+DEFAULT_OPTIONS: Mapping[str, Any] = {"loss": {"name": "logistic", "intercept": True}}
+"""Options every learner gets unless ``[learner.options]`` overrides them: the logistic loss with
+an intercept (a loss given in the options is merged over this one, so ``intercept = false`` turns
+the intercept off)."""
+
+
+def default_radius(dim: int) -> float:
+    """The radius of Θ when none is given: r = √d, by a rule that does not look at the data.
+
+    Θ = {‖θ‖ ≤ √d} contains every weight vector with |θ_j| ≤ 1 for each of the d features: for
+    features on a unit scale (in [0, 1] or [-1, 1], one-hot or scaled ranges) each may move the
+    log-odds by up to one e-fold, and a model can reach confident predictions, which radius 1 —
+    the constructors' default, |⟨θ, x⟩| ≤ ‖x‖ — cannot for more than a handful of features
+    (probabilities stay in [0.27, 0.73] at ‖x‖ ≤ 1). It is the Adult demo's rule
+    (:data:`streamer.config.ADULT_RADIUS`), never below 1.
+    """
+    return max(1.0, dim**0.5)
 
 _STREAM_LENGTH_NAMES = ("horizon", "n")
 
@@ -64,6 +81,12 @@ def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
     common.update({name: n for name in _STREAM_LENGTH_NAMES})
     arguments = {k: v for k, v in common.items() if k in parameters}
     options = {**DEFAULT_OPTIONS, **config.learner.options}
+    if isinstance(options.get("loss"), Mapping):
+        options["loss"] = {**DEFAULT_OPTIONS["loss"], **options["loss"]}
+    if "radius" in parameters and "radius" not in options:
+        options["radius"] = default_radius(config.records.dim or 1)
+    if "pan_delta" in parameters and "delta" not in parameters and "pan_delta" not in options:
+        options["pan_delta"] = config.learner.delta  # PNSGD: the requested delta is its pan floor (streamer.delta_target)
     accepted = set(parameters) - {"self", "rng"}
     for key, value in options.items():
         if key not in accepted:

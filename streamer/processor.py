@@ -88,6 +88,7 @@ from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
 from streamer.codec import Codec, make_codec
 from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from streamer.datasets import adult
+from streamer.delta_target import check_delta_target
 from streamer.driver import Driver, Outcome
 from streamer.errors import ConfigError
 from streamer.heartbeat import Heartbeat, LagReporter
@@ -249,6 +250,7 @@ class Processor:
         self._privacy_config = privacy_relevant(self.config, arguments)
         self._config_hash = privacy_hash(self._privacy_config)
         state = self._restore(saved, positions) if saved is not None else self._start(n, positions)
+        check_delta_target(state.learner, self.config)  # before anything is learned or charged
         driver: Driver
         if isinstance(source, IndexedFile):
             driver = RecordedDriver(self.config, state, source, self.metrics, self.stop_event,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from accounting.gaussian import analytic_epsilon
 from accounting.ledger import PrivacyReport
 from streamer.config import ServiceConfig
+from streamer.delta_target import excess_delta
 from streamer.learners import build_learner
 
 
@@ -30,12 +31,17 @@ class WhatIf:
 
     report: PrivacyReport
     lines: tuple[str, ...]
+    planned: PrivacyReport
+    """The weakest guarantee over the planned use (:meth:`protocols.base.Learner.planned_privacy`)."""
+    excess: tuple[str, float] | None
+    """Which planned guarantee's δ exceeds the requested δ, and by how much (``panpriv run`` refuses it)."""
 
 
 def target_to_noise(config: ServiceConfig, n: int) -> WhatIf:
     """The would-be learner's report and noise (:meth:`protocols.base.Learner.describe_noise`)."""
     learner = build_learner(config, n)
-    return WhatIf(learner.privacy(), learner.describe_noise())
+    return WhatIf(learner.privacy(), learner.describe_noise(), learner.planned_privacy(),
+                  excess_delta(learner, config.learner.delta))
 
 
 def noise_to_epsilon(noise_multiplier: float, delta: float) -> float:

@@ -527,3 +527,42 @@ def test_predictions_use_the_last_snapshot_only():
     learner.learn_many(X3[10:], Y3[10:])
     assert not np.array_equal(learner.release(), params)
     np.testing.assert_allclose(learner.predict_proba_many(X3), 1 / (1 + np.exp(-X3 @ params)))
+
+
+# -- the planned guarantee (streamer.delta_target compares it with the requested delta) ----------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shuffled_planned_delta_bounds_every_pattern_of_snapshots(seed):
+    """Whatever the snapshot positions, the δ accounted over the pass never exceeds
+    planned_privacy()'s (the window bound of ShuffledPNSGD.planned_privacy)."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    X = rng.uniform(-1, 1, size=(n, 1)) / math.sqrt(2)
+    y = np.where(rng.uniform(size=n) < 0.5, -1.0, 1.0)
+    eta = (0.1, 0.3, 0.6, 1.0, 1.5, 2.0)[seed]  # up to 2/β, the largest step Thm 1 allows
+    learner = ShuffledPNSGD(1, HuberLoss(), 1.0, eta, 0.5, n=n, C1=10.0, rng=seed)
+    planned = learner.planned_privacy()
+    cuts = sorted(set(rng.integers(1, n, size=int(rng.integers(0, 8))).tolist())) + [n]
+    done = 0
+    for cut in cuts:
+        order = learner.next_indices(cut - done)
+        learner.learn_many(X[order], y[order])
+        learner.snapshot()
+        done = cut
+    final = learner.privacy()
+    assert 0.0 < final.output.delta <= planned.output.delta
+    assert final.intrusion.delta <= planned.intrusion.delta
+    unseeded = ShuffledPNSGD(1, HuberLoss(), 1.0, eta, 0.5, n=n, C1=10.0).planned_privacy()
+    assert unseeded.output.delta >= unseeded.intrusion.delta > 0.0  # max(A, δ_Thm2(n)) >= A
+    assert unseeded.output == planned.output
+
+
+def test_online_planned_delta_is_the_pan_floor_or_no_guarantee():
+    floored = OnlinePNSGD(3, LogisticLoss(), 1.0, 2.0, 20.0, pan_delta=1e-6)
+    floored.learn_many(X3, Y3)
+    floored.snapshot()
+    assert floored.privacy().intrusion.delta <= floored.planned_privacy().intrusion.delta == 1e-6
+    assert floored.planned_privacy().output.delta == 1e-6
+    unfloored = OnlinePNSGD(3, LogisticLoss(), 1.0, 2.0, 20.0)
+    assert unfloored.planned_privacy().output.delta == 1.0  # δ → 1 as the noise decays on an endless stream

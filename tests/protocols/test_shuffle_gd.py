@@ -187,3 +187,12 @@ def test_invalid_states_are_rejected():
         learner.load_state_dict({**state, "records": 19, "filled": 3})
     with pytest.raises(InvalidInputError, match="'totals'"):
         learner.load_state_dict({**state, "totals": -state["totals"] - 1})
+
+
+def test_planned_privacy_is_the_report_after_every_round():
+    learner = ShuffleGD(3, LogisticLoss(), 4.0, 1e-5, n=len(Y3), rounds=4, radius=20.0, rng=3)
+    planned = learner.planned_privacy()
+    assert learner.privacy().output.epsilon == 0.0 < planned.output.epsilon
+    learner.learn_recorded(lambda indices: (X3[indices], Y3[indices]), micro_batch=7)
+    final = learner.privacy()
+    assert (final.output, final.intrusion) == (planned.output, planned.intrusion)

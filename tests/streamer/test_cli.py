@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 import types
@@ -73,10 +74,11 @@ def test_privacy_target_to_noise_matches_the_learner(capsys) -> None:
     b = plan.batch_size(1)
     assert f"batches T = {plan.steps:,}" in out
     assert f"zeta = {learner.batch_noise_std(b):.6g} for b = {b:,}" in out
-    # ζ is the analytic Gaussian σ for sensitivity 2L/b (L = R = 2 for the logistic loss).
+    # ζ is the analytic Gaussian σ for sensitivity 2L/b (L = R = √(2² + 1) for the logistic loss with the
+    # default intercept).
     zeta = float(re.search(rf"zeta = (\S+) for b = {b:,}", out).group(1))
-    assert zeta == pytest.approx(analytic_sigma(0.5, 1e-5, 2 * 2.0 / b), rel=1e-5)
-    assert "per-record gradients clipped to norm L = 2\n" in out and "restarts: gradient" in out
+    assert zeta == pytest.approx(analytic_sigma(0.5, 1e-5, 2 * math.sqrt(5.0) / b), rel=1e-5)
+    assert "per-record gradients clipped to norm L = 2.23607\n" in out and "restarts: gradient" in out
     assert "outputs:   (ε = 0.5, δ = 1e-05)" in out and "intrusion: (ε = 0.5, δ = 1e-05)" in out
 
 
@@ -110,7 +112,7 @@ def test_embedded_default_run_and_inspect(tmp_path, capsys) -> None:
     assert "everything released is (ε = 1, δ = 1e-06)-differentially private per record" in text
     assert str(out / "checkpoints" / "checkpoint.json") in text and str(out / "snapshots.jsonl") in text
     snapshots = [json.loads(line) for line in (out / "snapshots.jsonl").read_text().splitlines()]
-    assert snapshots[-1]["records"] == 32_561 and len(snapshots[-1]["params"]) == 105
+    assert snapshots[-1]["records"] == 32_561 and len(snapshots[-1]["params"]) == 106  # 105 features and the intercept
 
     assert main(["inspect", str(out)]) == 0
     summary = capsys.readouterr().out

@@ -41,7 +41,7 @@ def test_common_settings_reach_the_constructor() -> None:
     config = load_config(None, {**SYNTHETIC, "learner.epsilon": 0.5, "learner.options": {"radius": 3.0}})
     arguments = constructor_arguments(config, 6000)
     assert arguments == {"dim": 4, "feature_bound": 1.0, "epsilon": 0.5, "delta": 1e-6, "horizon": 6000,
-                         "loss": {"name": "logistic"}, "radius": 3.0}
+                         "loss": {"name": "logistic", "intercept": True}, "radius": 3.0}
     learner = build_learner(config, 6000)
     assert learner.config()["horizon"] == 6000 and learner.config()["radius"] == 3.0
 

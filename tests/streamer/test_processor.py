@@ -111,7 +111,7 @@ def test_uninterrupted_run_matches(stream, tmp_path) -> None:
     for snapshot in read_snapshots(out / "snapshots.jsonl"):
         assert snapshot["privacy"]["output"] == {"epsilon": 1.0, "delta": 1e-6}
         assert snapshot["privacy"]["records"] == snapshot["records"]
-        assert len(snapshot["params"]) == 3
+        assert len(snapshot["params"]) == 4  # 3 features and the default intercept
 
 
 def test_a_replayed_range_composes_and_the_budget_stops_before_spending(stream, tmp_path) -> None:

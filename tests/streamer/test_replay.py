@@ -117,7 +117,8 @@ FILES = {
 def config(path: Path, out: Path | None = None, **extra):
     return load_config(None, {
         "source.url": f"file:{path}", "records.dim": DIM, "records.feature_bound": 1.0, "metrics.port": None,
-        "out": str(out) if out else None, "learner.name": "shuffled-pnsgd", "learner.options": PNSGD, **extra,
+        "out": str(out) if out else None, "learner.name": "shuffled-pnsgd", "learner.options": PNSGD,
+        "learner.accept_larger_delta": True, **extra,  # PNSGD's delta is its schedule's (streamer.delta_target)
     })
 
 
@@ -200,7 +201,7 @@ def test_seeded_shuffled_pnsgd_through_the_service_equals_the_learner_driven_dir
                                               "checkpoint.every_records": 150, "snapshots.every_records": 10**6})
     result = Processor(cfg).run()
     X, y, extent, rejects = sequential(path, cfg)
-    direct = ShuffledPNSGD(DIM, {"name": "logistic"}, 1.0, n=len(y), rng=11, **PNSGD)
+    direct = ShuffledPNSGD(DIM, {"name": "logistic", "intercept": True}, 1.0, n=len(y), rng=11, **PNSGD)
     direct.learn_recorded(lambda indices: (X[indices], y[indices]), micro_batch=1000)
     assert (result.outcome, result.records, result.snapshots) == ("finished", len(y), 1)
     np.testing.assert_array_equal(result.last_snapshot["params"], direct.release())
@@ -279,7 +280,7 @@ def test_kill_9_mid_pass_then_the_pass_restarts_and_the_ledger_composes_both(tmp
     out = tmp_path / "out"
     (tmp_path / "c.toml").write_text("[learner.options]\neta = 0.5\nradius = 2.0\n")
     args = ["run", "--source", f"file:{path}", "--format", "json", "--dim", str(DIM), "--feature-bound", "1",
-            "--learner", "shuffled-pnsgd", "--config", str(tmp_path / "c.toml"), "--out", str(out),
+            "--learner", "shuffled-pnsgd", "--accept-larger-delta", "--config", str(tmp_path / "c.toml"), "--out", str(out),
             "--checkpoint-every", "200", "--snapshot-every", "400", "--metrics-port", "0", "--progress", "off"]
     log = tmp_path / "run.log"
     process = panpriv([*args, "--rate", "1500"], log)

@@ -206,7 +206,7 @@ def test_kill_9_cycles_leave_every_offset_covered_exactly_once(kafka_run, topic,
     for snapshot in snapshots:
         report = PrivacyReport.from_dict(snapshot["privacy"])
         assert (report.output.epsilon, report.output.delta) == (1.0, 1e-6)
-        assert len(snapshot["params"]) == DIM and all(np.isfinite(snapshot["params"]))
+        assert len(snapshot["params"]) == DIM + 1 and all(np.isfinite(snapshot["params"]))  # and the intercept
     # Offsets were committed to the group after the final checkpoint (monitoring only).
     from kafka import KafkaConsumer, TopicPartition
 
