@@ -49,7 +49,18 @@ from numpy.typing import NDArray
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import scratch
 from protocols import validation as check
-from protocols.acsa import Iterate, Problem, RunPlan, Smoothing, plan_runs, step, uses_moreau
+from protocols.acsa import (
+    BATCH_RULES,
+    BatchRule,
+    Iterate,
+    Problem,
+    RunPlan,
+    Smoothing,
+    batch_rule_line,
+    plan_runs,
+    step,
+    uses_moreau,
+)
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
@@ -92,6 +103,9 @@ class ShuffleACSA(EncodedLearner):
         ``"tight"`` (default) or ``"paper"`` (:class:`protocols.encoder.VectorSum`).
     honest_fraction
         γ of Cheu et al. 2022, App. A.3 (robust shuffle privacy), passed to the PVEC instances.
+    batch_rule
+        ``"worst-case"`` (default) or ``"glm"``: the noise term's dimension in the batch rule
+        (:func:`protocols.acsa.noise_dimension`); utility only.
     rng
         ``None`` (default): fresh OS entropy for every draw. A seed or generator: the labelled
         replay/testing mode (no pan-private guarantee).
@@ -132,9 +146,11 @@ class ShuffleACSA(EncodedLearner):
         smoothing: Smoothing = "auto",
         calibration: Calibration = "tight",
         honest_fraction: float = 1.0,
+        batch_rule: BatchRule = "worst-case",
         rng: RngLike = None,
     ) -> None:
         self._setup(dim, loss, epsilon, delta, radius, feature_bound, calibration, honest_fraction, rng)
+        self.batch_rule = check.choice(_OWNER, "batch_rule", batch_rule, BATCH_RULES)
         self.horizon = check.positive_int(_OWNER, "horizon", horizon)
         self.batch_size = None if batch_size is None else check.positive_int(_OWNER, "batch_size", batch_size)
         self.strong_convexity = check.nonnegative(_OWNER, "strong_convexity", strong_convexity)
@@ -149,14 +165,16 @@ class ShuffleACSA(EncodedLearner):
             strong_convexity=self.strong_convexity,
             noise_multiplier=math.sqrt(variance) / self._lipschitz,
         )
-        self.plans: tuple[RunPlan, ...] = plan_runs(self._problem, self.horizon, moreau=moreau, batch_size=self.batch_size)
+        self.plans: tuple[RunPlan, ...] = plan_runs(
+            self._problem, self.horizon, moreau=moreau, batch_size=self.batch_size, batch_rule=self.batch_rule
+        )
         sizes = sorted({plan.batch_size(t) for plan in self.plans for t in (1, plan.steps)})
         self._sums: dict[int, VectorSum] = {b: self._vector_sum(b, self.epsilon, self.delta) for b in sizes}
         self._phase = 0
         self._iterate = Iterate.start(np.zeros(self._params))
 
     def describe_noise(self) -> tuple[str, ...]:
-        return pvec_noise_lines(self._sums[b] for b in sorted(self._sums))
+        return (*pvec_noise_lines(self._sums[b] for b in sorted(self._sums)), batch_rule_line(self._problem, self.batch_rule))
 
     @property
     def vector_sums(self) -> dict[int, VectorSum]:

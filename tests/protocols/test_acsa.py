@@ -171,3 +171,39 @@ def test_strongly_convex_phases():
         assert d == pytest.approx(min(previous.sizes.distance, math.sqrt(2 * previous.predicted_error / 0.5)))
     assert distances[-1] < distances[0]
     assert len(plan_runs(PROBLEM, 10**5, moreau=False)) == 1  # no strong convexity: one run
+
+
+# -- the batch rule's noise dimension ------------------------------------------------------------
+
+
+def _problem(dim: int) -> Problem:
+    from protocols.losses import LogisticLoss
+
+    return Problem.for_loss(LogisticLoss(), dim=dim, feature_bound=1.0, radius=3.0, strong_convexity=0.0,
+                            noise_multiplier=8.0)
+
+
+@pytest.mark.parametrize("dim", [1, 5, 20])
+def test_the_glm_rule_is_the_worst_case_rule_up_to_the_reference_dimension(dim: int) -> None:
+    from protocols.acsa import RESTART_TUNING, plan_runs
+
+    problem = _problem(dim)
+    for tuning in (DEFAULT_TUNING, RESTART_TUNING):
+        glm = plan_runs(problem, 100_000, moreau=False, tuning=tuning, batch_rule="glm")
+        worst = plan_runs(problem, 100_000, moreau=False, tuning=tuning, batch_rule="worst-case")
+        assert glm == worst
+
+
+@pytest.mark.parametrize("dim", [100, 500, 1000])
+def test_above_it_the_glm_rule_stops_the_noise_term_growing_with_p(dim: int) -> None:
+    from protocols.acsa import GLM_REFERENCE_DIM, RESTART_TUNING, noise_dimension, plan_runs
+
+    problem = _problem(dim)
+    assert (noise_dimension(problem, "glm"), noise_dimension(problem, "worst-case")) == (GLM_REFERENCE_DIM, dim)
+    records = 200_000
+    glm = plan_runs(problem, records, moreau=False, tuning=RESTART_TUNING, batch_rule="glm")[0]
+    worst = plan_runs(problem, records, moreau=False, tuning=RESTART_TUNING, batch_rule="worst-case")[0]
+    # b ∝ (√p)^{2/5} = p^{1/5}: the batches shrink by (p/20)^{1/5}, the steps grow by as much.
+    ratio = worst.batch_size(1) / glm.batch_size(1)
+    assert ratio == pytest.approx((dim / GLM_REFERENCE_DIM) ** 0.2, rel=0.03)  # b_t = ⌊n/T⌋ or ⌊n/T⌋ + 1 rounds
+    assert glm.steps > worst.steps

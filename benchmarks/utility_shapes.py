@@ -1,0 +1,149 @@
+"""pan-acsa's batch rules on data of different shapes: the GLM rule against the worst-case rule.
+
+Run (from the repository root)::
+
+    .venv/bin/python -m benchmarks.utility_shapes            # every stream, 3 repetitions (~6 min)
+    .venv/bin/python -m benchmarks.utility_shapes --quick    # smaller n, 1 repetition
+
+Streams (none of them was used to choose any constant; :data:`protocols.acsa.GLM_REFERENCE_DIM`
+and the batch constants come from the d = 20 streams of :class:`protocols.acsa.Tuning`):
+
+- **synthetic d = 20 / 100 / 1000** (:class:`benchmarks.synthetic.LogisticTask`, ‖x‖ = 1, ‖θ*‖ = 4,
+  no intercept): metric = excess population logistic loss (lower is better);
+- **one-hot**: 400 binary features in 8 categorical groups of 50 levels (8 active per row, scaled
+  to ‖x‖ = 1), labels from a sparse logistic model with an offset giving about 6 % positives;
+  metric = test AUC on 50,000 held-out rows (higher is better);
+- **Adult** (UCI, 105 features, :mod:`benchmarks.adult`): test AUC on the 16,281 test records.
+
+Per stream and ε ∈ {0.5, 1, 4} (δ = 1e-6, radius √d, logistic loss; the service's defaults):
+``PanPrivateACSA`` with ``batch_rule="glm"`` (the default) and ``"worst-case"``, the noiseless
+twin of the GLM learner (same plans and restarts, no noise), and non-private one-pass SGD
+(batch 1). Mean over the repetitions (stream order and noise seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import expit
+
+from benchmarks import adult
+from benchmarks.baselines import acsa_with_plans, sgd_one_pass
+from benchmarks.synthetic import LogisticTask
+from protocols.losses import LogisticLoss
+from protocols.pan_acsa import PanPrivateACSA
+
+DELTA = 1e-6
+EPSILONS = (0.5, 1.0, 4.0)
+MICRO_BATCH = 4096
+Array = np.ndarray
+
+
+@dataclass
+class Stream:
+    """Training rows, how to score a parameter vector, and the loss the learners use."""
+
+    name: str
+    X: Array
+    y: Array
+    score: Callable[[Array], float]
+    intercept: bool
+    higher_is_better: bool
+
+
+def synthetic(d: int, n: int, rng: np.random.Generator) -> Stream:
+    task = LogisticTask(d=d, norm=4.0)
+    X, y = task.sample(n, rng)
+    return Stream(f"synthetic d={d} (excess loss)", X, y, lambda theta: task.excess(theta, LogisticLoss()),
+                  intercept=False, higher_is_better=False)
+
+
+def one_hot(n: int, rng: np.random.Generator, groups: int = 8, levels: int = 50) -> Stream:
+    """A sparse categorical stream with imbalanced labels (module docstring)."""
+    weights = np.random.default_rng(7).normal(0.0, 1.5, size=groups * levels)
+    offset = -4.0  # about 6 % positives
+
+    def draw(m: int) -> tuple[Array, Array]:
+        X = np.zeros((m, groups * levels))
+        columns = rng.integers(0, levels, size=(m, groups)) + levels * np.arange(groups)
+        np.put_along_axis(X, columns, 1.0 / math.sqrt(groups), axis=1)
+        logits = X @ weights * math.sqrt(groups) / 3.0 + offset
+        return X, (rng.uniform(size=m) < expit(logits)).astype(np.float64)
+
+    X, y = draw(n)
+    X_test, y_test = draw(50_000)
+    return Stream(f"one-hot p={groups * levels}, {100 * y.mean():.1f}% positive (AUC)", X, y,
+                  lambda theta: adult.auc(X_test @ theta[:-1] + theta[-1], y_test), intercept=True,
+                  higher_is_better=True)
+
+
+def adult_stream(rng: np.random.Generator) -> Stream:
+    X, y, X_test, y_test = adult.load()
+    order = rng.permutation(len(y))
+    return Stream("Adult p=105 (AUC)", X[order], y[order], lambda theta: adult.auc(X_test @ theta[:-1] + theta[-1], y_test),
+                  intercept=True, higher_is_better=True)
+
+
+def feature_bound(stream: Stream) -> float:
+    return adult.FEATURE_BOUND if stream.name.startswith("Adult") else 1.0
+
+
+def run_learner(stream: Stream, epsilon: float, rule: str, seed: int) -> tuple[Array, PanPrivateACSA]:
+    d = stream.X.shape[1]
+    learner = PanPrivateACSA(d, LogisticLoss(intercept=stream.intercept), epsilon, DELTA, horizon=len(stream.y),
+                             radius=math.sqrt(d), feature_bound=feature_bound(stream), batch_rule=rule, rng=seed)
+    for start in range(0, len(stream.y), MICRO_BATCH):
+        learner.learn_many(stream.X[start : start + MICRO_BATCH], stream.y[start : start + MICRO_BATCH])
+    return learner.release(), learner
+
+
+def row(stream: Stream, epsilon: float, repetitions: int) -> dict[str, float]:
+    d = stream.X.shape[1]
+    loss = LogisticLoss(intercept=stream.intercept)
+    scores: dict[str, list[float]] = {"glm": [], "worst-case": [], "noiseless twin": [], "steps glm/worst": []}
+    for seed in range(repetitions):
+        glm, learner = run_learner(stream, epsilon, "glm", seed)
+        worst, other = run_learner(stream, epsilon, "worst-case", seed)
+        twin = acsa_with_plans(loss, learner.epoch_plans(0), stream.X, stream.y, feature_bound=feature_bound(stream),
+                               radius=math.sqrt(d), noise_std=lambda b: 0.0, rng=np.random.default_rng(seed), restart=True)
+        scores["glm"].append(stream.score(glm))
+        scores["worst-case"].append(stream.score(worst))
+        scores["noiseless twin"].append(stream.score(twin))
+        scores["steps glm/worst"].append(learner.current_plan().steps / other.current_plan().steps)
+    return {name: float(np.mean(values)) for name, values in scores.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller n, one repetition")
+    args = parser.parse_args()
+    n, repetitions = (30_000, 1) if args.quick else (100_000, 3)
+    rng = np.random.default_rng(11)
+    builders: list[Callable[[], Stream]] = [
+        lambda: synthetic(20, n, rng), lambda: synthetic(100, n, rng), lambda: synthetic(1000, n // 2, rng),
+        lambda: one_hot(n * 2, rng), lambda: adult_stream(rng),
+    ]
+    print(f"pan-acsa, delta = {DELTA:g}, radius sqrt(d), logistic loss; mean of {repetitions} repetition(s)\n")
+    print("| stream | n | eps | glm | worst-case | noiseless twin (glm plan) | non-private SGD | steps glm/worst |")
+    print("|---|---|---|---|---|---|---|---|")
+    for build in builders:
+        started = time.perf_counter()
+        stream = build()
+        d = stream.X.shape[1]
+        loss = LogisticLoss(intercept=stream.intercept)
+        sgd = stream.score(sgd_one_pass(loss, stream.X, stream.y, batch=1, noise_std=0.0, feature_bound=feature_bound(stream),
+                                        radius=math.sqrt(d), rng=np.random.default_rng(0)))
+        for epsilon in EPSILONS:
+            r = row(stream, epsilon, repetitions)
+            print(f"| {stream.name} | {len(stream.y):,} | {epsilon:g} | {r['glm']:.4f} | {r['worst-case']:.4f} | "
+                  f"{r['noiseless twin']:.4f} | {sgd:.4f} | {r['steps glm/worst']:.2f} |", flush=True)
+        print(f"<!-- {stream.name}: {time.perf_counter() - started:.0f} s -->", flush=True)
+
+
+if __name__ == "__main__":
+    main()
