@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test soak bench utility clean
+.PHONY: run test soak bench utility report clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-report: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[report]'
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
@@ -47,16 +51,23 @@ soak: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m soak -s tests/faults tests/protocols/test_memory_residue.py $(PYTEST_ARGS)
 
 ## bench: the performance benchmarks (each prints its side-by-side ratios, measured in one run).
-PERF_BENCHMARKS := encoder shuffle_gaussian_rdp iteration_accounting service
+PERF_BENCHMARKS := encoder glm_fast_path shuffle_gaussian_rdp iteration_accounting service
 bench: $(VENV)/.installed-bench
 	for m in $(PERF_BENCHMARKS); do $(BIN)/python -m benchmarks.$$m || exit 1; done
 
 ## utility: excess-loss tables of every learner on the shared synthetic streams and UCI Adult
 ## (minutes each; UTILITY_ARGS=--quick for short runs).
-UTILITY_BENCHMARKS := utility_pan_acsa utility_pnsgd utility_shuffle utility_shuffle_gd
+UTILITY_BENCHMARKS := utility_pan_acsa utility_shapes utility_pnsgd utility_shuffle utility_shuffle_gd
 UTILITY_ARGS ?=
 utility: $(VENV)/.installed-bench
 	for m in $(UTILITY_BENCHMARKS); do $(BIN)/python -m benchmarks.$$m $(UTILITY_ARGS) || exit 1; done
+
+## report: the README's pictures — the embedded Adult run (paced, with its hold-out scores) drawn
+## by `panpriv report` into docs/img/.
+report: $(VENV)/.installed-report
+	rm -rf out/report-demo
+	$(BIN)/panpriv -q run --metrics-port 0 --out out/report-demo
+	$(BIN)/panpriv report out/report-demo --to docs/img
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

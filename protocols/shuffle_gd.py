@@ -90,6 +90,18 @@ def theorem_rounds(n: int, d: int, epsilon: float, delta: float) -> int:
     return max(1, min(n, math.floor(epsilon**2 * n**2 / (d * math.log(n * d / delta) ** 2))))
 
 
+DEFAULT_ROUND_CAP = 20
+"""The most rounds the default plan takes. Thm 4.9's T = min{n, ε²n²/(d log²(nd/δ))} is a pass over
+the recording per round and grows like n² (75,823 passes at n = 10⁵, d = 20, ε = 1): a plan that
+never finishes, and whose per-round budget ε₀ ∝ ε/√T makes each message's noise ∝ √T. A public
+compute bound, not a tuned constant; ``rounds`` overrides it."""
+
+
+def default_rounds(n: int, d: int, epsilon: float, delta: float) -> int:
+    """min(:func:`theorem_rounds`, :data:`DEFAULT_ROUND_CAP`)."""
+    return min(theorem_rounds(n, d, epsilon, delta), DEFAULT_ROUND_CAP)
+
+
 def round_budget(epsilon: float, delta: float, rounds: int) -> tuple[float, float]:
     """(ε₀, δ₀) = (ε/(2√(2T log(1/δ))), δ/(T + 1)): each round's PVEC budget (Cheu et al. 2022, Alg. 5 line 3,
     Lemma B.6)."""
@@ -143,7 +155,8 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     n
         Number of records (users) in the recording; every round queries all of them.
     rounds
-        T; ``None``: :func:`theorem_rounds` (Cheu et al. 2022, Thm 4.9).
+        T; ``None``: :func:`default_rounds`, Cheu et al. 2022 Thm 4.9's T capped at
+        :data:`DEFAULT_ROUND_CAP` (each round is a whole pass over the recording).
     budget
         How (ε, δ) is split over the rounds: ``"lemma-b6"`` (default) the per-round
         (ε/(2√(2T log(1/δ))), δ/(T + 1)) of Cheu et al. 2022 Lemma B.6; ``"solved"`` the largest ε₀ whose
@@ -210,7 +223,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         self.budget = check.choice(_OWNER, "budget", budget, BUDGETS)
         self.smoothing = smoothing
         moreau = uses_moreau(_OWNER, self.loss, smoothing)
-        T = theorem_rounds(self.n, self._params, self.epsilon, self.delta) if self.rounds is None else self.rounds
+        T = default_rounds(self.n, self._params, self.epsilon, self.delta) if self.rounds is None else self.rounds
         self.planned_rounds = T
         epsilon0, delta0 = round_budget(self.epsilon, self.delta, T)
         if self.budget == "solved":

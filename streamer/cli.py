@@ -59,6 +59,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "learner.seed": args.seed,
         "out": args.out,
         "snapshots.every_records": args.snapshot_every,
+        "snapshots.holdout": args.holdout,
         "checkpoint.every_records": args.checkpoint_every,
         "metrics.port": args.metrics_port if args.metrics_port not in (None, 0) else None,
         "metrics.textfile": args.metrics_textfile,
@@ -322,6 +323,14 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 # -- inspect ------------------------------------------------------------------------------------
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from streamer.report import write_report
+
+    for path in write_report(args.out, args.to):
+        print(path)
+    return EXIT_OK
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from streamer.inspect import describe, summary
 
@@ -443,6 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run a learner whose guarantee can exceed --delta (PNSGD without a pan floor); refused otherwise")
     run.add_argument("--out", type=Path, help="directory for checkpoints and snapshots (resumes if it holds a checkpoint)")
     run.add_argument("--snapshot-every", type=int, metavar="RECORDS", help="emit a snapshot at most every RECORDS records")
+    run.add_argument("--holdout", type=Path, metavar="FILE",
+                     help="score each snapshot on this PUBLIC labelled file (never the private stream): AUC, accuracy, log-loss")
     run.add_argument("--checkpoint-every", type=int, metavar="RECORDS", help="checkpoint at most every RECORDS records")
     run.add_argument("--metrics-port", type=int, help="Prometheus endpoint port (0: none; default 9477)")
     run.add_argument("--metrics-textfile", type=Path, metavar="PATH", help="also write the metrics to PATH at the end (node_exporter textfile collector; short replays)")
@@ -516,6 +527,17 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("path")
     inspect.add_argument("--json", action="store_true", help="one JSON object instead of text (for scripts)")
     inspect.set_defaults(handler=cmd_inspect)
+
+    report = commands.add_parser(
+        "report",
+        parents=[common],
+        help="pictures of a run: privacy, hold-out scores, throughput and rejects (needs panpriv[report])",
+        description="Draw a run's released snapshots (streamer.report): PNGs and a markdown page, in --to "
+        "(default OUT/report).",
+    )
+    report.add_argument("out", type=Path, help="a --out directory of panpriv run (or its snapshots.jsonl)")
+    report.add_argument("--to", type=Path, help="where to write (default: OUT/report)")
+    report.set_defaults(handler=cmd_report)
 
     predict = commands.add_parser(
         "predict",

@@ -174,6 +174,9 @@ class SnapshotConfig(_Section):
     jsonl: bool = True
     kafka_topic: str | None = None
     kafka_bootstrap: str | None = Field(default=None, description="default: the kafka source's brokers")
+    holdout: Path | None = Field(
+        default=None, description="a PUBLIC labelled file (same format as the source) each snapshot is scored on"
+    )
 
 
 class MetricsConfig(_Section):
@@ -341,10 +344,11 @@ ADULT_DEMO: dict[str, Any] = {
     "source": {"url": ADULT_TRAIN_URL, "rate": 2000.0},
     "learner": {"name": "pan-acsa", "epsilon": 1.0, "delta": 1e-6, "options": {"radius": ADULT_RADIUS}},
     "checkpoint": {"every_records": 4096, "every_seconds": 5.0},
-    "snapshots": {"every_records": 8192},
+    "snapshots": {"every_records": 8192, "holdout": str(adult.TEST_PATH)},
 }
 """The embedded default of ``panpriv run`` with neither ``--config`` nor ``--source``: replay the
-UCI Adult training set through pan-private AC-SA at ε = 1, δ = 1e-6, radius :data:`ADULT_RADIUS`.
+UCI Adult training set through pan-private AC-SA at ε = 1, δ = 1e-6, radius :data:`ADULT_RADIUS`,
+each snapshot scored on the public test split (``--holdout``, :mod:`streamer.holdout`).
 
 The replay is paced at 2,000 records/s (about 16 s for 32,561 records) so that the progress line
 and the live metrics can be watched; ``--rate 0`` replays as fast as possible.

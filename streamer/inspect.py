@@ -78,15 +78,22 @@ def describe_snapshots(path: Path) -> str:
     counts = [r["records"] for r in records]
     monotone = all(a <= b for a, b in zip(counts, counts[1:]))
     report = PrivacyReport.from_dict(last["privacy"])
-    return "\n".join(
-        [
-            f"snapshots {path}: {len(records)} records",
-            f"  last: sequence {last['sequence']}, {last['records']:,} records, created {last['created']}, "
-            f"{len(last['params'])} parameters",
-            f"  record counts never decrease: {'yes' if monotone else 'NO'}",
-            "  privacy: " + report.statement(),
-        ]
-    )
+    lines = [
+        f"snapshots {path}: {len(records)} records",
+        f"  last: sequence {last['sequence']}, {last['records']:,} records, created {last['created']}, "
+        f"{len(last['params'])} parameters",
+        f"  record counts never decrease: {'yes' if monotone else 'NO'}",
+    ]
+    scored = [r for r in records if "holdout" in r]
+    if scored:  # --holdout: each snapshot scored on the user's public hold-out file (streamer.holdout)
+        lines.append(f"  hold-out scores (public file, {int(scored[-1]['holdout']['records']):,} records):")
+        lines.extend(
+            f"    sequence {r['sequence']} ({r['records']:,} records): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in sorted(r["holdout"].items()) if k != "records")
+            for r in scored[-10:]
+        )
+    lines.append("  privacy: " + report.statement())
+    return "\n".join(lines)
 
 
 def describe_recording(path: Path) -> str:
@@ -151,4 +158,5 @@ def snapshots_summary(path: Path) -> dict[str, object]:
         "last_created": last["created"], "parameters": len(last["params"]),
         "records_never_decrease": all(a <= b for a, b in zip(counts, counts[1:], strict=False)),
         "privacy": last["privacy"],
+        "holdout": [{"sequence": r["sequence"], "records": r["records"], **r["holdout"]} for r in records if "holdout" in r],
     }

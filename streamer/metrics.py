@@ -53,6 +53,10 @@ Series
     The same lag in records: messages times the records per message read so far (valid and
     rejected; 1 for one-record JSON/CSV messages, ~256 for binary batches). An estimate: the
     unread messages may hold another number of records.
+``panpriv_holdout{metric}``
+    With ``--holdout``: the last snapshot's score on the user's public hold-out file (``auc``,
+    ``accuracy``, ``log_loss`` or ``rmse``, and ``records``): post-processing of a release on
+    public data (:mod:`streamer.holdout`), never a statistic of the stream.
 ``panpriv_info{learner, source, version}``
     Constant 1, labelled with what this process runs.
 ``panpriv_seeded_mode``
@@ -201,6 +205,11 @@ class ServiceMetrics:
         self._messages_read = 0  # positions consumed (messages), for records per message
         self._records_read = 0  # valid and rejected records in them
         self._info = Info("panpriv", "What this process runs.", registry=r)
+        self._holdout = Gauge(
+            "panpriv_holdout",
+            "The last snapshot's score on the public hold-out file (--holdout), by metric.",
+            ["metric"], registry=r,
+        )
         self._seeded = Gauge(
             "panpriv_seeded_mode",
             "1 if the noise generator is explicitly seeded (replay/testing mode: no pan-private guarantee), else 0.",
@@ -240,6 +249,11 @@ class ServiceMetrics:
     def observe_snapshot(self) -> None:
         """Count one emitted snapshot."""
         self._snapshots.inc()
+
+    def observe_holdout(self, scores: Mapping[str, float]) -> None:
+        """Export the last snapshot's hold-out scores (:mod:`streamer.holdout`)."""
+        for metric, value in scores.items():
+            self._holdout.labels(metric=metric).set(float(value))
 
     def observe_privacy(self, report: PrivacyReport) -> None:
         """Export the output and intrusion guarantees of ``report`` (ε = inf is exported as +Inf)."""

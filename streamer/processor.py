@@ -92,6 +92,7 @@ from streamer.delta_target import check_delta_target
 from streamer.driver import Driver, Outcome
 from streamer.errors import ConfigError
 from streamer.heartbeat import Heartbeat, LagReporter
+from streamer.holdout import Holdout
 from streamer.indexed import IndexedFile
 from streamer.learners import build_learner, constructor_arguments, learner_class, restore_learner
 from streamer.metrics import ServiceMetrics
@@ -162,6 +163,8 @@ class Processor:
         self._progress_enabled = progress
         self.store = CheckpointStore(self.out / "checkpoints")
         self.codec: Codec = make_codec(config.records)
+        holdout = config.snapshots.holdout
+        self._holdout = Holdout.load(holdout, self.codec) if holdout is not None else None  # public data (streamer.holdout)
         # Set up by run():
         self._driver: Driver | None = None
         self._session: BudgetSession | None = None
@@ -349,6 +352,7 @@ class Processor:
             self.store, driver, self._session, self.metrics, source, lag, self._sinks, self._dead_letters,
             self._config_hash, self._privacy_config,
             feature_names=adult.FEATURE_NAMES if cfg.records.format == "adult" else None,
+            holdout=self._holdout,
         )
         return self._transaction
 
@@ -405,6 +409,9 @@ class Processor:
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
         def request_stop(signum: int, frame: object) -> None:
+            if self._transaction is None:  # still setting up (a calibration can take seconds): nothing to save
+                log.info("received %s during set-up: stopping now; nothing was learned", signal.Signals(signum).name)
+                raise KeyboardInterrupt
             log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
             self.stop_event.set()
 

@@ -28,6 +28,7 @@ from streamer.budget_session import BudgetSession
 from streamer.checkpoint import Checkpoint, CheckpointStore
 from streamer.driver import Driver
 from streamer.heartbeat import LagReporter
+from streamer.holdout import Holdout
 from streamer.indexed import IndexedFile
 from streamer.metrics import ServiceMetrics
 from streamer.sinks import DeadLetterSink, SnapshotSink, snapshot_record
@@ -53,6 +54,8 @@ class CheckpointTransaction:
         The privacy-relevant configuration the manifest is bound to.
     feature_names
         Written into snapshot records (``None``: unnamed features).
+    holdout
+        The public hold-out set each snapshot is scored on (``--holdout``), or ``None``.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class CheckpointTransaction:
         config_hash: str,
         privacy_config: dict[str, Any],
         feature_names: tuple[str, ...] | None,
+        holdout: Holdout | None = None,
     ) -> None:
         self._store = store
         self._driver = driver
@@ -80,6 +84,7 @@ class CheckpointTransaction:
         self._config_hash = config_hash
         self._privacy_config = privacy_config
         self._feature_names = feature_names
+        self._holdout = holdout
 
     def commit(self, snapshot: bool, finished: bool = False, final: bool = False) -> None:
         """Take a checkpoint (with a snapshot if ``snapshot``); ``finished``: the data is complete;
@@ -135,6 +140,9 @@ class CheckpointTransaction:
             privacy=report.to_dict(),
             feature_names=self._feature_names,
         )
+        if self._holdout is not None:  # public data, released parameters: post-processing (streamer.holdout)
+            record["holdout"] = self._holdout.score(released)
+            self._metrics.observe_holdout(record["holdout"])
         for sink in self._sinks:
             sink.emit(record)
         self._metrics.observe_snapshot()

@@ -1,0 +1,89 @@
+"""--holdout: each released snapshot scored on a public labelled file (streamer.holdout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+from sklearn.metrics import log_loss, roc_auc_score
+
+from streamer.cli import main
+from streamer.codec import make_codec
+from streamer.config import load_config
+from streamer.errors import ConfigError
+from streamer.holdout import Holdout
+from streamer.metrics import ServiceMetrics
+from streamer.processor import Processor
+from streamer.serving import snapshot_from_record
+
+
+def write_records(path: Path, n: int, seed: int, bad: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    theta = np.array([2.0, -1.0, 0.5, 0.0])
+    with open(path, "w") as handle:
+        for _ in range(n):
+            x = rng.uniform(-0.5, 0.5, size=4)
+            y = 1 if rng.uniform() < 1 / (1 + np.exp(-4 * x @ theta)) else -1
+            handle.write(json.dumps({"x": x.tolist(), "y": y}) + "\n")
+        for _ in range(bad):
+            handle.write('{"x": [1, 2], "y": 1}\n')  # wrong dimension: rejected, not fatal
+    return path
+
+
+def configure(tmp_path: Path, **extra):
+    return load_config(None, {
+        "source.url": f"file:{write_records(tmp_path / 'train.jsonl', 3000, seed=1)}", "records.dim": 4,
+        "records.feature_bound": 1.0, "metrics.port": None, "out": str(tmp_path / "out"),
+        "snapshots.every_records": 1000, "checkpoint.every_records": 1000, **extra,
+    })
+
+
+def test_every_snapshot_carries_its_scores_on_the_holdout_computed_by_independent_code(tmp_path: Path) -> None:
+    holdout_path = write_records(tmp_path / "holdout.jsonl", 800, seed=2, bad=3)
+    registry = CollectorRegistry()
+    result = Processor(configure(tmp_path, **{"snapshots.holdout": str(holdout_path)}),
+                       metrics=ServiceMetrics(registry=registry)).run()
+    records = [json.loads(line) for line in (tmp_path / "out" / "snapshots.jsonl").read_text().splitlines()]
+    assert len(records) == result.snapshots >= 3 and all("holdout" in r for r in records)
+    rows = [json.loads(line) for line in holdout_path.read_text().splitlines()[:800]]
+    X = np.array([r["x"] for r in rows])
+    positive = np.array([r["y"] for r in rows]) > 0
+    for record in records:
+        snapshot = snapshot_from_record(record)
+        scores = record["holdout"]
+        decision = snapshot.decision_many(X)
+        assert scores["records"] == 800  # the 3 malformed lines were rejected by the run's codec
+        assert scores["auc"] == pytest.approx(roc_auc_score(positive, decision), abs=1e-12)
+        assert scores["accuracy"] == pytest.approx(np.mean((decision > 0) == positive), abs=1e-12)
+        assert scores["log_loss"] == pytest.approx(log_loss(positive, snapshot.predict_proba_many(X)), rel=1e-9)
+    assert records[-1]["holdout"]["auc"] > 0.7  # the model learned something the hold-out can see
+    for metric in ("auc", "accuracy", "log_loss", "records"):
+        assert registry.get_sample_value("panpriv_holdout", {"metric": metric}) == pytest.approx(records[-1]["holdout"][metric])
+
+
+def test_inspect_shows_the_scores(tmp_path: Path, capsys) -> None:
+    holdout_path = write_records(tmp_path / "holdout.jsonl", 300, seed=3)
+    Processor(configure(tmp_path, **{"snapshots.holdout": str(holdout_path)})).run()
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "hold-out scores (public file, 300 records):" in out and "auc 0." in out and "log_loss" in out
+    assert main(["inspect", "--json", str(tmp_path / "out")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    scored = summary["snapshots"]["holdout"]
+    assert len(scored) == summary["snapshots"]["count"] >= 3 and all(0.0 <= entry["auc"] <= 1.0 for entry in scored)
+
+
+def test_a_holdout_without_valid_records_or_missing_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"x": [1, 2], "y": 1}\n')
+    codec = make_codec(configure(tmp_path).records)
+    with pytest.raises(ConfigError, match="has no valid record for this run's"):
+        Holdout.load(empty, codec)
+    data = write_records(tmp_path / "d.jsonl", 50, seed=4)
+    argv = ["run", "--source", f"file:{data}", "--dim", "4", "--feature-bound", "1", "--metrics-port", "0",
+            "--out", str(tmp_path / "out2"), "--holdout", str(tmp_path / "missing.jsonl")]
+    assert main(argv) == 2
+    assert "holdout: " in capsys.readouterr().err and not (tmp_path / "out2").exists()
