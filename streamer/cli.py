@@ -24,7 +24,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from streamer.errors import CheckpointError, ConfigError, LearnerInputError, LearnerUnavailableError, StreamerError
+from streamer.errors import (
+    CheckpointError,
+    ConfigError,
+    LearnerInputError,
+    LearnerUnavailableError,
+    StoppedDuringSetUp,
+    StreamerError,
+)
 from streamer.urls import redact
 
 log = logging.getLogger("panpriv")
@@ -602,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
     except StreamerError as exc:
         print(f"panpriv {args.command}: error: {redact(str(exc))}", file=sys.stderr)
         return EXIT_FAILURE
+    except StoppedDuringSetUp:
+        print(f"panpriv {args.command}: stopped during set-up; nothing was learned", file=sys.stderr)
+        return EXIT_OK
     except KeyboardInterrupt:
         return 130
     except sqlite3.Error as exc:  # the budget store failed (full disk, locked or damaged file)

@@ -40,3 +40,10 @@ class OutputError(StreamerError):
 
 class OutputBusyError(OutputError):
     """Another process holds the output directory's lock (:mod:`streamer.outlock`)."""
+
+
+class StoppedDuringSetUp(BaseException):
+    """SIGTERM/SIGINT arrived before the run's first record (a tight calibration can take seconds):
+    the run stops at once, with nothing learned, snapshotted or checkpointed. A clean stop (exit 0),
+    like a stop requested while learning; a :class:`BaseException` so that no ``except Exception``
+    in the set-up swallows it."""

@@ -90,7 +90,7 @@ from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from streamer.datasets import adult
 from streamer.delta_target import check_delta_target
 from streamer.driver import Driver, Outcome
-from streamer.errors import ConfigError
+from streamer.errors import ConfigError, StoppedDuringSetUp
 from streamer.heartbeat import Heartbeat, LagReporter
 from streamer.holdout import Holdout
 from streamer.indexed import IndexedFile
@@ -411,7 +411,7 @@ class Processor:
         def request_stop(signum: int, frame: object) -> None:
             if self._transaction is None:  # still setting up (a calibration can take seconds): nothing to save
                 log.info("received %s during set-up: stopping now; nothing was learned", signal.Signals(signum).name)
-                raise KeyboardInterrupt
+                raise StoppedDuringSetUp
             log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
             self.stop_event.set()
 

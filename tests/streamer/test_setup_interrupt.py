@@ -54,6 +54,6 @@ def test_sigterm_during_set_up_stops_within_seconds_with_nothing_learned(tmp_pat
         if process.poll() is None:
             process.kill()
     text = log.read_text()
-    assert code == 130 and time.monotonic() - sent < 10, text[-2000:]
-    assert "during set-up: stopping now; nothing was learned" in text
+    assert code == 0 and time.monotonic() - sent < 10, text[-2000:]  # a clean stop
+    assert "during set-up: stopping now; nothing was learned" in text and "panpriv run: stopped during set-up" in text
     assert not (out / "checkpoints" / "checkpoint.json").exists() and not (out / "snapshots.jsonl").exists()
