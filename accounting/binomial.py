@@ -89,7 +89,9 @@ Prop. 12); its proof is the pointwise inequality of step 5.
 from __future__ import annotations
 
 import functools
+import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -97,6 +99,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, stats
 
+from accounting import calibration_cache
 from accounting.errors import InvalidParameterError
 from accounting.gaussian import analytic_sigma
 from accounting.validation import in_range, open_unit, positive, positive_int
@@ -520,13 +523,7 @@ def _tight_delta(
 ) -> tuple[float, float]:
     """(δ bound, log(α − 1) achieving it). With ``order_hint`` the search over orders is confined
     to a bracket around it (a search aid only: every order gives a valid bound)."""
-    radius = g * (1.0 + NORM_SLACK)
-    moments = _ShiftMoments(m, p, math.ceil(radius), d, tail_budget)
-
-    def log_delta(log_order_m1: float) -> float:
-        alpha = 1.0 + math.exp(log_order_m1)
-        bound = _ball_bound(moments.log_moments(alpha), radius, d)
-        return min(_log_conversion(alpha, epsilon) + bound, 1e300)
+    moments, log_delta = _log_delta_function(epsilon, g, m, p, d, tail_budget)
 
     if order_hint is None:  # coarse scan of log(α − 1), then refine around the best
         scan = np.arange(math.log(1e-2), math.log(3e3), 1.0)
@@ -538,6 +535,30 @@ def _tight_delta(
         options={"xatol": 1e-2},
     )
     return moments.tail + math.exp(min(float(found.fun), 0.0)), float(found.x)
+
+
+def _log_delta_function(
+    epsilon: float, g: int, m: int, p: float, d: int, tail_budget: float
+) -> tuple[_ShiftMoments, Callable[[float], float]]:
+    """The window's moments and log of the bound's main term as a function of log(α − 1): the
+    δ bound at an order is ``moments.tail + exp(min(log_delta(order), 0))``."""
+    radius = g * (1.0 + NORM_SLACK)
+    moments = _ShiftMoments(m, p, math.ceil(radius), d, tail_budget)
+
+    def log_delta(log_order_m1: float) -> float:
+        alpha = 1.0 + math.exp(log_order_m1)
+        bound = _ball_bound(moments.log_moments(alpha), radius, d)
+        return min(_log_conversion(alpha, epsilon) + bound, 1e300)
+
+    return moments, log_delta
+
+
+def _delta_at_order(
+    epsilon: float, g: int, m: int, p: float, d: int, tail_budget: float, log_order_m1: float
+) -> float:
+    """The δ bound at one Rényi order α = 1 + exp(``log_order_m1``) (every order gives a valid bound)."""
+    moments, log_delta = _log_delta_function(epsilon, g, m, p, d, tail_budget)
+    return moments.tail + math.exp(min(log_delta(log_order_m1), 0.0))
 
 
 def tight_delta(
@@ -649,9 +670,12 @@ def tight_parameters(
     * **b and p.** p = 1/2 (Cheu et al.'s Alg. 1 asks p < 1/2, which only its Lemma 3.1 proof needs): the
       least b meeting δ, by integer bisection. Lowering p at that b could save at most a fraction
       1/b of the noise variance (b − 1 trials at p = 1/2 fail), so it is done only when b < 100
-      (bisection on p(1 − p)); otherwise p = 1/2 is kept, which lets the encoder draw Bin(b, 1/2)
-      exactly as a popcount of b random bits, several times faster than a general binomial draw.
-    * Results are cached (pure function of its arguments).
+      (bisection on p(1 − p), 8 accountant evaluations); otherwise p = 1/2 is kept (the saving
+      would be under 1 %). The encoder draws Bin(b, p) exactly for any p
+      (:mod:`protocols.binomial_sampler`), so the choice costs it nothing.
+    * Results are cached (pure function of its arguments), in the process and in a file
+      (:mod:`accounting.calibration_cache`); a file entry is used only after its δ bound is
+      recomputed at the stored parameters and order and found ≤ ``delta``.
 
     References
     ----------
@@ -672,16 +696,24 @@ def tight_parameters(
     g = math.ceil(math.sqrt((d + n / (4.0 * unit_sigma**2)) / _ROUNDING_EXCESS))
     g = min(max(_G_MAX, math.ceil(2.0 * math.sqrt(d))), max(4, g))
     tail_budget = _TAIL_SHARE * delta
+    key = json.dumps(["v1", n, d, repr(epsilon), repr(delta), repr(honest_fraction), g, _TAIL_SHARE])
+    cached = _cached_calibration(key, epsilon, delta, g, noisy, d, tail_budget)
+    if cached is not None:
+        b, p, achieved = cached
+        return PVECParameters(
+            n=n, d=d, l2_bound=l2_bound, honest_fraction=honest_fraction, g=g, b=b, p=p,
+            epsilon=epsilon, delta=achieved, calibration="tight",
+        )
 
     hint: list[float] = []  # best log(α − 1) so far: narrows later order searches
-    bounds: dict[tuple[int, float], float] = {}  # (b, p) → δ bound evaluated there
+    bounds: dict[tuple[int, float], tuple[float, float]] = {}  # (b, p) → (δ bound, its order)
 
     def passes(b: int, p: float = 0.5) -> bool:
         bound, order = _tight_delta(
             epsilon, g, noisy * b, p, d, tail_budget, hint[-1] if hint else None
         )
         hint.append(order)
-        bounds[(b, p)] = bound
+        bounds[(b, p)] = bound, order
         return bound <= delta
 
     # Bracket the least b, starting from the Gaussian estimate (+25 % for the conversion's slack).
@@ -708,7 +740,8 @@ def tight_parameters(
                 v_low = v_mid
         if v_high < 0.25:
             p = _p_of_variance(v_high)
-    achieved = bounds[(b, p)]  # the search only moves to points that passed
+    achieved, order = bounds[(b, p)]  # the search only moves to points that passed
+    calibration_cache.store_entry(key, {"b": b, "p": p, "log_order_m1": order})
     return PVECParameters(
         n=n,
         d=d,
@@ -721,6 +754,25 @@ def tight_parameters(
         delta=achieved,
         calibration="tight",
     )
+
+
+def _cached_calibration(
+    key: str, epsilon: float, delta: float, g: int, noisy: int, d: int, tail_budget: float
+) -> tuple[int, float, float] | None:
+    """(b, p, δ bound) from the file cache, verified: the bound is recomputed at the stored order
+    and the entry is used only if it meets ``delta`` (so the file can cost a search, never privacy)."""
+    entry = calibration_cache.load_entry(key)
+    if entry is None:
+        return None
+    b, p, order = entry.get("b"), entry.get("p"), entry.get("log_order_m1")
+    if not (
+        isinstance(b, int) and b >= 1
+        and isinstance(p, float) and 0.0 < p <= 0.5
+        and isinstance(order, float) and math.isfinite(order)
+    ):
+        return None
+    achieved = _delta_at_order(epsilon, g, noisy * b, p, d, tail_budget, order)
+    return (b, p, achieved) if achieved <= delta else None
 
 
 def _p_of_variance(variance: float) -> float:

@@ -30,11 +30,12 @@ the cost. It is only legitimate when encoding and shuffling run in one trusted p
 individual users' messages never exist, so no shuffler is being trusted to hide them; in a real
 deployment each user must run :meth:`VectorSum.randomize` (or ``randomize_bits``) on its own.
 
-Sampling Bin(b, 1/2) exactly
-----------------------------
-With p = 1/2 (the tight calibration's choice) Bin(b, 1/2) is the number of ones among b fair bits:
-⌈b/64⌉ raw 64-bit words from the generator, the last one masked to b mod 64 bits, and a popcount —
-exact and several times faster than ``Generator.binomial``. Other p use ``Generator.binomial``.
+Sampling the noise
+------------------
+Bin(b, p) comes from :class:`protocols.binomial_sampler.BinomialSampler`: an exact inversion of one
+raw 64-bit word per draw against integer thresholds through a guide table (b ≤ 4096), 5–15× faster
+than ``Generator.binomial`` and exactly Bin(b, p). A user's counts are stored in the smallest unsigned dtype holding g + b
+(:attr:`VectorSum.count_dtype`; one byte when g + b ≤ 255), so a batch's messages take n·d bytes.
 
 Randomness
 ----------
@@ -60,6 +61,7 @@ from numpy.typing import NDArray
 
 from accounting.binomial import PVECParameters, pvec_parameters, tight_parameters
 from accounting.errors import InvalidParameterError
+from protocols.binomial_sampler import BinomialSampler, count_dtype
 from protocols.errors import InvalidInputError
 from protocols.randomness import NoiseSource, RngLike
 from protocols.validation import choice, positive_int
@@ -67,20 +69,18 @@ from protocols.validation import choice, positive_int
 __all__ = ["VectorSum"]
 
 _CHUNK_ELEMENTS = 1 << 17  # elements of X per block (1 MiB of float64 per work buffer)
-# Bin(b, 1/2) by popcount while b ≤ 768: a raw word costs ~4 ns here, Generator.binomial 60-90 ns.
-_MAX_POPCOUNT_WORDS = 12
 _MAX_MESSAGES = 1 << 24  # randomize_bits refuses to materialise more messages than this
 
 
-def _column_sums(a: NDArray) -> NDArray:
-    """a.sum(axis=0), fast also for few columns: rows are folded into ~512-wide rows first
-    (numpy reduces a narrow C-ordered array row by row). Exact for integers (and for
-    integer-valued floats below 2⁵³): only the order of the additions changes."""
+def _column_sums(a: NDArray, dtype: type | None = None) -> NDArray:
+    """a.sum(axis=0) (accumulated in ``dtype``), fast also for few columns: rows are folded into
+    ~512-wide rows first (numpy reduces a narrow C-ordered array row by row). Exact for integers
+    (and for integer-valued floats below 2⁵³): only the order of the additions changes."""
     rows, width = a.shape
     fold = max(1, 512 // width)
     head = rows - rows % fold
-    folded = a[:head].reshape(-1, fold * width).sum(axis=0).reshape(fold, width).sum(axis=0)
-    return folded + a[head:].sum(axis=0)
+    folded = a[:head].reshape(-1, fold * width).sum(axis=0, dtype=dtype).reshape(fold, width).sum(axis=0)
+    return folded + a[head:].sum(axis=0, dtype=dtype)
 
 
 NORM_TOLERANCE = 1e-9
@@ -120,6 +120,8 @@ class VectorSum:
         Success probability of each noise trial.
     parameters : PVECParameters
         The calibration, with the guarantee (ε, δ) it proves.
+    count_dtype : numpy.dtype
+        The smallest unsigned integer dtype holding g + b: the dtype of :meth:`randomize`'s counts.
 
     References
     ----------
@@ -152,8 +154,8 @@ class VectorSum:
         self.parameters: PVECParameters = parameters
         self.g, self.b, self.p = parameters.g, parameters.b, parameters.p
         self._encode_scale = self.g / (2.0 * self.l2_bound)  # s = x·g/Δ + g/2
-        self._words = math.ceil(self.b / 64)
-        self._popcount_noise = self.p == 0.5 and self._words <= _MAX_POPCOUNT_WORDS
+        self.count_dtype = count_dtype(self.g + self.b)
+        self._sampler = BinomialSampler(self.b, self.p, self.count_dtype)
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // self.d)
 
     def __repr__(self) -> str:
@@ -195,7 +197,7 @@ class VectorSum:
     # Randomizer, shuffler, analyzer
     # ----------------------------------------------------------------------------------------
 
-    def randomize(self, X: NDArray[np.float64], rng: RngLike = None) -> NDArray[np.int64]:
+    def randomize(self, X: NDArray[np.float64], rng: RngLike = None) -> NDArray[np.unsignedinteger]:
         """R_VEC applied to each row of ``X``: every user's per-coordinate count of one-bits.
 
         Parameters
@@ -207,11 +209,11 @@ class VectorSum:
 
         Returns
         -------
-        ndarray of int64, shape (m, d)
+        ndarray of ``count_dtype``, shape (m, d)
             x̄ᵢⱼ + ηᵢⱼ ∈ [0, g + b]: the number of one-bits user i sends labelled j.
         """
         X = self._checked(X, "randomize", exact_rows=False)
-        counts = np.empty(X.shape, dtype=np.int64)
+        counts = np.empty(X.shape, dtype=self.count_dtype)
         with NoiseSource(rng).draw() as generator:
             for start, block in self._randomized_blocks(X, generator, "randomize"):
                 counts[start : start + block.shape[0]] = block
@@ -280,7 +282,7 @@ class VectorSum:
             )
         return np.bincount(labels, weights=bits, minlength=self.d).astype(np.int64)
 
-    def aggregate(self, counts: NDArray[np.int64]) -> NDArray[np.int64]:
+    def aggregate(self, counts: NDArray[np.integer]) -> NDArray[np.int64]:
         """The shuffler's view: per-coordinate totals Tⱼ = Σᵢ countsᵢⱼ of the n users' one-bits."""
         counts = np.asarray(counts)
         if counts.shape != (self.n, self.d) or not np.issubdtype(counts.dtype, np.integer):
@@ -288,11 +290,11 @@ class VectorSum:
                 f"VectorSum.aggregate: counts must be an integer array of shape "
                 f"({self.n}, {self.d}); got {counts.dtype} {counts.shape}"
             )
-        if np.any((counts < 0) | (counts > self.g + self.b)):
+        if counts.min() < 0 or counts.max() > self.g + self.b:
             raise InvalidInputError(
                 f"VectorSum.aggregate: every count must lie in [0, g + b] = [0, {self.g + self.b}]"
             )
-        return _column_sums(counts.astype(np.int64, copy=False))
+        return _column_sums(counts, np.int64)
 
     def analyze(self, totals: NDArray[np.int64]) -> NDArray[np.float64]:
         """A_VEC: the unbiased estimate (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ of Σᵢ xᵢ (Cheu et al. 2022, Alg. 2 line 12)."""
@@ -333,7 +335,7 @@ class VectorSum:
         if not pooled_noise:
             totals = np.zeros(self.d, dtype=np.int64)
             for _, block in self._randomized_blocks(X, generator, "estimate_sum"):
-                totals += _column_sums(block)
+                totals += _column_sums(block, np.int64)
             return self.analyze(totals)
         rounded = np.zeros(self.d)
         work = np.empty((self._chunk_rows, self.d))
@@ -413,24 +415,9 @@ class VectorSum:
         encoded += generator.random(out=uniforms[:rows])
         return np.floor(encoded, out=encoded)
 
-    def _noise(self, generator: np.random.Generator, size: int) -> NDArray[np.int64]:
-        """``size`` independent draws of Bin(b, p) (popcount of b fair bits when p = 1/2)."""
-        if not self._popcount_noise:
-            return generator.binomial(self.b, self.p, size=size)
-        words = generator.bit_generator.random_raw(self._words * size).reshape(self._words, size)
-        spare = self._words * 64 - self.b
-        if spare:
-            words[-1] &= np.uint64((1 << (64 - spare)) - 1)
-        ones = np.bitwise_count(words)
-        words.fill(0)  # the raw noise bits, wiped (the counts become the users' messages)
-        try:
-            return np.add.reduce(ones, axis=0, dtype=np.int64)
-        finally:
-            ones.fill(0)
-
     def _randomized_blocks(
         self, X: NDArray[np.float64], generator: np.random.Generator, method: str
-    ) -> Iterator[tuple[int, NDArray[np.int64]]]:
+    ) -> Iterator[tuple[int, NDArray[np.unsignedinteger]]]:
         """(first row, counts) for consecutive checked row blocks of X: bounded working memory.
 
         The work buffers hold clean encodings s, the rounding uniforms and the rounded encodings
@@ -440,11 +427,11 @@ class VectorSum:
         rows = min(self._chunk_rows, X.shape[0])
         work = np.zeros((rows, self.d))
         uniforms = np.zeros_like(work)
-        rounded = np.zeros(work.shape, dtype=np.int64)
+        rounded = np.zeros(work.shape, dtype=self.count_dtype)
         try:
             start = 0
             for chunk in self._chunks(X, method):
-                counts = self._noise(generator, chunk.size).reshape(chunk.shape)
+                counts = self._sampler.draw(generator, chunk.size).reshape(chunk.shape)
                 block = rounded[: chunk.shape[0]]
                 np.copyto(block, self._rounded(chunk, generator, work, uniforms), casting="unsafe")
                 counts += block

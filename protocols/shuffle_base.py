@@ -290,7 +290,7 @@ class EncodedLearner(Learner):
         with self._noise.draw() as generator:
             messages = vector_sum.randomize(self._gradients(Z, labels), generator)
         try:
-            self._totals += messages.sum(axis=0)
+            self._totals += messages.sum(axis=0, dtype=np.int64)
         finally:
             messages.fill(0)
 

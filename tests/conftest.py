@@ -19,19 +19,23 @@ from tests.realparts import KafkaBroker, PrometheusServer, prometheus_binary
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_budget_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """No test writes the user's budget store: module- and session-scoped fixtures that run the
-    service share this session directory (each test gets its own below)."""
+    """No test writes the user's budget store or calibration cache: module- and session-scoped
+    fixtures that run the service share these session directories (each test gets its own budget
+    store below; the calibration cache, public search results verified on load, is shared)."""
     import os
 
-    previous = os.environ.get("PANPRIV_STATE_DIR")
-    os.environ["PANPRIV_STATE_DIR"] = str(tmp_path_factory.mktemp("panpriv-state"))
+    directories = {"PANPRIV_STATE_DIR": "panpriv-state", "PANPRIV_CACHE_DIR": "panpriv-cache"}
+    previous = {name: os.environ.get(name) for name in directories}
+    for name, stem in directories.items():
+        os.environ[name] = str(tmp_path_factory.mktemp(stem))
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop("PANPRIV_STATE_DIR", None)
-        else:
-            os.environ["PANPRIV_STATE_DIR"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)

@@ -130,10 +130,10 @@ def test_bit_count_and_pooled_paths_give_the_same_view(tiny: VectorSum) -> None:
 
 
 @pytest.mark.statistical
-def test_popcount_noise_is_binomial_half(tiny: VectorSum) -> None:
-    """Integer encodings make rounding deterministic, so counts − s ~ Bin(b, 1/2) exactly
-    (b = 275 is not a multiple of 64: the masked last word is exercised). Chi-square goodness of
-    fit over 40 000 draws, bins with expected count ≥ 5 merged at the tails; level 1e-5."""
+def test_noise_is_binomial_half(tiny: VectorSum) -> None:
+    """Integer encodings make rounding deterministic, so counts − s ~ Bin(b, 1/2) exactly (b = 275,
+    counts in uint16: the sampler's flag value lies above b). Chi-square goodness of fit over
+    40 000 draws, bins with expected count ≥ 5 merged at the tails; level 1e-5."""
     assert tiny.p == 0.5 and tiny.b % 64 != 0
     rng = np.random.default_rng(99)
     unit = 2 * tiny.l2_bound / tiny.g
@@ -159,7 +159,7 @@ def test_popcount_noise_is_binomial_half(tiny: VectorSum) -> None:
 def test_randomize_output_and_seeding(small: VectorSum) -> None:
     X = _batch(small.n, small.d, small.l2_bound, np.random.default_rng(1))
     counts = small.randomize(X, rng=5)
-    assert counts.shape == (small.n, small.d) and counts.dtype == np.int64
+    assert counts.shape == (small.n, small.d) and counts.dtype == small.count_dtype == np.uint8
     assert counts.min() >= 0 and counts.max() <= small.g + small.b
     np.testing.assert_array_equal(counts, small.randomize(X, rng=5))  # replay mode reproduces
     # Default: fresh OS entropy per call — two calls agree with probability < 1e-100.
@@ -258,7 +258,9 @@ def test_invalid_views(small: VectorSum) -> None:
     with pytest.raises(InvalidInputError, match="integer"):
         small.aggregate(counts.astype(float))
     with pytest.raises(InvalidInputError, match=r"\[0, g \+ b\]"):
-        small.aggregate(counts - small.b - small.g)
+        small.aggregate(counts.astype(np.int64) - small.b - small.g)
+    with pytest.raises(InvalidInputError, match=r"\[0, g \+ b\]"):
+        small.aggregate(np.full(counts.shape, small.g + small.b + 1, dtype=np.uint16))
     with pytest.raises(InvalidInputError, match="analyze"):
         small.analyze(np.zeros(small.d + 1, dtype=np.int64))
     with pytest.raises(InvalidInputError, match="aggregate_messages"):
