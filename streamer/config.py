@@ -67,7 +67,12 @@ class SourceConfig(_Section):
     url: str = ADULT_TRAIN_URL
     rate: float | None = Field(default=None, gt=0, description="records per second; None = as fast as possible")
     recorded_pace: bool = Field(default=False, description="replay a recording at its recorded timestamps")
-    batch_records: int = Field(default=1024, ge=1, le=1_000_000)
+    batch_records: int = Field(default=1024, ge=1, le=1_000_000, description="most messages per micro-batch")
+    batch_bytes: int = Field(
+        default=8 * 2**20, ge=1, le=2**31,
+        description="most payload bytes per micro-batch (at least one message): bounds memory whatever the "
+        "message packing (binary batches of many records, large d)",
+    )
     poll_timeout_s: float = Field(default=0.2, gt=0, le=60)
     stop_at_end: bool = Field(default=False, description="Kafka: exit once every partition of the topics is caught up")
     start: Literal["earliest", "latest"] = "earliest"

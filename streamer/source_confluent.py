@@ -153,7 +153,7 @@ class ConfluentKafkaSource(KafkaConsumerSource):
 
     # -- consuming --------------------------------------------------------------------------------
 
-    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+    def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
         self._raise_failure()
         self._log_waiting()

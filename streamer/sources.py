@@ -72,6 +72,8 @@ every few seconds at most (a micro-batch, a checkpoint), far within 30 s."""
 ASSIGNMENT_LOG_EVERY_S = 10.0
 """While no partition is assigned, say so this often (a silent wait looks like a hang)."""
 
+_UNBOUNDED = 1 << 62  # no byte limit on a poll
+
 CAUGHT_UP_POLLS = 2
 """Consecutive empty polls at or past the end offsets before a ``stop_at_end`` source is done.
 Some brokers (the Tansu test broker) report an end offset below the last record, so one empty poll
@@ -105,8 +107,11 @@ class Source(Protocol):
     name: str
     """A display name without credentials (for logs and ``panpriv_info``)."""
 
-    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
-        """Up to ``max_records`` records, or ``None`` if none arrived within ``timeout_s``."""
+    def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
+        """Up to ``max_records`` records, or ``None`` if none arrived within ``timeout_s``. Local
+        sources also stop once they have read ``max_bytes`` payload bytes (exceeding it by less
+        than one message); Kafka sources are bounded by their fetch sizes instead, and the driver
+        decodes every batch in byte-bounded groups."""
 
     @property
     def exhausted(self) -> bool:
@@ -184,12 +189,13 @@ class LineFileSource(_LocalSource):
         if self._position < resume:
             raise SourceError(f"{path} has {self._position} lines but the checkpoint's position is {resume}")
 
-    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+    def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         start = self._position
         payloads: list[bytes] = []
         readline = self._handle.readline
         is_record = self._codec.is_record_line
-        while len(payloads) < max_records:
+        size, budget = 0, max_bytes or _UNBOUNDED
+        while len(payloads) < max_records and size < budget:
             line = readline()
             if not line:
                 self._eof = True
@@ -197,6 +203,7 @@ class LineFileSource(_LocalSource):
             self._position += 1
             if is_record(line):
                 payloads.append(line.rstrip(b"\r\n"))
+                size += len(line)
         if self._position == start:
             return None
         return Batch(
@@ -256,13 +263,14 @@ class RecordingSource(_LocalSource):
         """The next position this replay reads, per recorded key."""
         return dict(self._positions)
 
-    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+    def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         payloads: list[bytes] = []
         keys: list[str] = []
         offsets: list[int] = []
         starts: dict[str, int] = {}
         deadline = time.monotonic() + timeout_s
-        while len(payloads) < max_records:
+        size, budget = 0, max_bytes or _UNBOUNDED
+        while len(payloads) < max_records and size < budget:
             frame = self._pending or next(self._frames, None)
             self._pending = None
             if frame is None:
@@ -274,6 +282,7 @@ class RecordingSource(_LocalSource):
             starts.setdefault(frame.key, self._positions[frame.key])
             self._positions[frame.key] = frame.offset + 1
             payloads.append(frame.value)
+            size += len(frame.value)
             keys.append(frame.key)
             offsets.append(frame.offset)
         if not starts:
@@ -337,7 +346,7 @@ class SyntheticSource(_LocalSource):
         y = np.where(X @ self._w + 0.1 * rng.standard_normal(self.BLOCK) >= 0, 1.0, -1.0)
         return X, y
 
-    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+    def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         start = self._position
         stop = min(self.n, start + max_records)
         if stop == start:
@@ -588,7 +597,7 @@ class KafkaSource(KafkaConsumerSource):
         }
         return self._replaced_partitions(kafka_calls.changed_partitions(self.url.bootstrap, wanted))
 
-    def poll(self, max_records: int, timeout_s: float) -> Batch | None:
+    def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         self._raise_failure()
         self._log_waiting()

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
 
 from protocols.errors import ProtocolError
 from streamer.codec import Codec, Decoded
@@ -92,7 +94,7 @@ class StreamDriver(Driver):
             if limit == 0:
                 pacer.wait(cfg.source.poll_timeout_s)
                 continue
-            batch = self._source.poll(limit, cfg.source.poll_timeout_s)
+            batch = self._source.poll(limit, cfg.source.poll_timeout_s, cfg.source.batch_bytes)
             if batch is None:
                 if self._source.exhausted:
                     return "finished", "the source is exhausted"
@@ -119,43 +121,59 @@ class StreamDriver(Driver):
         (learned + rejected)."""
         t0 = time.perf_counter()
         state = self.state
-        if batch.arrays is not None:
-            decoded: Decoded = self._codec.validate_arrays(*batch.arrays)
-        else:
-            decoded = self._codec.decode(batch.payloads)
-        if len(decoded.y):
-            try:
-                state.learner.learn_many(decoded.X, decoded.y)
-            except ProtocolError:
-                raise refused_records(state.learner.name) from None
+        learned, counts = 0, Counter[str]()
+        for decoded, first in self._decoded_groups(batch):
+            if len(decoded.y):
+                try:
+                    state.learner.learn_many(decoded.X, decoded.y)
+                except ProtocolError:
+                    raise refused_records(state.learner.name) from None
+            learned += len(decoded.y)
+            counts.update(decoded.reject_counts())
+            if decoded.rejects and self.dead_letters is not None:
+                self._send_dead_letters(batch, decoded, first, self.dead_letters)
+            wipe_records(decoded)
         # Keep the ledger's view of the learner current (a learner whose guarantee grows with
         # records is then checked against max_epsilon at the next batch).
         self.register_learner()
         for key, (start, stop) in batch.ranges.items():
             state.ledger.charge(state.instance, key, start, stop)
             state.positions[key] = stop
-        counts = decoded.reject_counts()
         if counts:
             state.rejects.update(counts)
-            self._metrics.observe_rejects(counts)
-            self._reject_log.note(counts, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in batch.ranges.items()))
-            if self.dead_letters is not None:
-                self._send_dead_letters(batch, decoded, self.dead_letters)
-        self._metrics.observe_batch(len(decoded.y), time.perf_counter() - t0, batch.consumed, sum(counts.values()))
-        learned = len(decoded.y)
-        wipe_records(decoded)
+            self._metrics.observe_rejects(dict(counts))
+            self._reject_log.note(dict(counts), ", ".join(f"{k} [{a}, {b})" for k, (a, b) in batch.ranges.items()))
+        self._metrics.observe_batch(learned, time.perf_counter() - t0, batch.consumed, sum(counts.values()))
         return learned, learned + sum(counts.values())
 
+    def _decoded_groups(self, batch: Batch) -> Iterator[tuple[Decoded, int]]:
+        """The batch decoded in consecutive groups of messages of at most ``source.batch_bytes``
+        payload bytes each (at least one message), with each group's first message index: the
+        decoded float64 arrays of one group are in memory at a time, whatever the message packing
+        (a Kafka poll is bounded in messages, not bytes)."""
+        if batch.arrays is not None:
+            yield self._codec.validate_arrays(*batch.arrays), 0
+            return
+        budget = self._config.source.batch_bytes
+        first, size = 0, 0
+        for index, payload in enumerate(batch.payloads):
+            if size and size + len(payload) > budget:
+                yield self._codec.decode(batch.payloads[first:index]), first
+                first, size = index, 0
+            size += len(payload)
+        if first < len(batch.payloads):
+            yield self._codec.decode(batch.payloads[first:]), first
+
     @staticmethod
-    def _send_dead_letters(batch: Batch, decoded: Decoded, sink: DeadLetterSink) -> None:
+    def _send_dead_letters(batch: Batch, decoded: Decoded, first: int, sink: DeadLetterSink) -> None:
+        """Each rejected message of a group (whose first message is ``first`` in the batch) once."""
         sent: set[int] = set()
         for reject in decoded.rejects:
-            if reject.index in sent:
+            index = first + reject.index
+            if index in sent:
                 continue
-            sent.add(reject.index)
-            sink.send(
-                batch.payloads[reject.index], reject.reason.value, batch.keys[reject.index], batch.positions[reject.index]
-            )
+            sent.add(index)
+            sink.send(batch.payloads[index], reject.reason.value, batch.keys[index], batch.positions[index])
 
 
 def wipe_records(decoded: Decoded) -> None:

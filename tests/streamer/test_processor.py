@@ -196,7 +196,7 @@ class LaggingSource:
     def __init__(self, polls: int) -> None:
         self.polls, self.position, self.asked = polls, 0, []
 
-    def poll(self, max_records, timeout_s):
+    def poll(self, max_records, timeout_s, max_bytes=None):
         if self.polls == 0:
             self.exhausted = True
             return None

@@ -368,7 +368,9 @@ def test_canary_values_never_leave_the_process(kafka_broker, tmp_path) -> None:
 
 
 def test_dead_letters_and_snapshots_to_kafka(kafka_broker, tmp_path) -> None:
-    """Rejected messages go to the dead-letter topic with their reason; snapshots to a topic."""
+    """Rejected messages go to the dead-letter topic with their reason; snapshots to a topic. The
+    micro-batches are decoded in groups of at most 64 payload bytes (two or three messages), so a
+    reject's message is found across group boundaries."""
     from kafka import KafkaConsumer
 
     name = kafka_broker.create_topic(f"dlt-src-{uuid.uuid4().hex[:8]}", 1)
@@ -384,6 +386,7 @@ out = "{tmp_path / 'out'}"
 [source]
 url = "kafka://{kafka_broker.bootstrap}/{name}?group=dlt"
 stop_at_end = true
+batch_bytes = 64
 dead_letter_topic = "{dead}"
 [records]
 dim = 2

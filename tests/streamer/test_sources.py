@@ -193,6 +193,31 @@ def test_a_recording_of_binary_batches_counts_records_not_messages(tmp_path) -> 
         source.close()
 
 
+def test_local_sources_bound_a_poll_in_payload_bytes(tmp_path) -> None:
+    """A poll stops once it has read max_bytes payload bytes (so it exceeds them by less than one
+    message, and holds at least one), so a micro-batch of large messages stays small; the
+    positions stay contiguous."""
+    from streamer.codec import encode_batch
+
+    lines = tmp_path / "r.jsonl"
+    lines.write_text("".join(json.dumps({"x": [i / 10, 0], "y": 1}) + "\n" for i in range(10)))  # 25 bytes
+    recording = tmp_path / "b.pprec"
+    writer = RecordingWriter(recording, "test", ["b/0"], {"b/0": 0}, "now")
+    for offset in range(5):
+        writer.write("b/0", offset, 0, encode_batch(np.zeros((100, 2)), np.ones(100)))  # 1,212 bytes
+    writer.close()
+    for path, fmt, max_bytes, per_poll in ((lines, "json", 60, 3), (recording, "binary", 2_000, 2), (recording, "binary", 1, 1)):
+        cfg = config(f"file:{path}", **{"records.format": fmt})
+        source = open_source(cfg.source, make_codec(cfg.records), {})
+        polls = []
+        while (batch := source.poll(1000, 0.1, max_bytes)) is not None:
+            polls.append(batch)
+        source.close()
+        assert [len(b.payloads) for b in polls[:-1]] == [per_poll] * (len(polls) - 1)
+        (key,) = ranges(polls)
+        assert_contiguous(ranges(polls)[key], 0, 10 if fmt == "json" else 5)
+
+
 def test_source_urls_parse_once_into_their_kind() -> None:
     assert parse_source_url("kafka://h:1,h:2/a,b?group=g") == KafkaUrl(["h:1", "h:2"], ["a", "b"], "g")
     assert parse_source_url("file:/data/x.jsonl") == FileUrl(Path("/data/x.jsonl"))
