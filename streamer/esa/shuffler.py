@@ -205,8 +205,8 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
         consumer.seek(tp, start)
     else:
         consumer.seek_to_beginning(tp)
-    log.info("shuffler: batch size %d, last released round %d, reading %s from offset %s", options.batch_size, last,
-             options.messages_topic, "the beginning" if start is None else start)
+    log.info("shuffler: batch size %d, last released round %d, reading %s from %s", options.batch_size, last,
+             options.messages_topic, "the beginning" if start is None else f"the committed offset {start}")
     committed = start
     idle_since = time.monotonic()
     try:

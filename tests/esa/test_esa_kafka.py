@@ -155,6 +155,8 @@ def test_sigkill_of_the_shuffler_loses_and_duplicates_nothing(
     finally:
         shuffler.stop()
         producer.join(timeout=5)
+    restarts = [(tmp_path / f"shuffler{k}.log").read_text() for k in (1, 2)]
+    assert all("from the committed offset" in log for log in restarts), "the restarts resume from committed offsets"
     distinct = {batch.id: batch for batch in batches}
     assert sorted(batch.round for batch in distinct.values()) == list(range(rounds))
     released = Counter(m for batch in distinct.values() for m in batch.messages)
