@@ -17,6 +17,7 @@ from scipy import stats
 
 from protocols.losses import LogisticLoss
 from protocols.shuffle_gaussian import ShuffleGaussianSGD
+from streamer.esa import wire
 from streamer.esa.keys import generate
 from tests.esa import parts
 from tests.realparts import KafkaBroker, wait_until
@@ -26,18 +27,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DIM, B, ROUNDS, EPSILON, DELTA = 20, 256, 30, 4.0, 1e-5
 
 
+def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
+                   rounds: int, log: str = "analyzer.log") -> parts.ManagedProcess:
+    return parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
+                          "--model-topic", names["model"], "--analyzer-key", str(keyfile), "--out",
+                          str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
+                          str(EPSILON), "--delta", str(DELTA), "--max-rounds", str(rounds),
+                          "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)})], tmp_path / log)
+
+
 def roles(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
-          rounds: int, params: int, extra: list[str] | None = None) -> tuple[parts.ManagedProcess, parts.ManagedProcess]:
+          rounds: int, params: int) -> tuple[parts.ManagedProcess, parts.ManagedProcess]:
     shuffler = parts.panpriv(["shuffle", "--bootstrap", broker.bootstrap, "--messages-topic", names["messages"],
                               "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(params),
                               "--group", f"shuffler-{names['messages']}"], tmp_path / "shuffler.log")
-    analyzer = parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
-                              "--model-topic", names["model"], "--analyzer-key", str(keyfile), "--out",
-                              str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
-                              str(EPSILON), "--delta", str(DELTA), "--max-rounds", str(rounds),
-                              "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)}), *(extra or [])],
-                             tmp_path / "analyzer.log")
-    return shuffler, analyzer
+    return shuffler, start_analyzer(tmp_path, broker, names, keyfile, dim, b, rounds)
 
 
 def test_clients_shuffler_analyzer_learn_as_the_in_process_learner(
@@ -163,3 +167,45 @@ def test_sigkill_of_the_shuffler_loses_and_duplicates_nothing(
     on_time = Counter(m for m in sent if int.from_bytes(m[20:28], "big") < 10**9)
     assert released == on_time, "each on-time message in exactly one batch, no straggler in any"
     print(f"{len(batches)} batch records, {len(distinct)} distinct ({len(batches) - len(distinct)} re-released with their id)")
+
+
+
+def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The analyzer is killed with SIGKILL mid-run and restarted on its --out: the run completes,
+    and its model is the one an analyzer that never crashed computes from the same batches
+    (each applied exactly once)."""
+    from streamer.esa.analyzer import Analyzer
+    from streamer.esa.keys import load_private
+
+    names = parts.topics(kafka_broker, unique_name)
+    key = generate(tmp_path / "keys")
+    dim, b, rounds = 5, 32, 16
+    X, y = parts.synthetic(b * rounds, dim, seed=3)
+    source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
+    shuffler, analyzer = roles(tmp_path, kafka_broker, names, key.private, dim, b, rounds, dim)
+    client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
+                            "--messages-topic", names["messages"], "--analyzer-key", str(key.public),
+                            "--source", str(source)], tmp_path / "client.log")
+    checkpoint = tmp_path / "analyzer" / "analyzer.json"
+    try:
+        wait_until(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["round"] >= 5, 120, "round 5")
+        analyzer.process.send_signal(signal.SIGKILL)
+        analyzer.process.wait(timeout=10)
+        analyzer.stop()
+        killed_at = json.loads(checkpoint.read_text())["round"]
+        analyzer = start_analyzer(tmp_path, kafka_broker, names, key.private, dim, b, rounds, "analyzer1.log")
+        assert analyzer.process.wait(timeout=120) == 0, analyzer.log_path.read_text()[-3000:]
+        assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
+        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], rounds, 30)
+    finally:
+        for process in (client, shuffler, analyzer):
+            process.stop()
+    state = json.loads(checkpoint.read_text())
+    assert state["round"] == rounds and state["rejected"] == {}
+    assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
+    replay = Analyzer(ShuffleGaussianSGD.from_config(state["config"]), [load_private(key.private)], "replay")
+    assert all(replay.handle(wire.encode_batch(batch.round, list(batch.messages))) for batch in batches)
+    np.testing.assert_array_equal(np.asarray(state["released"]), replay.learner.release())
+    print(f"killed at round {killed_at}; resumed and finished {rounds} rounds, model identical to a crash-free replay")
