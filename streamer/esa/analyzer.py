@@ -1,5 +1,5 @@
 """``panpriv analyze``: the analyzer of Encode–Shuffle–Analyze for ``shuffle-gaussian`` (Bittau et
-al. 2017 §3.3; Liew & Takahashi 2022 §5.2 for the analysis).
+al. 2017 §3; Liew & Takahashi 2022 §5.2 for the analysis).
 
 It reads shuffled batches (:mod:`streamer.esa.wire`) from the shuffled topic, and for the batch of
 the current round t: opens every message with the private key its key id names, keeps the valid

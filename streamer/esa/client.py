@@ -1,4 +1,4 @@
-"""The user's side of Encode–Shuffle–Analyze for ``shuffle-gaussian`` (Bittau et al. 2017 §3.1, the
+"""The user's side of Encode–Shuffle–Analyze for ``shuffle-gaussian`` (Bittau et al. 2017 §3, the
 encoder; Liew & Takahashi 2022 §5.2, the local randomizer).
 
 For the round t named by the public model record (:mod:`streamer.esa.model`), a user with record

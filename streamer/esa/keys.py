@@ -1,4 +1,4 @@
-"""Analyzer key pairs for Encode–Shuffle–Analyze (``panpriv keygen``; Bittau et al. 2017 §3.1).
+"""Analyzer key pairs for Encode–Shuffle–Analyze (``panpriv keygen``; Bittau et al. 2017 §3).
 
 A key pair is X25519 (PyNaCl ``PrivateKey``). Files, in a directory of the operator's choice:
 

@@ -1,4 +1,4 @@
-"""The shuffler's permutation: uniform, from the operating system's entropy (Bittau et al. 2017 §3.2).
+"""The shuffler's permutation: uniform, from the operating system's entropy (Bittau et al. 2017 §3).
 
 A Fisher–Yates shuffle (Knuth, TAOCP vol. 2, Alg. 3.4.2 P) driven by :class:`random.SystemRandom`,
 whose every draw reads ``os.urandom``: no seed is ever held in the process, so neither a memory dump

@@ -1,4 +1,4 @@
-"""``panpriv shuffle``: the shuffler of Encode–Shuffle–Analyze (Bittau et al. 2017, "Prochlo", §3.2).
+"""``panpriv shuffle``: the shuffler of Encode–Shuffle–Analyze (Bittau et al. 2017, "Prochlo", §3).
 
 What it does with each record of the messages topic (one partition; see "Order" below):
 
