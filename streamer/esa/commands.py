@@ -103,11 +103,13 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from streamer.esa.client import Encoder, MessageSender
     from streamer.esa.keys import load_public
     from streamer.esa.model import ModelWatcher
+    from streamer.kafka_client import security_options
 
     public = load_public(args.analyzer_key)
     bootstrap = args.bootstrap.split(",")
-    watcher = ModelWatcher(bootstrap, args.model_topic, args.name)
-    sender = MessageSender(bootstrap, args.messages_topic)
+    security = security_options()  # the [kafka] section of --config (TLS, SASL)
+    watcher = ModelWatcher(bootstrap, args.model_topic, args.name, **security)
+    sender = MessageSender(bootstrap, args.messages_topic, **security)
     sent = rounds = 0
     try:
         model = watcher.current()
@@ -147,6 +149,8 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--drop-short-after", type=_positive_float, metavar="SECONDS",
                         help="drop a round still short of b this long after its first message (default: wait)")
     parser.add_argument("--max-rounds", type=_positive_int, help="exit after releasing this many rounds")
+    parser.add_argument("--max-ahead", type=_positive_int, default=1,
+                        help="drop messages for rounds more than this past the last released (default 1)")
     parser.set_defaults(handler=cmd_shuffle)
 
 
@@ -155,7 +159,7 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
 
     state = shuffler.run(shuffler.ShuffleOptions(
         args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params, args.group,
-        args.drop_short_after, args.max_rounds))
+        args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead))
     print(f"panpriv shuffle: released {state.released} rounds; {state.waiting} messages waiting; dropped "
           f"{dict(state.dropped) or 'none'}")
     return 0

@@ -5,7 +5,10 @@ What it does with each record of the messages topic (one partition; see "Order" 
 1. keeps the value only — the record's key, headers, timestamp and offset never leave the process;
 2. checks the framing the protocol makes public (magic, the fixed size) and reads the clear round
    tag; a record that fails is dropped (``malformed``), one for a round already released is dropped
-   (``late``): the analyzer has moved on and a second batch of a round would only be rejected;
+   (``late``): the analyzer has moved on and a second batch of a round would only be rejected; one
+   for a round more than ``max_ahead`` (default 1) past the last released is dropped
+   (``too_early``): no honest client can answer a round whose model does not exist yet, and
+   holding such messages would let anyone pin the shuffler's memory and its committed offset;
 3. groups by round and **releases a round only at exactly b messages** (the batch size of the
    model's calibration): the first b messages of the round in offset order. A short round waits —
    the threshold is never lowered, so every released batch hides each message among b − 1 others.
@@ -76,16 +79,20 @@ class Shuffler:
         The last round already released (−1: none).
     drop_short_after_s
         Drop a round still short this long after its first message (``None``: wait forever).
+    max_ahead
+        Drop messages for rounds beyond ``last_released + max_ahead``.
     """
 
     def __init__(self, batch_size: int, message_size: int, last_released: int = -1,
-                 drop_short_after_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 drop_short_after_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 max_ahead: int = 1) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.batch_size = batch_size
         self.message_size = message_size
         self.last_released = last_released
         self.drop_short_after_s = drop_short_after_s
+        self.max_ahead = max_ahead
         self.dropped: Counter[str] = Counter()
         self.released = 0
         self._pending: dict[int, Pending] = {}
@@ -100,6 +107,9 @@ class Shuffler:
             return []
         if round_ <= self.last_released:
             self.dropped["late"] += 1
+            return []
+        if round_ > self.last_released + self.max_ahead:
+            self.dropped["too_early"] += 1
             return []
         pending = self._pending.setdefault(round_, Pending(self._clock()))
         pending.items.append((offset, bytes(value or b"")))
@@ -168,6 +178,7 @@ class ShuffleOptions:
     drop_short_after_s: float | None = None
     max_rounds: int | None = None
     idle_exit_s: float | None = None
+    max_ahead: int = 1
 
 
 def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuffler:
@@ -189,7 +200,8 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
         last = last_released_round(reader, options.shuffled_topic)
     finally:
         reader.close()
-    state = Shuffler(options.batch_size, wire.message_size(options.params), last, options.drop_short_after_s)
+    state = Shuffler(options.batch_size, wire.message_size(options.params), last, options.drop_short_after_s,
+                     max_ahead=options.max_ahead)
     consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
                                      auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
     producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,

@@ -145,13 +145,18 @@ def test_shuffler_thresholds_drops_late_and_commits_safely() -> None:
     round1 = [wire.message(1, key_id(key.public_key), wire.parse_message(m)[1]) for m in round0]
     out = []
     offset = 0
-    for item in [*round0[: B - 1], round1[0], b"bad", round0[B - 1], round0[0]]:
+    for item in [*round0[: B - 1], b"bad", round0[B - 1]]:
         out += shuffler.offer(offset, item)
         offset += 1
     assert len(out) == 1 and out[0][0] == 0 and sorted(out[0][1]) == sorted(round0)
+    assert shuffler.commit_offset(offset) == offset
     shuffler.mark_released(0)
-    assert shuffler.dropped == {"malformed": 1, "late": 1}
-    assert shuffler.commit_offset(offset) == B - 1, "the waiting round-1 message pins the commit"
+    far = wire.message(2, key_id(key.public_key), wire.parse_message(round0[0])[1])
+    for item in [round1[0], round0[0], far]:
+        assert shuffler.offer(offset, item) == []
+        offset += 1
+    assert shuffler.dropped == {"malformed": 1, "late": 1, "too_early": 1}
+    assert shuffler.commit_offset(offset) == B + 1, "the waiting round-1 message pins the commit"
     now[0] = 6.0
     shuffler.expire()
     assert shuffler.dropped["short_round"] == 1 and shuffler.commit_offset(offset) == offset
