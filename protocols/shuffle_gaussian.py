@@ -74,7 +74,7 @@ from protocols.calibration import smallest_feasible
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
-from protocols.randomness import RngLike
+from protocols.randomness import NoiseSource, RngLike
 from protocols.rounds import round_slices
 from protocols.sgd import AveragedSGD, MessageSGDLearner
 from protocols.state_io import read_array, read_float, read_int
@@ -190,6 +190,24 @@ def plan_batch_size(params: int, accounting: str, epsilon: float, delta: float, 
         return b + params * sigma**2
 
     return min(candidates, key=cost)
+
+
+def local_messages(
+    loss: Loss, theta: Array, Z: Array, labels: Array, clip: float, noise_std: float, noise: NoiseSource, work: scratch.Scratch
+) -> Array:
+    """The users' messages ``clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)`` for the feature rows ``Z`` (built
+    by :func:`protocols.scratch.features`) and loss labels ``labels``, in ``work`` (shape (m, p)).
+
+    The local randomizer of Liew & Takahashi 2022 §5.2 (Alg. 1), shared by the in-process learner
+    (:meth:`ShuffleGaussianSGD.learn_many`) and the Encode–Shuffle–Analyze client encoder
+    (:mod:`streamer.esa.client`, Bittau et al. 2017), so both send the same messages: the gradient
+    clipped in scratch and the noise drawn into it in place
+    (:meth:`protocols.randomness.NoiseSource.add_gaussian`); the same law as
+    :meth:`protocols.randomizers.GaussianRandomizer.privatize`. The caller wipes ``work``.
+    """
+    messages = scratch.clipped_gradients(loss, theta, Z, labels, clip, work)
+    noise.add_gaussian(messages, noise_std)
+    return messages
 
 
 class ShuffleGaussianSGD(MessageSGDLearner):
@@ -343,8 +361,8 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         array left behind."""
         Z_users = scratch.rows(Z, users, self._scratch, "user_features")
         labels_users = scratch.rows(labels, users, self._scratch, "user_labels")
-        messages = scratch.clipped_gradients(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, self._scratch)
-        self._noise.add_gaussian(messages, self._randomizer.noise_std)
+        messages = local_messages(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, self._randomizer.noise_std,
+                                  self._noise, self._scratch)
         self._partial += scratch.row_sum(messages, self._scratch)
 
     def _participants(self, take: int, generator: np.random.Generator) -> NDArray[np.int64]:
@@ -371,6 +389,66 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         self._filled = 0
         self._count = 0.0
         self._partial = np.zeros(self._params)
+
+    # -- the analyzer's half (Encode–Shuffle–Analyze) ------------------------------------------
+
+    def learn_round(self, messages: Array) -> None:
+        """One round from its shuffled messages: the analyzer of a deployment whose users run
+        :func:`local_messages` themselves and a separate shuffler batches them (Bittau et al. 2017,
+        "Prochlo"; :mod:`streamer.esa`). ``messages`` (k, p) are the round's valid messages at
+        θ_t (``k`` may be below b when messages were rejected; 0 skips the step, as an empty round
+        does in process); the round's b users count as learned. Only ``participation="all"``, and
+        never inside a round begun by :meth:`learn_many`.
+        """
+        if self.participation != "all" or self._filled:
+            raise InvalidInputError(
+                f"{_OWNER}.learn_round: needs participation 'all' and no round in progress "
+                f"(participation {self.participation!r}, {self._filled} records of the round seen)"
+            )
+        messages = np.asarray(messages, dtype=np.float64)
+        if messages.ndim != 2 or messages.shape[1] != self._params or messages.shape[0] > self._round.batch:
+            raise InvalidInputError(
+                f"{_OWNER}.learn_round: expected at most {self._round.batch} messages of {self._params} coordinates, "
+                f"got shape {messages.shape}"
+            )
+        if not np.all(np.isfinite(messages)):
+            raise InvalidInputError(f"{_OWNER}.learn_round: non-finite message coordinates")
+        if messages.shape[0]:
+            self._step(messages.mean(axis=0), float(messages.shape[0]))
+        self._records += self._round.batch
+
+    @property
+    def rounds_done(self) -> int:
+        """Completed rounds (``participation="all"``: records // b)."""
+        return self._records // self._round.window
+
+    @property
+    def theta(self) -> Array:
+        """θ_t, where the current round's gradients are taken (noisy: post-processing of messages)."""
+        return self._sgd.theta.copy()
+
+    def calibration(self) -> dict[str, Any]:
+        """The public numbers a user needs to send her message of the current round: the loss, the
+        feature clip, the gradient clip C, the noise multiplier σ (noise σC per coordinate), δ and b."""
+        return {
+            "dim": self.dim,
+            "loss": self.loss.config(),
+            "feature_bound": self.feature_bound,
+            "clip": self._clip,
+            "noise_multiplier": self.noise_multiplier,
+            "delta": self.delta,
+            "batch_size": self._round.batch,
+            "params": self._params,
+        }
+
+    def round_epsilon(self, messages: int) -> float:
+        """ε at δ of one round of ``participation="all"`` with ``messages`` honest messages (Liew &
+        Takahashi 2022 Thm 1 at n = ``messages``), never above the local ε₀; used when messages of a
+        round were rejected and fewer users' noise hides each message."""
+        local = self._randomizer.local_guarantee().epsilon
+        if self.accounting == "local" or messages < 2:
+            return local
+        return min(local, shuffle_epsilon(Round("all", messages, messages, 1.0), self.noise_multiplier, self.delta))
 
     # -- outputs -------------------------------------------------------------------------------
 

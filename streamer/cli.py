@@ -3,7 +3,8 @@
 Commands: ``run`` (the service), ``record`` (Kafka topic → replayable file), ``privacy`` (what-if
 calculator), ``inspect`` (checkpoint or snapshot summary), ``budget`` (what every run spent, per
 data source: :mod:`streamer.budget`), ``produce`` (synthetic load generator,
-:mod:`streamer.produce`). Exit codes: 0 success (including a stop by signal and a budget exhausted
+:mod:`streamer.produce`), and the Encode–Shuffle–Analyze roles ``keygen``, ``encode``, ``shuffle``,
+``analyze`` (:mod:`streamer.esa`). Exit codes: 0 success (including a stop by signal and a budget exhausted
 mid-run, which are outcomes), 1 a runtime failure (broker unreachable, I/O error), 2 a usage or
 configuration error (including a refused resume), 3 a run refused before learning anything
 because other runs already spent the records' budget (``max_epsilon``).
@@ -524,6 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker = commands.add_parser("dev-broker", parents=[common], help=dev_broker.HELP, description=dev_broker.__doc__)
     dev_broker.add_arguments(broker)
     broker.set_defaults(handler=dev_broker.run)
+
+    from streamer.esa import commands as esa
+
+    esa.add_all(commands, [common, kafka_only])
 
     inspect = commands.add_parser(
         "inspect",

@@ -1,0 +1,140 @@
+"""Benchmark of Encode–Shuffle–Analyze (streamer/esa; Bittau et al. 2017): client encode cost per
+record and shuffler throughput, at d ∈ {20, 100}.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/esa.py           # starts the test suite's Tansu broker
+    PYTHONPATH=. .venv/bin/python benchmarks/esa.py --quick
+
+* **client encode** (``Encoder.encode``, shuffle-gaussian, logistic loss, ε = 1, δ = 1e-6, b = 1024):
+  µs per record for a block of 4,096 records (a simulator of many users) and for one record per
+  call (one real user: the per-call overhead included), split into the gradient + Gaussian noise
+  (``local_messages``) and the sealing (PyNaCl ``SealedBox``: an ephemeral X25519 key, one DH,
+  XSalsa20-Poly1305);
+* **shuffler, in process**: the state machine (``Shuffler.offer``: framing check, grouping, the
+  OS-entropy permutation) plus batch encoding, messages/s — its CPU ceiling;
+* **shuffler, through the broker**: ``streamer.esa.shuffler.run`` against the real broker, from
+  start to the last batch acknowledged (acks=all) for ``rounds`` × b messages already on the
+  messages topic: messages/s including Kafka fetch, produce and offset commits.
+
+Times are the best of a few repeats (in-process parts) or one run (broker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from nacl.public import PrivateKey, SealedBox
+
+from protocols import scratch
+from protocols.randomness import NoiseSource
+from protocols.shuffle_gaussian import ShuffleGaussianSGD, local_messages
+from streamer.esa import wire
+from streamer.esa.analyzer import Analyzer
+from streamer.esa.client import Encoder
+from streamer.esa.shuffler import ShuffleOptions, Shuffler, run
+
+B = 1024
+
+
+def best(run_once: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run_once()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def encode_costs(dim: int, n: int, repeats: int) -> dict[str, float]:
+    key = PrivateKey.generate()
+    learner = ShuffleGaussianSGD(dim=dim, loss="logistic", epsilon=1.0, delta=1e-6, batch_size=B, radius=np.sqrt(dim))
+    encoder = Encoder(key.public_key, Analyzer(learner, [key], "bench").model())
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, dim)) / np.sqrt(dim)
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    block = best(lambda: encoder.encode(X, y), repeats) / n
+    one_user = Encoder(key.public_key, Analyzer(learner, [key], "bench").model())  # scratch sized for one record
+    single = best(lambda: [one_user.encode(X[i : i + 1], y[i : i + 1]) for i in range(min(n, 1000))], repeats) / min(n, 1000)
+    work, noise = scratch.Scratch(), NoiseSource()
+
+    def randomize() -> None:
+        Z = scratch.features(learner.loss, X, 1.0, work)
+        local_messages(learner.loss, learner.theta, Z, scratch.labels(learner.loss, y, work), encoder.clip,
+                       encoder.noise_multiplier * encoder.clip, noise, work)
+        work.wipe()
+
+    gradient = best(randomize, repeats) / n
+    box = SealedBox(key.public_key)
+    text = wire.plaintext(0, np.zeros(learner.calibration()["params"]))
+    seal = best(lambda: [box.encrypt(text) for _ in range(1000)], repeats) / 1000
+    return {"block": block * 1e6, "single": single * 1e6, "gradient_noise": gradient * 1e6, "seal": seal * 1e6,
+            "message_bytes": float(encoder.size)}
+
+
+def shuffler_in_process(dim: int, rounds: int, repeats: int) -> float:
+    size = wire.message_size(dim)
+    messages = [wire.message(t, b"\0" * 8, bytes(size - 20)) for t in range(rounds) for _ in range(B)]
+
+    def once() -> None:
+        state = Shuffler(B, size)
+        for offset, item in enumerate(messages):
+            for round_, batch in state.offer(offset, item):
+                wire.encode_batch(round_, batch)
+                state.mark_released(round_)
+
+    return len(messages) / best(once, repeats)
+
+
+def shuffler_broker(dim: int, rounds: int) -> float:
+    from kafka import KafkaProducer
+
+    from tests.realparts import KafkaBroker
+
+    with tempfile.TemporaryDirectory() as workdir:
+        broker = KafkaBroker(Path(workdir))
+        try:
+            tag = uuid.uuid4().hex[:8]
+            messages_topic = broker.create_topic(f"bench-messages-{tag}")
+            shuffled_topic = broker.create_topic(f"bench-shuffled-{tag}")
+            size = wire.message_size(dim)
+            producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=20)
+            for t in range(rounds):
+                for i in range(B):
+                    producer.send(messages_topic, wire.message(t, b"\0" * 8, i.to_bytes(8, "big") * ((size - 20) // 8)))
+            producer.flush()
+            producer.close()
+            options = ShuffleOptions([broker.bootstrap], messages_topic, shuffled_topic, B, dim, f"bench-{tag}",
+                                     max_rounds=rounds)
+            start = time.perf_counter()
+            state = run(options)
+            elapsed = time.perf_counter() - start
+            assert state.released == rounds
+            return rounds * B / elapsed
+        finally:
+            broker.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-broker", action="store_true", help="skip the shuffler-through-the-broker measurement")
+    args = parser.parse_args()
+    n, repeats, rounds = (1024, 2, 4) if args.quick else (4096, 5, 16)
+    print(f"| d | message bytes | encode µs/record (block of {n}) | encode µs/record (one per call) | gradient+noise µs | seal µs "
+          f"| shuffler msg/s (in process) | shuffler msg/s (broker, {rounds}×{B}) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dim in (20, 100):
+        cost = encode_costs(dim, n, repeats)
+        local = shuffler_in_process(dim, rounds, repeats)
+        through = float("nan") if args.no_broker else shuffler_broker(dim, rounds)
+        print(f"| {dim} | {cost['message_bytes']:.0f} | {cost['block']:.1f} | {cost['single']:.1f} | "
+              f"{cost['gradient_noise']:.2f} | {cost['seal']:.1f} | {local:,.0f} | {through:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

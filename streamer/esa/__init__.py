@@ -1,0 +1,16 @@
+"""Encode–Shuffle–Analyze: the shuffle model as three separate roles over Kafka topics.
+
+Bittau et al. 2017 ("Prochlo", SOSP 2017) §3: encoders on the users' side, a shuffler that strips
+metadata, thresholds and permutes, and an analyzer that sees only shuffled batches of messages
+encrypted to it. Here, for the ``shuffle-gaussian`` learner (Liew & Takahashi 2022 §5.2):
+
+- :mod:`streamer.esa.client`: the user's encoder — reads the public model of the round, sends one
+  fixed-size message (clipped gradient + Gaussian noise) sealed to the analyzer's key. It imports
+  only ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and :mod:`streamer.esa.wire`
+  / :mod:`streamer.esa.keys` / :mod:`streamer.esa.model` (nothing of the service);
+- :mod:`streamer.esa.shuffler`: ``panpriv shuffle`` — holds no key that can read a message;
+- :mod:`streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model;
+- :mod:`streamer.esa.keys`: ``panpriv keygen``.
+
+This package's ``__init__`` imports nothing, so the client's imports stay as listed.
+"""

@@ -1,0 +1,128 @@
+"""The user's side of Encode–Shuffle–Analyze for ``shuffle-gaussian`` (Bittau et al. 2017 §3, the
+encoder; Liew & Takahashi 2022 §5.2, the local randomizer).
+
+For the round t named by the public model record (:mod:`streamer.esa.model`), a user with record
+(x, y) sends exactly one message: her gradient at θ_t, clipped to norm C, plus N(0, (σC)² I) —
+computed by :func:`protocols.shuffle_gaussian.local_messages`, the very function the in-process
+learner uses — sealed to the analyzer's public key and tagged in the clear with the round and the
+key id only (:mod:`streamer.esa.wire`). Every message has the same size.
+
+What leaves the user is (ε₀, δ)-locally private whoever reads it (Balle & Wang 2018, Thm 8 at
+sensitivity 2C): that is her guarantee even if the shuffler and the analyzer collude. The encoder
+can refuse a model whose calibration gives a weaker local guarantee than she accepts
+(``max_local_epsilon``), recomputed here from σ, not taken from the record.
+
+This module imports ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and its siblings
+``streamer.esa.wire``/``keys``/``model`` only — none of the service (tested). Sending is
+:class:`MessageSender`; :class:`Encoder` is pure (no I/O).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from nacl.public import PublicKey, SealedBox
+from numpy.typing import NDArray
+
+from protocols import scratch
+from protocols.losses import loss_from_config
+from protocols.randomizers import gaussian_epsilon0
+from protocols.randomness import NoiseSource, RngLike
+from protocols.shuffle_gaussian import local_messages
+from streamer.esa import wire
+from streamer.esa.keys import key_id
+from streamer.esa.model import ModelRecord
+
+Array = NDArray[np.float64]
+
+
+class RefusedModel(ValueError):
+    """The model record cannot be answered by this client (wrong learner or key, too little noise)."""
+
+
+class Encoder:
+    """Turns records into sealed messages for the round of one public model record.
+
+    Parameters
+    ----------
+    public_key
+        The analyzer's public key (obtained out of band: the client's trust anchor).
+    model
+        The round's model record.
+    max_local_epsilon
+        Refuse a model whose message would be less private than this (ε₀ at the record's δ).
+    rng
+        ``None``: fresh OS entropy for every message (the deployment). A seed: tests only.
+    """
+
+    def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
+                 rng: RngLike = None) -> None:
+        if model.learner != "shuffle-gaussian":
+            raise RefusedModel(f"this encoder speaks shuffle-gaussian, the model is for {model.learner!r}")
+        self._key_id = key_id(public_key)
+        if self._key_id.hex() != model.key_id:
+            raise RefusedModel(f"the analyzer now reads key {model.key_id}, this client holds the public key "
+                               f"{self._key_id.hex()}: fetch the new public key")
+        cal = model.calibration
+        self.round = model.round
+        self.dim = int(cal["dim"])
+        self.loss = loss_from_config(cal["loss"])
+        self.feature_bound = float(cal["feature_bound"])
+        self.clip = float(cal["clip"])
+        self.noise_multiplier = float(cal["noise_multiplier"])
+        self.params = self.loss.param_dim(self.dim)
+        self.local_epsilon = gaussian_epsilon0(self.noise_multiplier, float(cal["delta"]))
+        if max_local_epsilon is not None and self.local_epsilon > max_local_epsilon:
+            raise RefusedModel(f"the model's noise multiplier {self.noise_multiplier:.6g} gives messages with local "
+                               f"epsilon {self.local_epsilon:.4g} > the {max_local_epsilon:g} this client accepts")
+        if model.theta.shape != (self.params,):
+            raise RefusedModel(f"theta has {model.theta.size} coordinates, the calibration {self.params}")
+        self._theta = np.array(model.theta, dtype=np.float64)
+        self._box = SealedBox(public_key)
+        self._noise = NoiseSource(rng)
+        self._work = scratch.Scratch()
+        self.size = wire.message_size(self.params)
+
+    def encode(self, X: Array, y: Array) -> list[bytes]:
+        """One sealed message per row of ``X`` (m, dim) with labels ``y`` (m,): each user's clipped
+        gradient at θ_t plus N(0, (σC)² I), sealed. The clean values are wiped before returning."""
+        X = np.ascontiguousarray(X, dtype=np.float64).reshape(-1, self.dim)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        out: list[bytes] = []
+        try:
+            for start in range(0, X.shape[0], scratch.BLOCK_ROWS):
+                block = slice(start, start + scratch.BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[block], self.feature_bound, self._work)
+                labels = scratch.labels(self.loss, y[block], self._work)
+                messages = local_messages(self.loss, self._theta, Z, labels, self.clip,
+                                          self.noise_multiplier * self.clip, self._noise, self._work)
+                for row in messages:
+                    sealed = self._box.encrypt(wire.plaintext(self.round, row))
+                    out.append(wire.message(self.round, self._key_id, sealed))
+        finally:
+            self._work.wipe()
+        return out
+
+
+class MessageSender:
+    """Produces messages to the messages topic: no key, no headers, acks=all, flushed per call.
+
+    The record timestamp Kafka requires is set to 0, so not even the client's clock leaves with the
+    message (the shuffler drops what metadata remains: the broker's offsets and log-append times).
+    """
+
+    def __init__(self, bootstrap: str | list[str], topic: str, **options: Any) -> None:
+        from kafka import KafkaProducer
+
+        self.topic = topic
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **options)
+
+    def send(self, messages: list[bytes]) -> None:
+        futures = [self._producer.send(self.topic, value=item, timestamp_ms=0) for item in messages]
+        self._producer.flush()
+        for future in futures:
+            future.get(timeout=30)
+
+    def close(self) -> None:
+        self._producer.close()

@@ -1,0 +1,224 @@
+"""The command-line roles of Encode–Shuffle–Analyze: ``panpriv keygen``, ``encode``, ``shuffle``,
+``analyze`` (:mod:`streamer.esa`; Bittau et al. 2017 §3). Wired into :mod:`streamer.cli`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamer.errors import ConfigError
+
+log = logging.getLogger("panpriv.esa")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text})")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text})")
+    return value
+
+
+def _kafka(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
+
+
+# -- keygen -------------------------------------------------------------------------------------
+
+
+def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("keygen", parents=parents, help="ESA: create an analyzer key pair (private file 0600)",
+                                 description="Write analyzer-<id>.key (0600) and analyzer-<id>.pub into DIR.")
+    parser.add_argument("dir", type=Path, help="directory for the key files (created 0700)")
+    parser.set_defaults(handler=cmd_keygen)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from streamer.esa.keys import generate
+
+    files = generate(args.dir)
+    print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the analyzer only)\n"
+          f"  public  {files.public} (give it to clients)")
+    return 0
+
+
+# -- encode -------------------------------------------------------------------------------------
+
+
+def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "encode", parents=parents, help="ESA client: encode records as sealed messages for the current round",
+        description="Simulate users: for each round, read the public model, encode the next --per-round records "
+        "(one message per record, sealed to the analyzer's public key) and send them to the messages topic; then "
+        "wait for the next round's model. One user, one record: each record is encoded once.")
+    _kafka(parser)
+    parser.add_argument("--model-topic", required=True)
+    parser.add_argument("--messages-topic", required=True)
+    parser.add_argument("--analyzer-key", type=Path, required=True, help="the analyzer's public key file (.pub)")
+    parser.add_argument("--source", type=Path, required=True, help="JSONL records {\"x\": [...], \"y\": ±1}")
+    parser.add_argument("--per-round", type=_positive_int, help="records per round (default: the model's batch size)")
+    parser.add_argument("--name", default="default", help="deployment name on the model topic (default 'default')")
+    parser.add_argument("--max-local-epsilon", type=_positive_float, help="refuse a model with weaker local privacy")
+    parser.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds to wait for a round's model")
+    parser.set_defaults(handler=cmd_encode)
+
+
+def _jsonl(path: Path) -> Iterator[tuple[list[float], float]]:
+    with path.open() as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                yield record["x"], float(record["y"])
+
+
+def _chunks(path: Path, first: int, size: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    rows: list[list[float]] = []
+    labels: list[float] = []
+    want = first
+    for x, y in _jsonl(path):
+        rows.append(x)
+        labels.append(y)
+        if len(rows) == want:
+            yield np.asarray(rows, dtype=np.float64), np.asarray(labels)
+            rows, labels = [], []
+            want = size or first
+    if rows:
+        yield np.asarray(rows, dtype=np.float64), np.asarray(labels)
+
+
+def cmd_encode(args: argparse.Namespace) -> int:
+    from streamer.esa.client import Encoder, MessageSender
+    from streamer.esa.keys import load_public
+    from streamer.esa.model import ModelWatcher
+    from streamer.kafka_client import security_options
+
+    public = load_public(args.analyzer_key)
+    bootstrap = args.bootstrap.split(",")
+    security = security_options()  # the [kafka] section of --config (TLS, SASL)
+    watcher = ModelWatcher(bootstrap, args.model_topic, args.name, **security)
+    sender = MessageSender(bootstrap, args.messages_topic, **security)
+    sent = rounds = 0
+    try:
+        model = watcher.current()
+        if model is None:
+            model = watcher.wait_for(0, args.timeout)
+        per_round = args.per_round or int(model.calibration["batch_size"])
+        for X, y in _chunks(args.source, per_round, per_round):
+            encoder = Encoder(public, model, args.max_local_epsilon)
+            sender.send(encoder.encode(X, y))
+            sent += len(y)
+            rounds += 1
+            log.info("sent %d messages for round %d", len(y), model.round)
+            if len(y) == per_round:
+                model = watcher.wait_for(model.round + 1, args.timeout)
+    finally:
+        sender.close()
+        watcher.close()
+    print(f"panpriv encode: sent {sent:,} messages over {rounds} rounds")
+    return 0
+
+
+# -- shuffle ------------------------------------------------------------------------------------
+
+
+def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "shuffle", parents=parents, help="ESA shuffler: strip metadata, threshold at b, permute (holds no key)",
+        description="Consume the messages topic (one partition), keep values only, release each round at exactly "
+        "--batch-size messages as one permuted batch (OS entropy) on the shuffled topic; exactly once w.r.t. its input.")
+    _kafka(parser)
+    parser.add_argument("--messages-topic", required=True)
+    parser.add_argument("--shuffled-topic", required=True)
+    parser.add_argument("--batch-size", type=_positive_int, required=True, help="b: messages per released round")
+    parser.add_argument("--params", type=_positive_int, required=True,
+                        help="coordinates per message (dim + 1 with an intercept): fixes the message size")
+    parser.add_argument("--group", default="panpriv-shuffler", help="consumer group for the input offsets")
+    parser.add_argument("--drop-short-after", type=_positive_float, metavar="SECONDS",
+                        help="drop a round still short of b this long after its first message (default: wait)")
+    parser.add_argument("--max-rounds", type=_positive_int, help="exit after releasing this many rounds")
+    parser.add_argument("--max-ahead", type=_positive_int, default=1,
+                        help="drop messages for rounds more than this past the last released (default 1)")
+    parser.set_defaults(handler=cmd_shuffle)
+
+
+def cmd_shuffle(args: argparse.Namespace) -> int:
+    from streamer.esa import shuffler
+
+    state = shuffler.run(shuffler.ShuffleOptions(
+        args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params, args.group,
+        args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead))
+    print(f"panpriv shuffle: released {state.released} rounds; {state.waiting} messages waiting; dropped "
+          f"{dict(state.dropped) or 'none'}")
+    return 0
+
+
+# -- analyze ------------------------------------------------------------------------------------
+
+
+def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "analyze", parents=parents, help="ESA analyzer (shuffle-gaussian): decrypt shuffled batches, step, publish",
+        description="Read shuffled batches, open the messages with the private key(s), step shuffle-gaussian on "
+        "the round's valid messages, checkpoint to --out and publish the next round's model. Resumes from --out.")
+    _kafka(parser)
+    parser.add_argument("--shuffled-topic", required=True)
+    parser.add_argument("--model-topic", required=True)
+    parser.add_argument("--analyzer-key", type=Path, action="append", required=True,
+                        help="private key file (repeatable: the first is current, the others still accepted)")
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
+    parser.add_argument("--name", default="default", help="deployment name on the model topic")
+    parser.add_argument("--dim", type=_positive_int, required=True)
+    parser.add_argument("--batch-size", type=_positive_int, help="b (default: planned for (epsilon, delta))")
+    parser.add_argument("--epsilon", type=_positive_float, default=1.0)
+    parser.add_argument("--delta", type=_positive_float, default=1e-6)
+    parser.add_argument("--feature-bound", type=_positive_float, default=1.0)
+    parser.add_argument("--options", default="{}", help="more shuffle-gaussian options as JSON, e.g. '{\"radius\": 4}'")
+    parser.add_argument("--max-rounds", type=_positive_int, help="exit once this many rounds are done")
+    parser.set_defaults(handler=cmd_analyze)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from protocols.shuffle_gaussian import ShuffleGaussianSGD
+    from streamer.esa import analyzer
+    from streamer.esa.keys import load_private
+
+    try:
+        options = json.loads(args.options)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--options is not JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ConfigError("--options must be a JSON object")
+    options.setdefault("loss", "logistic")
+    options.setdefault("radius", math.sqrt(args.dim))
+
+    def learner() -> ShuffleGaussianSGD:
+        return ShuffleGaussianSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
+                                  feature_bound=args.feature_bound, **options)
+
+    keys = [load_private(path) for path in args.analyzer_key]
+    state = analyzer.run(analyzer.AnalyzeOptions(args.bootstrap.split(","), args.shuffled_topic, args.model_topic,
+                                                 keys, args.out, learner, args.name, args.max_rounds))
+    print(f"panpriv analyze: {state.round} rounds done; rejected {dict(state.rejected) or 'none'}\n"
+          f"  privacy  {state.report().statement()}")
+    return 0
+
+
+def add_all(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Add the four ESA commands to the ``panpriv`` parser."""
+    add_keygen(commands, parents)
+    add_encode(commands, parents)
+    add_shuffle(commands, parents)
+    add_analyze(commands, parents)

@@ -1,0 +1,64 @@
+"""The privacy statement of a ``shuffle-gaussian`` analyzer deployed as Encode–Shuffle–Analyze.
+
+The learner's own report (:meth:`protocols.shuffle_gaussian.ShuffleGaussianSGD.privacy`) assumes
+randomizer, shuffler and analyzer in one process. Deployed in three roles (Bittau et al. 2017 §3)
+the same numbers hold under different trust, which this module states:
+
+- **output** (against the analyzer and everyone who sees its models): the shuffle-model guarantee
+  of one round (Liew & Takahashi 2022 Thm 1) — if the shuffler is honest and separate. When a
+  round had fewer valid messages than b (rejected ones), each message hid among fewer others: the
+  output guarantee is then that of the smallest round, Thm 1 at n = its valid count (never above
+  the local ε₀). Messages that decrypt and are well formed but come from dishonest clients cannot
+  be told apart: the bound assumes every valid message is an honest user's.
+- **intrusion** into the analyzer (one read of its memory and files, plus all outputs): the local
+  guarantee (ε₀, δ) — its private key opens every message on the messages topic, where their
+  order and metadata are not yet shuffled.
+- **client**: her message is (ε₀, δ)-locally private against anyone, whatever the others do.
+- **shuffler**: holds no key; it sees ciphertexts, rounds, sizes and the broker's metadata. If it
+  colludes with the analyzer, only the local guarantee (ε₀, δ) remains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from accounting.ledger import Guarantee, PrivacyReport
+from protocols.shuffle_gaussian import ShuffleGaussianSGD
+
+DEPLOYMENT = "trusted shuffler, separate process"
+"""How the ledger and statements name this deployment."""
+
+REFERENCE = "Bittau et al. 2017, §3 (Encode-Shuffle-Analyze)"
+
+
+def esa_report(learner: ShuffleGaussianSGD, min_valid: int | None) -> PrivacyReport:
+    """The learner's report restated for the ESA deployment (module docstring).
+
+    ``min_valid``: the fewest valid messages any applied round had (``None``: no round yet).
+    """
+    report = learner.privacy()
+    local = learner.local_guarantee()
+    b = learner.batch_size or 0
+    output = report.output
+    if min_valid is not None and min_valid < b:
+        output = Guarantee(learner.round_epsilon(min_valid), learner.delta)
+    roles = [
+        f"deployment: {DEPLOYMENT} (Encode-Shuffle-Analyze): clients encode and seal their message to the analyzer's "
+        "key, a separate shuffler drops metadata, releases a round only at exactly b = "
+        f"{b} messages and permutes it with OS entropy, the analyzer sees only shuffled batches",
+        f"client: her one message per round is {local}-locally private against anyone, including a shuffler and "
+        "analyzer that collude",
+        f"shuffler: holds no key that opens a message; if it colludes with the analyzer only the local guarantee {local} holds",
+        f"analyzer intrusion: its private key opens the unshuffled messages topic, so one read of its memory or files "
+        f"plus all outputs is bounded by the local guarantee {local}",
+        "client dropout or rejected messages: the output guarantee is that of the round with the fewest valid "
+        f"messages ({'none yet' if min_valid is None else min_valid} of {b}); every valid message is assumed to come "
+        "from an honest client (a fraction gamma of dishonest but well-formed messages weakens it to n = gamma-honest count)",
+    ]
+    assumptions = [a for a in report.assumptions if not a.startswith("a trusted shuffler")]
+    return dataclasses.replace(
+        report,
+        output=output,
+        assumptions=tuple([*roles, *assumptions]),
+        references=tuple([*report.references, REFERENCE]),
+    )

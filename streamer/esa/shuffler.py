@@ -1,0 +1,251 @@
+"""``panpriv shuffle``: the shuffler of Encode–Shuffle–Analyze (Bittau et al. 2017, "Prochlo", §3).
+
+What it does with each record of the messages topic (one partition; see "Order" below):
+
+1. keeps the value only — the record's key, headers, timestamp and offset never leave the process;
+2. checks the framing the protocol makes public (magic, the fixed size) and reads the clear round
+   tag; a record that fails is dropped (``malformed``), one for a round already released is dropped
+   (``late``): the analyzer has moved on and a second batch of a round would only be rejected; one
+   for a round more than ``max_ahead`` (default 1) past the last released is dropped
+   (``too_early``): no honest client can answer a round whose model does not exist yet, and
+   holding such messages would let anyone pin the shuffler's memory and its committed offset;
+3. groups by round and **releases a round only at exactly b messages** (the batch size of the
+   model's calibration): the first b messages of the round in offset order. A short round waits —
+   the threshold is never lowered, so every released batch hides each message among b − 1 others.
+   With ``drop_short_after_s`` a round that stays short that long after its first message is
+   dropped (``short_round``): a public rule on public counts and times;
+4. permutes the batch with OS entropy (:mod:`streamer.esa.permute`) and produces it as one record
+   (:func:`streamer.esa.wire.encode_batch`) with ``acks=all``, and waits for the acknowledgement;
+5. only then commits the input offset: the smallest offset of a message still waiting, or the end
+   of what was read when none is waiting.
+
+It holds no private key: it cannot read a message (sealed boxes), only their round tags and sizes.
+
+**Exactly once with respect to its input.** *No loss*: an offset is committed only once every
+message below it is in an acknowledged batch or was dropped by a rule above (step 5). *No
+duplicate*: rounds are released in increasing order (round t + 1 cannot exist before the analyzer
+has the batch of round t and publishes its model), so the shuffler's release state is one number,
+the last released round, which it reads back from the last record of the shuffled topic when it
+starts. After a crash it re-reads from the committed offset: messages of rounds up to that one are
+``late`` (they were released, or were the extras of a released round); for the next round, the
+first b messages in offset order are the same messages it would have released, because none of
+them lies below the committed offset (they were waiting). The one window left — a batch produced
+by the dead process that becomes visible only after the restart read the topic's end — gives a
+second batch with the **same batch id** (the id is a hash of the round and the sorted messages,
+independent of the permutation), which the analyzer drops as ``duplicate_batch``. Tested with
+SIGKILL (``tests/esa``).
+
+**Order.** Determinism of "the first b messages of a round" needs one total order of the input,
+so the messages topic must have one partition (the shuffler refuses more). Scaling out is one
+messages topic per shuffler/deployment.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamer.esa import wire
+from streamer.esa.permute import permuted
+
+log = logging.getLogger("panpriv.shuffle")
+
+MAX_BATCH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class Pending:
+    """Messages of one round not yet released: (offset, value), in offset order."""
+
+    first_seen: float
+    items: list[tuple[int, bytes]] = field(default_factory=list)
+
+
+class Shuffler:
+    """The shuffler's state machine, separated from Kafka for testing.
+
+    Parameters
+    ----------
+    batch_size
+        b, the messages of every released round.
+    message_size
+        The fixed message size (from the parameter count).
+    last_released
+        The last round already released (−1: none).
+    drop_short_after_s
+        Drop a round still short this long after its first message (``None``: wait forever).
+    max_ahead
+        Drop messages for rounds beyond ``last_released + max_ahead``.
+    """
+
+    def __init__(self, batch_size: int, message_size: int, last_released: int = -1,
+                 drop_short_after_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 max_ahead: int = 1) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.batch_size = batch_size
+        self.message_size = message_size
+        self.last_released = last_released
+        self.drop_short_after_s = drop_short_after_s
+        self.max_ahead = max_ahead
+        self.dropped: Counter[str] = Counter()
+        self.released = 0
+        self._pending: dict[int, Pending] = {}
+        self._clock = clock
+
+    def offer(self, offset: int, value: bytes | None) -> list[tuple[int, list[bytes]]]:
+        """Take one input record; return the rounds it completes as (round, permuted messages)."""
+        try:
+            round_ = wire.message_round(value or b"", self.message_size)
+        except wire.WireError:
+            self.dropped["malformed"] += 1
+            return []
+        if round_ <= self.last_released:
+            self.dropped["late"] += 1
+            return []
+        if round_ > self.last_released + self.max_ahead:
+            self.dropped["too_early"] += 1
+            return []
+        pending = self._pending.setdefault(round_, Pending(self._clock()))
+        pending.items.append((offset, bytes(value or b"")))
+        if len(pending.items) < self.batch_size:
+            return []
+        del self._pending[round_]
+        return [(round_, permuted([item for _, item in pending.items]))]
+
+    def mark_released(self, round_: int) -> None:
+        """Round ``round_`` is acknowledged on the shuffled topic: rounds before it can never be
+        released any more (the analyzer has moved past them), so their waiting messages are late."""
+        self.last_released = max(self.last_released, round_)
+        self.released += 1
+        for stale in [r for r in self._pending if r <= self.last_released]:
+            self.dropped["late"] += len(self._pending.pop(stale).items)
+
+    def expire(self) -> None:
+        """Apply the short-round rule (``drop_short_after_s``)."""
+        if self.drop_short_after_s is None:
+            return
+        now = self._clock()
+        for round_ in [r for r, p in self._pending.items() if now - p.first_seen >= self.drop_short_after_s]:
+            self.dropped["short_round"] += len(self._pending.pop(round_).items)
+
+    def commit_offset(self, next_offset: int) -> int:
+        """The input offset that is safe to commit: the smallest waiting offset, else ``next_offset``."""
+        waiting = [p.items[0][0] for p in self._pending.values() if p.items]
+        return min(waiting) if waiting else next_offset
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(p.items) for p in self._pending.values())
+
+
+def last_released_round(consumer: Any, topic: str) -> int:
+    """The round of the last batch on ``topic`` (one partition), −1 if it is empty."""
+    from kafka import TopicPartition
+
+    from streamer.kafka_calls import beginning_offsets, end_offsets
+
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    end = end_offsets(consumer, [tp])[tp]
+    if end <= beginning_offsets(consumer, [tp])[tp]:
+        return -1
+    consumer.seek(tp, end - 1)
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            for record in records:
+                if record.offset == end - 1:
+                    return wire.parse_batch(record.value).round
+    raise TimeoutError(f"could not read the last batch of {topic}")
+
+
+@dataclass
+class ShuffleOptions:
+    """What ``panpriv shuffle`` needs."""
+
+    bootstrap: list[str]
+    messages_topic: str
+    shuffled_topic: str
+    batch_size: int
+    params: int
+    group: str
+    drop_short_after_s: float | None = None
+    max_rounds: int | None = None
+    idle_exit_s: float | None = None
+    max_ahead: int = 1
+
+
+def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuffler:
+    """Serve until SIGTERM/SIGINT (or ``stop()``), ``max_rounds`` releases, or ``idle_exit_s`` without input."""
+    from kafka import TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    from streamer import kafka_calls, kafka_client
+
+    stopping = {"now": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping["now"] = True
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    reader = kafka_client.consumer(options.bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        last = last_released_round(reader, options.shuffled_topic)
+    finally:
+        reader.close()
+    state = Shuffler(options.batch_size, wire.message_size(options.params), last, options.drop_short_after_s,
+                     max_ahead=options.max_ahead)
+    consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
+                                     auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
+    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,
+                                     retries=5)
+    partitions = consumer.partitions_for_topic(options.messages_topic)
+    if partitions is not None and len(partitions) > 1:
+        raise ValueError(f"the messages topic {options.messages_topic} has {len(partitions)} partitions; the shuffler "
+                         "needs one (one total order of the input makes its batches deterministic)")
+    tp = TopicPartition(options.messages_topic, 0)
+    consumer.assign([tp])
+    start = kafka_calls.committed(consumer, tp)
+    if start is not None:
+        consumer.seek(tp, start)
+    else:
+        consumer.seek_to_beginning(tp)
+    log.info("shuffler: batch size %d, last released round %d, reading %s from %s", options.batch_size, last,
+             options.messages_topic, "the beginning" if start is None else f"the committed offset {start}")
+    committed = start
+    idle_since = time.monotonic()
+    try:
+        while not stopping["now"] and not (stop is not None and stop()):
+            if options.max_rounds is not None and state.released >= options.max_rounds:
+                break
+            polled = consumer.poll(timeout_ms=200)
+            next_offset = consumer.position(tp)
+            if not polled:
+                state.expire()
+                if options.idle_exit_s is not None and time.monotonic() - idle_since > options.idle_exit_s:
+                    break
+            else:
+                idle_since = time.monotonic()
+            for records in polled.values():
+                for record in records:
+                    for round_, messages in state.offer(record.offset, record.value):
+                        producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
+                        state.mark_released(round_)
+                        log.info("released round %d (%d messages)", round_, len(messages))
+            safe = state.commit_offset(next_offset)
+            if safe != committed:
+                kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})
+                committed = safe
+    finally:
+        producer.close()
+        consumer.close()
+    log.info("shuffler stopped: %d rounds released, %d messages waiting, dropped %s", state.released, state.waiting,
+             dict(state.dropped) or "none")
+    return state

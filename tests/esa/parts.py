@@ -1,0 +1,117 @@
+"""The three ESA roles as real processes on the suite's broker (tests/conftest.py ``kafka_broker``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from streamer.esa import wire
+from tests.realparts import KafkaBroker, ManagedProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def panpriv(args: list[str], log: Path) -> ManagedProcess:
+    """``panpriv ARGS`` as a child process (so its memory can be read: tests/memscan.py)."""
+    return ManagedProcess([sys.executable, "-m", "streamer.cli", *args], log, env())
+
+
+def topics(broker: KafkaBroker, name: Callable[[str], str]) -> dict[str, str]:
+    """Fresh messages, shuffled (one partition each) and model topics; the model topic compacted
+    when the broker accepts the setting."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    made = {"messages": broker.create_topic(name("esa-messages")), "shuffled": broker.create_topic(name("esa-shuffled"))}
+    model = name("esa-model")
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        try:
+            admin.create_topics([NewTopic(model, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+        except Exception:  # noqa: BLE001 - a broker without topic configs gets a plain topic
+            admin.create_topics([NewTopic(model, 1, 1)])
+    finally:
+        admin.close()
+    made["model"] = model
+    return made
+
+
+def read_batches(bootstrap: str, topic: str, count: int, timeout_s: float, alive: Callable[[], None] | None = None) -> list[wire.Batch]:
+    """The first ``count`` records of ``topic`` as batches (fails after ``timeout_s``)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                             max_partition_fetch_bytes=64 * 1024 * 1024)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    batches: list[wire.Batch] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(batches) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(batches)} of {count} batches on {topic} after {timeout_s:g} s")
+            if alive is not None:
+                alive()
+            for records in consumer.poll(timeout_ms=200).values():
+                batches += [wire.parse_batch(r.value) for r in records]
+    finally:
+        consumer.close()
+    return batches[:count] if len(batches) > count else batches
+
+
+def count_records(bootstrap: str, topic: str) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    try:
+        tp = TopicPartition(topic, 0)
+        return int(consumer.end_offsets([tp])[tp])
+    finally:
+        consumer.close()
+
+
+def fake_message(round_: int, ident: int, params: int) -> bytes:
+    """A well-framed message whose sealed part is an identifiable filler (the shuffler never opens it)."""
+    body = ident.to_bytes(8, "big") * ((wire.message_size(params) - 20) // 8)
+    return wire.message(round_, b"\0" * 8, body[: wire.message_size(params) - 20])
+
+
+def send(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    try:
+        for value in values:
+            producer.send(topic, value)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def synthetic(n: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A noisy linear rule: x ~ N(0, 2.25 I/d) (norms about 1.5, clipped to 1), 5 % of labels flipped."""
+    w = np.random.default_rng(0).normal(size=dim)
+    w /= np.linalg.norm(w)
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, dim)) / np.sqrt(dim) * 1.5
+    y = np.where(X @ w > 0, 1.0, -1.0)
+    y[rng.random(n) < 0.05] *= -1
+    return X, y
+
+
+def write_jsonl(path: Path, X: np.ndarray, y: np.ndarray) -> Path:
+    with path.open("w") as handle:
+        for row, label in zip(X.tolist(), y.tolist(), strict=True):
+            handle.write(json.dumps({"x": row, "y": label}) + "\n")
+    return path

@@ -1,0 +1,90 @@
+"""Canary: the analyzer of an ESA deployment never holds a raw record, in its memory or its files.
+
+Clients encode records whose feature rows are known; after the analyzer process has learned every
+round, its writable memory (read through ``/proc/<pid>/mem``, tests/memscan.py) and every file it
+wrote are searched for each raw row, each clipped feature row (the client's first transform) and the
+JSON text of the rows' coordinates. A positive control runs the same search on a child process
+that holds the rows, and finds them."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamer.esa.keys import generate
+from tests.esa import parts
+from tests.memscan import Memory, read_memory
+from tests.realparts import KafkaBroker, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DIM, B, ROUNDS = 20, 16, 4
+
+
+def canaries(memory: Memory, raw: bytes, X: np.ndarray) -> list[str]:
+    """What of the rows ``X`` the memory holds: rows (float64), clipped rows, coordinate texts."""
+    clipped = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1.0)
+    found = [f"raw row {i}" for i, row in enumerate(X) if memory.find_vector(row, 0.0)]
+    found += [f"clipped row {i}" for i, row in enumerate(clipped) if memory.find_vector(row, 0.0)]
+    found += [f"text of row {i}" for i, row in enumerate(X) if json.dumps(float(row[3])).encode() in raw]
+    return found
+
+
+def test_the_analyzer_process_and_files_hold_no_raw_record(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    names = parts.topics(kafka_broker, unique_name)
+    key = generate(tmp_path / "keys")
+    X, y = parts.synthetic(B * ROUNDS, DIM, seed=5)
+    source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
+    out = tmp_path / "analyzer"
+    shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
+                              "--shuffled-topic", names["shuffled"], "--batch-size", str(B), "--params", str(DIM)],
+                             tmp_path / "shuffler.log")
+    analyzer = parts.panpriv(["analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic", names["shuffled"],
+                              "--model-topic", names["model"], "--analyzer-key", str(key.private), "--out", str(out),
+                              "--dim", str(DIM), "--batch-size", str(B), "--epsilon", "2", "--delta", "1e-5",
+                              "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)})],
+                             tmp_path / "analyzer.log")
+    client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
+                            "--messages-topic", names["messages"], "--analyzer-key", str(key.public),
+                            "--source", str(source)], tmp_path / "client.log")
+    holder = subprocess.Popen([sys.executable, "-c", "import json, time, numpy as np, sys; "
+                               "X = np.array([json.loads(l)['x'] for l in open(sys.argv[1])]); "
+                               "print('ready', flush=True); time.sleep(120)", str(source)],
+                              stdout=subprocess.PIPE, env=parts.env())
+    try:
+        assert client.process.wait(timeout=120) == 0, client.log_path.read_text()[-3000:]
+
+        def done() -> bool:
+            analyzer.check_alive()
+            return bool(json.loads((out / "analyzer.json").read_text())["round"] == ROUNDS)
+
+        wait_until(done, 60, "the analyzer's last round")
+        time.sleep(0.5)
+        raw = read_memory(analyzer.pid)
+        found = canaries(Memory(raw), raw, X)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"ready"
+        control_raw = read_memory(holder.pid)
+        control = canaries(Memory(control_raw), control_raw, X)
+    finally:
+        holder.kill()
+        holder.wait()
+        for process in (client, shuffler, analyzer):
+            process.stop()
+    assert len([c for c in control if c.startswith("raw row")]) == len(X), "the scan finds rows a process holds"
+    assert found == [], f"the analyzer's memory holds {found[:5]}"
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert files, "the analyzer wrote its checkpoint"
+    for path in files:
+        content = path.read_bytes()
+        memory = Memory(content + b"\0" * (-len(content) % 8))
+        assert canaries(memory, content, X) == [], f"{path} holds a record"

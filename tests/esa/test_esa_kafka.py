@@ -1,0 +1,211 @@
+"""Encode–Shuffle–Analyze end to end on the real broker: client processes, one shuffler process and
+one analyzer process (Bittau et al. 2017 §3; ``shuffle-gaussian``, Liew & Takahashi 2022 §5.2)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from protocols.losses import LogisticLoss
+from protocols.shuffle_gaussian import ShuffleGaussianSGD
+from streamer.esa import wire
+from streamer.esa.keys import generate
+from tests.esa import parts
+from tests.realparts import KafkaBroker, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DIM, B, ROUNDS, EPSILON, DELTA = 20, 256, 30, 4.0, 1e-5
+
+
+def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
+                   rounds: int, log: str = "analyzer.log") -> parts.ManagedProcess:
+    return parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
+                          "--model-topic", names["model"], "--analyzer-key", str(keyfile), "--out",
+                          str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
+                          str(EPSILON), "--delta", str(DELTA), "--max-rounds", str(rounds),
+                          "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)})], tmp_path / log)
+
+
+def roles(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
+          rounds: int, params: int) -> tuple[parts.ManagedProcess, parts.ManagedProcess]:
+    shuffler = parts.panpriv(["shuffle", "--bootstrap", broker.bootstrap, "--messages-topic", names["messages"],
+                              "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(params),
+                              "--group", f"shuffler-{names['messages']}"], tmp_path / "shuffler.log")
+    return shuffler, start_analyzer(tmp_path, broker, names, keyfile, dim, b, rounds)
+
+
+def test_clients_shuffler_analyzer_learn_as_the_in_process_learner(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Two client processes (half of every round each), the shuffler and the analyzer learn
+    ROUNDS rounds; the analyzer's model scores like the in-process learner on the same stream:
+    within 4 standard deviations of 30 in-process runs (normal approximation: a false failure
+    about 6e-5 of the time)."""
+    names = parts.topics(kafka_broker, unique_name)
+    key = generate(tmp_path / "keys")
+    X, y = parts.synthetic(B * ROUNDS, DIM, seed=1)
+    Xt, yt = parts.synthetic(5000, DIM, seed=99)
+    first = (np.arange(len(y)) % B) < B // 2
+    files = [parts.write_jsonl(tmp_path / "a.jsonl", X[first], y[first]),
+             parts.write_jsonl(tmp_path / "b.jsonl", X[~first], y[~first])]
+    shuffler, analyzer = roles(tmp_path, kafka_broker, names, key.private, DIM, B, ROUNDS, DIM)
+    clients = [parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
+                              "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--source",
+                              str(path), "--per-round", str(B // 2)], tmp_path / f"client{i}.log")
+               for i, path in enumerate(files)]
+    started = time.monotonic()
+    try:
+        assert analyzer.process.wait(timeout=300) == 0, (tmp_path / "analyzer.log").read_text()[-3000:]
+        elapsed = time.monotonic() - started
+        for client in clients:
+            assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
+    finally:
+        for process in (*clients, shuffler, analyzer):
+            process.stop()
+    state = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
+    assert state["round"] == ROUNDS and state["rejected"] == {} and state["min_valid"] == B
+    assert "trusted shuffler, separate process" in json.dumps(state["privacy"])
+    theta = np.asarray(state["released"])
+    esa_accuracy = float(np.mean(np.where(LogisticLoss().features(Xt, 1.0) @ theta >= 0, 1.0, -1.0) == yt))
+    accuracies = []
+    for _ in range(30):
+        learner = ShuffleGaussianSGD(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, batch_size=B,
+                                     radius=math.sqrt(DIM), feature_bound=1.0)
+        learner.learn_many(X, y)
+        accuracies.append(float(np.mean(learner.predict_many(Xt) == yt)))
+    mean, sd = float(np.mean(accuracies)), float(np.std(accuracies))
+    print(f"ESA accuracy {esa_accuracy:.4f}; in-process {mean:.4f} ± {sd:.4f} (30 runs); {ROUNDS} rounds in {elapsed:.1f} s")
+    assert abs(esa_accuracy - mean) <= 4 * sd + 1e-3
+    assert esa_accuracy > 0.6
+
+
+def test_shuffler_output_order_is_independent_of_input_order(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """ROUNDS × b messages in a known order through the shuffler process: the table of (input
+    position, output position) counts passes Pearson's chi-square test of independence at level
+    1e-4 (the false-failure probability), and no position keeps its place more than chance allows."""
+    names = parts.topics(kafka_broker, unique_name)
+    b, rounds, params = 8, 150, 4
+    parts.send(kafka_broker.bootstrap, names["messages"],
+               [parts.fake_message(t, t * b + i, params) for t in range(rounds) for i in range(b)])
+    shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
+                              "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(params)],
+                             tmp_path / "shuffler.log")
+    try:
+        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], rounds, 120, shuffler.check_alive)
+    finally:
+        shuffler.stop()
+    table = np.zeros((b, b))
+    for t, batch in enumerate(batches):
+        assert batch.round == t and len(batch.messages) == b
+        for out_position, message in enumerate(batch.messages):
+            ident = int.from_bytes(message[20:28], "big")
+            table[ident - t * b, out_position] += 1
+    _, p_value, _, _ = stats.chi2_contingency(table)
+    print(f"chi-square independence p = {p_value:.3g}; fixed points {np.trace(table):.0f} (expected {rounds:.0f})")
+    assert p_value > 1e-4
+    assert abs(np.trace(table) - rounds) < 5 * math.sqrt(rounds)
+
+
+def test_sigkill_of_the_shuffler_loses_and_duplicates_nothing(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Messages arrive round after round (with late stragglers); the shuffler is killed with
+    SIGKILL twice while releasing and restarted. Every round is released, each message is in
+    exactly one distinct batch, and a re-released batch (if any) carries its original id."""
+    import threading
+
+    names = parts.topics(kafka_broker, unique_name)
+    b, rounds, params = 16, 60, 6
+    sent: list[bytes] = []
+
+    def produce() -> None:
+        for t in range(rounds):
+            values = [parts.fake_message(t, t * b + i, params) for i in range(b)]
+            if t:
+                values.insert(b // 2, parts.fake_message(t - 1, 10**9 + t, params))  # a straggler: late
+            parts.send(kafka_broker.bootstrap, names["messages"], values)
+            sent.extend(values)
+            time.sleep(0.05)
+
+    argv = ["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
+            "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(params)]
+    producer = threading.Thread(target=produce)
+    producer.start()
+    shuffler = parts.panpriv(argv, tmp_path / "shuffler0.log")
+    try:
+        for kill, at in enumerate((15, 35)):
+            wait_until(lambda at=at: parts.count_records(kafka_broker.bootstrap, names["shuffled"]) >= at, 120, f"{at} batches")
+            shuffler.process.send_signal(signal.SIGKILL)
+            shuffler.process.wait(timeout=10)
+            shuffler.stop()
+            shuffler = parts.panpriv(argv, tmp_path / f"shuffler{kill + 1}.log")
+        producer.join(timeout=120)
+        wait_until(lambda: parts.count_records(kafka_broker.bootstrap, names["shuffled"]) >= rounds, 120, "every round")
+        time.sleep(1.0)
+        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"],
+                                     parts.count_records(kafka_broker.bootstrap, names["shuffled"]), 60)
+    finally:
+        shuffler.stop()
+        producer.join(timeout=5)
+    restarts = [(tmp_path / f"shuffler{k}.log").read_text() for k in (1, 2)]
+    assert all("from the committed offset" in log for log in restarts), "the restarts resume from committed offsets"
+    distinct = {batch.id: batch for batch in batches}
+    assert sorted(batch.round for batch in distinct.values()) == list(range(rounds))
+    released = Counter(m for batch in distinct.values() for m in batch.messages)
+    on_time = Counter(m for m in sent if int.from_bytes(m[20:28], "big") < 10**9)
+    assert released == on_time, "each on-time message in exactly one batch, no straggler in any"
+    print(f"{len(batches)} batch records, {len(distinct)} distinct ({len(batches) - len(distinct)} re-released with their id)")
+
+
+
+def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The analyzer is killed with SIGKILL mid-run and restarted on its --out: the run completes,
+    and its model is the one an analyzer that never crashed computes from the same batches
+    (each applied exactly once)."""
+    from streamer.esa.analyzer import Analyzer
+    from streamer.esa.keys import load_private
+
+    names = parts.topics(kafka_broker, unique_name)
+    key = generate(tmp_path / "keys")
+    dim, b, rounds = 5, 32, 16
+    X, y = parts.synthetic(b * rounds, dim, seed=3)
+    source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
+    shuffler, analyzer = roles(tmp_path, kafka_broker, names, key.private, dim, b, rounds, dim)
+    client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
+                            "--messages-topic", names["messages"], "--analyzer-key", str(key.public),
+                            "--source", str(source)], tmp_path / "client.log")
+    checkpoint = tmp_path / "analyzer" / "analyzer.json"
+    try:
+        wait_until(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["round"] >= 5, 120, "round 5")
+        analyzer.process.send_signal(signal.SIGKILL)
+        analyzer.process.wait(timeout=10)
+        analyzer.stop()
+        killed_at = json.loads(checkpoint.read_text())["round"]
+        analyzer = start_analyzer(tmp_path, kafka_broker, names, key.private, dim, b, rounds, "analyzer1.log")
+        assert analyzer.process.wait(timeout=120) == 0, analyzer.log_path.read_text()[-3000:]
+        assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
+        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], rounds, 30)
+    finally:
+        for process in (client, shuffler, analyzer):
+            process.stop()
+    state = json.loads(checkpoint.read_text())
+    assert state["round"] == rounds and state["rejected"] == {}
+    assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
+    replay = Analyzer(ShuffleGaussianSGD.from_config(state["config"]), [load_private(key.private)], "replay")
+    assert all(replay.handle(wire.encode_batch(batch.round, list(batch.messages))) for batch in batches)
+    np.testing.assert_array_equal(np.asarray(state["released"]), replay.learner.release())
+    print(f"killed at round {killed_at}; resumed and finished {rounds} rounds, model identical to a crash-free replay")
