@@ -29,10 +29,10 @@ reason, not the value that failed.
 JSON decoders. When ``orjson`` is importable (the ``fast-json`` extra) :class:`JsonCodec` parses
 with it — about 5× the standard library's rate per message — and otherwise with :mod:`json`; the
 choice is logged once at DEBUG (``panpriv.codec``). The two paths make identical decisions and
-arrays for every input (see :func:`_loads_fast`): orjson only parses; whatever it refuses (``NaN``
-and ``Infinity`` literals, which :mod:`json` reads and validation then rejects as ``non_finite``;
-numbers beyond float64's range; BOMs, UTF-16/32, lone surrogates; …) is handed to the standard
-library path, whose answer stands.
+arrays for every input (see :func:`_plain_record`): orjson only ever accepts plainly valid records;
+every other message — whatever orjson refuses (``NaN`` and ``Infinity`` literals, which
+:mod:`json` reads and validation then rejects as ``non_finite``; numbers beyond float64's range;
+BOMs, UTF-16/32, lone surrogates; …) or finds malformed — is decided by the standard-library path.
 """
 
 from __future__ import annotations
@@ -228,10 +228,12 @@ _announced: set[str] = set()
 class JsonCodec(Codec):
     """``{"x": [...], "y": label}`` per message.
 
-    ``fast``: parse with ``orjson`` (:func:`_loads_fast`) or the standard library (:func:`_loads`);
-    ``None`` (the default) picks orjson when it is importable. Both give the same :class:`Decoded`
-    for every micro-batch; ``fast=False`` exists so tests can compare them (and to rule orjson
-    out), ``fast=True`` raises if orjson is missing."""
+    ``fast``: read messages with ``orjson`` first (:func:`_plain_record`) or only with the standard
+    library (:func:`_read_record`); ``None`` (the default) picks orjson when it is importable. Both
+    give the same :class:`Decoded` for every micro-batch: the orjson path only ever *accepts* a
+    message — one whose record is plainly valid, which json reads as the same numbers — and hands
+    every other message to the standard-library path, which decides it. ``fast=False`` exists so
+    tests can compare the two (and to rule orjson out); ``fast=True`` raises if orjson is missing."""
 
     def __init__(self, records: RecordsConfig, fast: bool | None = None) -> None:
         super().__init__(records)
@@ -240,54 +242,107 @@ class JsonCodec(Codec):
         elif fast and not FAST_JSON_AVAILABLE:
             raise ImportError("JsonCodec(fast=True) needs orjson: pip install 'panpriv[fast-json]'")
         self.fast: bool = fast
-        self._loads: Callable[[bytes], object] = _loads_fast if fast else _loads
         name = "orjson" if fast else "json (standard library)"
         if name not in _announced:
             _announced.add(name)
             log.debug("JSON records decoded with %s", name)
 
     def decode(self, payloads: Sequence[bytes]) -> Decoded:
-        x_field, y_field, dim = self.records.x_field, self.records.y_field, self.dim
-        loads = self._loads
+        x_field, y_field, dim, fast = self.records.x_field, self.records.y_field, self.dim, self.fast
         rows: list[list[object]] = []
         labels: list[float] = []
         origin: list[int] = []
         rejects: list[Reject] = []
         for i, payload in enumerate(payloads):
-            try:
-                obj = loads(payload)
-            except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError; absurd nesting
-                rejects.append(Reject(i, Reason.UNDECODABLE))
-                continue
-            if type(obj) is not dict:
-                rejects.append(Reject(i, Reason.WRONG_TYPE))
-                continue
-            x = obj.get(x_field, _MISSING)
-            label = obj.get(y_field, _MISSING)
-            if x is _MISSING or label is _MISSING:
-                rejects.append(Reject(i, Reason.MISSING_FIELD))
-                continue
-            if type(x) is not list or type(label) not in (int, float):
-                rejects.append(Reject(i, Reason.WRONG_TYPE))
-                continue
-            if len(x) != dim:
-                rejects.append(Reject(i, Reason.WRONG_DIMENSION))
-                continue
-            try:
-                labels.append(float(label))
-            except OverflowError:  # an integer label beyond float64's range (more than 308 digits)
-                rejects.append(Reject(i, Reason.NON_FINITE))
-                continue
-            rows.append(x)
+            record = _plain_record(payload, x_field, y_field, dim) if fast else None
+            if record is None:
+                read = _read_record(payload, x_field, y_field, dim)
+                if isinstance(read, Reason):
+                    rejects.append(Reject(i, read))
+                    continue
+                record = read
+            rows.append(record[0])
+            labels.append(record[1])
             origin.append(i)
         X, bad = _numeric_rows(rows, dim)
         if bad:
+            if fast:  # a row orjson read holds a non-number: json decides (it may not parse the message at all)
+                bad = [(j, self._stdlib_reason(payloads[origin[j]], reason)) for j, reason in bad]
             rejects.extend(Reject(origin[j], reason) for j, reason in bad)
             keep = np.ones(len(rows), dtype=bool)
             keep[[j for j, _ in bad]] = False
             labels = [v for v, k in zip(labels, keep) if k]
             origin = [o for o, k in zip(origin, keep) if k]
         return self.validate(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), rejects, owned=True)
+
+    def _stdlib_reason(self, payload: bytes, reason: Reason) -> Reason:
+        """Why the standard-library path rejects ``payload`` (``reason``, found on orjson's reading,
+        should it — impossibly — accept it: a reject is never turned into an accept)."""
+        record = _read_record(payload, self.records.x_field, self.records.y_field, self.dim)
+        if isinstance(record, Reason):
+            return record
+        values = _numeric_row(record[0], self.dim)
+        return values if isinstance(values, Reason) else reason
+
+
+def _read_record(payload: bytes, x_field: str, y_field: str, dim: int) -> tuple[list[object], float] | Reason:
+    """One message read by the standard library (:func:`_loads`): its ``x`` list (of length
+    ``dim``, elements not yet checked) and label, or why it is rejected."""
+    try:
+        obj = _loads(payload)
+    except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError; absurd nesting
+        return Reason.UNDECODABLE
+    if type(obj) is not dict:
+        return Reason.WRONG_TYPE
+    x = obj.get(x_field, _MISSING)
+    label = obj.get(y_field, _MISSING)
+    if x is _MISSING or label is _MISSING:
+        return Reason.MISSING_FIELD
+    if type(x) is not list or type(label) not in (int, float):
+        return Reason.WRONG_TYPE
+    if len(x) != dim:
+        return Reason.WRONG_DIMENSION
+    try:
+        return x, float(label)
+    except OverflowError:  # an integer label beyond float64's range (more than 308 digits)
+        return Reason.NON_FINITE
+
+
+_CONTAINERS = (list, dict)
+
+
+def _plain_record(payload: bytes, x_field: str, y_field: str, dim: int) -> tuple[list[object], float] | None:
+    """:func:`_read_record` by ``orjson``, for the messages where that cannot change the outcome;
+    None for every other message (:func:`_read_record` then decides it).
+
+    orjson parses a subset of what ``json.loads`` parses (strict RFC 8259 UTF-8: no BOM, no
+    ``NaN``/``Infinity``, no lone surrogates, no number beyond float64's range), and on that subset
+    returns the same values, but for one difference decoding erases: an integer beyond 64 bits
+    comes back as the nearest float64, which is what ``float()`` makes of the integer json returns
+    (both round to nearest, ties to even). Duplicate keys keep the last value in both. What orjson
+    may parse and json not is deep nesting: json raises RecursionError near the interpreter's
+    recursion limit (about 1,000 levels, less the caller's stack), orjson only beyond 1,024 levels.
+
+    So the record is taken only when it is plainly well formed — an object whose ``x`` is a list of
+    ``dim`` values, whose label is a number and whose other values are not lists or objects — and
+    :func:`_numeric_rows` then finds every ``x`` value a number (a message nested at most two
+    levels, which json parses too) or JsonCodec.decode asks json about that message. Everything
+    orjson refuses (``NaN`` and ``Infinity``, which json reads and validation rejects as
+    ``non_finite``; ``1e400`` and 400-digit integers; BOMs, UTF-16; …) or finds malformed is
+    decided by the standard-library path alone, reasons included."""
+    try:
+        obj = _orjson_loads(payload)
+    except ValueError:  # orjson.JSONDecodeError
+        return None
+    if type(obj) is not dict:
+        return None
+    x = obj.get(x_field)
+    label = obj.get(y_field)
+    if type(x) is not list or len(x) != dim or type(label) not in (int, float):
+        return None
+    if len(obj) > 2 and any(type(v) in _CONTAINERS for k, v in obj.items() if k != x_field and k != y_field):
+        return None
+    return x, float(label)  # type: ignore[arg-type]  # an int or a float (orjson: never beyond float64)
 
 
 _SCAN: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")  # CPython's C scanner
@@ -311,33 +366,6 @@ def _loads(payload: bytes) -> object:
 
 
 _orjson_loads: Callable[[bytes], object] = _orjson.loads if _orjson is not None else _loads
-
-
-_FAST_MAX_OPENINGS = 64
-""":func:`_loads_fast` hands messages with more ``[``/``{`` bytes than this to :func:`_loads`."""
-
-
-def _loads_fast(payload: bytes) -> object:
-    """:func:`_loads` (so ``json.loads``), parsed by ``orjson`` where that cannot change the answer.
-
-    orjson accepts a subset of what ``json.loads`` accepts (strict RFC 8259 UTF-8 JSON, no BOM, no
-    ``NaN``/``Infinity``, no lone surrogates, finite numbers only), and on that subset returns the
-    same value, with one difference that decoding erases: an integer beyond 64 bits comes back as
-    the nearest float64 — exactly ``float(int)``, which :func:`_numeric_rows` and the label check
-    apply to the integer json returns (both round to nearest, ties to even, and refuse to
-    overflow). Duplicate keys keep the last value in both. So whatever orjson parses is used, and
-    whatever it refuses goes to :func:`_loads`, which gives the value or the error json would.
-
-    The one input orjson accepts and json may not is deep nesting: json raises RecursionError near
-    the interpreter's recursion limit (about 1,000 levels, less the caller's stack), orjson at
-    1,024. A message with more than :data:`_FAST_MAX_OPENINGS` opening brackets (an upper bound on
-    its depth; a record has two) therefore goes straight to :func:`_loads`."""
-    if len(payload) > _FAST_MAX_OPENINGS and payload.count(b"[") + payload.count(b"{") > _FAST_MAX_OPENINGS:
-        return _loads(payload)
-    try:
-        return _orjson_loads(payload)
-    except ValueError:  # orjson.JSONDecodeError: let json decide, and say why in its own words
-        return _loads(payload)
 
 
 def _numeric_rows(rows: list[list[object]], dim: int) -> tuple[NDArray[np.float64], list[tuple[int, Reason]]]:

@@ -103,7 +103,7 @@ def json_record(draw: st.DrawFn) -> bytes:
     if kind == 2:
         fields = draw(st.permutations(fields))[: draw(st.integers(0, 2))]
     if draw(st.integers(0, 9)) == 0:  # duplicate keys: the last one counts
-        fields.append(draw(st.sampled_from(['"y": -1', '"x": [1, 0, 0]', '"x": [true, false, true]', '"x": null', '"z": [[[1]]]'])))
+        fields.append(draw(st.sampled_from(['"y": -1', '"x": [1, 0, 0]', '"x": [true, false, true]', '"x": null', '"z": [[[1]]]', '"z": ' + "[" * 1000 + "]" * 1000, '"id": 7'])))
     text = "{" + ", ".join(fields) + "}"
     if kind == 3:
         text = f"[{text}]"

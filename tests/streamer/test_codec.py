@@ -141,32 +141,16 @@ def test_adult_lines() -> None:
         b'{"x": [1, 2, 3], "y": 1}x', b"", b" ", b"\x00", b'"\x00"', b'{"a\x01": 1}', b"[" * 5 + b"]" * 5,
     ],
 )
-@pytest.mark.parametrize("loads", [codec_module._loads, codec_module._loads_fast], ids=["scanner", "orjson"])
-def test_the_fast_json_paths_read_exactly_what_json_loads_reads(payload, loads) -> None:
-    """streamer.codec._loads and _loads_fast: same value, or the same kind of error, as json.loads
-    on the bytes (orjson refuses the BOM, UTF-16/32, NaN, Infinity, 1e400: json.loads answers).
-    The one difference, which decoding erases: orjson returns an integer beyond 64 bits as the
-    float64 that float() makes of json's integer."""
+def test_the_fast_json_path_reads_exactly_what_json_loads_reads(payload) -> None:
+    """streamer.codec._loads: same value, or the same kind of error, as json.loads on the bytes."""
     try:
         expected = json.loads(payload)
     except ValueError as error:
         with pytest.raises(type(error)):
-            loads(payload)
+            codec_module._loads(payload)
         return
-    got = loads(payload)
-    if loads is codec_module._loads_fast:
-        expected = _big_integers_as_floats(expected)
+    got = codec_module._loads(payload)
     assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
-
-
-def _big_integers_as_floats(value: object) -> object:
-    if isinstance(value, dict):
-        return {k: _big_integers_as_floats(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_big_integers_as_floats(v) for v in value]
-    if type(value) is int and not -(2**63) <= value < 2**64:
-        return float(value)
-    return value
 
 
 # What the two JSON decoders each make of the inputs where orjson and json.loads differ (or might).
@@ -192,6 +176,8 @@ PARSER_EDGES: list[tuple[bytes, Reason | list[float]]] = [
     (b'{"x": [0.1, 0.2], "y": 1}', Reason.WRONG_DIMENSION),
     (b'{"x": [0, 0, ' + b"[" * 1000 + b"1" + b"]" * 1000 + b'], "y": 1}', Reason.UNDECODABLE),  # json's recursion limit
     (b'{"x": [0, 0, ' + b"[" * 100 + b"1" + b"]" * 100 + b'], "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": 1, "z": ' + b"[" * 1000 + b"]" * 1000 + b"}", Reason.UNDECODABLE),  # in another field
+    (b'{"x": [0.1, 0.2, 0.3], "y": 1, "z": {"a": [[]]}, "id": 7}', [0.1, 0.2, 0.3]),
 ]
 
 
@@ -204,6 +190,23 @@ def test_both_json_decoders_on_the_inputs_where_the_parsers_differ(payload, outc
     else:
         assert decoded.rejects == ()
         np.testing.assert_allclose(decoded.X, [outcome], rtol=1e-15)
+
+
+@pytest.mark.parametrize("payload", [p for p, _ in PARSER_EDGES] + [p for p, _ in BAD_JSON] + [GOOD])
+def test_orjson_reads_a_record_only_when_plainly_valid_and_as_json_reads_it(payload) -> None:
+    """streamer.codec._plain_record: None (the stdlib path decides), or the record json.loads
+    reads — x as the same numbers (an integer beyond 64 bits as float() makes it) and the label."""
+    record = codec_module._plain_record(payload, "x", "y", 3)
+    if record is None:
+        return
+    try:
+        expected = json.loads(payload)
+    except RecursionError:  # json cannot parse it: decode must ask json, as x holds a (deep) non-number
+        assert any(type(v) not in (int, float, bool) for v in record[0])
+        return
+    assert len(expected) == 2 and record[1] == float(expected["y"])
+    as_orjson = [float(v) if type(v) is int and not -(2**63) <= v < 2**64 else v for v in expected["x"]]
+    assert [(type(v), v) for v in record[0]] == [(type(v), v) for v in as_orjson]
 
 
 def test_the_orjson_decoder_is_the_default_when_importable_and_logged_once(monkeypatch, caplog) -> None:
