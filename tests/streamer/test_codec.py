@@ -192,23 +192,6 @@ def test_both_json_decoders_on_the_inputs_where_the_parsers_differ(payload, outc
         np.testing.assert_allclose(decoded.X, [outcome], rtol=1e-15)
 
 
-@pytest.mark.parametrize("payload", [p for p, _ in PARSER_EDGES] + [p for p, _ in BAD_JSON] + [GOOD])
-def test_orjson_reads_a_record_only_when_plainly_valid_and_as_json_reads_it(payload) -> None:
-    """streamer.codec._plain_record: None (the stdlib path decides), or the record json.loads
-    reads — x as the same numbers (an integer beyond 64 bits as float() makes it) and the label."""
-    record = codec_module._plain_record(payload, "x", "y", 3)
-    if record is None:
-        return
-    try:
-        expected = json.loads(payload)
-    except RecursionError:  # json cannot parse it: decode must ask json, as x holds a (deep) non-number
-        assert any(type(v) not in (int, float, bool) for v in record[0])
-        return
-    assert len(expected) == 2 and record[1] == float(expected["y"])
-    as_orjson = [float(v) if type(v) is int and not -(2**63) <= v < 2**64 else v for v in expected["x"]]
-    assert [(type(v), v) for v in record[0]] == [(type(v), v) for v in as_orjson]
-
-
 def test_the_orjson_decoder_is_the_default_when_importable_and_logged_once(monkeypatch, caplog) -> None:
     """orjson is in the test extra, so the default here is the fast path; the choice is logged once
     at DEBUG per decoder, not per codec."""
