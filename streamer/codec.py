@@ -27,12 +27,13 @@ Nothing here logs or returns record contents: a reject carries the index of its 
 reason, not the value that failed.
 
 JSON decoders. When ``orjson`` is importable (the ``fast-json`` extra) :class:`JsonCodec` parses
-with it — about 5× the standard library's rate per message — and otherwise with :mod:`json`; the
-choice is logged once at DEBUG (``panpriv.codec``). The two paths make identical decisions and
-arrays for every input (see :meth:`JsonCodec.decode`): orjson only ever accepts plainly valid records;
-every other message — whatever orjson refuses (``NaN`` and ``Infinity`` literals, which
-:mod:`json` reads and validation then rejects as ``non_finite``; numbers beyond float64's range;
-BOMs, UTF-16/32, lone surrogates; …) or finds malformed — is decided by the standard-library path.
+with it — about 3× the standard library's decode rate (``benchmarks/json_decode.py``) — and
+otherwise with :mod:`json`; the choice is logged once at DEBUG (``panpriv.codec``). The two paths
+make identical decisions and arrays for every input (see :meth:`JsonCodec.decode`): orjson's
+reading is used only for plainly valid records; every other message — whatever orjson refuses
+(``NaN`` and ``Infinity`` literals, which :mod:`json` reads and validation then rejects as
+``non_finite``; numbers beyond float64's range; BOMs, UTF-16/32, lone surrogates; …) or finds
+malformed — is decided by the standard-library path.
 """
 
 from __future__ import annotations
@@ -273,7 +274,7 @@ class JsonCodec(Codec):
         origin: list[int] = []
         rejects: list[Reject] = []
         for i, payload in enumerate(payloads):
-            if fast:  # inline, not a call per message: the loop is a fifth of orjson's decode time
+            if fast:  # inline rather than a call per message (about 10 % of the decode at d = 20)
                 try:
                     obj = loads(payload)
                 except ValueError:  # orjson.JSONDecodeError: json decides
