@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
 
+from streamer import codec as codec_module
 from streamer.codec import AdultCodec, BinaryBatchCodec, CsvCodec, JsonCodec, Reason, clip_rows, encode_batch, encode_json
 from streamer.config import load_config
+
+JSON_DECODERS = pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
 
 
 def records(**extra):
@@ -49,9 +53,10 @@ BAD_JSON = [
 GOOD = encode_json([0.1, 0.2, 0.3], 1.0)
 
 
+@JSON_DECODERS
 @pytest.mark.parametrize(("payload", "reason"), BAD_JSON)
-def test_json_rejects_with_reason_and_keeps_the_good_neighbours(payload, reason) -> None:
-    decoded = JsonCodec(records()).decode([GOOD, payload, GOOD])
+def test_json_rejects_with_reason_and_keeps_the_good_neighbours(payload, reason, fast) -> None:
+    decoded = JsonCodec(records(), fast=fast).decode([GOOD, payload, GOOD])
     assert [(r.index, r.reason, r.count) for r in decoded.rejects] == [(1, reason, 1)]
     assert decoded.X.shape == (2, 3) and decoded.y.tolist() == [1.0, 1.0]
     assert decoded.reject_counts() == {reason.value: 1}
@@ -138,16 +143,66 @@ def test_adult_lines() -> None:
 )
 def test_the_fast_json_path_reads_exactly_what_json_loads_reads(payload) -> None:
     """streamer.codec._loads: same value, or the same kind of error, as json.loads on the bytes."""
-    from streamer.codec import _loads
-
     try:
         expected = json.loads(payload)
     except ValueError as error:
         with pytest.raises(type(error)):
-            _loads(payload)
+            codec_module._loads(payload)
         return
-    got = _loads(payload)
+    got = codec_module._loads(payload)
     assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+# What the two JSON decoders each make of the inputs where orjson and json.loads differ (or might).
+PARSER_EDGES: list[tuple[bytes, Reason | list[float]]] = [
+    (b'{"x": [NaN, 0, 0], "y": 1}', Reason.NON_FINITE),  # json reads NaN, orjson refuses: validation decides
+    (b'{"x": [0, 0, 0], "y": -Infinity}', Reason.NON_FINITE),
+    (b'{"x": [1e400, 0, 0], "y": 1}', Reason.NON_FINITE),
+    (b'{"x": [' + b"9" * 400 + b', 0, 0], "y": 1}', Reason.NON_FINITE),
+    (b'{"x": [0, 0, 0], "y": -' + b"9" * 400 + b"}", Reason.NON_FINITE),
+    (b'{"x": [' + str(2**64 + 2**11).encode() + b', 0, 0], "y": 1}', [1.0, 0.0, 0.0]),  # clipped
+    (b'{"x": [0.5, 0, 0], "x": [0.25, 0, 0], "y": 1, "y": -1}', [0.25, 0.0, 0.0]),  # duplicate keys: the last
+    (b'{"x": [true, false, 0.5], "y": 1}', [0.8944271909999159, 0.0, 0.4472135954999579]),  # booleans read 1/0
+    (b'{"x": [0.1, 0.2, 0.3], "y": 1}\xff', Reason.UNDECODABLE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": "\xed\xa0\x80"}', Reason.WRONG_TYPE),  # an encoded surrogate: json reads it
+    (b'{"x": [0.1, 0.2, 0.3], "y": 1, "z": "\\ud800"}', [0.1, 0.2, 0.3]),  # a lone surrogate escape
+    (b"\xef\xbb\xbf" + GOOD, [0.1, 0.2, 0.3]),  # a UTF-8 BOM: json.loads reads the bytes after it
+    ('{"x": [0.1, 0.2, 0.3], "y": 1}'.encode("utf-16"), [0.1, 0.2, 0.3]),
+    (GOOD + b" \r\n\t", [0.1, 0.2, 0.3]),
+    (GOOD + b"\x0c", Reason.UNDECODABLE),  # not JSON whitespace
+    (b'{"x": [[0.1], 0.2, 0.3], "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": [1]}', Reason.WRONG_TYPE),
+    (b'{"x": {"0": 0.1}, "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, 0.2], "y": 1}', Reason.WRONG_DIMENSION),
+    (b'{"x": [0, 0, ' + b"[" * 1000 + b"1" + b"]" * 1000 + b'], "y": 1}', Reason.UNDECODABLE),  # json's recursion limit
+    (b'{"x": [0, 0, ' + b"[" * 100 + b"1" + b"]" * 100 + b'], "y": 1}', Reason.WRONG_TYPE),
+    (b'{"x": [0.1, 0.2, 0.3], "y": 1, "z": ' + b"[" * 1000 + b"]" * 1000 + b"}", Reason.UNDECODABLE),  # in another field
+    (b'{"x": [0.1, 0.2, 0.3], "y": 1, "z": {"a": [[]]}, "id": 7}', [0.1, 0.2, 0.3]),
+]
+
+
+@JSON_DECODERS
+@pytest.mark.parametrize(("payload", "outcome"), PARSER_EDGES)
+def test_both_json_decoders_on_the_inputs_where_the_parsers_differ(payload, outcome, fast) -> None:
+    decoded = JsonCodec(records(), fast=fast).decode([payload])
+    if isinstance(outcome, Reason):
+        assert decoded.reject_counts() == {outcome.value: 1} and decoded.X.shape == (0, 3)
+    else:
+        assert decoded.rejects == ()
+        np.testing.assert_allclose(decoded.X, [outcome], rtol=1e-15)
+
+
+def test_the_orjson_decoder_is_the_default_when_importable_and_logged_once(monkeypatch, caplog) -> None:
+    """orjson is in the test extra, so the default here is the fast path; the choice is logged once
+    at DEBUG per decoder, not per codec."""
+    assert codec_module.FAST_JSON_AVAILABLE
+    monkeypatch.setattr(codec_module, "_announced", set())
+    with caplog.at_level(logging.DEBUG, logger="panpriv.codec"):
+        assert JsonCodec(records()).fast and JsonCodec(records()).fast
+        assert not JsonCodec(records(), fast=False).fast
+    assert [r.getMessage() for r in caplog.records] == [
+        "JSON records decoded with orjson", "JSON records decoded with json (standard library)"
+    ]
 
 
 def test_absurdly_nested_json_is_undecodable_not_a_crash() -> None:
