@@ -95,8 +95,8 @@ class TimedMetrics(ServiceMetrics):
         self.rss_every = rss_every
         self.rss: list[tuple[int, int]] = []
 
-    def observe_batch(self, records: int, seconds: float) -> None:
-        super().observe_batch(records, seconds)
+    def observe_batch(self, records: int, seconds: float, messages: int | None = None, rejected: int = 0) -> None:
+        super().observe_batch(records, seconds, messages, rejected)
         self.steady.batch_done(records)
         before, self.total = self.total, self.total + records
         if self.rss_every and self.total // self.rss_every > before // self.rss_every:

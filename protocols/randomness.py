@@ -8,9 +8,10 @@ the whole process memory, freed buffers included, so "no generator is kept" is n
 freed generator, its seed and its seed sequence must not be readable either.
 
 So, by default (``rng=None``), :meth:`NoiseSource.draw` keys one long-lived PCG64 bit generator
-with 256 bits read from the OS (``/dev/urandom`` via ``os.readv``, straight into a numpy buffer:
-no Python ``int`` or ``bytes`` holds them), lets the caller draw, and then overwrites the bit
-generator's state (state, increment, buffered half-word) and the entropy buffer with zeros. No
+with 256 bits read from the OS (``/dev/urandom`` via ``os.readv``, straight into the bit
+generator's own state words: no Python ``int``, ``bytes`` or copy holds them), lets the caller
+draw, and then overwrites the bit generator's state (state, increment, buffered half-word) with
+zeros. No
 ``SeedSequence`` is ever built from secret entropy. Between draws the generator's state is zero:
 there is nothing to predict or regenerate. The noise values themselves are drawn straight into
 buffers the caller owns and wipes (:meth:`NoiseSource.add_gaussian` adds into an accumulator
@@ -33,7 +34,6 @@ import contextlib
 import ctypes
 import functools
 import os
-from collections.abc import Iterator
 
 import numpy as np
 from numpy.typing import NDArray
@@ -73,25 +73,38 @@ class _KeyedPCG64:
             raise RuntimeError("numpy's PCG64 has no state pointer: cannot key it from OS entropy")
         self._pcg_state: int = pcg_state
         self._buffered = address + ctypes.sizeof(ctypes.c_void_p)
-        self._key = np.zeros(_STATE_WORDS, dtype=np.uint64)
+        # The generator's own state words, as an array: OS entropy is read straight into them, so
+        # the key never exists anywhere else (no copy to wipe).
+        self._state = np.ctypeslib.as_array((ctypes.c_uint64 * _STATE_WORDS).from_address(pcg_state))
+        self._increment_low = ctypes.c_uint8.from_address(pcg_state + 16)  # low byte of inc's low word
+        # has_uint32 and the buffered 32-bit half-word (8 bytes after the state pointer).
+        self._buffered_words = np.ctypeslib.as_array((ctypes.c_uint64 * 1).from_address(self._buffered))
         _check_layout(self)
 
     def rekey(self) -> None:
-        fill_from_os(self._key)
-        self._key[2] |= np.uint64(1)  # PCG64's increment must be odd
-        ctypes.memmove(self._pcg_state, self._key.ctypes.data, 8 * _STATE_WORDS)
-        self._key.fill(0)
+        fill_from_os(self._state)
+        self._increment_low.value |= 1  # PCG64's increment must be odd
+
+    def __enter__(self) -> np.random.Generator:
+        try:
+            self.rekey()
+        except BaseException:
+            self.wipe()  # a failed read may have keyed part of the state
+            raise
+        return self.generator
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.wipe()
 
     def wipe(self) -> None:
-        ctypes.memset(self._pcg_state, 0, 8 * _STATE_WORDS)
-        ctypes.memset(self._buffered, 0, 8)  # has_uint32 and the buffered 32-bit half-word
-        self._key.fill(0)
+        self._state.fill(0)
+        self._buffered_words.fill(0)
 
 
 def _check_layout(keyed: _KeyedPCG64) -> None:
     """Refuse to run if numpy's PCG64 state is not where :class:`_KeyedPCG64` writes it."""
-    keyed._key[:] = np.array([1, 2, 3, 5], dtype=np.uint64)
-    ctypes.memmove(keyed._pcg_state, keyed._key.ctypes.data, 8 * _STATE_WORDS)
+    keyed._state[:] = np.array([1, 2, 2, 5], dtype=np.uint64)  # the odd-making byte turns 2 into 3
+    keyed._increment_low.value |= 1
     state = keyed._bit_generator.state["state"]
     keyed.wipe()
     if state != {"state": 2 << 64 | 1, "inc": 5 << 64 | 3} or keyed._bit_generator.state["state"] != {
@@ -125,20 +138,15 @@ class NoiseSource:
         """True in the explicit replay/testing mode (a fixed generator is held in memory)."""
         return self._fixed is not None
 
-    @contextlib.contextmanager
-    def draw(self) -> Iterator[np.random.Generator]:
+    def draw(self) -> contextlib.AbstractContextManager[np.random.Generator]:
         """A generator for one draw (or one block of draws), valid inside the ``with`` block only:
         on exit its state is zeroed (OS-entropy mode). Whatever the caller draws into arrays of its
-        own, the caller wipes."""
+        own, the caller wipes. (A reused context object, not a generator function: the per-draw
+        overhead matters to the learners that draw once per record.)"""
         if self._fixed is not None:
-            yield self._fixed
-            return
+            return contextlib.nullcontext(self._fixed)
         assert self._keyed is not None
-        self._keyed.rekey()
-        try:
-            yield self._keyed.generator
-        finally:
-            self._keyed.wipe()
+        return self._keyed
 
     def add_gaussian(self, out: NDArray[np.float64], std: float) -> None:
         """``out += N(0, std² I)`` in place, through a reused scratch buffer zeroed afterwards: no

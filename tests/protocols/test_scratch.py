@@ -71,7 +71,7 @@ def test_os_entropy_draws_leave_the_generator_state_zero_and_differ() -> None:
     assert isinstance(keyed, _KeyedPCG64)
     assert keyed._bit_generator.state["state"] == {"state": 0, "inc": 0}
     assert keyed._bit_generator.state["has_uint32"] == 0
-    assert not keyed._key.any() and not source._scratch.any()
+    assert not keyed._state.any() and not source._scratch.any()
     with source.draw() as generator:
         inside = generator.bit_generator.state["state"]
     assert inside["inc"] % 2 == 1 and inside["state"] != 0  # keyed from the OS inside the block
