@@ -128,7 +128,9 @@ def file_kills(tmp_path: Path, n: int, kills: int) -> Tally:
                 "--rate", str(rate), "--checkpoint-every", "200", "--snapshot-every", "1000", "--metrics-port", "0",
                 "--progress", "off"]
 
-    tally = kill_cycles(lambda cycle: argv(5000), out, tmp_path, kills, (0.8, 2.5), random.Random())
+    # 2,000 records/s: the n records last longer than the kills' longest delays (kills × 2.5 s) even
+    # when start-up takes no time, so every cycle is killed mid-stream.
+    tally = kill_cycles(lambda cycle: argv(2000), out, tmp_path, kills, (0.8, 2.5), random.Random())
     finish(argv(0), out, tmp_path, n, n - malformed_count(n), 300)
     return tally
 
