@@ -261,6 +261,12 @@ class Learner(abc.ABC):
         """Lines for ``panpriv privacy`` describing the noise this configuration adds (batches,
         standard deviations, clipping), computed from the public configuration only."""
 
+    def utility_warnings(self) -> tuple[str, ...]:
+        """Plain warnings about what this configuration can learn, from its public configuration
+        only (never from data): ``panpriv run`` logs them before learning, ``panpriv privacy``
+        prints them. Empty unless a learner knows its noise swamps the model."""
+        return ()
+
     def _features(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
         X_arr, _ = check_batch(type(self).__name__, X, None, self.dim)
         return self.loss.features(X_arr, self.feature_bound)

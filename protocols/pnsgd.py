@@ -114,6 +114,10 @@ class IterationModel:
         return (self.lipschitz, self.eta, self.diameter, self.beta, self.rho)
 
 
+_SWAMP_SEARCH_LIMIT = 10**12
+"""Steps searched for the end of a noise-dominated start (:meth:`_PNSGD.utility_warnings`)."""
+
+
 def _rounded_up(delta: float) -> float:
     """δ with :data:`DELTA_ROUNDING` added, capped at 1."""
     return min(1.0, delta * (1.0 + DELTA_ROUNDING))
@@ -188,6 +192,47 @@ class _PNSGD(Learner):
         (a Laplace coordinate of scale v has standard deviation √2·v)."""
         std = level if self.noise == "gaussian" else math.sqrt(2.0) * level
         return self.eta * std * math.sqrt(self.loss.param_dim(self.dim)) / self.radius
+
+    def utility_warnings(self) -> tuple[str, ...]:
+        """A warning when one step's noise alone moves the iterate by at least the radius for the
+        first :meth:`_swamped_steps` steps: the iterate, and so every snapshot, is then mostly noise.
+
+        Why it matters: with Sordello et al. 2021's schedules the noise per step is set by the
+        privacy target, not by the data, and on real data (issue 6's and 17's measurements) every
+        such PNSGD run scored below releasing θ = 0. A user should know before running it."""
+        first = self._noise_to_radius(float(self._scales(0, 1)[0]))
+        if first < 1.0:
+            return ()
+        swamped = self._swamped_steps()
+        if swamped is None:
+            span, remedy = "at every step", "only a larger epsilon lowers it"
+        else:
+            span = f"for the first {swamped:,} steps"
+            remedy = f"a larger epsilon lowers it, and a stream much longer than {swamped:,} records dilutes it"
+        return (
+            f"{self.name}: one step's noise alone moves the iterate by {first:.3g} x the radius of its ball at step 1, "
+            f"and by at least the radius {span}; a model released then is close to a random point of the ball "
+            f"(expect accuracy near chance). The noise scales with radius/eta, so neither changes this; {remedy}. "
+            "`panpriv privacy` shows the noise per step.",
+        )
+
+    def _swamped_steps(self) -> int | None:
+        """The last step whose noise moves the iterate by at least the radius (the schedule never
+        increases), or None if every step's does (a fixed level or the pan floor)."""
+        def swamped(step: int) -> bool:
+            return self._noise_to_radius(float(self._scales(step - 1, 1)[0])) >= 1.0
+
+        last = _SWAMP_SEARCH_LIMIT
+        if swamped(last):
+            return None
+        low, high = 1, last  # swamped(low), not swamped(high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if swamped(middle):
+                low = middle
+            else:
+                high = middle
+        return low
 
     def _step_delta(self, scale: float) -> float:
         """A = δ(ε) of one step with noise level ``scale`` (Sordello et al. 2021, Eq. (3) or (4)), unrounded."""

@@ -308,7 +308,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
         print(json.dumps({
             "learner": args.learner, "n": args.n, "dim": args.dim, "feature_bound": args.feature_bound,
             "noise": list(answer.lines), "privacy": answer.report.to_dict(), "planned": answer.planned.to_dict(),
-            "delta_above_request": answer.excess is not None,
+            "delta_above_request": answer.excess is not None, "warnings": list(answer.warnings),
         }))
         return EXIT_OK
     print(f"{args.learner} on n = {args.n:,} records of dimension {args.dim}, features clipped to norm {args.feature_bound:g}:")
@@ -324,6 +324,8 @@ def cmd_privacy(args: argparse.Namespace) -> int:
         which, delta = answer.excess
         print(f"  WARNING: delta = {delta:.3g} for its {which} exceeds the requested {args.delta:g}; "
               "`panpriv run` refuses this unless --accept-larger-delta")
+    for warning in answer.warnings:
+        print(f"  WARNING: {warning}")
     print("  " + report.statement())
     return EXIT_OK
 

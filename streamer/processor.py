@@ -254,6 +254,8 @@ class Processor:
         self._config_hash = privacy_hash(self._privacy_config)
         state = self._restore(saved, positions) if saved is not None else self._start(n, positions)
         check_delta_target(state.learner, self.config)  # before anything is learned or charged
+        for warning in state.learner.utility_warnings():
+            log.warning("%s", warning)
         driver: Driver
         if isinstance(source, IndexedFile):
             driver = RecordedDriver(self.config, state, source, self.metrics, self.stop_event,

@@ -35,13 +35,15 @@ class WhatIf:
     """The weakest guarantee over the planned use (:meth:`protocols.base.Learner.planned_privacy`)."""
     excess: tuple[str, float] | None
     """Which planned guarantee's δ exceeds the requested δ, and by how much (``panpriv run`` refuses it)."""
+    warnings: tuple[str, ...]
+    """What the configuration can learn, in plain words (:meth:`protocols.base.Learner.utility_warnings`)."""
 
 
 def target_to_noise(config: ServiceConfig, n: int) -> WhatIf:
     """The would-be learner's report and noise (:meth:`protocols.base.Learner.describe_noise`)."""
     learner = build_learner(config, n)
     return WhatIf(learner.privacy(), learner.describe_noise(), learner.planned_privacy(),
-                  excess_delta(learner, config.learner.delta))
+                  excess_delta(learner, config.learner.delta), learner.utility_warnings())
 
 
 def noise_to_epsilon(noise_multiplier: float, delta: float) -> float:

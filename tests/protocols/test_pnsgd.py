@@ -566,3 +566,31 @@ def test_online_planned_delta_is_the_pan_floor_or_no_guarantee():
     assert floored.planned_privacy().output.delta == 1e-6
     unfloored = OnlinePNSGD(3, LogisticLoss(), 1.0, 2.0, 20.0)
     assert unfloored.planned_privacy().output.delta == 1.0  # δ → 1 as the noise decays on an endless stream
+
+
+def _ratio(learner, step: int) -> float:
+    """η·σ_t·√p/radius, from the learner's public schedule (Gaussian noise)."""
+    sigma = float(learner.noise_scales(step, 1)[0]) if isinstance(learner, OnlinePNSGD) else learner.noise_scale
+    return learner.eta * sigma * math.sqrt(learner.loss.param_dim(learner.dim)) / learner.radius
+
+
+def test_utility_warning_says_how_long_the_noise_swamps_the_model():
+    """Issue 17: a user who picks PNSGD learns before running it when one step's noise alone moves
+    the iterate by at least the radius — at every step (the pan floor, or a fixed level), or for a
+    stated number of first steps (the schedule decays) — and no warning when it never does."""
+    service_like = OnlinePNSGD(20, LogisticLoss(intercept=True), 1.0, 0.5, math.sqrt(20), pan_delta=1e-6)
+    (warning,) = service_like.utility_warnings()
+    assert f"{_ratio(service_like, 1):.3g} x the radius" in warning and "at every step" in warning
+    assert _ratio(service_like, 10**12) >= 1.0
+
+    decaying = OnlinePNSGD(20, LogisticLoss(intercept=True), 64.0, 0.5, math.sqrt(20))
+    (warning,) = decaying.utility_warnings()
+    steps = int(warning.split("for the first ")[1].split(" steps")[0].replace(",", ""))
+    assert _ratio(decaying, steps) >= 1.0 > _ratio(decaying, steps + 1)
+
+    small = OnlinePNSGD(1, LogisticLoss(intercept=True), 64.0, 0.5, 1.0)
+    assert _ratio(small, 1) < 1.0 and small.utility_warnings() == ()
+
+    shuffled = ShuffledPNSGD(20, LogisticLoss(intercept=True), 1.0, 0.5, math.sqrt(20), n=1000)
+    (warning,) = shuffled.utility_warnings()
+    assert _ratio(shuffled, 1) >= 1.0 and "at every step" in warning

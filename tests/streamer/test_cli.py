@@ -161,3 +161,16 @@ def test_privacy_json_is_the_text_answer_as_data(capsys) -> None:
     assert main(["privacy", "--noise-multiplier", "2", "--delta", "1e-5", "--json"]) == 0
     gaussian = json.loads(capsys.readouterr().out)
     assert gaussian["epsilon"] == pytest.approx(analytic_epsilon(2.0, 1e-5, 1.0))
+
+
+def test_privacy_warns_when_pnsgd_noise_swamps_the_model(capsys) -> None:
+    """Issue 17: the warning PNSGD gives about its noise is printed, and is in the JSON answer."""
+    argv = ["privacy", "--learner", "pnsgd", "--n", "100000", "--dim", "20", "--options", '{"eta": 0.5}']
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: pnsgd: one step's noise alone moves the iterate by" in out and "at every step" in out
+    assert main([*argv, "--json"]) == 0
+    (warning,) = json.loads(capsys.readouterr().out)["warnings"]
+    assert warning.startswith("pnsgd: one step's noise alone")
+    assert main(["privacy", "--json"]) == 0  # pan-acsa on Adult: nothing to warn about
+    assert json.loads(capsys.readouterr().out)["warnings"] == []

@@ -60,9 +60,10 @@ def test_bad_options_are_named(overrides, message) -> None:
         build_learner(load_config(None, {**SYNTHETIC, **overrides}), 6000)
 
 
-def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch) -> None:
+def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch, caplog) -> None:
     """OnlinePNSGD's guarantee depends on when snapshots are released (Sordello et al. 2021 Thm 7 with
-    release-following accounting): the release is taken before the checkpoint that holds it."""
+    release-following accounting): the release is taken before the checkpoint that holds it. Its
+    warning that the noise swamps the model (issue 17) is logged before it learns."""
     overrides = {**SYNTHETIC, "learner.name": "pnsgd", "learner.options": {"eta": 0.5, "radius": 2.0},
                  "source.batch_records": 500, "checkpoint.every_records": 1000, "snapshots.every_records": 1000,
                  "metrics.port": None, "out": str(tmp_path / "out")}
@@ -80,6 +81,8 @@ def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch) -> 
     first = Processor(load_config(None, overrides)).run()
     monkeypatch.undo()
     assert first.outcome == "stopped" and first.records == 2500
+    assert any(r.levelname == "WARNING" and "one step's noise alone moves the iterate" in r.getMessage()
+               for r in caplog.records)
     final = Processor(load_config(None, overrides)).run()
     assert final.outcome == "finished" and final.records == 6000
     checkpoint = CheckpointStore(tmp_path / "out" / "checkpoints").load()
