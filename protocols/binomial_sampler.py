@@ -111,15 +111,20 @@ class BinomialSampler:
     def invert(self, words: NDArray[np.uint64], generator: np.random.Generator) -> NDArray:
         """The draws whose uniforms begin with the raw ``words`` (ties decided by further words
         from ``generator``). Exposed so tests can force flagged buckets and ties."""
-        counts = self._guide.take(_top_bits(words))
+        top = _top_bits(words)
+        counts = self._guide.take(top)
+        if not np.shares_memory(top, words):
+            top.fill(0)  # a copy of the noise words' top bits (big-endian machines)
         flagged = np.flatnonzero(counts == self._flag)
         if flagged.size:
-            exact = np.searchsorted(self._thresholds, words[flagged], side="left")
+            flagged_words = words[flagged]
+            exact = np.searchsorted(self._thresholds, flagged_words, side="left")
             nearest = self._thresholds[np.minimum(exact, self.b - 1)]
-            for position in np.flatnonzero(nearest == words[flagged]):
-                exact[position] += self._decide_tie(int(words[flagged[position]]), generator)
+            for position in np.flatnonzero(nearest == flagged_words):
+                exact[position] += self._decide_tie(int(flagged_words[position]), generator)
             counts[flagged] = exact
-            exact.fill(0)
+            for scratch in (flagged_words, exact, nearest):  # copies of noise words and draws
+                scratch.fill(0)
         return counts
 
     def _decide_tie(self, word: int, generator: np.random.Generator) -> int:

@@ -33,9 +33,10 @@ deployment each user must run :meth:`VectorSum.randomize` (or ``randomize_bits``
 Sampling the noise
 ------------------
 Bin(b, p) comes from :class:`protocols.binomial_sampler.BinomialSampler`: an exact inversion of one
-raw 64-bit word per draw against integer thresholds through a guide table (b ≤ 4096), 5–15× faster
-than ``Generator.binomial`` and exactly Bin(b, p). A user's counts are stored in the smallest unsigned dtype holding g + b
-(:attr:`VectorSum.count_dtype`; one byte when g + b ≤ 255), so a batch's messages take n·d bytes.
+raw 64-bit word per draw against integer thresholds through a guide table (b ≤ 4096), 6–12× faster
+than ``Generator.binomial`` and exactly Bin(b, p). A user's counts are stored in the smallest
+unsigned dtype holding g + b (:attr:`VectorSum.count_dtype`; one byte when g + b ≤ 255), so a
+batch's messages take n·d bytes.
 
 Randomness
 ----------
