@@ -13,23 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from streamer.arg_types import positive_float, positive_int
 from streamer.errors import ConfigError
 
 log = logging.getLogger("panpriv.esa")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text})")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text})")
-    return value
 
 
 def _kafka(parser: argparse.ArgumentParser) -> None:
@@ -69,10 +56,10 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--messages-topic", required=True)
     parser.add_argument("--analyzer-key", type=Path, required=True, help="the analyzer's public key file (.pub)")
     parser.add_argument("--source", type=Path, required=True, help="JSONL records {\"x\": [...], \"y\": ±1}")
-    parser.add_argument("--per-round", type=_positive_int, help="records per round (default: the model's batch size)")
+    parser.add_argument("--per-round", type=positive_int, help="records per round (default: the model's batch size)")
     parser.add_argument("--name", default="default", help="deployment name on the model topic (default 'default')")
-    parser.add_argument("--max-local-epsilon", type=_positive_float, help="refuse a model with weaker local privacy")
-    parser.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds to wait for a round's model")
+    parser.add_argument("--max-local-epsilon", type=positive_float, help="refuse a model with weaker local privacy")
+    parser.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for a round's model")
     parser.set_defaults(handler=cmd_encode)
 
 
@@ -142,14 +129,14 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     _kafka(parser)
     parser.add_argument("--messages-topic", required=True)
     parser.add_argument("--shuffled-topic", required=True)
-    parser.add_argument("--batch-size", type=_positive_int, required=True, help="b: messages per released round")
-    parser.add_argument("--params", type=_positive_int, required=True,
+    parser.add_argument("--batch-size", type=positive_int, required=True, help="b: messages per released round")
+    parser.add_argument("--params", type=positive_int, required=True,
                         help="coordinates per message (dim + 1 with an intercept): fixes the message size")
     parser.add_argument("--group", default="panpriv-shuffler", help="consumer group for the input offsets")
-    parser.add_argument("--drop-short-after", type=_positive_float, metavar="SECONDS",
+    parser.add_argument("--drop-short-after", type=positive_float, metavar="SECONDS",
                         help="drop a round still short of b this long after its first message (default: wait)")
-    parser.add_argument("--max-rounds", type=_positive_int, help="exit after releasing this many rounds")
-    parser.add_argument("--max-ahead", type=_positive_int, default=1,
+    parser.add_argument("--max-rounds", type=positive_int, help="exit after releasing this many rounds")
+    parser.add_argument("--max-ahead", type=positive_int, default=1,
                         help="drop messages for rounds more than this past the last released (default 1)")
     parser.set_defaults(handler=cmd_shuffle)
 
@@ -180,13 +167,13 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         help="private key file (repeatable: the first is current, the others still accepted)")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
     parser.add_argument("--name", default="default", help="deployment name on the model topic")
-    parser.add_argument("--dim", type=_positive_int, required=True)
-    parser.add_argument("--batch-size", type=_positive_int, help="b (default: planned for (epsilon, delta))")
-    parser.add_argument("--epsilon", type=_positive_float, default=1.0)
-    parser.add_argument("--delta", type=_positive_float, default=1e-6)
-    parser.add_argument("--feature-bound", type=_positive_float, default=1.0)
+    parser.add_argument("--dim", type=positive_int, required=True)
+    parser.add_argument("--batch-size", type=positive_int, help="b (default: planned for (epsilon, delta))")
+    parser.add_argument("--epsilon", type=positive_float, default=1.0)
+    parser.add_argument("--delta", type=positive_float, default=1e-6)
+    parser.add_argument("--feature-bound", type=positive_float, default=1.0)
     parser.add_argument("--options", default="{}", help="more shuffle-gaussian options as JSON, e.g. '{\"radius\": 4}'")
-    parser.add_argument("--max-rounds", type=_positive_int, help="exit once this many rounds are done")
+    parser.add_argument("--max-rounds", type=positive_int, help="exit once this many rounds are done")
     parser.set_defaults(handler=cmd_analyze)
 
 
