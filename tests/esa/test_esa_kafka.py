@@ -30,7 +30,8 @@ DIM, B, ROUNDS, EPSILON, DELTA = 20, 256, 30, 4.0, 1e-5
 def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
                    rounds: int, log: str = "analyzer.log") -> parts.ManagedProcess:
     return parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
-                          "--model-topic", names["model"], "--analyzer-key", str(keyfile), "--out",
+                          "--model-topic", names["model"], "--messages-topic", names["messages"],
+                          "--analyzer-key", str(keyfile), "--out",
                           str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
                           str(EPSILON), "--delta", str(DELTA), "--max-rounds", str(rounds),
                           "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)})], tmp_path / log)
