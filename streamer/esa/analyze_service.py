@@ -133,12 +133,14 @@ def run(options: AnalyzeOptions) -> AnalyzeResult:
         consumer.seek(tp, analyzer.offset)
         publish()
         log.info("analyzer: round %d published; data source %s; %s", analyzer.round, key, report.statement())
-        while not stopping["now"] and analyzer.stopped is None:
-            if options.max_rounds is not None and analyzer.round >= options.max_rounds:
-                break
+        def finished() -> bool:
+            return analyzer.stopped is not None or (options.max_rounds is not None
+                                                    and analyzer.round >= options.max_rounds)
+
+        while not stopping["now"] and not finished():
             for records in consumer.poll(timeout_ms=200).values():
                 for record in records:
-                    if record.offset < analyzer.offset or analyzer.stopped is not None:
+                    if record.offset < analyzer.offset or finished():
                         continue
                     stepped = analyzer.handle(record.value)
                     if analyzer.stopped is not None:
