@@ -228,12 +228,9 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.set_defaults(handler=cmd_analyze)
 
 
-def cmd_analyze(args: argparse.Namespace) -> int:
+def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
+    """The ``shuffle-gaussian`` learner ``panpriv analyze ARGS`` builds when it starts afresh."""
     from protocols.shuffle_gaussian import ShuffleGaussianSGD
-    from streamer.esa import analyze_service as service
-    from streamer.esa.analyzer import REJECT_REASONS
-    from streamer.esa.keys import load_directory, load_private
-    from streamer.esa.metrics import AnalyzerMetrics
 
     try:
         options = json.loads(args.options)
@@ -248,6 +245,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return ShuffleGaussianSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
                                   feature_bound=args.feature_bound, **options)
 
+    return learner
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from streamer.esa import analyze_service as service
+    from streamer.esa.analyzer import REJECT_REASONS
+    from streamer.esa.keys import load_directory, load_private
+    from streamer.esa.metrics import AnalyzerMetrics
+
+    learner = analyzer_learner(args)
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
     metrics = AnalyzerMetrics(REJECT_REASONS)
     metrics.set_info("analyzer", args.name, _version())
