@@ -3,7 +3,10 @@ real SQLite store, real analyzers, real sealed messages."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,11 +35,14 @@ def batches(key: PrivateKey, rounds: int) -> list[bytes]:
     return out
 
 
-def charged(directory: Path, name: str, limit: float | None = None) -> tuple[Analyzer, AnalyzerBudget]:
-    """An analyzer of deployment ``name`` gated by the store in ``directory`` (begun at round 0)."""
+def charged(directory: Path, name: str, limit: float | None = None,
+            store: Callable[[], Any] | None = None) -> tuple[Analyzer, AnalyzerBudget]:
+    """An analyzer of deployment ``name`` gated by the store in ``directory`` (or ``store()``),
+    begun at round 0."""
     analyzer = Analyzer(learner(), [KEYPAIR], name, new_instance(name))
     assert analyzer.instance is not None
-    budget = AnalyzerBudget(BudgetStore(directory), KEY, analyzer.instance, directory / name, limit)
+    opened = store() if store is not None else BudgetStore(directory)
+    budget = AnalyzerBudget(opened, KEY, analyzer.instance, directory / name, limit)
     budget.begin(analyzer.round, analyzer.report(), f"esa messages (deployment {name})")
     analyzer.gate = budget.charge
     return analyzer, budget
@@ -46,9 +52,22 @@ KEYPAIR = PrivateKey.generate()
 BATCHES = batches(KEYPAIR, 3)
 
 
-def uses(directory: Path) -> list[tuple[int, int, tuple[str, ...]]]:
-    ledger = BudgetStore(directory).ledger([KEY])
+def uses(directory: Path, store: Callable[[], Any] | None = None) -> list[tuple[int, int, tuple[str, ...]]]:
+    ledger = (store() if store is not None else BudgetStore(directory)).ledger([KEY])
     return [(s.start, s.stop, s.uses) for s in ledger.coverage(KEY)]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.integration)])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
+    """Opens the same store again at every call: SQLite in tmp_path, or a fresh topic of the real
+    broker (streamer/budget_kafka.py)."""
+    if request.param == "sqlite":
+        return lambda: BudgetStore(tmp_path)
+    from streamer.budget_kafka import KafkaBudgetStore
+
+    broker = request.getfixturevalue("kafka_broker")
+    topic = f"esa-budget-{uuid.uuid4().hex[:10]}"
+    return lambda: KafkaBudgetStore([broker.bootstrap], topic)
 
 
 def test_each_round_is_charged_before_it_is_learned_and_shown_by_panpriv_budget(tmp_path: Path) -> None:
@@ -65,11 +84,11 @@ def test_each_round_is_charged_before_it_is_learned_and_shown_by_panpriv_budget(
     assert f"[0, 3) used by {analyzer.instance}" in text
 
 
-def test_a_second_analyzer_over_the_same_source_composes(tmp_path: Path) -> None:
+def test_a_second_analyzer_over_the_same_source_composes(tmp_path: Path, stores: Callable[[], Any]) -> None:
     """Another deployment name, another instance, the same messages topic: the same users' data."""
-    first, _ = charged(tmp_path, "first")
+    first, _ = charged(tmp_path, "first", store=stores)
     assert all(first.handle(value) for value in BATCHES)
-    second, budget = charged(tmp_path, "second")
+    second, budget = charged(tmp_path, "second", store=stores)
     assert second.handle(BATCHES[0]) and second.handle(BATCHES[1])
     one = first.report()
     report = budget.report(second.report())
@@ -77,7 +96,7 @@ def test_a_second_analyzer_over_the_same_source_composes(tmp_path: Path) -> None
     assert report.output.delta == pytest.approx(2 * one.output.delta)
     assert report.intrusion.epsilon >= one.intrusion.epsilon + one.output.epsilon - 1e-12
     assert any(str(first.instance) in a for a in report.assumptions), report.assumptions
-    assert uses(tmp_path) == [(0, 2, tuple(sorted([str(first.instance), str(second.instance)]))),
+    assert uses(tmp_path, stores) == [(0, 2, tuple(sorted([str(first.instance), str(second.instance)]))),
                               (2, 3, (first.instance,))]
 
 
@@ -109,20 +128,20 @@ def test_max_epsilon_stops_mid_run_before_the_step(tmp_path: Path) -> None:
     assert uses(tmp_path) == [(0, 1, (second.instance,)), (1, 2, ("other",))]
 
 
-def test_a_round_charged_by_a_process_that_died_is_not_charged_twice(tmp_path: Path) -> None:
+def test_a_round_charged_by_a_process_that_died_is_not_charged_twice(tmp_path: Path, stores: Callable[[], Any]) -> None:
     """The dead process charged round 1 and died before its checkpoint; the restarted analyzer
     (same instance, restored at round 1) re-analyses it deterministically: one use, not two."""
-    analyzer, budget = charged(tmp_path, "first")
+    analyzer, budget = charged(tmp_path, "first", store=stores)
     assert analyzer.handle(BATCHES[0])
     saved = analyzer.checkpoint()
     assert analyzer.handle(BATCHES[1])  # charged [1, 2), then the "crash": the checkpoint is the old one
     theta = analyzer.learner.release().copy()
     restored = Analyzer.restore(saved, [KEYPAIR])
     assert restored.instance == analyzer.instance and restored.round == 1
-    again = AnalyzerBudget(BudgetStore(tmp_path), KEY, str(restored.instance), tmp_path / "first")
+    again = AnalyzerBudget(stores(), KEY, str(restored.instance), tmp_path / "first")
     again.begin(restored.round, restored.report(), "esa")
     restored.gate = again.charge
     assert restored.handle(BATCHES[1])
     np.testing.assert_array_equal(restored.learner.release(), theta)  # no noise: the same model
     assert restored.handle(BATCHES[2])
-    assert uses(tmp_path) == [(0, 3, (analyzer.instance,))]
+    assert uses(tmp_path, stores) == [(0, 3, (analyzer.instance,))]
