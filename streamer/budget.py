@@ -12,6 +12,7 @@ Kafka topic                     ``kafka:<cluster>/<topic>/<partition>``       of
 ``panpriv record`` recording    the recorded topic's key (same as above)      recorded offset
 JSONL / CSV / Adult file        ``sha256:<content hash>``                     line index
 synthetic stream                ``synthetic:seed=S,dim=D``                    record index
+ESA deployment (``analyze``)    ``esa:<cluster>/<messages topic>``            round
 ==============================  ============================================  ==================
 
 ``<cluster>`` is ``cluster=<id>`` when the broker reports a cluster id in its metadata, else

@@ -25,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from streamer.arg_types import positive_float
 from streamer.errors import (
     CheckpointError,
     ConfigError,
@@ -409,13 +410,6 @@ STATE_DIR_HELP = (
 )
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text})")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     from streamer.config import LEARNER_NAMES
     from streamer.logs import FORMATS as LOG_FORMATS
@@ -454,10 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help="TOML configuration file (see README 'Configuring')")
     run.add_argument("--source", help="kafka://host:port/topic[,topic]?group=G | file:PATH | synthetic:n=N&dim=D[&seed=S] | adult:train")
     run.add_argument("--learner", choices=LEARNER_NAMES, help="learner name (default pan-acsa)")
-    run.add_argument("--epsilon", type=_positive_float, help="privacy epsilon per record (default 1)")
-    run.add_argument("--delta", type=_positive_float, help="privacy delta per record (default 1e-6)")
+    run.add_argument("--epsilon", type=positive_float, help="privacy epsilon per record (default 1)")
+    run.add_argument("--delta", type=positive_float, help="privacy delta per record (default 1e-6)")
     run.add_argument("--n", type=int, help="public stream length (required for Kafka sources)")
-    run.add_argument("--max-epsilon", type=_positive_float, help="stop before the composed epsilon would exceed this")
+    run.add_argument("--max-epsilon", type=positive_float, help="stop before the composed epsilon would exceed this")
     run.add_argument("--accept-larger-delta", action="store_true",
                      help="run a learner whose guarantee can exceed --delta (PNSGD without a pan floor); refused otherwise")
     run.add_argument("--out", type=Path, help="directory for checkpoints and snapshots (resumes if it holds a checkpoint)")
@@ -472,11 +466,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--accept-offset-reset", action="store_true", help="Kafka: read on when a topic's offsets went back below the checkpoint (re-created topic); the ledger charges those offsets again")
     run.add_argument("--format", choices=["json", "csv", "binary", "adult"], help="record encoding (default: from the source)")
     run.add_argument("--dim", type=int, help="feature dimension")
-    run.add_argument("--feature-bound", type=_positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
+    run.add_argument("--feature-bound", type=positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
     run.add_argument("--seed", type=int, help="TEST/REPLAY ONLY: seed the noise (no pan-private guarantee)")
     run.add_argument("--options", metavar="JSON", help='learner options as a JSON object over the config\'s, e.g. \'{"eta": 0.1, "radius": 4}\'')
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="one learner option (repeatable; a dotted key reaches a table: loss.name=ridge)")
-    run.add_argument("--radius", type=_positive_float, help="radius of the parameter ball (learner.options.radius; a PUBLIC bound chosen before seeing the data)")
+    run.add_argument("--radius", type=positive_float, help="radius of the parameter ball (learner.options.radius; a PUBLIC bound chosen before seeing the data)")
     run.add_argument("--intercept", action=argparse.BooleanOptionalAction, default=None,
                      help="learn an intercept (the default; --no-intercept: learner.options.loss.intercept = false)")
     run.add_argument("--progress", choices=["auto", "on", "off"], help="progress line on stderr (default auto: on a terminal)")
@@ -492,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     record.add_argument("source", help="kafka://host:port/topic[,topic]")
     record.add_argument("path", help="output file")
-    record.add_argument("--timeout", type=_positive_float, default=60.0, help="give up after this many seconds without progress (default 60)")
+    record.add_argument("--timeout", type=positive_float, default=60.0, help="give up after this many seconds without progress (default 60)")
     record.set_defaults(handler=cmd_record)
 
     privacy = commands.add_parser(
@@ -507,12 +501,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     privacy.add_argument("--learner", choices=LEARNER_NAMES, default="pan-acsa")
     privacy.add_argument("--n", type=int, default=32_561, help="public stream length (default: Adult's 32,561)")
-    privacy.add_argument("--epsilon", type=_positive_float, default=1.0)
-    privacy.add_argument("--delta", type=_positive_float, default=1e-6)
+    privacy.add_argument("--epsilon", type=positive_float, default=1.0)
+    privacy.add_argument("--delta", type=positive_float, default=1e-6)
     privacy.add_argument("--dim", type=int, default=105, help="feature dimension (default: the Adult encoding's 105)")
-    privacy.add_argument("--feature-bound", type=_positive_float, default=math.sqrt(14), help="l2 bound on features (default: the Adult encoding's sqrt(14))")
+    privacy.add_argument("--feature-bound", type=positive_float, default=math.sqrt(14), help="l2 bound on features (default: the Adult encoding's sqrt(14))")
     privacy.add_argument("--options", help='learner options as JSON, e.g. \'{"radius": 16}\'')
-    privacy.add_argument("--noise-multiplier", type=_positive_float, help="noise -> guarantee for this sigma/sensitivity")
+    privacy.add_argument("--noise-multiplier", type=positive_float, help="noise -> guarantee for this sigma/sensitivity")
     privacy.add_argument("--json", action="store_true", help="one JSON object (noise lines and the privacy report) instead of text")
     privacy.set_defaults(handler=cmd_privacy)
 

@@ -332,19 +332,26 @@ class ServiceMetrics:
         the returned ``stop()`` shuts it down, closes its socket and joins the thread. Calling it
         again does nothing.
         """
-        owner = "ServiceMetrics.serve"
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise _invalid(owner, "port", "an int in [1, 65535]", port)
-        server, thread = start_http_server(port, addr=_label(owner, "addr", addr), registry=self.registry)
-        stopped = False
+        return serve_registry(self.registry, port, addr, "ServiceMetrics.serve")
 
-        def stop() -> None:
-            nonlocal stopped
-            if stopped:
-                return
-            stopped = True
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5.0)
 
-        return stop
+def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
+                   owner: str = "serve_registry") -> Callable[[], None]:
+    """Serve ``registry`` on ``http://addr:port/metrics`` (prometheus-client's
+    ``start_http_server``, a daemon thread); return a function that stops it (shuts the server
+    down, closes its socket, joins the thread; calling it again does nothing)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise _invalid(owner, "port", "an int in [1, 65535]", port)
+    server, thread = start_http_server(port, addr=_label(owner, "addr", addr), registry=registry)
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        if stopped:
+            return
+        stopped = True
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5.0)
+
+    return stop

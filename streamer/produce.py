@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Literal
 
+from streamer.arg_types import positive_float, positive_int
 from streamer.codec import encode_batch, encode_json
 from streamer.errors import SourceError
 from streamer.sources import SyntheticSource
@@ -100,32 +101,18 @@ def produce(
     return sent
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text})")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text})")
-    return value
-
-
 def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``panpriv produce``."""
     parser.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
     parser.add_argument("--topic", required=True, help="topic to write to")
-    parser.add_argument("--n", type=_positive_int, help="number of records (default: until stopped)")
-    parser.add_argument("--dim", type=_positive_int, default=20, help="feature dimension (default 20)")
+    parser.add_argument("--n", type=positive_int, help="number of records (default: until stopped)")
+    parser.add_argument("--dim", type=positive_int, default=20, help="feature dimension (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic stream (default 0)")
     parser.add_argument("--format", choices=["json", "binary"], default="json",
                         help="one JSON record per message, or binary batches (default json)")
-    parser.add_argument("--batch-records", type=_positive_int, default=256,
+    parser.add_argument("--batch-records", type=positive_int, default=256,
                         help="records per binary message (default 256)")
-    parser.add_argument("--rate", type=_positive_float, help="records per second (default: as fast as possible)")
+    parser.add_argument("--rate", type=positive_float, help="records per second (default: as fast as possible)")
 
 
 def run_produce(args: argparse.Namespace) -> int:

@@ -9,7 +9,10 @@ encrypted to it. Here, for the ``shuffle-gaussian`` learner (Liew & Takahashi 20
   only ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and :mod:`streamer.esa.wire`
   / :mod:`streamer.esa.keys` / :mod:`streamer.esa.model` (nothing of the service);
 - :mod:`streamer.esa.shuffler`: ``panpriv shuffle`` — holds no key that can read a message;
-- :mod:`streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model;
+- :mod:`streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model
+  (its service loop: :mod:`streamer.esa.analyze_service`; its charges to the budget store shared
+  by every run: :mod:`streamer.esa.budget`);
+- :mod:`streamer.esa.metrics`: the Prometheus series of the shuffler and the analyzer;
 - :mod:`streamer.esa.keys`: ``panpriv keygen``.
 
 This package's ``__init__`` imports nothing, so the client's imports stay as listed.

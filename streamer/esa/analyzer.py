@@ -20,6 +20,10 @@ batch ids, reject counts) is written atomically after each step and before the m
 published; after a crash the analyzer re-reads from the checkpoint's offset and recomputes the
 same model, and republishing it (compacted topic, same key) changes nothing.
 
+**Budget.** :meth:`Analyzer.handle` asks ``gate`` (the budget store, :mod:`streamer.esa.budget`)
+before each step, with the round and the statement that will hold once it is learned; a refusal
+leaves the state untouched (the batch's decrypted messages are zeroed) and sets ``stopped``.
+
 **What it holds.** The model, the counters, the private keys and, while a batch is analysed, the
 batch's decrypted noisy messages (zeroed after the step). Never a raw record: clients send none
 (tested by a canary scan of the process and its files, ``tests/esa``). The statement is
@@ -28,13 +32,8 @@ batch's decrypted noisy messages (zeroed after the step). Never a raw record: cl
 
 from __future__ import annotations
 
-import json
-import logging
-import signal
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,11 +48,17 @@ from streamer.esa.deployment import DEPLOYMENT, esa_report
 from streamer.esa.keys import key_id
 from streamer.esa.model import ModelRecord
 
-log = logging.getLogger("panpriv.analyze")
-
 CHECKPOINT_FORMAT = "panpriv-esa-analyzer/1"
 APPLIED_KEPT = 1024
 """Batch ids remembered for ``duplicate_batch`` (a duplicate follows its original closely)."""
+
+REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_batch_size", "malformed", "unknown_key",
+                  "undecryptable", "round_mismatch", "non_finite", "duplicate_message")
+"""Every reason :meth:`Analyzer.handle` counts (module docstring)."""
+
+Gate = Callable[[int, PrivacyReport], "str | None"]
+"""Asked before round t is learned, with the statement that holds once it is: ``None`` to go on,
+else why not (:meth:`streamer.esa.budget.AnalyzerBudget.charge`)."""
 
 
 def _encode_state(state: Mapping[str, StateValue]) -> dict[str, Any]:
@@ -75,9 +80,12 @@ class Analyzer:
         The private keys it may use; the first is the one it asks clients to use now.
     name
         The deployment instance's name (the model records' key and ``deployment`` field).
+    instance
+        The analyzer's instance id in the budget store (``None``: not charged anywhere yet).
     """
 
-    def __init__(self, learner: ShuffleGaussianSGD, keys: list[PrivateKey], name: str) -> None:
+    def __init__(self, learner: ShuffleGaussianSGD, keys: list[PrivateKey], name: str,
+                 instance: str | None = None) -> None:
         if learner.participation != "all" or learner.batch_size is None:
             raise ValueError("the ESA analyzer runs shuffle-gaussian with participation 'all'")
         if not keys:
@@ -90,6 +98,10 @@ class Analyzer:
         self.applied: list[str] = []
         self.offset = 0
         self.min_valid: int | None = None
+        self.instance = instance
+        self.gate: Gate | None = None
+        self.stopped: str | None = None
+        self.last_valid = 0
         self._params = int(learner.calibration()["params"])
         self._size = wire.message_size(self._params)
 
@@ -114,12 +126,18 @@ class Analyzer:
             self.rejected["wrong_batch_size"] += len(batch.messages)
             return False
         vectors = self._open(batch)
+        valid = vectors.shape[0]
+        min_valid = valid if self.min_valid is None else min(self.min_valid, valid)
         try:
+            if self.gate is not None:
+                self.stopped = self.gate(self.round, esa_report(self.learner, min_valid))
+                if self.stopped is not None:
+                    return False
             self.learner.learn_round(vectors)
         finally:
             vectors.fill(0.0)
-        valid = vectors.shape[0]
-        self.min_valid = valid if self.min_valid is None else min(self.min_valid, valid)
+        self.min_valid = min_valid
+        self.last_valid = valid
         self.applied = [*self.applied[-(APPLIED_KEPT - 1):], batch.id.hex()]
         return True
 
@@ -176,12 +194,14 @@ class Analyzer:
         """The statement of this deployment (:func:`streamer.esa.deployment.esa_report`)."""
         return esa_report(self.learner, self.min_valid)
 
-    def checkpoint(self) -> dict[str, Any]:
-        """Noisy state, counters and position only (no message, no key)."""
+    def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:
+        """Noisy state, counters and position only (no message, no key); ``privacy``: the statement
+        to record (default :meth:`report`; the analyzer's service records the composed one)."""
         return {
             "format": CHECKPOINT_FORMAT,
             "deployment": DEPLOYMENT,
             "name": self.name,
+            "instance": self.instance,
             "config": self.learner.config(),
             "state": _encode_state(self.learner.state_dict()),
             "offset": self.offset,
@@ -190,7 +210,7 @@ class Analyzer:
             "min_valid": self.min_valid,
             "round": self.round,
             "released": self.learner.release().tolist(),
-            "privacy": self.report().to_dict(),
+            "privacy": (privacy or self.report()).to_dict(),
         }
 
     @classmethod
@@ -198,84 +218,9 @@ class Analyzer:
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"not an analyzer checkpoint ({CHECKPOINT_FORMAT})")
         learner = ShuffleGaussianSGD.from_state_dict(data["config"], _decode_state(data["state"]))
-        analyzer = cls(learner, keys, data["name"])
+        analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer.offset = int(data["offset"])
         analyzer.applied = list(data["applied"])
         analyzer.rejected = Counter({k: int(v) for k, v in data["rejected"].items()})
         analyzer.min_valid = data["min_valid"]
         return analyzer
-
-
-@dataclass
-class AnalyzeOptions:
-    """What ``panpriv analyze`` needs (``learner`` is used only when ``out`` holds no checkpoint)."""
-
-    bootstrap: list[str]
-    shuffled_topic: str
-    model_topic: str
-    keys: list[PrivateKey]
-    out: Path
-    learner: Callable[[], ShuffleGaussianSGD]
-    name: str = "default"
-    max_rounds: int | None = None
-
-
-def checkpoint_path(out: Path) -> Path:
-    return out / "analyzer.json"
-
-
-def run(options: AnalyzeOptions) -> Analyzer:
-    """Serve until SIGTERM/SIGINT or ``max_rounds`` rounds are done; return the final state."""
-    from kafka import TopicPartition
-
-    from streamer import kafka_client
-    from streamer.safefiles import write_atomically
-
-    stopping = {"now": False}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    options.out.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = checkpoint_path(options.out)
-    if path.exists():
-        analyzer = Analyzer.restore(json.loads(path.read_bytes()), options.keys)
-        log.info("analyzer: resumed at round %d, shuffled offset %d", analyzer.round, analyzer.offset)
-    else:
-        analyzer = Analyzer(options.learner(), options.keys, options.name)
-        write_atomically(path, json.dumps(analyzer.checkpoint()).encode(), "analyzer checkpoint")
-    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
-    consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False,
-                                     max_partition_fetch_bytes=256 * 1024 * 1024, fetch_max_bytes=256 * 1024 * 1024)
-
-    def publish() -> None:
-        producer.send(options.model_topic, key=analyzer.name.encode(), value=analyzer.model().to_json()).get(timeout=60)
-
-    try:
-        tp = TopicPartition(options.shuffled_topic, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, analyzer.offset)
-        publish()
-        log.info("analyzer: round %d published; %s", analyzer.round, analyzer.report().statement())
-        while not stopping["now"]:
-            if options.max_rounds is not None and analyzer.round >= options.max_rounds:
-                break
-            for records in consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    if record.offset < analyzer.offset:
-                        continue
-                    stepped = analyzer.handle(record.value)
-                    analyzer.offset = record.offset + 1
-                    write_atomically(path, json.dumps(analyzer.checkpoint()).encode(), "analyzer checkpoint")
-                    if stepped:
-                        publish()
-                        log.info("analyzer: round %d done, model of round %d published", analyzer.round - 1, analyzer.round)
-                    else:
-                        log.info("analyzer: record %d not applied; rejected so far %s", record.offset, dict(analyzer.rejected))
-    finally:
-        producer.close()
-        consumer.close()
-    log.info("analyzer stopped at round %d; rejected %s", analyzer.round, dict(analyzer.rejected) or "none")
-    return analyzer

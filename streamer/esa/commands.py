@@ -7,33 +7,46 @@ import argparse
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from streamer.arg_types import port_or_zero, positive_float, positive_int
 from streamer.errors import ConfigError
 
 log = logging.getLogger("panpriv.esa")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (got {text})")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text})")
-    return value
-
-
 def _kafka(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
+
+
+def _metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=port_or_zero, default=0,
+                        help="serve Prometheus metrics on this port (default 0: none)")
+    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address of the metrics endpoint (default 0.0.0.0)")
+
+
+def _serve_metrics(metrics: Any, args: argparse.Namespace) -> Callable[[], None] | None:
+    """Start the metrics endpoint of a role (``None`` without ``--metrics-port``); a busy port is a
+    usage error: a service must not run unwatched."""
+    if not args.metrics_port:
+        return None
+    try:
+        stop: Callable[[], None] = metrics.serve(args.metrics_port, args.metrics_addr)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {args.metrics_port} on {args.metrics_addr}: {exc.strerror}; choose a free "
+                          "port, or 0 for none") from None
+    log.info("metrics at http://%s:%d/metrics", args.metrics_addr, args.metrics_port)
+    return stop
+
+
+def _version() -> str:
+    from streamer.cli import _version as version  # one definition (cli imports this module lazily)
+
+    return version()
 
 
 # -- keygen -------------------------------------------------------------------------------------
@@ -43,12 +56,17 @@ def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("keygen", parents=parents, help="ESA: create an analyzer key pair (private file 0600)",
                                  description="Write analyzer-<id>.key (0600) and analyzer-<id>.pub into DIR.")
     parser.add_argument("dir", type=Path, help="directory for the key files (created 0700)")
+    parser.add_argument("--if-missing", action="store_true",
+                        help="do nothing if DIR already holds a private key (a one-shot init container)")
     parser.set_defaults(handler=cmd_keygen)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from streamer.esa.keys import generate
+    from streamer.esa.keys import generate, private_files
 
+    if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir)):
+        print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
+        return 0
     files = generate(args.dir)
     print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the analyzer only)\n"
           f"  public  {files.public} (give it to clients)")
@@ -69,10 +87,10 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--messages-topic", required=True)
     parser.add_argument("--analyzer-key", type=Path, required=True, help="the analyzer's public key file (.pub)")
     parser.add_argument("--source", type=Path, required=True, help="JSONL records {\"x\": [...], \"y\": ±1}")
-    parser.add_argument("--per-round", type=_positive_int, help="records per round (default: the model's batch size)")
+    parser.add_argument("--per-round", type=positive_int, help="records per round (default: the model's batch size)")
     parser.add_argument("--name", default="default", help="deployment name on the model topic (default 'default')")
-    parser.add_argument("--max-local-epsilon", type=_positive_float, help="refuse a model with weaker local privacy")
-    parser.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds to wait for a round's model")
+    parser.add_argument("--max-local-epsilon", type=positive_float, help="refuse a model with weaker local privacy")
+    parser.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for a round's model")
     parser.set_defaults(handler=cmd_encode)
 
 
@@ -142,24 +160,33 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     _kafka(parser)
     parser.add_argument("--messages-topic", required=True)
     parser.add_argument("--shuffled-topic", required=True)
-    parser.add_argument("--batch-size", type=_positive_int, required=True, help="b: messages per released round")
-    parser.add_argument("--params", type=_positive_int, required=True,
+    parser.add_argument("--batch-size", type=positive_int, required=True, help="b: messages per released round")
+    parser.add_argument("--params", type=positive_int, required=True,
                         help="coordinates per message (dim + 1 with an intercept): fixes the message size")
     parser.add_argument("--group", default="panpriv-shuffler", help="consumer group for the input offsets")
-    parser.add_argument("--drop-short-after", type=_positive_float, metavar="SECONDS",
+    parser.add_argument("--drop-short-after", type=positive_float, metavar="SECONDS",
                         help="drop a round still short of b this long after its first message (default: wait)")
-    parser.add_argument("--max-rounds", type=_positive_int, help="exit after releasing this many rounds")
-    parser.add_argument("--max-ahead", type=_positive_int, default=1,
+    parser.add_argument("--max-rounds", type=positive_int, help="exit after releasing this many rounds")
+    parser.add_argument("--max-ahead", type=positive_int, default=1,
                         help="drop messages for rounds more than this past the last released (default 1)")
+    _metrics_flags(parser)
     parser.set_defaults(handler=cmd_shuffle)
 
 
 def cmd_shuffle(args: argparse.Namespace) -> int:
     from streamer.esa import shuffler
+    from streamer.esa.metrics import ShufflerMetrics
 
-    state = shuffler.run(shuffler.ShuffleOptions(
-        args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params, args.group,
-        args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead))
+    metrics = ShufflerMetrics(shuffler.DROP_REASONS)
+    metrics.set_info("shuffler", args.messages_topic, _version())
+    stop_server = _serve_metrics(metrics, args)
+    try:
+        state = shuffler.run(shuffler.ShuffleOptions(
+            args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params,
+            args.group, args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead, metrics=metrics))
+    finally:
+        if stop_server is not None:
+            stop_server()
     print(f"panpriv shuffle: released {state.released} rounds; {state.waiting} messages waiting; dropped "
           f"{dict(state.dropped) or 'none'}")
     return 0
@@ -176,24 +203,34 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     _kafka(parser)
     parser.add_argument("--shuffled-topic", required=True)
     parser.add_argument("--model-topic", required=True)
-    parser.add_argument("--analyzer-key", type=Path, action="append", required=True,
-                        help="private key file (repeatable: the first is current, the others still accepted)")
+    parser.add_argument("--messages-topic", required=True,
+                        help="the clients' messages topic: names the data source in the budget store (not read)")
+    keys = parser.add_mutually_exclusive_group(required=True)
+    keys.add_argument("--analyzer-key", type=Path, action="append",
+                      help="private key file (repeatable: the first is current, the others still accepted)")
+    keys.add_argument("--analyzer-keys", type=Path, metavar="DIR",
+                      help="every analyzer-*.key in DIR; the newest is current (rotation: keygen DIR, restart)")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
     parser.add_argument("--name", default="default", help="deployment name on the model topic")
-    parser.add_argument("--dim", type=_positive_int, required=True)
-    parser.add_argument("--batch-size", type=_positive_int, help="b (default: planned for (epsilon, delta))")
-    parser.add_argument("--epsilon", type=_positive_float, default=1.0)
-    parser.add_argument("--delta", type=_positive_float, default=1e-6)
-    parser.add_argument("--feature-bound", type=_positive_float, default=1.0)
+    parser.add_argument("--dim", type=positive_int, required=True)
+    parser.add_argument("--batch-size", type=positive_int, help="b (default: planned for (epsilon, delta))")
+    parser.add_argument("--epsilon", type=positive_float, default=1.0)
+    parser.add_argument("--delta", type=positive_float, default=1e-6)
+    parser.add_argument("--feature-bound", type=positive_float, default=1.0)
     parser.add_argument("--options", default="{}", help="more shuffle-gaussian options as JSON, e.g. '{\"radius\": 4}'")
-    parser.add_argument("--max-rounds", type=_positive_int, help="exit once this many rounds are done")
+    parser.add_argument("--max-rounds", type=positive_int, help="exit once this many rounds are done")
+    parser.add_argument("--max-epsilon", type=positive_float,
+                        help="stop before a round whose records' epsilon, composed over all runs, would exceed this")
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--state-dir", type=Path, help="directory of the budget store (default as for `panpriv run`)")
+    store.add_argument("--budget-kafka", metavar="URL", help="the budget store on a Kafka topic: kafka://host:port/topic")
+    _metrics_flags(parser)
     parser.set_defaults(handler=cmd_analyze)
 
 
-def cmd_analyze(args: argparse.Namespace) -> int:
+def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
+    """The ``shuffle-gaussian`` learner ``panpriv analyze ARGS`` builds when it starts afresh."""
     from protocols.shuffle_gaussian import ShuffleGaussianSGD
-    from streamer.esa import analyzer
-    from streamer.esa.keys import load_private
 
     try:
         options = json.loads(args.options)
@@ -208,11 +245,31 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return ShuffleGaussianSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
                                   feature_bound=args.feature_bound, **options)
 
-    keys = [load_private(path) for path in args.analyzer_key]
-    state = analyzer.run(analyzer.AnalyzeOptions(args.bootstrap.split(","), args.shuffled_topic, args.model_topic,
-                                                 keys, args.out, learner, args.name, args.max_rounds))
-    print(f"panpriv analyze: {state.round} rounds done; rejected {dict(state.rejected) or 'none'}\n"
-          f"  privacy  {state.report().statement()}")
+    return learner
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from streamer.esa import analyze_service as service
+    from streamer.esa.analyzer import REJECT_REASONS
+    from streamer.esa.keys import load_directory, load_private
+    from streamer.esa.metrics import AnalyzerMetrics
+
+    learner = analyzer_learner(args)
+    keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
+    metrics = AnalyzerMetrics(REJECT_REASONS)
+    metrics.set_info("analyzer", args.name, _version())
+    stop_server = _serve_metrics(metrics, args)
+    budget = service.BudgetOptions(args.messages_topic, args.state_dir, args.budget_kafka, args.max_epsilon)
+    try:
+        result = service.run(service.AnalyzeOptions(args.bootstrap.split(","), args.shuffled_topic, args.model_topic,
+                                                    keys, args.out, learner, budget, args.name, args.max_rounds, metrics))
+    finally:
+        if stop_server is not None:
+            stop_server()
+    state = result.analyzer
+    print(f"panpriv analyze: {state.round} rounds done; rejected {dict(state.rejected) or 'none'}"
+          + (f"\n  stopped  {result.stopped}" if result.stopped else "")
+          + f"\n  privacy  {result.report.statement()}\n  budget   every use of this data source: panpriv budget")
     return 0
 
 

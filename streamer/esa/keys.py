@@ -7,6 +7,11 @@ A key pair is X25519 (PyNaCl ``PrivateKey``). Files, in a directory of the opera
 - ``analyzer-<id>.pub``: the public key, 64 hex digits, given to clients out of band (its
   authenticity is the clients' trust anchor; the model topic only names the key id in use).
 
+A directory of key pairs (``panpriv analyze --analyzer-keys DIR``, the deploy/ stack): every
+``analyzer-*.key`` in it is accepted, and the newest (by modification time) is the one clients are
+asked to use — rotation is ``panpriv keygen DIR`` and a restart; an old key is retired by deleting
+its file once no client uses it.
+
 The key id is the first 8 bytes of BLAKE2b(public key), written in hex in the file names and sent
 in the clear with every message, so an analyzer holding several keys (rotation) picks the right
 one and rejects messages to a key it does not hold (``unknown_key``).
@@ -77,3 +82,17 @@ def load_private(path: Path) -> PrivateKey:
     if mode & 0o077:
         raise PermissionError(f"{path} has mode {mode:o}: a private key must be readable by its owner only (chmod 600)")
     return PrivateKey(_hex_key(path, "private key"))
+
+
+def private_files(directory: Path) -> list[Path]:
+    """The private key files in ``directory``, newest first (modification time, then name)."""
+    files = [p for p in directory.glob("analyzer-*.key") if p.is_file()]
+    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+
+
+def load_directory(directory: Path) -> list[PrivateKey]:
+    """Every private key in ``directory``, the newest first (the one clients are asked to use)."""
+    files = private_files(directory)
+    if not files:
+        raise FileNotFoundError(f"no analyzer-*.key in {directory} (create one with `panpriv keygen {directory}`)")
+    return [load_private(path) for path in files]

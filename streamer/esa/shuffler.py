@@ -48,14 +48,20 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamer.esa import wire
 from streamer.esa.permute import permuted
 
+if TYPE_CHECKING:
+    from streamer.esa.metrics import ShufflerMetrics
+
 log = logging.getLogger("panpriv.shuffle")
 
 MAX_BATCH_BYTES = 256 * 1024 * 1024
+
+DROP_REASONS = ("malformed", "late", "too_early", "short_round")
+"""Every reason :class:`Shuffler` drops a message for (module docstring)."""
 
 
 @dataclass
@@ -179,6 +185,7 @@ class ShuffleOptions:
     max_rounds: int | None = None
     idle_exit_s: float | None = None
     max_ahead: int = 1
+    metrics: ShufflerMetrics | None = None
 
 
 def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuffler:
@@ -219,6 +226,8 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
         consumer.seek_to_beginning(tp)
     log.info("shuffler: batch size %d, last released round %d, reading %s from %s", options.batch_size, last,
              options.messages_topic, "the beginning" if start is None else f"the committed offset {start}")
+    if options.metrics is not None:
+        options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
     committed = start
     idle_since = time.monotonic()
     try:
@@ -238,7 +247,11 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
                     for round_, messages in state.offer(record.offset, record.value):
                         producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
                         state.mark_released(round_)
+                        if options.metrics is not None:
+                            options.metrics.observe_release(len(messages))
                         log.info("released round %d (%d messages)", round_, len(messages))
+            if options.metrics is not None:
+                options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
             safe = state.commit_offset(next_offset)
             if safe != committed:
                 kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})

@@ -98,6 +98,15 @@ CASES = {
         "panpriv panpriv:9477 runs with seeded noise (replay/testing mode)", severity="critical",
         labels={"instance": "panpriv:9477"}),
     "unseeded noise: quiet": case({f"panpriv_seeded_mode{{{LABELS}}}": "0x5"}, "2m", "PanprivSeededMode", None),
+    "ESA analyzer not answering for 2 minutes": case(
+        {'up{instance="analyzer:9477", job="panpriv-analyzer"}': "0x10",
+         'up{instance="shuffler:9477", job="panpriv-shuffler"}': "1x10"},
+        "5m", "PanprivEsaRoleDown", "panpriv-analyzer analyzer:9477 is not answering on /metrics", severity="critical",
+        labels={"instance": "analyzer:9477", "job": "panpriv-analyzer"}),
+    "ESA roles healthy, the service down: not this alert": case(
+        {'up{instance="analyzer:9477", job="panpriv-analyzer"}': "1x10",
+         'up{instance="shuffler:9477", job="panpriv-shuffler"}': "1x10", f"up{{{LABELS}}}": "0x10"},
+        "5m", "PanprivEsaRoleDown", None),
 }
 
 

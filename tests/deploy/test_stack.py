@@ -190,7 +190,8 @@ def test_dashboard_has_datasource_and_instance_variables_used_by_every_query() -
 def test_alert_rules_cover_the_required_conditions() -> None:
     by_name = {rule["alert"]: rule for rule in alert_rules()}
     assert set(by_name) == {"PanprivServiceDown", "PanprivNoRecordsProcessed", "PanprivRejectedRateHigh",
-                            "PanprivCheckpointStale", "PanprivPrivacyBudgetHigh", "PanprivSeededMode"}
+                            "PanprivCheckpointStale", "PanprivPrivacyBudgetHigh", "PanprivSeededMode",
+                            "PanprivEsaRoleDown"}
     assert 'up{job="panpriv"} == 0' in by_name["PanprivServiceDown"]["expr"]
     for rule in by_name.values():
         assert rule["labels"]["severity"] in {"warning", "critical"}

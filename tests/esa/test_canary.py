@@ -50,7 +50,8 @@ def test_the_analyzer_process_and_files_hold_no_raw_record(
                               "--shuffled-topic", names["shuffled"], "--batch-size", str(B), "--params", str(DIM)],
                              tmp_path / "shuffler.log")
     analyzer = parts.panpriv(["analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic", names["shuffled"],
-                              "--model-topic", names["model"], "--analyzer-key", str(key.private), "--out", str(out),
+                              "--model-topic", names["model"], "--messages-topic", names["messages"],
+                              "--state-dir", str(out / "budget"), "--analyzer-key", str(key.private), "--out", str(out),
                               "--dim", str(DIM), "--batch-size", str(B), "--epsilon", "2", "--delta", "1e-5",
                               "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)})],
                              tmp_path / "analyzer.log")

@@ -30,7 +30,8 @@ DIM, B, ROUNDS, EPSILON, DELTA = 20, 256, 30, 4.0, 1e-5
 def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
                    rounds: int, log: str = "analyzer.log") -> parts.ManagedProcess:
     return parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
-                          "--model-topic", names["model"], "--analyzer-key", str(keyfile), "--out",
+                          "--model-topic", names["model"], "--messages-topic", names["messages"],
+                          "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(keyfile), "--out",
                           str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
                           str(EPSILON), "--delta", str(DELTA), "--max-rounds", str(rounds),
                           "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)})], tmp_path / log)
@@ -205,6 +206,14 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     state = json.loads(checkpoint.read_text())
     assert state["round"] == rounds and state["rejected"] == {}
     assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
+    # The budget store: every round charged once, to the one analyzer instance (a round the killed
+    # process charged but had not checkpointed is not charged again by the resumed one).
+    from streamer.budget import BudgetStore
+
+    store = BudgetStore(tmp_path / "state")
+    (source,) = store.ledger().sources
+    assert source.startswith("esa:") and source.endswith("/" + names["messages"])
+    assert [(s.start, s.stop, s.uses) for s in store.ledger().coverage(source)] == [(0, rounds, (state["instance"],))]
     replay = Analyzer(ShuffleGaussianSGD.from_config(state["config"]), [load_private(key.private)], "replay")
     assert all(replay.handle(wire.encode_batch(batch.round, list(batch.messages))) for batch in batches)
     np.testing.assert_array_equal(np.asarray(state["released"]), replay.learner.release())

@@ -1,0 +1,147 @@
+"""The ESA analyzer charges the shared budget store (streamer/esa/budget.py), without a broker: a
+real SQLite store, real analyzers, real sealed messages."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from nacl.public import PrivateKey
+
+from streamer.budget import BudgetExceededError, BudgetStore, describe_store
+from streamer.esa import wire
+from streamer.esa.analyzer import Analyzer
+from streamer.esa.budget import AnalyzerBudget, data_key, new_instance
+from streamer.esa.client import Encoder
+from tests.esa.test_roles import B, learner, records
+
+KEY = data_key("cluster=test", "messages")
+
+
+def batches(key: PrivateKey, rounds: int) -> list[bytes]:
+    """The shuffled batches of ``rounds`` rounds, encoded against a reference analyzer's models."""
+    reference = Analyzer(learner(), [key], "ref")
+    X, y = records(B * rounds)
+    out = []
+    for t in range(rounds):
+        rows = slice(t * B, (t + 1) * B)
+        value = wire.encode_batch(t, Encoder(key.public_key, reference.model()).encode(X[rows], y[rows]))
+        assert reference.handle(value)
+        out.append(value)
+    return out
+
+
+def charged(directory: Path, name: str, limit: float | None = None,
+            store: Callable[[], Any] | None = None) -> tuple[Analyzer, AnalyzerBudget]:
+    """An analyzer of deployment ``name`` gated by the store in ``directory`` (or ``store()``),
+    begun at round 0."""
+    analyzer = Analyzer(learner(), [KEYPAIR], name, new_instance(name))
+    assert analyzer.instance is not None
+    opened = store() if store is not None else BudgetStore(directory)
+    budget = AnalyzerBudget(opened, KEY, analyzer.instance, directory / name, limit)
+    budget.begin(analyzer.round, analyzer.report(), f"esa messages (deployment {name})")
+    analyzer.gate = budget.charge
+    return analyzer, budget
+
+
+KEYPAIR = PrivateKey.generate()
+BATCHES = batches(KEYPAIR, 3)
+
+
+def uses(directory: Path, store: Callable[[], Any] | None = None) -> list[tuple[int, int, tuple[str, ...]]]:
+    ledger = (store() if store is not None else BudgetStore(directory)).ledger([KEY])
+    return [(s.start, s.stop, s.uses) for s in ledger.coverage(KEY)]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.integration)])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
+    """Opens the same store again at every call: SQLite in tmp_path, or a fresh topic of the real
+    broker (streamer/budget_kafka.py)."""
+    if request.param == "sqlite":
+        return lambda: BudgetStore(tmp_path)
+    from streamer.budget_kafka import KafkaBudgetStore
+
+    broker = request.getfixturevalue("kafka_broker")
+    topic = f"esa-budget-{uuid.uuid4().hex[:10]}"
+    return lambda: KafkaBudgetStore([broker.bootstrap], topic)
+
+
+def test_each_round_is_charged_before_it_is_learned_and_shown_by_panpriv_budget(tmp_path: Path) -> None:
+    analyzer, budget = charged(tmp_path, "first")
+    own = analyzer.report()
+    for t, value in enumerate(BATCHES):
+        assert analyzer.handle(value)
+        assert uses(tmp_path) == [(0, t + 1, (analyzer.instance,))]
+    report = budget.report(analyzer.report())
+    assert (report.output, report.intrusion) == (own.output, own.intrusion)
+    assert any("public, not noised" in a for a in report.assumptions)
+    text = describe_store(tmp_path)
+    assert f"{KEY}: composed over all runs" in text and str(analyzer.instance) in text
+    assert f"[0, 3) used by {analyzer.instance}" in text
+
+
+def test_a_second_analyzer_over_the_same_source_composes(tmp_path: Path, stores: Callable[[], Any]) -> None:
+    """Another deployment name, another instance, the same messages topic: the same users' data."""
+    first, _ = charged(tmp_path, "first", store=stores)
+    assert all(first.handle(value) for value in BATCHES)
+    second, budget = charged(tmp_path, "second", store=stores)
+    assert second.handle(BATCHES[0]) and second.handle(BATCHES[1])
+    one = first.report()
+    report = budget.report(second.report())
+    assert report.output.epsilon == pytest.approx(2 * one.output.epsilon)
+    assert report.output.delta == pytest.approx(2 * one.output.delta)
+    assert report.intrusion.epsilon >= one.intrusion.epsilon + one.output.epsilon - 1e-12
+    assert any(str(first.instance) in a for a in report.assumptions), report.assumptions
+    assert uses(tmp_path, stores) == [(0, 2, tuple(sorted([str(first.instance), str(second.instance)]))),
+                              (2, 3, (first.instance,))]
+
+
+def test_max_epsilon_refuses_to_start_over_a_spent_source(tmp_path: Path) -> None:
+    first, _ = charged(tmp_path, "first")
+    assert first.handle(BATCHES[0])
+    one = first.report()
+    # One use: ε = the intrusion bound ε₀; two uses: ε₀ + the output ε (basic composition). Between them:
+    limit = one.intrusion.epsilon + 0.5 * one.output.epsilon
+    with pytest.raises(BudgetExceededError, match="refusing to start.*no model was published"):
+        charged(tmp_path, "second", limit)
+
+
+def test_max_epsilon_stops_mid_run_before_the_step(tmp_path: Path) -> None:
+    """A fresh round is learned; the next one, spent by another run, stops the analyzer before its
+    step: the state is that of the round before, and nothing more is charged."""
+    first, _ = charged(tmp_path, "first")
+    one = first.report()
+    store = BudgetStore(tmp_path)
+    store.register("other", "other", one, tmp_path / "other")
+    assert store.charge("other", {KEY: (1, 2)}) is None
+    second, _ = charged(tmp_path, "second", one.intrusion.epsilon + 0.5 * one.output.epsilon)
+    assert second.handle(BATCHES[0])
+    theta = second.learner.release().copy()
+    assert not second.handle(BATCHES[1])
+    assert second.stopped is not None and "exceed the budget" in second.stopped
+    assert second.round == 1
+    np.testing.assert_array_equal(second.learner.release(), theta)
+    assert uses(tmp_path) == [(0, 1, (second.instance,)), (1, 2, ("other",))]
+
+
+def test_a_round_charged_by_a_process_that_died_is_not_charged_twice(tmp_path: Path, stores: Callable[[], Any]) -> None:
+    """The dead process charged round 1 and died before its checkpoint; the restarted analyzer
+    (same instance, restored at round 1) re-analyses it deterministically: one use, not two."""
+    analyzer, budget = charged(tmp_path, "first", store=stores)
+    assert analyzer.handle(BATCHES[0])
+    saved = analyzer.checkpoint()
+    assert analyzer.handle(BATCHES[1])  # charged [1, 2), then the "crash": the checkpoint is the old one
+    theta = analyzer.learner.release().copy()
+    restored = Analyzer.restore(saved, [KEYPAIR])
+    assert restored.instance == analyzer.instance and restored.round == 1
+    again = AnalyzerBudget(stores(), KEY, str(restored.instance), tmp_path / "first")
+    again.begin(restored.round, restored.report(), "esa")
+    restored.gate = again.charge
+    assert restored.handle(BATCHES[1])
+    np.testing.assert_array_equal(restored.learner.release(), theta)  # no noise: the same model
+    assert restored.handle(BATCHES[2])
+    assert uses(tmp_path, stores) == [(0, 3, (analyzer.instance,))]

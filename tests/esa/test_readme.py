@@ -1,0 +1,33 @@
+"""The README's three-role commands are accepted by ``panpriv``'s parser as written."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from streamer.cli import build_parser
+from streamer.esa import commands
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def esa_commands() -> list[list[str]]:
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("### The shuffle model for real"):]
+    block = section[section.index("```sh") + 5: section.index("```", section.index("```sh") + 5)]
+    joined = re.sub(r"\\\n\s*", " ", block)
+    lines = [line.split("#")[0].strip().rstrip("&").strip() for line in joined.splitlines()]
+    return [shlex.split(line.replace("<id>", "0123"))[1:] for line in lines if line.startswith("panpriv ")]
+
+
+def test_readme_esa_commands_parse() -> None:
+    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands()}
+    assert set(parsed) == {"keygen", "analyze", "shuffle", "encode"}
+    analyze, shuffle = parsed["analyze"], parsed["shuffle"]
+    assert analyze.handler is commands.cmd_analyze and analyze.messages_topic == shuffle.messages_topic
+    assert analyze.max_epsilon is not None and analyze.metrics_port and shuffle.metrics_port
+    learner = commands.analyzer_learner(analyze)()
+    assert shuffle.batch_size == analyze.batch_size and shuffle.params == learner.calibration()["params"]
+    report = learner.privacy()
+    assert max(report.output.epsilon, report.intrusion.epsilon) <= analyze.max_epsilon, "the example could not start"
