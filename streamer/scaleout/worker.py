@@ -84,17 +84,25 @@ class WorkerStats:
 
 
 class _Revocations:
-    """A ``kafka.ConsumerRebalanceListener`` that notes revocations (the open batch is then lost)."""
+    """Notes partition revocations (the open batch is then lost); wrapped by :func:`_listener`."""
 
     def __init__(self) -> None:
         self.revoked = False
 
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        if revoked:
-            self.revoked = True
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        pass
+def _listener(revocations: _Revocations) -> Any:
+    """A ``kafka.ConsumerRebalanceListener`` (kafka-python insists on the subclass) feeding ``revocations``."""
+    from kafka import ConsumerRebalanceListener
+
+    class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            if revoked:
+                revocations.revoked = True
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            pass
+
+    return Listener()
 
 
 def _instance(out: Path | None, deployment: str) -> str:
@@ -132,7 +140,7 @@ class Worker:
         self._producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
         self._consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
                                                auto_offset_reset="earliest")
-        self._consumer.subscribe([options.data_topic], listener=self._revocations)
+        self._consumer.subscribe([options.data_topic], listener=_listener(self._revocations))
         from streamer.identity import kafka_cluster_identity
 
         self._consumer.partitions_for_topic(options.data_topic)
