@@ -36,6 +36,7 @@ def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--budget-topic", help="keep the budget store on this compacted Kafka topic instead (several machines)")
     parser.add_argument("--max-epsilon", type=_positive_float, help="refuse a model whose epsilon, or records whose budget, exceed this")
     parser.add_argument("--sync-wait", type=float, default=2.0, help="seconds to wait for the next version after publishing (default 2)")
+    parser.add_argument("--rate", type=float, default=0.0, help="at most this many records/s (default 0: unpaced)")
     parser.set_defaults(handler=cmd_worker)
 
 
@@ -54,7 +55,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         stats = worker.run(worker.WorkerOptions(
             bootstrap, args.data_topic, args.gradients_topic, args.model_topic, args.deployment, args.group, store,
-            args.out, args.sync_wait, args.max_epsilon, args.format))
+            args.out, args.sync_wait, args.max_epsilon, args.format, args.rate))
     finally:
         store.close()
     print(f"panpriv worker: {stats.instance}: published {stats.published} noisy batch means ({stats.records:,} records); "

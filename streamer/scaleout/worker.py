@@ -59,6 +59,7 @@ class WorkerOptions:
     sync_wait_s: float = 2.0
     max_epsilon: float | None = None
     record_format: str = "json"
+    rate: float = 0.0
 
 
 @dataclass
@@ -94,7 +95,7 @@ def _listener(revocations: _Revocations) -> Any:
     """A ``kafka.ConsumerRebalanceListener`` (kafka-python insists on the subclass) feeding ``revocations``."""
     from kafka import ConsumerRebalanceListener
 
-    class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    class Listener(ConsumerRebalanceListener):
         def on_partitions_revoked(self, revoked: Any) -> None:
             if revoked:
                 revocations.revoked = True
@@ -146,6 +147,8 @@ class Worker:
         self._consumer.partitions_for_topic(options.data_topic)
         self._cluster = kafka_cluster_identity(self._consumer, options.bootstrap)
         self._codec: Any = None
+        self._paced = 0
+        self._paced_since: float | None = None
 
     # -- the model --------------------------------------------------------------------------------
 
@@ -228,6 +231,8 @@ class Worker:
                     model = self._reader.poll(50) or model  # synchronous versions: wait for the next one
                     continue
                 want = model.worker_batch if batch is None else batch.size - batch.filled
+                if self.options.rate > 0:  # paced: polls of a tenth of a second's records
+                    want = min(want, max(1, int(self.options.rate / 10)))
                 polled = self._consumer.poll(timeout_ms=200, max_records=want)
                 if self._revocations.revoked:
                     self._revocations.revoked = False
@@ -245,6 +250,7 @@ class Worker:
                     self._discard(batch, self.stats.reason)
                     batch = None
                     break
+                self._pace(len(records))
                 if batch.filled >= batch.size:
                     self._publish(batch)
                     published_at, waiting_since = batch.version, time.monotonic()
@@ -254,6 +260,18 @@ class Worker:
             self.store.mark_durable(self.stats.instance, self._sequence, self.durable, clean=True)
             self._close()
         return self.stats
+
+    def _pace(self, count: int) -> None:
+        """Keep to ``rate`` records/s (0: unpaced), counted from the first record read."""
+        if self.options.rate <= 0:
+            return
+        now = time.monotonic()
+        if self._paced_since is None:
+            self._paced_since = now
+        self._paced += count
+        ahead = self._paced / self.options.rate - (now - self._paced_since)
+        if ahead > 0:
+            time.sleep(ahead)
 
     def _learn(self, batch: _Batch, records: list[Any]) -> bool:
         """Charge, then learn ``records`` into the open batch (Alg. 6 line 7); False if the budget refuses."""

@@ -88,8 +88,9 @@ def last_model(bootstrap: str, topic: str) -> ModelRecord:
     return max((ModelRecord.from_json(v) for v in read_all(bootstrap, topic) if v), key=lambda m: m.version)
 
 
-def start_worker(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], i: int, log: str | None = None) -> ManagedProcess:
-    return panpriv(["worker", "--bootstrap", broker.bootstrap, "--data-topic", names["data"], "--gradients-topic",
+def start_worker(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], i: int, log: str | None = None,
+                 more: tuple[str, ...] = ()) -> ManagedProcess:
+    return panpriv(["worker", *more, "--bootstrap", broker.bootstrap, "--data-topic", names["data"], "--gradients-topic",
                     names["gradients"], "--model-topic", names["model"], "--group", f"g-{names['data']}", "--out",
                     str(tmp_path / f"worker{i}")], tmp_path / (log or f"worker{i}.log"))
 
@@ -116,3 +117,10 @@ def wait_all(coordinator: ManagedProcess, workers: list[ManagedProcess], timeout
     assert coordinator.process.returncode == 0, coordinator.log_path.read_text()[-3000:]
     for worker in workers:
         assert worker.process.wait(timeout=60) == 0, worker.log_path.read_text()[-3000:]
+
+
+def worker_instance(out: Path) -> str:
+    """The budget instance a worker keeps in ``out`` (streamer.scaleout.worker)."""
+    import json
+
+    return str(json.loads((out / "worker.json").read_text())["instance"])
