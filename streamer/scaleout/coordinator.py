@@ -28,7 +28,7 @@ from typing import Any
 
 from protocols.pan_acsa import PanPrivateACSA
 from protocols.pan_acsa_scaleout import combine, worker_batch
-from streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, WireError, decode_state, encode_state
+from streamer.scaleout.wire import FETCH_WAIT_MS, GradientRecord, ModelReader, ModelRecord, WireError, decode_state, encode_state
 
 log = logging.getLogger("panpriv.coordinate")
 
@@ -163,7 +163,7 @@ def run(options: CoordinateOptions) -> Coordinator:
     else:
         coordinator = Coordinator(options.learner(), options.workers, options.deployment, options.max_steps)
     producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
-    consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False)
+    consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS)
 
     def publish() -> None:
         producer.send(options.model_topic, key=coordinator.deployment.encode(), value=coordinator.model().to_json()).get(timeout=60)

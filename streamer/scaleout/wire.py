@@ -29,6 +29,10 @@ from numpy.typing import NDArray
 
 from protocols.base import StateValue
 
+FETCH_WAIT_MS = 10
+"""How long the broker may hold a fetch of the model or gradients topic open when it has no new
+record: each step waits on one of each, so this is per-step latency, not throughput."""
+
 GRADIENT_FORMAT = "panpriv-scaleout-gradient/1"
 MODEL_FORMAT = "panpriv-scaleout-model/1"
 
@@ -132,7 +136,8 @@ class ModelReader:
 
         self.deployment = deployment
         self.best: ModelRecord | None = None
-        self._consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None)
+        # fetch_max_wait_ms: a new version is latency on every step (kafka-python's default waits 500 ms).
+        self._consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
         self._tps = [TopicPartition(topic, p) for p in sorted(self._consumer.partitions_for_topic(topic) or {0})]
         self._consumer.assign(self._tps)
         self._consumer.seek_to_beginning(*self._tps)
