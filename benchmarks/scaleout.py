@@ -5,7 +5,7 @@ throughput and noise for 8–64 workers.
     PYTHONPATH=. .venv/bin/python benchmarks/scaleout.py          # starts the test suite's Tansu broker
     PYTHONPATH=. .venv/bin/python benchmarks/scaleout.py --quick
 
-**Measured** (d = 20, logistic loss, ε = 1, δ = 1e-6, JSON records on a 3-partition topic, the
+**Measured** (d = 20, logistic loss, ε = 1, δ = 1e-6, JSON records on a 6-partition topic holding 2n records, the
 stream planned for n records): one coordinator and K worker processes (``panpriv coordinate`` /
 ``panpriv worker``) against the broker, all on this machine. Records/s is the steady state:
 records stepped on between the model versions 1 and last over the time between their
@@ -86,11 +86,14 @@ def measure(broker: object, n: int, workers: int, workdir: Path) -> dict[str, fl
     """One run of K workers + a coordinator; steady-state records/s from the model topic."""
     from tests.scaleout import parts
 
-    names = parts.topics(broker, lambda prefix: f"{prefix}-{uuid.uuid4().hex[:8]}")  # type: ignore[arg-type]
+    # Six partitions (an equal share for 1, 2 or 3 workers) and twice the planned records, so that
+    # no worker runs dry before the plan is done (a dry worker leaves the others two batches per
+    # version, each after a --sync-wait).
+    names = parts.topics(broker, lambda prefix: f"{prefix}-{uuid.uuid4().hex[:8]}", partitions=6)  # type: ignore[arg-type]
     rng = np.random.default_rng(1)
-    X = rng.normal(size=(n + n // 4, DIM)) / math.sqrt(DIM) * 1.5
+    X = rng.normal(size=(2 * n, DIM)) / math.sqrt(DIM) * 1.5
     y = np.where(X[:, 0] > 0, 1.0, -1.0)
-    parts.produce(broker.bootstrap, names["data"], X, y)  # type: ignore[attr-defined]
+    parts.produce(broker.bootstrap, names["data"], X, y, partitions=6)  # type: ignore[attr-defined]
     run = workdir / f"k{workers}"
     run.mkdir()
     coordinator = parts.start_coordinator(run, broker, names, n, workers)  # type: ignore[arg-type]
