@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from protocols.pan_acsa import PanPrivateACSA
-from protocols.pan_acsa_scaleout import combine, simulate, step_noise_std, worker_batch
+from protocols.pan_acsa_scaleout import combine, simulate, split_noise_epsilon, step_noise_std, worker_batch
 from streamer.scaleout.coordinator import Coordinator
 from streamer.scaleout.wire import GradientRecord, ModelRecord
 
@@ -102,3 +102,10 @@ def test_simulate_uses_every_step_s_records_once() -> None:
     X, y = rng.normal(size=(3000, 5)) / 3, np.where(rng.random(3000) < 0.5, 1.0, -1.0)
     steps = simulate(learner, 3, X, y)
     assert steps >= 1 and np.all(np.isfinite(learner.release()))
+
+
+def test_split_noise_would_weaken_one_worker_to_the_stated_epsilon() -> None:
+    """The figures docs/privacy.md states for split noise (each worker ζ/√K)."""
+    stated = {1: 1.0, 2: 1.46, 3: 1.81, 8: 3.11, 16: 4.59, 64: 10.3}
+    for workers, epsilon in stated.items():
+        assert split_noise_epsilon(1.0, 1e-6, workers) == pytest.approx(epsilon, abs=0.006)
