@@ -12,14 +12,22 @@ records stepped on between the model versions 1 and last over the time between t
 publications (Kafka record timestamps), so process start-up and the consumer-group join are left
 out. On a 2-core machine the K workers, the coordinator and the broker share two cores.
 
-**Cost model.** A step of b records on K workers (w = ⌊b/K⌋ each) takes
-``t(K) = c_fixed + w·c_rec + K·c_msg``: ``c_rec`` the worker's cost per record (JSON decode +
-the fused gradient path), measured in process; ``c_msg`` the coordinator's cost per mean (parse +
-combine), measured in process; ``c_fixed`` everything per batch that does not shrink with w
-(the two draws, the budget charge and durable mark — SQLite fsyncs —, the produce with acks=all,
-the offset commit, the model's round trip), fitted from the measured K = 1 run. Projected
-records/s = b/t(K) with one worker per machine (no core sharing). Noise: the step gradient's
-per-coordinate std, √(2/K)·ζ(w), for the plan each K gets (``plan_for_workers``), against K = 1.
+**Cost model.** A step of b records on K workers (w = ⌊b/K⌋ each, one worker per machine) takes
+``t(K) = c_fixed + w·c_w + K·c_msg``:
+
+* ``c_msg``: the coordinator's cost per noisy mean (parse + combine; the step amortised), in process;
+* ``c_fixed``: what every step pays once whatever w — two trips through the broker (the model
+  version out to the workers, the last mean in: produce with acks=all, then a fetch that waits at
+  most 10 ms), measured on the broker, plus the worker's two durable budget writes (charge and
+  mark; SQLite fsyncs), measured in process;
+* ``c_w``: the worker's cost per record *including the fetch* — fitted (least squares through the
+  origin) to the three measured runs after subtracting c_fixed and K·c_msg; the in-process cost
+  of JSON decode + the fused gradient path alone is printed for comparison.
+
+Projected records/s = K·w/t(K). It assumes one worker per machine, a broker that keeps up and a
+partition per worker; it ignores stale means (none when every worker keeps up). Noise: the step
+gradient's per-coordinate std √(2/K)·ζ(w) for the plan each K gets (``plan_for_workers``), against
+K = 1 — ×√K at a fixed b, less because the plan takes larger b for larger noise.
 """
 
 from __future__ import annotations
@@ -82,6 +90,44 @@ def per_message_cost(repeats: int = 3) -> float:
     return best / 64
 
 
+def budget_write_cost(workdir: Path, repeats: int = 20) -> float:
+    """Seconds for one durable budget write (a charge extending a range: one SQLite commit + fsync)."""
+    from streamer.budget import BudgetStore
+
+    store = BudgetStore(workdir / "budget-bench")
+    try:
+        start = time.perf_counter()
+        for i in range(repeats):
+            store.charge("bench", {"kafka:bench/t/0": (i, i + 1)})
+        return (time.perf_counter() - start) / repeats
+    finally:
+        store.close()
+
+
+def broker_trip(broker: object, repeats: int = 20) -> float:
+    """Seconds from a produce (acks=all) to a consumer (fetch_max_wait_ms = 10) holding the record."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic = broker.create_topic(f"trip-{uuid.uuid4().hex[:8]}")  # type: ignore[attr-defined]
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)  # type: ignore[attr-defined]
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, fetch_max_wait_ms=10)  # type: ignore[attr-defined]
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.poll(timeout_ms=100)
+    trips = []
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            producer.send(topic, b"x" * 600).get(timeout=30)
+            while not consumer.poll(timeout_ms=100):
+                pass
+            trips.append(time.perf_counter() - start)
+    finally:
+        producer.close()
+        consumer.close()
+    return float(np.median(trips))
+
+
 def measure(broker: object, n: int, workers: int, workdir: Path) -> dict[str, float]:
     """One run of K workers + a coordinator; steady-state records/s from the model topic."""
     from tests.scaleout import parts
@@ -135,8 +181,11 @@ def main() -> None:
 
     measured: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as workdir:
+        fsync = budget_write_cost(Path(workdir))
         broker = KafkaBroker(Path(workdir))
         try:
+            trip = broker_trip(broker)
+            print(f"durable budget write {fsync * 1e3:.2f} ms; broker trip (produce acks=all -> fetched) {trip * 1e3:.2f} ms")
             for workers in (1, 2, 3):
                 measured[workers] = measure(broker, n, workers, Path(workdir))
                 m = measured[workers]
@@ -144,9 +193,11 @@ def main() -> None:
                       f"{m['step_s'] * 1e3:.0f} ms per step of {m['b']:,.0f} records)")
         finally:
             broker.stop()
-    one = measured[1]
-    c_fixed = max(0.0, one["step_s"] - one["b"] * c_rec - c_msg)
-    print(f"fitted c_fixed = {c_fixed * 1e3:.1f} ms per batch (K = 1 step minus b·c_rec and one c_msg)\n")
+    c_fixed = 2 * trip + 2 * fsync
+    points = [(m["b"] / k, m["step_s"] - c_fixed - k * c_msg) for k, m in measured.items()]
+    c_w = sum(w * t for w, t in points) / sum(w * w for w, _ in points)
+    print(f"c_fixed = {c_fixed * 1e3:.1f} ms per step; fitted c_w = {c_w * 1e6:.1f} µs per record "
+          f"(in process, without the fetch: {c_rec * 1e6:.1f}); c_msg = {c_msg * 1e6:.1f} µs\n")
     print(f"| K | b (plan, n = {n:,}) | w per worker | step s (model) | records/s (model) | records/s measured "
           "| step noise std | noise vs K = 1 |")
     print("|---|---|---|---|---|---|---|---|")
@@ -155,7 +206,7 @@ def main() -> None:
         model = learner(n, workers)
         b = model.current_plan().batch_size(1)
         w = worker_batch(b, workers)
-        step = c_fixed + w * c_rec + workers * c_msg
+        step = c_fixed + w * c_w + workers * c_msg
         noise = step_noise_std(model, b, workers)
         base = noise if base is None else base
         seen = f"{measured[workers]['records/s']:,.0f}" if workers in measured else "—"
