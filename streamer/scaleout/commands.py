@@ -101,7 +101,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         args.bootstrap.split(","), args.gradients_topic, args.model_topic, args.deployment, args.workers, learner,
         args.max_steps))
     print(f"panpriv coordinate: version {state.version} ({state.records:,} records, {state.stale} stale means)"
-          f"{' — done' if state.done else ''}\n  privacy  {state.learner.privacy().statement()}")
+          f"{' — done' if state.done else ''}\n  privacy  {state.report().statement()}")
     return 0
 
 

@@ -19,6 +19,7 @@ and republishing a version (same key, compacted) changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from collections import Counter
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from accounting.ledger import PrivacyReport
 from protocols.pan_acsa import PanPrivateACSA
 from protocols.pan_acsa_scaleout import combine, worker_batch
 from streamer.scaleout.wire import FETCH_WAIT_MS, GradientRecord, ModelReader, ModelRecord, WireError, decode_state, encode_state
@@ -103,13 +105,22 @@ class Coordinator:
         self.offset = offset + 1
         return True
 
+    def report(self) -> PrivacyReport:
+        """The learner's statement with the records stepped on so far (the coordinator's learner
+        reads none itself): (ε, δ) per record for outputs and for one intrusion into one worker."""
+        report = self.learner.privacy()
+        scaled = (f"scaled out over K = {self.workers} workers (synchronous versions): each batch is one worker's, its "
+                  "noisy mean is published on the gradients topic, and the intrusion is one read of one worker's state "
+                  "(or of the coordinator's, which holds post-processing only)")
+        return dataclasses.replace(report, records=self.records, assumptions=(*report.assumptions, scaled))
+
     def model(self) -> ModelRecord:
         """The public record of the current version (the coordinator's whole state)."""
         state = self.learner.state_dict()
         return ModelRecord(
             self.deployment, self.version, self.workers, self.worker_batch, self.learner.config(), encode_state(state),
             self.learner.release(), self.offset, self.records, self.stale, self.done,
-            self.learner.privacy().statement(), {"rejected": dict(self.rejected), "max_steps": self.max_steps},
+            self.report().statement(), {"rejected": dict(self.rejected), "max_steps": self.max_steps},
         )
 
     @classmethod

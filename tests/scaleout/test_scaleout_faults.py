@@ -124,9 +124,11 @@ def test_sigkill_of_a_worker_and_of_the_coordinator_leaves_a_correct_ledger(
     # marking its positions durable, before the publication was acknowledged: an over-count).
     unpublished = {key: _minus(spans, published.get(key, [])) for key, spans in full.items()}
     assert sum(unpublished.values()) <= 2 * w, unpublished
-    # Lost batches never overlap what their worker published.
-    for key, spans in lost.items():
-        assert _minus(spans, published.get(key, [])) == _size(spans), key
+    # A lost batch's records are charged again as a full use — by the group's next owner, which may
+    # be the restarted worker itself (same instance, same partition) — and published.
+    for (_, source), spans in lost.items():
+        again = [span for (instance, key), spans2 in full.items() if key == source for span in spans2]
+        assert _minus(spans, again) == 0, source
     killed_lost = {key: spans for key, spans in lost.items() if key[0] == killed}
     assert killed_lost, "the killed worker's open batch was not moved to a lost instance on its restart"
     # ... and its records were read again by the group: charged a second time, and published.
