@@ -80,12 +80,42 @@ class GradientRecord:
 
 
 def encode_state(state: Mapping[str, StateValue]) -> dict[str, Any]:
-    """A learner state dict as JSON values (arrays as lists)."""
-    return {k: {"array": [float(x) for x in v]} if isinstance(v, np.ndarray) else v for k, v in state.items()}
+    """A learner state dict as JSON values: float arrays as lists of floats, integer arrays (the
+    secure mode's grid-unit accumulator) as lists of ints, flagged so that they decode as int64."""
+    encoded: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+            encoded[key] = {"array": [int(x) for x in value], "int": True}
+        elif isinstance(value, np.ndarray):
+            encoded[key] = {"array": [float(x) for x in value]}
+        else:
+            encoded[key] = value
+    return encoded
 
 
 def decode_state(data: Mapping[str, Any]) -> dict[str, StateValue]:
-    return {k: np.asarray(v["array"], dtype=np.float64) if isinstance(v, dict) else v for k, v in data.items()}
+    """The inverse of :func:`encode_state`."""
+    decoded: dict[str, StateValue] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            if value.get("int"):
+                decoded[key] = np.asarray(value["array"], dtype=np.int64)
+            else:
+                decoded[key] = np.asarray(value["array"], dtype=np.float64)
+        else:
+            decoded[key] = value
+    return decoded
+
+
+def query_state(state: Mapping[str, Any]) -> dict[str, StateValue]:
+    """A model record's state for a worker: the coordinator's iterates and counters with the
+    accumulator zeroed (a worker opens its own batches), in the accumulator's own dtype."""
+    decoded = decode_state(state)
+    for key in ("grad", "grad_units"):
+        value = decoded.get(key)
+        if isinstance(value, np.ndarray):
+            value.fill(0)
+    return decoded
 
 
 @dataclass(frozen=True)

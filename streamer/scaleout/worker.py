@@ -33,11 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from accounting.budget import lost_state_report
 from protocols.pan_acsa import PanPrivateACSA
-from streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, decode_state
+from streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, query_state
 
 log = logging.getLogger("panpriv.worker")
 
@@ -183,9 +181,7 @@ class Worker:
     def _load(self, model: ModelRecord) -> None:
         assert self.learner is not None
         if model.version != self.version:
-            state = decode_state(model.state)
-            state["grad" if "grad" in state else "grad_units"] = np.zeros(self.learner.param_count)
-            self.learner.load_state_dict(state)
+            self.learner.load_state_dict(query_state(model.state))
             self.version = model.version
 
     # -- the budget -------------------------------------------------------------------------------

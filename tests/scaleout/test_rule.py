@@ -109,3 +109,29 @@ def test_split_noise_would_weaken_one_worker_to_the_stated_epsilon() -> None:
     stated = {1: 1.0, 2: 1.46, 3: 1.81, 8: 3.11, 16: 4.59, 64: 10.3}
     for workers, epsilon in stated.items():
         assert split_noise_epsilon(1.0, 1e-6, workers) == pytest.approx(epsilon, abs=0.006)
+
+
+def test_secure_noise_scales_out_too() -> None:
+    """noise = "secure" (int64 grid-unit accumulator): the model record round-trips, a worker
+    loads it, and its published mean is a float vector."""
+    from streamer.scaleout.wire import query_state
+
+    coordinator = Coordinator(PanPrivateACSA(dim=4, loss="logistic", epsilon=1.0, delta=1e-6, horizon=4000, noise="secure"),
+                              workers=2, deployment="d")
+    record = ModelRecord.from_json(coordinator.model().to_json())
+    worker = PanPrivateACSA.from_config(record.config)
+    worker.plan_for_workers(record.workers)
+    worker.load_state_dict(query_state(record.state))
+    w = record.worker_batch
+    rng = np.random.default_rng(0)
+    means = []
+    for _ in range(2):
+        worker.open_batch(w)
+        worker.add_to_batch(rng.normal(size=(w, 4)) / 3, np.where(rng.random(w) < 0.5, 1.0, -1.0), w)
+        means.append(worker.close_batch(w))
+    for i, mean in enumerate(means):
+        assert mean.dtype == np.float64
+        coordinator.handle(GradientRecord("d", 0, "a", w, mean, {"k": (0, w)}).to_json(), i)
+    assert coordinator.version == 1
+    resumed = Coordinator.restore(ModelRecord.from_json(coordinator.model().to_json()))
+    assert np.array_equal(resumed.learner.release(), coordinator.learner.release())
