@@ -146,3 +146,30 @@ def test_sigkill_of_a_worker_and_of_the_coordinator_leaves_a_correct_ledger(
                 per_position[(source, p)] += 1
     twice = sum(1 for count in per_position.values() if count > 1)
     assert twice <= 2 * w, twice
+    _composed_guarantees_are_as_stated(killed_lost, per_position)
+
+
+def _composed_guarantees_are_as_stated(killed_lost: Ranges, per_position: dict[tuple[str, int], int]) -> None:
+    """The store's composition (what `panpriv budget` states): a record published once has output
+    ε = 1; one of the killed worker's lost batch, re-read and published, output ε = 1 and
+    intrusion ε = 2 (the lost state's intrusion plus the new use's output, basic composition)."""
+    from streamer.budget import BudgetStore
+
+    store = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"]))
+    try:
+        ledger = store.ledger()
+    finally:
+        store.close()
+    lost_positions = {(source, p) for (_, source), spans in killed_lost.items() for a, b in spans for p in range(a, b)}
+    checked_lost = 0
+    for source in ledger.sources:
+        for segment in ledger.coverage(source):
+            output, intrusion = ledger.record_guarantee(segment.uses)
+            for position in range(segment.start, segment.stop):
+                published = per_position.get((source, position), 0)
+                if (source, position) in lost_positions and published == 1:
+                    assert (output.epsilon, intrusion.epsilon) == pytest.approx((1.0, 2.0)), (source, position, segment.uses)
+                    checked_lost += 1
+                elif published == 1 and len(segment.uses) == 1:
+                    assert (output.epsilon, intrusion.epsilon) == pytest.approx((1.0, 1.0)), (source, position)
+    assert checked_lost > 0
