@@ -52,6 +52,7 @@ G. Lan (2012), Math. Program. 133:365–397 (AC-SA).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -421,10 +422,21 @@ class PanPrivateACSA(Learner):
     def _finish_batch(self, plan: RunPlan, batch: int) -> None:
         """Alg. 6 lines 9–12 for the completed batch."""
         self._add_noise(batch)
+        self._step(plan, self._noisy_mean(batch))
+        self._filled = 0
+        self._grad.fill(0)
+
+    def _noisy_mean(self, batch: int) -> Array:
+        """The accumulator as a float batch mean: the accumulator itself (no copy of the noisy sum
+        is made) or, with secure noise, γ·sum/b formed only now (post-processing of the noisy
+        integer sum)."""
         if self._secure is None:
-            gradient = self._grad  # updated in place: no copy of the noisy sum is made
-        else:  # γ·sum/b, formed only now: post-processing of the noisy integer sum
-            gradient = self._grad.astype(np.float64) * (secure_noise.grid_step(self._lipschitz) / batch)
+            return cast("Array", self._grad)
+        return self._grad.astype(np.float64) * (secure_noise.grid_step(self._lipschitz) / batch)
+
+    def _step(self, plan: RunPlan, gradient: Array) -> None:
+        """Alg. 6 lines 10–12 on an already noisy mean gradient (added to in place): the exact
+        ridge term, Lan's AC-SA step, and the move to the next phase or epoch when the run is over."""
         gradient += self.loss.ridge_gradient(self._iterate.theta_md)
         self._iterate = step(self._iterate, gradient, plan.sizes, self._ball, restart=self.restart == "gradient")
         if self._iterate.batch > plan.steps:  # run over: next phase or next epoch, warm-started
@@ -433,8 +445,66 @@ class PanPrivateACSA(Learner):
                 self._epoch += 1
                 self._phase = 0
             self._iterate = Iterate.start(self._iterate.theta_ag)
-        self._filled = 0
+
+    # -- one batch at a time, sized by the caller: the scale-out roles (streamer/scaleout) ---------
+    #
+    # A worker holds a learner whose iterate it loads from the coordinator's public model, and runs
+    # Alg. 6 lines 4–9 on a batch of a size it is told: the same draws, the same fused gradient
+    # path, the same sensitivity 2L/b. Only the noisy mean leaves :meth:`close_batch`. The
+    # coordinator's learner never touches records: it applies lines 10–12 to a combination of
+    # noisy means (:meth:`apply_noisy_gradient`), which is post-processing.
+
+    def plan_for_workers(self, workers: int) -> None:
+        """Plan the runs for a step gradient that averages ``workers`` noisy batch means of b/K
+        records each: its noise has K times the variance of one batch mean of b records (ν² → Kν²
+        in :class:`protocols.acsa.Problem`), so batch and step sizes are planned for that noise.
+        Utility only: every draw is still calibrated to the batch it protects."""
+        workers = check.positive_int(_OWNER, "workers", workers)
+        self._problem = dataclasses.replace(self._problem, noise_multiplier=self._problem.noise_multiplier * math.sqrt(workers))
+        self._plans_cache = None
+
+    def open_batch(self, batch: int) -> None:
+        """Start a batch of ``batch`` records: g ← Z ~ N(0, ζ(batch)² I) (Alg. 6 lines 4–5)."""
+        check.positive_int(_OWNER, "batch", batch)
         self._grad.fill(0)
+        self._add_noise(batch)
+
+    def add_to_batch(self, X: Array, y: Array, batch: int) -> None:
+        """g += Σ ∇ℓ(θ^md; x)/batch over the rows (Alg. 6 line 7) at the loaded iterate, through
+        the fused gradient path and scratch buffers zeroed before returning (as :meth:`learn_many`)."""
+        X, y = check_batch(_OWNER, X, y, self.dim)
+        try:
+            for start in range(0, X.shape[0], BLOCK_ROWS):
+                rows = slice(start, min(start + BLOCK_ROWS, X.shape[0]))
+                self._add_records(X[rows], y[rows], self.current_plan(), batch)
+                self._records += rows.stop - rows.start
+        finally:
+            self._scratch.wipe()
+
+    def close_batch(self, batch: int) -> Array:
+        """End the batch: the second draw (Alg. 6 line 9); return the noisy batch mean (a new
+        array) and zero the accumulator. The caller must zero the returned array once it is sent."""
+        self._add_noise(batch)
+        mean = self._noisy_mean(batch).copy()
+        self._grad.fill(0)
+        return mean
+
+    def discard_batch(self) -> None:
+        """Drop an unfinished batch (its records reached no output): zero the accumulator."""
+        self._grad.fill(0)
+
+    def apply_noisy_gradient(self, gradient: Array) -> None:
+        """Alg. 6 lines 10–12 with ``gradient``, a combination of noisy batch means computed at the
+        current θ^md (post-processing: no record is read and no noise is added here)."""
+        gradient = np.array(gradient, dtype=np.float64, copy=True)
+        if gradient.shape != (self._params,) or not np.all(np.isfinite(gradient)):
+            raise InvalidInputError(f"{_OWNER}.apply_noisy_gradient: need {self._params} finite floats; got shape {gradient.shape}")
+        self._step(self.current_plan(), gradient)
+
+    @property
+    def param_count(self) -> int:
+        """p: the number of model parameters (dim, plus one with an intercept)."""
+        return self._params
 
     # -- outputs -------------------------------------------------------------------------------
 

@@ -526,6 +526,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     esa.add_all(commands, [common, kafka_only])
 
+    from streamer.scaleout import commands as scaleout
+
+    scaleout.add_all(commands, [common, kafka_only])
+
     inspect = commands.add_parser(
         "inspect",
         parents=[common],

@@ -383,3 +383,26 @@ def test_docker_compose_config_validates() -> None:
     result = subprocess.run([docker, "compose", "-f", str(COMPOSE), "config", "--quiet"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_scaleout_workers_and_coordinator_agree_on_topics_and_parse() -> None:
+    """`--profile scaleout --scale worker=K`: the worker and coordinator commands are valid
+    `panpriv` commands, read the initialised records topic, and share the topics scaleout-init
+    creates (gradients: one partition; model and budget: compacted)."""
+    from streamer.scaleout.commands import cmd_coordinate, cmd_worker
+
+    services = compose()["services"]
+    worker, coordinator, init = services["worker"], services["coordinator"], services["scaleout-init"]
+    assert worker["profiles"] == coordinator["profiles"] == init["profiles"] == ["scaleout"]
+    assert "container_name" not in worker and "ports" not in worker  # `--scale` needs neither
+    command = [part.replace("${PANPRIV_WORKERS:-3}", "3") for part in coordinator["command"]]
+    w, c = build_parser().parse_args(worker["command"]), build_parser().parse_args(command)
+    assert (w.handler, c.handler) == (cmd_worker, cmd_coordinate)
+    records = services["kafka-init"]["command"]
+    assert w.data_topic == records[records.index("--topic") + 1]
+    assert (w.gradients_topic, w.model_topic, w.deployment) == (c.gradients_topic, c.model_topic, c.deployment)
+    script = init["command"][0]
+    assert f"--topic {w.gradients_topic} --partitions 1" in script
+    assert f"--topic {w.model_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
+    assert f"--topic {w.budget_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
+    assert [w.bootstrap] == [c.bootstrap] == [services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].removeprefix("PLAINTEXT://")]

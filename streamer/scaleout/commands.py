@@ -1,0 +1,114 @@
+"""``panpriv worker`` and ``panpriv coordinate``: one pan-private AC-SA model on many processes
+(:mod:`streamer.scaleout`; Cheu et al. 2022 Alg. 6). Wired into :mod:`streamer.cli`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from streamer.errors import ConfigError
+from streamer.esa.commands import _positive_float, _positive_int
+
+
+def _topics(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
+    parser.add_argument("--gradients-topic", required=True, help="noisy batch means (one partition)")
+    parser.add_argument("--model-topic", required=True, help="the model's versions (compacted, one partition)")
+    parser.add_argument("--deployment", default="default", help="the model's name: the key on both topics")
+
+
+def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "worker", parents=parents, help="scale-out: a consumer-group member publishing noisy batch means",
+        description="Consume the data topic in a consumer group; per batch of the size the model names, run Cheu et al. "
+        "2022 Alg. 6 lines 4-9 at the newest model version and publish only the noisy mean to the gradients topic. "
+        "Charges what it reads to the budget store before learning it.")
+    _topics(parser)
+    parser.add_argument("--data-topic", required=True, help="the records, JSON {\"x\": [...], \"y\": ±1} (or --format csv)")
+    parser.add_argument("--group", default="panpriv-workers", help="the workers' consumer group")
+    parser.add_argument("--format", choices=("json", "csv"), default="json", help="one record per message")
+    parser.add_argument("--out", type=Path, help="the worker's state (its budget instance): a restart with the same "
+                        "--out accounts a batch lost in a crash as intrusion-only")
+    parser.add_argument("--state-dir", type=Path, help="budget store directory (default $PANPRIV_STATE_DIR or ~/.local/state/panpriv)")
+    parser.add_argument("--budget-topic", help="keep the budget store on this compacted Kafka topic instead (several machines)")
+    parser.add_argument("--max-epsilon", type=_positive_float, help="refuse a model whose epsilon, or records whose budget, exceed this")
+    parser.add_argument("--sync-wait", type=float, default=2.0, help="seconds to wait for the next version after publishing (default 2)")
+    parser.add_argument("--rate", type=float, default=0.0, help="at most this many records/s (default 0: unpaced)")
+    parser.set_defaults(handler=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from streamer.budget import BudgetStore, default_state_dir
+    from streamer.scaleout import worker
+
+    bootstrap = args.bootstrap.split(",")
+    store: Any
+    if args.budget_topic:
+        from streamer.budget_kafka import KafkaBudgetStore
+
+        store = KafkaBudgetStore(bootstrap, args.budget_topic)
+    else:
+        store = BudgetStore(args.state_dir or default_state_dir())
+    try:
+        stats = worker.run(worker.WorkerOptions(
+            bootstrap, args.data_topic, args.gradients_topic, args.model_topic, args.deployment, args.group, store,
+            args.out, args.sync_wait, args.max_epsilon, args.format, args.rate))
+    finally:
+        store.close()
+    print(f"panpriv worker: {stats.instance}: published {stats.published} noisy batch means ({stats.records:,} records); "
+          f"rejected {stats.rejected}; batches lost {stats.discarded}" + (f"; {stats.reason}" if stats.reason else ""))
+    return 0
+
+
+def add_coordinate(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "coordinate", parents=parents, help="scale-out: combine K noisy means per AC-SA step, publish the model",
+        description="Read noisy batch means, step pan-private AC-SA once K means of the current version are in "
+        "(synchronous versions), publish each version to the compacted model topic. Resumes from the model topic.")
+    _topics(parser)
+    parser.add_argument("--workers", type=_positive_int, required=True, help="K: means per step")
+    parser.add_argument("--dim", type=_positive_int, required=True)
+    parser.add_argument("--n", type=_positive_int, required=True, help="the planned stream length (records)")
+    parser.add_argument("--epsilon", type=_positive_float, default=1.0)
+    parser.add_argument("--delta", type=_positive_float, default=1e-6)
+    parser.add_argument("--feature-bound", type=_positive_float, default=1.0)
+    parser.add_argument("--options", default="{}", help="more pan-acsa options as JSON, e.g. '{\"loss\": \"hinge\"}'")
+    parser.add_argument("--max-steps", type=_positive_int, help="stop after this many steps (default: the planned epoch)")
+    parser.set_defaults(handler=cmd_coordinate)
+
+
+def cmd_coordinate(args: argparse.Namespace) -> int:
+    from protocols.pan_acsa import PanPrivateACSA
+    from streamer.scaleout import coordinator
+
+    try:
+        options = json.loads(args.options)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--options is not JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ConfigError("--options must be a JSON object")
+    options.setdefault("loss", "logistic")
+    options.setdefault("radius", math.sqrt(args.dim))
+
+    def learner() -> PanPrivateACSA:
+        return PanPrivateACSA(dim=args.dim, epsilon=args.epsilon, delta=args.delta, horizon=args.n,
+                              feature_bound=args.feature_bound, **options)
+
+    state = coordinator.run(coordinator.CoordinateOptions(
+        args.bootstrap.split(","), args.gradients_topic, args.model_topic, args.deployment, args.workers, learner,
+        args.max_steps))
+    print(f"panpriv coordinate: version {state.version} ({state.records:,} records, {state.stale} stale means)"
+          f"{' — done' if state.done else ''}\n  privacy  {state.report().statement()}")
+    return 0
+
+
+def add_all(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Add ``worker`` and ``coordinate`` to the ``panpriv`` parser."""
+    add_worker(commands, parents)
+    add_coordinate(commands, parents)
+
+
+__all__ = ["add_all"]

@@ -1,0 +1,202 @@
+"""``panpriv coordinate``: the coordinator of one scaled-out pan-private AC-SA model.
+
+It reads noisy batch means from the gradients topic (:class:`~streamer.scaleout.wire.GradientRecord`)
+and applies the public rule of :mod:`protocols.pan_acsa_scaleout` (synchronous versions): step v
+waits for K means computed at version v, averages them, applies Cheu et al. 2022 Alg. 6 lines 10–12
+(:meth:`PanPrivateACSA.apply_noisy_gradient`) and publishes version v + 1 to the compacted model
+topic. Means tagged with another version are counted (``stale``) and dropped.
+
+**Privacy.** The coordinator reads no record and adds no noise: everything it holds and publishes
+is post-processing of the workers' noisy means, each (ε, δ)-DP on its own batch. It charges nothing
+to the budget store (the workers charge what they read).
+
+**Resuming.** The model record holds the whole state (iterates, counters, the gradients-topic
+offset after the last step's K-th mean). A restarted coordinator reads the newest record, seeks the
+gradients topic there and re-reads the means of the step in progress: its steps are deterministic
+functions of the record and the topic, so a step interrupted by a crash is recomputed bit for bit,
+and republishing a version (same key, compacted) changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from accounting.ledger import PrivacyReport
+from protocols.pan_acsa import PanPrivateACSA
+from protocols.pan_acsa_scaleout import combine, worker_batch
+from streamer.scaleout.wire import FETCH_WAIT_MS, GradientRecord, ModelReader, ModelRecord, WireError, decode_state, encode_state
+
+log = logging.getLogger("panpriv.coordinate")
+
+
+class Coordinator:
+    """The coordinator's state machine (no I/O).
+
+    Parameters
+    ----------
+    learner
+        The model's learner; :meth:`PanPrivateACSA.plan_for_workers` is applied here.
+    workers
+        K: noisy means per step.
+    deployment
+        The model's name (the key on both topics).
+    max_steps
+        Stop after this many steps (``None``: when the first planned epoch is over).
+    """
+
+    def __init__(self, learner: PanPrivateACSA, workers: int, deployment: str, max_steps: int | None = None) -> None:
+        self.learner = learner
+        self.learner.plan_for_workers(workers)
+        self.workers = workers
+        self.deployment = deployment
+        self.max_steps = max_steps
+        self.version = 0
+        self.offset = 0
+        self.records = 0
+        self.stale = 0
+        self.rejected: Counter[str] = Counter()
+        self.pending: list[GradientRecord] = []
+
+    @property
+    def worker_batch(self) -> int:
+        """w of the current step (public: from the plan)."""
+        plan = self.learner.current_plan()
+        return worker_batch(plan.batch_size(int(self.learner.state_dict()["batch"])), self.workers)
+
+    @property
+    def done(self) -> bool:
+        """The first planned epoch is over, or ``max_steps`` are done."""
+        if self.max_steps is not None and self.version >= self.max_steps:
+            return True
+        return int(self.learner.state_dict()["epoch"]) > 0
+
+    def handle(self, value: bytes | None, offset: int) -> bool:
+        """One record of the gradients topic at ``offset``; True if it completed a step."""
+        if self.done:
+            return False
+        try:
+            record = GradientRecord.from_json(value)
+        except WireError:
+            self.rejected["malformed"] += 1
+            return False
+        if record.deployment != self.deployment:
+            return False
+        if record.version != self.version:
+            self.stale += 1
+            return False
+        if record.records != self.worker_batch or record.gradient.shape != (self.learner.param_count,):
+            self.rejected["wrong_shape"] += 1
+            return False
+        self.pending.append(record)
+        if len(self.pending) < self.workers:
+            return False
+        step = combine([r.gradient for r in self.pending])
+        self.records += sum(r.records for r in self.pending)
+        self.pending = []
+        self.learner.apply_noisy_gradient(step)
+        step.fill(0.0)
+        self.version += 1
+        self.offset = offset + 1
+        return True
+
+    def report(self) -> PrivacyReport:
+        """The learner's statement with the records stepped on so far (the coordinator's learner
+        reads none itself): (ε, δ) per record for outputs and for one intrusion into one worker."""
+        report = self.learner.privacy()
+        scaled = (f"scaled out over K = {self.workers} workers (synchronous versions): each batch is one worker's, its "
+                  "noisy mean is published on the gradients topic, and the intrusion is one read of one worker's state "
+                  "(or of the coordinator's, which holds post-processing only)")
+        return dataclasses.replace(report, records=self.records, assumptions=(*report.assumptions, scaled))
+
+    def model(self) -> ModelRecord:
+        """The public record of the current version (the coordinator's whole state)."""
+        state = self.learner.state_dict()
+        return ModelRecord(
+            self.deployment, self.version, self.workers, self.worker_batch, self.learner.config(), encode_state(state),
+            self.learner.release(), self.offset, self.records, self.stale, self.done,
+            self.report().statement(), {"rejected": dict(self.rejected), "max_steps": self.max_steps},
+        )
+
+    @classmethod
+    def restore(cls, record: ModelRecord) -> Coordinator:
+        """The coordinator as of ``record`` (the step in progress is re-read from its offset)."""
+        learner = PanPrivateACSA.from_config(record.config)
+        coordinator = cls(learner, record.workers, record.deployment, record.extra.get("max_steps"))
+        learner.load_state_dict(decode_state(record.state))
+        coordinator.version, coordinator.offset = record.version, record.gradients_offset
+        coordinator.records, coordinator.stale = record.records, record.stale
+        coordinator.rejected = Counter({str(k): int(v) for k, v in record.extra.get("rejected", {}).items()})
+        return coordinator
+
+
+@dataclass
+class CoordinateOptions:
+    """What ``panpriv coordinate`` needs (``learner`` is called only when the model topic is empty)."""
+
+    bootstrap: list[str]
+    gradients_topic: str
+    model_topic: str
+    deployment: str
+    workers: int
+    learner: Callable[[], PanPrivateACSA]
+    max_steps: int | None = None
+
+
+def run(options: CoordinateOptions) -> Coordinator:
+    """Serve until SIGTERM/SIGINT or the model is done; return the final state."""
+    from kafka import TopicPartition
+
+    from streamer import kafka_client
+
+    stopping = {"now": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping["now"] = True
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
+    try:
+        saved = reader.read_to_end()
+    finally:
+        reader.close()
+    if saved is not None:
+        coordinator = Coordinator.restore(saved)
+        if coordinator.workers != options.workers:
+            log.warning("resuming with K = %d from the model topic (--workers %d ignored)", coordinator.workers, options.workers)
+        log.info("coordinator: resumed at version %d, gradients offset %d", coordinator.version, coordinator.offset)
+    else:
+        coordinator = Coordinator(options.learner(), options.workers, options.deployment, options.max_steps)
+    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
+    consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS)
+
+    def publish() -> None:
+        producer.send(options.model_topic, key=coordinator.deployment.encode(), value=coordinator.model().to_json()).get(timeout=60)
+
+    try:
+        tp = TopicPartition(options.gradients_topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, coordinator.offset)
+        publish()
+        log.info("coordinator: version %d published (K = %d, w = %d)", coordinator.version, coordinator.workers,
+                 coordinator.worker_batch)
+        while not stopping["now"] and not coordinator.done:
+            for records in consumer.poll(timeout_ms=200).values():
+                for record in records:
+                    if record.offset < coordinator.offset:
+                        continue
+                    if coordinator.handle(record.value, record.offset):
+                        publish()
+                        log.info("coordinator: version %d published (%d records, %d stale means)", coordinator.version,
+                                 coordinator.records, coordinator.stale)
+    finally:
+        producer.close()
+        consumer.close()
+    log.info("coordinator stopped at version %d%s", coordinator.version, " (done)" if coordinator.done else "")
+    return coordinator

@@ -1,0 +1,202 @@
+"""The records of the scale-out topics (JSON; every field public or noisy).
+
+*Gradients topic* (one partition, so the coordinator reads one order), key = deployment::
+
+    {"format": "panpriv-scaleout-gradient/1", "deployment": ..., "version": v, "worker": <instance>,
+     "records": w, "gradient": [...], "ranges": {<data key>: [start, stop], ...}}
+
+``gradient`` is a worker's noisy batch mean (Cheu et al. 2022 Alg. 6 lines 4–9: both draws added);
+``ranges`` are the positions the batch read (public, like every offset in panpriv).
+
+*Model topic* (compacted, one partition), key = deployment: the coordinator's whole state after
+version v — all of it post-processing of noisy means — so that a restarted coordinator resumes
+from it and workers load θ^md_v from it::
+
+    {"format": "panpriv-scaleout-model/1", "deployment": ..., "version": v, "workers": K,
+     "worker_batch": w, "config": {...}, "state": {...}, "theta_ag": [...], "gradients_offset": o,
+     "records": n, "stale": s, "done": bool, "privacy": "..."}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from protocols.base import StateValue
+
+FETCH_WAIT_MS = 10
+"""How long the broker may hold a fetch of the model or gradients topic open when it has no new
+record: each step waits on one of each, so this is per-step latency, not throughput."""
+
+GRADIENT_FORMAT = "panpriv-scaleout-gradient/1"
+MODEL_FORMAT = "panpriv-scaleout-model/1"
+
+Array = NDArray[np.float64]
+
+
+class WireError(ValueError):
+    """A record that is not a well-formed scale-out record."""
+
+
+@dataclass(frozen=True)
+class GradientRecord:
+    """One worker's noisy mean of one batch, computed at model version ``version``."""
+
+    deployment: str
+    version: int
+    worker: str
+    records: int
+    gradient: Array
+    ranges: Mapping[str, tuple[int, int]]
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": GRADIENT_FORMAT, "deployment": self.deployment, "version": self.version, "worker": self.worker,
+            "records": self.records, "gradient": [float(v) for v in self.gradient],
+            "ranges": {k: [int(a), int(b)] for k, (a, b) in self.ranges.items()},
+        }, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | None) -> GradientRecord:
+        try:
+            value = json.loads(data or b"")
+            if value.get("format") != GRADIENT_FORMAT:
+                raise WireError(f"not a {GRADIENT_FORMAT} record")
+            gradient = np.asarray(value["gradient"], dtype=np.float64)
+            if gradient.ndim != 1 or not np.all(np.isfinite(gradient)):
+                raise WireError("gradient must be a vector of finite floats")
+            ranges = {str(k): (int(a), int(b)) for k, (a, b) in value["ranges"].items()}
+            return cls(str(value["deployment"]), int(value["version"]), str(value["worker"]), int(value["records"]),
+                       gradient, ranges)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, WireError):
+                raise
+            raise WireError(f"malformed gradient record: {exc}") from None
+
+
+def encode_state(state: Mapping[str, StateValue]) -> dict[str, Any]:
+    """A learner state dict as JSON values: float arrays as lists of floats, integer arrays (the
+    secure mode's grid-unit accumulator) as lists of ints, flagged so that they decode as int64."""
+    encoded: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+            encoded[key] = {"array": [int(x) for x in value], "int": True}
+        elif isinstance(value, np.ndarray):
+            encoded[key] = {"array": [float(x) for x in value]}
+        else:
+            encoded[key] = value
+    return encoded
+
+
+def decode_state(data: Mapping[str, Any]) -> dict[str, StateValue]:
+    """The inverse of :func:`encode_state`."""
+    decoded: dict[str, StateValue] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            if value.get("int"):
+                decoded[key] = np.asarray(value["array"], dtype=np.int64)
+            else:
+                decoded[key] = np.asarray(value["array"], dtype=np.float64)
+        else:
+            decoded[key] = value
+    return decoded
+
+
+def query_state(state: Mapping[str, Any]) -> dict[str, StateValue]:
+    """A model record's state for a worker: the coordinator's iterates and counters with the
+    accumulator zeroed (a worker opens its own batches), in the accumulator's own dtype."""
+    decoded = decode_state(state)
+    for key in ("grad", "grad_units"):
+        value = decoded.get(key)
+        if isinstance(value, np.ndarray):
+            value.fill(0)
+    return decoded
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """The coordinator's public state after ``version`` steps (module docstring)."""
+
+    deployment: str
+    version: int
+    workers: int
+    worker_batch: int
+    config: Mapping[str, Any]
+    state: Mapping[str, Any]
+    theta_ag: Array
+    gradients_offset: int
+    records: int
+    stale: int = 0
+    done: bool = False
+    privacy: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": MODEL_FORMAT, "deployment": self.deployment, "version": self.version, "workers": self.workers,
+            "worker_batch": self.worker_batch, "config": dict(self.config), "state": dict(self.state),
+            "theta_ag": [float(v) for v in self.theta_ag], "gradients_offset": self.gradients_offset,
+            "records": self.records, "stale": self.stale, "done": self.done, "privacy": self.privacy,
+            "extra": dict(self.extra),
+        }, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ModelRecord:
+        value = json.loads(data)
+        if value.get("format") != MODEL_FORMAT:
+            raise WireError(f"not a {MODEL_FORMAT} record (format {value.get('format')!r})")
+        return cls(str(value["deployment"]), int(value["version"]), int(value["workers"]), int(value["worker_batch"]),
+                   value["config"], value["state"], np.asarray(value["theta_ag"], dtype=np.float64),
+                   int(value["gradients_offset"]), int(value["records"]), int(value.get("stale", 0)),
+                   bool(value.get("done", False)), str(value.get("privacy", "")), value.get("extra", {}))
+
+
+class ModelReader:
+    """Reads the (compacted) model topic and keeps the newest record of one deployment."""
+
+    def __init__(self, bootstrap: list[str], topic: str, deployment: str) -> None:
+        from kafka import TopicPartition
+
+        from streamer import kafka_client
+
+        self.deployment = deployment
+        self.best: ModelRecord | None = None
+        # fetch_max_wait_ms: a new version is latency on every step (kafka-python's default waits 500 ms).
+        self._consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
+        self._tps = [TopicPartition(topic, p) for p in sorted(self._consumer.partitions_for_topic(topic) or {0})]
+        self._consumer.assign(self._tps)
+        self._consumer.seek_to_beginning(*self._tps)
+
+    def poll(self, timeout_ms: int = 0) -> ModelRecord | None:
+        """Take what arrived (waiting at most ``timeout_ms``); the newest record so far."""
+        for records in self._consumer.poll(timeout_ms=timeout_ms).values():
+            for record in records:
+                if record.value is None:
+                    continue
+                try:
+                    model = ModelRecord.from_json(record.value)
+                except (WireError, ValueError, KeyError):
+                    continue
+                if model.deployment == self.deployment and (self.best is None or model.version >= self.best.version):
+                    self.best = model
+        return self.best
+
+    def read_to_end(self, timeout_s: float = 30.0) -> ModelRecord | None:
+        """The newest record once the topic is read to its end offset at the call."""
+        import time
+
+        ends = self._consumer.end_offsets(self._tps)
+        deadline = time.monotonic() + timeout_s
+        while any(self._consumer.position(tp) < ends[tp] for tp in self._tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read the model topic to its end within {timeout_s:g} s")
+            self.poll(100)
+        return self.best
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,126 @@
+"""The scale-out roles as real processes on the suite's broker (tests/conftest.py ``kafka_broker``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from protocols.losses import LogisticLoss
+from protocols.pan_acsa import PanPrivateACSA
+from streamer.codec import encode_json
+from streamer.scaleout.wire import GradientRecord, ModelRecord
+from tests.esa.parts import panpriv, synthetic
+from tests.realparts import KafkaBroker, ManagedProcess
+
+DIM, EPSILON, DELTA = 20, 1.0, 1e-6
+
+__all__ = ["panpriv", "synthetic", "topics", "produce", "accuracy", "learner", "read_all", "start_worker", "start_coordinator"]
+
+
+def topics(broker: KafkaBroker, name: Callable[[str], str], partitions: int = 3) -> dict[str, str]:
+    """A data topic with ``partitions`` partitions, a gradients topic and a compacted model topic."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    made = {"data": broker.create_topic(name("so-data"), partitions), "gradients": broker.create_topic(name("so-grad"))}
+    model = name("so-model")
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        try:
+            admin.create_topics([NewTopic(model, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+        except Exception:  # noqa: BLE001 - a broker without topic configs gets a plain topic
+            admin.create_topics([NewTopic(model, 1, 1)])
+    finally:
+        admin.close()
+    made["model"] = model
+    return made
+
+
+def produce(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray, partitions: int = 3) -> None:
+    """One JSON record per message, round-robin over the partitions."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, batch_size=1 << 20)
+    try:
+        for i, (row, label) in enumerate(zip(X.tolist(), y.tolist(), strict=True)):
+            producer.send(topic, encode_json(row, label), partition=i % partitions)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def learner(n: int) -> PanPrivateACSA:
+    """The learner both the coordinator (`--options` defaults) and the in-process references use."""
+    return PanPrivateACSA(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=n, radius=math.sqrt(DIM))
+
+
+def accuracy(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(np.where(LogisticLoss().features(X, 1.0) @ theta >= 0, 1.0, -1.0) == y))
+
+
+def read_all(bootstrap: str, topic: str) -> list[bytes]:
+    """Every value on partition 0 of ``topic`` now."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    tp = TopicPartition(topic, 0)
+    try:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        values: list[bytes] = []
+        while consumer.position(tp) < end:
+            for records in consumer.poll(timeout_ms=500).values():
+                values += [r.value for r in records]
+        return values
+    finally:
+        consumer.close()
+
+
+def gradients(bootstrap: str, topic: str) -> list[GradientRecord]:
+    return [GradientRecord.from_json(v) for v in read_all(bootstrap, topic)]
+
+
+def last_model(bootstrap: str, topic: str) -> ModelRecord:
+    return max((ModelRecord.from_json(v) for v in read_all(bootstrap, topic) if v), key=lambda m: m.version)
+
+
+def start_worker(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], i: int, log: str | None = None,
+                 more: tuple[str, ...] = ()) -> ManagedProcess:
+    return panpriv(["worker", *more, "--bootstrap", broker.bootstrap, "--data-topic", names["data"], "--gradients-topic",
+                    names["gradients"], "--model-topic", names["model"], "--group", f"g-{names['data']}", "--out",
+                    str(tmp_path / f"worker{i}")], tmp_path / (log or f"worker{i}.log"))
+
+
+def start_coordinator(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], n: int, workers: int = 3,
+                      log: str = "coordinator.log") -> ManagedProcess:
+    return panpriv(["coordinate", "--bootstrap", broker.bootstrap, "--gradients-topic", names["gradients"],
+                    "--model-topic", names["model"], "--workers", str(workers), "--dim", str(DIM), "--n", str(n),
+                    "--epsilon", str(EPSILON), "--delta", str(DELTA)], tmp_path / log)
+
+
+def wait_all(coordinator: ManagedProcess, workers: list[ManagedProcess], timeout_s: float) -> None:
+    """Wait for the coordinator and then the workers to exit 0; fail fast (with the log) if one dies."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while coordinator.process.poll() is None:
+        for worker in workers:
+            if worker.process.poll() not in (None, 0):
+                worker.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"coordinator not done after {timeout_s:g} s: {coordinator.log_path.read_text()[-1500:]}")
+        time.sleep(0.2)
+    assert coordinator.process.returncode == 0, coordinator.log_path.read_text()[-3000:]
+    for worker in workers:
+        assert worker.process.wait(timeout=60) == 0, worker.log_path.read_text()[-3000:]
+
+
+def worker_instance(out: Path) -> str:
+    """The budget instance a worker keeps in ``out`` (streamer.scaleout.worker)."""
+    import json
+
+    return str(json.loads((out / "worker.json").read_text())["instance"])
