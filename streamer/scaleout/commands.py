@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from streamer.arg_types import positive_float, positive_int
 from streamer.errors import ConfigError
-from streamer.esa.commands import _positive_float, _positive_int
 
 
 def _topics(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         "--out accounts a batch lost in a crash as intrusion-only")
     parser.add_argument("--state-dir", type=Path, help="budget store directory (default $PANPRIV_STATE_DIR or ~/.local/state/panpriv)")
     parser.add_argument("--budget-topic", help="keep the budget store on this compacted Kafka topic instead (several machines)")
-    parser.add_argument("--max-epsilon", type=_positive_float, help="refuse a model whose epsilon, or records whose budget, exceed this")
+    parser.add_argument("--max-epsilon", type=positive_float, help="refuse a model whose epsilon, or records whose budget, exceed this")
     parser.add_argument("--sync-wait", type=float, default=2.0, help="seconds to wait for the next version after publishing (default 2)")
     parser.add_argument("--rate", type=float, default=0.0, help="at most this many records/s (default 0: unpaced)")
     parser.set_defaults(handler=cmd_worker)
@@ -69,14 +69,14 @@ def add_coordinate(commands: Any, parents: list[argparse.ArgumentParser]) -> Non
         description="Read noisy batch means, step pan-private AC-SA once K means of the current version are in "
         "(synchronous versions), publish each version to the compacted model topic. Resumes from the model topic.")
     _topics(parser)
-    parser.add_argument("--workers", type=_positive_int, required=True, help="K: means per step")
-    parser.add_argument("--dim", type=_positive_int, required=True)
-    parser.add_argument("--n", type=_positive_int, required=True, help="the planned stream length (records)")
-    parser.add_argument("--epsilon", type=_positive_float, default=1.0)
-    parser.add_argument("--delta", type=_positive_float, default=1e-6)
-    parser.add_argument("--feature-bound", type=_positive_float, default=1.0)
+    parser.add_argument("--workers", type=positive_int, required=True, help="K: means per step")
+    parser.add_argument("--dim", type=positive_int, required=True)
+    parser.add_argument("--n", type=positive_int, required=True, help="the planned stream length (records)")
+    parser.add_argument("--epsilon", type=positive_float, default=1.0)
+    parser.add_argument("--delta", type=positive_float, default=1e-6)
+    parser.add_argument("--feature-bound", type=positive_float, default=1.0)
     parser.add_argument("--options", default="{}", help="more pan-acsa options as JSON, e.g. '{\"loss\": \"hinge\"}'")
-    parser.add_argument("--max-steps", type=_positive_int, help="stop after this many steps (default: the planned epoch)")
+    parser.add_argument("--max-steps", type=positive_int, help="stop after this many steps (default: the planned epoch)")
     parser.set_defaults(handler=cmd_coordinate)
 
 
