@@ -29,21 +29,8 @@ def panpriv(args: list[str], log: Path) -> ManagedProcess:
 def topics(broker: KafkaBroker, name: Callable[[str], str]) -> dict[str, str]:
     """Fresh messages, shuffled (one partition each) and model topics; the model topic compacted
     when the broker accepts the setting."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-
-    made = {"messages": broker.create_topic(name("esa-messages")), "shuffled": broker.create_topic(name("esa-shuffled"))}
-    model = name("esa-model")
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    try:
-        try:
-            admin.create_topics([NewTopic(model, 1, 1, topic_configs={"cleanup.policy": "compact"})])
-        except Exception:  # noqa: BLE001 - a broker without topic configs gets a plain topic
-            admin.create_topics([NewTopic(model, 1, 1)])
-    finally:
-        admin.close()
-    made["model"] = model
-    return made
+    return {"messages": broker.create_topic(name("esa-messages")), "shuffled": broker.create_topic(name("esa-shuffled")),
+            "model": broker.create_topic(name("esa-model"), compacted=True)}
 
 
 def read_batches(bootstrap: str, topic: str, count: int, timeout_s: float, alive: Callable[[], None] | None = None) -> list[wire.Batch]:

@@ -22,21 +22,8 @@ __all__ = ["panpriv", "synthetic", "topics", "produce", "accuracy", "learner", "
 
 def topics(broker: KafkaBroker, name: Callable[[str], str], partitions: int = 3) -> dict[str, str]:
     """A data topic with ``partitions`` partitions, a gradients topic and a compacted model topic."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-
-    made = {"data": broker.create_topic(name("so-data"), partitions), "gradients": broker.create_topic(name("so-grad"))}
-    model = name("so-model")
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    try:
-        try:
-            admin.create_topics([NewTopic(model, 1, 1, topic_configs={"cleanup.policy": "compact"})])
-        except Exception:  # noqa: BLE001 - a broker without topic configs gets a plain topic
-            admin.create_topics([NewTopic(model, 1, 1)])
-    finally:
-        admin.close()
-    made["model"] = model
-    return made
+    return {"data": broker.create_topic(name("so-data"), partitions), "gradients": broker.create_topic(name("so-grad")),
+            "model": broker.create_topic(name("so-model"), compacted=True)}
 
 
 def produce(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray, partitions: int = 3) -> None:
