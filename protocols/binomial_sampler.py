@@ -101,7 +101,11 @@ class BinomialSampler:
     def draw(self, generator: np.random.Generator, size: int) -> NDArray:
         """``size`` independent draws of Bin(b, p), as ``self.dtype``."""
         if self.method == "numpy":
-            return generator.binomial(self.b, self.p, size=size).astype(self.dtype)
+            drawn = generator.binomial(self.b, self.p, size=size)
+            try:
+                return drawn.astype(self.dtype)
+            finally:
+                drawn.fill(0)  # the int64 draws, copied into the caller's dtype
         words = generator.bit_generator.random_raw(size)
         try:
             return self.invert(words, generator)
