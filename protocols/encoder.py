@@ -337,6 +337,7 @@ class VectorSum:
             totals = np.zeros(self.d, dtype=np.int64)
             for _, block in self._randomized_blocks(X, generator, "estimate_sum"):
                 totals += _column_sums(block, np.int64)
+                block.fill(0)  # the users' messages, summed
             return self.analyze(totals)
         rounded = np.zeros(self.d)
         work = np.empty((self._chunk_rows, self.d))
