@@ -38,6 +38,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,6 +48,9 @@ from streamer.codec import encode_json, make_codec
 from streamer.config import RecordsConfig
 from streamer.scaleout.coordinator import Coordinator
 from streamer.scaleout.wire import GradientRecord, ModelRecord
+
+if TYPE_CHECKING:
+    from tests.realparts import KafkaBroker
 
 DIM, EPSILON, DELTA = 20, 1.0, 1e-6
 
@@ -104,13 +108,13 @@ def budget_write_cost(workdir: Path, repeats: int = 20) -> float:
         store.close()
 
 
-def broker_trip(broker: object, repeats: int = 20) -> float:
+def broker_trip(broker: KafkaBroker, repeats: int = 20) -> float:
     """Seconds from a produce (acks=all) to a consumer (fetch_max_wait_ms = 10) holding the record."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    topic = broker.create_topic(f"trip-{uuid.uuid4().hex[:8]}")  # type: ignore[attr-defined]
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)  # type: ignore[attr-defined]
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, fetch_max_wait_ms=10)  # type: ignore[attr-defined]
+    topic = broker.create_topic(f"trip-{uuid.uuid4().hex[:8]}")
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, fetch_max_wait_ms=10)
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.poll(timeout_ms=100)
@@ -128,22 +132,22 @@ def broker_trip(broker: object, repeats: int = 20) -> float:
     return float(np.median(trips))
 
 
-def measure(broker: object, n: int, workers: int, workdir: Path) -> dict[str, float]:
+def measure(broker: KafkaBroker, n: int, workers: int, workdir: Path) -> dict[str, float]:
     """One run of K workers + a coordinator; steady-state records/s from the model topic."""
     from tests.scaleout import parts
 
     # Six partitions (an equal share for 1, 2 or 3 workers) and twice the planned records, so that
     # no worker runs dry before the plan is done (a dry worker leaves the others two batches per
     # version, each after a --sync-wait).
-    names = parts.topics(broker, lambda prefix: f"{prefix}-{uuid.uuid4().hex[:8]}", partitions=6)  # type: ignore[arg-type]
+    names = parts.topics(broker, lambda prefix: f"{prefix}-{uuid.uuid4().hex[:8]}", partitions=6)
     rng = np.random.default_rng(1)
     X = rng.normal(size=(2 * n, DIM)) / math.sqrt(DIM) * 1.5
     y = np.where(X[:, 0] > 0, 1.0, -1.0)
-    parts.produce(broker.bootstrap, names["data"], X, y, partitions=6)  # type: ignore[attr-defined]
+    parts.produce(broker.bootstrap, names["data"], X, y, partitions=6)
     run = workdir / f"k{workers}"
     run.mkdir()
-    coordinator = parts.start_coordinator(run, broker, names, n, workers)  # type: ignore[arg-type]
-    procs = [parts.start_worker(run, broker, names, i) for i in range(workers)]  # type: ignore[arg-type]
+    coordinator = parts.start_coordinator(run, broker, names, n, workers)
+    procs = [parts.start_worker(run, broker, names, i) for i in range(workers)]
     try:
         parts.wait_all(coordinator, procs, 600)
     finally:
@@ -151,7 +155,7 @@ def measure(broker: object, n: int, workers: int, workdir: Path) -> dict[str, fl
             process.stop()
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, enable_auto_commit=False)  # type: ignore[attr-defined]
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, enable_auto_commit=False)
     tp = TopicPartition(names["model"], 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)

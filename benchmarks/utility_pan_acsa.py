@@ -297,6 +297,7 @@ def table_adult(quick: bool) -> None:
             learner = build_learner(load_config(base=ADULT_DEMO, overrides={**overrides, "learner.seed": r}), n)
             feed(learner, X_train[order], y_train[order])
             rows.append(evaluate(learner.predict_proba_many))
+        assert isinstance(learner, PanPrivateACSA)
         plan = learner.epoch_plans(0)[0]
         acc, auc = zip(*rows)
         return f"{plan.batch_size(plan.steps)} × {plan.steps}", mean_se(list(acc)), mean_se(list(auc))

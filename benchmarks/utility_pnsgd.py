@@ -172,12 +172,12 @@ def table_utility(ns: list[int], quick: bool) -> None:
                     learner.snapshot()
                     plain[scale].append(setting.task.excess(learner.release(), setting.loss))
                     plain_learners[scale] = learner
-                learner = shuffled(setting, 1.0, n, seed=r)
-                order = learner.next_indices(n)
-                feed(learner, X[order], y[order])
-                learner.snapshot()
-                mixed.append(setting.task.excess(learner.release(), setting.loss))
-                plain_learners[0.0] = learner
+                one_pass = shuffled(setting, 1.0, n, seed=r)
+                order = one_pass.next_indices(n)
+                feed(one_pass, X[order], y[order])
+                one_pass.snapshot()
+                mixed.append(setting.task.excess(one_pass.release(), setting.loss))
+                plain_learners[0.0] = one_pass
             for epsilon in EPSILONS:
                 floored, pan = [], []
                 for r, (X, y) in enumerate(data):

@@ -1,0 +1,1 @@
+"""Benchmarks: each module runs with ``python -m benchmarks.NAME`` and prints ratios measured side by side."""
