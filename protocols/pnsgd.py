@@ -265,22 +265,38 @@ class _PNSGD(Learner):
                 rows = slice(start, start + BLOCK_ROWS)
                 Z = scratch.features(self.loss, X[rows], self.feature_bound, self._scratch)
                 labels = scratch.labels(self.loss, y[rows], self._scratch)
+                norms = self._scratch.take("feature_norms", Z.shape[0])
+                np.einsum("ij,ij->i", Z, Z, out=norms)
+                np.sqrt(norms, out=norms)
                 for k in range(Z.shape[0]):
-                    self._step(Z[k : k + 1], labels[k : k + 1], float(scales[start + k]))
+                    self._step(Z[k], float(norms[k]), labels[k : k + 1], float(scales[start + k]))
                     self._records += 1
         finally:
             self._scratch.wipe()
 
-    def _step(self, z: Array, label: Array, scale: float) -> None:
-        """w ← Π_K(w − η(∇φ(w; z) clipped to L + λw + noise)) for one record (``z`` of shape (1, p)).
+    def _step(self, z: Array, z_norm: float, label: Array, scale: float) -> None:
+        """w ← Π_K(w − η(∇φ(w; z) clipped to L + λw + noise)) for one record (``z`` of shape (p,),
+        ``z_norm`` = ‖z‖).
 
-        The update vector is built in one scratch row: the clipped gradient, + λw, + the noise
-        drawn into it (:meth:`protocols.randomness.NoiseSource.add_gaussian`); it is zeroed with
-        the scratch before ``learn_many`` returns, so neither the clean gradient nor the draw
-        outlives the call."""
+        The loss is a GLM, ℓ(w; z) = φ(⟨w, z⟩, y), so the gradient is φ′·z with norm |φ′|·‖z‖:
+        clipping to L scales it by min(1, L/(|φ′|·‖z‖)), computed from the scalar φ′ and the row's
+        norm without forming or re-measuring the gradient (the same clip as
+        :func:`protocols.scratch.clipped_gradients` up to rounding, which the sensitivity slack of
+        :attr:`iteration_model` covers). The update vector is built in one scratch row: the
+        clipped gradient, + λw, + the noise drawn into it
+        (:meth:`protocols.randomness.NoiseSource.add_gaussian`); it is zeroed with the scratch
+        before ``learn_many`` returns, so neither the clean gradient nor the draw outlives the call."""
         w = self._theta
-        update = scratch.clipped_gradients(self.loss, w, z, label, self._lipschitz, self._scratch)[0]
-        update += self.loss.ridge_gradient(w)
+        margin = self._scratch.take("margin", 1)
+        margin[0] = z @ w
+        slope = float(self.loss._dphi(margin, label)[0])
+        gradient_norm = abs(slope) * z_norm
+        if gradient_norm > self._lipschitz:
+            slope *= self._lipschitz / gradient_norm
+        update = self._scratch.take("update", z.shape[0])
+        np.multiply(z, slope, out=update)
+        if self.loss.ridge:
+            update += self.loss.ridge_gradient(w)
         if self.noise == "gaussian":
             self._noise.add_gaussian(update, scale)
         else:

@@ -29,7 +29,7 @@ from accounting.iteration import (
 )
 from protocols import checks
 from protocols.errors import InvalidInputError
-from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss
+from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss, clip_rows
 from protocols.pan_acsa import SENSITIVITY_SLACK
 from protocols.pnsgd import DELTA_ROUNDING, OnlinePNSGD, ShuffledPNSGD
 from protocols.randomness import SEEDED_WARNING
@@ -594,3 +594,26 @@ def test_utility_warning_says_how_long_the_noise_swamps_the_model():
     shuffled = ShuffledPNSGD(20, LogisticLoss(intercept=True), 1.0, 0.5, math.sqrt(20), n=1000)
     (warning,) = shuffled.utility_warnings()
     assert _ratio(shuffled, 1) >= 1.0 and "at every step" in warning
+
+
+@pytest.mark.parametrize("loss", [LogisticLoss(intercept=True), SquaredLoss(ridge=0.1), HuberLoss(delta=0.5, intercept=True)])
+def test_each_step_is_the_clipped_gradient_step_of_the_paper(loss):
+    """The per-record step (GLM form: φ′·z, its norm |φ′|·‖z‖) equals Sordello et al.'s update
+    w ← Π_K(w − η(clip_L(∇ℓ(w; z)) + λw + Z)) computed from the loss's gradient matrix, with the
+    same seeded noise, for 50 records in a row (features beyond the bound are clipped first)."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(50, 4)) * 0.8
+    y = np.where(rng.random(50) < 0.5, 1.0, -1.0)
+    learner = OnlinePNSGD(4, loss, 2.0, 0.2, 1.5, pan_delta=1e-5, rng=11)
+    learner.learn_many(X, y)
+    noise = np.random.default_rng(11)
+    w = np.zeros(loss.param_dim(4))
+    Z = loss.features(X, learner.feature_bound)
+    lipschitz = learner.iteration_model.lipschitz / SLACK
+    for k in range(50):
+        gradient = clip_rows(loss.gradient(w, Z[k : k + 1], loss.labels(y[k : k + 1])), lipschitz)[0]
+        update = gradient + loss.ridge_gradient(w)
+        update = update + noise.normal(0.0, float(learner.noise_scales(k + 1, 1)[0]), update.shape)
+        w = w - learner.eta * update
+        w *= min(1.0, learner.radius / np.linalg.norm(w))
+    np.testing.assert_allclose(learner.release(), w, rtol=1e-12, atol=1e-13)
