@@ -5,5 +5,6 @@
   al. 2022 Alg. 6 lines 4–9 per batch and publishes only noisy batch means;
 - :mod:`streamer.scaleout.coordinator` — ``panpriv coordinate``: combines K means per step
   (synchronous versions, :mod:`protocols.pan_acsa_scaleout`) and publishes the model;
+- :mod:`streamer.scaleout.metrics` — both roles' Prometheus series (``--metrics-port``);
 - :mod:`streamer.scaleout.commands` — the command-line wiring.
 """

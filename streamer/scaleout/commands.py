@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from streamer.arg_types import positive_float, positive_int
+from streamer.arg_types import port_or_zero, positive_float, positive_int
 from streamer.errors import ConfigError
+
+log = logging.getLogger("panpriv.scaleout")
 
 
 def _topics(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +22,26 @@ def _topics(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradients-topic", required=True, help="noisy batch means (one partition)")
     parser.add_argument("--model-topic", required=True, help="the model's versions (compacted, one partition)")
     parser.add_argument("--deployment", default="default", help="the model's name: the key on both topics")
+    parser.add_argument("--metrics-port", type=port_or_zero, default=0,
+                        help="serve Prometheus metrics on this port (default 0: none; streamer/scaleout/metrics.py)")
+    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address of the metrics endpoint (default 0.0.0.0)")
+
+
+def _serve_metrics(metrics: Any, role: str, args: argparse.Namespace) -> Callable[[], None] | None:
+    """Label and serve a role's metrics (``None`` without ``--metrics-port``); a busy port is a
+    usage error: a service must not run unwatched."""
+    from streamer.cli import _version  # one definition (cli imports this module lazily)
+
+    metrics.set_info(role, args.deployment, _version())
+    if not args.metrics_port:
+        return None
+    try:
+        stop: Callable[[], None] = metrics.serve(args.metrics_port, args.metrics_addr)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {args.metrics_port} on {args.metrics_addr}: {exc.strerror}; choose a free "
+                          "port, or 0 for none") from None
+    log.info("metrics at http://%s:%d/metrics", args.metrics_addr, args.metrics_port)
+    return stop
 
 
 def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -43,21 +67,28 @@ def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     from streamer.budget import BudgetStore, default_state_dir
     from streamer.scaleout import worker
+    from streamer.scaleout.metrics import WorkerMetrics
 
     bootstrap = args.bootstrap.split(",")
-    store: Any
-    if args.budget_topic:
-        from streamer.budget_kafka import KafkaBudgetStore
-
-        store = KafkaBudgetStore(bootstrap, args.budget_topic)
-    else:
-        store = BudgetStore(args.state_dir or default_state_dir())
+    metrics = WorkerMetrics()
+    metrics.set_epsilon_budget(args.max_epsilon)
+    stop_server = _serve_metrics(metrics, "worker", args)
+    store: Any = None
     try:
+        if args.budget_topic:
+            from streamer.budget_kafka import KafkaBudgetStore
+
+            store = KafkaBudgetStore(bootstrap, args.budget_topic)
+        else:
+            store = BudgetStore(args.state_dir or default_state_dir())
         stats = worker.run(worker.WorkerOptions(
             bootstrap, args.data_topic, args.gradients_topic, args.model_topic, args.deployment, args.group, store,
-            args.out, args.sync_wait, args.max_epsilon, args.format, args.rate))
+            args.out, args.sync_wait, args.max_epsilon, args.format, args.rate, metrics if stop_server else None))
     finally:
-        store.close()
+        if store is not None:
+            store.close()
+        if stop_server is not None:
+            stop_server()
     print(f"panpriv worker: {stats.instance}: published {stats.published} noisy batch means ({stats.records:,} records); "
           f"rejected {stats.rejected}; batches lost {stats.discarded}" + (f"; {stats.reason}" if stats.reason else ""))
     return 0
@@ -97,9 +128,17 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         return PanPrivateACSA(dim=args.dim, epsilon=args.epsilon, delta=args.delta, horizon=args.n,
                               feature_bound=args.feature_bound, **options)
 
-    state = coordinator.run(coordinator.CoordinateOptions(
-        args.bootstrap.split(","), args.gradients_topic, args.model_topic, args.deployment, args.workers, learner,
-        args.max_steps))
+    from streamer.scaleout.metrics import CoordinatorMetrics
+
+    metrics = CoordinatorMetrics()
+    stop_server = _serve_metrics(metrics, "coordinator", args)
+    try:
+        state = coordinator.run(coordinator.CoordinateOptions(
+            args.bootstrap.split(","), args.gradients_topic, args.model_topic, args.deployment, args.workers, learner,
+            args.max_steps, metrics))
+    finally:
+        if stop_server is not None:
+            stop_server()
     print(f"panpriv coordinate: version {state.version} ({state.records:,} records, {state.stale} stale means)"
           f"{' — done' if state.done else ''}\n  privacy  {state.report().statement()}")
     return 0

@@ -15,6 +15,9 @@ offset after the last step's K-th mean). A restarted coordinator reads the newes
 gradients topic there and re-reads the means of the step in progress: its steps are deterministic
 functions of the record and the topic, so a step interrupted by a crash is recomputed bit for bit,
 and republishing a version (same key, compacted) changes nothing.
+
+**Metrics** (``--metrics-port``; :class:`streamer.scaleout.metrics.CoordinatorMetrics`): steps,
+means received, used, stale and rejected, the published version and when it was acknowledged.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +34,7 @@ from typing import Any
 from accounting.ledger import PrivacyReport
 from protocols.pan_acsa import PanPrivateACSA
 from protocols.pan_acsa_scaleout import combine, worker_batch
+from streamer.scaleout.metrics import CoordinatorMetrics
 from streamer.scaleout.wire import FETCH_WAIT_MS, GradientRecord, ModelReader, ModelRecord, WireError, decode_state, encode_state
 
 log = logging.getLogger("panpriv.coordinate")
@@ -62,6 +67,7 @@ class Coordinator:
         self.stale = 0
         self.rejected: Counter[str] = Counter()
         self.pending: list[GradientRecord] = []
+        self.received = 0  # gradient records of this deployment (or malformed) handled by this process
 
     @property
     def worker_batch(self) -> int:
@@ -83,10 +89,12 @@ class Coordinator:
         try:
             record = GradientRecord.from_json(value)
         except WireError:
+            self.received += 1
             self.rejected["malformed"] += 1
             return False
         if record.deployment != self.deployment:
             return False
+        self.received += 1
         if record.version != self.version:
             self.stale += 1
             return False
@@ -146,6 +154,7 @@ class CoordinateOptions:
     workers: int
     learner: Callable[[], PanPrivateACSA]
     max_steps: int | None = None
+    metrics: CoordinatorMetrics | None = None
 
 
 def run(options: CoordinateOptions) -> Coordinator:
@@ -173,11 +182,16 @@ def run(options: CoordinateOptions) -> Coordinator:
         log.info("coordinator: resumed at version %d, gradients offset %d", coordinator.version, coordinator.offset)
     else:
         coordinator = Coordinator(options.learner(), options.workers, options.deployment, options.max_steps)
+    metrics = options.metrics
+    if metrics is not None:
+        metrics.resume(coordinator.stale, coordinator.rejected)  # the restored totals are not counted again
     producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
     consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS)
 
     def publish() -> None:
         producer.send(options.model_topic, key=coordinator.deployment.encode(), value=coordinator.model().to_json()).get(timeout=60)
+        if metrics is not None:
+            metrics.observe_published(coordinator.version, time.time())
 
     try:
         tp = TopicPartition(options.gradients_topic, 0)
@@ -191,7 +205,13 @@ def run(options: CoordinateOptions) -> Coordinator:
                 for record in records:
                     if record.offset < coordinator.offset:
                         continue
-                    if coordinator.handle(record.value, record.offset):
+                    received = coordinator.received
+                    stepped = coordinator.handle(record.value, record.offset)
+                    if metrics is not None and coordinator.received > received:
+                        metrics.observe_mean(coordinator.stale, coordinator.rejected)
+                        if stepped:
+                            metrics.observe_step(coordinator.workers)
+                    if stepped:
                         publish()
                         log.info("coordinator: version %d published (%d records, %d stale means)", coordinator.version,
                                  coordinator.records, coordinator.stale)

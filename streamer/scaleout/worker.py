@@ -19,6 +19,10 @@ commits the group offsets after the publication is acknowledged. A batch that re
 partitions revoked by a rebalance, a stop, or (on restart with the same ``--out``) a SIGKILL — is
 moved to an intrusion-only *lost* instance (:func:`accounting.budget.lost_state_report`); the new
 owner of those records charges them again: a second use for intrusion, none for output.
+
+**Metrics** (``--metrics-port``; :class:`streamer.scaleout.metrics.WorkerMetrics`): the counts of
+:class:`WorkerStats`, the newest version, and the budget store's composed guarantee of the records
+this worker charged — nothing computed from a record.
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ import logging
 import signal
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accounting.budget import lost_state_report
+from accounting.budget import lost_state_report, per_source, report_for
 from protocols.pan_acsa import PanPrivateACSA
+from streamer.scaleout.metrics import WorkerMetrics
 from streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, query_state
 
 log = logging.getLogger("panpriv.worker")
@@ -58,6 +64,8 @@ class WorkerOptions:
     max_epsilon: float | None = None
     record_format: str = "json"
     rate: float = 0.0
+    metrics: WorkerMetrics | None = None
+    privacy_interval_s: float = 5.0  # the metrics' privacy gauges: the store composes every use
 
 
 @dataclass
@@ -80,6 +88,10 @@ class WorkerStats:
     rejected: int = 0
     discarded: int = 0
     reason: str = ""
+    rejects: Counter[str] = field(default_factory=Counter)  # by streamer.codec.Reason
+    lost: Counter[str] = field(default_factory=Counter)  # by streamer.scaleout.metrics.LOST_REASONS
+    waits: Counter[str] = field(default_factory=Counter)  # by streamer.scaleout.metrics.WAIT_OUTCOMES
+    wait_s: float = 0.0
 
 
 class _Revocations:
@@ -147,6 +159,9 @@ class Worker:
         self._codec: Any = None
         self._paced = 0
         self._paced_since: float | None = None
+        self._newest = -1  # the newest model version read
+        self._charged: set[str] = set()  # data keys this instance has charged
+        self._privacy_at: float | None = None  # monotonic time of the last privacy refresh
 
     # -- the model --------------------------------------------------------------------------------
 
@@ -176,7 +191,10 @@ class Worker:
             self.durable = dict(previous.positions)
             self._sequence = previous.sequence
             self._losses = previous.losses
-            self._reclassify("restart after a crash")
+            self._charged.update(previous.positions)
+            if self._reclassify("restart after a crash"):
+                self.stats.lost["crash"] += 1
+        self._observe_privacy(force=True)
 
     def _load(self, model: ModelRecord) -> None:
         assert self.learner is not None
@@ -189,8 +207,9 @@ class Worker:
     def _key(self, topic: str, partition: int) -> str:
         return f"kafka:{self._cluster}/{topic}/{partition}"
 
-    def _reclassify(self, why: str) -> None:
-        """Move this instance's charges beyond its published positions to a lost (intrusion-only) instance."""
+    def _reclassify(self, why: str) -> bool:
+        """Move this instance's charges beyond its published positions to a lost (intrusion-only)
+        instance; True if there were any."""
         assert self.learner is not None
         lost = self.store.reclassify_lost(self.stats.instance, self.durable, f"{self.stats.instance}/lost-{self._losses + 1:03d}",
                                           lost_state_report(self.learner.privacy()))
@@ -198,14 +217,41 @@ class Worker:
             self._losses += 1
             log.warning("worker %s: %s; records read into the lost batch are charged as an intrusion-only use: %s",
                         self.stats.instance, why, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in sorted(lost.items())))
+        return bool(lost)
 
-    def _discard(self, batch: _Batch | None, why: str) -> None:
+    def _discard(self, batch: _Batch | None, why: str, reason: str) -> None:
+        """Drop the open batch (``reason``: one of :data:`streamer.scaleout.metrics.LOST_REASONS`)."""
         if batch is None:
             return
         assert self.learner is not None
         self.learner.discard_batch()
         self.stats.discarded += 1
+        self.stats.lost[reason] += 1
         self._reclassify(why)
+
+    # -- the metrics ------------------------------------------------------------------------------
+
+    def _observe(self) -> None:
+        """Feed the cumulative counts to the metrics (cheap: a few dictionary updates)."""
+        metrics = self.options.metrics
+        if metrics is not None:
+            s = self.stats
+            metrics.observe_totals(s.published, s.records, s.rejects, s.lost, s.waits, s.wait_s, self._newest)
+
+    def _observe_privacy(self, force: bool = False) -> None:
+        """The budget store's guarantee of the records this worker charged, composed over every run
+        that used them (the service's statement, :func:`accounting.budget.report_for`), and per data
+        source; at most every ``privacy_interval_s`` seconds unless ``force``."""
+        metrics = self.options.metrics
+        now = time.monotonic()
+        if metrics is None or (not force and self._privacy_at is not None
+                               and now - self._privacy_at < self.options.privacy_interval_s):
+            return
+        self._privacy_at = now
+        ledger = self.store.ledger(sorted(self._charged))
+        instance = self.stats.instance
+        mine = [name for name in ledger.instances if name == instance or name.startswith(f"{instance}/lost-")]
+        metrics.observe_privacy(report_for(ledger, mine, self.stats.records), per_source(ledger))
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -217,9 +263,16 @@ class Worker:
         batch: _Batch | None = None
         published_at = -1
         waiting_since = time.monotonic()
+        waiting = False  # after publishing at published_at, until the next version or --sync-wait
         try:
             while not stopping["now"]:
+                self._observe()
                 model = self._reader.poll(0) or model
+                self._newest = max(self._newest, model.version)
+                if waiting and (model.version != published_at or time.monotonic() - waiting_since >= self.options.sync_wait_s):
+                    waiting = False
+                    self.stats.waits["arrived" if model.version != published_at else "timed_out"] += 1
+                    self.stats.wait_s += time.monotonic() - waiting_since
                 if model.done:
                     self.stats.reason = "the model is done"
                     break
@@ -232,10 +285,11 @@ class Worker:
                 polled = self._consumer.poll(timeout_ms=200, max_records=want)
                 if self._revocations.revoked:
                     self._revocations.revoked = False
-                    self._discard(batch, "partitions revoked mid-batch")
+                    self._discard(batch, "partitions revoked mid-batch", "revoked")
                     batch = None
                 records = [r for rs in polled.values() for r in rs]
                 if not records:
+                    self._observe_privacy()
                     continue
                 if batch is None:
                     self._load(model)
@@ -243,18 +297,25 @@ class Worker:
                     assert self.learner is not None
                     self.learner.open_batch(batch.size)  # Alg. 6 lines 4–5
                 if not self._learn(batch, records):
-                    self._discard(batch, self.stats.reason)
+                    self._discard(batch, self.stats.reason, "budget")
                     batch = None
                     break
                 self._pace(len(records))
                 if batch.filled >= batch.size:
                     self._publish(batch)
-                    published_at, waiting_since = batch.version, time.monotonic()
+                    published_at, waiting_since, waiting = batch.version, time.monotonic(), True
                     batch = None
+                    self._observe_privacy()
         finally:
-            self._discard(batch, "stopped mid-batch")
+            self._discard(batch, "stopped mid-batch", "stopped")
             self.store.mark_durable(self.stats.instance, self._sequence, self.durable, clean=True)
-            self._close()
+            try:
+                self._observe()
+                self._observe_privacy(force=True)
+            except Exception as exc:  # noqa: BLE001 - the last refresh must not hide why the loop ended
+                log.warning("worker %s: final metrics refresh failed: %s", self.stats.instance, exc)
+            finally:
+                self._close()
         return self.stats
 
     def _pace(self, count: int) -> None:
@@ -278,6 +339,7 @@ class Worker:
             start, stop = ranges.get(key, (record.offset, record.offset + 1))
             ranges[key] = (min(start, record.offset), max(stop, record.offset + 1))
         excess = self.store.charge(self.stats.instance, ranges, self.options.max_epsilon)
+        self._charged.update(ranges)
         if excess is not None:
             self.stats.reason = "stopped before records that would exceed the budget over all runs"
             return False
@@ -287,6 +349,7 @@ class Worker:
         decoded = self._codec.decode([r.value for r in records])
         try:
             self.stats.rejected += len(records) - decoded.X.shape[0]
+            self.stats.rejects.update(decoded.reject_counts())
             if decoded.X.shape[0]:
                 self.learner.add_to_batch(decoded.X, decoded.y, batch.size)
             batch.filled += decoded.X.shape[0]

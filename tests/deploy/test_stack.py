@@ -388,7 +388,8 @@ def test_docker_compose_config_validates() -> None:
 def test_scaleout_workers_and_coordinator_agree_on_topics_and_parse() -> None:
     """`--profile scaleout --scale worker=K`: the worker and coordinator commands are valid
     `panpriv` commands, read the initialised records topic, and share the topics scaleout-init
-    creates (gradients: one partition; model and budget: compacted)."""
+    creates (gradients: one partition; model and budget: compacted); Prometheus scrapes both roles
+    on the image's health-check port."""
     from streamer.scaleout.commands import cmd_coordinate, cmd_worker
 
     services = compose()["services"]
@@ -406,3 +407,10 @@ def test_scaleout_workers_and_coordinator_agree_on_topics_and_parse() -> None:
     assert f"--topic {w.model_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
     assert f"--topic {w.budget_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
     assert [w.bootstrap] == [c.bootstrap] == [services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].removeprefix("PLAINTEXT://")]
+    # Both roles serve /metrics on the image's health-check port, and Prometheus scrapes every replica there.
+    image_port = int(re.search(r"PANPRIV_METRICS_PORT=(\d+)", dict(dockerfile_instructions())["ENV"]).group(1))
+    jobs = {job["job_name"]: job for job in load_yaml(PROMETHEUS_CONFIG)["scrape_configs"]}
+    for service, parsed in (("worker", w), ("coordinator", c)):
+        assert parsed.metrics_port == image_port and parsed.metrics_addr == "0.0.0.0"
+        sd = jobs[f"panpriv-{service}"]["dns_sd_configs"][0]
+        assert sd["names"] == [service] and sd["port"] == image_port

@@ -17,7 +17,8 @@ from tests.realparts import KafkaBroker, ManagedProcess
 
 DIM, EPSILON, DELTA = 20, 1.0, 1e-6
 
-__all__ = ["panpriv", "synthetic", "topics", "produce", "accuracy", "learner", "read_all", "start_worker", "start_coordinator"]
+__all__ = ["panpriv", "synthetic", "topics", "produce", "accuracy", "learner", "read_all", "start_worker", "start_coordinator",
+           "scrape"]
 
 
 def topics(broker: KafkaBroker, name: Callable[[str], str], partitions: int = 3) -> dict[str, str]:
@@ -83,8 +84,8 @@ def start_worker(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], i: 
 
 
 def start_coordinator(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], n: int, workers: int = 3,
-                      log: str = "coordinator.log") -> ManagedProcess:
-    return panpriv(["coordinate", "--bootstrap", broker.bootstrap, "--gradients-topic", names["gradients"],
+                      log: str = "coordinator.log", more: tuple[str, ...] = ()) -> ManagedProcess:
+    return panpriv(["coordinate", *more, "--bootstrap", broker.bootstrap, "--gradients-topic", names["gradients"],
                     "--model-topic", names["model"], "--workers", str(workers), "--dim", str(DIM), "--n", str(n),
                     "--epsilon", str(EPSILON), "--delta", str(DELTA)], tmp_path / log)
 
@@ -111,3 +112,16 @@ def worker_instance(out: Path) -> str:
     import json
 
     return str(json.loads((out / "worker.json").read_text())["instance"])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``http://127.0.0.1:port/metrics`` as ``{'name{label=value,...}': value}`` (labels sorted)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {sample.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())) + "}"
+                           if sample.labels else ""): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}

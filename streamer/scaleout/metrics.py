@@ -1,0 +1,234 @@
+"""Prometheus metrics of ``panpriv worker`` and ``panpriv coordinate`` (``--metrics-port``; served by
+:func:`streamer.metrics.serve_registry`, on an injected registry like :class:`streamer.metrics.ServiceMetrics`
+and :mod:`streamer.esa.metrics`).
+
+What may be exported is what may leave the process (docs/privacy.md, "Scale-out"): counts of
+batches, records, rejects, lost batches, version waits and noisy means — public quantities: the
+worker batch w and the step's K come from the public plan, and rejects are public as for the
+service — the model's version, and the privacy numbers the worker reads from the budget store.
+Never a statistic of a record, of a partial sum or of a clean gradient: nothing here is computed
+from records. Every reason and outcome is exported at 0 from the start (a rate over a series that
+appears at its first event is lost). No ``_created`` series (:mod:`streamer.metrics` disables them
+for the process). Counters count this process's events: the roles keep cumulative totals (a
+restored coordinator starts from the model record's) and report them; increments are derived here.
+
+Worker series
+-------------
+``panpriv_scaleout_worker_batches_published_total``
+    Noisy batch means published to the gradients topic (acknowledged by the broker).
+``panpriv_scaleout_worker_records_total``
+    Valid records learned into published batches (w per batch).
+``panpriv_scaleout_worker_records_rejected_total{reason}``
+    Records rejected by the codec, by reason (:class:`streamer.codec.Reason`; charged to the budget
+    like valid ones, as in the service).
+``panpriv_scaleout_worker_batches_lost_total{reason}``
+    Batches that reached no output (:data:`LOST_REASONS`): ``revoked`` (partitions revoked by a
+    rebalance mid-batch), ``stopped`` (SIGTERM/SIGINT or the model done mid-batch), ``budget`` (the
+    next records would exceed ``--max-epsilon`` over all runs), ``crash`` (on a restart with the
+    same ``--out``, what the last process charged and never published). Their records are charged
+    as an intrusion-only use (:mod:`streamer.scaleout.worker`).
+``panpriv_scaleout_worker_version_waits_total{outcome}``
+    Waits for version v + 1 after publishing at v (synchronous versions), by outcome
+    (:data:`WAIT_OUTCOMES`): ``arrived`` (within ``--sync-wait``) or ``timed_out`` (the worker took
+    another batch at v; its mean may arrive stale).
+``panpriv_scaleout_worker_version_wait_seconds_total``
+    Seconds spent in those waits.
+``panpriv_scaleout_worker_model_version``
+    The newest model version the worker has read (−1 before the first).
+``panpriv_privacy_epsilon{guarantee}``, ``panpriv_privacy_delta{guarantee}``
+    The guarantee of the records this worker learned (and lost), composed over every run that used
+    them, from the budget store (:func:`accounting.budget.report_for`), for ``output`` and
+    ``intrusion``: the service's names, so deploy/'s ``PanprivPrivacyBudgetHigh`` covers workers.
+    Refreshed at most every ``privacy_interval_s`` seconds (the store composes every use).
+``panpriv_budget_epsilon{source, guarantee}``
+    Per data source the worker has charged (``kafka:<cluster>/<topic>/<partition>``), the ε
+    composed over every run that used its records, worst record.
+``panpriv_privacy_epsilon_budget{guarantee}``
+    ``--max-epsilon`` when set.
+``panpriv_scaleout_info{role="worker", deployment, version}``
+    Constant 1.
+
+Coordinator series
+------------------
+``panpriv_scaleout_coordinator_steps_total``
+    AC-SA steps applied (each publishes a new model version).
+``panpriv_scaleout_coordinator_means_received_total``
+    Gradient records of this deployment read from the gradients topic (and malformed ones, whose
+    deployment is unknown). A restarted coordinator re-reads the means of the step in progress.
+``panpriv_scaleout_coordinator_means_used_total``
+    Means averaged into a step (K per step).
+``panpriv_scaleout_coordinator_means_stale_total``
+    Means dropped because they name another version than the current one.
+``panpriv_scaleout_coordinator_means_rejected_total{reason}``
+    Means dropped as ``malformed`` or of the ``wrong_shape`` (:data:`MEAN_REJECT_REASONS`).
+``panpriv_scaleout_coordinator_model_version``
+    The version last published to the model topic.
+``panpriv_scaleout_coordinator_last_published_timestamp_seconds``
+    Unix time at which the broker acknowledged that version.
+``panpriv_scaleout_info{role="coordinator", deployment, version}``
+    Constant 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+
+from accounting.ledger import Guarantee, PrivacyReport
+from streamer.metrics import GUARANTEES, serve_registry
+
+LOST_REASONS = ("revoked", "stopped", "budget", "crash")
+WAIT_OUTCOMES = ("arrived", "timed_out")
+MEAN_REJECT_REASONS = ("malformed", "wrong_shape")
+
+
+class _Counts:
+    """Counter increments, per label value, from cumulative totals (the roles keep totals)."""
+
+    def __init__(self, counter: Counter, label: str, values: Iterable[str]) -> None:
+        self._counter = counter
+        self._label = label
+        self._seen: dict[str, int] = {}
+        for value in values:
+            counter.labels(**{label: value})  # exported at 0 from the start
+
+    def start(self, totals: Mapping[str, int]) -> None:
+        """Totals already counted elsewhere (a restored state): later updates count from them."""
+        self._seen = {k: int(v) for k, v in totals.items()}
+
+    def update(self, totals: Mapping[str, int]) -> None:
+        for value, total in totals.items():
+            delta = int(total) - self._seen.get(value, 0)
+            if delta > 0:
+                self._counter.labels(**{self._label: value}).inc(delta)
+            self._seen[value] = max(int(total), self._seen.get(value, 0))
+
+
+class _Total:
+    """One unlabelled counter fed cumulative totals."""
+
+    def __init__(self, counter: Counter) -> None:
+        self._counter = counter
+        self._seen = 0.0
+
+    def start(self, total: float) -> None:
+        """A total already counted elsewhere (a restored state)."""
+        self._seen = total
+
+    def update(self, total: float) -> None:
+        if total > self._seen:
+            self._counter.inc(total - self._seen)
+            self._seen = total
+
+
+class _Role:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        self._info = Info("panpriv_scaleout", "What this scale-out process runs.", registry=self.registry)
+
+    def set_info(self, role: str, deployment: str, version: str) -> None:
+        """Label ``panpriv_scaleout_info``."""
+        self._info.info({"role": role, "deployment": deployment, "version": version})
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+        """Serve ``/metrics`` on ``addr:port``; return the function that stops the server."""
+        return serve_registry(self.registry, port, addr, f"{type(self).__name__}.serve")
+
+
+class WorkerMetrics(_Role):
+    """The worker's series (module docstring)."""
+
+    def __init__(self, reject_reasons: Iterable[str] | None = None, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        if reject_reasons is None:
+            from streamer.codec import Reason
+
+            reject_reasons = [reason.value for reason in Reason]
+        r = self.registry
+        p = "panpriv_scaleout_worker"
+        self._published = _Total(Counter(f"{p}_batches_published", "Noisy batch means published.", registry=r))
+        self._records = _Total(Counter(f"{p}_records", "Valid records learned into published batches.", registry=r))
+        self._rejected = _Counts(Counter(f"{p}_records_rejected", "Records rejected by the codec, by reason.",
+                                         ["reason"], registry=r), "reason", reject_reasons)
+        self._lost = _Counts(Counter(f"{p}_batches_lost", "Batches that reached no output, by reason.", ["reason"],
+                                     registry=r), "reason", LOST_REASONS)
+        self._waits = _Counts(Counter(f"{p}_version_waits", "Waits for the next model version, by outcome.",
+                                      ["outcome"], registry=r), "outcome", WAIT_OUTCOMES)
+        self._wait_seconds = _Total(Counter(f"{p}_version_wait_seconds", "Seconds spent waiting for the next version.",
+                                            registry=r))
+        self._version = Gauge(f"{p}_model_version", "The newest model version read (-1 before the first).", registry=r)
+        self._version.set(-1)
+        self._epsilon = Gauge("panpriv_privacy_epsilon", "Per-record epsilon of the records this worker learned, "
+                              "composed over every run that used them (budget store).", ["guarantee"], registry=r)
+        self._delta = Gauge("panpriv_privacy_delta", "Per-record delta of the same guarantee.", ["guarantee"], registry=r)
+        self._budget = Gauge("panpriv_budget_epsilon", "Per data source, epsilon composed over every run.",
+                             ["source", "guarantee"], registry=r)
+        self._epsilon_budget = Gauge("panpriv_privacy_epsilon_budget", "--max-epsilon (absent when not set).",
+                                     ["guarantee"], registry=r)
+
+    def observe_totals(self, published: int, records: int, rejected: Mapping[str, int], lost: Mapping[str, int],
+                       waits: Mapping[str, int], wait_seconds: float, version: int) -> None:
+        """The worker's cumulative counts (:class:`streamer.scaleout.worker.WorkerStats`) and newest version."""
+        self._published.update(published)
+        self._records.update(records)
+        self._rejected.update(rejected)
+        self._lost.update(lost)
+        self._waits.update(waits)
+        self._wait_seconds.update(wait_seconds)
+        self._version.set(version)
+
+    def observe_privacy(self, report: PrivacyReport, sources: Mapping[str, tuple[Guarantee, Guarantee]]) -> None:
+        """The composed statement and, per data source, the composed ε (from the budget store)."""
+        for name, guarantee in (("output", report.output), ("intrusion", report.intrusion)):
+            self._epsilon.labels(guarantee=name).set(guarantee.epsilon)
+            self._delta.labels(guarantee=name).set(guarantee.delta)
+        for source, (output, intrusion) in sources.items():
+            self._budget.labels(source=source, guarantee="output").set(output.epsilon)
+            self._budget.labels(source=source, guarantee="intrusion").set(intrusion.epsilon)
+
+    def set_epsilon_budget(self, max_epsilon: float | None) -> None:
+        """``--max-epsilon`` for both guarantees (``None``: no series)."""
+        if max_epsilon is not None:
+            for guarantee in GUARANTEES:
+                self._epsilon_budget.labels(guarantee=guarantee).set(max_epsilon)
+
+
+class CoordinatorMetrics(_Role):
+    """The coordinator's series (module docstring)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        r = self.registry
+        p = "panpriv_scaleout_coordinator"
+        self._steps = Counter(f"{p}_steps", "AC-SA steps applied (model versions published).", registry=r)
+        self._received = Counter(f"{p}_means_received", "Gradient records of this deployment read.", registry=r)
+        self._used = Counter(f"{p}_means_used", "Means averaged into a step.", registry=r)
+        self._stale = _Total(Counter(f"{p}_means_stale", "Means dropped: another version than the current one.",
+                                     registry=r))
+        self._rejected = _Counts(Counter(f"{p}_means_rejected", "Means dropped as malformed or of the wrong shape.",
+                                         ["reason"], registry=r), "reason", MEAN_REJECT_REASONS)
+        self._version = Gauge(f"{p}_model_version", "The version last published.", registry=r)
+        self._published_at = Gauge(f"{p}_last_published_timestamp_seconds",
+                                   "Unix time at which the last version was acknowledged (0 before the first).", registry=r)
+
+    def resume(self, stale: int, rejected: Mapping[str, int]) -> None:
+        """The totals a restored coordinator starts from (from the model record): not counted again."""
+        self._stale.start(stale)
+        self._rejected.start(rejected)
+
+    def observe_mean(self, stale: int, rejected: Mapping[str, int]) -> None:
+        """One gradient record read, and the coordinator's cumulative stale and reject counts."""
+        self._received.inc()
+        self._stale.update(stale)
+        self._rejected.update(rejected)
+
+    def observe_step(self, means: int) -> None:
+        """One step applied from ``means`` means."""
+        self._steps.inc()
+        self._used.inc(means)
+
+    def observe_published(self, version: int, timestamp: float) -> None:
+        """``version`` acknowledged by the broker at Unix time ``timestamp``."""
+        self._version.set(version)
+        self._published_at.set(timestamp)
