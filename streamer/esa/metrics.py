@@ -49,42 +49,17 @@ Shuffler series
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from accounting.ledger import Guarantee, PrivacyReport
-from streamer.metrics import GUARANTEES, serve_registry
+from streamer.role_metrics import CumulativeCounts, PrivacyGauges, RoleMetrics
 
 
-class _Counts:
-    """Counter increments from cumulative counts (the roles keep totals; Prometheus wants increments)."""
-
-    def __init__(self, counter: Counter, reasons: Iterable[str], start: Mapping[str, int]) -> None:
-        self._counter = counter
-        self._seen = dict(start)
-        for reason in reasons:
-            counter.labels(reason=reason)  # exported at 0 from the start
-
-    def update(self, totals: Mapping[str, int]) -> None:
-        for reason, total in totals.items():
-            delta = int(total) - self._seen.get(reason, 0)
-            if delta > 0:
-                self._counter.labels(reason=reason).inc(delta)
-            self._seen[reason] = int(total)
-
-
-class _Role:
+class _Role(RoleMetrics):
     def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.registry = CollectorRegistry() if registry is None else registry
-        self._info = Info("panpriv_esa", "What this ESA process runs.", registry=self.registry)
-
-    def set_info(self, role: str, deployment: str, version: str) -> None:
-        self._info.info({"role": role, "deployment": deployment, "version": version})
-
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
-        """Serve ``/metrics`` on ``addr:port``; return the function that stops the server."""
-        return serve_registry(self.registry, port, addr, f"{type(self).__name__}.serve")
+        super().__init__(registry, "panpriv_esa", "What this ESA process runs.")
 
 
 class AnalyzerMetrics(_Role):
@@ -96,20 +71,14 @@ class AnalyzerMetrics(_Role):
         r = self.registry
         self._rounds = Counter("panpriv_esa_rounds", "Rounds analysed (a step taken, a model published).", registry=r)
         self._messages = Counter("panpriv_esa_messages", "Messages accepted (valid, averaged into a step).", registry=r)
-        self._rejected = _Counts(
+        self._rejected = CumulativeCounts(
             Counter("panpriv_esa_rejected", "Messages or batch records rejected by the analyzer, by reason.",
-                    ["reason"], registry=r), reasons, rejected or {})
+                    ["reason"], registry=r), "reason", reasons, rejected)
         self._round = Gauge("panpriv_esa_round", "The round whose model is published.", registry=r)
         self._checkpoint = Gauge("panpriv_last_checkpoint_timestamp_seconds",
                                  "Unix time at which the last checkpoint became durable (0 before the first).", registry=r)
-        self._epsilon = Gauge("panpriv_privacy_epsilon", "Per-record epsilon of the analyzer's statement "
-                              "(composed over every run on the data source).", ["guarantee"], registry=r)
-        self._delta = Gauge("panpriv_privacy_delta", "Per-record delta of the analyzer's statement.", ["guarantee"],
-                            registry=r)
-        self._budget = Gauge("panpriv_budget_epsilon", "Per data source, epsilon composed over every run.",
-                             ["source", "guarantee"], registry=r)
-        self._epsilon_budget = Gauge("panpriv_privacy_epsilon_budget", "--max-epsilon (absent when not set).",
-                                     ["guarantee"], registry=r)
+        self._privacy = PrivacyGauges(r, "Per-record epsilon of the analyzer's statement "
+                                      "(composed over every run on the data source).")
 
     def observe_round(self, accepted: int) -> None:
         """One round analysed with ``accepted`` valid messages."""
@@ -126,17 +95,11 @@ class AnalyzerMetrics(_Role):
 
     def observe_privacy(self, report: PrivacyReport, sources: Mapping[str, tuple[Guarantee, Guarantee]]) -> None:
         """The statement's guarantees, and per data source the composed ε (never from a message)."""
-        for name, guarantee in (("output", report.output), ("intrusion", report.intrusion)):
-            self._epsilon.labels(guarantee=name).set(guarantee.epsilon)
-            self._delta.labels(guarantee=name).set(guarantee.delta)
-        for source, (output, intrusion) in sources.items():
-            self._budget.labels(source=source, guarantee="output").set(output.epsilon)
-            self._budget.labels(source=source, guarantee="intrusion").set(intrusion.epsilon)
+        self._privacy.observe(report, sources)
 
     def set_epsilon_budget(self, max_epsilon: float | None) -> None:
-        if max_epsilon is not None:
-            for guarantee in GUARANTEES:
-                self._epsilon_budget.labels(guarantee=guarantee).set(max_epsilon)
+        """``--max-epsilon`` for both guarantees (``None``: no series)."""
+        self._privacy.set_budget(max_epsilon)
 
 
 class ShufflerMetrics(_Role):
@@ -151,9 +114,9 @@ class ShufflerMetrics(_Role):
                                  registry=r)
         self._waiting = Gauge("panpriv_esa_shuffler_waiting_messages", "Messages held for incomplete rounds.",
                               registry=r)
-        self._dropped = _Counts(
+        self._dropped = CumulativeCounts(
             Counter("panpriv_esa_shuffler_dropped", "Messages dropped by the shuffler's public rules, by reason.",
-                    ["reason"], registry=r), reasons, {})
+                    ["reason"], registry=r), "reason", reasons)
         self._last = Gauge("panpriv_esa_shuffler_last_released_round", "Round of the last released batch (-1: none).",
                            registry=r)
 

@@ -71,69 +71,21 @@ Coordinator series
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from accounting.ledger import Guarantee, PrivacyReport
-from streamer.metrics import GUARANTEES, serve_registry
+from streamer.role_metrics import CumulativeCounts, CumulativeTotal, PrivacyGauges, RoleMetrics
 
 LOST_REASONS = ("revoked", "stopped", "budget", "crash")
 WAIT_OUTCOMES = ("arrived", "timed_out")
 MEAN_REJECT_REASONS = ("malformed", "wrong_shape")
 
 
-class _Counts:
-    """Counter increments, per label value, from cumulative totals (the roles keep totals)."""
-
-    def __init__(self, counter: Counter, label: str, values: Iterable[str]) -> None:
-        self._counter = counter
-        self._label = label
-        self._seen: dict[str, int] = {}
-        for value in values:
-            counter.labels(**{label: value})  # exported at 0 from the start
-
-    def start(self, totals: Mapping[str, int]) -> None:
-        """Totals already counted elsewhere (a restored state): later updates count from them."""
-        self._seen = {k: int(v) for k, v in totals.items()}
-
-    def update(self, totals: Mapping[str, int]) -> None:
-        for value, total in totals.items():
-            delta = int(total) - self._seen.get(value, 0)
-            if delta > 0:
-                self._counter.labels(**{self._label: value}).inc(delta)
-            self._seen[value] = max(int(total), self._seen.get(value, 0))
-
-
-class _Total:
-    """One unlabelled counter fed cumulative totals."""
-
-    def __init__(self, counter: Counter) -> None:
-        self._counter = counter
-        self._seen = 0.0
-
-    def start(self, total: float) -> None:
-        """A total already counted elsewhere (a restored state)."""
-        self._seen = total
-
-    def update(self, total: float) -> None:
-        if total > self._seen:
-            self._counter.inc(total - self._seen)
-            self._seen = total
-
-
-class _Role:
+class _Role(RoleMetrics):
     def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.registry = CollectorRegistry() if registry is None else registry
-        self._info = Info("panpriv_scaleout", "What this scale-out process runs.", registry=self.registry)
-
-    def set_info(self, role: str, deployment: str, version: str) -> None:
-        """Label ``panpriv_scaleout_info``."""
-        self._info.info({"role": role, "deployment": deployment, "version": version})
-
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
-        """Serve ``/metrics`` on ``addr:port``; return the function that stops the server."""
-        return serve_registry(self.registry, port, addr, f"{type(self).__name__}.serve")
+        super().__init__(registry, "panpriv_scaleout", "What this scale-out process runs.")
 
 
 class WorkerMetrics(_Role):
@@ -147,25 +99,20 @@ class WorkerMetrics(_Role):
             reject_reasons = [reason.value for reason in Reason]
         r = self.registry
         p = "panpriv_scaleout_worker"
-        self._published = _Total(Counter(f"{p}_batches_published", "Noisy batch means published.", registry=r))
-        self._records = _Total(Counter(f"{p}_records", "Valid records learned into published batches.", registry=r))
-        self._rejected = _Counts(Counter(f"{p}_records_rejected", "Records rejected by the codec, by reason.",
+        self._published = CumulativeTotal(Counter(f"{p}_batches_published", "Noisy batch means published.", registry=r))
+        self._records = CumulativeTotal(Counter(f"{p}_records", "Valid records learned into published batches.", registry=r))
+        self._rejected = CumulativeCounts(Counter(f"{p}_records_rejected", "Records rejected by the codec, by reason.",
                                          ["reason"], registry=r), "reason", reject_reasons)
-        self._lost = _Counts(Counter(f"{p}_batches_lost", "Batches that reached no output, by reason.", ["reason"],
+        self._lost = CumulativeCounts(Counter(f"{p}_batches_lost", "Batches that reached no output, by reason.", ["reason"],
                                      registry=r), "reason", LOST_REASONS)
-        self._waits = _Counts(Counter(f"{p}_version_waits", "Waits for the next model version, by outcome.",
+        self._waits = CumulativeCounts(Counter(f"{p}_version_waits", "Waits for the next model version, by outcome.",
                                       ["outcome"], registry=r), "outcome", WAIT_OUTCOMES)
-        self._wait_seconds = _Total(Counter(f"{p}_version_wait_seconds", "Seconds spent waiting for the next version.",
+        self._wait_seconds = CumulativeTotal(Counter(f"{p}_version_wait_seconds", "Seconds spent waiting for the next version.",
                                             registry=r))
         self._version = Gauge(f"{p}_model_version", "The newest model version read (-1 before the first).", registry=r)
         self._version.set(-1)
-        self._epsilon = Gauge("panpriv_privacy_epsilon", "Per-record epsilon of the records this worker learned, "
-                              "composed over every run that used them (budget store).", ["guarantee"], registry=r)
-        self._delta = Gauge("panpriv_privacy_delta", "Per-record delta of the same guarantee.", ["guarantee"], registry=r)
-        self._budget = Gauge("panpriv_budget_epsilon", "Per data source, epsilon composed over every run.",
-                             ["source", "guarantee"], registry=r)
-        self._epsilon_budget = Gauge("panpriv_privacy_epsilon_budget", "--max-epsilon (absent when not set).",
-                                     ["guarantee"], registry=r)
+        self._privacy = PrivacyGauges(r, "Per-record epsilon of the records this worker learned, "
+                                      "composed over every run that used them (budget store).")
 
     def observe_totals(self, published: int, records: int, rejected: Mapping[str, int], lost: Mapping[str, int],
                        waits: Mapping[str, int], wait_seconds: float, version: int) -> None:
@@ -180,18 +127,11 @@ class WorkerMetrics(_Role):
 
     def observe_privacy(self, report: PrivacyReport, sources: Mapping[str, tuple[Guarantee, Guarantee]]) -> None:
         """The composed statement and, per data source, the composed ε (from the budget store)."""
-        for name, guarantee in (("output", report.output), ("intrusion", report.intrusion)):
-            self._epsilon.labels(guarantee=name).set(guarantee.epsilon)
-            self._delta.labels(guarantee=name).set(guarantee.delta)
-        for source, (output, intrusion) in sources.items():
-            self._budget.labels(source=source, guarantee="output").set(output.epsilon)
-            self._budget.labels(source=source, guarantee="intrusion").set(intrusion.epsilon)
+        self._privacy.observe(report, sources)
 
     def set_epsilon_budget(self, max_epsilon: float | None) -> None:
         """``--max-epsilon`` for both guarantees (``None``: no series)."""
-        if max_epsilon is not None:
-            for guarantee in GUARANTEES:
-                self._epsilon_budget.labels(guarantee=guarantee).set(max_epsilon)
+        self._privacy.set_budget(max_epsilon)
 
 
 class CoordinatorMetrics(_Role):
@@ -204,9 +144,9 @@ class CoordinatorMetrics(_Role):
         self._steps = Counter(f"{p}_steps", "AC-SA steps applied (model versions published).", registry=r)
         self._received = Counter(f"{p}_means_received", "Gradient records of this deployment read.", registry=r)
         self._used = Counter(f"{p}_means_used", "Means averaged into a step.", registry=r)
-        self._stale = _Total(Counter(f"{p}_means_stale", "Means dropped: another version than the current one.",
+        self._stale = CumulativeTotal(Counter(f"{p}_means_stale", "Means dropped: another version than the current one.",
                                      registry=r))
-        self._rejected = _Counts(Counter(f"{p}_means_rejected", "Means dropped as malformed or of the wrong shape.",
+        self._rejected = CumulativeCounts(Counter(f"{p}_means_rejected", "Means dropped as malformed or of the wrong shape.",
                                          ["reason"], registry=r), "reason", MEAN_REJECT_REASONS)
         self._version = Gauge(f"{p}_model_version", "The version last published.", registry=r)
         self._published_at = Gauge(f"{p}_last_published_timestamp_seconds",
