@@ -7,7 +7,9 @@ prints as a usage error (exit code 2).
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from typing import Any
 
 
 def positive_int(text: str) -> int:
@@ -31,4 +33,15 @@ def port_or_zero(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port in [1, 65535], or 0 for none (got {text})")
+    return value
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object (learner options such as ``'{"radius": 16}'``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
     return value

@@ -14,14 +14,20 @@ record, a message or a clean gradient.
 
 from __future__ import annotations
 
+import argparse
+import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
 from accounting.ledger import Guarantee, PrivacyReport
+from streamer.arg_types import port_or_zero
+from streamer.errors import ConfigError
 from streamer.metrics import GUARANTEES, serve_registry
 
-__all__ = ["CumulativeCounts", "CumulativeTotal", "PrivacyGauges", "RoleMetrics"]
+__all__ = ["CumulativeCounts", "CumulativeTotal", "PrivacyGauges", "RoleMetrics", "metrics_flags", "serve_metrics"]
+
+log = logging.getLogger("panpriv.metrics")
 
 
 class CumulativeCounts:
@@ -110,3 +116,24 @@ class PrivacyGauges:
         if max_epsilon is not None:
             for guarantee in GUARANTEES:
                 self._epsilon_budget.labels(guarantee=guarantee).set(max_epsilon)
+
+
+def metrics_flags(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` (default 0: none) and ``--metrics-addr`` of a role's command."""
+    parser.add_argument("--metrics-port", type=port_or_zero, default=0,
+                        help="serve Prometheus metrics on this port (default 0: none)")
+    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address of the metrics endpoint (default 0.0.0.0)")
+
+
+def serve_metrics(metrics: RoleMetrics, args: argparse.Namespace) -> Callable[[], None] | None:
+    """Start a role's endpoint from :func:`metrics_flags`' arguments (``None`` without a port); a
+    busy port is a usage error: a service must not run unwatched."""
+    if not args.metrics_port:
+        return None
+    try:
+        stop = metrics.serve(args.metrics_port, args.metrics_addr)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {args.metrics_port} on {args.metrics_addr}: {exc.strerror}; choose a free "
+                          "port, or 0 for none") from None
+    log.info("metrics at http://%s:%d/metrics", args.metrics_addr, args.metrics_port)
+    return stop

@@ -13,34 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from streamer.arg_types import port_or_zero, positive_float, positive_int
-from streamer.errors import ConfigError
+from streamer.arg_types import json_object, positive_float, positive_int
+from streamer.role_metrics import metrics_flags, serve_metrics
 
 log = logging.getLogger("panpriv.esa")
 
 
 def _kafka(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
-
-
-def _metrics_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-port", type=port_or_zero, default=0,
-                        help="serve Prometheus metrics on this port (default 0: none)")
-    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address of the metrics endpoint (default 0.0.0.0)")
-
-
-def _serve_metrics(metrics: Any, args: argparse.Namespace) -> Callable[[], None] | None:
-    """Start the metrics endpoint of a role (``None`` without ``--metrics-port``); a busy port is a
-    usage error: a service must not run unwatched."""
-    if not args.metrics_port:
-        return None
-    try:
-        stop: Callable[[], None] = metrics.serve(args.metrics_port, args.metrics_addr)
-    except OSError as exc:
-        raise ConfigError(f"--metrics-port {args.metrics_port} on {args.metrics_addr}: {exc.strerror}; choose a free "
-                          "port, or 0 for none") from None
-    log.info("metrics at http://%s:%d/metrics", args.metrics_addr, args.metrics_port)
-    return stop
 
 
 def _version() -> str:
@@ -169,7 +149,7 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--max-rounds", type=positive_int, help="exit after releasing this many rounds")
     parser.add_argument("--max-ahead", type=positive_int, default=1,
                         help="drop messages for rounds more than this past the last released (default 1)")
-    _metrics_flags(parser)
+    metrics_flags(parser)
     parser.set_defaults(handler=cmd_shuffle)
 
 
@@ -179,7 +159,7 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
 
     metrics = ShufflerMetrics(shuffler.DROP_REASONS)
     metrics.set_info("shuffler", args.messages_topic, _version())
-    stop_server = _serve_metrics(metrics, args)
+    stop_server = serve_metrics(metrics, args)
     try:
         state = shuffler.run(shuffler.ShuffleOptions(
             args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params,
@@ -217,14 +197,14 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--epsilon", type=positive_float, default=1.0)
     parser.add_argument("--delta", type=positive_float, default=1e-6)
     parser.add_argument("--feature-bound", type=positive_float, default=1.0)
-    parser.add_argument("--options", default="{}", help="more shuffle-gaussian options as JSON, e.g. '{\"radius\": 4}'")
+    parser.add_argument("--options", type=json_object, default="{}", help="more shuffle-gaussian options as JSON, e.g. '{\"radius\": 4}'")
     parser.add_argument("--max-rounds", type=positive_int, help="exit once this many rounds are done")
     parser.add_argument("--max-epsilon", type=positive_float,
                         help="stop before a round whose records' epsilon, composed over all runs, would exceed this")
     store = parser.add_mutually_exclusive_group()
     store.add_argument("--state-dir", type=Path, help="directory of the budget store (default as for `panpriv run`)")
     store.add_argument("--budget-kafka", metavar="URL", help="the budget store on a Kafka topic: kafka://host:port/topic")
-    _metrics_flags(parser)
+    metrics_flags(parser)
     parser.set_defaults(handler=cmd_analyze)
 
 
@@ -232,12 +212,7 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
     """The ``shuffle-gaussian`` learner ``panpriv analyze ARGS`` builds when it starts afresh."""
     from protocols.shuffle_gaussian import ShuffleGaussianSGD
 
-    try:
-        options = json.loads(args.options)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--options is not JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise ConfigError("--options must be a JSON object")
+    options = dict(args.options)
     options.setdefault("loss", "logistic")
     options.setdefault("radius", math.sqrt(args.dim))
 
@@ -258,7 +233,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
     metrics = AnalyzerMetrics(REJECT_REASONS)
     metrics.set_info("analyzer", args.name, _version())
-    stop_server = _serve_metrics(metrics, args)
+    stop_server = serve_metrics(metrics, args)
     budget = service.BudgetOptions(args.messages_topic, args.state_dir, args.budget_kafka, args.max_epsilon)
     try:
         result = service.run(service.AnalyzeOptions(args.bootstrap.split(","), args.shuffled_topic, args.model_topic,

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from streamer.arg_types import port_or_zero, positive_float, positive_int
-from streamer.errors import ConfigError
+from streamer.arg_types import json_object, positive_float, positive_int
+from streamer.role_metrics import RoleMetrics, metrics_flags, serve_metrics
 
 log = logging.getLogger("panpriv.scaleout")
 
@@ -22,26 +21,15 @@ def _topics(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradients-topic", required=True, help="noisy batch means (one partition)")
     parser.add_argument("--model-topic", required=True, help="the model's versions (compacted, one partition)")
     parser.add_argument("--deployment", default="default", help="the model's name: the key on both topics")
-    parser.add_argument("--metrics-port", type=port_or_zero, default=0,
-                        help="serve Prometheus metrics on this port (default 0: none; streamer/scaleout/metrics.py)")
-    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address of the metrics endpoint (default 0.0.0.0)")
+    metrics_flags(parser)
 
 
-def _serve_metrics(metrics: Any, role: str, args: argparse.Namespace) -> Callable[[], None] | None:
-    """Label and serve a role's metrics (``None`` without ``--metrics-port``); a busy port is a
-    usage error: a service must not run unwatched."""
+def _serve_metrics(metrics: RoleMetrics, role: str, args: argparse.Namespace) -> Callable[[], None] | None:
+    """Label a role's metrics and serve them (:func:`streamer.role_metrics.serve_metrics`)."""
     from streamer.cli import _version  # one definition (cli imports this module lazily)
 
     metrics.set_info(role, args.deployment, _version())
-    if not args.metrics_port:
-        return None
-    try:
-        stop: Callable[[], None] = metrics.serve(args.metrics_port, args.metrics_addr)
-    except OSError as exc:
-        raise ConfigError(f"--metrics-port {args.metrics_port} on {args.metrics_addr}: {exc.strerror}; choose a free "
-                          "port, or 0 for none") from None
-    log.info("metrics at http://%s:%d/metrics", args.metrics_addr, args.metrics_port)
-    return stop
+    return serve_metrics(metrics, args)
 
 
 def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -106,7 +94,7 @@ def add_coordinate(commands: Any, parents: list[argparse.ArgumentParser]) -> Non
     parser.add_argument("--epsilon", type=positive_float, default=1.0)
     parser.add_argument("--delta", type=positive_float, default=1e-6)
     parser.add_argument("--feature-bound", type=positive_float, default=1.0)
-    parser.add_argument("--options", default="{}", help="more pan-acsa options as JSON, e.g. '{\"loss\": \"hinge\"}'")
+    parser.add_argument("--options", type=json_object, default="{}", help="more pan-acsa options as JSON, e.g. '{\"loss\": \"hinge\"}'")
     parser.add_argument("--max-steps", type=positive_int, help="stop after this many steps (default: the planned epoch)")
     parser.set_defaults(handler=cmd_coordinate)
 
@@ -115,12 +103,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     from protocols.pan_acsa import PanPrivateACSA
     from streamer.scaleout import coordinator
 
-    try:
-        options = json.loads(args.options)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--options is not JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise ConfigError("--options must be a JSON object")
+    options = dict(args.options)
     options.setdefault("loss", "logistic")
     options.setdefault("radius", math.sqrt(args.dim))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.arg_types import port_or_zero, positive_float, positive_int
+from streamer.arg_types import json_object, port_or_zero, positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,14 @@ def test_port_or_zero() -> None:
     for bad in ("-1", "65536"):
         with pytest.raises(argparse.ArgumentTypeError, match="port"):
             port_or_zero(bad)
+
+
+def test_json_object() -> None:
+    assert json_object('{"radius": 4}') == {"radius": 4}
+    with pytest.raises(argparse.ArgumentTypeError, match="not JSON"):
+        json_object("{radius: 4}")
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a JSON object"):
+        json_object("[3]")
 
 
 def test_argparse_reports_a_usage_error() -> None:
