@@ -268,15 +268,17 @@ class _PNSGD(Learner):
                 norms = self._scratch.take("feature_norms", Z.shape[0])
                 np.einsum("ij,ij->i", Z, Z, out=norms)
                 np.sqrt(norms, out=norms)
+                margin, update = self._scratch.take("margin", 1), self._scratch.take("update", Z.shape[1])
                 for k in range(Z.shape[0]):
-                    self._step(Z[k], float(norms[k]), labels[k : k + 1], float(scales[start + k]))
+                    self._step(Z[k], float(norms[k]), labels[k : k + 1], float(scales[start + k]), margin, update)
                     self._records += 1
         finally:
             self._scratch.wipe()
 
-    def _step(self, z: Array, z_norm: float, label: Array, scale: float) -> None:
+    def _step(self, z: Array, z_norm: float, label: Array, scale: float, margin: Array, update: Array) -> None:
         """w ← Π_K(w − η(∇φ(w; z) clipped to L + λw + noise)) for one record (``z`` of shape (p,),
-        ``z_norm`` = ‖z‖).
+        ``z_norm`` = ‖z‖; ``margin`` (shape (1,)) and ``update`` (shape (p,)) are scratch rows taken once
+        per block, not per record).
 
         The loss is a GLM, ℓ(w; z) = φ(⟨w, z⟩, y), so the gradient is φ′·z with norm |φ′|·‖z‖:
         clipping to L scales it by min(1, L/(|φ′|·‖z‖)), computed from the scalar φ′ and the row's
@@ -287,13 +289,11 @@ class _PNSGD(Learner):
         (:meth:`protocols.randomness.NoiseSource.add_gaussian`); it is zeroed with the scratch
         before ``learn_many`` returns, so neither the clean gradient nor the draw outlives the call."""
         w = self._theta
-        margin = self._scratch.take("margin", 1)
         margin[0] = z @ w
         slope = float(self.loss._dphi(margin, label)[0])
         gradient_norm = abs(slope) * z_norm
         if gradient_norm > self._lipschitz:
             slope *= self._lipschitz / gradient_norm
-        update = self._scratch.take("update", z.shape[0])
         np.multiply(z, slope, out=update)
         if self.loss.ridge:
             update += self.loss.ridge_gradient(w)
