@@ -123,8 +123,7 @@ def log2_chi_square(users: int, shares: int, log2_group: float) -> float:
     for K in range(1, n):
         terms = np.log(k[:K]) + log_w[:K] + log_e[K - 1 :: -1][:K]
         log_e[K] = log_lambda + _logsumexp(terms) - math.log(K)
-    K = np.arange(1, n)
-    log_a = np.array([lg(n) + lg(n + 1) + lg((n - j) * m + 1) - lg(n - j) - lg(n - j + 1) - lg(n * m + 1) for j in K])
+    log_a = np.array([lg(n) + lg(n + 1) + lg((n - j) * m + 1) - lg(n - j) - lg(n - j + 1) - lg(n * m + 1) for j in range(1, n)])
     return _logsumexp(log_a + log_e[1:]) / _LN2
 
 

@@ -213,6 +213,19 @@ class ShuffleACSA(EncodedLearner):
             if not self.finished:
                 self._iterate = Iterate.start(self._iterate.theta_ag)
 
+    def query_point(self) -> Array:
+        """θ^md of the round in progress: where its users take their gradients (Cheu et al. 2022, Alg. 4)."""
+        return self._iterate.theta_md.copy()
+
+    def round_smoothing(self) -> float | None:
+        """β_s of the Moreau envelope whose gradients the round's users report (``None``: the loss's own)."""
+        return self.plans[self._phase].smoothing
+
+    @property
+    def gradient_bound(self) -> float:
+        """L: each user's gradient is clipped to this norm before PVEC."""
+        return self._lipschitz
+
     # -- outputs -----------------------------------------------------------------------------------
 
     def release(self) -> Array:

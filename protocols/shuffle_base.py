@@ -278,10 +278,38 @@ class EncodedLearner(Learner):
             self._filled += rows.stop - rows.start
             self._records += rows.stop - rows.start
             if self._filled == vector_sum.n:
-                mean = vector_sum.analyze(self._totals) / vector_sum.n
+                totals, self._totals = self._totals, np.zeros(self._params, dtype=np.int64)
                 self._filled = 0
-                self._totals = np.zeros(self._params, dtype=np.int64)
-                self._finish_round(mean)
+                self._close_round(vector_sum, totals)
+
+    def _close_round(self, vector_sum: VectorSum, totals: NDArray[np.int64]) -> None:
+        """The analyzer: A_VEC on the round's totals, divided by its users, then the step."""
+        self._finish_round(vector_sum.analyze(totals) / vector_sum.n)
+
+    # -- the analyzer's half (Encode–Shuffle–Analyze) ------------------------------------------
+
+    def round_sum(self) -> VectorSum:
+        """The PVEC instance of the round in progress (its ``n`` users, its (g, b, p))."""
+        return self._round_sum()
+
+    def learn_totals(self, totals: NDArray[np.integer]) -> None:
+        """One whole round from the shuffler's view alone: the per-coordinate totals Tⱼ of the
+        round's users' PVEC counts (:meth:`VectorSum.aggregate`), obtained by a deployment whose
+        users run the randomizer themselves (:mod:`streamer.esa`). The same analysis and step as
+        :meth:`learn_many`; the round's ``n`` users count as learned. Never inside a round begun by
+        :meth:`learn_many`."""
+        vector_sum = self._round_sum()
+        totals = np.asarray(totals)
+        if self._filled or totals.shape != (self._params,) or not np.issubdtype(totals.dtype, np.integer):
+            raise InvalidInputError(
+                f"{self._owner}.learn_totals: needs integer totals of shape ({self._params},) and no round in progress "
+                f"(got {totals.dtype} {totals.shape}, {self._filled} records of the round seen)"
+            )
+        if totals.min() < 0 or totals.max() > vector_sum.n * (vector_sum.g + vector_sum.b):
+            raise InvalidInputError(f"{self._owner}.learn_totals: totals outside [0, n(g + b)]")
+        self._check_room(vector_sum.n)
+        self._records += vector_sum.n
+        self._close_round(vector_sum, totals.astype(np.int64))
 
     def _add_messages(self, vector_sum: VectorSum, Z: Array, labels: Array) -> None:
         """The users' PVEC messages for their clipped gradients, summed into ``totals``. Features,

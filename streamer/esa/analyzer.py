@@ -61,11 +61,11 @@ Gate = Callable[[int, PrivacyReport], "str | None"]
 else why not (:meth:`streamer.esa.budget.AnalyzerBudget.charge`)."""
 
 
-def _encode_state(state: Mapping[str, StateValue]) -> dict[str, Any]:
+def encode_state(state: Mapping[str, StateValue]) -> dict[str, Any]:
     return {k: {"array": v.tolist()} if isinstance(v, np.ndarray) else v for k, v in state.items()}
 
 
-def _decode_state(data: Mapping[str, Any]) -> dict[str, StateValue]:
+def decode_state(data: Mapping[str, Any]) -> dict[str, StateValue]:
     return {k: np.asarray(v["array"], dtype=np.float64) if isinstance(v, dict) else v for k, v in data.items()}
 
 
@@ -203,7 +203,7 @@ class Analyzer:
             "name": self.name,
             "instance": self.instance,
             "config": self.learner.config(),
-            "state": _encode_state(self.learner.state_dict()),
+            "state": encode_state(self.learner.state_dict()),
             "offset": self.offset,
             "applied": self.applied,
             "rejected": dict(self.rejected),
@@ -217,7 +217,7 @@ class Analyzer:
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> Analyzer:
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"not an analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        learner = ShuffleGaussianSGD.from_state_dict(data["config"], _decode_state(data["state"]))
+        learner = ShuffleGaussianSGD.from_state_dict(data["config"], decode_state(data["state"]))
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer.offset = int(data["offset"])
         analyzer.applied = list(data["applied"])

@@ -1,4 +1,5 @@
-"""The privacy statement of a ``shuffle-gaussian`` analyzer deployed as Encode–Shuffle–Analyze.
+"""The privacy statement of an analyzer deployed as Encode–Shuffle–Analyze: ``shuffle-gaussian``
+(:func:`esa_report`) and ``shuffle-acsa`` over secure summation (:func:`sum_report`).
 
 The learner's own report (:meth:`protocols.shuffle_gaussian.ShuffleGaussianSGD.privacy`) assumes
 randomizer, shuffler and analyzer in one process. Deployed in three roles (Bittau et al. 2017 §3)
@@ -23,6 +24,9 @@ from __future__ import annotations
 import dataclasses
 
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols.secure_sum import added_delta
+from protocols.shuffle_acsa import ShuffleACSA
+from protocols.shuffle_base import max_guarantee
 from protocols.shuffle_gaussian import ShuffleGaussianSGD
 
 DEPLOYMENT = "trusted shuffler, separate process"
@@ -61,4 +65,52 @@ def esa_report(learner: ShuffleGaussianSGD, min_valid: int | None) -> PrivacyRep
         output=output,
         assumptions=tuple([*roles, *assumptions]),
         references=tuple([*report.references, REFERENCE]),
+    )
+
+
+SECURE_SUM_REFERENCE = "Ishai et al. 2006 (split and mix; message count: protocols.secure_sum)"
+
+
+def sum_report(learner: ShuffleACSA, users: int, shares: int, bits: int, tau: float) -> PrivacyReport:
+    """The ``shuffle-acsa`` learner's report restated for an ESA deployment over split-and-mix
+    shares (:mod:`protocols.secure_sum`, :mod:`streamer.esa.sum_analyzer`).
+
+    - **output**: PVEC's (ε, δ) per round (Cheu et al. 2022, Thm 3.2, a statement about the
+      per-coordinate totals of the users' counts) becomes (ε, δ + (1 + e^ε)·τ): the analyzer sees
+      the round's shuffled shares, within statistical distance τ of a function of the totals
+      (:func:`protocols.secure_sum.distance_bound`), and the hybrid argument of
+      :mod:`protocols.secure_sum` adds (1 + e^ε)·τ to δ;
+    - **intrusion** into the analyzer, **collusion** of shuffler and analyzer: both link a user's m
+      shares (one message on the messages topic, or the shuffler's record of which units came
+      together) and so see her PVEC count vector: the local guarantee of PVEC's randomizer.
+    """
+    report = learner.privacy()
+    local = report.intrusion
+    eps = report.output.epsilon
+    added = added_delta(eps, tau)
+    output = Guarantee(eps, report.output.delta + added)
+    roles = [
+        f"deployment: {DEPLOYMENT} (Encode-Shuffle-Analyze) over secure summation: each client splits her PVEC count "
+        f"vector into m = {shares} additive shares in Z_q^d, q = 2^{bits} > B(g + b), seals each share separately to the "
+        f"analyzer's key and sends the m together; a separate shuffler drops metadata, releases a round only at exactly "
+        f"B = {users} complete users and permutes all B*m shares with OS entropy; the analyzer sums them mod q",
+        f"secure summation (Ishai et al. 2006): the analyzer's view of a round is within statistical distance "
+        f"tau = {tau:.3g} of a function of the per-coordinate totals alone (the bound proved in protocols.secure_sum, "
+        f"not a paper's constant); the output delta includes (1 + e^eps) tau = {added:.3g}",
+        f"client: her count vector is {local}-locally private (PVEC's randomizer) against anyone, including a shuffler "
+        "and analyzer that collude (they can link her m shares)",
+        f"shuffler: holds no key that opens a share; if it colludes with the analyzer only the local guarantee {local} holds",
+        f"analyzer intrusion: its private key opens the messages topic, where a user's m shares are one message, so one "
+        f"read of its memory or files plus all outputs is bounded by the local guarantee {local}",
+        "malicious clients: a client can shift a round's sum by any amount mod q (utility only: it learns nothing of the "
+        "others); a round whose sum leaves [0, B(g + b)], or with any share that does not open, is skipped, neither "
+        "learned nor charged; every well-formed share is assumed to come from an honest client running PVEC's randomizer",
+    ]
+    assumptions = [a for a in report.assumptions if not a.startswith("a trusted shuffler")]
+    return dataclasses.replace(
+        report,
+        output=output,
+        intrusion=max_guarantee(local, output),
+        assumptions=tuple([*roles, *assumptions]),
+        references=tuple([*report.references, REFERENCE, SECURE_SUM_REFERENCE]),
     )

@@ -21,6 +21,12 @@ What it does with each record of the messages topic (one partition; see "Order" 
 
 It holds no private key: it cannot read a message (sealed boxes), only their round tags and sizes.
 
+**Share messages** (``shares`` = m; ``shuffle-acsa``, :mod:`protocols.secure_sum`): each message is
+one user's m sealed shares (:func:`streamer.esa.wire.shares_message`). The threshold still counts
+users — a round is released at exactly b complete messages — and the batch holds their b·m
+**units** (:func:`streamer.esa.wire.units`), all permuted together, so no unit's position says
+which user, or which other units, it came with. A message with another m is ``malformed``.
+
 **Exactly once with respect to its input.** *No loss*: an offset is committed only once every
 message below it is in an acknowledged batch or was dropped by a rule above (step 5). *No
 duplicate*: rounds are released in increasing order (round t + 1 cannot exist before the analyzer
@@ -87,11 +93,13 @@ class Shuffler:
         Drop a round still short this long after its first message (``None``: wait forever).
     max_ahead
         Drop messages for rounds beyond ``last_released + max_ahead``.
+    shares
+        m: each message is a share message of m units, released as units (``None``: single messages).
     """
 
     def __init__(self, batch_size: int, message_size: int, last_released: int = -1,
                  drop_short_after_s: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 max_ahead: int = 1) -> None:
+                 max_ahead: int = 1, shares: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.batch_size = batch_size
@@ -99,15 +107,19 @@ class Shuffler:
         self.last_released = last_released
         self.drop_short_after_s = drop_short_after_s
         self.max_ahead = max_ahead
+        self.shares = shares
         self.dropped: Counter[str] = Counter()
         self.released = 0
         self._pending: dict[int, Pending] = {}
         self._clock = clock
 
     def offer(self, offset: int, value: bytes | None) -> list[tuple[int, list[bytes]]]:
-        """Take one input record; return the rounds it completes as (round, permuted messages)."""
+        """Take one input record; return the rounds it completes as (round, permuted messages or units)."""
         try:
-            round_ = wire.message_round(value or b"", self.message_size)
+            if self.shares is None:
+                round_ = wire.message_round(value or b"", self.message_size)
+            else:
+                round_ = wire.shares_message_round(value or b"", self.message_size, self.shares)
         except wire.WireError:
             self.dropped["malformed"] += 1
             return []
@@ -122,7 +134,10 @@ class Shuffler:
         if len(pending.items) < self.batch_size:
             return []
         del self._pending[round_]
-        return [(round_, permuted([item for _, item in pending.items]))]
+        messages = [item for _, item in pending.items]
+        if self.shares is not None:
+            messages = [unit for item in messages for unit in wire.units(item, self.shares)]
+        return [(round_, permuted(messages))]
 
     def mark_released(self, round_: int) -> None:
         """Round ``round_`` is acknowledged on the shuffled topic: rounds before it can never be
@@ -186,6 +201,7 @@ class ShuffleOptions:
     idle_exit_s: float | None = None
     max_ahead: int = 1
     metrics: ShufflerMetrics | None = None
+    shares: int | None = None
 
 
 def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuffler:
@@ -207,8 +223,10 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
         last = last_released_round(reader, options.shuffled_topic)
     finally:
         reader.close()
-    state = Shuffler(options.batch_size, wire.message_size(options.params), last, options.drop_short_after_s,
-                     max_ahead=options.max_ahead)
+    size = (wire.message_size(options.params) if options.shares is None
+            else wire.shares_message_size(options.params, options.shares))
+    state = Shuffler(options.batch_size, size, last, options.drop_short_after_s, max_ahead=options.max_ahead,
+                     shares=options.shares)
     consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
                                      auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
     producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,

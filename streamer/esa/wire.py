@@ -18,6 +18,19 @@ ephemeral sender key): anonymous and authenticated encryption to the analyzer's 
 The batch id is the SHA-256 of the round and the sorted messages: the same messages give the same
 id whatever their order, so a batch the shuffler released twice across a crash is recognised and
 dropped by the analyzer (:mod:`streamer.esa.shuffler`).
+
+**Share message** (``shuffle-acsa``: split-and-mix shares of a PVEC count vector,
+:mod:`protocols.secure_sum`), one per user, so her m shares arrive atomically; fixed size for
+given (d, m)::
+
+    b"PPS1" | round (u64) | key id (8 bytes) | m (u32) | m × sealed box of: round (u64) | d × uint32 (LE)
+
+Each share is sealed on its own (its own ephemeral key), so the boxes are unlinkable once apart.
+The shuffler cuts the message into its m boxes and frames each as a **unit**, the batch's element::
+
+    b"PPU1" | round (u64) | key id (8 bytes) | sealed box
+
+and a batch (``PPB1`` as above) of a share round holds B·m units of B complete users.
 """
 
 from __future__ import annotations
@@ -32,11 +45,14 @@ from numpy.typing import NDArray
 
 MESSAGE_MAGIC = b"PPM1"
 BATCH_MAGIC = b"PPB1"
+SHARES_MAGIC = b"PPS1"
+UNIT_MAGIC = b"PPU1"
 KEY_ID_BYTES = 8
 SEAL_OVERHEAD = 48
 """A sealed box adds an ephemeral public key (32 bytes) and a Poly1305 tag (16 bytes)."""
 
 _MESSAGE_HEAD = struct.Struct(">4sQ8s")
+_SHARES_HEAD = struct.Struct(">4sQ8sI")
 _BATCH_HEAD = struct.Struct(">4sQII32s")
 _ROUND = struct.Struct(">Q")
 
@@ -76,9 +92,10 @@ class Header:
     key_id: bytes
 
 
-def parse_message(data: bytes) -> tuple[Header, bytes]:
-    """The header and the sealed box of a message; :class:`WireError` if it is not one."""
-    if len(data) < _MESSAGE_HEAD.size + SEAL_OVERHEAD or data[:4] != MESSAGE_MAGIC:
+def parse_message(data: bytes, magic: bytes = MESSAGE_MAGIC) -> tuple[Header, bytes]:
+    """The header and the sealed box of a message (``magic`` :data:`UNIT_MAGIC`: of a unit);
+    :class:`WireError` if it is not one."""
+    if len(data) < _MESSAGE_HEAD.size + SEAL_OVERHEAD or data[:4] != magic:
         raise WireError("malformed")
     magic, round_, key_id = _MESSAGE_HEAD.unpack_from(data)
     return Header(round_, key_id), data[_MESSAGE_HEAD.size:]
@@ -89,6 +106,60 @@ def message_round(data: bytes, size: int) -> int:
     if len(data) != size:
         raise WireError("wrong_size")
     return parse_message(data)[0].round
+
+
+def share_plaintext(round_: int, share: NDArray[np.uint32]) -> bytes:
+    """The sealed part of one share: the round and the share (little-endian uint32)."""
+    return _ROUND.pack(round_) + np.ascontiguousarray(share, dtype="<u4").tobytes()
+
+
+def parse_share_plaintext(data: bytes, dim: int) -> tuple[int, NDArray[np.uint32]]:
+    """Inverse of :func:`share_plaintext`; raises :class:`WireError` on a wrong length."""
+    if len(data) != _ROUND.size + 4 * dim:
+        raise WireError("wrong_size")
+    (round_,) = _ROUND.unpack_from(data)
+    return round_, np.frombuffer(data, dtype="<u4", offset=_ROUND.size).astype(np.uint32)
+
+
+def sealed_share_size(dim: int) -> int:
+    """Bytes of one sealed share of ``dim`` coordinates."""
+    return SEAL_OVERHEAD + _ROUND.size + 4 * dim
+
+
+def shares_message_size(dim: int, shares: int) -> int:
+    """Bytes of every share message: m sealed shares of ``dim`` coordinates."""
+    return _SHARES_HEAD.size + shares * sealed_share_size(dim)
+
+
+def unit_size(dim: int) -> int:
+    """Bytes of every unit of a share batch."""
+    return _MESSAGE_HEAD.size + sealed_share_size(dim)
+
+
+def shares_message(round_: int, key_id: bytes, sealed: Sequence[bytes]) -> bytes:
+    """A whole share message: the clear header and the m sealed shares (all of one size)."""
+    if len({len(box) for box in sealed}) > 1:
+        raise WireError("the sealed shares of a message must have one size")
+    return _SHARES_HEAD.pack(SHARES_MAGIC, round_, key_id, len(sealed)) + b"".join(sealed)
+
+
+def shares_message_round(data: bytes, size: int, shares: int) -> int:
+    """The clear round of a share message of exactly ``size`` bytes and ``shares`` shares."""
+    if len(data) != size or len(data) < _SHARES_HEAD.size:
+        raise WireError("wrong_size")
+    magic, round_, _, count = _SHARES_HEAD.unpack_from(data)
+    if magic != SHARES_MAGIC or count != shares:
+        raise WireError("malformed")
+    return int(round_)
+
+
+def units(data: bytes, shares: int) -> list[bytes]:
+    """The shuffler's cut of a share message (already checked by :func:`shares_message_round`)
+    into its ``shares`` units, each framed with the message's round and key id."""
+    _, round_, key, _ = _SHARES_HEAD.unpack_from(data)
+    size = (len(data) - _SHARES_HEAD.size) // shares
+    head = _MESSAGE_HEAD.pack(UNIT_MAGIC, round_, key)
+    return [head + data[_SHARES_HEAD.size + i * size:_SHARES_HEAD.size + (i + 1) * size] for i in range(shares)]
 
 
 def batch_id(round_: int, messages: Sequence[bytes]) -> bytes:

@@ -1,0 +1,262 @@
+"""``panpriv analyze --learner shuffle-acsa``: the analyzer of Encode–Shuffle–Analyze over secure
+summation (Bittau et al. 2017 §3; Ishai et al. 2006 split and mix, :mod:`protocols.secure_sum`;
+Cheu et al. 2022 Alg. 4 for the analysis).
+
+Each user of round t sends her PVEC count vector c ∈ {0, …, g + b}^d as m additive shares in
+Z_q^d, each sealed on its own (:mod:`streamer.esa.sum_client`); the shuffler releases the round
+at exactly B users as B·m permuted units (:mod:`streamer.esa.shuffler`). For the batch of the
+current round the analyzer opens every unit, sums them mod q = 2^k (q > B(g + b), so the sum is
+the true per-coordinate total), checks every total lies in [0, B(g + b)], and gives the totals to
+:meth:`protocols.shuffle_base.EncodedLearner.learn_totals` — the same A_VEC analysis and AC-SA
+step the in-process ``shuffle-acsa`` learner takes — then publishes round t + 1's model: its
+query point θ^md and what a client needs to answer it (:meth:`SumAnalyzer.model`).
+
+**Rejected, counted by reason**: per batch ``malformed_batch``, ``duplicate_batch``,
+``stale_round``, ``wrong_batch_size`` (not exactly B·m units), ``horizon_reached`` (the learner
+has used its n records); per unit ``malformed``, ``unknown_key``, ``undecryptable``,
+``round_mismatch``, ``duplicate_message``; per round ``invalid_units`` (some unit of the round
+did not open: without it the sum is a uniformly random value) and ``out_of_range`` (a total
+outside [0, B(g + b)]: a malicious client shifted the sum, or a share was replaced). A shifted sum
+that stays in range is not detectable: a malicious client can bias a round's gradient (utility),
+never learn anything of the others. A round rejected as a whole is **skipped**: not learned, not
+charged, and the next round's model (same θ) is published so the deployment goes on; the learner
+then ends its horizon that many rounds later.
+
+**One batch size.** The shuffler thresholds at one B, so the learner's plan must give every round
+the same number of users (for ``shuffle-acsa``: a ``batch_size`` that divides ``horizon``, one run).
+
+Exactly once and the budget: as :mod:`streamer.esa.analyzer` (a deterministic step, an atomic
+checkpoint before publication, the round charged through ``gate`` before it is learned).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from nacl.exceptions import CryptoError
+from nacl.public import PrivateKey, SealedBox
+
+from accounting.ledger import PrivacyReport
+from protocols.secure_sum import SECURITY_BITS, distance_bound, modulus_bits, recombine, shares_needed
+from protocols.shuffle_acsa import ShuffleACSA
+from streamer.esa import wire
+from streamer.esa.analyzer import APPLIED_KEPT, Gate, decode_state, encode_state
+from streamer.esa.deployment import DEPLOYMENT, sum_report
+from streamer.esa.keys import key_id
+from streamer.esa.model import ModelRecord
+
+CHECKPOINT_FORMAT = "panpriv-esa-sum-analyzer/1"
+
+REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_batch_size", "horizon_reached",
+                  "malformed", "unknown_key", "undecryptable", "round_mismatch", "duplicate_message",
+                  "invalid_units", "out_of_range")
+"""Every reason :meth:`SumAnalyzer.handle` counts (module docstring)."""
+
+
+class SumAnalyzer:
+    """The secure-sum analyzer's state machine (no I/O); the interface of
+    :class:`streamer.esa.analyzer.Analyzer`, which :mod:`streamer.esa.analyze_service` drives.
+
+    Parameters
+    ----------
+    learner
+        A ``shuffle-acsa`` learner whose plan gives every round the same number of users.
+    keys, name, instance
+        As :class:`streamer.esa.analyzer.Analyzer`.
+    """
+
+    def __init__(self, learner: ShuffleACSA, keys: list[PrivateKey], name: str, instance: str | None = None) -> None:
+        sizes = sorted(learner.vector_sums)
+        if len(sizes) != 1:
+            raise ValueError(f"the ESA shuffler releases rounds of one size; this shuffle-acsa plan has rounds of {sizes} "
+                             "users (give a batch_size that divides the horizon, and no strong convexity)")
+        if not keys:
+            raise ValueError("the analyzer needs at least one private key")
+        self.learner = learner
+        self.name = name
+        self.instance = instance
+        self._boxes = {key_id(k.public_key): SealedBox(k) for k in keys}
+        self.current_key = key_id(keys[0].public_key)
+        vector_sum = learner.vector_sums[sizes[0]]
+        self.users, self.dim = vector_sum.n, vector_sum.d
+        self.max_count = vector_sum.g + vector_sum.b
+        self.bits = modulus_bits(self.users, self.max_count)
+        self.shares = shares_needed(self.users, self.dim * self.bits, SECURITY_BITS)
+        self.tau = distance_bound(self.users, self.shares, self.dim * self.bits)
+        self._unit_size = wire.unit_size(self.dim)
+        self.round = 0
+        self.skipped = 0
+        self.rejected: Counter[str] = Counter()
+        self.applied: list[str] = []
+        self.offset = 0
+        self.gate: Gate | None = None
+        self.stopped: str | None = None
+        self.last_valid = 0
+
+    def handle(self, value: bytes | None) -> bool:
+        """Analyse one record of the shuffled topic; True if it closed the current round (learned or
+        skipped: either way round t + 1's model is to be published)."""
+        try:
+            batch = wire.parse_batch(value or b"")
+        except wire.WireError:
+            self.rejected["malformed_batch"] += 1
+            return False
+        if batch.id.hex() in self.applied:
+            self.rejected["duplicate_batch"] += 1
+            return False
+        if batch.round != self.round:
+            self.rejected["stale_round"] += len(batch.messages)
+            return False
+        if self.learner.finished:
+            self.rejected["horizon_reached"] += len(batch.messages)
+            return False
+        if len(batch.messages) != self.users * self.shares:
+            self.rejected["wrong_batch_size"] += len(batch.messages)
+            return False
+        learned = self._learn(batch)
+        if learned is None:
+            return False
+        self.skipped += 0 if learned else 1
+        self.last_valid = self.users if learned else 0
+        self.round += 1
+        self.applied = [*self.applied[-(APPLIED_KEPT - 1):], batch.id.hex()]
+        return True
+
+    def _learn(self, batch: wire.Batch) -> bool | None:
+        """Open, sum, check and learn the round: True if learned, False if skipped (counted),
+        ``None`` if the budget refused it (``stopped``). Shares and totals are zeroed after use."""
+        units = self._open(batch)
+        if units is None:
+            self.rejected["invalid_units"] += 1
+            return False
+        try:
+            totals = recombine(units, self.bits)
+        finally:
+            units.fill(0)
+        try:
+            if totals.max() > self.users * self.max_count:
+                self.rejected["out_of_range"] += 1
+                return False
+            if self.gate is not None:
+                self.stopped = self.gate(self.round, self.report())
+                if self.stopped is not None:
+                    return None
+            self.learner.learn_totals(totals)
+            return True
+        finally:
+            totals.fill(0)
+
+    def _open(self, batch: wire.Batch) -> np.ndarray | None:
+        """The batch's shares as rows (B·m, d); ``None`` if any unit fails (counted by reason)."""
+        rows = np.zeros((len(batch.messages), self.dim), dtype=np.uint32)
+        seen: set[bytes] = set()
+        valid = True
+        for k, item in enumerate(batch.messages):
+            reason = self._open_one(item, batch.round, seen, rows[k])
+            if reason is not None:
+                self.rejected[reason] += 1
+                valid = False
+        if not valid:
+            rows.fill(0)
+            return None
+        return rows
+
+    def _open_one(self, item: bytes, round_: int, seen: set[bytes], out: np.ndarray) -> str | None:
+        if len(item) != self._unit_size:
+            return "malformed"
+        try:
+            header, sealed = wire.parse_message(item, wire.UNIT_MAGIC)
+        except wire.WireError:
+            return "malformed"
+        if header.round != round_:
+            return "round_mismatch"
+        if sealed in seen:
+            return "duplicate_message"
+        seen.add(sealed)
+        box = self._boxes.get(header.key_id)
+        if box is None:
+            return "unknown_key"
+        try:
+            inner_round, share = wire.parse_share_plaintext(box.decrypt(sealed), self.dim)
+        except CryptoError:
+            return "undecryptable"
+        except wire.WireError:
+            return "malformed"
+        if inner_round != round_:
+            return "round_mismatch"
+        if share.max() >> self.bits:
+            return "malformed"
+        out[...] = share
+        share.fill(0)
+        return None
+
+    def calibration(self) -> dict[str, Any]:
+        """What a client needs to answer the current round: the loss, the clips, the plan's
+        smoothing, the PVEC instance (its (ε, δ) and (g, b, p), which the client recomputes) and
+        the secure sum (m shares in Z_{2^k}^d, σ)."""
+        learner, vector_sum = self.learner, self.learner.round_sum()
+        return {
+            "dim": learner.dim,
+            "params": self.dim,
+            "loss": learner.loss.config(),
+            "feature_bound": learner.feature_bound,
+            "clip": learner.gradient_bound,
+            "smoothing": learner.round_smoothing(),
+            "batch_size": self.users,
+            "epsilon": learner.epsilon,
+            "delta": learner.delta,
+            "l2_bound": vector_sum.l2_bound,
+            "calibration": learner.calibration,
+            "honest_fraction": learner.honest_fraction,
+            "g": vector_sum.g,
+            "b": vector_sum.b,
+            "p": vector_sum.p,
+            "shares": self.shares,
+            "modulus_bits": self.bits,
+            "security_bits": SECURITY_BITS,
+        }
+
+    def model(self) -> ModelRecord:
+        """The public model record of the current round; its θ is the query point θ^md."""
+        theta = self.learner.query_point() if not self.learner.finished else self.learner.release()
+        local = self.report().intrusion
+        return ModelRecord("shuffle-acsa", self.name, self.round, theta, self.calibration(), self.current_key.hex(),
+                           (local.epsilon, local.delta))
+
+    def report(self) -> PrivacyReport:
+        """The statement of this deployment (:func:`streamer.esa.deployment.sum_report`)."""
+        return sum_report(self.learner, self.users, self.shares, self.bits, self.tau)
+
+    def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:
+        """Noisy state, counters and position only (no share, no key)."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "deployment": DEPLOYMENT,
+            "name": self.name,
+            "instance": self.instance,
+            "config": self.learner.config(),
+            "state": encode_state(self.learner.state_dict()),
+            "offset": self.offset,
+            "applied": self.applied,
+            "rejected": dict(self.rejected),
+            "round": self.round,
+            "skipped": self.skipped,
+            "released": self.learner.release().tolist(),
+            "privacy": (privacy or self.report()).to_dict(),
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> SumAnalyzer:
+        if data.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"not a secure-sum analyzer checkpoint ({CHECKPOINT_FORMAT})")
+        learner = ShuffleACSA.from_state_dict(data["config"], decode_state(data["state"]))
+        analyzer = cls(learner, keys, data["name"], data.get("instance"))
+        analyzer.offset = int(data["offset"])
+        analyzer.applied = list(data["applied"])
+        analyzer.rejected = Counter({k: int(v) for k, v in data["rejected"].items()})
+        analyzer.round = int(data["round"])
+        analyzer.skipped = int(data["skipped"])
+        return analyzer

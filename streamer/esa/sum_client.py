@@ -1,0 +1,129 @@
+"""The user's side of Encode–Shuffle–Analyze for ``shuffle-acsa`` over secure summation (Bittau et
+al. 2017 §3, the encoder; Cheu et al. 2022 Algs 2 and 4, the local randomizer; Ishai et al. 2006,
+split and mix, :mod:`protocols.secure_sum`).
+
+For the round named by the public model record (:mod:`streamer.esa.model`), a user with record
+(x, y): takes her gradient at the round's query point θ^md, clipped to L (of the Moreau envelope
+when the plan smooths) — :func:`protocols.scratch.clipped_gradients`, the very function the
+in-process learner uses; runs PVEC's local randomizer on it — :meth:`protocols.encoder.VectorSum.randomize`,
+likewise — giving her count vector c ∈ {0, …, g + b}^d; splits c into m additive shares in
+Z_q^d (:func:`protocols.secure_sum.split`, OS entropy); seals **each** share to the analyzer's
+public key on its own; and sends the m sealed shares as one message (:func:`streamer.esa.wire.shares_message`).
+
+The client trusts the record for nothing it can recompute: it rebuilds the PVEC instance from the
+record's (n, d, ε, δ, l2 bound, calibration) and refuses a record whose (g, b, p) differ, and it
+recomputes m and q from (n, d, g + b) at its own σ (:data:`protocols.secure_sum.SECURITY_BITS`).
+
+Her guarantees: against anyone, the local guarantee of PVEC's randomizer (a shuffler and an
+analyzer that collude can link her m shares); against the analyzer alone, PVEC's shuffle-model
+(ε, δ) plus the secure sum's (1 + e^ε)·τ (:func:`streamer.esa.deployment.sum_report`).
+
+This module imports ``protocols``, ``accounting``, numpy, PyNaCl and its siblings
+``streamer.esa.wire``/``keys``/``model``/``client`` only — none of the service (tested).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from nacl.public import PublicKey, SealedBox
+from numpy.typing import NDArray
+
+from protocols import scratch
+from protocols.encoder import VectorSum
+from protocols.losses import loss_from_config
+from protocols.randomness import NoiseSource, RngLike
+from protocols.secure_sum import SECURITY_BITS, modulus_bits, shares_needed, split
+from protocols.shuffle_base import message_guarantee
+from streamer.esa import wire
+from streamer.esa.client import RefusedModel
+from streamer.esa.keys import key_id
+from streamer.esa.model import ModelRecord
+
+Array = NDArray[np.float64]
+
+
+class SharesEncoder:
+    """Turns records into share messages for the round of one public ``shuffle-acsa`` model record.
+
+    Parameters
+    ----------
+    public_key
+        The analyzer's public key (obtained out of band).
+    model
+        The round's model record.
+    max_local_epsilon
+        Refuse a model whose PVEC randomizer is less private than this locally (ε at the record's δ).
+    rng
+        ``None``: fresh OS entropy for the PVEC noise (the deployment). A seed or generator: tests
+        only. The shares always come from OS entropy.
+    """
+
+    def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
+                 rng: RngLike = None) -> None:
+        if model.learner != "shuffle-acsa":
+            raise RefusedModel(f"this encoder speaks shuffle-acsa, the model is for {model.learner!r}")
+        self._key_id = key_id(public_key)
+        if self._key_id.hex() != model.key_id:
+            raise RefusedModel(f"the analyzer now reads key {model.key_id}, this client holds the public key "
+                               f"{self._key_id.hex()}: fetch the new public key")
+        cal = model.calibration
+        self.round = model.round
+        self.dim = int(cal["dim"])
+        self.loss = loss_from_config(cal["loss"])
+        self.feature_bound = float(cal["feature_bound"])
+        self.clip = float(cal["clip"])
+        self.smoothing = None if cal["smoothing"] is None else float(cal["smoothing"])
+        self.vector_sum = VectorSum(int(cal["batch_size"]), int(cal["params"]), float(cal["epsilon"]), float(cal["delta"]),
+                                    float(cal["l2_bound"]), calibration=cal["calibration"],
+                                    honest_fraction=float(cal["honest_fraction"]))
+        if (self.vector_sum.g, self.vector_sum.b, self.vector_sum.p) != (cal["g"], cal["b"], cal["p"]):
+            raise RefusedModel(f"the model's PVEC parameters (g, b, p) = ({cal['g']}, {cal['b']}, {cal['p']}) are not the "
+                               f"({self.vector_sum.g}, {self.vector_sum.b}, {self.vector_sum.p}) its (epsilon, delta) give")
+        self.bits = modulus_bits(self.vector_sum.n, self.vector_sum.g + self.vector_sum.b)
+        self.shares = shares_needed(self.vector_sum.n, self.vector_sum.d * self.bits, SECURITY_BITS)
+        if (cal["shares"], cal["modulus_bits"]) != (self.shares, self.bits):
+            raise RefusedModel(f"the model asks for {cal['shares']} shares mod 2^{cal['modulus_bits']}; this client needs "
+                               f"{self.shares} mod 2^{self.bits} for statistical distance 2^-{SECURITY_BITS}")
+        if max_local_epsilon is not None:
+            local = message_guarantee(self.vector_sum, self.vector_sum.delta, max_local_epsilon)
+            if local.epsilon > max_local_epsilon:
+                raise RefusedModel(f"the model's PVEC randomizer has local epsilon {local.epsilon:.4g} > the "
+                                   f"{max_local_epsilon:g} this client accepts")
+        if model.theta.shape != (self.vector_sum.d,):
+            raise RefusedModel(f"theta has {model.theta.size} coordinates, the calibration {self.vector_sum.d}")
+        self._theta = np.array(model.theta, dtype=np.float64)
+        self._box = SealedBox(public_key)
+        self._noise = NoiseSource(rng)
+        self._work = scratch.Scratch()
+        self.size = wire.shares_message_size(self.vector_sum.d, self.shares)
+
+    def encode(self, X: Array, y: Array) -> list[bytes]:
+        """One share message per row of ``X`` (m, dim) with labels ``y`` (m,). The clean values,
+        the counts and the shares are wiped before returning."""
+        X = np.ascontiguousarray(X, dtype=np.float64).reshape(-1, self.dim)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        out: list[bytes] = []
+        try:
+            for start in range(0, X.shape[0], scratch.BLOCK_ROWS):
+                block = slice(start, start + scratch.BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[block], self.feature_bound, self._work)
+                labels = scratch.labels(self.loss, y[block], self._work)
+                gradients = scratch.clipped_gradients(self.loss, self._theta, Z, labels, self.clip, self._work,
+                                                      self.smoothing)
+                with self._noise.draw() as generator:
+                    counts = self.vector_sum.randomize(gradients, generator)
+                try:
+                    out += [self._message(row) for row in counts]
+                finally:
+                    counts.fill(0)
+        finally:
+            self._work.wipe()
+        return out
+
+    def _message(self, counts: NDArray[np.unsignedinteger]) -> bytes:
+        shares = split(counts, self.shares, self.bits)
+        try:
+            sealed = [self._box.encrypt(wire.share_plaintext(self.round, share)) for share in shares]
+        finally:
+            shares.fill(0)
+        return wire.shares_message(self.round, self._key_id, sealed)
