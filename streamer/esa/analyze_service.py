@@ -23,9 +23,13 @@ from typing import Any
 from nacl.public import PrivateKey
 
 from accounting.ledger import PrivacyReport
+from streamer.esa import sum_analyzer
 from streamer.esa.analyzer import REJECT_REASONS, Analyzer
 from streamer.esa.budget import AnalyzerBudget, data_key, new_instance, open_store
 from streamer.esa.metrics import AnalyzerMetrics
+from streamer.esa.sum_analyzer import SumAnalyzer
+
+AnyAnalyzer = Analyzer | SumAnalyzer
 
 log = logging.getLogger("panpriv.analyze")
 
@@ -50,7 +54,7 @@ class AnalyzeOptions:
     model_topic: str
     keys: list[PrivateKey]
     out: Path
-    learner: Any  # Callable[[], ShuffleGaussianSGD]
+    learner: Any  # Callable[[], ShuffleGaussianSGD | ShuffleACSA]
     budget: BudgetOptions
     name: str = "default"
     max_rounds: int | None = None
@@ -62,7 +66,7 @@ class AnalyzeResult:
     """How the analyzer ended: its state, its statement (composed over every run on the data
     source) and ``stopped`` (why it stopped before a round, or ``None``)."""
 
-    analyzer: Analyzer
+    analyzer: AnyAnalyzer
     report: PrivacyReport
     stopped: str | None
 
@@ -71,18 +75,31 @@ def checkpoint_path(out: Path) -> Path:
     return out / "analyzer.json"
 
 
-def _load(options: AnalyzeOptions) -> Analyzer:
+def _load(options: AnalyzeOptions) -> AnyAnalyzer:
     from streamer.safefiles import write_atomically
 
     options.out.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = checkpoint_path(options.out)
+    analyzer: AnyAnalyzer
     if path.exists():
-        analyzer = Analyzer.restore(json.loads(path.read_bytes()), options.keys)
+        data = json.loads(path.read_bytes())
+        if data.get("format") == sum_analyzer.CHECKPOINT_FORMAT:
+            analyzer = SumAnalyzer.restore(data, options.keys)
+        else:
+            analyzer = Analyzer.restore(data, options.keys)
         log.info("analyzer: resumed at round %d, shuffled offset %d", analyzer.round, analyzer.offset)
     else:
-        analyzer = Analyzer(options.learner(), options.keys, options.name)
+        learner = options.learner()
+        if learner.name == "shuffle-acsa":
+            analyzer = SumAnalyzer(learner, options.keys, options.name)
+        else:
+            analyzer = Analyzer(learner, options.keys, options.name)
+    if isinstance(analyzer, SumAnalyzer):
+        log.info("analyzer: secure sum of %d users x %d shares mod 2^%d (tau %.3g); run the shuffler with "
+                 "--batch-size %d --params %d --shares %d", analyzer.users, analyzer.shares, analyzer.bits, analyzer.tau,
+                 analyzer.users, analyzer.dim, analyzer.shares)
     if analyzer.instance is None:  # a new analyzer, or a checkpoint written before the budget store
-        analyzer.instance = new_instance(analyzer.name)
+        analyzer.instance = new_instance(analyzer.name, analyzer.learner.name)
         write_atomically(path, json.dumps(analyzer.checkpoint()).encode(), "analyzer checkpoint")
     return analyzer
 
@@ -105,7 +122,8 @@ def run(options: AnalyzeOptions) -> AnalyzeResult:
     analyzer = _load(options)
     assert analyzer.instance is not None
     path = checkpoint_path(options.out)
-    metrics = options.metrics or AnalyzerMetrics(REJECT_REASONS)
+    metrics = options.metrics or AnalyzerMetrics(sum_analyzer.REJECT_REASONS if isinstance(analyzer, SumAnalyzer)
+                                                 else REJECT_REASONS)
     metrics.set_epsilon_budget(options.budget.max_epsilon)
     producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
     consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False,

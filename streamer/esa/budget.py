@@ -17,7 +17,9 @@ conservative.) The prefix ``esa:`` keeps these positions apart from a ``panpriv 
 whose positions are offsets.
 
 **Position.** A position is one round ``t``: the b messages of round t, one per user
-(``participation = "all"``: each user answers one round). A round analysed is the range
+(``participation = "all"``: each user answers one round; for ``shuffle-acsa`` the b users whose
+shares make round t's batch, each in one round: Cheu et al. 2022, Def. 2.7). A round the secure-sum
+analyzer skips (:mod:`streamer.esa.sum_analyzer`) is not learned and not charged. A round analysed is the range
 ``[t, t + 1)``; every message in it has the instance's guarantee, so composing per round is
 composing per record.
 
@@ -56,9 +58,9 @@ def data_key(cluster: str, messages_topic: str) -> str:
     return f"{KEY_PREFIX}{cluster}/{messages_topic}"
 
 
-def new_instance(name: str) -> str:
-    """A fresh instance id for an analyzer of deployment ``name``."""
-    return f"shuffle-gaussian-esa-{name}-{uuid.uuid4().hex[:12]}"
+def new_instance(name: str, learner: str = "shuffle-gaussian") -> str:
+    """A fresh instance id for an analyzer of ``learner`` in deployment ``name``."""
+    return f"{learner}-esa-{name}-{uuid.uuid4().hex[:12]}"
 
 
 def open_store(state_dir: Path | None, kafka_url: str | None) -> Any:

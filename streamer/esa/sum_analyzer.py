@@ -80,7 +80,7 @@ class SumAnalyzer:
         self.instance = instance
         self._boxes = {key_id(k.public_key): SealedBox(k) for k in keys}
         self.current_key = key_id(keys[0].public_key)
-        vector_sum = learner.vector_sums[sizes[0]]
+        self._vector_sum = vector_sum = learner.vector_sums[sizes[0]]
         self.users, self.dim = vector_sum.n, vector_sum.d
         self.max_count = vector_sum.g + vector_sum.b
         self.bits = modulus_bits(self.users, self.max_count)
@@ -196,15 +196,16 @@ class SumAnalyzer:
     def calibration(self) -> dict[str, Any]:
         """What a client needs to answer the current round: the loss, the clips, the plan's
         smoothing, the PVEC instance (its (ε, δ) and (g, b, p), which the client recomputes) and
-        the secure sum (m shares in Z_{2^k}^d, σ)."""
-        learner, vector_sum = self.learner, self.learner.round_sum()
+        the secure sum (m shares in Z_{2^k}^d, σ). Once the horizon is reached: the last round's."""
+        learner, vector_sum = self.learner, self._vector_sum
+        smoothing = learner.plans[-1].smoothing if learner.finished else learner.round_smoothing()
         return {
             "dim": learner.dim,
             "params": self.dim,
             "loss": learner.loss.config(),
             "feature_bound": learner.feature_bound,
             "clip": learner.gradient_bound,
-            "smoothing": learner.round_smoothing(),
+            "smoothing": smoothing,
             "batch_size": self.users,
             "epsilon": learner.epsilon,
             "delta": learner.delta,
@@ -220,7 +221,8 @@ class SumAnalyzer:
         }
 
     def model(self) -> ModelRecord:
-        """The public model record of the current round; its θ is the query point θ^md."""
+        """The public model record of the current round; its θ is the query point θ^md (the
+        released θ^ag once the horizon is reached: there is no round left to answer)."""
         theta = self.learner.query_point() if not self.learner.finished else self.learner.release()
         local = self.report().intrusion
         return ModelRecord("shuffle-acsa", self.name, self.round, theta, self.calibration(), self.current_key.hex(),

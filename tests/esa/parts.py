@@ -33,8 +33,8 @@ def topics(broker: KafkaBroker, name: Callable[[str], str]) -> dict[str, str]:
             "model": broker.create_topic(name("esa-model"), compacted=True)}
 
 
-def read_batches(bootstrap: str, topic: str, count: int, timeout_s: float, alive: Callable[[], None] | None = None) -> list[wire.Batch]:
-    """The first ``count`` records of ``topic`` as batches (fails after ``timeout_s``)."""
+def read_values(bootstrap: str, topic: str, count: int, timeout_s: float, alive: Callable[[], None] | None = None) -> list[bytes]:
+    """The values of the first ``count`` records of ``topic`` (fails after ``timeout_s``)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
@@ -42,19 +42,24 @@ def read_batches(bootstrap: str, topic: str, count: int, timeout_s: float, alive
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
-    batches: list[wire.Batch] = []
+    values: list[bytes] = []
     deadline = time.monotonic() + timeout_s
     try:
-        while len(batches) < count:
+        while len(values) < count:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(batches)} of {count} batches on {topic} after {timeout_s:g} s")
+                raise TimeoutError(f"{len(values)} of {count} records on {topic} after {timeout_s:g} s")
             if alive is not None:
                 alive()
             for records in consumer.poll(timeout_ms=200).values():
-                batches += [wire.parse_batch(r.value) for r in records]
+                values += [r.value for r in records]
     finally:
         consumer.close()
-    return batches[:count] if len(batches) > count else batches
+    return values[:count]
+
+
+def read_batches(bootstrap: str, topic: str, count: int, timeout_s: float, alive: Callable[[], None] | None = None) -> list[wire.Batch]:
+    """The first ``count`` records of ``topic`` as batches (fails after ``timeout_s``)."""
+    return [wire.parse_batch(value) for value in read_values(bootstrap, topic, count, timeout_s, alive)]
 
 
 def count_records(bootstrap: str, topic: str) -> int:
@@ -72,6 +77,13 @@ def fake_message(round_: int, ident: int, params: int) -> bytes:
     """A well-framed message whose sealed part is an identifiable filler (the shuffler never opens it)."""
     body = ident.to_bytes(8, "big") * ((wire.message_size(params) - 20) // 8)
     return wire.message(round_, b"\0" * 8, body[: wire.message_size(params) - 20])
+
+
+def fake_shares_message(round_: int, ident: int, dim: int, shares: int) -> bytes:
+    """A well-framed share message whose m sealed parts are identifiable fillers (ident, share index)."""
+    size = wire.sealed_share_size(dim)
+    parts = [(ident.to_bytes(8, "big") + j.to_bytes(8, "big")) * (size // 16 + 1) for j in range(shares)]
+    return wire.shares_message(round_, b"\0" * 8, [part[:size] for part in parts])
 
 
 def send(bootstrap: str, topic: str, values: list[bytes]) -> None:

@@ -96,6 +96,7 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
         assert analyzer.handle(wire.encode_batch(t, units))
     assert analyzer.round == ROUNDS and analyzer.skipped == 0 and analyzer.rejected == {}
     assert analyzer.learner.finished and in_process.finished
+    np.testing.assert_array_equal(analyzer.model().theta, analyzer.learner.release())
     np.testing.assert_allclose(analyzer.learner.release(), in_process.release(), rtol=1e-12, atol=1e-15)
     report = analyzer.report()
     assert report.output.epsilon == in_process.privacy().output.epsilon

@@ -1,0 +1,160 @@
+"""Encode–Shuffle–Analyze for ``shuffle-acsa`` over secure summation, end to end on the real broker:
+client processes, one shuffler process and one analyzer process (Bittau et al. 2017 §3; Cheu et
+al. 2022 Alg. 4; Ishai et al. 2006 split and mix)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from protocols.losses import LogisticLoss
+from protocols.shuffle_acsa import ShuffleACSA
+from streamer.esa import wire
+from streamer.esa.keys import generate, load_private
+from streamer.esa.sum_analyzer import SumAnalyzer
+from tests.esa import parts
+from tests.realparts import KafkaBroker, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DIM, B, ROUNDS, EPSILON, DELTA = 10, 128, 12, 4.0, 1e-5
+
+
+def acsa() -> ShuffleACSA:
+    return ShuffleACSA(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=B * ROUNDS, batch_size=B,
+                       radius=math.sqrt(DIM), feature_bound=1.0)
+
+
+def accuracy(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(np.where(LogisticLoss().features(X, 1.0) @ theta >= 0, 1.0, -1.0) == y))
+
+
+def test_clients_shuffler_analyzer_learn_shuffle_acsa_as_in_process(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Two client processes (half of every round each), the shuffler and the analyzer learn ROUNDS
+    rounds of shuffle-acsa. Every message's m units are in exactly one batch, each batch holds the
+    complete units of B messages of its round, and the model scores like the in-process learner on
+    the same stream: within 4 standard deviations of 20 in-process runs."""
+    names = parts.topics(kafka_broker, unique_name)
+    key = generate(tmp_path / "keys")
+    shares = SumAnalyzer(acsa(), [load_private(key.private)], "plan").shares
+    X, y = parts.synthetic(B * ROUNDS, DIM, seed=1)
+    Xt, yt = parts.synthetic(5000, DIM, seed=99)
+    first = (np.arange(len(y)) % B) < B // 2
+    files = [parts.write_jsonl(tmp_path / "a.jsonl", X[first], y[first]),
+             parts.write_jsonl(tmp_path / "b.jsonl", X[~first], y[~first])]
+    analyzer = parts.panpriv(["analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic", names["shuffled"],
+                              "--model-topic", names["model"], "--messages-topic", names["messages"],
+                              "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(key.private),
+                              "--out", str(tmp_path / "analyzer"), "--learner", "shuffle-acsa",
+                              "--horizon", str(B * ROUNDS), "--dim", str(DIM), "--batch-size", str(B),
+                              "--epsilon", str(EPSILON), "--delta", str(DELTA), "--max-rounds", str(ROUNDS),
+                              "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)})],
+                             tmp_path / "analyzer.log")
+    shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
+                              "--shuffled-topic", names["shuffled"], "--batch-size", str(B), "--params", str(DIM),
+                              "--shares", str(shares), "--group", f"shuffler-{names['messages']}"],
+                             tmp_path / "shuffler.log")
+    clients = [parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
+                              "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--source",
+                              str(path), "--per-round", str(B // 2)], tmp_path / f"client{i}.log")
+               for i, path in enumerate(files)]
+    started = time.monotonic()
+    try:
+        assert analyzer.process.wait(timeout=600) == 0, (tmp_path / "analyzer.log").read_text()[-3000:]
+        elapsed = time.monotonic() - started
+        for client in clients:
+            assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
+        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], ROUNDS, 60)
+        messages = parts.read_values(kafka_broker.bootstrap, names["messages"], B * ROUNDS, 60)
+    finally:
+        for process in (*clients, shuffler, analyzer):
+            process.stop()
+    state = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
+    assert state["round"] == ROUNDS and state["skipped"] == 0 and state["rejected"] == {}
+    assert "secure summation" in json.dumps(state["privacy"])
+    assert len(messages) == B * ROUNDS
+    owner = {unit: i for i, item in enumerate(messages) for unit in wire.units(item, shares)}
+    released = Counter(unit for batch in batches for unit in batch.messages)
+    assert len(owner) == B * ROUNDS * shares
+    assert released == Counter(list(owner)), "every unit in exactly one batch"
+    for t, batch in enumerate(batches):
+        assert batch.round == t and len(batch.messages) == B * shares
+        users = Counter(owner[unit] for unit in batch.messages)
+        assert len(users) == B and set(users.values()) == {shares}, "B complete users per batch"
+        assert {wire.shares_message_round(messages[i], len(messages[i]), shares) for i in users} == {t}
+    esa = accuracy(np.asarray(state["released"]), Xt, yt)
+    runs = []
+    for _ in range(20):
+        learner = acsa()
+        learner.learn_many(X, y)
+        runs.append(accuracy(learner.release(), Xt, yt))
+    mean, sd = float(np.mean(runs)), float(np.std(runs))
+    print(f"ESA shuffle-acsa accuracy {esa:.4f}; in-process {mean:.4f} ± {sd:.4f} (20 runs); {ROUNDS} rounds of "
+          f"{B} users x {shares} shares in {elapsed:.1f} s")
+    assert abs(esa - mean) <= 4 * sd + 1e-3
+    assert esa > 0.6
+
+
+def test_sigkill_of_the_shuffler_loses_and_duplicates_no_share(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Share messages arrive round after round (with late stragglers); the shuffler (``--shares``)
+    is killed with SIGKILL twice while releasing and restarted. Every round is released, each
+    on-time message's units are in exactly one distinct batch — all m of them in the same one —
+    and no straggler's unit is in any."""
+    names = parts.topics(kafka_broker, unique_name)
+    b, rounds, dim, shares = 8, 60, 4, 5
+    sent: list[bytes] = []
+
+    def produce() -> None:
+        for t in range(rounds):
+            values = [parts.fake_shares_message(t, t * b + i, dim, shares) for i in range(b)]
+            if t:
+                values.insert(b // 2, parts.fake_shares_message(t - 1, 10**9 + t, dim, shares))  # a straggler: late
+            parts.send(kafka_broker.bootstrap, names["messages"], values)
+            sent.extend(values)
+            time.sleep(0.05)
+
+    argv = ["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
+            "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(dim), "--shares", str(shares)]
+    producer = threading.Thread(target=produce)
+    producer.start()
+    shuffler = parts.panpriv(argv, tmp_path / "shuffler0.log")
+    try:
+        for kill, at in enumerate((15, 35)):
+            wait_until(lambda at=at: parts.count_records(kafka_broker.bootstrap, names["shuffled"]) >= at, 120, f"{at} batches")
+            shuffler.process.send_signal(signal.SIGKILL)
+            shuffler.process.wait(timeout=10)
+            shuffler.stop()
+            shuffler = parts.panpriv(argv, tmp_path / f"shuffler{kill + 1}.log")
+        producer.join(timeout=120)
+        wait_until(lambda: parts.count_records(kafka_broker.bootstrap, names["shuffled"]) >= rounds, 120, "every round")
+        time.sleep(1.0)
+        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"],
+                                     parts.count_records(kafka_broker.bootstrap, names["shuffled"]), 60)
+    finally:
+        shuffler.stop()
+        producer.join(timeout=5)
+    restarts = [(tmp_path / f"shuffler{k}.log").read_text() for k in (1, 2)]
+    assert all("from the committed offset" in log for log in restarts), "the restarts resume from committed offsets"
+    distinct = {batch.id: batch for batch in batches}
+    assert sorted(batch.round for batch in distinct.values()) == list(range(rounds))
+    released = Counter(unit for batch in distinct.values() for unit in batch.messages)
+    on_time = [m for m in sent if int.from_bytes(m[-wire.sealed_share_size(dim):][:8], "big") < 10**9]
+    assert released == Counter(unit for m in on_time for unit in wire.units(m, shares)), \
+        "each on-time message's units in exactly one batch, no straggler's in any"
+    for batch in distinct.values():
+        users = Counter(unit[20:28] for unit in batch.messages)  # the filler's ident
+        assert len(users) == b and set(users.values()) == {shares}
+    print(f"{len(batches)} batch records, {len(distinct)} distinct ({len(batches) - len(distinct)} re-released with their id)")
