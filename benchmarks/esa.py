@@ -15,6 +15,12 @@ record and shuffler throughput, at d ∈ {20, 100}.
   start to the last batch acknowledged (acks=all) for ``rounds`` × b messages already on the
   messages topic: messages/s including Kafka fetch, produce and offset commits.
 
+* **shuffle-acsa over secure summation** (``SharesEncoder.encode``: the gradient, PVEC's randomizer,
+  the split into m shares and one sealing per share; ε = 1, δ = 1e-6, b = 1024): µs per record,
+  the message size, and the shuffler's state machine on share messages (``Shuffler.offer`` with
+  ``shares``: framing, grouping, cutting into units, the permutation of all b·m units, batch
+  encoding), units/s. Not through the broker: one round is b·m units, tens of MB at d = 100.
+
 Times are the best of a few repeats (in-process parts) or one run (broker).
 """
 
@@ -32,11 +38,14 @@ from nacl.public import PrivateKey, SealedBox
 
 from protocols import scratch
 from protocols.randomness import NoiseSource
+from protocols.shuffle_acsa import ShuffleACSA
 from protocols.shuffle_gaussian import ShuffleGaussianSGD, local_messages
 from streamer.esa import wire
 from streamer.esa.analyzer import Analyzer
 from streamer.esa.client import Encoder
 from streamer.esa.shuffler import ShuffleOptions, Shuffler, run
+from streamer.esa.sum_analyzer import SumAnalyzer
+from streamer.esa.sum_client import SharesEncoder
 
 B = 1024
 
@@ -119,6 +128,34 @@ def shuffler_broker(dim: int, rounds: int) -> float:
             broker.stop()
 
 
+def acsa_encode_costs(dim: int, n: int, repeats: int) -> dict[str, float]:
+    key = PrivateKey.generate()
+    learner = ShuffleACSA(dim=dim, loss="logistic", epsilon=1.0, delta=1e-6, horizon=16 * B, batch_size=B, radius=np.sqrt(dim))
+    analyzer = SumAnalyzer(learner, [key], "bench")
+    encoder = SharesEncoder(key.public_key, analyzer.model())
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, dim)) / np.sqrt(dim)
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    block = best(lambda: encoder.encode(X, y), repeats) / n
+    return {"block": block * 1e6, "shares": float(analyzer.shares), "bits": float(analyzer.bits),
+            "message_bytes": float(encoder.size), "tau": analyzer.tau}
+
+
+def shuffler_units_in_process(dim: int, shares: int, rounds: int, repeats: int) -> float:
+    size = wire.shares_message_size(dim, shares)
+    box = bytes(wire.sealed_share_size(dim))
+    messages = [wire.shares_message(t, b"\0" * 8, [box] * shares) for t in range(rounds) for _ in range(B)]
+
+    def once() -> None:
+        state = Shuffler(B, size, shares=shares)
+        for offset, item in enumerate(messages):
+            for round_, batch in state.offer(offset, item):
+                wire.encode_batch(round_, batch)
+                state.mark_released(round_)
+
+    return len(messages) * shares / best(once, repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -134,6 +171,15 @@ def main() -> None:
         through = float("nan") if args.no_broker else shuffler_broker(dim, rounds)
         print(f"| {dim} | {cost['message_bytes']:.0f} | {cost['block']:.1f} | {cost['single']:.1f} | "
               f"{cost['gradient_noise']:.2f} | {cost['seal']:.1f} | {local:,.0f} | {through:,.0f} |", flush=True)
+    records = 64 if args.quick else 256
+    print(f"\nshuffle-acsa over secure summation (b = {B}, epsilon = 1, delta = 1e-6, sigma = 64):\n")
+    print(f"| d | shares m | q | tau | message bytes | encode µs/record (block of {records}) | shuffler units/s (in process) |")
+    print("|---|---|---|---|---|---|---|")
+    for dim in (20, 100):
+        acsa = acsa_encode_costs(dim, records, repeats)
+        units = shuffler_units_in_process(dim, int(acsa["shares"]), 2, repeats)
+        print(f"| {dim} | {acsa['shares']:.0f} | 2^{acsa['bits']:.0f} | {acsa['tau']:.2g} | {acsa['message_bytes']:,.0f} | "
+              f"{acsa['block']:,.0f} | {units:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ from streamer.esa import commands
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def esa_commands() -> list[list[str]]:
+def esa_commands(heading: str = "### The shuffle model for real") -> list[list[str]]:
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("### The shuffle model for real"):]
+    section = text[text.index(heading):]
     block = section[section.index("```sh") + 5: section.index("```", section.index("```sh") + 5)]
     joined = re.sub(r"\\\n\s*", " ", block)
     lines = [line.split("#")[0].strip().rstrip("&").strip() for line in joined.splitlines()]
@@ -31,3 +31,18 @@ def test_readme_esa_commands_parse() -> None:
     assert shuffle.batch_size == analyze.batch_size and shuffle.params == learner.calibration()["params"]
     report = learner.privacy()
     assert max(report.output.epsilon, report.intrusion.epsilon) <= analyze.max_epsilon, "the example could not start"
+
+
+def test_readme_shuffle_acsa_commands_parse_and_agree() -> None:
+    """The shuffle-acsa block: the shuffler's --shares is the analyzer's m for these settings."""
+    from nacl.public import PrivateKey
+
+    from streamer.esa.sum_analyzer import SumAnalyzer
+
+    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("#### `shuffle-acsa` in three roles")}
+    assert set(parsed) == {"analyze", "shuffle", "encode"}
+    analyze, shuffle = parsed["analyze"], parsed["shuffle"]
+    analyzer = SumAnalyzer(commands.analyzer_learner(analyze)(), [PrivateKey.generate()], "readme")
+    assert (shuffle.batch_size, shuffle.params, shuffle.shares) == (analyzer.users, analyzer.dim, analyzer.shares)
+    report = analyzer.report()
+    assert report.output.epsilon <= analyze.max_epsilon, "the example could not start"
