@@ -196,6 +196,8 @@ class ShuffleACSA(EncodedLearner):
             )
 
     def _round_sum(self) -> VectorSum:
+        if self.finished:
+            raise InvalidInputError(f"{_OWNER}: the protocol's {self.horizon} records are all learned (no round left)")
         return self._sums[self.plans[self._phase].batch_size(self._iterate.batch)]
 
     def _gradients(self, Z: Array, y: Array) -> Array:

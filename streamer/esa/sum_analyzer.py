@@ -187,7 +187,7 @@ class SumAnalyzer:
             return "malformed"
         if inner_round != round_:
             return "round_mismatch"
-        if share.max() >> self.bits:
+        if int(share.max()) >= 1 << self.bits:
             return "malformed"
         out[...] = share
         share.fill(0)

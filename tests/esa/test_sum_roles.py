@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey, SealedBox
 
+from protocols.errors import InvalidInputError
 from protocols.secure_sum import recombine
 from protocols.shuffle_acsa import ShuffleACSA
 from streamer.esa import wire
@@ -97,6 +98,8 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
     assert analyzer.round == ROUNDS and analyzer.skipped == 0 and analyzer.rejected == {}
     assert analyzer.learner.finished and in_process.finished
     np.testing.assert_array_equal(analyzer.model().theta, analyzer.learner.release())
+    with pytest.raises(InvalidInputError, match="no round left"):
+        analyzer.learner.learn_totals(np.zeros(DIM, dtype=np.int64))
     np.testing.assert_allclose(analyzer.learner.release(), in_process.release(), rtol=1e-12, atol=1e-15)
     report = analyzer.report()
     assert report.output.epsilon == in_process.privacy().output.epsilon
@@ -172,6 +175,17 @@ def test_shuffler_releases_units_of_complete_users_only(key: PrivateKey) -> None
     assert shuffler.dropped == {"malformed": 2}
     (round_, units), = out
     assert round_ == 0 and sorted(units) == sorted(u for item in messages for u in wire.units(item, m))
+
+
+def test_learn_totals_refuses_what_no_round_can_sum() -> None:
+    fresh = learner()
+    top = fresh.round_sum().n * (fresh.round_sum().g + fresh.round_sum().b)
+    for bad in (np.full(DIM, top + 1), np.full(DIM, -1), np.zeros(DIM + 1, dtype=np.int64), np.zeros(DIM)):
+        with pytest.raises(InvalidInputError):
+            fresh.learn_totals(bad)
+    assert fresh.records_seen == 0
+    fresh.learn_totals(np.full(DIM, top // 2))
+    assert fresh.records_seen == B
 
 
 def test_one_batch_size_is_required(key: PrivateKey) -> None:
