@@ -15,7 +15,9 @@ query point θ^md and what a client needs to answer it (:meth:`SumAnalyzer.model
 ``stale_round``, ``wrong_batch_size`` (not exactly B·m units), ``horizon_reached`` (the learner
 has used its n records); per unit ``malformed``, ``unknown_key``, ``undecryptable``,
 ``round_mismatch``, ``duplicate_message``; per round ``invalid_units`` (some unit of the round
-did not open: without it the sum is a uniformly random value) and ``out_of_range`` (a total
+did not open: without it the sum is a uniformly random value; counted once per round besides the
+unit's own reason), ``mixed_keys`` (units sealed to two of the analyzer's keys: the key id, in the
+clear, would split the round into smaller crowds) and ``out_of_range`` (a total
 outside [0, B(g + b)]: a malicious client shifted the sum, or a share was replaced). A shifted sum
 that stays in range is not detectable: a malicious client can bias a round's gradient (utility),
 never learn anything of the others. A round rejected as a whole is **skipped**: not learned, not
@@ -52,7 +54,7 @@ CHECKPOINT_FORMAT = "panpriv-esa-sum-analyzer/1"
 
 REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_batch_size", "horizon_reached",
                   "malformed", "unknown_key", "undecryptable", "round_mismatch", "duplicate_message",
-                  "invalid_units", "out_of_range")
+                  "mixed_keys", "invalid_units", "out_of_range")
 """Every reason :meth:`SumAnalyzer.handle` counts (module docstring)."""
 
 
@@ -153,18 +155,22 @@ class SumAnalyzer:
         """The batch's shares as rows (B·m, d); ``None`` if any unit fails (counted by reason)."""
         rows = np.zeros((len(batch.messages), self.dim), dtype=np.uint32)
         seen: set[bytes] = set()
+        keys: set[bytes] = set()
         valid = True
         for k, item in enumerate(batch.messages):
-            reason = self._open_one(item, batch.round, seen, rows[k])
+            reason = self._open_one(item, batch.round, seen, keys, rows[k])
             if reason is not None:
                 self.rejected[reason] += 1
                 valid = False
+        if len(keys) > 1:  # the key id would split the round's units into smaller crowds
+            self.rejected["mixed_keys"] += 1
+            valid = False
         if not valid:
             rows.fill(0)
             return None
         return rows
 
-    def _open_one(self, item: bytes, round_: int, seen: set[bytes], out: np.ndarray) -> str | None:
+    def _open_one(self, item: bytes, round_: int, seen: set[bytes], keys: set[bytes], out: np.ndarray) -> str | None:
         if len(item) != self._unit_size:
             return "malformed"
         try:
@@ -179,6 +185,7 @@ class SumAnalyzer:
         box = self._boxes.get(header.key_id)
         if box is None:
             return "unknown_key"
+        keys.add(header.key_id)
         try:
             inner_round, share = wire.parse_share_plaintext(box.decrypt(sealed), self.dim)
         except CryptoError:

@@ -142,6 +142,16 @@ def test_analyzer_rejects_by_reason_and_skips_bad_rounds(key: PrivateKey) -> Non
     units[-1] = units[-1][:20] + forged
     assert analyzer.handle(wire.encode_batch(1, units))
     assert analyzer.rejected["out_of_range"] == 1 and analyzer.skipped == 2 and analyzer.learner.records_seen == 0
+    # Round 2: the units of one user sealed to a second key of the analyzer: skipped (two crowds).
+    second = PrivateKey.generate()
+    two_keys = SumAnalyzer(learner(), [key, second], "t")
+    two_keys.round = 2
+    mixed = units_of(2, slice(2 * B, 3 * B))[m:]
+    mixed += [wire.message(2, key_id(second.public_key),
+                           SealedBox(second.public_key).encrypt(wire.share_plaintext(2, np.zeros(DIM, dtype=np.uint32))))
+              .replace(wire.MESSAGE_MAGIC, wire.UNIT_MAGIC, 1) for _ in range(m)]
+    assert two_keys.handle(wire.encode_batch(2, mixed))
+    assert two_keys.rejected == {"mixed_keys": 1, "invalid_units": 1} and two_keys.skipped == 1
     # Round 2: honest, learned (the learner's first round).
     assert analyzer.handle(wire.encode_batch(2, units_of(2, slice(2 * B, 3 * B))))
     assert analyzer.round == 3 and analyzer.skipped == 2 and analyzer.learner.records_seen == B
