@@ -53,7 +53,8 @@ constants were not available to this implementation in checkable form, so it doe
 them: it uses the bound above, proved here and evaluated exactly (in log space) at the
 deployment's (n, m, |G|). Two kinds of terms dominate: j = 1, K = 1 (one user's shares form
 a closed set: |G|·n(n−1)/C(nm, m)) and j = n − 1 (π′ a relabelling of π:
-|G|^{n−1}·n!(m!)^n/(nm)!), so m grows like (log₂|G| + 2σ)/log₂ n — the form of those theorems.
+|G|^{n−1}·n!(m!)^n/(nm)!): the first asks m·log₂(e·n) ≳ log₂|G| + 2σ + 2 log₂ n, the second
+m·log₂ n ≳ log₂|G|, so m = O(1 + (σ + log |G|)/log n) — the form of those theorems.
 
 Use with DP (the hybrid argument)
 ---------------------------------
