@@ -5,6 +5,7 @@ Run (from the repository root)::
     .venv/bin/python -m benchmarks.utility_pan_acsa            # full tables (~12 min on 2 cores)
     .venv/bin/python -m benchmarks.utility_pan_acsa --quick    # n ≤ 10⁵, fewer repetitions (~1 min)
     .venv/bin/python -m benchmarks.utility_pan_acsa --tune     # the sweep behind RESTART_TUNING
+    .venv/bin/python -m benchmarks.utility_pan_acsa --plot docs/img/utility_n.png   # table 1 as curves too
 
 Tables (markdown), all at δ = 1e-6, d = 20, ‖x‖ ≤ 1 (:mod:`benchmarks.synthetic`):
 
@@ -36,6 +37,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -138,7 +140,13 @@ def mean_se(values: list[float]) -> str:
 # -- table 1 -----------------------------------------------------------------------------------
 
 
-def table_case2(ns: list[int], epsilons: list[float], quick: bool) -> None:
+Curve = dict[tuple[str, str, float], dict[int, float]]
+"""(stream, method, ε) → {n: mean excess loss}, what :func:`plot_curves` draws."""
+
+
+def table_case2(ns: list[int], epsilons: list[float], quick: bool) -> Curve:
+    """Print table 1 and return its means as curves."""
+    curves: Curve = {}
     print("\n## Table 1 — excess population loss, smooth case (Thm C.3 case 2), d = 20, δ = 1e-6\n")
     print("| task | n | ε | b × T | pan-private AC-SA | noiseless (same learner) | pan/noiseless | central AC-SA "
           "| central DP-SGD | non-private SGD | learner rec/s |")
@@ -178,6 +186,46 @@ def table_case2(ns: list[int], epsilons: list[float], quick: bool) -> None:
             print(f"| {setting.name} | {n:.0e} | {epsilon:g} | {plan.batch_size(plan.steps)} × {plan.steps} "
                   f"| {mean_se(pan)} | {mean_se(quiet)} | {np.mean(pan) / np.mean(quiet):.2f} | {mean_se(central)} "
                   f"| {mean_se(dpsgd)} | {mean_se(sgd)} | {np.mean(speed):,.0f} |", flush=True)
+            for method, values in (("pan-acsa", pan), ("noiseless twin", quiet), ("central AC-SA", central),
+                                   ("central DP-SGD", dpsgd), ("non-private SGD", sgd)):
+                curves.setdefault((setting.name, method, epsilon), {})[n] = float(np.mean(values))
+    return curves
+
+
+def plot_curves(curves: Curve, path: Path) -> None:
+    """Per stream: excess loss against n at ε = 1 for every method (left), and pan-acsa's against
+    n for each ε (right); log–log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    streams = list(dict.fromkeys(stream for stream, _, _ in curves))
+    epsilons = sorted({epsilon for _, _, epsilon in curves})
+    figure, axes = plt.subplots(len(streams), 2, figsize=(11, 3.8 * len(streams)), squeeze=False)
+    for (by_method, by_epsilon), stream in zip(axes, streams):
+        for method in ("pan-acsa", "noiseless twin", "central AC-SA", "central DP-SGD", "non-private SGD"):
+            points = sorted(curves[(stream, method, 1.0)].items())
+            style = {"linestyle": "--"} if method in ("noiseless twin", "non-private SGD") else {"marker": "o"}
+            by_method.plot([n for n, _ in points], [v for _, v in points], label=method, **style)
+        by_method.set_title(f"{stream}: ε = 1, δ = 1e-6", fontsize=10)
+        for epsilon in epsilons:
+            points = sorted(curves[(stream, "pan-acsa", epsilon)].items())
+            by_epsilon.plot([n for n, _ in points], [v for _, v in points], marker="o", label=f"pan-acsa, ε = {epsilon:g}")
+        points = sorted(curves[(stream, "non-private SGD", epsilons[0])].items())
+        by_epsilon.plot([n for n, _ in points], [v for _, v in points], linestyle="--", color="grey", label="non-private SGD")
+        by_epsilon.set_title(f"{stream}: pan-acsa by ε", fontsize=10)
+        for panel in (by_method, by_epsilon):
+            panel.set_xscale("log")
+            panel.set_yscale("log")
+            panel.set_xlabel("records n")
+            panel.set_ylabel("excess population loss")
+            panel.grid(alpha=0.3, which="both")
+            panel.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 # -- table 1b ----------------------------------------------------------------------------------
@@ -367,6 +415,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="n ≤ 1e5 and fewer repetitions")
     parser.add_argument("--tune", action="store_true", help="run the tuning sweep instead of the tables")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw table 1 as a PNG here (needs matplotlib)")
     args = parser.parse_args()
     ns = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6]
     epsilons = [0.5, 1.0, 4.0]
@@ -374,7 +423,10 @@ def main() -> None:
         tune(ns, epsilons)
         return
     start = time.perf_counter()
-    table_case2(ns, epsilons, args.quick)
+    curves = table_case2(ns, epsilons, args.quick)
+    if args.plot is not None:
+        plot_curves(curves, args.plot)
+        print(f"wrote {args.plot}", flush=True)
     table_ablation(max(ns), args.quick)
     table_other_cases([n for n in ns if n >= 10**4], args.quick)
     table_adult(args.quick)

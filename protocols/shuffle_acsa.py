@@ -25,6 +25,13 @@ Cheu et al. 2022 Eq. (5). v is :func:`protocols.shuffle_base.sum_variance_hint` 
 actually added is the calibrated PVEC's, one instance per distinct batch size (a run's batches
 have ⌊n/T⌋ or ⌊n/T⌋ + 1 users so that every record is used).
 
+Options shared with ``pan-acsa`` (issue 17, item 2), each utility only: ``gradient_bound`` C clips
+the per-record gradients to min(C, L) — PVEC is then calibrated to that smaller norm — and
+``restart="gradient"`` (default) restarts AC-SA when the noisy round gradient shows the momentum
+overshooting (:func:`protocols.acsa.step`, O'Donoghue & Candès 2015: post-processing of the
+analyzer's outputs), planned with :data:`protocols.acsa.RESTART_TUNING`; ``restart="none"`` is
+Lan's method with Cheu et al.'s parameters, for which their utility theorems are proven.
+
 Privacy (Cheu et al. 2022, proofs of Thms 4.3, 4.7, 4.8): each round is (ε, δ)-shuffle private for its users, a
 record is in one round, the rest is post-processing; smoothing changes only which function of the
 record is encoded (still clipped to L). So everything released is (ε, δ)-DP per record. The
@@ -51,12 +58,18 @@ from protocols import scratch
 from protocols import validation as check
 from protocols.acsa import (
     BATCH_RULES,
+    DEFAULT_TUNING,
+    RESTART_TUNING,
+    RESTARTS,
     BatchRule,
     Iterate,
     Problem,
+    Restart,
     RunPlan,
     Smoothing,
+    Tuning,
     batch_rule_line,
+    effective_gradient_bound,
     plan_runs,
     step,
     uses_moreau,
@@ -106,6 +119,13 @@ class ShuffleACSA(EncodedLearner):
     batch_rule
         ``"worst-case"`` (default) or ``"glm"``: the noise term's dimension in the batch rule
         (:func:`protocols.acsa.noise_dimension`); utility only.
+    gradient_bound
+        C: per-record gradients are clipped to norm min(C, L), L the loss's worst-case bound over Θ;
+        ``None`` (default): L. PVEC's sensitivity is then the smaller norm (utility only; the
+        learner optimises a convex C-Lipschitz surrogate, :func:`protocols.acsa.effective_gradient_bound`).
+    restart
+        ``"gradient"`` (default): gradient restarts planned with :data:`protocols.acsa.RESTART_TUNING`
+        (post-processing); ``"none"``: Lan's method with Cheu et al.'s parameters.
     rng
         ``None`` (default): fresh OS entropy for every draw. A seed or generator: the labelled
         replay/testing mode (no pan-private guarantee).
@@ -124,12 +144,16 @@ class ShuffleACSA(EncodedLearner):
 
     name = "shuffle-acsa"
     _owner = _OWNER
+    # "step": reset by restarts, which read the noisy round gradients.
+    noisy_counters = frozenset({"step"})
 
     @classmethod
     def unit_test_params(cls) -> list[dict[str, Any]]:
         """Parameters for the catalogue's conformance test (see :meth:`Learner.unit_test_params`)."""
         return [
             {"dim": 3, "loss": "logistic", "epsilon": 1.0, "delta": 1e-5, "horizon": 80, "batch_size": 5, "radius": 20.0},
+            {"dim": 3, "loss": "logistic", "epsilon": 1.0, "delta": 1e-5, "horizon": 80, "batch_size": 5, "radius": 20.0,
+             "restart": "none", "gradient_bound": 0.5},
         ]
 
     def __init__(
@@ -147,10 +171,15 @@ class ShuffleACSA(EncodedLearner):
         calibration: Calibration = "tight",
         honest_fraction: float = 1.0,
         batch_rule: BatchRule = "worst-case",
+        gradient_bound: float | None = None,
+        restart: Restart = "gradient",
         rng: RngLike = None,
     ) -> None:
         self._setup(dim, loss, epsilon, delta, radius, feature_bound, calibration, honest_fraction, rng)
         self.batch_rule = check.choice(_OWNER, "batch_rule", batch_rule, BATCH_RULES)
+        self.gradient_bound = None if gradient_bound is None else check.positive(_OWNER, "gradient_bound", gradient_bound)
+        self.restart = check.choice(_OWNER, "restart", restart, RESTARTS)
+        self._lipschitz = effective_gradient_bound(self.loss, self.feature_bound, self.radius, self.gradient_bound)
         self.horizon = check.positive_int(_OWNER, "horizon", horizon)
         self.batch_size = None if batch_size is None else check.positive_int(_OWNER, "batch_size", batch_size)
         self.strong_convexity = check.nonnegative(_OWNER, "strong_convexity", strong_convexity)
@@ -164,17 +193,30 @@ class ShuffleACSA(EncodedLearner):
             radius=self.radius,
             strong_convexity=self.strong_convexity,
             noise_multiplier=math.sqrt(variance) / self._lipschitz,
+            gradient_bound=self.gradient_bound,
         )
         self.plans: tuple[RunPlan, ...] = plan_runs(
-            self._problem, self.horizon, moreau=moreau, batch_size=self.batch_size, batch_rule=self.batch_rule
+            self._problem, self.horizon, moreau=moreau, batch_size=self.batch_size, tuning=self.tuning,
+            batch_rule=self.batch_rule,
         )
         sizes = sorted({plan.batch_size(t) for plan in self.plans for t in (1, plan.steps)})
         self._sums: dict[int, VectorSum] = {b: self._vector_sum(b, self.epsilon, self.delta) for b in sizes}
         self._phase = 0
         self._iterate = Iterate.start(np.zeros(self._params))
 
+    @property
+    def tuning(self) -> Tuning:
+        """The planning constants: :data:`protocols.acsa.RESTART_TUNING` with restarts, Cheu et al.'s
+        (:data:`protocols.acsa.DEFAULT_TUNING`) without."""
+        return RESTART_TUNING if self.restart == "gradient" else DEFAULT_TUNING
+
     def describe_noise(self) -> tuple[str, ...]:
-        return (*pvec_noise_lines(self._sums[b] for b in sorted(self._sums)), batch_rule_line(self._problem, self.batch_rule))
+        return (
+            *pvec_noise_lines(self._sums[b] for b in sorted(self._sums)),
+            f"per-record gradients clipped to norm L = {self._lipschitz:.6g}",
+            f"restarts: {self.restart} (post-processing; no effect on the guarantee)",
+            batch_rule_line(self._problem, self.batch_rule),
+        )
 
     @property
     def vector_sums(self) -> dict[int, VectorSum]:
@@ -209,7 +251,7 @@ class ShuffleACSA(EncodedLearner):
     def _finish_round(self, mean: Array) -> None:
         plan = self.plans[self._phase]
         gradient = mean + self.loss.ridge_gradient(self._iterate.theta_md)
-        self._iterate = step(self._iterate, gradient, plan.sizes, self._ball)
+        self._iterate = step(self._iterate, gradient, plan.sizes, self._ball, restart=self.restart == "gradient")
         if self._iterate.batch > plan.steps:  # run over: next phase (Thm 4.8), warm-started
             self._phase += 1
             if not self.finished:
@@ -259,11 +301,13 @@ class ShuffleACSA(EncodedLearner):
     # -- persistence ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, StateValue]:
-        """Counters, the round in progress (``filled``, noisy ``totals``) and the AC-SA iterates."""
+        """Counters, the round in progress (``filled``, noisy ``totals``), the AC-SA iterates, their
+        step ``t`` (reset by restarts) and the run's ``batch`` index."""
         return {
             **self._round_state(),
             "phase": self._phase,
             "step": self._iterate.t,
+            "batch": self._iterate.batch,
             "theta": self._iterate.theta.copy(),
             "theta_ag": self._iterate.theta_ag.copy(),
             "theta_md": self._iterate.theta_md.copy(),
@@ -273,13 +317,15 @@ class ShuffleACSA(EncodedLearner):
         owner = f"{_OWNER}.load_state_dict"
         records, filled, totals = read_round(_OWNER, state, self._params)
         phase, t = read_int(_OWNER, state, "phase"), read_int(_OWNER, state, "step", minimum=1)
+        # States saved before restarts existed have no "batch": their step was the batch index.
+        batch = read_int(_OWNER, state, "batch", minimum=1) if "batch" in state else t
         if phase > len(self.plans) or records > self.horizon:
             raise InvalidInputError(check.message(owner, "phase", f"an int <= {len(self.plans)}", phase))
-        if phase < len(self.plans) and (t > self.plans[phase].steps or filled >= self.plans[phase].batch_size(t)):
+        if phase < len(self.plans) and (batch > self.plans[phase].steps or filled >= self.plans[phase].batch_size(batch)):
             raise InvalidInputError(
                 f"{owner}: step {t} / filled {filled} do not fit the planned run; was the state saved "
                 "under another config?"
             )
         theta, theta_ag, theta_md = (read_array(_OWNER, state, key, (self._params,)) for key in ("theta", "theta_ag", "theta_md"))
         self._records, self._filled, self._totals, self._phase = records, filled, totals, phase
-        self._iterate = Iterate(theta, theta_ag, theta_md, t, t)  # no restarts here: the step is the batch index
+        self._iterate = Iterate(theta, theta_ag, theta_md, t, batch)
