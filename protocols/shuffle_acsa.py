@@ -266,8 +266,8 @@ class ShuffleACSA(EncodedLearner):
         return self.plans[self._phase].smoothing
 
     @property
-    def gradient_bound(self) -> float:
-        """L: each user's gradient is clipped to this norm before PVEC."""
+    def gradient_norm_bound(self) -> float:
+        """The norm each user's gradient is clipped to before PVEC: min(``gradient_bound``, the loss's L)."""
         return self._lipschitz
 
     # -- outputs -----------------------------------------------------------------------------------

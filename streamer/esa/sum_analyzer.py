@@ -211,7 +211,7 @@ class SumAnalyzer:
             "params": self.dim,
             "loss": learner.loss.config(),
             "feature_bound": learner.feature_bound,
-            "clip": learner.gradient_bound,
+            "clip": learner.gradient_norm_bound,
             "smoothing": smoothing,
             "batch_size": self.users,
             "epsilon": learner.epsilon,
