@@ -247,6 +247,14 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
     if options.metrics is not None:
         options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
     committed = start
+
+    def commit(safe: int, previous: int | None) -> int | None:
+        """Commit ``safe`` (step 5 of the module docstring) unless it is already committed."""
+        if safe == previous:
+            return previous
+        kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})
+        return safe
+
     idle_since = time.monotonic()
     try:
         while not stopping["now"] and not (stop is not None and stop()):
@@ -262,18 +270,18 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
                 idle_since = time.monotonic()
             for records in polled.values():
                 for record in records:
-                    for round_, messages in state.offer(record.offset, record.value):
+                    released = state.offer(record.offset, record.value)
+                    for round_, messages in released:
                         producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
                         state.mark_released(round_)
                         if options.metrics is not None:
                             options.metrics.observe_release(len(messages))
                         log.info("released round %d (%d messages)", round_, len(messages))
+                    if released:  # commit after every acknowledged release, not once per poll: a crash
+                        committed = commit(state.commit_offset(record.offset + 1), committed)  # re-sends less
             if options.metrics is not None:
                 options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
-            safe = state.commit_offset(next_offset)
-            if safe != committed:
-                kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})
-                committed = safe
+            committed = commit(state.commit_offset(next_offset), committed)
     finally:
         producer.close()
         consumer.close()
