@@ -38,24 +38,24 @@ def canaries(memory: Memory, raw: bytes, X: np.ndarray) -> list[str]:
     return found
 
 
-def test_the_analyzer_process_and_files_hold_no_raw_record(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
-) -> None:
-    names = parts.topics(kafka_broker, unique_name)
+def scan_an_esa_run(broker: KafkaBroker, names: dict[str, str], tmp_path: Path, analyzer_args: list[str],
+                    shuffler_args: list[str]) -> None:
+    """Run one client, the shuffler and the analyzer over B·ROUNDS known rows, then search the
+    analyzer's memory and files for the rows (with the positive control of the module docstring)."""
     key = generate(tmp_path / "keys")
     X, y = parts.synthetic(B * ROUNDS, DIM, seed=5)
     source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
     out = tmp_path / "analyzer"
-    shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
-                              "--shuffled-topic", names["shuffled"], "--batch-size", str(B), "--params", str(DIM)],
-                             tmp_path / "shuffler.log")
-    analyzer = parts.panpriv(["analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic", names["shuffled"],
+    shuffler = parts.panpriv(["shuffle", "--bootstrap", broker.bootstrap, "--messages-topic", names["messages"],
+                              "--shuffled-topic", names["shuffled"], "--batch-size", str(B), "--params", str(DIM),
+                              *shuffler_args], tmp_path / "shuffler.log")
+    analyzer = parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
                               "--model-topic", names["model"], "--messages-topic", names["messages"],
                               "--state-dir", str(out / "budget"), "--analyzer-key", str(key.private), "--out", str(out),
                               "--dim", str(DIM), "--batch-size", str(B), "--epsilon", "2", "--delta", "1e-5",
-                              "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)})],
+                              "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)}), *analyzer_args],
                              tmp_path / "analyzer.log")
-    client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
+    client = parts.panpriv(["encode", "--bootstrap", broker.bootstrap, "--model-topic", names["model"],
                             "--messages-topic", names["messages"], "--analyzer-key", str(key.public),
                             "--source", str(source)], tmp_path / "client.log")
     holder = subprocess.Popen([sys.executable, "-c", "import json, time, numpy as np, sys; "
@@ -89,3 +89,26 @@ def test_the_analyzer_process_and_files_hold_no_raw_record(
         content = path.read_bytes()
         memory = Memory(content + b"\0" * (-len(content) % 8))
         assert canaries(memory, content, X) == [], f"{path} holds a record"
+
+
+def test_the_analyzer_process_and_files_hold_no_raw_record(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """shuffle-gaussian: one sealed Gaussian message per user."""
+    scan_an_esa_run(kafka_broker, parts.topics(kafka_broker, unique_name), tmp_path, [], [])
+
+
+def test_the_shuffle_acsa_analyzer_process_and_files_hold_no_raw_record(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """shuffle-acsa over secure summation: m sealed shares of a PVEC count vector per user."""
+    from protocols.shuffle_acsa import ShuffleACSA
+    from streamer.esa.keys import load_private
+    from streamer.esa.sum_analyzer import SumAnalyzer
+
+    learner = ShuffleACSA(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, horizon=B * ROUNDS, batch_size=B,
+                          radius=math.sqrt(DIM))
+    shares = SumAnalyzer(learner, [load_private(generate(tmp_path / "plan-keys").private)], "plan").shares
+    scan_an_esa_run(kafka_broker, parts.topics(kafka_broker, unique_name), tmp_path,
+                    ["--learner", "shuffle-acsa", "--horizon", str(B * ROUNDS)],
+                    ["--shares", str(shares)])
