@@ -321,9 +321,9 @@ class RandomCheckinSGD(MessageSGDLearner):
         v = B², so ρ = 1/(tanh(ε₀/2)·κ_p·√k) ≥ 1/κ_p ≈ √(πp/2) for k = 1: a single update is always
         noise-dominated. ``"gaussian"``: v = p(σC)², ρ = σ·√(p/k)."""
         if isinstance(self._local, GaussianRandomizer):
-            return f"sigma sqrt(p/k) = {self._local.noise_multiplier:.3g} x sqrt({self._params}/k)"
-        return (f"B / (C sqrt(k)) = 1 / (tanh(eps0/2) kappa_p sqrt(k)) with eps0 = {self._local.local_guarantee().epsilon:.3g}, "
-                f"p = {self._params}")
+            return f"sigma sqrt(p/k) [sigma = {self._local.noise_multiplier:.3g}, p = {self._params}]"
+        return (f"B / (C sqrt(k)) = 1 / (tanh(eps0/2) kappa_p sqrt(k)) [eps0 = {self._local.local_guarantee().epsilon:.3g}, "
+                f"p = {self._params}]")
 
     @property
     def local_randomizer(self) -> LocalRandomizer:

@@ -200,7 +200,7 @@ class MessageSGDLearner(Learner):
         messages, origin = self.messages_per_step()
         return (
             f"{self.name}: the noise in each step's mean gradient is rho = {self._noise_formula()} = {rho:.3g} x the "
-            f"largest clipped gradient C = {self._clip:.3g} (k = {messages:.4g} {origin}), so each step is mostly "
+            f"largest clipped gradient C = {self._clip:.3g} (k = {messages:.4g}: {origin}), so each step is mostly "
             "noise. SGD's guarantee (3/2) D G / sqrt(T), G^2 = C^2 (1 + rho^2), is then that of noise-free SGD on "
             f"1/(1 + rho^2) = {1.0 / (1.0 + rho * rho):.3g} of the records: it needs {1.0 + rho * rho:.3g} x as many "
             "for the same excess loss, and a short stream or a large radius may end no better than theta = 0 "

@@ -474,7 +474,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def _noise_formula(self) -> str:
         """Each message adds N(0, (σC)² I_p) (Liew & Takahashi 2022 §5.2, Alg. 1), so v = p(σC)² and
         the mean of k messages has ρ = √(v/k)/C = σ·√(p/k)."""
-        return f"sigma sqrt(p/k) = {self.noise_multiplier:.3g} x sqrt({self._params}/k)"
+        return f"sigma sqrt(p/k) [sigma = {self.noise_multiplier:.3g}, p = {self._params}]"
 
     def privacy(self) -> PrivacyReport:
         """Output: the shuffle-model guarantee per record; intrusion: the local guarantee."""

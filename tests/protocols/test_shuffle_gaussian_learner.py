@@ -286,7 +286,7 @@ def test_utility_warning_is_the_noise_to_gradient_ratio_of_a_round():
     (warning,) = dominated.utility_warnings()
     assert f"= {rho:.3g} x the largest clipped gradient C = 1" in warning
     assert f"1/(1 + rho^2) = {1 / (1 + rho**2):.3g} of the records: it needs {1 + rho**2:.3g} x as many" in warning
-    assert "(k = 1 messages per round, b)" in warning
+    assert "(k = 1: messages per round, b)" in warning
     assert _ratio_to_zero(dominated, 10**4) > 1.5
 
     checkin = ShuffleGaussianSGD(20, LogisticLoss(), 1.0, 1e-6, participation="checkin", window=200, checkin_rate=0.25)
