@@ -5,8 +5,8 @@ Run (from the repository root)::
     .venv/bin/python -m benchmarks.noise_map            # n ∈ {10⁴, 10⁵, 10⁶}, 3 repetitions (hours; ~1 GB a worker)
     .venv/bin/python -m benchmarks.noise_map --quick    # n ∈ {10⁴, 10⁵}, 1 repetition
 
-``--quick`` takes 450–520 CPU-seconds (about 4 minutes on 2 idle cores; 12–15 minutes measured on
-a shared machine with a load of 5); most of it is checkin, whose defaults take one step per record.
+``--quick`` takes 450–540 CPU-seconds (about 4.5 minutes on 2 idle cores; 8–15 minutes measured on
+a shared machine with a load of 3–6); most of it is checkin, whose defaults take one step per record.
 
 Both write the map as a picture (``--png``, default ``docs/img/noise_map.png``).
 
