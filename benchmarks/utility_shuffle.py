@@ -4,14 +4,19 @@ Run (from the repository root)::
 
     .venv/bin/python -m benchmarks.utility_shuffle            # both tasks, n ∈ {10³ … 10⁶}
     .venv/bin/python -m benchmarks.utility_shuffle --quick    # logistic only, n ≤ 10⁵, fewer repetitions
+    .venv/bin/python -m benchmarks.utility_shuffle --quick --dim 100 --only shuffle-acsa   # batch rules at d = 100
 
-Streams (:mod:`benchmarks.synthetic`, the same as ``benchmarks.utility_pan_acsa``): d = 20, ‖x‖ = 1,
+Streams (:mod:`benchmarks.synthetic`, the same as ``benchmarks.utility_pan_acsa``): d = 20 (``--dim``), ‖x‖ = 1,
 the logistic stream (‖θ*‖ = 4, Θ of radius 5) and the least-squares stream (‖θ*‖ = 2, radius 3);
 δ = 1e-6, ε ∈ {0.5, 1, 4}. Every learner is the real streaming learner fed in micro-batches of
 4,096 records, in the seeded replay mode (reproducible; the noise law is that of the default
 mode). Table 1 is the mean excess population loss (± standard error over repetitions); Table 2
 gives, per learner, its configuration, the guarantee it reports for outputs and for one
-intrusion, and its throughput.
+intrusion, and its throughput. ``--only TEXT`` keeps the learners whose name contains TEXT.
+
+ShuffleACSA runs with both batch rules (:func:`protocols.acsa.noise_dimension`): ``worst-case``
+(the default; the rows without a rule) and ``glm`` (issue 17 item 2); the rule changes only the
+planned batches, never the privacy noise's calibration.
 
 Adding a learner (e.g. the encoder-based ShuffleSGD / ShuffleACSA / ShuffleGD with
 ``calibration="paper"`` and ``"tight"``): append a :class:`Row` to :data:`ROWS` — a name and a factory
@@ -48,8 +53,6 @@ from protocols.shuffle_sgd import ShuffleSGD
 DELTA = 1e-6
 MICRO_BATCH = 4096
 SERVER_SLOTS = 10**5
-LOGISTIC = LogisticTask(d=20, norm=4.0)
-LINEAR = LinearTask(d=20, norm=2.0, noise=0.5)
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,10 @@ class Row:
     build: Callable[[Setting, int, float, int | None], Learner]
 
 
-def settings(quick: bool) -> list[Setting]:
-    logistic = Setting("logistic", LOGISTIC, LogisticLoss(), 5.0)
-    squares = Setting("least squares", LINEAR, SquaredLoss(label_bound=LINEAR.label_bound), 3.0)
+def settings(quick: bool, d: int) -> list[Setting]:
+    logistic = Setting("logistic", LogisticTask(d=d, norm=4.0), LogisticLoss(), 5.0)
+    linear = LinearTask(d=d, norm=2.0, noise=0.5)
+    squares = Setting("least squares", linear, SquaredLoss(label_bound=linear.label_bound), 3.0)
     return [logistic] if quick else [logistic, squares]
 
 
@@ -114,6 +118,8 @@ ROWS: list[Row] = [
                                                                       calibration=c, rng=seed)) for c in ("tight", "paper")),
     *(Row(f"shuffle-acsa ({c})", lambda s, n, e, seed, c=c: ShuffleACSA(s.task.d, s.loss, e, DELTA, horizon=n, radius=s.radius,
                                                                         calibration=c, rng=seed)) for c in ("tight", "paper")),
+    Row("shuffle-acsa (tight, glm)", lambda s, n, e, seed: ShuffleACSA(s.task.d, s.loss, e, DELTA, horizon=n, radius=s.radius,
+                                                                     batch_rule="glm", rng=seed)),
 ]
 """The learners compared, in column order."""
 
@@ -154,12 +160,12 @@ def mean_se(values: list[float]) -> str:
     return f"{m:.3g} ± {se:.1g}" if len(values) > 1 else f"{m:.3g}"
 
 
-def run(ns: list[int], epsilons: list[float], quick: bool) -> None:
+def run(ns: list[int], epsilons: list[float], quick: bool, d: int, rows: list[Row]) -> None:
     details: list[str] = []
-    print("\n## Table 1 — excess population loss, d = 20, δ = 1e-6 (mean ± s.e. over repetitions)\n")
-    print("| task | n | ε | " + " | ".join(row.name for row in ROWS) + " | non-private SGD |")
-    print("|---" * (4 + len(ROWS)) + "|")
-    for setting, n in itertools.product(settings(quick), ns):
+    print(f"\n## Table 1 — excess population loss, d = {d}, δ = 1e-6 (mean ± s.e. over repetitions)\n")
+    print("| task | n | ε | " + " | ".join(row.name for row in rows) + " | non-private SGD |")
+    print("|---" * (4 + len(rows)) + "|")
+    for setting, n in itertools.product(settings(quick, d), ns):
         reps = repetitions(n, quick)
         data = [setting.task.sample(n, np.random.default_rng(1000 * n + r)) for r in range(reps)]
         baseline = [
@@ -172,7 +178,7 @@ def run(ns: list[int], epsilons: list[float], quick: bool) -> None:
         ]
         for epsilon in epsilons:
             cells = []
-            for row in ROWS:
+            for row in rows:
                 excess, speed = [], []
                 for r, (X, y) in enumerate(data):
                     learner = row.build(setting, n, epsilon, r)
@@ -197,10 +203,13 @@ def run(ns: list[int], epsilons: list[float], quick: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="logistic only, n ≤ 1e5, fewer repetitions")
+    parser.add_argument("--dim", type=int, default=20, help="d of the synthetic streams (default 20)")
+    parser.add_argument("--only", default="", help="run only the learners whose name contains this text")
     args = parser.parse_args()
     ns = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6]
+    rows = [row for row in ROWS if args.only in row.name]
     start = time.perf_counter()
-    run(ns, [0.5, 1.0, 4.0], args.quick)
+    run(ns, [0.5, 1.0, 4.0], args.quick, args.dim, rows)
     print(f"\n(total {time.perf_counter() - start:.0f} s)")
 
 

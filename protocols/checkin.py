@@ -302,6 +302,29 @@ class RandomCheckinSGD(MessageSGDLearner):
             f"check-in probability {self.checkin_probability:g}",
         )
 
+    def messages_per_step(self) -> tuple[float, str]:
+        """k of :meth:`protocols.sgd.MessageSGDLearner.noise_to_signal`: 1 for ``update="single"``
+        (Balle et al. 2020 Alg. 1: one message per slot — or a dummy, noise with no gradient at all).
+        For ``"averaged"`` (Alg. 2) with ``time="position"``, the expected messages per slot in
+        steady state, slot_length·p₀ (a slot is in the windows of m wake slots' clients, each
+        checking into it with probability p₀/m); with ``time="timestamp"`` the records per slot
+        are not public, so k = 1, the noise of one message."""
+        if self.update == "averaged" and self.time == "position":
+            return self.slot_length * self.checkin_probability, "expected messages per slot, slot_length x p0"
+        if self.update == "averaged":
+            return 1.0, "one message: the messages per slot of a timestamp clock are not public"
+        return 1.0, "one message or a dummy per slot"
+
+    def _noise_formula(self) -> str:
+        """ρ = √(v/k)/C in the randomizer's calibration. ``"l2"``: the output has norm
+        B = C/(tanh(ε₀/2)·κ_p) (Duchi, Jordan & Wainwright 2018; :class:`protocols.randomizers.L2BallRandomizer`),
+        v = B², so ρ = 1/(tanh(ε₀/2)·κ_p·√k) ≥ 1/κ_p ≈ √(πp/2) for k = 1: a single update is always
+        noise-dominated. ``"gaussian"``: v = p(σC)², ρ = σ·√(p/k)."""
+        if isinstance(self._local, GaussianRandomizer):
+            return f"sigma sqrt(p/k) [sigma = {self._local.noise_multiplier:.3g}, p = {self._params}]"
+        return (f"B / (C sqrt(k)) = 1 / (tanh(eps0/2) kappa_p sqrt(k)) [eps0 = {self._local.local_guarantee().epsilon:.3g}, "
+                f"p = {self._params}]")
+
     @property
     def local_randomizer(self) -> LocalRandomizer:
         """The calibrated local randomizer (its ε₀ or noise multiplier)."""

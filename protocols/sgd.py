@@ -24,6 +24,7 @@ Cheu et al. 2022, Lemma 4.2 (projected SGD with noisy gradients); Zinkevich (200
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -164,6 +165,47 @@ class MessageSGDLearner(Learner):
     def release(self) -> Array:
         """θ̄, the average of the iterates stepped from (:class:`AveragedSGD`)."""
         return self._sgd.release()
+
+    @abc.abstractmethod
+    def messages_per_step(self) -> tuple[float, str]:
+        """k, the (expected) number of messages averaged into one step, from the public
+        configuration, and how it follows from it (for :meth:`utility_warnings`)."""
+
+    def noise_to_signal(self) -> float:
+        """ρ = √(v/k)/C: the rms norm of the noise in one step's mean message over the largest clipped
+        gradient C, with v = E‖noise of one message‖² (the randomizer's ``noise_second_moment``) and
+        k = :meth:`messages_per_step`. It is the ratio in :func:`bound_sq`: G² = C²(1 + ρ²) without
+        ridge. The gradients themselves are often shorter than C, so the noise dominates them at
+        least this much. Computed from the plan only, never from records."""
+        messages, _ = self.messages_per_step()
+        return math.sqrt(self._noise_moment / messages) / self._clip
+
+    @abc.abstractmethod
+    def _noise_formula(self) -> str:
+        """ρ written in the learner's own calibration (e.g. σ·√(p/k)), for :meth:`utility_warnings`."""
+
+    def utility_warnings(self) -> tuple[str, ...]:
+        """A warning when the noise dominates each step's gradient, ρ = :meth:`noise_to_signal` > 1.
+
+        The consequence, from the guarantee of :class:`AveragedSGD` (Cheu et al. 2022, Lemma 4.2):
+        E F(θ̄_T) − min F ≤ (3/2)·D·G/√T with G² = C²(1 + ρ²), i.e. the guarantee of noise-free SGD
+        with 1/(1 + ρ²) of the steps — the stream must be (1 + ρ²) times longer for the same excess
+        loss. Data-independent: ρ comes from the calibrated noise, the clip and the plan.
+
+        ρ > 1 says each step is noise-dominated, not that the run fails: averaging over T steps can
+        still beat θ = 0 (``benchmarks/noise_map.py`` measures where; docs/privacy.md)."""
+        rho = self.noise_to_signal()
+        if rho <= 1.0:
+            return ()
+        messages, origin = self.messages_per_step()
+        return (
+            f"{self.name}: the noise in each step's mean gradient is rho = {self._noise_formula()} = {rho:.3g} x the "
+            f"largest clipped gradient C = {self._clip:.3g} (k = {messages:.4g}: {origin}), so each step is mostly "
+            "noise. SGD's guarantee (3/2) D G / sqrt(T), G^2 = C^2 (1 + rho^2), is then that of noise-free SGD on "
+            f"1/(1 + rho^2) = {1.0 / (1.0 + rho * rho):.3g} of the records: it needs {1.0 + rho * rho:.3g} x as many "
+            "for the same excess loss, and a short stream or a large radius may end no better than theta = 0 "
+            "(docs/privacy.md maps where this learner is useful). A larger epsilon or more messages per step lower rho.",
+        )
 
     @property
     def records_seen(self) -> int:

@@ -463,6 +463,19 @@ class ShuffleGaussianSGD(MessageSGDLearner):
             f"z = {self.noise_multiplier:.6g} (standard deviation {self._randomizer.noise_std:.6g})",
         )
 
+    def messages_per_step(self) -> tuple[float, str]:
+        """k of :meth:`protocols.sgd.MessageSGDLearner.noise_to_signal`: the messages averaged by one
+        round's step — b (``"all"``), m (``"subsampled"``) or the expected γN (``"checkin"``)."""
+        r = self._round
+        if r.participation == "checkin":
+            return r.window * r.rate, f"expected check-ins per round, gamma N = {r.rate:g} x {r.window}"
+        return float(r.batch), "messages per round, b" if r.participation == "all" else "users sampled per round, m"
+
+    def _noise_formula(self) -> str:
+        """Each message adds N(0, (σC)² I_p) (Liew & Takahashi 2022 §5.2, Alg. 1), so v = p(σC)² and
+        the mean of k messages has ρ = √(v/k)/C = σ·√(p/k)."""
+        return f"sigma sqrt(p/k) [sigma = {self.noise_multiplier:.3g}, p = {self._params}]"
+
     def privacy(self) -> PrivacyReport:
         """Output: the shuffle-model guarantee per record; intrusion: the local guarantee."""
         local = self._randomizer.local_guarantee()

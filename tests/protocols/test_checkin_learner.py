@@ -260,3 +260,29 @@ def test_invalid_timestamps_and_states_are_refused():
         by_position.load_state_dict({**state, "slot_keys": np.full(5, 2.0)})
     with pytest.raises(InvalidInputError, match="'slot_messages'"):
         by_position.load_state_dict({**state, "slot_messages": np.zeros(7)})
+
+
+def test_utility_warning_is_the_noise_to_gradient_ratio_of_a_slot():
+    """Issue 17: ρ = √(v/k)/C from the randomizer's calibration and the plan alone. ℓ2 (single
+    updates, k = 1): ρ = B/C = 1/(tanh(ε₀/2)·κ_p), κ_p = Γ(p/2)/(√π Γ((p+1)/2)) — at least √(πp/2)-ish,
+    so the service's default always warns. Averaged updates over slot_length·p₀ messages and the
+    Gaussian randomizer (ρ = σ√(p/k)) can stay below 1: no warning."""
+    default = RandomCheckinSGD(100, LogisticLoss(), 1.0, 1e-6, radius=10.0)
+    epsilon0 = default.local_randomizer.local_guarantee().epsilon
+    kappa = gamma_function(50.0) / (math.sqrt(math.pi) * gamma_function(50.5))
+    rho = 1.0 / (math.tanh(epsilon0 / 2.0) * kappa)
+    assert default.noise_to_signal() == pytest.approx(rho, rel=1e-9) and rho > math.sqrt(math.pi * 100 / 2)
+    (warning,) = default.utility_warnings()
+    assert f"= {rho:.3g} x the largest clipped gradient C = 1" in warning and f"it needs {1 + rho**2:.3g} x as many" in warning
+
+    averaged = RandomCheckinSGD(20, LogisticLoss(), 1.0, 1e-6, update="averaged", slot_length=1000,
+                                checkin_probability=0.5, radius=4.0)
+    scale = averaged.local_randomizer.scale(20)
+    assert averaged.noise_to_signal() == pytest.approx(scale / math.sqrt(500), rel=1e-12) and scale / math.sqrt(500) < 1
+    assert averaged.utility_warnings() == ()
+
+    gaussian = RandomCheckinSGD(5, LogisticLoss(), 16.0, 1e-6, randomizer="gaussian", radius=4.0)
+    sigma = gaussian.local_randomizer.noise_multiplier
+    (warning,) = gaussian.utility_warnings()
+    assert gaussian.noise_to_signal() == pytest.approx(sigma * math.sqrt(5), rel=1e-12)
+    assert f"= {sigma * math.sqrt(5):.3g} x the largest" in warning

@@ -13,6 +13,7 @@ from accounting import shuffle_gaussian as sg
 from accounting.gaussian import analytic_sigma
 from accounting.ledger import Guarantee
 from accounting.rdp import RdpCurve
+from benchmarks.synthetic import LogisticTask
 from protocols import checks
 from protocols.errors import InvalidInputError
 from protocols.losses import LogisticLoss, SquaredLoss
@@ -262,3 +263,37 @@ def test_invalid_batches_and_states_are_refused():
         learner.load_state_dict({**state, "partial": np.zeros(4)})
     with pytest.raises(InvalidInputError, match="lacks 'moment'"):
         learner.load_state_dict({k: v for k, v in state.items() if k != "moment"})
+
+
+def _ratio_to_zero(learner: ShuffleGaussianSGD, n: int) -> float:
+    """Excess population loss of the learner after n records of the synthetic logistic stream
+    (benchmarks.synthetic, ‖θ*‖ = 4) over that of θ = 0: below 1 it beats θ = 0."""
+    task = LogisticTask(d=learner.dim, norm=4.0)
+    X, y = task.sample(n, np.random.default_rng(5))
+    learner.learn_many(X, y)
+    return task.excess(learner.release(), learner.loss) / task.excess(np.zeros(learner.dim), learner.loss)
+
+
+def test_utility_warning_is_the_noise_to_gradient_ratio_of_a_round():
+    """Issue 17: ρ = σ·√(p/k) (the rms norm of the noise in a round's mean of k messages, each
+    N(0, (σC)² I_p), over the clip C), from the plan alone. The service's plan at d = 100, r = 10,
+    ε = 16 (b = 1: the shuffle cannot amplify, each round is one message) warns, and there the
+    noise map (benchmarks/noise_map.py) finds it worse than θ = 0 (ratio 2.3 at n = 10⁴); a batch
+    of 1,024 at d = 20, ε = 4 (ρ ≈ 0.15) does not warn and beats θ = 0 by far."""
+    dominated = ShuffleGaussianSGD(100, LogisticLoss(), 16.0, 1e-6, radius=10.0, horizon=10**4, rng=1)
+    rho = dominated.noise_multiplier * math.sqrt(100 / dominated.batch_size)
+    assert dominated.batch_size == 1 and dominated.noise_to_signal() == pytest.approx(rho, rel=1e-12) and rho > 1
+    (warning,) = dominated.utility_warnings()
+    assert f"= {rho:.3g} x the largest clipped gradient C = 1" in warning
+    assert f"1/(1 + rho^2) = {1 / (1 + rho**2):.3g} of the records: it needs {1 + rho**2:.3g} x as many" in warning
+    assert "(k = 1: messages per round, b)" in warning
+    assert _ratio_to_zero(dominated, 10**4) > 1.5
+
+    checkin = ShuffleGaussianSGD(20, LogisticLoss(), 1.0, 1e-6, participation="checkin", window=200, checkin_rate=0.25)
+    assert checkin.noise_to_signal() == pytest.approx(checkin.noise_multiplier * math.sqrt(20 / 50), rel=1e-12)
+
+    working = ShuffleGaussianSGD(20, LogisticLoss(), 4.0, 1e-6, batch_size=1024, radius=math.sqrt(20), rng=1)
+    rho = working.noise_multiplier * math.sqrt(20 / 1024)
+    assert working.noise_to_signal() == pytest.approx(rho, rel=1e-12) and rho < 1
+    assert working.utility_warnings() == ()
+    assert _ratio_to_zero(working, 10**5) < 0.5

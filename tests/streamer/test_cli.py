@@ -174,3 +174,26 @@ def test_privacy_warns_when_pnsgd_noise_swamps_the_model(capsys) -> None:
     assert warning.startswith("pnsgd: one step's noise alone")
     assert main(["privacy", "--json"]) == 0  # pan-acsa on Adult: nothing to warn about
     assert json.loads(capsys.readouterr().out)["warnings"] == []
+
+
+@pytest.mark.parametrize(("learner", "argv"), [
+    ("shuffle-gaussian", ["--dim", "100", "--epsilon", "16"]),
+    ("checkin", ["--dim", "20"]),
+])
+def test_privacy_warns_when_the_noise_dominates_each_step(capsys, learner, argv) -> None:
+    """Issue 17: shuffle-gaussian and checkin warn, from the plan alone, when the noise in a step's
+    mean message exceeds the clipped gradient (ρ > 1); printed, and listed in the JSON answer,
+    with the learner's own ρ; a configuration with ρ < 1 has no warning."""
+    full = ["privacy", "--learner", learner, "--n", "100000", *argv]
+    assert main(full) == 0
+    out = capsys.readouterr().out
+    assert f"WARNING: {learner}: the noise in each step's mean gradient is rho = " in out
+    assert main([*full, "--json"]) == 0
+    (warning,) = json.loads(capsys.readouterr().out)["warnings"]
+    config = load_config(None, {"source.url": "synthetic:n=1&dim=1", "records.format": "json", "records.dim": int(argv[1]),
+                                "records.feature_bound": 1.0,
+                                "learner.name": learner, "learner.epsilon": float(argv[3]) if len(argv) > 2 else 1.0})
+    assert f"= {build_learner(config, 100000).noise_to_signal():.3g} x the largest clipped gradient" in warning
+    quiet = ["privacy", "--learner", "shuffle-gaussian", "--n", "100000", "--dim", "20", "--options", '{"batch_size": 1024}', "--json"]
+    assert main(quiet) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []

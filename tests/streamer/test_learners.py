@@ -97,8 +97,10 @@ STREAMING = sorted(name for name in CATALOGUE if not reads_by_index(learner_clas
 
 
 @pytest.mark.parametrize("name", STREAMING)
-def test_every_registered_learner_streams_stops_and_resumes_exactly_once(name, tmp_path, monkeypatch) -> None:
-    """Learners that read a recording by index are tested in tests/streamer/test_replay.py."""
+def test_every_registered_learner_streams_stops_and_resumes_exactly_once(name, tmp_path, monkeypatch, caplog) -> None:
+    """Learners that read a recording by index are tested in tests/streamer/test_replay.py. The
+    learner's utility warnings (issue 17; checkin's and shuffle-gaussian's at this d) are logged
+    before it learns."""
     # The shuffle learners' "paper" calibration is quicker to set up than "tight" (the default).
     options = {"pnsgd": {"eta": 0.5, "radius": 2.0}, "shuffle-sgd": {"calibration": "paper"},
                "shuffle-acsa": {"calibration": "paper"}}.get(name, {})
@@ -125,6 +127,10 @@ def test_every_registered_learner_streams_stops_and_resumes_exactly_once(name, t
     segments = PrivacyLedger.from_dict(checkpoint.ledger).coverage("synthetic:seed=2,dim=4")
     assert [(s.start, s.stop, len(s.uses)) for s in segments] == [(0, 6000, 1)]
     assert result.report.output.is_meaningful
+    warnings = build_learner(load_config(None, overrides), 6000).utility_warnings()
+    assert bool(warnings) == (name in ("checkin", "pnsgd", "shuffle-gaussian"))
+    logged = {r.getMessage() for r in caplog.records if r.levelname == "WARNING"}
+    assert set(warnings) <= logged
 
 
 def test_pan_acsa_secure_noise_streams_checkpoints_and_resumes(tmp_path) -> None:
