@@ -418,23 +418,31 @@ class RandomCheckinSGD(MessageSGDLearner):
 
     def _close_until(self, slot: int) -> None:
         """Close every slot before ``slot``, in order (one update each, or none for an empty
-        averaged slot)."""
+        averaged slot). Only a dummy update draws, so the generator is keyed for the closes only
+        when some single-update slot among them is empty — not once per arriving client."""
         if slot <= self._clock:
             return
-        with self._noise.draw() as generator:
-            if self.update == "averaged":  # only pending slots can hold messages; the rest are skipped
-                for j in range(self._clock, min(slot, self._clock + self._buffer)):
-                    self._close(j, generator)
-            else:
+        if self.update == "averaged":  # only pending slots can hold messages; the rest are skipped
+            for j in range(self._clock, min(slot, self._clock + self._buffer)):
+                self._close(j, None)
+        elif all(self._marks[j % self._buffer] < NO_CANDIDATE for j in range(self._clock, slot)):
+            for j in range(self._clock, slot):
+                self._close(j, None)
+        else:
+            with self._noise.draw() as generator:
                 for j in range(self._clock, slot):
                     self._close(j, generator)
         self._clock = slot
 
-    def _close(self, slot: int, generator: np.random.Generator) -> None:
+    def _close(self, slot: int, generator: np.random.Generator | None) -> None:
+        """One slot's update; ``generator`` draws the dummy of an empty single-update slot."""
         i = slot % self._buffer
         if self.update == "single":
-            has_message = self._marks[i] < NO_CANDIDATE
-            message = self._messages[i] if has_message else self._local.dummy(1, self._params, generator)[0]
+            if self._marks[i] < NO_CANDIDATE:
+                message = self._messages[i]
+            else:
+                assert generator is not None, "an empty slot's dummy needs a keyed generator"
+                message = self._local.dummy(1, self._params, generator)[0]
             self._step(message, 1.0)
         elif self._marks[i] > 0.0:
             self._step(self._messages[i] / self._marks[i], self._marks[i])
