@@ -371,7 +371,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         in place, the ℓ2-ball randomizer wipes its own work arrays."""
         with self._noise.draw() as generator:
             joins, offsets = _check_in_draws(Z.shape[0], self.slots, self.checkin_probability, generator)
-            rows = np.flatnonzero(joins)
+            rows = joins.nonzero()[0]
             if rows.size == 0:
                 return
             index = (window_start(slot, self.slots, self.window) + offsets[rows]) % self._buffer
