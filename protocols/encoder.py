@@ -313,7 +313,7 @@ class VectorSum:
     def analyze(self, totals: NDArray[np.int64]) -> NDArray[np.float64]:
         """A_VEC: the unbiased estimate (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ of Σᵢ xᵢ (Cheu et al. 2022, Alg. 2 line 12)."""
         totals = np.asarray(totals)
-        if totals.shape != (self.d,) or not np.issubdtype(totals.dtype, np.integer):
+        if totals.shape != (self.d,) or totals.dtype.kind not in "iu":  # np.issubdtype(…, np.integer), once a round
             raise InvalidInputError(
                 f"VectorSum.analyze: totals must be an integer array of shape ({self.d},); "
                 f"got {totals.dtype} {totals.shape}"
@@ -395,7 +395,7 @@ class VectorSum:
             chunk = X[start : start + self._chunk_rows]
             squared = np.einsum("ij,ij->i", chunk, chunk)
             too_long = ~(squared <= self.l2_bound**2)  # NaN compares False: caught here too
-            if not np.any(too_long):
+            if not too_long.any():
                 squared.fill(0.0)  # the users' squared norms: clean, wiped
                 yield chunk
                 continue
