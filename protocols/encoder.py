@@ -421,10 +421,7 @@ class VectorSum:
         """s = (x + Δ₂)·g/Δ, clipped to [0, g] (only floating-point error can leave it)."""
         np.multiply(chunk, self._encode_scale, out=out)
         out += 0.5 * self.g
-        # np.clip's max-then-min without its Python dispatch; the same numbers, since the sum
-        # above is never −0.0 (the one input where maximum and clip may differ: in the sign of 0)
-        np.maximum(out, 0.0, out=out)
-        return np.minimum(out, self.g, out=out)
+        return out.clip(0.0, self.g, out=out)  # the method: np.clip's own loop, one dispatch layer less
 
     def _rounded(
         self,
