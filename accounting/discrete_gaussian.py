@@ -41,10 +41,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import logsumexp
 
 from accounting.errors import InvalidParameterError
+from accounting.roots import brent_root
 from accounting.validation import nonnegative, open_unit, positive, positive_int
 
 __all__ = [
@@ -100,7 +100,7 @@ def _best_order(rho_: float, epsilon: float) -> float:
         high *= 2.0
     if slope(low) >= 0.0:
         return low
-    return float(brentq(slope, low, high, xtol=1e-14, rtol=4.0 * np.finfo(float).eps, maxiter=500))
+    return brent_root(slope, low, high, xtol=1e-14, rtol=4.0 * float(np.finfo(float).eps), maxiter=500)
 
 
 def zcdp_delta(rho_: float, epsilon: float) -> float:
@@ -150,7 +150,7 @@ def zcdp_epsilon(rho_: float, delta: float) -> float:
     def excess(epsilon: float) -> float:
         return math.log(max(zcdp_delta(rho_, epsilon), 1e-320)) - math.log(delta)
 
-    epsilon = float(brentq(excess, 0.0, high, xtol=1e-15, rtol=1e-13, maxiter=500))
+    epsilon = brent_root(excess, 0.0, high, xtol=1e-15, rtol=1e-13, maxiter=500)
     while zcdp_delta(rho_, epsilon) > delta:
         epsilon = math.nextafter(epsilon, math.inf) * (1.0 + 1e-13)
     return epsilon
@@ -175,7 +175,7 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
         low -= 1.0
     while excess(high) <= 0.0:
         high += 1.0
-    value = math.exp(float(brentq(excess, low, high, xtol=1e-15, rtol=1e-13, maxiter=500)))
+    value = math.exp(brent_root(excess, low, high, xtol=1e-15, rtol=1e-13, maxiter=500))
     while zcdp_delta(value, epsilon) > delta:
         value = math.nextafter(value, 0.0) * (1.0 - 1e-13)
     return value

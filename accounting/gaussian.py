@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.optimize import brentq
 from scipy.special import erf, erfcx, ndtr
 
 from accounting.errors import InvalidParameterError
+from accounting.roots import brent_root
 from accounting.validation import float_array, nonnegative, open_unit, positive
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
 _SQRT2 = math.sqrt(2.0)
 _LOG2 = math.log(2.0)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+_RTOL = 4.0 * float(np.finfo(float).eps)  # the smallest relative tolerance Brent's method honours
 _GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(16)
 
 
@@ -155,7 +156,8 @@ def analytic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
     Notes
     -----
     δ(ε; σ) decreases in σ. The root of log δ(ε; σ) − log δ is bracketed in log σ and refined by
-    Brent's method; the result is then stepped up ulp by ulp (doubling steps) until the check
+    Brent's method (:func:`accounting.roots.brent_root`, pure Python: no scipy.optimize on the
+    start path of a run); the result is then stepped up ulp by ulp (doubling steps) until the check
     above holds, so the answer is never a hair too small.
 
     References
@@ -215,8 +217,8 @@ def analytic_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> fl
     high = 1.0
     while excess(high) > 0.0:
         high *= 2.0
-    epsilon = brentq(excess, 0.0, high, xtol=1e-15, rtol=4.0 * np.finfo(float).eps, maxiter=500)
-    return _round_up(float(epsilon), lambda e: analytic_delta(e, sigma, sensitivity) <= delta)
+    epsilon = brent_root(excess, 0.0, high, xtol=1e-15, rtol=_RTOL, maxiter=500)
+    return _round_up(epsilon, lambda e: analytic_delta(e, sigma, sensitivity) <= delta)
 
 
 def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
@@ -307,9 +309,7 @@ def _root_decreasing(excess: Callable[[float], float], start: float) -> float:
         low -= 1.0
     while excess(high) > 0.0:
         high += 1.0
-    return float(
-        brentq(excess, low, high, xtol=1e-15, rtol=4.0 * np.finfo(float).eps, maxiter=500)
-    )
+    return brent_root(excess, low, high, xtol=1e-15, rtol=_RTOL, maxiter=500)
 
 
 def _round_up(value: float, holds: Callable[[float], bool]) -> float:

@@ -117,9 +117,16 @@ def check_in_slots(
     otherwise −1 (abstains).
     """
     first_slots = np.asarray(first_slots, dtype=np.int64)
-    joins = generator.random(first_slots.shape) < probability
-    offsets = generator.integers(0, slots, size=first_slots.shape)
+    joins, offsets = _check_in_draws(first_slots.shape, slots, probability, generator)
     return np.where(joins, first_slots + offsets, -1)
+
+
+def _check_in_draws(
+    shape: int | tuple[int, ...], slots: int, probability: float, generator: np.random.Generator
+) -> tuple[NDArray[np.bool_], NDArray[np.int64]]:
+    """The draws of random check-ins, in their order: whether each client checks in (probability
+    p₀), then her offset U{0, …, slots − 1} in her window (drawn for every client)."""
+    return generator.random(shape) < probability, generator.integers(0, slots, size=shape)
 
 
 def check_in(
@@ -336,19 +343,29 @@ class RandomCheckinSGD(MessageSGDLearner):
         """Add a micro-batch of clients, in arrival order; any split gives the same mechanism.
 
         ``timestamps`` (shape (m,)) are required with ``time="timestamp"`` and refused otherwise;
-        wake slots must not decrease along the stream.
+        wake slots must not decrease along the stream. Features and labels are computed for a
+        block of whole wake groups at a time (:func:`protocols.scratch.features`, row by row the
+        same values as for the checked-in rows alone; labels are therefore checked for the whole
+        block), not once per arriving client: the per-client loop then only draws, picks rows
+        and steps.
         """
         X, y = check_batch(_OWNER, X, y, self.dim)
         wake = self._wake_slots(X.shape[0], timestamps)
         starts = np.flatnonzero(np.diff(wake, prepend=-1)).tolist()
+        block_start = block_stop = 0
+        Z = labels = X  # replaced by the first block's features and labels before any use
         try:
             for begin, end in zip(starts, starts[1:] + [wake.size], strict=True):
+                if end > block_stop:
+                    block_start, block_stop = begin, max(end, min(begin + scratch.BLOCK_ROWS, wake.size))
+                    Z = scratch.features(self.loss, X[block_start:block_stop], self.feature_bound, self._scratch)
+                    labels = scratch.labels(self.loss, y[block_start:block_stop], self._scratch)
                 slot = int(wake[begin])
                 if self._clock < 0:
                     self._clock = int(window_start(slot, self.slots, self.window))
                 self._close_until(slot)
-                self._arrive(slot, X[begin:end], y[begin:end])
-                self._records += int(end - begin)
+                self._arrive(slot, Z[begin - block_start : end - block_start], labels[begin - block_start : end - block_start])
+                self._records += end - begin
                 self._latest = slot
         finally:
             self._scratch.wipe()
@@ -370,30 +387,24 @@ class RandomCheckinSGD(MessageSGDLearner):
             raise InvalidInputError(f"{_OWNER}: timestamps go back in time (wake slots must not decrease)")
         return wake
 
-    def _arrive(self, slot: int, X: Array, y: Array) -> None:
-        """Clients waking at ``slot`` (raw rows ``X``, ``y``): check in, and those who may be used
-        send their message. Their features and clipped gradients live in scratch (wiped by
-        :meth:`learn_many`); Gaussian noise is drawn into the gradients in place, the
-        ℓ2-ball randomizer wipes its own work arrays."""
+    def _arrive(self, slot: int, Z: Array, labels: Array) -> None:
+        """Clients waking at ``slot`` (their features ``Z`` and labels, in scratch): check in, and
+        those who may be used send their message. Their picked rows and clipped gradients live
+        in scratch too (wiped by :meth:`learn_many`); Gaussian noise is drawn into the gradients
+        in place, the ℓ2-ball randomizer wipes its own work arrays."""
         with self._noise.draw() as generator:
-            first = window_start(slot, self.slots, self.window)
-            targets = check_in_slots(np.full(X.shape[0], first), self.slots, self.checkin_probability, generator)
-            rows = np.flatnonzero(targets >= 0)
+            joins, offsets = _check_in_draws(Z.shape[0], self.slots, self.checkin_probability, generator)
+            rows = joins.nonzero()[0]
             if rows.size == 0:
                 return
-            index = targets[rows] % self._buffer
+            index = (window_start(slot, self.slots, self.window) + offsets[rows]) % self._buffer
             if self.update == "single":
                 rows, index = self._winners(rows, index, generator)
         if rows.size == 0:
             return
-        picked, picked_labels = X[rows], y[rows]
-        try:
-            Z = scratch.features(self.loss, picked, self.feature_bound, self._scratch)
-            labels = scratch.labels(self.loss, picked_labels, self._scratch)
-        finally:
-            picked.fill(0.0)
-            picked_labels.fill(0.0)
-        gradients = scratch.clipped_gradients(self.loss, self._sgd.theta, Z, labels, self._clip, self._scratch)
+        picked = scratch.rows(Z, rows, self._scratch, "picked_features")
+        picked_labels = scratch.rows(labels, rows, self._scratch, "picked_labels")
+        gradients = scratch.clipped_gradients(self.loss, self._sgd.theta, picked, picked_labels, self._clip, self._scratch)
         if isinstance(self._local, GaussianRandomizer):
             self._noise.add_gaussian(gradients, self._local.noise_std)
             messages = gradients
@@ -415,11 +426,14 @@ class RandomCheckinSGD(MessageSGDLearner):
         be queried), after recording their keys."""
         keys = generator.random(rows.size)
         if rows.size == 1:  # the common case of one client per slot
-            best = np.zeros(1, dtype=np.int64)
-        else:
-            order = np.lexsort((keys, index))
-            sorted_index = index[order]
-            best = order[np.concatenate(([True], sorted_index[1:] != sorted_index[:-1]))]
+            key, slot = float(keys[0]), int(index[0])
+            if key < self._marks[slot]:
+                self._marks[slot] = key
+                return rows, index
+            return rows[:0], index[:0]
+        order = np.lexsort((keys, index))
+        sorted_index = index[order]
+        best = order[np.concatenate(([True], sorted_index[1:] != sorted_index[:-1]))]
         better = keys[best] < self._marks[index[best]]
         best = best[better]
         self._marks[index[best]] = keys[best]
@@ -427,23 +441,31 @@ class RandomCheckinSGD(MessageSGDLearner):
 
     def _close_until(self, slot: int) -> None:
         """Close every slot before ``slot``, in order (one update each, or none for an empty
-        averaged slot)."""
+        averaged slot). Only a dummy update draws, so the generator is keyed for the closes only
+        when some single-update slot among them is empty — not once per arriving client."""
         if slot <= self._clock:
             return
-        with self._noise.draw() as generator:
-            if self.update == "averaged":  # only pending slots can hold messages; the rest are skipped
-                for j in range(self._clock, min(slot, self._clock + self._buffer)):
-                    self._close(j, generator)
-            else:
+        if self.update == "averaged":  # only pending slots can hold messages; the rest are skipped
+            for j in range(self._clock, min(slot, self._clock + self._buffer)):
+                self._close(j, None)
+        elif all(self._marks[j % self._buffer] < NO_CANDIDATE for j in range(self._clock, slot)):
+            for j in range(self._clock, slot):
+                self._close(j, None)
+        else:
+            with self._noise.draw() as generator:
                 for j in range(self._clock, slot):
                     self._close(j, generator)
         self._clock = slot
 
-    def _close(self, slot: int, generator: np.random.Generator) -> None:
+    def _close(self, slot: int, generator: np.random.Generator | None) -> None:
+        """One slot's update; ``generator`` draws the dummy of an empty single-update slot."""
         i = slot % self._buffer
         if self.update == "single":
-            has_message = self._marks[i] < NO_CANDIDATE
-            message = self._messages[i] if has_message else self._local.dummy(1, self._params, generator)[0]
+            if self._marks[i] < NO_CANDIDATE:
+                message = self._messages[i]
+            else:
+                assert generator is not None, "an empty slot's dummy needs a keyed generator"
+                message = self._local.dummy(1, self._params, generator)[0]
             self._step(message, 1.0)
         elif self._marks[i] > 0.0:
             self._step(self._messages[i] / self._marks[i], self._marks[i])

@@ -221,6 +221,19 @@ class VectorSum:
                 block.fill(0)
         return counts
 
+    def add_messages(self, X: NDArray[np.float64], totals: NDArray[np.int64], rng: RngLike = None) -> None:
+        """R_VEC applied to each row of ``X``, the users' counts added into ``totals`` (int64,
+        shape (d,)): the shuffler's per-coordinate totals of a round, without an array of all the
+        users' messages.
+
+        The same draws, in the same order, as :meth:`randomize`, and integer sums (exact), so
+        ``totals`` gains exactly ``randomize(X, rng).sum(axis=0)``; each block of messages is wiped
+        once summed, and ``totals`` changes only when every row was accepted.
+        """
+        X = self._checked(X, "add_messages", exact_rows=False)
+        with NoiseSource(rng).draw() as generator:
+            totals += self._randomized_totals(X, generator, "add_messages")
+
     def randomize_bits(
         self, x: NDArray[np.float64], rng: RngLike = None
     ) -> NDArray[np.int64]:
@@ -300,7 +313,7 @@ class VectorSum:
     def analyze(self, totals: NDArray[np.int64]) -> NDArray[np.float64]:
         """A_VEC: the unbiased estimate (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ of Σᵢ xᵢ (Cheu et al. 2022, Alg. 2 line 12)."""
         totals = np.asarray(totals)
-        if totals.shape != (self.d,) or not np.issubdtype(totals.dtype, np.integer):
+        if totals.shape != (self.d,) or totals.dtype.kind not in "iu":  # np.issubdtype(…, np.integer), once a round
             raise InvalidInputError(
                 f"VectorSum.analyze: totals must be an integer array of shape ({self.d},); "
                 f"got {totals.dtype} {totals.shape}"
@@ -334,11 +347,7 @@ class VectorSum:
 
     def _estimate_sum(self, X: NDArray[np.float64], generator: np.random.Generator, pooled_noise: bool) -> NDArray[np.float64]:
         if not pooled_noise:
-            totals = np.zeros(self.d, dtype=np.int64)
-            for _, block in self._randomized_blocks(X, generator, "estimate_sum"):
-                totals += _column_sums(block, np.int64)
-                block.fill(0)  # the users' messages, summed
-            return self.analyze(totals)
+            return self.analyze(self._randomized_totals(X, generator, "estimate_sum"))
         rounded = np.zeros(self.d)
         work = np.empty((self._chunk_rows, self.d))
         uniforms = np.empty_like(work)
@@ -350,6 +359,16 @@ class VectorSum:
     # ----------------------------------------------------------------------------------------
     # Internals
     # ----------------------------------------------------------------------------------------
+
+    def _randomized_totals(self, X: NDArray[np.float64], generator: np.random.Generator, method: str) -> NDArray[np.int64]:
+        """Σᵢ of the users' counts (R_VEC of each row of X), block by block, each block of
+        messages wiped once summed. A block of fewer than 512 rows is summed in one reduction
+        (:func:`_column_sums` folds rows for long blocks; both sums are exact)."""
+        totals = np.zeros(self.d, dtype=np.int64)
+        for _, block in self._randomized_blocks(X, generator, method):
+            totals += block.sum(axis=0, dtype=np.int64) if block.shape[0] < 512 else _column_sums(block, np.int64)
+            block.fill(0)  # the users' messages, summed
+        return totals
 
     def _checked(self, X: object, method: str, *, exact_rows: bool) -> NDArray[np.float64]:
         """X as float64 of shape (m, d), m ≥ 1 (m = n when ``exact_rows``).
@@ -376,7 +395,7 @@ class VectorSum:
             chunk = X[start : start + self._chunk_rows]
             squared = np.einsum("ij,ij->i", chunk, chunk)
             too_long = ~(squared <= self.l2_bound**2)  # NaN compares False: caught here too
-            if not np.any(too_long):
+            if not too_long.any():
                 squared.fill(0.0)  # the users' squared norms: clean, wiped
                 yield chunk
                 continue
@@ -402,7 +421,7 @@ class VectorSum:
         """s = (x + Δ₂)·g/Δ, clipped to [0, g] (only floating-point error can leave it)."""
         np.multiply(chunk, self._encode_scale, out=out)
         out += 0.5 * self.g
-        return np.clip(out, 0.0, self.g, out=out)
+        return out.clip(0.0, self.g, out=out)  # the method: np.clip's own loop, one dispatch layer less
 
     def _rounded(
         self,

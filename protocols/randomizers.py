@@ -181,28 +181,36 @@ class L2BallRandomizer:
         """Messages B z for the rows of ``G`` (steps 1–3 of the class docstring, vectorised).
 
         With a = ⟨z, x⟩ for a uniform unit z, step 1's v = s x/‖x‖ (s = ±1) lies on z's side iff
-        s·a > 0, and step 2 keeps z when that agrees with the hemisphere drawn, reflecting it
-        otherwise. A zero row (the dummy input) gets z itself: for x = 0, v = ±u is uniform and so
-        is the resulting z, whatever hemisphere is drawn.
+        s·a > 0 (a > 0 for s = +1, a < 0 for s = −1), and step 2 keeps z when that agrees with the
+        hemisphere drawn, reflecting it otherwise. A zero row (the dummy input) gets z itself: for
+        x = 0, v = ±u is uniform and so is the resulting z, whatever hemisphere is drawn. The
+        output row is ±B·z, the sign chosen before the one multiplication (B·(±1) is exact).
         """
         G = np.asarray(G, dtype=np.float64)
         k, dim = G.shape
         uniforms = generator.random((k, 2))
         z = _unit_rows(generator, k, dim)
         norms = _row_norms(G)
-        toward = np.where(uniforms[:, 0] < 0.5 + np.minimum(norms, self.clip) / (2.0 * self.clip), 1.0, -1.0)
-        same_side = toward * np.einsum("ij,ij->i", z, G) > 0.0
-        keep = same_side == (uniforms[:, 1] < self.keep_probability)
-        sign = np.where(keep | (norms == 0.0), 1.0, -1.0)
+        along = np.einsum("ij,ij->i", z, G)
         try:
-            return (_l2_scale(self.clip, self.epsilon0, dim) * sign)[:, None] * z
+            toward = uniforms[:, 0] < 0.5 + np.minimum(norms, self.clip) / (2.0 * self.clip)
+            same_side = np.where(toward, along > 0.0, along < 0.0)
+            keep = same_side == (uniforms[:, 1] < self.keep_probability)
+            scale = _l2_scale(self.clip, self.epsilon0, dim)
+            signed = np.where(keep | (norms == 0.0), scale, -scale)
+            return signed[:, None] * z
         finally:  # work arrays tied to the clean input (norms, sides) and to the draw: wiped
-            for work in (uniforms, z, norms, toward, same_side, keep, sign):
+            for work in (uniforms, z, norms, along, toward, same_side, keep):
                 work.fill(0)
 
     def dummy(self, count: int, dim: int, generator: np.random.Generator) -> Array:
-        """R(0): uniform on the sphere of radius B."""
-        return self.privatize(np.zeros((count, dim)), generator)
+        """R(0): uniform on the sphere of radius B — :meth:`privatize` of zero rows, whose output
+        is B·z whatever the hemisphere uniforms say; those are still drawn (and wiped), so the
+        generator advances exactly as for ``privatize(np.zeros((count, dim)))``."""
+        generator.random((count, 2)).fill(0.0)
+        z = _unit_rows(generator, count, dim)
+        z *= _l2_scale(self.clip, self.epsilon0, dim)
+        return z
 
     def noise_second_moment(self, dim: int) -> float:
         """B²: E‖Bz − x‖² = B² − ‖x‖² because ‖Bz‖ = B and E[Bz] = x."""

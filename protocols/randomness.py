@@ -45,11 +45,15 @@ _STATE_WORDS = 4  # PCG64: 128-bit state + 128-bit increment, as four little-end
 
 def fill_from_os(buffer: NDArray) -> None:
     """Fill ``buffer`` (C-contiguous) with OS entropy, in place (no intermediate bytes object)."""
-    view = memoryview(buffer.data).cast("B")
+    _read_entropy(memoryview(buffer.data).cast("B"))
+
+
+def _read_entropy(view: memoryview) -> None:
+    """Fill the bytes of ``view`` from ``/dev/urandom`` (one ``readv`` unless the read is short)."""
     fd = _urandom_fd()
     filled = 0
     while filled < len(view):
-        read = os.readv(fd, [view[filled:]])
+        read = os.readv(fd, [view[filled:] if filled else view])
         if read <= 0:
             raise OSError("reading /dev/urandom returned no data")
         filled += read
@@ -76,13 +80,14 @@ class _KeyedPCG64:
         # The generator's own state words, as an array: OS entropy is read straight into them, so
         # the key never exists anywhere else (no copy to wipe).
         self._state = np.ctypeslib.as_array((ctypes.c_uint64 * _STATE_WORDS).from_address(pcg_state))
+        self._state_bytes = memoryview(self._state.data).cast("B")  # made once: rekeying runs per draw
         self._increment_low = ctypes.c_uint8.from_address(pcg_state + 16)  # low byte of inc's low word
         # has_uint32 and the buffered 32-bit half-word (8 bytes after the state pointer).
         self._buffered_words = np.ctypeslib.as_array((ctypes.c_uint64 * 1).from_address(self._buffered))
         _check_layout(self)
 
     def rekey(self) -> None:
-        fill_from_os(self._state)
+        _read_entropy(self._state_bytes)
         self._increment_low.value |= 1  # PCG64's increment must be odd
 
     def __enter__(self) -> np.random.Generator:

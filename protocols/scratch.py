@@ -34,8 +34,6 @@ Array = NDArray[np.float64]
 BLOCK_ROWS = 4096
 """Rows per block of a micro-batch: bounds the scratch memory (BLOCK_ROWS × p floats)."""
 
-_TINY = np.finfo(np.float64).tiny
-
 
 class Scratch:
     """Named float64 work buffers, grown on demand and reused; :meth:`wipe` zeroes all of them."""
@@ -62,15 +60,24 @@ class Scratch:
 
 def clip_rows_into(X: Array, bound: float, out: Array, norms: Array) -> Array:
     """:func:`protocols.losses.clip_rows` of ``X`` into ``out`` (may be ``X`` itself), using
-    ``norms`` (shape (m,)) as work space. Same operations, so bitwise the same result."""
+    ``norms`` (shape (m,)) as work space; bitwise the same result (:func:`_clip_factors`)."""
     np.einsum("ij,ij->i", X, X, out=norms)
     np.sqrt(norms, out=norms)
-    np.maximum(norms, _TINY, out=norms)
-    with np.errstate(over="ignore"):  # bound/_TINY may overflow to inf: the minimum below makes it 1
-        np.divide(bound, norms, out=norms)
-    np.minimum(norms, 1.0, out=norms)
+    _clip_factors(bound, norms)
     np.multiply(X, norms[:, None], out=out)
     return out
+
+
+def _clip_factors(bound: float, norms: Array) -> Array:
+    """``min(1, bound/max(n, tiny))`` for each norm n, in place, as ``bound/max(n, bound)``.
+
+    Bitwise the same numbers (``bound`` > 0 finite): for n > bound both divide bound by n; for
+    n ≤ bound the first is ≥ 1 (division rounds monotonically, bound/bound = 1), so 1, and the
+    second is bound/bound = 1; NaN stays NaN. Two operations instead of four, and no overflow of
+    bound/tiny to silence (an ``errstate`` context costs more than the arithmetic on short rows).
+    """
+    np.maximum(norms, bound, out=norms)
+    return np.divide(bound, norms, out=norms)
 
 
 def features(loss: Loss, X: Array, feature_bound: float, scratch: Scratch) -> Array:
@@ -170,10 +177,7 @@ def clipped_gradient_sum(
     np.einsum("ij,ij->i", X, X, out=squares)
     scale = scratch.take("feature_scale", m)  # f_i, as clip_rows_into computes it
     np.sqrt(squares, out=scale)
-    np.maximum(scale, _TINY, out=scale)
-    with np.errstate(over="ignore"):
-        np.divide(feature_bound, scale, out=scale)
-    np.minimum(scale, 1.0, out=scale)
+    _clip_factors(feature_bound, scale)
     squares *= scale
     squares *= scale
     squares += intercept * intercept
@@ -191,10 +195,7 @@ def clipped_gradient_sum(
     weights = scratch.take("gradient_weights", m)  # min(1, L/‖g_i‖), then w_i
     np.sqrt(squares, out=weights)
     np.multiply(weights, np.abs(slopes, out=margins), out=weights)  # margins is free again
-    np.maximum(weights, _TINY, out=weights)
-    with np.errstate(over="ignore"):
-        np.divide(bound, weights, out=weights)
-    np.minimum(weights, 1.0, out=weights)
+    _clip_factors(bound, weights)
     weights *= slopes
     slopes.fill(0.0)
     total = scratch.take("row_sum", loss.param_dim(d))
@@ -206,10 +207,10 @@ def clipped_gradient_sum(
 
 
 def rows(Z: Array, indices: NDArray[np.int64], scratch: Scratch, name: str) -> Array:
-    """``Z[indices]`` into scratch buffer ``name`` (``np.take`` with ``mode="clip"`` writes
+    """``Z[indices]`` into scratch buffer ``name`` (``take`` with ``mode="clip"`` writes
     straight into ``out``; with the default mode it would buffer a copy)."""
     out = scratch.take(name, indices.size, *Z.shape[1:])
-    return np.take(Z, indices, axis=0, out=out, mode="clip")
+    return Z.take(indices, axis=0, out=out, mode="clip")
 
 
 def row_sum(G: Array, scratch: Scratch) -> Array:

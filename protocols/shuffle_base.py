@@ -314,13 +314,9 @@ class EncodedLearner(Learner):
     def _add_messages(self, vector_sum: VectorSum, Z: Array, labels: Array) -> None:
         """The users' PVEC messages for their clipped gradients, summed into ``totals``. Features,
         labels and gradients live in scratch (wiped by :meth:`learn_many`); the encoder wipes its
-        own work buffers and the generator's state; the message counts are wiped here."""
+        own work buffers, each block of message counts once summed, and the generator's state."""
         with self._noise.draw() as generator:
-            messages = vector_sum.randomize(self._gradients(Z, labels), generator)
-        try:
-            self._totals += messages.sum(axis=0, dtype=np.int64)
-        finally:
-            messages.fill(0)
+            vector_sum.add_messages(self._gradients(Z, labels), self._totals, generator)
 
     # -- outputs -------------------------------------------------------------------------------
 

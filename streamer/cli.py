@@ -13,6 +13,7 @@ because other runs already spent the records' budget (``max_epsilon``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -41,7 +42,10 @@ log = logging.getLogger("panpriv")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 
 
+@functools.cache
 def _version() -> str:
+    """The installed version (looked up once: the parser's --version and the run's metrics info
+    both ask, and reading the distribution's metadata costs milliseconds of every start)."""
     try:
         return metadata.version("panpriv")
     except metadata.PackageNotFoundError:

@@ -16,7 +16,7 @@ from accounting.ledger import Guarantee
 from protocols import checks
 from protocols.checkin import RandomCheckinSGD, amplified_epsilon0, check_in, window_start
 from protocols.errors import InvalidInputError
-from protocols.losses import LogisticLoss
+from protocols.losses import LogisticLoss, clip_rows
 from protocols.randomizers import L2BallRandomizer
 from protocols.randomness import SEEDED_WARNING
 
@@ -286,3 +286,92 @@ def test_utility_warning_is_the_noise_to_gradient_ratio_of_a_slot():
     (warning,) = gaussian.utility_warnings()
     assert gaussian.noise_to_signal() == pytest.approx(sigma * math.sqrt(5), rel=1e-12)
     assert f"= {sigma * math.sqrt(5):.3g} x the largest" in warning
+
+
+# -- the seeded replay is Alg. 1, record by record ---------------------------------------------------
+
+
+def _l2_messages(randomizer: L2BallRandomizer, G: np.ndarray, generator: np.random.Generator) -> np.ndarray:
+    """The ℓ2-ball randomizer on the rows of ``G``, row by row as its class docstring states it
+    (one call draws the rows' two uniforms each, then their Gaussian directions)."""
+    uniforms = generator.random((G.shape[0], 2))
+    Z = generator.standard_normal(G.shape)
+    Z /= np.maximum(np.sqrt(np.einsum("ij,ij->i", Z, Z)), np.finfo(np.float64).tiny)[:, None]
+    out = np.empty_like(G)
+    for row, (g, z, (u_side, u_hemisphere)) in enumerate(zip(G, Z, uniforms)):
+        norm = float(np.sqrt(np.einsum("ij,ij->i", g[None, :], g[None, :]))[0])
+        s = 1.0 if u_side < 0.5 + min(norm, randomizer.clip) / (2.0 * randomizer.clip) else -1.0
+        on_v_side = s * float(np.einsum("ij,ij->i", z[None, :], g[None, :])[0]) > 0.0
+        keep = on_v_side == (u_hemisphere < randomizer.keep_probability)
+        out[row] = (randomizer.scale(g.size) * (1.0 if keep or norm == 0.0 else -1.0)) * z
+    return out
+
+
+@pytest.mark.parametrize(
+    "options, splits",
+    [
+        ({"slots": 7}, [1, 8, 9, 40, 77]),
+        ({"slots": 5, "slot_length": 2, "checkin_probability": 0.6}, [2, 6, 40, 78]),
+        ({"slots": 4, "window": "fixed", "slot_length": 3, "checkin_probability": 0.8}, [3, 6, 42, 78]),
+    ],
+)
+def test_seeded_replay_is_algorithm_1_record_by_record(options, splits):
+    """With a seed, single updates with the ℓ2 randomizer are exactly (bit for bit) Balle et al. 2020
+    Alg. 1 replayed one client at a time from the loss's own features, labels and gradients, with
+    the same generator: at each new wake slot the earlier slots close (the kept message, or a dummy
+    R(0)); then the slot's clients check in (all join draws, then all offsets), candidates draw
+    their keys, and each new holder of her slot sends R(her clipped gradient) at the current model.
+    Whatever the micro-batches, the learner's per-block features and vectorised randomizer must not
+    change a bit of it. (A micro-batch boundary inside a slot's clients splits their draws in
+    two: the splits here keep each slot's clients together.)"""
+    loss = LogisticLoss(intercept=True)
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(90, 3)) * 0.8
+    y = np.where(rng.random(90) < 0.5, 1.0, 0.0)
+    learner = RandomCheckinSGD(3, loss, 1.0, DELTA, radius=3.0, rng=21, **options)
+    for part in np.split(np.arange(90), splits):
+        learner.learn_many(X[part], y[part])
+
+    local, m = learner.local_randomizer, learner.slots
+    slot_length, window = options.get("slot_length", 1), options.get("window", "sliding")
+    buffer = m if window == "sliding" else 2 * m
+    generator = np.random.default_rng(21)
+    theta, average, weight, moment = np.zeros(4), np.zeros(4), 0.0, 0.0
+    messages, keys = np.zeros((buffer, 4)), np.ones(buffer)
+    Z, labels = loss.features(X, learner.feature_bound), loss.labels(y)
+    bound = (math.sqrt(local.clip**2 + local.noise_second_moment(4)) + 0.0) ** 2
+    clock = -1
+    wakes = np.arange(90) // slot_length
+    for wake in np.unique(wakes):
+        clients = np.flatnonzero(wakes == wake)
+        clock = window_start(wake, m, window) if clock < 0 else clock
+        for j in range(clock, max(clock, wake)):
+            i = j % buffer
+            message = messages[i] if keys[i] < 1.0 else _l2_messages(local, np.zeros((1, 4)), generator)[0]
+            moment += bound
+            weight += 1.0
+            average = average + (theta - average) / weight
+            theta = theta - (2.0 * learner.radius / math.sqrt(moment)) * message
+            theta = theta * min(1.0, learner.radius / np.linalg.norm(theta))
+            messages[i], keys[i] = 0.0, 1.0
+        clock = max(clock, wake)
+        joins = generator.random(clients.size) < learner.checkin_probability
+        offsets = generator.integers(0, m, size=clients.size)
+        candidates = [(c, (window_start(wake, m, window) + o) % buffer) for c, j, o in zip(clients, joins, offsets) if j]
+        if not candidates:
+            continue
+        drawn = generator.random(len(candidates))
+        holders = []  # (slot, client) of the new holders, in slot order
+        for slot in sorted({i for _, i in candidates}):
+            key, client = min((k, c) for (c, i), k in zip(candidates, drawn) if i == slot)
+            if key < keys[slot]:
+                keys[slot] = key
+                holders.append((slot, client))
+        if holders:
+            slots_held, clients_held = (list(column) for column in zip(*holders))
+            G = clip_rows(loss.gradient(theta, Z[clients_held], labels[clients_held]), local.clip)
+            messages[slots_held] = _l2_messages(local, G, generator)
+    state = learner.state_dict()
+    np.testing.assert_array_equal(state["theta"], theta)
+    np.testing.assert_array_equal(learner.release(), average)
+    assert state["weight"] == weight

@@ -172,6 +172,24 @@ def test_randomize_output_and_seeding(small: VectorSum) -> None:
     assert small.randomize(X[1:2], rng=2)[0, 0] <= small.b
 
 
+def test_add_messages_adds_exactly_the_randomized_counts(small: VectorSum, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The learners' round path: the same draws as ``randomize`` with the same seed, summed
+    exactly (several blocks, long and short), and nothing added when a row is refused."""
+    X = _batch(small.n, small.d, small.l2_bound, np.random.default_rng(4))
+    for chunk_rows in (small.n, 7, 600):
+        monkeypatch.setattr(small, "_chunk_rows", chunk_rows)
+        totals = np.arange(small.d, dtype=np.int64)
+        small.add_messages(X, totals, rng=8)
+        expected = np.arange(small.d) + small.randomize(X, rng=8).sum(axis=0, dtype=np.int64)
+        np.testing.assert_array_equal(totals, expected)
+    monkeypatch.setattr(small, "_chunk_rows", 7)
+    X[150] = 2.0 * small.l2_bound / math.sqrt(small.d)  # norm 2·Δ₂
+    totals = np.zeros(small.d, dtype=np.int64)
+    with pytest.raises(InvalidInputError, match="row 150"):
+        small.add_messages(X, totals, rng=8)
+    assert not totals.any()
+
+
 @pytest.mark.statistical
 def test_batches_larger_than_one_chunk(tiny: VectorSum) -> None:
     """70 000 users (more than one 2¹⁷-element block): every row is written, and the mean count of

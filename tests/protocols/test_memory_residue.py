@@ -308,10 +308,10 @@ def _known_key_child(conn: Any, name: str, dim: int, wipe: bool) -> None:
     recompute every PCG64 state the draws went through."""
     import protocols.randomness as randomness
 
-    def known(buffer: np.ndarray) -> None:
-        buffer[:] = np.array(_KNOWN_KEY, dtype=np.uint64)
+    def known(view: memoryview) -> None:
+        np.frombuffer(view, dtype=np.uint64)[:] = np.array(_KNOWN_KEY, dtype=np.uint64)
 
-    randomness.fill_from_os = known
+    randomness._read_entropy = known  # where every OS read goes (fill_from_os and the rekeying)
     case = CASES[name]
     learner = case.make(dim, None)
     if not wipe:  # the control: the scan must find the state when it is not zeroed

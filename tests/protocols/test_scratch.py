@@ -106,3 +106,18 @@ def test_the_fused_clipped_gradient_sum_equals_the_sum_of_clipped_gradients(name
     assert (np.linalg.norm(gradients, axis=1) > bound).any() == (bound < 100.0)
     fused = scratch.clipped_gradient_sum(loss, theta, X, labels, 1.0, bound, Scratch(), smoothing)
     np.testing.assert_allclose(fused, clipped.sum(axis=0), rtol=1e-12, atol=1e-12 * bound)
+
+
+def test_clip_factors_are_the_textbook_minimum_bitwise() -> None:
+    """bound/max(n, bound) equals min(1, bound/max(n, tiny)) bit for bit: zero, tiny, subnormal,
+    equal-to-bound, just-above, huge and NaN norms, for several bounds."""
+    rng = np.random.default_rng(8)
+    tiny = np.finfo(np.float64).tiny
+    for bound in (1.0, 0.37, 1.4142135623730951, 1e-300, 7e300):
+        norms = np.concatenate([
+            [0.0, 5e-324, tiny, bound, np.nextafter(bound, 0.0), np.nextafter(bound, np.inf), 1e308, np.inf, np.nan],
+            bound * np.exp(rng.normal(0.0, 3.0, 2000)),
+        ])
+        with np.errstate(over="ignore"):
+            expected = np.minimum(1.0, bound / np.maximum(norms, tiny))
+        np.testing.assert_array_equal(scratch._clip_factors(bound, norms.copy()), expected)
