@@ -79,7 +79,7 @@ from protocols.encoder import VectorSum
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
-from protocols.shuffle_base import Calibration, EncodedLearner, max_guarantee, pvec_noise_lines, read_round
+from protocols.shuffle_base import Calibration, SequentialLearner, max_guarantee, pvec_noise_lines, read_round
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -87,7 +87,7 @@ Array = NDArray[np.float64]
 _OWNER = "ShuffleACSA"
 
 
-class ShuffleACSA(EncodedLearner):
+class ShuffleACSA(SequentialLearner):
     """Shuffle-private accelerated stochastic approximation (Cheu et al. 2022, Alg. 4; Thms 4.3, 4.7, 4.8).
 
     Parameters
@@ -262,13 +262,10 @@ class ShuffleACSA(EncodedLearner):
         return self._iterate.theta_md.copy()
 
     def round_smoothing(self) -> float | None:
-        """β_s of the Moreau envelope whose gradients the round's users report (``None``: the loss's own)."""
-        return self.plans[self._phase].smoothing
-
-    @property
-    def gradient_norm_bound(self) -> float:
-        """The norm each user's gradient is clipped to before PVEC: min(``gradient_bound``, the loss's L)."""
-        return self._lipschitz
+        """β_s of the Moreau envelope whose gradients the round's users report (``None``: the loss's
+        own); once finished, the last run's. (The clip, :attr:`gradient_norm_bound`, is
+        min(``gradient_bound``, the loss's L).)"""
+        return self.plans[min(self._phase, len(self.plans) - 1)].smoothing
 
     # -- outputs -----------------------------------------------------------------------------------
 

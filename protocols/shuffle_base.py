@@ -354,3 +354,43 @@ class EncodedLearner(Learner):
     def _round_state(self) -> dict[str, StateValue]:
         """``records``; ``filled`` and ``totals`` of the round in progress (noisy messages only)."""
         return {"records": self._records, "filled": self._filled, "totals": self._totals.astype(np.float64)}
+
+
+class SequentialLearner(EncodedLearner):
+    """An :class:`EncodedLearner` whose records each answer exactly one round (sequential
+    interactivity, Cheu et al. 2022 Def. 2.7): :class:`~protocols.shuffle_sgd.ShuffleSGD` (Alg. 3)
+    and :class:`~protocols.shuffle_acsa.ShuffleACSA` (Alg. 4), not :class:`~protocols.shuffle_gd.ShuffleGD`
+    (Alg. 5, where every user answers every round).
+
+    The contract of their Encode–Shuffle–Analyze deployment over secure summation
+    (:mod:`streamer.esa.sum_client`, :mod:`streamer.esa.sum_analyzer`): a round's users need only
+    the public :meth:`query_point`, :meth:`round_smoothing`, :attr:`gradient_norm_bound` and the
+    round's PVEC instance (:attr:`vector_sums`) to run the randomizer themselves, and the analyzer
+    feeds the round's totals to :meth:`EncodedLearner.learn_totals` until :attr:`finished`. The
+    privacy argument is the learner's own (one PVEC round per record) plus the secure sum's view bound.
+    """
+
+    @property
+    @abc.abstractmethod
+    def vector_sums(self) -> dict[int, VectorSum]:
+        """The PVEC instance of each round size the learner may use, by number of users."""
+
+    @abc.abstractmethod
+    def query_point(self) -> Array:
+        """Where the users of the round in progress take their gradients (a public function of the
+        earlier rounds' analyzer outputs)."""
+
+    def round_smoothing(self) -> float | None:
+        """β of the Moreau envelope whose gradients the round's users report; ``None`` (default):
+        the loss's own gradients."""
+        return None
+
+    @property
+    def finished(self) -> bool:
+        """True once the protocol has no round left (default: never, the stream may run on)."""
+        return False
+
+    @property
+    def gradient_norm_bound(self) -> float:
+        """L: the norm each user's gradient is clipped to before PVEC."""
+        return self._lipschitz

@@ -49,7 +49,7 @@ from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomness import RngLike
 from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_base import Calibration, EncodedLearner, max_guarantee, pvec_noise_lines, read_round
+from protocols.shuffle_base import Calibration, SequentialLearner, max_guarantee, pvec_noise_lines, read_round
 
 Array = NDArray[np.float64]
 
@@ -69,7 +69,7 @@ def plan_batch_size(params: int, lipschitz: float, variance: float, cap: int) ->
     return int(min(cap, max(1, round(math.sqrt(params * variance) / lipschitz))))
 
 
-class ShuffleSGD(EncodedLearner):
+class ShuffleSGD(SequentialLearner):
     """Shuffle-private mini-batch SGD, one PVEC round per batch (Cheu et al. 2022, Alg. 3, Thm 4.1).
 
     Parameters
@@ -159,6 +159,15 @@ class ShuffleSGD(EncodedLearner):
     def vector_sum(self) -> VectorSum:
         """The PVEC instance every round uses (``vector_sum.n`` is the batch size b in use)."""
         return self._sum
+
+    @property
+    def vector_sums(self) -> dict[int, VectorSum]:
+        """{b: :attr:`vector_sum`}: every round has the same b users (Cheu et al. 2022, Alg. 3)."""
+        return {self._sum.n: self._sum}
+
+    def query_point(self) -> Array:
+        """θ_t, where round t's users take their gradients (Cheu et al. 2022, Alg. 3 line 3)."""
+        return self._sgd.theta.copy()
 
     # -- rounds ----------------------------------------------------------------------------------
 

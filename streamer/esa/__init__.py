@@ -12,7 +12,7 @@ encrypted to it. Here, for the ``shuffle-gaussian`` learner (Liew & Takahashi 20
 - :mod:`streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model
   (its service loop: :mod:`streamer.esa.analyze_service`; its charges to the budget store shared
   by every run: :mod:`streamer.esa.budget`);
-- for ``shuffle-acsa`` (Cheu et al. 2022 Alg. 4), whose PVEC counts must reach the analyzer only
+- for ``shuffle-sgd`` and ``shuffle-acsa`` (Cheu et al. 2022 Algs 3 and 4), whose PVEC counts must reach the analyzer only
   as per-coordinate totals: :mod:`streamer.esa.sum_client` (each user's count vector as m
   split-and-mix shares, each sealed: Ishai et al. 2006, :mod:`protocols.secure_sum`), the same
   shuffler releasing units (``--shares``) and :mod:`streamer.esa.sum_analyzer`;

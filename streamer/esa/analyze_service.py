@@ -23,6 +23,7 @@ from typing import Any
 from nacl.public import PrivateKey
 
 from accounting.ledger import PrivacyReport
+from protocols.shuffle_base import SequentialLearner
 from streamer.esa import sum_analyzer
 from streamer.esa.analyzer import REJECT_REASONS, Analyzer
 from streamer.esa.budget import AnalyzerBudget, data_key, new_instance, open_store
@@ -54,7 +55,7 @@ class AnalyzeOptions:
     model_topic: str
     keys: list[PrivateKey]
     out: Path
-    learner: Any  # Callable[[], ShuffleGaussianSGD | ShuffleACSA]
+    learner: Any  # Callable[[], ShuffleGaussianSGD | SequentialLearner]
     budget: BudgetOptions
     name: str = "default"
     max_rounds: int | None = None
@@ -90,7 +91,7 @@ def _load(options: AnalyzeOptions) -> AnyAnalyzer:
         log.info("analyzer: resumed at round %d, shuffled offset %d", analyzer.round, analyzer.offset)
     else:
         learner = options.learner()
-        if learner.name == "shuffle-acsa":
+        if isinstance(learner, SequentialLearner):
             analyzer = SumAnalyzer(learner, options.keys, options.name)
         else:
             analyzer = Analyzer(learner, options.keys, options.name)

@@ -101,7 +101,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from streamer.esa.client import Encoder, MessageSender
     from streamer.esa.keys import load_public
     from streamer.esa.model import ModelWatcher
-    from streamer.esa.sum_client import SharesEncoder
+    from streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
     from streamer.kafka_client import security_options
 
     public = load_public(args.analyzer_key)
@@ -116,7 +116,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
             model = watcher.wait_for(0, args.timeout)
         per_round = args.per_round or int(model.calibration["batch_size"])
         for X, y in _chunks(args.source, per_round, per_round):
-            make = SharesEncoder if model.learner == "shuffle-acsa" else Encoder
+            make = SharesEncoder if model.learner in SUM_LEARNERS else Encoder
             encoder = make(public, model, args.max_local_epsilon)
             sender.send(encoder.encode(X, y))
             sent += len(y)
@@ -152,8 +152,8 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--max-ahead", type=positive_int, default=1,
                         help="drop messages for rounds more than this past the last released (default 1)")
     parser.add_argument("--shares", type=positive_int, metavar="M",
-                        help="shuffle-acsa: each message is one user's M sealed shares; release their units "
-                        "(M as `panpriv analyze --learner shuffle-acsa` logs it)")
+                        help="shuffle-acsa, shuffle-sgd: each message is one user's M sealed shares; release their "
+                        "units (M as `panpriv analyze --learner shuffle-acsa|shuffle-sgd` logs it)")
     metrics_flags(parser)
     parser.set_defaults(handler=cmd_shuffle)
 
@@ -183,9 +183,10 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
 
 def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "analyze", parents=parents, help="ESA analyzer (shuffle-gaussian, shuffle-acsa): decrypt shuffled batches, step, publish",
+        "analyze", parents=parents, help="ESA analyzer (shuffle-gaussian, shuffle-acsa, shuffle-sgd): decrypt shuffled batches, "
+        "step, publish",
         description="Read shuffled batches, open the messages with the private key(s), step the learner on the round "
-        "(shuffle-gaussian: its valid messages; shuffle-acsa: the sum of its users' shares), checkpoint to --out and "
+        "(shuffle-gaussian: its valid messages; shuffle-acsa, shuffle-sgd: the sum of its users' shares), checkpoint to --out and "
         "publish the next round's model. Resumes from --out.")
     _kafka(parser)
     parser.add_argument("--shuffled-topic", required=True)
@@ -199,9 +200,11 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                       help="every analyzer-*.key in DIR; the newest is current (rotation: keygen DIR, restart)")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
     parser.add_argument("--name", default="default", help="deployment name on the model topic")
-    parser.add_argument("--learner", choices=("shuffle-gaussian", "shuffle-acsa"), default="shuffle-gaussian",
-                        help="shuffle-acsa: PVEC counts summed by split-and-mix shares (the shuffler needs --shares)")
-    parser.add_argument("--horizon", type=positive_int, help="shuffle-acsa: n, the records of the whole protocol")
+    parser.add_argument("--learner", choices=("shuffle-gaussian", "shuffle-acsa", "shuffle-sgd"), default="shuffle-gaussian",
+                        help="shuffle-acsa, shuffle-sgd: PVEC counts summed by split-and-mix shares (the shuffler needs "
+                        "--shares)")
+    parser.add_argument("--horizon", type=positive_int,
+                        help="shuffle-acsa: n, the records of the whole protocol; shuffle-sgd: caps a planned batch size")
     parser.add_argument("--dim", type=positive_int, required=True)
     parser.add_argument("--batch-size", type=positive_int, help="b (default: planned for (epsilon, delta))")
     parser.add_argument("--epsilon", type=positive_float, default=1.0)
@@ -222,6 +225,7 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
     """The learner ``panpriv analyze ARGS`` builds when it starts afresh."""
     from protocols.shuffle_acsa import ShuffleACSA
     from protocols.shuffle_gaussian import ShuffleGaussianSGD
+    from protocols.shuffle_sgd import ShuffleSGD
 
     options = dict(args.options)
     options.setdefault("loss", "logistic")
@@ -236,6 +240,14 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
 
         return acsa
 
+    if args.learner == "shuffle-sgd":
+
+        def sgd() -> ShuffleSGD:
+            return ShuffleSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
+                              horizon=args.horizon, feature_bound=args.feature_bound, **options)
+
+        return sgd
+
     def learner() -> ShuffleGaussianSGD:
         return ShuffleGaussianSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
                                   feature_bound=args.feature_bound, **options)
@@ -248,10 +260,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from streamer.esa import analyzer, sum_analyzer
     from streamer.esa.keys import load_directory, load_private
     from streamer.esa.metrics import AnalyzerMetrics
+    from streamer.esa.sum_client import SUM_LEARNERS
 
     learner = analyzer_learner(args)
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
-    metrics = AnalyzerMetrics(sum_analyzer.REJECT_REASONS if args.learner == "shuffle-acsa" else analyzer.REJECT_REASONS)
+    metrics = AnalyzerMetrics(sum_analyzer.REJECT_REASONS if args.learner in SUM_LEARNERS else analyzer.REJECT_REASONS)
     metrics.set_info("analyzer", args.name, _version())
     stop_server = serve_metrics(metrics, args)
     budget = service.BudgetOptions(args.messages_topic, args.state_dir, args.budget_kafka, args.max_epsilon)

@@ -1,5 +1,5 @@
 """The privacy statement of an analyzer deployed as Encode–Shuffle–Analyze: ``shuffle-gaussian``
-(:func:`esa_report`) and ``shuffle-acsa`` over secure summation (:func:`sum_report`).
+(:func:`esa_report`) and ``shuffle-sgd``/``shuffle-acsa`` over secure summation (:func:`sum_report`).
 
 The learner's own report (:meth:`protocols.shuffle_gaussian.ShuffleGaussianSGD.privacy`) assumes
 randomizer, shuffler and analyzer in one process. Deployed in three roles (Bittau et al. 2017 §3)
@@ -25,8 +25,7 @@ import dataclasses
 
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols.secure_sum import added_delta
-from protocols.shuffle_acsa import ShuffleACSA
-from protocols.shuffle_base import max_guarantee
+from protocols.shuffle_base import SequentialLearner, max_guarantee
 from protocols.shuffle_gaussian import ShuffleGaussianSGD
 
 DEPLOYMENT = "trusted shuffler, separate process"
@@ -71,8 +70,8 @@ def esa_report(learner: ShuffleGaussianSGD, min_valid: int | None) -> PrivacyRep
 SECURE_SUM_REFERENCE = "Ishai et al. 2006 (split and mix; message count: protocols.secure_sum)"
 
 
-def sum_report(learner: ShuffleACSA, users: int, shares: int, bits: int, tau: float) -> PrivacyReport:
-    """The ``shuffle-acsa`` learner's report restated for an ESA deployment over split-and-mix
+def sum_report(learner: SequentialLearner, users: int, shares: int, bits: int, tau: float) -> PrivacyReport:
+    """The ``shuffle-sgd`` or ``shuffle-acsa`` learner's report restated for an ESA deployment over split-and-mix
     shares (:mod:`protocols.secure_sum`, :mod:`streamer.esa.sum_analyzer`).
 
     - **output**: PVEC's (ε, δ) per round (Cheu et al. 2022, Thm 3.2, a statement about the

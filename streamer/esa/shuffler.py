@@ -21,7 +21,7 @@ What it does with each record of the messages topic (one partition; see "Order" 
 
 It holds no private key: it cannot read a message (sealed boxes), only their round tags and sizes.
 
-**Share messages** (``shares`` = m; ``shuffle-acsa``, :mod:`protocols.secure_sum`): each message is
+**Share messages** (``shares`` = m; ``shuffle-sgd``, ``shuffle-acsa``, :mod:`protocols.secure_sum`): each message is
 one user's m sealed shares (:func:`streamer.esa.wire.shares_message`). The threshold still counts
 users — a round is released at exactly b complete messages — and the batch holds their b·m
 **units** (:func:`streamer.esa.wire.units`), all permuted together, so no unit's position says

@@ -1,15 +1,17 @@
-"""``panpriv analyze --learner shuffle-acsa``: the analyzer of Encode–Shuffle–Analyze over secure
-summation (Bittau et al. 2017 §3; Ishai et al. 2006 split and mix, :mod:`protocols.secure_sum`;
-Cheu et al. 2022 Alg. 4 for the analysis).
+"""``panpriv analyze --learner shuffle-acsa|shuffle-sgd``: the analyzer of Encode–Shuffle–Analyze
+over secure summation (Bittau et al. 2017 §3; Ishai et al. 2006 split and mix,
+:mod:`protocols.secure_sum`; Cheu et al. 2022 Alg. 4 (``shuffle-acsa``) or Alg. 3
+(``shuffle-sgd``) for the analysis), for any
+:class:`~protocols.shuffle_base.SequentialLearner` whose rounds all have the same size.
 
 Each user of round t sends her PVEC count vector c ∈ {0, …, g + b}^d as m additive shares in
 Z_q^d, each sealed on its own (:mod:`streamer.esa.sum_client`); the shuffler releases the round
 at exactly B users as B·m permuted units (:mod:`streamer.esa.shuffler`). For the batch of the
 current round the analyzer opens every unit, sums them mod q = 2^k (q > B(g + b), so the sum is
 the true per-coordinate total), checks every total lies in [0, B(g + b)], and gives the totals to
-:meth:`protocols.shuffle_base.EncodedLearner.learn_totals` — the same A_VEC analysis and AC-SA
-step the in-process ``shuffle-acsa`` learner takes — then publishes round t + 1's model: its
-query point θ^md and what a client needs to answer it (:meth:`SumAnalyzer.model`).
+:meth:`protocols.shuffle_base.EncodedLearner.learn_totals` — the same A_VEC analysis and step
+(AC-SA, or projected SGD) the in-process learner takes — then publishes round t + 1's model: its
+query point (θ^md, or θ_t) and what a client needs to answer it (:meth:`SumAnalyzer.model`).
 
 **Rejected, counted by reason**: per batch ``malformed_batch``, ``duplicate_batch``,
 ``stale_round``, ``wrong_batch_size`` (not exactly B·m units), ``horizon_reached`` (the learner
@@ -25,7 +27,8 @@ charged, and the next round's model (same θ) is published so the deployment goe
 then ends its horizon that many rounds later.
 
 **One batch size.** The shuffler thresholds at one B, so the learner's plan must give every round
-the same number of users (for ``shuffle-acsa``: a ``batch_size`` that divides ``horizon``, one run).
+the same number of users (``shuffle-sgd``: always; ``shuffle-acsa``: a ``batch_size`` that divides
+``horizon``, one run).
 
 Exactly once and the budget: as :mod:`streamer.esa.analyzer` (a deterministic step, an atomic
 checkpoint before publication, the round charged through ``gate`` before it is learned).
@@ -42,8 +45,9 @@ from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, SealedBox
 
 from accounting.ledger import PrivacyReport
+from protocols.catalogue import load_learner
 from protocols.secure_sum import SECURITY_BITS, distance_bound, modulus_bits, recombine, shares_needed
-from protocols.shuffle_acsa import ShuffleACSA
+from protocols.shuffle_base import SequentialLearner
 from streamer.esa import wire
 from streamer.esa.analyzer import APPLIED_KEPT, Gate, decode_state, encode_state
 from streamer.esa.deployment import DEPLOYMENT, sum_report
@@ -65,16 +69,17 @@ class SumAnalyzer:
     Parameters
     ----------
     learner
-        A ``shuffle-acsa`` learner whose plan gives every round the same number of users.
+        A sequentially interactive PVEC learner (``shuffle-sgd``, ``shuffle-acsa``) whose plan
+        gives every round the same number of users.
     keys, name, instance
         As :class:`streamer.esa.analyzer.Analyzer`.
     """
 
-    def __init__(self, learner: ShuffleACSA, keys: list[PrivateKey], name: str, instance: str | None = None) -> None:
+    def __init__(self, learner: SequentialLearner, keys: list[PrivateKey], name: str, instance: str | None = None) -> None:
         sizes = sorted(learner.vector_sums)
         if len(sizes) != 1:
-            raise ValueError(f"the ESA shuffler releases rounds of one size; this shuffle-acsa plan has rounds of {sizes} "
-                             "users (give a batch_size that divides the horizon, and no strong convexity)")
+            raise ValueError(f"the ESA shuffler releases rounds of one size; this {learner.name} plan has rounds of "
+                             f"{sizes} users (give a batch_size that divides the horizon, and no strong convexity)")
         if not keys:
             raise ValueError("the analyzer needs at least one private key")
         self.learner = learner
@@ -205,14 +210,13 @@ class SumAnalyzer:
         smoothing, the PVEC instance (its (ε, δ) and (g, b, p), which the client recomputes) and
         the secure sum (m shares in Z_{2^k}^d, σ). Once the horizon is reached: the last round's."""
         learner, vector_sum = self.learner, self._vector_sum
-        smoothing = learner.plans[-1].smoothing if learner.finished else learner.round_smoothing()
         return {
             "dim": learner.dim,
             "params": self.dim,
             "loss": learner.loss.config(),
             "feature_bound": learner.feature_bound,
             "clip": learner.gradient_norm_bound,
-            "smoothing": smoothing,
+            "smoothing": learner.round_smoothing(),
             "batch_size": self.users,
             "epsilon": learner.epsilon,
             "delta": learner.delta,
@@ -228,11 +232,11 @@ class SumAnalyzer:
         }
 
     def model(self) -> ModelRecord:
-        """The public model record of the current round; its θ is the query point θ^md (the
-        released θ^ag once the horizon is reached: there is no round left to answer)."""
+        """The public model record of the current round; its θ is the query point (θ^md,
+        θ_t; the released model once the horizon is reached: there is no round left to answer)."""
         theta = self.learner.query_point() if not self.learner.finished else self.learner.release()
         local = self.report().intrusion
-        return ModelRecord("shuffle-acsa", self.name, self.round, theta, self.calibration(), self.current_key.hex(),
+        return ModelRecord(self.learner.name, self.name, self.round, theta, self.calibration(), self.current_key.hex(),
                            (local.epsilon, local.delta))
 
     def report(self) -> PrivacyReport:
@@ -246,6 +250,7 @@ class SumAnalyzer:
             "deployment": DEPLOYMENT,
             "name": self.name,
             "instance": self.instance,
+            "learner": self.learner.name,
             "config": self.learner.config(),
             "state": encode_state(self.learner.state_dict()),
             "offset": self.offset,
@@ -261,7 +266,11 @@ class SumAnalyzer:
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> SumAnalyzer:
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"not a secure-sum analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        learner = ShuffleACSA.from_state_dict(data["config"], decode_state(data["state"]))
+        # Checkpoints written before shuffle-sgd was deployed name no learner: they are shuffle-acsa's.
+        learner = load_learner(data.get("learner", "shuffle-acsa")).from_state_dict(data["config"],
+                                                                                    decode_state(data["state"]))
+        if not isinstance(learner, SequentialLearner):
+            raise ValueError(f"{learner.name}: not a learner of the secure-sum analyzer")
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer.offset = int(data["offset"])
         analyzer.applied = list(data["applied"])

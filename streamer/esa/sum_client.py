@@ -1,10 +1,10 @@
-"""The user's side of Encode–Shuffle–Analyze for ``shuffle-acsa`` over secure summation (Bittau et
-al. 2017 §3, the encoder; Cheu et al. 2022 Algs 2 and 4, the local randomizer; Ishai et al. 2006,
-split and mix, :mod:`protocols.secure_sum`).
+"""The user's side of Encode–Shuffle–Analyze for ``shuffle-sgd`` and ``shuffle-acsa`` over secure
+summation (Bittau et al. 2017 §3, the encoder; Cheu et al. 2022 Alg. 2, the local randomizer, in
+the rounds of Alg. 3 or Alg. 4; Ishai et al. 2006, split and mix, :mod:`protocols.secure_sum`).
 
 For the round named by the public model record (:mod:`streamer.esa.model`), a user with record
-(x, y): takes her gradient at the round's query point θ^md, clipped to L (of the Moreau envelope
-when the plan smooths) — :func:`protocols.scratch.clipped_gradients`, the very function the
+(x, y): takes her gradient at the round's query point (θ^md of AC-SA, θ_t of SGD), clipped to L (of
+the Moreau envelope when the plan smooths) — :func:`protocols.scratch.clipped_gradients`, the very function the
 in-process learner uses; runs PVEC's local randomizer on it — :meth:`protocols.encoder.VectorSum.randomize`,
 likewise — giving her count vector c ∈ {0, …, g + b}^d; splits c into m additive shares in
 Z_q^d (:func:`protocols.secure_sum.split`, OS entropy); seals **each** share to the analyzer's
@@ -41,9 +41,15 @@ from streamer.esa.model import ModelRecord
 
 Array = NDArray[np.float64]
 
+SUM_LEARNERS = ("shuffle-acsa", "shuffle-sgd")
+"""The learners deployed over secure summation: the catalogue's
+:class:`protocols.shuffle_base.SequentialLearner` s (tested; named here so that the client
+imports neither)."""
+
 
 class SharesEncoder:
-    """Turns records into share messages for the round of one public ``shuffle-acsa`` model record.
+    """Turns records into share messages for the round of one public ``shuffle-sgd`` or
+    ``shuffle-acsa`` model record.
 
     Parameters
     ----------
@@ -60,8 +66,8 @@ class SharesEncoder:
 
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  rng: RngLike = None) -> None:
-        if model.learner != "shuffle-acsa":
-            raise RefusedModel(f"this encoder speaks shuffle-acsa, the model is for {model.learner!r}")
+        if model.learner not in SUM_LEARNERS:
+            raise RefusedModel(f"this encoder speaks {' and '.join(SUM_LEARNERS)}, the model is for {model.learner!r}")
         self._key_id = key_id(public_key)
         if self._key_id.hex() != model.key_id:
             raise RefusedModel(f"the analyzer now reads key {model.key_id}, this client holds the public key "

@@ -19,7 +19,7 @@ The batch id is the SHA-256 of the round and the sorted messages: the same messa
 id whatever their order, so a batch the shuffler released twice across a crash is recognised and
 dropped by the analyzer (:mod:`streamer.esa.shuffler`).
 
-**Share message** (``shuffle-acsa``: split-and-mix shares of a PVEC count vector,
+**Share message** (``shuffle-sgd``, ``shuffle-acsa``: split-and-mix shares of a PVEC count vector,
 :mod:`protocols.secure_sum`), one per user, so her m shares arrive atomically; fixed size for
 given (d, m)::
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,31 @@ def env() -> dict[str, str]:
 def panpriv(args: list[str], log: Path) -> ManagedProcess:
     """``panpriv ARGS`` as a child process (so its memory can be read: tests/memscan.py)."""
     return ManagedProcess([sys.executable, "-m", "streamer.cli", *args], log, env())
+
+
+def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
+                   rounds: int, log: str = "analyzer.log", learner: Sequence[str] = (), epsilon: float = 4.0,
+                   delta: float = 1e-5) -> ManagedProcess:
+    """``panpriv analyze`` checkpointing to ``tmp_path/analyzer`` (``learner``: more arguments,
+    e.g. ``--learner shuffle-acsa --horizon N``); logistic loss, radius √dim, ``rounds`` rounds."""
+    return panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
+                    "--model-topic", names["model"], "--messages-topic", names["messages"],
+                    "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(keyfile), "--out",
+                    str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
+                    str(epsilon), "--delta", str(delta), "--max-rounds", str(rounds), *learner,
+                    "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)})], tmp_path / log)
+
+
+def roles(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
+          rounds: int, params: int, learner: Sequence[str] = (), shares: int | None = None,
+          epsilon: float = 4.0, delta: float = 1e-5) -> tuple[ManagedProcess, ManagedProcess]:
+    """The shuffler (``--shares`` when given: a secure-sum learner) and :func:`start_analyzer`."""
+    shuffler = panpriv(["shuffle", "--bootstrap", broker.bootstrap, "--messages-topic", names["messages"],
+                        "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(params),
+                        *(["--shares", str(shares)] if shares else []), "--group", f"shuffler-{names['messages']}"],
+                       tmp_path / "shuffler.log")
+    return shuffler, start_analyzer(tmp_path, broker, names, keyfile, dim, b, rounds, learner=learner,
+                                    epsilon=epsilon, delta=delta)
 
 
 def topics(broker: KafkaBroker, name: Callable[[str], str]) -> dict[str, str]:

@@ -27,24 +27,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DIM, B, ROUNDS, EPSILON, DELTA = 20, 256, 30, 4.0, 1e-5
 
 
-def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
-                   rounds: int, log: str = "analyzer.log") -> parts.ManagedProcess:
-    return parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
-                          "--model-topic", names["model"], "--messages-topic", names["messages"],
-                          "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(keyfile), "--out",
-                          str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
-                          str(EPSILON), "--delta", str(DELTA), "--max-rounds", str(rounds),
-                          "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)})], tmp_path / log)
-
-
-def roles(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
-          rounds: int, params: int) -> tuple[parts.ManagedProcess, parts.ManagedProcess]:
-    shuffler = parts.panpriv(["shuffle", "--bootstrap", broker.bootstrap, "--messages-topic", names["messages"],
-                              "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(params),
-                              "--group", f"shuffler-{names['messages']}"], tmp_path / "shuffler.log")
-    return shuffler, start_analyzer(tmp_path, broker, names, keyfile, dim, b, rounds)
-
-
 def test_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -59,7 +41,7 @@ def test_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     first = (np.arange(len(y)) % B) < B // 2
     files = [parts.write_jsonl(tmp_path / "a.jsonl", X[first], y[first]),
              parts.write_jsonl(tmp_path / "b.jsonl", X[~first], y[~first])]
-    shuffler, analyzer = roles(tmp_path, kafka_broker, names, key.private, DIM, B, ROUNDS, DIM)
+    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key.private, DIM, B, ROUNDS, DIM, epsilon=EPSILON, delta=DELTA)
     clients = [parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
                               "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--source",
                               str(path), "--per-round", str(B // 2)], tmp_path / f"client{i}.log")
@@ -171,21 +153,34 @@ def test_sigkill_of_the_shuffler_loses_and_duplicates_nothing(
 
 
 
+@pytest.mark.parametrize("kind", ["shuffle-gaussian", "shuffle-acsa"])
 def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, kind: str
 ) -> None:
-    """The analyzer is killed with SIGKILL mid-run and restarted on its --out: the run completes,
-    and its model is the one an analyzer that never crashed computes from the same batches
-    (each applied exactly once)."""
+    """The analyzer (``shuffle-gaussian``, or ``shuffle-acsa`` over secure summation) is killed
+    with SIGKILL mid-run and restarted on its --out: the run completes, and its model is the one an
+    analyzer that never crashed computes from the same shuffled batches (each applied exactly once)."""
+    from protocols.catalogue import load_learner
+    from protocols.shuffle_acsa import ShuffleACSA
     from streamer.esa.analyzer import Analyzer
     from streamer.esa.keys import load_private
+    from streamer.esa.sum_analyzer import SumAnalyzer
 
     names = parts.topics(kafka_broker, unique_name)
     key = generate(tmp_path / "keys")
+    keys = [load_private(key.private)]
     dim, b, rounds = 5, 32, 16
     X, y = parts.synthetic(b * rounds, dim, seed=3)
     source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
-    shuffler, analyzer = roles(tmp_path, kafka_broker, names, key.private, dim, b, rounds, dim)
+    learner: list[str] = []
+    params, shares = dim, None
+    if kind == "shuffle-acsa":
+        learner = ["--learner", kind, "--horizon", str(b * rounds)]
+        plan = SumAnalyzer(ShuffleACSA(dim=dim, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=b * rounds,
+                                       batch_size=b, radius=math.sqrt(dim)), keys, "plan")
+        params, shares = plan.dim, plan.shares
+    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key.private, dim, b, rounds, params, learner, shares,
+                                     epsilon=EPSILON, delta=DELTA)
     client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
                             "--messages-topic", names["messages"], "--analyzer-key", str(key.public),
                             "--source", str(source)], tmp_path / "client.log")
@@ -196,7 +191,8 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
         analyzer.process.wait(timeout=10)
         analyzer.stop()
         killed_at = json.loads(checkpoint.read_text())["round"]
-        analyzer = start_analyzer(tmp_path, kafka_broker, names, key.private, dim, b, rounds, "analyzer1.log")
+        analyzer = parts.start_analyzer(tmp_path, kafka_broker, names, key.private, dim, b, rounds, "analyzer1.log",
+                                        learner, epsilon=EPSILON, delta=DELTA)
         assert analyzer.process.wait(timeout=120) == 0, analyzer.log_path.read_text()[-3000:]
         assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
         batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], rounds, 30)
@@ -214,7 +210,10 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     (source,) = store.ledger().sources
     assert source.startswith("esa:") and source.endswith("/" + names["messages"])
     assert [(s.start, s.stop, s.uses) for s in store.ledger().coverage(source)] == [(0, rounds, (state["instance"],))]
-    replay = Analyzer(ShuffleGaussianSGD.from_config(state["config"]), [load_private(key.private)], "replay")
+    fresh = load_learner(kind).from_config(state["config"])
+    replay = SumAnalyzer(fresh, keys, "replay") if kind == "shuffle-acsa" else Analyzer(fresh, keys, "replay")
     assert all(replay.handle(wire.encode_batch(batch.round, list(batch.messages))) for batch in batches)
+    assert replay.round == rounds and replay.rejected == {}
     np.testing.assert_array_equal(np.asarray(state["released"]), replay.learner.release())
-    print(f"killed at round {killed_at}; resumed and finished {rounds} rounds, model identical to a crash-free replay")
+    print(f"{kind}: killed at round {killed_at}; resumed and finished {rounds} rounds, model identical to a "
+          "crash-free replay")

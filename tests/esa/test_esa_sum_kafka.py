@@ -1,6 +1,6 @@
-"""Encode–Shuffle–Analyze for ``shuffle-acsa`` over secure summation, end to end on the real broker:
-client processes, one shuffler process and one analyzer process (Bittau et al. 2017 §3; Cheu et
-al. 2022 Alg. 4; Ishai et al. 2006 split and mix)."""
+"""Encode–Shuffle–Analyze for ``shuffle-acsa`` and ``shuffle-sgd`` over secure summation, end to end
+on the real broker: client processes, one shuffler process and one analyzer process (Bittau et al.
+2017 §3; Cheu et al. 2022 Algs 3 and 4; Ishai et al. 2006 split and mix)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ import pytest
 
 from protocols.losses import LogisticLoss
 from protocols.shuffle_acsa import ShuffleACSA
+from protocols.shuffle_base import SequentialLearner
+from protocols.shuffle_sgd import ShuffleSGD
 from streamer.esa import wire
 from streamer.esa.keys import generate, load_private
 from streamer.esa.sum_analyzer import SumAnalyzer
+from streamer.esa.sum_client import SUM_LEARNERS
 from tests.esa import parts
 from tests.realparts import KafkaBroker, wait_until
 
@@ -29,7 +32,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DIM, B, ROUNDS, EPSILON, DELTA = 10, 128, 12, 4.0, 1e-5
 
 
-def acsa() -> ShuffleACSA:
+def planned(kind: str) -> SequentialLearner:
+    """The learner ``panpriv analyze --learner KIND`` builds in the test below."""
+    if kind == "shuffle-sgd":
+        return ShuffleSGD(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=B * ROUNDS, batch_size=B,
+                          radius=math.sqrt(DIM), feature_bound=1.0)
     return ShuffleACSA(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=B * ROUNDS, batch_size=B,
                        radius=math.sqrt(DIM), feature_bound=1.0)
 
@@ -38,33 +45,26 @@ def accuracy(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.where(LogisticLoss().features(X, 1.0) @ theta >= 0, 1.0, -1.0) == y))
 
 
-def test_clients_shuffler_analyzer_learn_shuffle_acsa_as_in_process(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+@pytest.mark.parametrize("kind", SUM_LEARNERS)
+def test_clients_shuffler_analyzer_learn_as_in_process(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, kind: str
 ) -> None:
     """Two client processes (half of every round each), the shuffler and the analyzer learn ROUNDS
-    rounds of shuffle-acsa. Every message's m units are in exactly one batch, each batch holds the
+    rounds of ``kind``. Every message's m units are in exactly one batch, each batch holds the
     complete units of B messages of its round, and the model scores like the in-process learner on
     the same stream: within 4 standard deviations of 20 in-process runs."""
     names = parts.topics(kafka_broker, unique_name)
     key = generate(tmp_path / "keys")
-    shares = SumAnalyzer(acsa(), [load_private(key.private)], "plan").shares
+    plan = SumAnalyzer(planned(kind), [load_private(key.private)], "plan")
+    shares = plan.shares
     X, y = parts.synthetic(B * ROUNDS, DIM, seed=1)
     Xt, yt = parts.synthetic(5000, DIM, seed=99)
     first = (np.arange(len(y)) % B) < B // 2
     files = [parts.write_jsonl(tmp_path / "a.jsonl", X[first], y[first]),
              parts.write_jsonl(tmp_path / "b.jsonl", X[~first], y[~first])]
-    analyzer = parts.panpriv(["analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic", names["shuffled"],
-                              "--model-topic", names["model"], "--messages-topic", names["messages"],
-                              "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(key.private),
-                              "--out", str(tmp_path / "analyzer"), "--learner", "shuffle-acsa",
-                              "--horizon", str(B * ROUNDS), "--dim", str(DIM), "--batch-size", str(B),
-                              "--epsilon", str(EPSILON), "--delta", str(DELTA), "--max-rounds", str(ROUNDS),
-                              "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)})],
-                             tmp_path / "analyzer.log")
-    shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
-                              "--shuffled-topic", names["shuffled"], "--batch-size", str(B), "--params", str(DIM),
-                              "--shares", str(shares), "--group", f"shuffler-{names['messages']}"],
-                             tmp_path / "shuffler.log")
+    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key.private, DIM, B, ROUNDS, plan.dim,
+                                     ["--learner", kind, "--horizon", str(B * ROUNDS)], shares,
+                                     epsilon=EPSILON, delta=DELTA)
     clients = [parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
                               "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--source",
                               str(path), "--per-round", str(B // 2)], tmp_path / f"client{i}.log")
@@ -96,11 +96,11 @@ def test_clients_shuffler_analyzer_learn_shuffle_acsa_as_in_process(
     esa = accuracy(np.asarray(state["released"]), Xt, yt)
     runs = []
     for _ in range(20):
-        learner = acsa()
+        learner = planned(kind)
         learner.learn_many(X, y)
         runs.append(accuracy(learner.release(), Xt, yt))
     mean, sd = float(np.mean(runs)), float(np.std(runs))
-    print(f"ESA shuffle-acsa accuracy {esa:.4f}; in-process {mean:.4f} ± {sd:.4f} (20 runs); {ROUNDS} rounds of "
+    print(f"ESA {kind} accuracy {esa:.4f}; in-process {mean:.4f} ± {sd:.4f} (20 runs); {ROUNDS} rounds of "
           f"{B} users x {shares} shares in {elapsed:.1f} s")
     assert abs(esa - mean) <= 4 * sd + 1e-3
     assert esa > 0.6

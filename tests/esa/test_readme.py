@@ -6,6 +6,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from streamer.cli import build_parser
 from streamer.esa import commands
 
@@ -33,15 +35,18 @@ def test_readme_esa_commands_parse() -> None:
     assert max(report.output.epsilon, report.intrusion.epsilon) <= analyze.max_epsilon, "the example could not start"
 
 
-def test_readme_shuffle_acsa_commands_parse_and_agree() -> None:
-    """The shuffle-acsa block: the shuffler's --shares is the analyzer's m for these settings."""
+@pytest.mark.parametrize("kind", ["shuffle-acsa", "shuffle-sgd"])
+def test_readme_secure_sum_commands_parse_and_agree(kind: str) -> None:
+    """The shuffle-acsa and shuffle-sgd blocks: the shuffler's --shares is the analyzer's m for
+    these settings."""
     from nacl.public import PrivateKey
 
     from streamer.esa.sum_analyzer import SumAnalyzer
 
-    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("#### `shuffle-acsa` in three roles")}
+    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands(f"#### `{kind}` in three roles")}
     assert set(parsed) == {"analyze", "shuffle", "encode"}
     analyze, shuffle = parsed["analyze"], parsed["shuffle"]
+    assert analyze.learner == kind
     analyzer = SumAnalyzer(commands.analyzer_learner(analyze)(), [PrivateKey.generate()], "readme")
     assert (shuffle.batch_size, shuffle.params, shuffle.shares) == (analyzer.users, analyzer.dim, analyzer.shares)
     report = analyzer.report()

@@ -1,6 +1,7 @@
-"""Encode–Shuffle–Analyze for ``shuffle-acsa`` over secure summation, without a broker: the share
-wire format, the client against the in-process learner, the analyzer's rejections, the shuffler's
-unit release (Bittau et al. 2017 §3; Ishai et al. 2006; :mod:`protocols.secure_sum`)."""
+"""Encode–Shuffle–Analyze for ``shuffle-acsa`` and ``shuffle-sgd`` over secure summation, without a
+broker: the share wire format, the client against the in-process learner, the analyzer's
+rejections, the shuffler's unit release (Bittau et al. 2017 §3; Ishai et al. 2006;
+:mod:`protocols.secure_sum`; Cheu et al. 2022 Algs 3 and 4)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey, SealedBox
 
+from protocols.catalogue import learner_names, load_learner
 from protocols.errors import InvalidInputError
 from protocols.secure_sum import recombine
 from protocols.shuffle_acsa import ShuffleACSA
+from protocols.shuffle_base import SequentialLearner
+from protocols.shuffle_sgd import ShuffleSGD
 from streamer.esa import wire
 from streamer.esa.client import RefusedModel
 from streamer.esa.deployment import DEPLOYMENT
@@ -23,12 +27,14 @@ from streamer.esa.keys import key_id
 from streamer.esa.model import ModelRecord
 from streamer.esa.shuffler import Shuffler
 from streamer.esa.sum_analyzer import SumAnalyzer
-from streamer.esa.sum_client import SharesEncoder
+from streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
 
 DIM, B, ROUNDS = 4, 16, 5
 
 
-def learner(seed: int | None = None, rounds: int = ROUNDS) -> ShuffleACSA:
+def learner(seed: int | None = None, rounds: int = ROUNDS, kind: str = "shuffle-acsa") -> SequentialLearner:
+    if kind == "shuffle-sgd":
+        return ShuffleSGD(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, batch_size=B, radius=2.0, rng=seed)
     return ShuffleACSA(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, horizon=rounds * B, batch_size=B, radius=2.0,
                        rng=seed)
 
@@ -72,14 +78,20 @@ def test_share_wire_roundtrip_and_units(key: PrivateKey) -> None:
         wire.parse_message(units[0])  # a unit is not a single message
 
 
-def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: PrivateKey) -> None:
+def test_sum_learners_are_the_sequential_learners_of_the_catalogue() -> None:
+    assert set(SUM_LEARNERS) == {name for name in learner_names() if issubclass(load_learner(name), SequentialLearner)}
+
+
+@pytest.mark.parametrize("kind", SUM_LEARNERS)
+def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: PrivateKey, kind: str) -> None:
     """With the same seeded PVEC noise, clients + shuffler logic + analyzer take exactly the
-    in-process learner's steps: the counts are the same (the same functions draw them), the
-    shares sum back to them, and the analysis and step are the learner's own."""
+    in-process learner's steps (AC-SA, Cheu et al. 2022 Alg. 4; SGD, Alg. 3): the counts are the
+    same (the same functions draw them), the shares sum back to them, and the analysis and step are
+    the learner's own."""
     X, y = records(ROUNDS * B, seed=1)
-    in_process = learner(seed=7)
+    in_process = learner(seed=7, kind=kind)
     in_process.learn_many(X, y)
-    analyzer = SumAnalyzer(learner(), [key], "t")
+    analyzer = SumAnalyzer(learner(kind=kind), [key], "t")
     size = wire.shares_message_size(DIM, analyzer.shares)
     shuffler = Shuffler(B, size, shares=analyzer.shares)
     noise = np.random.default_rng(7)
@@ -96,10 +108,14 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
         shuffler.mark_released(t)
         assert analyzer.handle(wire.encode_batch(t, units))
     assert analyzer.round == ROUNDS and analyzer.skipped == 0 and analyzer.rejected == {}
-    assert analyzer.learner.finished and in_process.finished
-    np.testing.assert_array_equal(analyzer.model().theta, analyzer.learner.release())
-    with pytest.raises(InvalidInputError, match="no round left"):
-        analyzer.learner.learn_totals(np.zeros(DIM, dtype=np.int64))
+    assert analyzer.learner.finished == in_process.finished == (kind == "shuffle-acsa")  # shuffle-sgd has no horizon
+    if in_process.finished:
+        np.testing.assert_array_equal(analyzer.model().theta, analyzer.learner.release())
+        with pytest.raises(InvalidInputError, match="no round left"):
+            analyzer.learner.learn_totals(np.zeros(DIM, dtype=np.int64))
+    else:
+        np.testing.assert_allclose(analyzer.model().theta, in_process.query_point(), rtol=1e-12, atol=1e-15)
+    assert analyzer.model().learner == kind and analyzer.learner.records_seen == in_process.records_seen == ROUNDS * B
     np.testing.assert_allclose(analyzer.learner.release(), in_process.release(), rtol=1e-12, atol=1e-15)
     report = analyzer.report()
     assert report.output.epsilon == in_process.privacy().output.epsilon
@@ -107,7 +123,10 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
     assert any(DEPLOYMENT in a for a in report.assumptions) and any("secure summation" in a for a in report.assumptions)
     restored = SumAnalyzer.restore(analyzer.checkpoint(), [key])
     np.testing.assert_array_equal(restored.learner.release(), analyzer.learner.release())
-    assert restored.round == ROUNDS
+    assert restored.round == ROUNDS and restored.learner.name == kind
+    if kind == "shuffle-acsa":  # a checkpoint written before shuffle-sgd names no learner
+        legacy = {k: v for k, v in analyzer.checkpoint().items() if k != "learner"}
+        assert SumAnalyzer.restore(legacy, [key]).learner.name == kind
 
 
 def test_analyzer_rejects_by_reason_and_skips_bad_rounds(key: PrivateKey) -> None:
