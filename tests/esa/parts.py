@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from streamer.esa import wire
-from tests.realparts import KafkaBroker, ManagedProcess
+from tests.realparts import KafkaBroker, ManagedProcess, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -140,3 +140,45 @@ def write_jsonl(path: Path, X: np.ndarray, y: np.ndarray) -> Path:
         for row, label in zip(X.tolist(), y.tolist(), strict=True):
             handle.write(json.dumps({"x": row, "y": label}) + "\n")
     return path
+
+
+def kill_the_shuffler_twice(broker: KafkaBroker, names: dict[str, str], tmp_path: Path, shuffle_args: list[str],
+                            round_messages: Callable[[int], list[bytes]], rounds: int) -> tuple[list[bytes], list[wire.Batch]]:
+    """Send ``round_messages(t)`` for t < ``rounds``, 50 ms apart, while a shuffler (``shuffle_args``
+    after the topics) releases; SIGKILL it after 15 and after 35 batches and restart it each time.
+    Checks both restarts resumed from a committed offset; returns what was sent and every batch
+    record of the shuffled topic (re-released batches included)."""
+    import signal
+    import threading
+
+    sent: list[bytes] = []
+
+    def produce() -> None:
+        for t in range(rounds):
+            values = round_messages(t)
+            send(broker.bootstrap, names["messages"], values)
+            sent.extend(values)
+            time.sleep(0.05)
+
+    argv = ["shuffle", "--bootstrap", broker.bootstrap, "--messages-topic", names["messages"],
+            "--shuffled-topic", names["shuffled"], *shuffle_args]
+    producer = threading.Thread(target=produce)
+    producer.start()
+    shuffler = panpriv(argv, tmp_path / "shuffler0.log")
+    try:
+        for kill, at in enumerate((15, 35)):
+            wait_until(lambda at=at: count_records(broker.bootstrap, names["shuffled"]) >= at, 120, f"{at} batches")
+            shuffler.process.send_signal(signal.SIGKILL)
+            shuffler.process.wait(timeout=10)
+            shuffler.stop()
+            shuffler = panpriv(argv, tmp_path / f"shuffler{kill + 1}.log")
+        producer.join(timeout=120)
+        wait_until(lambda: count_records(broker.bootstrap, names["shuffled"]) >= rounds, 120, "every round")
+        time.sleep(1.0)
+        batches = read_batches(broker.bootstrap, names["shuffled"], count_records(broker.bootstrap, names["shuffled"]), 60)
+    finally:
+        shuffler.stop()
+        producer.join(timeout=5)
+    restarts = [(tmp_path / f"shuffler{k}.log").read_text() for k in (1, 2)]
+    assert all("from the committed offset" in log for log in restarts), "the restarts resume from committed offsets"
+    return sent, batches

@@ -107,43 +107,17 @@ def test_sigkill_of_the_shuffler_loses_and_duplicates_nothing(
     """Messages arrive round after round (with late stragglers); the shuffler is killed with
     SIGKILL twice while releasing and restarted. Every round is released, each message is in
     exactly one distinct batch, and a re-released batch (if any) carries its original id."""
-    import threading
-
     names = parts.topics(kafka_broker, unique_name)
     b, rounds, params = 16, 60, 6
-    sent: list[bytes] = []
 
-    def produce() -> None:
-        for t in range(rounds):
-            values = [parts.fake_message(t, t * b + i, params) for i in range(b)]
-            if t:
-                values.insert(b // 2, parts.fake_message(t - 1, 10**9 + t, params))  # a straggler: late
-            parts.send(kafka_broker.bootstrap, names["messages"], values)
-            sent.extend(values)
-            time.sleep(0.05)
+    def round_messages(t: int) -> list[bytes]:
+        values = [parts.fake_message(t, t * b + i, params) for i in range(b)]
+        if t:
+            values.insert(b // 2, parts.fake_message(t - 1, 10**9 + t, params))  # a straggler: late
+        return values
 
-    argv = ["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
-            "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(params)]
-    producer = threading.Thread(target=produce)
-    producer.start()
-    shuffler = parts.panpriv(argv, tmp_path / "shuffler0.log")
-    try:
-        for kill, at in enumerate((15, 35)):
-            wait_until(lambda at=at: parts.count_records(kafka_broker.bootstrap, names["shuffled"]) >= at, 120, f"{at} batches")
-            shuffler.process.send_signal(signal.SIGKILL)
-            shuffler.process.wait(timeout=10)
-            shuffler.stop()
-            shuffler = parts.panpriv(argv, tmp_path / f"shuffler{kill + 1}.log")
-        producer.join(timeout=120)
-        wait_until(lambda: parts.count_records(kafka_broker.bootstrap, names["shuffled"]) >= rounds, 120, "every round")
-        time.sleep(1.0)
-        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"],
-                                     parts.count_records(kafka_broker.bootstrap, names["shuffled"]), 60)
-    finally:
-        shuffler.stop()
-        producer.join(timeout=5)
-    restarts = [(tmp_path / f"shuffler{k}.log").read_text() for k in (1, 2)]
-    assert all("from the committed offset" in log for log in restarts), "the restarts resume from committed offsets"
+    sent, batches = parts.kill_the_shuffler_twice(kafka_broker, names, tmp_path,
+                                                  ["--batch-size", str(b), "--params", str(params)], round_messages, rounds)
     distinct = {batch.id: batch for batch in batches}
     assert sorted(batch.round for batch in distinct.values()) == list(range(rounds))
     released = Counter(m for batch in distinct.values() for m in batch.messages)

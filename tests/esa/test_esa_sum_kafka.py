@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,7 +23,7 @@ from streamer.esa.keys import generate, load_private
 from streamer.esa.sum_analyzer import SumAnalyzer
 from streamer.esa.sum_client import SUM_LEARNERS
 from tests.esa import parts
-from tests.realparts import KafkaBroker, wait_until
+from tests.realparts import KafkaBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -115,39 +113,16 @@ def test_sigkill_of_the_shuffler_loses_and_duplicates_no_share(
     and no straggler's unit is in any."""
     names = parts.topics(kafka_broker, unique_name)
     b, rounds, dim, shares = 8, 60, 4, 5
-    sent: list[bytes] = []
 
-    def produce() -> None:
-        for t in range(rounds):
-            values = [parts.fake_shares_message(t, t * b + i, dim, shares) for i in range(b)]
-            if t:
-                values.insert(b // 2, parts.fake_shares_message(t - 1, 10**9 + t, dim, shares))  # a straggler: late
-            parts.send(kafka_broker.bootstrap, names["messages"], values)
-            sent.extend(values)
-            time.sleep(0.05)
+    def round_messages(t: int) -> list[bytes]:
+        values = [parts.fake_shares_message(t, t * b + i, dim, shares) for i in range(b)]
+        if t:
+            values.insert(b // 2, parts.fake_shares_message(t - 1, 10**9 + t, dim, shares))  # a straggler: late
+        return values
 
-    argv = ["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
-            "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(dim), "--shares", str(shares)]
-    producer = threading.Thread(target=produce)
-    producer.start()
-    shuffler = parts.panpriv(argv, tmp_path / "shuffler0.log")
-    try:
-        for kill, at in enumerate((15, 35)):
-            wait_until(lambda at=at: parts.count_records(kafka_broker.bootstrap, names["shuffled"]) >= at, 120, f"{at} batches")
-            shuffler.process.send_signal(signal.SIGKILL)
-            shuffler.process.wait(timeout=10)
-            shuffler.stop()
-            shuffler = parts.panpriv(argv, tmp_path / f"shuffler{kill + 1}.log")
-        producer.join(timeout=120)
-        wait_until(lambda: parts.count_records(kafka_broker.bootstrap, names["shuffled"]) >= rounds, 120, "every round")
-        time.sleep(1.0)
-        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"],
-                                     parts.count_records(kafka_broker.bootstrap, names["shuffled"]), 60)
-    finally:
-        shuffler.stop()
-        producer.join(timeout=5)
-    restarts = [(tmp_path / f"shuffler{k}.log").read_text() for k in (1, 2)]
-    assert all("from the committed offset" in log for log in restarts), "the restarts resume from committed offsets"
+    sent, batches = parts.kill_the_shuffler_twice(
+        kafka_broker, names, tmp_path, ["--batch-size", str(b), "--params", str(dim), "--shares", str(shares)],
+        round_messages, rounds)
     distinct = {batch.id: batch for batch in batches}
     assert sorted(batch.round for batch in distinct.values()) == list(range(rounds))
     released = Counter(unit for batch in distinct.values() for unit in batch.messages)
