@@ -69,8 +69,77 @@ def decode_state(data: Mapping[str, Any]) -> dict[str, StateValue]:
     return {k: np.asarray(v["array"], dtype=np.float64) if isinstance(v, dict) else v for k, v in data.items()}
 
 
-class Analyzer:
-    """The analyzer's state machine (no I/O): learner, keys, counters, input position.
+class AnalyzerCore:
+    """What every E-S-A analyzer keeps (no I/O): its learner, keys, reject counters, input position
+    and the ids of the batches it applied; the batch checks that come before opening any message;
+    and the checkpoint fields they make. :class:`Analyzer` and
+    :class:`streamer.esa.sum_analyzer.SumAnalyzer` add what their learners need."""
+
+    learner: Any
+    round: int
+
+    def __init__(self, learner: Any, keys: list[PrivateKey], name: str, instance: str | None) -> None:
+        if not keys:
+            raise ValueError("the analyzer needs at least one private key")
+        self.learner = learner
+        self.name = name
+        self.instance = instance
+        self._boxes = {key_id(k.public_key): SealedBox(k) for k in keys}
+        self.current_key = key_id(keys[0].public_key)
+        self.rejected: Counter[str] = Counter()
+        self.applied: list[str] = []
+        self.offset = 0
+        self.gate: Gate | None = None
+        self.stopped: str | None = None
+        self.last_valid = 0
+
+    def _admit(self, value: bytes | None) -> wire.Batch | None:
+        """The batch in ``value`` if it is well formed, new and of the current round; else ``None``
+        with the reason counted."""
+        try:
+            batch = wire.parse_batch(value or b"")
+        except wire.WireError:
+            self.rejected["malformed_batch"] += 1
+            return None
+        if batch.id.hex() in self.applied:
+            self.rejected["duplicate_batch"] += 1
+            return None
+        if batch.round != self.round:
+            self.rejected["stale_round"] += len(batch.messages)
+            return None
+        return batch
+
+    def _mark_applied(self, batch: wire.Batch) -> None:
+        self.applied = [*self.applied[-(APPLIED_KEPT - 1):], batch.id.hex()]
+
+    def report(self) -> PrivacyReport:
+        raise NotImplementedError
+
+    def _checkpoint_fields(self, privacy: PrivacyReport | None) -> dict[str, Any]:
+        """Noisy state, counters and position only (no message, no key); ``privacy``: the statement
+        to record (default :meth:`report`; the analyzer's service records the composed one)."""
+        return {
+            "deployment": DEPLOYMENT,
+            "name": self.name,
+            "instance": self.instance,
+            "config": self.learner.config(),
+            "state": encode_state(self.learner.state_dict()),
+            "offset": self.offset,
+            "applied": self.applied,
+            "rejected": dict(self.rejected),
+            "round": self.round,
+            "released": self.learner.release().tolist(),
+            "privacy": (privacy or self.report()).to_dict(),
+        }
+
+    def _restore_fields(self, data: Mapping[str, Any]) -> None:
+        self.offset = int(data["offset"])
+        self.applied = list(data["applied"])
+        self.rejected = Counter({k: int(v) for k, v in data["rejected"].items()})
+
+
+class Analyzer(AnalyzerCore):
+    """The shuffle-gaussian analyzer's state machine (no I/O): learner, keys, counters, input position.
 
     Parameters
     ----------
@@ -88,39 +157,20 @@ class Analyzer:
                  instance: str | None = None) -> None:
         if learner.participation != "all" or learner.batch_size is None:
             raise ValueError("the ESA analyzer runs shuffle-gaussian with participation 'all'")
-        if not keys:
-            raise ValueError("the analyzer needs at least one private key")
-        self.learner = learner
-        self.name = name
-        self._boxes = {key_id(k.public_key): SealedBox(k) for k in keys}
-        self.current_key = key_id(keys[0].public_key)
-        self.rejected: Counter[str] = Counter()
-        self.applied: list[str] = []
-        self.offset = 0
+        super().__init__(learner, keys, name, instance)
+        self.learner: ShuffleGaussianSGD = learner
         self.min_valid: int | None = None
-        self.instance = instance
-        self.gate: Gate | None = None
-        self.stopped: str | None = None
-        self.last_valid = 0
         self._params = int(learner.calibration()["params"])
         self._size = wire.message_size(self._params)
 
     @property
-    def round(self) -> int:
+    def round(self) -> int:  # type: ignore[override]
         return self.learner.rounds_done
 
     def handle(self, value: bytes | None) -> bool:
         """Analyse one record of the shuffled topic; True if it was the current round's batch (a step)."""
-        try:
-            batch = wire.parse_batch(value or b"")
-        except wire.WireError:
-            self.rejected["malformed_batch"] += 1
-            return False
-        if batch.id.hex() in self.applied:
-            self.rejected["duplicate_batch"] += 1
-            return False
-        if batch.round != self.round:
-            self.rejected["stale_round"] += len(batch.messages)
+        batch = self._admit(value)
+        if batch is None:
             return False
         if len(batch.messages) != self.learner.batch_size:
             self.rejected["wrong_batch_size"] += len(batch.messages)
@@ -138,7 +188,7 @@ class Analyzer:
             vectors.fill(0.0)
         self.min_valid = min_valid
         self.last_valid = valid
-        self.applied = [*self.applied[-(APPLIED_KEPT - 1):], batch.id.hex()]
+        self._mark_applied(batch)
         return True
 
     def _open(self, batch: wire.Batch) -> np.ndarray:
@@ -195,23 +245,8 @@ class Analyzer:
         return esa_report(self.learner, self.min_valid)
 
     def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:
-        """Noisy state, counters and position only (no message, no key); ``privacy``: the statement
-        to record (default :meth:`report`; the analyzer's service records the composed one)."""
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "deployment": DEPLOYMENT,
-            "name": self.name,
-            "instance": self.instance,
-            "config": self.learner.config(),
-            "state": encode_state(self.learner.state_dict()),
-            "offset": self.offset,
-            "applied": self.applied,
-            "rejected": dict(self.rejected),
-            "min_valid": self.min_valid,
-            "round": self.round,
-            "released": self.learner.release().tolist(),
-            "privacy": (privacy or self.report()).to_dict(),
-        }
+        """:meth:`AnalyzerCore._checkpoint_fields` and the fewest valid messages of a round."""
+        return {"format": CHECKPOINT_FORMAT, **self._checkpoint_fields(privacy), "min_valid": self.min_valid}
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> Analyzer:
@@ -219,8 +254,6 @@ class Analyzer:
             raise ValueError(f"not an analyzer checkpoint ({CHECKPOINT_FORMAT})")
         learner = ShuffleGaussianSGD.from_state_dict(data["config"], decode_state(data["state"]))
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
-        analyzer.offset = int(data["offset"])
-        analyzer.applied = list(data["applied"])
-        analyzer.rejected = Counter({k: int(v) for k, v in data["rejected"].items()})
+        analyzer._restore_fields(data)
         analyzer.min_valid = data["min_valid"]
         return analyzer

@@ -36,22 +36,20 @@ checkpoint before publication, the round charged through ``gate`` before it is l
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from nacl.exceptions import CryptoError
-from nacl.public import PrivateKey, SealedBox
+from nacl.public import PrivateKey
 
 from accounting.ledger import PrivacyReport
 from protocols.catalogue import load_learner
 from protocols.secure_sum import SECURITY_BITS, distance_bound, modulus_bits, recombine, shares_needed
 from protocols.shuffle_base import SequentialLearner
 from streamer.esa import wire
-from streamer.esa.analyzer import APPLIED_KEPT, Gate, decode_state, encode_state
-from streamer.esa.deployment import DEPLOYMENT, sum_report
-from streamer.esa.keys import key_id
+from streamer.esa.analyzer import AnalyzerCore, decode_state
+from streamer.esa.deployment import sum_report
 from streamer.esa.model import ModelRecord
 
 CHECKPOINT_FORMAT = "panpriv-esa-sum-analyzer/1"
@@ -62,7 +60,7 @@ REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_ba
 """Every reason :meth:`SumAnalyzer.handle` counts (module docstring)."""
 
 
-class SumAnalyzer:
+class SumAnalyzer(AnalyzerCore):
     """The secure-sum analyzer's state machine (no I/O); the interface of
     :class:`streamer.esa.analyzer.Analyzer`, which :mod:`streamer.esa.analyze_service` drives.
 
@@ -80,13 +78,8 @@ class SumAnalyzer:
         if len(sizes) != 1:
             raise ValueError(f"the ESA shuffler releases rounds of one size; this {learner.name} plan has rounds of "
                              f"{sizes} users (give a batch_size that divides the horizon, and no strong convexity)")
-        if not keys:
-            raise ValueError("the analyzer needs at least one private key")
-        self.learner = learner
-        self.name = name
-        self.instance = instance
-        self._boxes = {key_id(k.public_key): SealedBox(k) for k in keys}
-        self.current_key = key_id(keys[0].public_key)
+        super().__init__(learner, keys, name, instance)
+        self.learner: SequentialLearner = learner
         self._vector_sum = vector_sum = learner.vector_sums[sizes[0]]
         self.users, self.dim = vector_sum.n, vector_sum.d
         self.max_count = vector_sum.g + vector_sum.b
@@ -96,26 +89,12 @@ class SumAnalyzer:
         self._unit_size = wire.unit_size(self.dim)
         self.round = 0
         self.skipped = 0
-        self.rejected: Counter[str] = Counter()
-        self.applied: list[str] = []
-        self.offset = 0
-        self.gate: Gate | None = None
-        self.stopped: str | None = None
-        self.last_valid = 0
 
     def handle(self, value: bytes | None) -> bool:
         """Analyse one record of the shuffled topic; True if it closed the current round (learned or
         skipped: either way round t + 1's model is to be published)."""
-        try:
-            batch = wire.parse_batch(value or b"")
-        except wire.WireError:
-            self.rejected["malformed_batch"] += 1
-            return False
-        if batch.id.hex() in self.applied:
-            self.rejected["duplicate_batch"] += 1
-            return False
-        if batch.round != self.round:
-            self.rejected["stale_round"] += len(batch.messages)
+        batch = self._admit(value)
+        if batch is None:
             return False
         if self.learner.finished:
             self.rejected["horizon_reached"] += len(batch.messages)
@@ -129,7 +108,7 @@ class SumAnalyzer:
         self.skipped += 0 if learned else 1
         self.last_valid = self.users if learned else 0
         self.round += 1
-        self.applied = [*self.applied[-(APPLIED_KEPT - 1):], batch.id.hex()]
+        self._mark_applied(batch)
         return True
 
     def _learn(self, batch: wire.Batch) -> bool | None:
@@ -244,23 +223,9 @@ class SumAnalyzer:
         return sum_report(self.learner, self.users, self.shares, self.bits, self.tau)
 
     def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:
-        """Noisy state, counters and position only (no share, no key)."""
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "deployment": DEPLOYMENT,
-            "name": self.name,
-            "instance": self.instance,
-            "learner": self.learner.name,
-            "config": self.learner.config(),
-            "state": encode_state(self.learner.state_dict()),
-            "offset": self.offset,
-            "applied": self.applied,
-            "rejected": dict(self.rejected),
-            "round": self.round,
-            "skipped": self.skipped,
-            "released": self.learner.release().tolist(),
-            "privacy": (privacy or self.report()).to_dict(),
-        }
+        """:meth:`AnalyzerCore._checkpoint_fields` (no share, no key), the learner and the skipped rounds."""
+        return {"format": CHECKPOINT_FORMAT, **self._checkpoint_fields(privacy), "learner": self.learner.name,
+                "skipped": self.skipped}
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> SumAnalyzer:
@@ -272,9 +237,7 @@ class SumAnalyzer:
         if not isinstance(learner, SequentialLearner):
             raise ValueError(f"{learner.name}: not a learner of the secure-sum analyzer")
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
-        analyzer.offset = int(data["offset"])
-        analyzer.applied = list(data["applied"])
-        analyzer.rejected = Counter({k: int(v) for k, v in data["rejected"].items()})
+        analyzer._restore_fields(data)
         analyzer.round = int(data["round"])
         analyzer.skipped = int(data["skipped"])
         return analyzer

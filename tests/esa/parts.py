@@ -166,8 +166,11 @@ def kill_the_shuffler_twice(broker: KafkaBroker, names: dict[str, str], tmp_path
     producer.start()
     shuffler = panpriv(argv, tmp_path / "shuffler0.log")
     try:
+        def released_at_least(count: int) -> Callable[[], bool]:
+            return lambda: count_records(broker.bootstrap, names["shuffled"]) >= count
+
         for kill, at in enumerate((15, 35)):
-            wait_until(lambda at=at: count_records(broker.bootstrap, names["shuffled"]) >= at, 120, f"{at} batches")
+            wait_until(released_at_least(at), 120, f"{at} batches")
             shuffler.process.send_signal(signal.SIGKILL)
             shuffler.process.wait(timeout=10)
             shuffler.stop()
