@@ -109,6 +109,29 @@ class AnalyzerCore:
             return None
         return batch
 
+    def _unseal(self, item: bytes, size: int, magic: bytes, round_: int, seen: set[bytes]) -> tuple[bytes, bytes] | str:
+        """(plaintext, key id) of one sealed message of round ``round_``, or why it is rejected:
+        wrong size or header, another round, a repeat within the batch, an unknown key, or a seal
+        that does not open. ``seen`` collects the batch's seals."""
+        if len(item) != size:
+            return "malformed"
+        try:
+            header, sealed = wire.parse_message(item, magic)
+        except wire.WireError:
+            return "malformed"
+        if header.round != round_:
+            return "round_mismatch"
+        if sealed in seen:
+            return "duplicate_message"
+        seen.add(sealed)
+        box = self._boxes.get(header.key_id)
+        if box is None:
+            return "unknown_key"
+        try:
+            return box.decrypt(sealed), header.key_id
+        except CryptoError:
+            return "undecryptable"
+
     def _mark_applied(self, batch: wire.Batch) -> None:
         self.applied = [*self.applied[-(APPLIED_KEPT - 1):], batch.id.hex()]
 
@@ -206,24 +229,11 @@ class Analyzer(AnalyzerCore):
         return rows[:k]
 
     def _open_one(self, item: bytes, round_: int, seen: set[bytes], out: np.ndarray) -> str | None:
-        if len(item) != self._size:
-            return "malformed"
+        opened = self._unseal(item, self._size, wire.MESSAGE_MAGIC, round_, seen)
+        if isinstance(opened, str):
+            return opened
         try:
-            header, sealed = wire.parse_message(item)
-        except wire.WireError:
-            return "malformed"
-        if header.round != round_:
-            return "round_mismatch"
-        if sealed in seen:
-            return "duplicate_message"
-        seen.add(sealed)
-        box = self._boxes.get(header.key_id)
-        if box is None:
-            return "unknown_key"
-        try:
-            inner_round, vector = wire.parse_plaintext(box.decrypt(sealed), self._params)
-        except CryptoError:
-            return "undecryptable"
+            inner_round, vector = wire.parse_plaintext(opened[0], self._params)
         except wire.WireError:
             return "malformed"
         if inner_round != round_:

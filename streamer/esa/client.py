@@ -41,7 +41,27 @@ class RefusedModel(ValueError):
     """The model record cannot be answered by this client (wrong learner or key, too little noise)."""
 
 
-class Encoder:
+class ModelClient:
+    """What every E-S-A client checks and reads in a model record before encoding: that it is for
+    a learner this client speaks and sealed to the key it holds, then the round and the public
+    calibration every learner's record carries (dimension, loss, feature bound, clip)."""
+
+    def __init__(self, public_key: PublicKey, model: ModelRecord, learners: tuple[str, ...]) -> None:
+        if model.learner not in learners:
+            raise RefusedModel(f"this encoder speaks {' and '.join(learners)}, the model is for {model.learner!r}")
+        self._key_id = key_id(public_key)
+        if self._key_id.hex() != model.key_id:
+            raise RefusedModel(f"the analyzer now reads key {model.key_id}, this client holds the public key "
+                               f"{self._key_id.hex()}: fetch the new public key")
+        cal = model.calibration
+        self.round = model.round
+        self.dim = int(cal["dim"])
+        self.loss = loss_from_config(cal["loss"])
+        self.feature_bound = float(cal["feature_bound"])
+        self.clip = float(cal["clip"])
+
+
+class Encoder(ModelClient):
     """Turns records into sealed messages for the round of one public model record.
 
     Parameters
@@ -58,18 +78,8 @@ class Encoder:
 
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  rng: RngLike = None) -> None:
-        if model.learner != "shuffle-gaussian":
-            raise RefusedModel(f"this encoder speaks shuffle-gaussian, the model is for {model.learner!r}")
-        self._key_id = key_id(public_key)
-        if self._key_id.hex() != model.key_id:
-            raise RefusedModel(f"the analyzer now reads key {model.key_id}, this client holds the public key "
-                               f"{self._key_id.hex()}: fetch the new public key")
+        super().__init__(public_key, model, ("shuffle-gaussian",))
         cal = model.calibration
-        self.round = model.round
-        self.dim = int(cal["dim"])
-        self.loss = loss_from_config(cal["loss"])
-        self.feature_bound = float(cal["feature_bound"])
-        self.clip = float(cal["clip"])
         self.noise_multiplier = float(cal["noise_multiplier"])
         self.params = self.loss.param_dim(self.dim)
         self.local_epsilon = gaussian_epsilon0(self.noise_multiplier, float(cal["delta"]))

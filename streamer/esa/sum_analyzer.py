@@ -40,7 +40,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey
 
 from accounting.ledger import PrivacyReport
@@ -155,25 +154,13 @@ class SumAnalyzer(AnalyzerCore):
         return rows
 
     def _open_one(self, item: bytes, round_: int, seen: set[bytes], keys: set[bytes], out: np.ndarray) -> str | None:
-        if len(item) != self._unit_size:
-            return "malformed"
+        opened = self._unseal(item, self._unit_size, wire.UNIT_MAGIC, round_, seen)
+        if isinstance(opened, str):
+            return opened
+        plaintext, unit_key = opened
+        keys.add(unit_key)
         try:
-            header, sealed = wire.parse_message(item, wire.UNIT_MAGIC)
-        except wire.WireError:
-            return "malformed"
-        if header.round != round_:
-            return "round_mismatch"
-        if sealed in seen:
-            return "duplicate_message"
-        seen.add(sealed)
-        box = self._boxes.get(header.key_id)
-        if box is None:
-            return "unknown_key"
-        keys.add(header.key_id)
-        try:
-            inner_round, share = wire.parse_share_plaintext(box.decrypt(sealed), self.dim)
-        except CryptoError:
-            return "undecryptable"
+            inner_round, share = wire.parse_share_plaintext(plaintext, self.dim)
         except wire.WireError:
             return "malformed"
         if inner_round != round_:

@@ -30,13 +30,11 @@ from numpy.typing import NDArray
 
 from protocols import scratch
 from protocols.encoder import VectorSum
-from protocols.losses import loss_from_config
 from protocols.randomness import NoiseSource, RngLike
 from protocols.secure_sum import SECURITY_BITS, modulus_bits, shares_needed, split
 from protocols.shuffle_base import message_guarantee
 from streamer.esa import wire
-from streamer.esa.client import RefusedModel
-from streamer.esa.keys import key_id
+from streamer.esa.client import ModelClient, RefusedModel
 from streamer.esa.model import ModelRecord
 
 Array = NDArray[np.float64]
@@ -47,7 +45,7 @@ SUM_LEARNERS = ("shuffle-acsa", "shuffle-sgd")
 imports neither)."""
 
 
-class SharesEncoder:
+class SharesEncoder(ModelClient):
     """Turns records into share messages for the round of one public ``shuffle-sgd`` or
     ``shuffle-acsa`` model record.
 
@@ -66,18 +64,8 @@ class SharesEncoder:
 
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  rng: RngLike = None) -> None:
-        if model.learner not in SUM_LEARNERS:
-            raise RefusedModel(f"this encoder speaks {' and '.join(SUM_LEARNERS)}, the model is for {model.learner!r}")
-        self._key_id = key_id(public_key)
-        if self._key_id.hex() != model.key_id:
-            raise RefusedModel(f"the analyzer now reads key {model.key_id}, this client holds the public key "
-                               f"{self._key_id.hex()}: fetch the new public key")
+        super().__init__(public_key, model, SUM_LEARNERS)
         cal = model.calibration
-        self.round = model.round
-        self.dim = int(cal["dim"])
-        self.loss = loss_from_config(cal["loss"])
-        self.feature_bound = float(cal["feature_bound"])
-        self.clip = float(cal["clip"])
         self.smoothing = None if cal["smoothing"] is None else float(cal["smoothing"])
         self.vector_sum = VectorSum(int(cal["batch_size"]), int(cal["params"]), float(cal["epsilon"]), float(cal["delta"]),
                                     float(cal["l2_bound"]), calibration=cal["calibration"],
