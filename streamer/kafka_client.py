@@ -50,6 +50,14 @@ LIBRDKAFKA_RESERVED = frozenset({
 WAIT_LOG_EVERY_S = 5.0
 """While waiting for a broker at start-up, say so this often."""
 
+RECEIVE_MESSAGE_MAX_BYTES = 64 * 2**20
+"""The least response frame a consumer accepts. kafka-python's own default (1 MB) is below its
+default ``fetch_max_bytes`` (50 MB), so a fetch across several full partitions fails with "Invalid
+frame length" and is retried forever; 64 MB accepts any response a default fetch can produce."""
+
+KAFKA_PYTHON_FETCH_MAX_BYTES = 52_428_800
+"""kafka-python's default ``fetch_max_bytes``."""
+
 _settings = KafkaConfig()
 _checked: set[str] = set()
 """Address lists :func:`preflight` has checked with the current settings."""
@@ -245,7 +253,19 @@ def consumer(bootstrap: Sequence[str] | str, **options: Any) -> Any:
     from kafka import KafkaConsumer
 
     merged = {**options, **_settings.consumer, **security_options()}
+    merged.setdefault("receive_message_max_bytes", receive_limit(merged))
     return _bounded(lambda: KafkaConsumer(bootstrap_servers=bootstrap, **merged), bootstrap)
+
+
+def receive_limit(options: dict[str, Any]) -> int:
+    """The response frame a consumer with ``options`` must accept: its largest fetch (the larger
+    of ``fetch_max_bytes`` and ``max_partition_fetch_bytes``, either of which a broker may return
+    in full) plus 1 MB of framing, and at least :data:`RECEIVE_MESSAGE_MAX_BYTES`. Without it, a
+    consumer configured for large messages (the E-S-A analyzer's batches, a worker starting
+    behind a full topic) fails every fetch with "Invalid frame length"."""
+    fetch = max(int(options.get("fetch_max_bytes", KAFKA_PYTHON_FETCH_MAX_BYTES)),
+                int(options.get("max_partition_fetch_bytes", 0)))
+    return max(RECEIVE_MESSAGE_MAX_BYTES, fetch + 2**20)
 
 
 def producer(bootstrap: Sequence[str] | str, **options: Any) -> Any:

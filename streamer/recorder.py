@@ -21,7 +21,7 @@ from streamer.errors import SourceError
 from streamer.identity import kafka_cluster_identity
 from streamer.recording import RecordingWriter
 from streamer.source_url import parse_kafka_url
-from streamer.sources import CAUGHT_UP_POLLS, RECEIVE_MESSAGE_MAX_BYTES
+from streamer.sources import CAUGHT_UP_POLLS
 
 log = logging.getLogger("panpriv.recorder")
 
@@ -43,7 +43,6 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
     spec = parse_kafka_url(url)
     consumer = kafka_client.consumer(
         spec.bootstrap, enable_auto_commit=False, group_id=None, client_id="panpriv-record",
-        receive_message_max_bytes=RECEIVE_MESSAGE_MAX_BYTES,
     )
     try:
         partitions = []

@@ -58,11 +58,6 @@ from streamer.urls import redact
 
 log = logging.getLogger("panpriv.sources")
 
-RECEIVE_MESSAGE_MAX_BYTES = 64 * 2**20
-"""kafka-python's largest accepted response frame. Its default (1 MB) is below its own default
-``fetch_max_bytes`` (50 MB), so a fetch across several full partitions fails with "Invalid frame
-length" and is retried; 64 MB accepts any response a default fetch can produce."""
-
 REBALANCE_TIMEOUT_MS = 30_000
 """kafka-python's ``max_poll_interval_ms``, which is also the rebalance timeout it sends with a
 group join: how long the group waits for a member to rejoin. Its default (5 minutes) made a
@@ -527,7 +522,6 @@ class KafkaSource(KafkaConsumerSource):
                 heartbeat_interval_ms=max(100, config.session_timeout_ms // 4),
                 max_poll_records=config.batch_records,
                 max_poll_interval_ms=max(REBALANCE_TIMEOUT_MS, config.session_timeout_ms),
-                receive_message_max_bytes=RECEIVE_MESSAGE_MAX_BYTES,
             )
         except KafkaError as exc:
             raise SourceError(f"cannot connect to Kafka at {kafka_client.describe(url.bootstrap)}: {exc}") from None
