@@ -5,6 +5,7 @@ Run (from the repository root)::
     .venv/bin/python -m benchmarks.utility_shuffle            # both tasks, n ∈ {10³ … 10⁶}
     .venv/bin/python -m benchmarks.utility_shuffle --quick    # logistic only, n ≤ 10⁵, fewer repetitions
     .venv/bin/python -m benchmarks.utility_shuffle --quick --dim 100 --only shuffle-acsa   # batch rules at d = 100
+    .venv/bin/python -m benchmarks.utility_shuffle --quick --only shuffle-acsa   # also restarts (default) vs none
 
 Streams (:mod:`benchmarks.synthetic`, the same as ``benchmarks.utility_pan_acsa``): d = 20 (``--dim``), ‖x‖ = 1,
 the logistic stream (‖θ*‖ = 4, Θ of radius 5) and the least-squares stream (‖θ*‖ = 2, radius 3);
@@ -120,6 +121,8 @@ ROWS: list[Row] = [
                                                                         calibration=c, rng=seed)) for c in ("tight", "paper")),
     Row("shuffle-acsa (tight, glm)", lambda s, n, e, seed: ShuffleACSA(s.task.d, s.loss, e, DELTA, horizon=n, radius=s.radius,
                                                                      batch_rule="glm", rng=seed)),
+    Row("shuffle-acsa (tight, no restarts)", lambda s, n, e, seed: ShuffleACSA(s.task.d, s.loss, e, DELTA, horizon=n,
+                                                                             radius=s.radius, restart="none", rng=seed)),
 ]
 """The learners compared, in column order."""
 
