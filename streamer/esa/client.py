@@ -59,6 +59,27 @@ class ModelClient:
         self.loss = loss_from_config(cal["loss"])
         self.feature_bound = float(cal["feature_bound"])
         self.clip = float(cal["clip"])
+        self._work = scratch.Scratch()
+
+    def encode(self, X: Array, y: Array) -> list[bytes]:
+        """One message per row of ``X`` (m, dim) with labels ``y`` (m,), made block by block from the
+        rows' features and labels by :meth:`_encode_block`; the scratch rows holding clean values
+        are wiped before returning."""
+        X = np.ascontiguousarray(X, dtype=np.float64).reshape(-1, self.dim)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        out: list[bytes] = []
+        try:
+            for start in range(0, X.shape[0], scratch.BLOCK_ROWS):
+                block = slice(start, start + scratch.BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[block], self.feature_bound, self._work)
+                out += self._encode_block(Z, scratch.labels(self.loss, y[block], self._work))
+        finally:
+            self._work.wipe()
+        return out
+
+    def _encode_block(self, Z: Array, labels: Array) -> list[bytes]:
+        """The messages of one block of users (features ``Z``, labels ``labels``)."""
+        raise NotImplementedError
 
 
 class Encoder(ModelClient):
@@ -91,28 +112,14 @@ class Encoder(ModelClient):
         self._theta = np.array(model.theta, dtype=np.float64)
         self._box = SealedBox(public_key)
         self._noise = NoiseSource(rng)
-        self._work = scratch.Scratch()
         self.size = wire.message_size(self.params)
 
-    def encode(self, X: Array, y: Array) -> list[bytes]:
-        """One sealed message per row of ``X`` (m, dim) with labels ``y`` (m,): each user's clipped
-        gradient at θ_t plus N(0, (σC)² I), sealed. The clean values are wiped before returning."""
-        X = np.ascontiguousarray(X, dtype=np.float64).reshape(-1, self.dim)
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
-        out: list[bytes] = []
-        try:
-            for start in range(0, X.shape[0], scratch.BLOCK_ROWS):
-                block = slice(start, start + scratch.BLOCK_ROWS)
-                Z = scratch.features(self.loss, X[block], self.feature_bound, self._work)
-                labels = scratch.labels(self.loss, y[block], self._work)
-                messages = local_messages(self.loss, self._theta, Z, labels, self.clip,
-                                          self.noise_multiplier * self.clip, self._noise, self._work)
-                for row in messages:
-                    sealed = self._box.encrypt(wire.plaintext(self.round, row))
-                    out.append(wire.message(self.round, self._key_id, sealed))
-        finally:
-            self._work.wipe()
-        return out
+    def _encode_block(self, Z: Array, labels: Array) -> list[bytes]:
+        """Each user's clipped gradient at θ_t plus N(0, (σC)² I), sealed."""
+        messages = local_messages(self.loss, self._theta, Z, labels, self.clip, self.noise_multiplier * self.clip,
+                                  self._noise, self._work)
+        return [wire.message(self.round, self._key_id, self._box.encrypt(wire.plaintext(self.round, row)))
+                for row in messages]
 
 
 class MessageSender:

@@ -88,31 +88,18 @@ class SharesEncoder(ModelClient):
         self._theta = np.array(model.theta, dtype=np.float64)
         self._box = SealedBox(public_key)
         self._noise = NoiseSource(rng)
-        self._work = scratch.Scratch()
         self.size = wire.shares_message_size(self.vector_sum.d, self.shares)
 
-    def encode(self, X: Array, y: Array) -> list[bytes]:
-        """One share message per row of ``X`` (m, dim) with labels ``y`` (m,). The clean values,
-        the counts and the shares are wiped before returning."""
-        X = np.ascontiguousarray(X, dtype=np.float64).reshape(-1, self.dim)
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
-        out: list[bytes] = []
+    def _encode_block(self, Z: Array, labels: Array) -> list[bytes]:
+        """One share message per user: her clipped gradient's PVEC counts, split and sealed; the
+        counts are wiped before returning (the shares in :meth:`_message`)."""
+        gradients = scratch.clipped_gradients(self.loss, self._theta, Z, labels, self.clip, self._work, self.smoothing)
+        with self._noise.draw() as generator:
+            counts = self.vector_sum.randomize(gradients, generator)
         try:
-            for start in range(0, X.shape[0], scratch.BLOCK_ROWS):
-                block = slice(start, start + scratch.BLOCK_ROWS)
-                Z = scratch.features(self.loss, X[block], self.feature_bound, self._work)
-                labels = scratch.labels(self.loss, y[block], self._work)
-                gradients = scratch.clipped_gradients(self.loss, self._theta, Z, labels, self.clip, self._work,
-                                                      self.smoothing)
-                with self._noise.draw() as generator:
-                    counts = self.vector_sum.randomize(gradients, generator)
-                try:
-                    out += [self._message(row) for row in counts]
-                finally:
-                    counts.fill(0)
+            return [self._message(row) for row in counts]
         finally:
-            self._work.wipe()
-        return out
+            counts.fill(0)
 
     def _message(self, counts: NDArray[np.unsignedinteger]) -> bytes:
         shares = split(counts, self.shares, self.bits)
