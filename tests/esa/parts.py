@@ -185,3 +185,15 @@ def kill_the_shuffler_twice(broker: KafkaBroker, names: dict[str, str], tmp_path
     restarts = [(tmp_path / f"shuffler{k}.log").read_text() for k in (1, 2)]
     assert all("from the committed offset" in log for log in restarts), "the restarts resume from committed offsets"
     return sent, batches
+
+
+def half_round_clients(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], public_key: Path, X: np.ndarray,
+                       y: np.ndarray, b: int) -> list[ManagedProcess]:
+    """Two ``panpriv encode`` processes, each sending half of every round of ``b`` users (the
+    records are dealt by position within the round), started now."""
+    first = (np.arange(len(y)) % b) < b // 2
+    files = [write_jsonl(tmp_path / "a.jsonl", X[first], y[first]), write_jsonl(tmp_path / "b.jsonl", X[~first], y[~first])]
+    return [panpriv(["encode", "--bootstrap", broker.bootstrap, "--model-topic", names["model"], "--messages-topic",
+                     names["messages"], "--analyzer-key", str(public_key), "--source", str(path), "--per-round",
+                     str(b // 2)], tmp_path / f"client{i}.log")
+            for i, path in enumerate(files)]

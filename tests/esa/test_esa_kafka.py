@@ -38,14 +38,8 @@ def test_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     key = generate(tmp_path / "keys")
     X, y = parts.synthetic(B * ROUNDS, DIM, seed=1)
     Xt, yt = parts.synthetic(5000, DIM, seed=99)
-    first = (np.arange(len(y)) % B) < B // 2
-    files = [parts.write_jsonl(tmp_path / "a.jsonl", X[first], y[first]),
-             parts.write_jsonl(tmp_path / "b.jsonl", X[~first], y[~first])]
     shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key.private, DIM, B, ROUNDS, DIM, epsilon=EPSILON, delta=DELTA)
-    clients = [parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
-                              "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--source",
-                              str(path), "--per-round", str(B // 2)], tmp_path / f"client{i}.log")
-               for i, path in enumerate(files)]
+    clients = parts.half_round_clients(tmp_path, kafka_broker, names, key.public, X, y, B)
     started = time.monotonic()
     try:
         assert analyzer.process.wait(timeout=300) == 0, (tmp_path / "analyzer.log").read_text()[-3000:]
