@@ -100,6 +100,7 @@ from numpy.typing import NDArray
 from scipy import optimize, stats
 
 from accounting import calibration_cache
+from accounting.bisection import least_passing
 from accounting.errors import InvalidParameterError
 from accounting.gaussian import analytic_sigma
 from accounting.validation import in_range, open_unit, positive, positive_int
@@ -615,17 +616,6 @@ def tight_delta(
     return min(1.0, _tight_delta(epsilon, g, noisy_users * b, p, d, tail_budget)[0])
 
 
-def _least_passing(low: int, high: int, passes) -> int:
-    """Least integer in (low, high] that passes, given that ``high`` passes (bisection)."""
-    while high - low > 1:
-        middle = (low + high) // 2
-        if passes(middle):
-            high = middle
-        else:
-            low = middle
-    return high
-
-
 @functools.lru_cache(maxsize=64)
 def tight_parameters(
     n: int,
@@ -725,7 +715,7 @@ def tight_parameters(
         low = math.floor(high / 1.25)
         while low >= 1 and passes(low):
             high, low = low, math.floor(low / 1.25)
-    b = _least_passing(low, high, passes)
+    b = least_passing(low, high, passes)
 
     p = 0.5
     if b < _REFINE_BELOW:

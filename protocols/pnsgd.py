@@ -51,6 +51,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from accounting.bisection import least_passing
 from accounting.errors import InvalidParameterError
 from accounting.gaussian import analytic_sigma
 from accounting.iteration import (
@@ -225,14 +226,8 @@ class _PNSGD(Learner):
         last = _SWAMP_SEARCH_LIMIT
         if swamped(last):
             return None
-        low, high = 1, last  # swamped(low), not swamped(high)
-        while high - low > 1:
-            middle = (low + high) // 2
-            if swamped(middle):
-                low = middle
-            else:
-                high = middle
-        return low
+        # swamped(1), not swamped(last): the first step that is not swamped, less one
+        return least_passing(1, last, lambda step: not swamped(step)) - 1
 
     def _step_delta(self, scale: float) -> float:
         """A = δ(ε) of one step with noise level ``scale`` (Sordello et al. 2021, Eq. (3) or (4)), unrounded."""

@@ -79,6 +79,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
+from accounting.bisection import least_passing
 from protocols.errors import InvalidInputError
 from protocols.randomness import fill_from_os
 
@@ -146,11 +147,7 @@ def shares_needed(users: int, log2_group: float, sigma: int = SECURITY_BITS) -> 
     high = 2
     while not passes(high):
         high *= 2
-    low = high // 2  # fails (or is 1)
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (low, mid) if passes(mid) else (mid, high)
-    return high
+    return least_passing(high // 2, high, passes)  # high // 2 fails (or is 1)
 
 
 def added_delta(epsilon: float, tau: float) -> float:
