@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import logsumexp
 
 from accounting.errors import InvalidParameterError
 from accounting.roots import brent_root
@@ -223,6 +222,13 @@ def calibrate_sigma2(epsilon: float, delta: float, sensitivity: int) -> int:
     return sigma2
 
 
+def _log_sum_exp(values: np.ndarray) -> float:
+    """log Σ e^{vᵢ} of a non-empty array, shifted by its largest term (no overflow; numpy's pairwise
+    sum of positive terms errs by O(log n) ulps); no scipy.special on the start path of a run."""
+    largest = float(values.max())
+    return largest + math.log(float(np.sum(np.exp(values - largest))))
+
+
 def delta_one_dimensional(epsilon: float, sigma2: float, sensitivity: int = 1) -> float:
     """Exact δ(ε) of adding N_Z(0, σ²) to an integer query of sensitivity Δ (one dimension).
 
@@ -251,11 +257,11 @@ def delta_one_dimensional(epsilon: float, sigma2: float, sensitivity: int = 1) -
     width = math.ceil(40.0 * math.sqrt(sigma2)) + sensitivity + 2
     support = np.arange(-width, width + 1, dtype=np.float64)
     log_weights = -support * support / (2.0 * sigma2)
-    log_normaliser = float(logsumexp(log_weights))
+    log_normaliser = _log_sum_exp(log_weights)
     # L(y) = log P(y)/P(y − Δ) for the pair (q = 0, q' = Δ); L(y) > ε iff y < Δ/2 − εσ²/Δ.
     loss = (sensitivity * sensitivity - 2.0 * sensitivity * support) / (2.0 * sigma2)
     above = loss > epsilon
     if not np.any(above):
         return 0.0
     terms = log_weights[above] + np.log(-np.expm1(epsilon - loss[above]))
-    return float(min(1.0, math.exp(float(logsumexp(terms)) - log_normaliser)))
+    return float(min(1.0, math.exp(_log_sum_exp(terms) - log_normaliser)))

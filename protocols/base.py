@@ -22,7 +22,6 @@ from typing import Any, ClassVar, Self, overload
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.special import expit
 
 from accounting.ledger import Guarantee, PrivacyReport
 from protocols import validation as check
@@ -31,6 +30,7 @@ from protocols.geometry import L2Ball
 from protocols.losses import Loss, as_loss
 from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
 from protocols.scratch import Scratch
+from protocols.sigmoid import expit
 
 StateValue = NDArray[np.float64] | NDArray[np.int64] | int | float | str | bool
 """What a state dict may hold: noisy arrays, counters, and small labels (e.g. a phase name)."""

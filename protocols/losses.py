@@ -48,10 +48,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.special import expit
 
 from protocols import validation as check
 from protocols.errors import InvalidInputError
+from protocols.sigmoid import expit
 
 Array = NDArray[np.float64]
 
