@@ -47,3 +47,15 @@ def test_extremes_without_warnings() -> None:
 def test_scalars_and_lists() -> None:
     assert float(expit(np.float64(0.0))) == 0.5
     assert np.allclose(expit([0.0, np.log(3.0)]), [0.5, 0.75], rtol=0, atol=2e-16)
+
+
+def test_the_few_element_path_equals_scipys_bit_for_bit_and_honours_out() -> None:
+    """Up to four scores go through math.exp (the C library's, as scipy's expit); any layout of ``out``."""
+    rng = np.random.default_rng(5)
+    for size in (1, 2, 4):
+        scores = rng.normal(0.0, 4.0, size)
+        assert np.array_equal(expit(scores), scipy_expit(scores))
+    out = np.zeros((2, 4))[:, ::2]  # a non-contiguous 2 × 2 view
+    grid = np.array([[-1.0, 0.0], [2.0, -800.0]])
+    expit(grid, out=out)
+    assert np.array_equal(out[:, 0], scipy_expit(grid[:, 0])) and out[0, 1] == 0.5 and out[1, 1] <= 1.3e-308
