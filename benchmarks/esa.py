@@ -19,7 +19,10 @@ record and shuffler throughput, at d ∈ {20, 100}.
   the split into m shares and one sealing per share; ε = 1, δ = 1e-6, b = 1024): µs per record,
   the message size, and the shuffler's state machine on share messages (``Shuffler.offer`` with
   ``shares``: framing, grouping, cutting into units, the permutation of all b·m units, batch
-  encoding), units/s. Not through the broker: one round is b·m units, tens of MB at d = 100.
+  encoding), units/s; and through the (Tansu) broker with rounds of 64 users, units/s from start
+  to the last release acknowledged. A release of b·m units is 7.5 MB at b = 1024, d = 20 and about
+  100 MB at d = 100; with 64 users (m = 68 and 331) it is 0.7 MB and 10 MB (an Apache Kafka topic
+  needs ``max.message.bytes`` above that: deploy/docker-compose.yml).
 
 Times are the best of a few repeats (in-process parts) or one run (broker).
 """
@@ -48,6 +51,7 @@ from streamer.esa.sum_analyzer import SumAnalyzer
 from streamer.esa.sum_client import SharesEncoder
 
 B = 1024
+SUM_BROKER_USERS = 64
 
 
 def best(run_once: Callable[[], object], repeats: int) -> float:
@@ -99,31 +103,41 @@ def shuffler_in_process(dim: int, rounds: int, repeats: int) -> float:
     return len(messages) / best(once, repeats)
 
 
-def shuffler_broker(dim: int, rounds: int) -> float:
+def shuffler_broker(dim: int, rounds: int, users: int = B, shares: int | None = None) -> float:
+    """Messages/s (units/s with ``shares``) of ``streamer.esa.shuffler.run`` over ``rounds`` × ``users``
+    messages already on the topic: fetch, grouping, permutation, produce (acks=all), commits."""
     from kafka import KafkaProducer
 
     from tests.realparts import KafkaBroker
 
+    if shares is None:
+        size = wire.message_size(dim)
+        def message(round_: int, user: int) -> bytes:
+            return wire.message(round_, b"\0" * 8, user.to_bytes(8, "big") * ((size - 20) // 8))
+    else:
+        size = wire.shares_message_size(dim, shares)
+        box = bytes(wire.sealed_share_size(dim))
+        def message(round_: int, user: int) -> bytes:
+            return wire.shares_message(round_, b"\0" * 8, [box] * shares)
     with tempfile.TemporaryDirectory() as workdir:
         broker = KafkaBroker(Path(workdir))
         try:
             tag = uuid.uuid4().hex[:8]
             messages_topic = broker.create_topic(f"bench-messages-{tag}")
             shuffled_topic = broker.create_topic(f"bench-shuffled-{tag}")
-            size = wire.message_size(dim)
-            producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=20)
+            producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=20, max_request_size=16 << 20)
             for t in range(rounds):
-                for i in range(B):
-                    producer.send(messages_topic, wire.message(t, b"\0" * 8, i.to_bytes(8, "big") * ((size - 20) // 8)))
+                for i in range(users):
+                    producer.send(messages_topic, message(t, i))
             producer.flush()
             producer.close()
-            options = ShuffleOptions([broker.bootstrap], messages_topic, shuffled_topic, B, dim, f"bench-{tag}",
-                                     max_rounds=rounds)
+            options = ShuffleOptions([broker.bootstrap], messages_topic, shuffled_topic, users, dim, f"bench-{tag}",
+                                     max_rounds=rounds, shares=shares)
             start = time.perf_counter()
             state = run(options)
             elapsed = time.perf_counter() - start
             assert state.released == rounds
-            return rounds * B / elapsed
+            return rounds * users * (shares or 1) / elapsed
         finally:
             broker.stop()
 
@@ -139,6 +153,13 @@ def acsa_encode_costs(dim: int, n: int, repeats: int) -> dict[str, float]:
     block = best(lambda: encoder.encode(X, y), repeats) / n
     return {"block": block * 1e6, "shares": float(analyzer.shares), "bits": float(analyzer.bits),
             "message_bytes": float(encoder.size), "tau": analyzer.tau}
+
+
+def sum_shares(dim: int, users: int) -> int:
+    """The secure sum's m for rounds of ``users`` users of shuffle-acsa at the benchmark's plan."""
+    learner = ShuffleACSA(dim=dim, loss="logistic", epsilon=1.0, delta=1e-6, horizon=16 * users, batch_size=users,
+                          radius=np.sqrt(dim))
+    return SumAnalyzer(learner, [PrivateKey.generate()], "bench").shares
 
 
 def shuffler_units_in_process(dim: int, shares: int, rounds: int, repeats: int) -> float:
@@ -172,14 +193,19 @@ def main() -> None:
         print(f"| {dim} | {cost['message_bytes']:.0f} | {cost['block']:.1f} | {cost['single']:.1f} | "
               f"{cost['gradient_noise']:.2f} | {cost['seal']:.1f} | {local:,.0f} | {through:,.0f} |", flush=True)
     records = 64 if args.quick else 256
-    print(f"\nshuffle-acsa over secure summation (b = {B}, epsilon = 1, delta = 1e-6, sigma = 64):\n")
-    print(f"| d | shares m | q | tau | message bytes | encode µs/record (block of {records}) | shuffler units/s (in process) |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\nshuffle-acsa over secure summation (b = {B}, epsilon = 1, delta = 1e-6, sigma = 64; through the broker: "
+          f"{rounds} rounds of b = {SUM_BROKER_USERS} users, m of b = {SUM_BROKER_USERS}):\n")
+    print(f"| d | shares m | q | tau | message bytes | encode µs/record (block of {records}) | shuffler units/s (in process) "
+          "| shares m (b = 64) | release bytes (b = 64) | shuffler units/s (broker) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for dim in (20, 100):
         acsa = acsa_encode_costs(dim, records, repeats)
         units = shuffler_units_in_process(dim, int(acsa["shares"]), 2, repeats)
+        small = sum_shares(dim, SUM_BROKER_USERS)
+        release = SUM_BROKER_USERS * small * wire.unit_size(dim)
+        through = float("nan") if args.no_broker else shuffler_broker(dim, rounds, SUM_BROKER_USERS, small)
         print(f"| {dim} | {acsa['shares']:.0f} | 2^{acsa['bits']:.0f} | {acsa['tau']:.2g} | {acsa['message_bytes']:,.0f} | "
-              f"{acsa['block']:,.0f} | {units:,.0f} |", flush=True)
+              f"{acsa['block']:,.0f} | {units:,.0f} | {small} | {release:,} | {through:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":
