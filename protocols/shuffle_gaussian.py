@@ -251,6 +251,9 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     """
 
     name = "shuffle-gaussian"
+    pooled_noise: bool = True
+    """In process, draw a call's k messages' noise as one N(0, k(σC)² I) (exactly their sum's law);
+    ``False``: form every message as the E-S-A clients do (the reference of the role tests)."""
 
     @classmethod
     def unit_test_params(cls) -> list[dict[str, Any]]:
@@ -343,38 +346,53 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
         for rows in round_slices(Z.shape[0], lambda: self._round.window - self._filled):
             take = rows.stop - rows.start
-            with self._noise.draw() as generator:
-                chosen = rows.start + self._participants(take, generator)
-            if chosen.size:
-                self._add_messages(Z, labels, chosen)
-            self._count += chosen.size
+            if self.participation == "all":  # every record sends: its rows as they are, no draw
+                self._add_messages(Z[rows], labels[rows])
+                self._count += take
+            else:
+                with self._noise.draw() as generator:
+                    chosen = rows.start + self._participants(take, generator)
+                if chosen.size:
+                    self._add_messages(scratch.rows(Z, chosen, self._scratch, "user_features"),
+                                       scratch.rows(labels, chosen, self._scratch, "user_labels"))
+                self._count += chosen.size
             self._filled += take
             self._records += take
             if self._filled == self._round.window:
                 self._finish_round()
 
-    def _add_messages(self, Z: Array, labels: Array, users: NDArray[np.int64]) -> None:
-        """partial += Σ (clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)) over ``users`` (rows of Z). The
-        gradients are clipped in scratch and the noise is drawn into them in place
-        (:meth:`protocols.randomness.NoiseSource.add_gaussian`): the same messages as
-        :meth:`protocols.randomizers.GaussianRandomizer.privatize`, with no clean or pure-noise
-        array left behind."""
-        Z_users = scratch.rows(Z, users, self._scratch, "user_features")
-        labels_users = scratch.rows(labels, users, self._scratch, "user_labels")
-        messages = local_messages(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, self._randomizer.noise_std,
-                                  self._noise, self._scratch)
-        self._partial += scratch.row_sum(messages, self._scratch)
+    def _add_messages(self, Z_users: Array, labels_users: Array) -> None:
+        """partial += Σ (clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)) over the k users whose feature rows
+        and labels are given (in scratch).
+
+        Pooled (the default, :attr:`pooled_noise`): Σᵢ N(0, (σC)² I) over k independent users is
+        N(0, k(σC)² I), so one p-vector of noise is drawn for the k messages — the partial sum after
+        every call, and so every state between micro-batches and every step, has exactly the law
+        of the per-user messages (the intrusion argument in docs/privacy.md, ``shuffle-gaussian``).
+        Per user (``pooled_noise = False``): each message is formed as an Encode–Shuffle–Analyze
+        client forms it (:func:`local_messages`), k·p draws. Either way the gradients are clipped
+        in scratch and the noise is drawn through :meth:`NoiseSource.add_gaussian`, so no clean or
+        pure-noise array outlives the call."""
+        noise_std = self._randomizer.noise_std
+        if not self.pooled_noise:
+            messages = local_messages(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, noise_std,
+                                      self._noise, self._scratch)
+            self._partial += scratch.row_sum(messages, self._scratch)
+            return
+        gradients = scratch.clipped_gradients(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, self._scratch)
+        total = scratch.row_sum(gradients, self._scratch)
+        self._noise.add_gaussian(total, noise_std * math.sqrt(Z_users.shape[0]))
+        self._partial += total
 
     def _participants(self, take: int, generator: np.random.Generator) -> NDArray[np.int64]:
-        """Indices (within the next ``take`` records of the window) of the users who send a message.
+        """Indices (within the next ``take`` records of the window) of the users who send a message,
+        under ``"checkin"`` or ``"subsampled"`` participation (under ``"all"`` every record sends).
 
         ``"subsampled"``: given s users already sampled among the first j of the window, the number
         among the next ``take`` is hypergeometric (m − s good among the N − j left) and their
         positions a uniform subset — the law of a uniform m-subset of the window, however the
         window is split.
         """
-        if self.participation == "all":
-            return np.arange(take)
         if self.participation == "checkin":
             return np.flatnonzero(generator.random(take) < self._round.rate)
         wanted = self._round.batch - int(self._count)

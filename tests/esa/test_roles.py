@@ -67,11 +67,13 @@ def test_keygen_modes_and_refusals(tmp_path: Path) -> None:
 
 
 def test_client_and_analyzer_reproduce_the_in_process_learner() -> None:
-    """With the same seeded noise, clients + analyzer take the in-process learner's steps: the
-    messages are the same bits (the same function, local_messages), only the mean's rounding differs."""
+    """With the same seeded noise, clients + analyzer take the in-process learner's steps (in its
+    per-user mode): the messages are the same bits (the same function, local_messages), only the
+    mean's rounding differs."""
     rounds = 5
     X, y = records(rounds * B, seed=1)
     in_process = learner(seed=7)
+    in_process.pooled_noise = False  # every message formed as a client forms it: the same draws
     in_process.learn_many(X, y)
     key = PrivateKey.generate()
     analyzer = Analyzer(learner(), [key], "t")

@@ -16,7 +16,7 @@ from accounting.rdp import RdpCurve
 from benchmarks.synthetic import LogisticTask
 from protocols import checks
 from protocols.errors import InvalidInputError
-from protocols.losses import LogisticLoss, SquaredLoss
+from protocols.losses import LogisticLoss, SquaredLoss, clip_rows
 from protocols.randomizers import GaussianRandomizer
 from protocols.randomness import SEEDED_WARNING
 from protocols.shuffle_gaussian import (
@@ -297,3 +297,36 @@ def test_utility_warning_is_the_noise_to_gradient_ratio_of_a_round():
     assert working.noise_to_signal() == pytest.approx(rho, rel=1e-12) and rho < 1
     assert working.utility_warnings() == ()
     assert _ratio_to_zero(working, 10**5) < 0.5
+
+
+def _partial_noise(pooled: bool, seeds: range, users: int = 10) -> np.ndarray:
+    """The noise in the partial sum after ``users`` messages of a 16-user round (first coordinate),
+    one value per seed: partial − Σ clipped gradients, with the gradients computed apart."""
+    X, y = X3[:users], Y3[:users]
+    values = []
+    for seed in seeds:
+        learner = ShuffleGaussianSGD(3, LogisticLoss(), 1.0, DELTA, batch_size=16, radius=20.0, rng=seed)
+        learner.pooled_noise = pooled
+        learner.learn_many(X, y)
+        loss = learner.loss
+        gradients = clip_rows(loss.gradient(np.zeros(learner._params), loss.features(X, 1.0), y), learner._clip)
+        values.append(learner._partial[0] - gradients.sum(axis=0)[0])
+    return np.array(values)
+
+
+def test_pooled_noise_has_the_per_user_law() -> None:
+    """In process the k messages of a call get one N(0, k(σC)² I) draw (pooled_noise, default)
+    instead of k draws: the partial sum has the same law. Checked against the per-user mode (KS,
+    false failure ≤ 1e-3) and against the theory's variance (χ² on 400 draws, two-sided 1e-3);
+    the positive control — noise of one user's scale, the bug pooling invites — fails the latter."""
+    pooled, per_user = _partial_noise(True, range(400)), _partial_noise(False, range(1000, 1400))
+    learner = ShuffleGaussianSGD(3, LogisticLoss(), 1.0, DELTA, batch_size=16, radius=20.0)
+    variance = 10 * learner._randomizer.noise_std**2
+    assert stats.ks_2samp(pooled, per_user).pvalue > 1e-3
+
+    def variance_ok(sample: np.ndarray) -> bool:
+        statistic = float(np.sum(sample**2) / variance)  # χ²(400) when the mean is 0
+        return bool(stats.chi2.ppf(5e-4, sample.size) < statistic < stats.chi2.ppf(1 - 5e-4, sample.size))
+
+    assert variance_ok(pooled) and variance_ok(per_user)
+    assert not variance_ok(pooled / math.sqrt(10)), "one user's noise for ten messages must be caught"
