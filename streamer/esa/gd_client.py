@@ -201,7 +201,7 @@ class GDClients:
         """The users' share messages for ``model``'s round, or :class:`RefusedModel` (nothing
         recorded, nothing computed) if the rule of the module docstring forbids it."""
         encoder = GDEncoder(self.public_key, model, self.max_local_epsilon, self.max_epsilon, self.rng)
-        if encoder.users != len(self.y) and len(self.y) > encoder.users:
+        if len(self.y) > encoder.users:
             raise RefusedModel(f"{len(self.y)} users here, the plan has n = {encoder.users}")
         self.state.check(model, encoder.rounds)
         self.state.record(model)
