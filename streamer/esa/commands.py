@@ -140,6 +140,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, sender: Any) -> int:
     """shuffle-gd: every record of --source is a user who answers every round once (streamer.esa.gd_client)."""
+    from streamer.esa.client import RefusedModel
     from streamer.esa.gd_client import AnsweredRounds, GDClients, serve
 
     rows = list(_jsonl(args.source))
@@ -147,7 +148,11 @@ def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, 
     y = np.asarray([label for _, label in rows])
     state = AnsweredRounds(args.state or args.source.with_name(args.source.name + ".gd-rounds.json"))
     clients = GDClients(public, X, y, state, args.max_local_epsilon, args.max_epsilon)
-    answered = serve(clients, lambda: model, lambda r: watcher.wait_for(r, args.timeout), sender.send, log.info)
+    try:
+        answered = serve(clients, lambda: model, lambda r: watcher.wait_for(r, args.timeout), sender.send, log.info)
+    except RefusedModel as exc:  # the refusal rule: a plan other than the accepted one, or a round beyond it
+        print(f"panpriv encode: refused: {exc} (rounds answered: {state.rounds})")
+        return 2
     per_user = 1000 * sum(clients.encode_seconds) / max(1, answered * len(y))
     print(f"panpriv encode: {len(y):,} shuffle-gd users answered {answered} rounds here (rounds answered in all: "
           f"{state.rounds}); encode {per_user:.3f} ms per user and round")
