@@ -281,3 +281,27 @@ def test_gd_client_imports_nothing_of_the_service() -> None:
 def test_the_default_plan_is_finite() -> None:
     gd = learner()
     assert math.isfinite(gd.composed_guarantee(T).epsilon) and gd.composed_guarantee(T).epsilon <= 4.0
+
+
+def test_serve_answers_each_round_once_until_t(key: PrivateKey, tmp_path: Path) -> None:
+    """The client loop (``panpriv encode`` for shuffle-gd): it answers the current round, waits for
+    the next, skips a round it already answered (an analyzer that republishes after a restart),
+    stops after T rounds, and a changed plan stops it with the refusal."""
+    from streamer.esa.gd_client import serve
+
+    X, y = records()
+    analyzer = GDAnalyzer(learner(), [key], "t")
+    base = analyzer.model()
+    models = {t: dataclasses.replace(base, round=t, theta=base.theta + t) for t in range(T + 1)}
+    sent: list[int] = []
+    state = AnsweredRounds(tmp_path / "rounds.json")
+    clients = GDClients(key.public_key, X, y, state)
+    state.record(models[1])  # answered before a crash: round 1 is not answered again
+    answered = serve(clients, lambda: models[0], lambda r: models[r], lambda messages: sent.append(len(messages)))
+    assert answered == 2 and sent == [N, N] and state.rounds == [0, 1, 2]
+    assert serve(GDClients(key.public_key, X, y, AnsweredRounds(tmp_path / "rounds.json")), lambda: models[T],
+                 lambda r: models[r], lambda messages: sent.append(len(messages))) == 0
+    other = GDAnalyzer(learner(rounds=T + 1), [key], "t").model()
+    with pytest.raises(RefusedModel, match="plan"):
+        serve(GDClients(key.public_key, X, y, AnsweredRounds(tmp_path / "rounds.json")),
+              lambda: dataclasses.replace(other, round=T), lambda r: other, lambda messages: None)
