@@ -264,9 +264,48 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         """Rounds in which at least one record has reported (⌈records/n⌉)."""
         return -(-self._records // self.n)
 
-    def _composed(self, rounds: int) -> Guarantee:
+    def _composed(self, rounds: int, extra_delta: float = 0.0) -> Guarantee:
         parameters = self._sum.parameters
-        return composed(parameters.epsilon, parameters.delta, rounds, self._slack)
+        return composed(parameters.epsilon, parameters.delta + extra_delta, rounds, self._slack)
+
+    # -- the analyzer's half in three roles (streamer.esa.gd_analyzer) ----------------------------
+
+    @property
+    def slack(self) -> float:
+        """δ′ = δ/(T + 1), the slack of the advanced composition (public)."""
+        return self._slack
+
+    def composed_guarantee(self, rounds: int, extra_delta: float = 0.0) -> Guarantee:
+        """The guarantee of ``rounds`` adaptively composed rounds, each (ε₀, δ₀ + ``extra_delta``)-DP
+        (``extra_delta``: what a deployment adds per round, e.g. the secure sum's (1 + e^ε₀)·τ)."""
+        return self._composed(rounds, extra_delta)
+
+    def message_guarantee(self) -> Guarantee:
+        """The local guarantee of one user's per-round PVEC message (none when seeded)."""
+        return self._message()
+
+    @property
+    def vector_sums(self) -> dict[int, VectorSum]:
+        """{n: :attr:`vector_sum`}: every round has all n users."""
+        return {self._sum.n: self._sum}
+
+    def query_point(self) -> Array:
+        """θ_t, where every user takes her gradient in round t (Cheu et al. 2022, Alg. 5 line 3)."""
+        return self._sgd.theta.copy()
+
+    def round_smoothing(self) -> float | None:
+        """β_s of the Moreau envelope whose gradients the users report (``None``: the loss's own)."""
+        return self.smoothing_parameter
+
+    @property
+    def finished(self) -> bool:
+        """True once the T rounds are learned."""
+        return self._records >= self.n * self.planned_rounds
+
+    @property
+    def gradient_norm_bound(self) -> float:
+        """L: the norm each user's gradient is clipped to before PVEC."""
+        return self._lipschitz
 
     # -- rounds ----------------------------------------------------------------------------------
 

@@ -24,9 +24,12 @@ from nacl.public import PrivateKey
 
 from accounting.ledger import PrivacyReport
 from protocols.shuffle_base import SequentialLearner
-from streamer.esa import sum_analyzer
+from protocols.shuffle_gd import ShuffleGD
+from streamer.esa import gd_analyzer, sum_analyzer
 from streamer.esa.analyzer import REJECT_REASONS, Analyzer
 from streamer.esa.budget import AnalyzerBudget, data_key, new_instance, open_store
+from streamer.esa.gd_analyzer import GDAnalyzer
+from streamer.esa.gd_budget import GDAnalyzerBudget
 from streamer.esa.metrics import AnalyzerMetrics
 from streamer.esa.sum_analyzer import SumAnalyzer
 
@@ -84,14 +87,18 @@ def _load(options: AnalyzeOptions) -> AnyAnalyzer:
     analyzer: AnyAnalyzer
     if path.exists():
         data = json.loads(path.read_bytes())
-        if data.get("format") == sum_analyzer.CHECKPOINT_FORMAT:
+        if data.get("format") == gd_analyzer.CHECKPOINT_FORMAT:
+            analyzer = GDAnalyzer.restore(data, options.keys)
+        elif data.get("format") == sum_analyzer.CHECKPOINT_FORMAT:
             analyzer = SumAnalyzer.restore(data, options.keys)
         else:
             analyzer = Analyzer.restore(data, options.keys)
         log.info("analyzer: resumed at round %d, shuffled offset %d", analyzer.round, analyzer.offset)
     else:
         learner = options.learner()
-        if isinstance(learner, SequentialLearner):
+        if isinstance(learner, ShuffleGD):
+            analyzer = GDAnalyzer(learner, options.keys, options.name)
+        elif isinstance(learner, SequentialLearner):
             analyzer = SumAnalyzer(learner, options.keys, options.name)
         else:
             analyzer = Analyzer(learner, options.keys, options.name)
@@ -134,8 +141,12 @@ def run(options: AnalyzeOptions) -> AnalyzeResult:
     try:
         consumer.partitions_for_topic(options.shuffled_topic)  # metadata: the cluster id
         key = data_key(kafka_cluster_identity(consumer, options.bootstrap), options.budget.messages_topic)
-        budget = AnalyzerBudget(open_store(options.budget.state_dir, options.budget.kafka_url), key,
-                                analyzer.instance, options.out, options.budget.max_epsilon)
+        store = open_store(options.budget.state_dir, options.budget.kafka_url)
+        if isinstance(analyzer, GDAnalyzer):  # every user charged per round, one instance per round
+            budget = GDAnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon,
+                                      analyzer.users, analyzer.round_report)
+        else:
+            budget = AnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon)
         budget.begin(analyzer.round, analyzer.report(),
                      f"esa messages {options.budget.messages_topic} (deployment {analyzer.name})")
         analyzer.gate = budget.charge
@@ -154,7 +165,8 @@ def run(options: AnalyzeOptions) -> AnalyzeResult:
         log.info("analyzer: round %d published; data source %s; %s", analyzer.round, key, report.statement())
         def finished() -> bool:
             return analyzer.stopped is not None or (options.max_rounds is not None
-                                                    and analyzer.round >= options.max_rounds)
+                                                    and analyzer.round >= options.max_rounds) \
+                or (isinstance(analyzer, GDAnalyzer) and analyzer.finished)  # shuffle-gd: its T rounds are done
 
         while not stopping["now"] and not finished():
             for records in consumer.poll(timeout_ms=200).values():

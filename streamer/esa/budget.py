@@ -157,7 +157,8 @@ class AnalyzerBudget:
         """The guarantee of the rounds this analyzer learned, composed over every run that used
         them; componentwise the worse of that and ``own`` (the deployment's statement), as
         :meth:`streamer.budget_session.BudgetSession.report` does."""
-        composed = report_for(self.store.ledger([self.key]), [self.instance], own.records)
+        ledger = self.store.ledger([self.key])
+        composed = report_for(ledger, self.instances(ledger), own.records)
         composed = dataclasses.replace(
             composed,
             mechanism=own.mechanism,
@@ -167,6 +168,11 @@ class AnalyzerBudget:
             references=tuple(dict.fromkeys([*own.references, *composed.references])),
         )
         return with_public_assumptions(composed, seeded=False)
+
+    def instances(self, ledger: Any) -> list[str]:
+        """The store instances whose charges are this analyzer's (``shuffle-gd``: one per round,
+        :class:`streamer.esa.gd_budget.GDAnalyzerBudget`)."""
+        return [self.instance]
 
     def per_source(self) -> dict[str, tuple[Guarantee, Guarantee]]:
         """The (output, intrusion) guarantee of the deployment's data key, over every run."""

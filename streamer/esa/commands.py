@@ -71,6 +71,11 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--name", default="default", help="deployment name on the model topic (default 'default')")
     parser.add_argument("--max-local-epsilon", type=positive_float, help="refuse a model with weaker local privacy")
     parser.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for a round's model")
+    parser.add_argument("--state", type=Path,
+                        help="shuffle-gd: the file of the rounds these users answered and the plan they accepted (they "
+                        "answer each round once, at most T rounds; default SOURCE.gd-rounds.json)")
+    parser.add_argument("--max-epsilon", type=positive_float,
+                        help="shuffle-gd: refuse a plan whose T rounds compose to a larger epsilon")
     parser.set_defaults(handler=cmd_encode)
 
 
@@ -114,6 +119,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
         model = watcher.current()
         if model is None:
             model = watcher.wait_for(0, args.timeout)
+        if model.learner == "shuffle-gd":
+            return _encode_gd(args, public, model, watcher, sender)
         per_round = args.per_round or int(model.calibration["batch_size"])
         for X, y in _chunks(args.source, per_round, per_round):
             make = SharesEncoder if model.learner in SUM_LEARNERS else Encoder
@@ -128,6 +135,27 @@ def cmd_encode(args: argparse.Namespace) -> int:
         sender.close()
         watcher.close()
     print(f"panpriv encode: sent {sent:,} messages over {rounds} rounds")
+    return 0
+
+
+def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, sender: Any) -> int:
+    """shuffle-gd: every record of --source is a user who answers every round once (streamer.esa.gd_client)."""
+    from streamer.esa.client import RefusedModel
+    from streamer.esa.gd_client import AnsweredRounds, GDClients, serve
+
+    rows = list(_jsonl(args.source))
+    X = np.asarray([x for x, _ in rows], dtype=np.float64)
+    y = np.asarray([label for _, label in rows])
+    state = AnsweredRounds(args.state or args.source.with_name(args.source.name + ".gd-rounds.json"))
+    clients = GDClients(public, X, y, state, args.max_local_epsilon, args.max_epsilon)
+    try:
+        answered = serve(clients, lambda: model, lambda r: watcher.wait_for(r, args.timeout), sender.send, log.info)
+    except RefusedModel as exc:  # the refusal rule: a plan other than the accepted one, or a round beyond it
+        print(f"panpriv encode: refused: {exc} (rounds answered: {state.rounds})")
+        return 2
+    per_user = 1000 * sum(clients.encode_seconds) / max(1, answered * len(y))
+    print(f"panpriv encode: {len(y):,} shuffle-gd users answered {answered} rounds here (rounds answered in all: "
+          f"{state.rounds}); encode {per_user:.3f} ms per user and round")
     return 0
 
 
@@ -152,8 +180,8 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--max-ahead", type=positive_int, default=1,
                         help="drop messages for rounds more than this past the last released (default 1)")
     parser.add_argument("--shares", type=positive_int, metavar="M",
-                        help="shuffle-acsa, shuffle-sgd: each message is one user's M sealed shares; release their "
-                        "units (M as `panpriv analyze --learner shuffle-acsa|shuffle-sgd` logs it)")
+                        help="shuffle-acsa, shuffle-sgd, shuffle-gd: each message is one user's M sealed shares; release "
+                        "their units (M as `panpriv analyze --learner shuffle-acsa|shuffle-sgd|shuffle-gd` logs it)")
     metrics_flags(parser)
     parser.set_defaults(handler=cmd_shuffle)
 
@@ -200,9 +228,11 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                       help="every analyzer-*.key in DIR; the newest is current (rotation: keygen DIR, restart)")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
     parser.add_argument("--name", default="default", help="deployment name on the model topic")
-    parser.add_argument("--learner", choices=("shuffle-gaussian", "shuffle-acsa", "shuffle-sgd"), default="shuffle-gaussian",
-                        help="shuffle-acsa, shuffle-sgd: PVEC counts summed by split-and-mix shares (the shuffler needs "
-                        "--shares)")
+    parser.add_argument("--learner", choices=("shuffle-gaussian", "shuffle-acsa", "shuffle-sgd", "shuffle-gd"),
+                        default="shuffle-gaussian",
+                        help="shuffle-acsa, shuffle-sgd, shuffle-gd: PVEC counts summed by split-and-mix shares (the "
+                        "shuffler needs --shares); shuffle-gd: --batch-size is n, every user answers each of --rounds rounds")
+    parser.add_argument("--rounds", type=positive_int, help="shuffle-gd: T (default: Cheu et al. 2022 Thm 4.9's, capped)")
     parser.add_argument("--horizon", type=positive_int,
                         help="shuffle-acsa: n, the records of the whole protocol; shuffle-sgd: caps a planned batch size")
     parser.add_argument("--dim", type=positive_int, required=True)
@@ -240,6 +270,18 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
 
         return acsa
 
+    if args.learner == "shuffle-gd":
+        from protocols.shuffle_gd import ShuffleGD
+
+        if args.batch_size is None:
+            raise SystemExit("panpriv analyze: --learner shuffle-gd needs --batch-size (n, the users of every round)")
+
+        def gd() -> ShuffleGD:
+            return ShuffleGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, n=args.batch_size, rounds=args.rounds,
+                             feature_bound=args.feature_bound, **options)
+
+        return gd
+
     if args.learner == "shuffle-sgd":
 
         def sgd() -> ShuffleSGD:
@@ -264,7 +306,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     learner = analyzer_learner(args)
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
-    metrics = AnalyzerMetrics(sum_analyzer.REJECT_REASONS if args.learner in SUM_LEARNERS else analyzer.REJECT_REASONS)
+    metrics = AnalyzerMetrics(sum_analyzer.REJECT_REASONS if args.learner in (*SUM_LEARNERS, "shuffle-gd")
+                              else analyzer.REJECT_REASONS)
     metrics.set_info("analyzer", args.name, _version())
     stop_server = serve_metrics(metrics, args)
     budget = service.BudgetOptions(args.messages_topic, args.state_dir, args.budget_kafka, args.max_epsilon)

@@ -46,6 +46,7 @@ from accounting.ledger import PrivacyReport
 from protocols.catalogue import load_learner
 from protocols.secure_sum import SECURITY_BITS, distance_bound, modulus_bits, recombine, shares_needed
 from protocols.shuffle_base import SequentialLearner
+from protocols.shuffle_gd import ShuffleGD
 from streamer.esa import wire
 from streamer.esa.analyzer import AnalyzerCore, decode_state
 from streamer.esa.deployment import sum_report
@@ -72,13 +73,14 @@ class SumAnalyzer(AnalyzerCore):
         As :class:`streamer.esa.analyzer.Analyzer`.
     """
 
-    def __init__(self, learner: SequentialLearner, keys: list[PrivateKey], name: str, instance: str | None = None) -> None:
+    def __init__(self, learner: SequentialLearner | ShuffleGD, keys: list[PrivateKey], name: str,
+                 instance: str | None = None) -> None:
         sizes = sorted(learner.vector_sums)
         if len(sizes) != 1:
             raise ValueError(f"the ESA shuffler releases rounds of one size; this {learner.name} plan has rounds of "
                              f"{sizes} users (give a batch_size that divides the horizon, and no strong convexity)")
         super().__init__(learner, keys, name, instance)
-        self.learner: SequentialLearner = learner
+        self.learner: SequentialLearner | ShuffleGD = learner  # ShuffleGD: streamer.esa.gd_analyzer
         self._vector_sum = vector_sum = learner.vector_sums[sizes[0]]
         self.users, self.dim = vector_sum.n, vector_sum.d
         self.max_count = vector_sum.g + vector_sum.b
@@ -95,7 +97,7 @@ class SumAnalyzer(AnalyzerCore):
         batch = self._admit(value)
         if batch is None:
             return False
-        if self.learner.finished:
+        if self.finished:
             self.rejected["horizon_reached"] += len(batch.messages)
             return False
         if len(batch.messages) != self.users * self.shares:
@@ -109,6 +111,11 @@ class SumAnalyzer(AnalyzerCore):
         self.round += 1
         self._mark_applied(batch)
         return True
+
+    @property
+    def finished(self) -> bool:
+        """No round left to analyse (the learner's horizon; ``shuffle-gd``: its T rounds)."""
+        return self.learner.finished
 
     def _learn(self, batch: wire.Batch) -> bool | None:
         """Open, sum, check and learn the round: True if learned, False if skipped (counted),
@@ -200,13 +207,14 @@ class SumAnalyzer(AnalyzerCore):
     def model(self) -> ModelRecord:
         """The public model record of the current round; its θ is the query point (θ^md,
         θ_t; the released model once the horizon is reached: there is no round left to answer)."""
-        theta = self.learner.query_point() if not self.learner.finished else self.learner.release()
+        theta = self.learner.query_point() if not self.finished else self.learner.release()
         local = self.report().intrusion
         return ModelRecord(self.learner.name, self.name, self.round, theta, self.calibration(), self.current_key.hex(),
                            (local.epsilon, local.delta))
 
     def report(self) -> PrivacyReport:
         """The statement of this deployment (:func:`streamer.esa.deployment.sum_report`)."""
+        assert isinstance(self.learner, SequentialLearner)
         return sum_report(self.learner, self.users, self.shares, self.bits, self.tau)
 
     def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:

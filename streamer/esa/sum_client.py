@@ -24,6 +24,8 @@ This module imports ``protocols``, ``accounting``, numpy, PyNaCl and its sibling
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from nacl.public import PublicKey, SealedBox
 from numpy.typing import NDArray
@@ -62,9 +64,12 @@ class SharesEncoder(ModelClient):
         only. The shares always come from OS entropy.
     """
 
+    learners: ClassVar[tuple[str, ...]] = SUM_LEARNERS
+    """The learners whose model records this encoder answers (``shuffle-gd``: :mod:`streamer.esa.gd_client`)."""
+
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  rng: RngLike = None) -> None:
-        super().__init__(public_key, model, SUM_LEARNERS)
+        super().__init__(public_key, model, self.learners)
         cal = model.calibration
         self.smoothing = None if cal["smoothing"] is None else float(cal["smoothing"])
         self.vector_sum = VectorSum(int(cal["batch_size"]), int(cal["params"]), float(cal["epsilon"]), float(cal["delta"]),

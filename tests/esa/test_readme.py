@@ -51,3 +51,20 @@ def test_readme_secure_sum_commands_parse_and_agree(kind: str) -> None:
     assert (shuffle.batch_size, shuffle.params, shuffle.shares) == (analyzer.users, analyzer.dim, analyzer.shares)
     report = analyzer.report()
     assert report.output.epsilon <= analyze.max_epsilon, "the example could not start"
+
+
+def test_readme_shuffle_gd_commands_parse_and_agree() -> None:
+    """The shuffle-gd block: the shuffler's threshold is n and its --shares the analyzer's m; the
+    encoder keeps a state file; the plan's T is the analyzer's --rounds."""
+    from nacl.public import PrivateKey
+
+    from streamer.esa.gd_analyzer import GDAnalyzer
+
+    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("#### `shuffle-gd` in three roles")}
+    assert set(parsed) == {"analyze", "shuffle", "encode"}
+    analyze, shuffle, encode = parsed["analyze"], parsed["shuffle"], parsed["encode"]
+    assert analyze.learner == "shuffle-gd" and encode.state is not None
+    assert analyze.messages_topic == shuffle.messages_topic == encode.messages_topic
+    analyzer = GDAnalyzer(commands.analyzer_learner(analyze)(), [PrivateKey.generate()], "readme")
+    assert (shuffle.batch_size, shuffle.params, shuffle.shares) == (analyzer.users, analyzer.dim, analyzer.shares)
+    assert analyzer.rounds == analyze.rounds
