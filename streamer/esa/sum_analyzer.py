@@ -22,9 +22,12 @@ unit's own reason), ``mixed_keys`` (units sealed to two of the analyzer's keys: 
 clear, would split the round into smaller crowds) and ``out_of_range`` (a total
 outside [0, B(g + b)]: a malicious client shifted the sum, or a share was replaced). A shifted sum
 that stays in range is not detectable: a malicious client can bias a round's gradient (utility),
-never learn anything of the others. A round rejected as a whole is **skipped**: not learned, not
-charged, and the next round's model (same θ) is published so the deployment goes on; the learner
-then ends its horizon that many rounds later.
+never learn anything of the others. A round rejected as a whole is **skipped**: not learned, and
+the next round's model (same θ) is published so the deployment goes on; the learner then ends its
+horizon that many rounds later. An ``out_of_range`` round is charged to the budget first (whether
+a shifted sum leaves the range depends on the honest users' totals, so the skip is an output of
+their data); an ``invalid_units`` or ``mixed_keys`` round is not (whether a unit opens, or under
+which key, is the sender's doing alone).
 
 **One batch size.** The shuffler thresholds at one B, so the learner's plan must give every round
 the same number of users (``shuffle-sgd``: always; ``shuffle-acsa``: a ``batch_size`` that divides
@@ -129,13 +132,15 @@ class SumAnalyzer(AnalyzerCore):
         finally:
             units.fill(0)
         try:
-            if totals.max() > self.users * self.max_count:
-                self.rejected["out_of_range"] += 1
-                return False
+            # Charged before the range check: whether an (adversarially shifted) sum stays in range
+            # depends on the honest users' totals too, so a skip is an output of their data.
             if self.gate is not None:
                 self.stopped = self.gate(self.round, self.report())
                 if self.stopped is not None:
                     return None
+            if totals.max() > self.users * self.max_count:
+                self.rejected["out_of_range"] += 1
+                return False
             self.learner.learn_totals(totals)
             return True
         finally:

@@ -130,8 +130,12 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
 
 
 def test_analyzer_rejects_by_reason_and_skips_bad_rounds(key: PrivateKey) -> None:
+    """Bad rounds are skipped; the budget gate sees the out-of-range one (an output of the honest
+    users' totals) and the learned one, never a round whose units did not open."""
     other = PrivateKey.generate()
     analyzer = SumAnalyzer(learner(), [key], "t")
+    charged: list[int] = []
+    analyzer.gate = lambda round_, report: charged.append(round_)
     m = analyzer.shares
     X, y = records(3 * B)
 
@@ -174,6 +178,7 @@ def test_analyzer_rejects_by_reason_and_skips_bad_rounds(key: PrivateKey) -> Non
     # Round 2: honest, learned (the learner's first round).
     assert analyzer.handle(wire.encode_batch(2, units_of(2, slice(2 * B, 3 * B))))
     assert analyzer.round == 3 and analyzer.skipped == 2 and analyzer.learner.records_seen == B
+    assert charged == [1, 2], "charged: the out-of-range round 1 and the learned round 2; not round 0"
 
 
 def test_encoder_refuses_a_foreign_or_doctored_model(key: PrivateKey) -> None:
