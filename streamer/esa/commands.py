@@ -103,7 +103,7 @@ def _chunks(path: Path, first: int, size: int | None) -> Iterator[tuple[np.ndarr
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
-    from streamer.esa.client import Encoder, MessageSender
+    from streamer.esa.client import Encoder, MessageSender, RefusedModel
     from streamer.esa.keys import load_public
     from streamer.esa.model import ModelWatcher
     from streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
@@ -131,6 +131,9 @@ def cmd_encode(args: argparse.Namespace) -> int:
             log.info("sent %d messages for round %d", len(y), model.round)
             if len(y) == per_round:
                 model = watcher.wait_for(model.round + 1, args.timeout)
+    except RefusedModel as exc:  # a model these clients must not answer (key, calibration, local epsilon)
+        print(f"panpriv encode: refused round {model.round}'s model: {exc} (sent {sent:,} messages over {rounds} rounds)")
+        return 2
     finally:
         sender.close()
         watcher.close()
