@@ -132,7 +132,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
             if len(y) == per_round:
                 model = watcher.wait_for(model.round + 1, args.timeout)
     except RefusedModel as exc:  # a model these clients must not answer (key, calibration, local epsilon)
-        print(f"panpriv encode: refused round {model.round}'s model: {exc} (sent {sent:,} messages over {rounds} rounds)")
+        print(f"panpriv encode: refused the model: {exc} (sent {sent:,} messages over {rounds} rounds)")
         return 2
     finally:
         sender.close()

@@ -107,7 +107,7 @@ def test_prometheus_scrapes_both_roles_and_the_budget_store_composes_analyzers(
                               "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--name", "first",
                               "--source", str(source), "--max-local-epsilon", "0.01", "--timeout", "30"])
         assert refused_client.returncode == 2, refused_client.stdout + refused_client.stderr
-        assert "refused round" in refused_client.stdout and "local" in refused_client.stdout
+        assert "refused the model" in refused_client.stdout and "local" in refused_client.stdout
         assert "Traceback" not in refused_client.stderr
         analyzer.process.terminate()
         assert analyzer.process.wait(timeout=30) == 0, analyzer.log_path.read_text()[-3000:]
