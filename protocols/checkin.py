@@ -472,6 +472,31 @@ class RandomCheckinSGD(MessageSGDLearner):
         self._messages[i] = 0.0
         self._marks[i] = NO_CANDIDATE if self.update == "single" else 0.0
 
+    def learn_slot(self, messages: Array) -> None:
+        """Close the next slot from the randomized messages a separate shuffler released for it
+        (the Encode-Shuffle-Analyze analyzer, :mod:`streamer.esa.checkin_analyzer`; position slots).
+
+        ``messages`` (k, p): for ``"single"`` at most one (k = 0: a dummy update drawn here), for
+        ``"averaged"`` every candidate's (k = 0: skipped). The slot is closed by :meth:`_close`,
+        exactly as in process; slots before the first window (``"fixed"``: round 0) are never
+        updated. Its wake slot is then complete: ``slot_length`` more records are counted."""
+        messages = np.asarray(messages, dtype=np.float64).reshape(-1, self._params)
+        if self.update == "single" and messages.shape[0] > 1:
+            raise InvalidInputError(f"{_OWNER}.learn_slot: a single-update slot has at most one message")
+        slot = max(self._clock, 0)
+        if slot >= int(window_start(0, self.slots, self.window)):
+            i = slot % self._buffer
+            if messages.shape[0]:
+                self._messages[i] = messages.sum(axis=0)
+                self._marks[i] = 0.0 if self.update == "single" else float(messages.shape[0])
+            if self.update == "single" and not messages.shape[0]:
+                with self._noise.draw() as generator:
+                    self._close(slot, generator)
+            else:
+                self._close(slot, None)
+        self._clock, self._latest = slot + 1, slot
+        self._records += int(self.slot_length)
+
     # -- outputs -------------------------------------------------------------------------------
 
     def privacy(self) -> PrivacyReport:

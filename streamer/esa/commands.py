@@ -38,17 +38,19 @@ def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("dir", type=Path, help="directory for the key files (created 0700)")
     parser.add_argument("--if-missing", action="store_true",
                         help="do nothing if DIR already holds a private key (a one-shot init container)")
+    parser.add_argument("--role", choices=("analyzer", "shuffler"), default="analyzer",
+                        help="shuffler: the checkin shuffler's pair (shuffler-<id>.key opens the outer layer only)")
     parser.set_defaults(handler=cmd_keygen)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     from streamer.esa.keys import generate, private_files
 
-    if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir)):
+    if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir, args.role)):
         print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
         return 0
-    files = generate(args.dir)
-    print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the analyzer only)\n"
+    files = generate(args.dir, args.role)
+    print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the {args.role} only)\n"
           f"  public  {files.public} (give it to clients)")
     return 0
 
