@@ -89,6 +89,13 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     state = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
     assert state["round"] == WAKES and state["rejected"] == {}
     assert "trusted shuffler, separate process" in json.dumps(state["privacy"])
+    from streamer.budget import BudgetStore
+
+    store = BudgetStore(tmp_path / "state")
+    (source,) = store.ledger().sources
+    assert source.startswith("esa:") and source.endswith("/" + names["messages"])
+    assert [(s.start, s.stop, s.uses) for s in store.ledger().coverage(source)] == [(0, WAKES, (state["instance"],))], \
+        "every wake slot charged once"
     theta = np.asarray(state["released"])
     esa_accuracy = float(np.mean(np.where(LogisticLoss().features(Xt, 1.0) @ theta >= 0, 1.0, -1.0) == yt))
     accuracies = []

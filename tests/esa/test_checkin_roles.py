@@ -142,8 +142,11 @@ def test_the_shuffler_forwards_sealed_updates_byte_for_byte_and_releases_no_iden
     shuffler_box = esa.shuffler._box
     with pytest.raises(Exception):  # the shuffler's key does not open an inner message
         shuffler_box.decrypt(wire.parse_message(forwarded[0])[1])
-    held = [v for v in vars(esa.shuffler).values() if isinstance(v, (PrivateKey, SealedBox))]
-    assert all(bytes(getattr(v, "_private_key", b"") or b"") != bytes(esa.analyzer_key) for v in held)
+    secrets = [v._private_key for v in vars(esa.shuffler).values() if isinstance(v, SealedBox)]
+    assert secrets == [bytes(esa.shuffler_key)], "the shuffler's only private key is its own"
+    dummy_cells = [c.cell_contents for c in esa.shuffler._dummy.__closure__ or ()]
+    assert not any(isinstance(c, SealedBox) and c._private_key is not None for c in dummy_cells), \
+        "it seals dummies with the analyzer's public key only"
 
 
 def test_single_releases_are_one_message_each_and_empty_slots_get_the_shufflers_dummy() -> None:
@@ -240,3 +243,36 @@ def test_analyzer_rejects_by_reason_and_never_steps_on_a_stale_or_repeated_relea
 def test_position_slots_only() -> None:
     with pytest.raises(ValueError, match="position slots"):
         CheckinAnalyzer(learner(time="timestamp", slot_length=60.0), [PrivateKey.generate()], "t")
+
+
+def test_a_wake_slot_with_missing_clients_closes_at_the_public_deadline() -> None:
+    """Dropouts: with ``close_after_s`` the current wake slot closes with the clients that arrived
+    (counted per missing client) and its slot is released; a straggler is then late."""
+    esa = Deployment(update="single", slots=2)
+    now = [0.0]
+    shuffler = SlotShuffler(esa.shuffler_key, esa.rules, esa.shuffler._dummy, close_after_s=5.0, clock=lambda: now[0])
+    X, y = records(4, seed=8)
+    messages = esa.encode(X, y)
+    assert all(shuffler.offer(i, m) == [] for i, m in enumerate(messages[:3]))
+    assert shuffler.expire() == [] and shuffler.waiting == 3
+    now[0] = 5.0
+    (slot, released), = shuffler.expire()
+    assert slot == 0 and len(released) == 1 and shuffler.dropped["short_wake_slot"] == 1
+    shuffler.mark_released(0)
+    assert shuffler.offer(3, messages[3]) == [] and shuffler.dropped["late"] >= 1
+    now[0] = 11.0
+    (slot, released), = shuffler.expire()  # nobody woke at slot 1: it closes empty, with a dummy
+    assert slot == 1 and len(released) == 1 and shuffler.dropped["short_wake_slot"] == 1 + 4
+
+
+def test_checkin_client_imports_nothing_of_the_service() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, streamer.esa.checkin_client; print(sorted(m for m in sys.modules if m.startswith('streamer')))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert eval(out) == ["streamer", "streamer.esa", "streamer.esa.checkin_client", "streamer.esa.checkin_wire",
+                         "streamer.esa.client", "streamer.esa.keys", "streamer.esa.model", "streamer.esa.wire"]
