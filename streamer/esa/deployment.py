@@ -126,8 +126,11 @@ def checkin_report(learner: RandomCheckinSGD) -> PrivacyReport:
       unamplified (ε₀, δ₀)) — if the shuffler is honest and separate: the analyzer then sees, per
       slot, what the in-process learner's slot sees (one sealed update, a client's or a dummy, for
       ``single``; the candidates' updates for ``averaged``), never who chose which slot;
-    - **intrusion** into the analyzer, **collusion** of shuffler and analyzer: the local (ε₀, δ₀)
-      (the shuffler knows each update's wake slot and chosen slot, and the analyzer's key opens it).
+    - **intrusion** into the analyzer: the output guarantee — its key opens only the inner boxes,
+      which on the messages topic are inside boxes sealed to the shuffler; what it holds is part of
+      the released sequence of slot updates the bound covers (no candidate waits in the analyzer);
+    - **collusion** of shuffler and analyzer, or an intrusion into the shuffler too: the local
+      (ε₀, δ₀) (the shuffler knows each update's wake slot and chosen slot).
     """
     report = learner.privacy()
     local = learner.local_randomizer.local_guarantee()
@@ -143,17 +146,19 @@ def checkin_report(learner: RandomCheckinSGD) -> PrivacyReport:
         f"client: her update is {local}-locally private against anyone, including a shuffler and analyzer that collude",
         f"shuffler: holds no key that opens an update; it learns which slot each wake-slot client chose; if it colludes "
         f"with the analyzer only the local guarantee {local} holds",
-        f"analyzer intrusion: its private key opens every update on the messages topic once the outer layer is "
-        f"removed, so one read of its memory or files plus all outputs is bounded by the local guarantee {local}",
+        f"analyzer intrusion: its private key opens only the updates the shuffler released (on the messages topic "
+        f"they are inside boxes sealed to the shuffler) and no candidate waits in the analyzer, so one read of its "
+        f"memory or files plus all outputs is bounded by the output guarantee; an intrusion that also reads the "
+        f"shuffler's key or state is bounded by the local guarantee {local} only",
         "client dropout: a wake slot closes with the clients that arrived by the shuffler's public deadline; the "
         "output bound holds conditionally on every other client's check-in, so fewer clients do not weaken it",
     ]
-    assumptions = [a for a in report.assumptions if not a.startswith("streaming deviation")]
+    assumptions = [a for a in report.assumptions if not a.startswith(("streaming deviation", "pan-privacy: the state holds"))]
     assumptions.append("staleness as in process: a client computes her update at her wake slot, at the model "
                        "published after the previous slot, and it waits in the shuffler for its chosen slot")
     return dataclasses.replace(
         report,
-        intrusion=max_guarantee(local, report.output),
+        intrusion=report.output,
         assumptions=tuple([*roles, *assumptions]),
         references=tuple([*report.references, REFERENCE]),
     )

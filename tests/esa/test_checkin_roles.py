@@ -89,7 +89,11 @@ def test_averaged_gaussian_clients_shuffler_analyzer_are_the_in_process_learner_
     reference = learner(seed=7, **options)
     reference.learn_many(np.vstack([X, X[:1]]), np.append(y, y[:1]))  # one more record closes slot 59
     np.testing.assert_allclose(esa.analyzer.learner.release(), reference.release(), rtol=1e-9, atol=1e-12)
-    assert esa.analyzer.report().output == in_process.privacy().output
+    report = esa.analyzer.report()
+    assert report.output == in_process.privacy().output
+    assert report.intrusion == report.output, "the analyzer's key opens only released updates"
+    assert any(a.startswith("deployment: trusted shuffler, separate process") for a in report.assumptions)
+    assert not any(a.startswith("pan-privacy: the state holds") for a in report.assumptions)
     assert esa.analyzer.rejected == {}
 
 
