@@ -14,7 +14,8 @@ clients waking at slot s + 1 compute (the in-process staleness rule).
 
 **Rejected, counted by reason**: per release ``malformed_batch``, ``duplicate_batch`` (the same
 release twice after a shuffler crash), ``stale_round`` (a release of another slot),
-``wrong_batch_size`` (a single-update release that is not one message: never analysed); per
+``wrong_batch_size`` (a single-update release that is not one message — none before the first
+window — never analysed); per
 message ``malformed``, ``unknown_key``, ``undecryptable``, ``round_mismatch``, ``non_finite``,
 ``duplicate_message``.
 
@@ -36,7 +37,7 @@ from typing import Any
 from nacl.public import PrivateKey
 
 from accounting.ledger import PrivacyReport
-from protocols.checkin import RandomCheckinSGD
+from protocols.checkin import RandomCheckinSGD, window_start
 from streamer.esa import wire
 from streamer.esa.analyzer import VectorAnalyzer, decode_state
 from streamer.esa.deployment import checkin_report
@@ -95,6 +96,7 @@ class CheckinAnalyzer(VectorAnalyzer):
         self.learner: RandomCheckinSGD = learner
         self._params = learner.loss.param_dim(learner.dim)
         self._size = wire.message_size(self._params)
+        self._first = int(window_start(0, learner.slots, learner.window))  # fixed windows: round 0 is released empty
 
     @property
     def round(self) -> int:  # type: ignore[override]
@@ -106,7 +108,7 @@ class CheckinAnalyzer(VectorAnalyzer):
         batch = self._admit(value)
         if batch is None:
             return False
-        if self.learner.update == "single" and len(batch.messages) != 1:
+        if self.learner.update == "single" and len(batch.messages) != (self.round >= self._first):
             self.rejected["wrong_batch_size"] += len(batch.messages)
             return False
         vectors = self._open(batch)

@@ -280,3 +280,21 @@ def test_checkin_client_imports_nothing_of_the_service() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert eval(out) == ["streamer", "streamer.esa", "streamer.esa.checkin_client", "streamer.esa.checkin_wire",
                          "streamer.esa.client", "streamer.esa.keys", "streamer.esa.model", "streamer.esa.wire"]
+
+
+@pytest.mark.parametrize("update", ["single", "averaged"])
+def test_fixed_windows_in_three_roles(update: str) -> None:
+    """``window="fixed"``: round 0's slots are released empty and not stepped on (as in process,
+    whose clock starts at the first window); later slots as for sliding windows. Averaged updates
+    with the Gaussian randomizer and p₀ = 1 again match the seeded in-process learner."""
+    options = {"window": "fixed", "slots": 5, "update": update, "randomizer": "gaussian"}
+    X, y = records(4 * 30, seed=9)
+    esa = Deployment(**options)
+    esa.run(X, y, rng=np.random.default_rng(3))
+    released = [wire.parse_batch(record) for record in esa.releases]
+    assert [b.round for b in released] == list(range(30)) and all(not b.messages for b in released[:5])
+    assert esa.analyzer.rejected == {} and esa.analyzer.round == 30
+    if update == "averaged":
+        reference = learner(seed=3, **options)
+        reference.learn_many(np.vstack([X, X[:1]]), np.append(y, y[:1]))
+        np.testing.assert_allclose(esa.analyzer.learner.release(), reference.release(), rtol=1e-9, atol=1e-12)
