@@ -154,3 +154,54 @@ def test_sigkill_of_the_checkin_shuffler_loses_and_duplicates_nothing(
     assert released == expected, "each candidate in exactly one release of its slot"
     assert all(wire.parse_message(m)[0].round == r for r, m in released)
     print(f"{len(batches)} release records, {len(by_round)} slots ({len(batches) - len(by_round)} re-released)")
+
+
+def test_the_checkin_analyzer_process_and_files_hold_no_raw_record(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Canary (tests/esa/test_canary.py): after the checkin analyzer has closed every slot, its
+    writable memory and its files hold none of the clients' rows, raw or clipped, nor their text."""
+    from tests.esa.test_canary import canaries
+    from tests.memscan import Memory, read_memory
+    from tests.realparts import wait_until
+
+    names = parts.topics(kafka_broker, unique_name)
+    analyzer_key, shuffler_key = generate(tmp_path / "keys"), generate(tmp_path / "keys", "shuffler")
+    dim, slot_length, wakes = 20, 8, 8
+    X, y = parts.synthetic(slot_length * wakes, dim, seed=5)
+    source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
+    out = tmp_path / "analyzer"
+    options = {"loss": "logistic", "radius": math.sqrt(dim), "slots": 4, "slot_length": slot_length}
+    analyzer = parts.panpriv(["analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic", names["shuffled"],
+                              "--model-topic", names["model"], "--messages-topic", names["messages"],
+                              "--state-dir", str(out / "budget"), "--analyzer-key", str(analyzer_key.private),
+                              "--out", str(out), "--learner", "checkin", "--dim", str(dim), "--batch-size",
+                              str(slot_length), "--epsilon", "2", "--delta", "1e-5", "--options", json.dumps(options)],
+                             tmp_path / "analyzer.log")
+    shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
+                              "--shuffled-topic", names["shuffled"], "--batch-size", str(slot_length), "--params",
+                              str(dim), "--checkin", "--shuffler-key", str(shuffler_key.private), "--analyzer-key",
+                              str(analyzer_key.public), "--model-topic", names["model"]], tmp_path / "shuffler.log")
+    client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
+                            "--messages-topic", names["messages"], "--analyzer-key", str(analyzer_key.public),
+                            "--shuffler-key", str(shuffler_key.public), "--source", str(source)], tmp_path / "client.log")
+    try:
+        assert client.process.wait(timeout=120) == 0, client.log_path.read_text()[-3000:]
+
+        def done() -> bool:
+            analyzer.check_alive()
+            return bool(json.loads((out / "analyzer.json").read_text())["round"] == wakes)
+
+        wait_until(done, 60, "the analyzer's last slot")
+        time.sleep(0.5)
+        raw = read_memory(analyzer.pid)
+        found = canaries(Memory(raw), raw, X)
+    finally:
+        for process in (client, shuffler, analyzer):
+            process.stop()
+    assert found == [], f"the analyzer's memory holds {found[:5]}"
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert files, "the analyzer wrote its checkpoint"
+    for path in files:
+        content = path.read_bytes()
+        assert canaries(Memory(content + b"\0" * (-len(content) % 8)), content, X) == [], f"{path} holds a record"
