@@ -49,8 +49,9 @@ only after the restart is released again: the same batch id for a candidate (the
 as ``duplicate_batch``), a fresh dummy for an empty slot (``stale_round`` at the analyzer: a second
 draw of noise, but it tells an analyzer reading its rejects that the slot was empty — the one
 crash window in which the amplification argument is weakened for that slot). An extra message of a
-complete wake slot (no honest client sends one) is ``late``, except after a restart if the wake
-slot's first messages lie below the committed offset: it may then join a later release.
+complete wake slot (no honest client sends one, but a straggler of a wake slot closed by the
+deadline is one) is ``late``, except after a restart if the wake slot's first messages lie below the
+committed offset or it was closed by the deadline: it may then join a later release.
 
 The Kafka loop is :func:`streamer.esa.shuffler.run` (one partition, commit after acknowledged
 releases); this module is the state machine and its set-up (:func:`run`).
@@ -213,9 +214,8 @@ class SlotShuffler:
             return slot, []
         if self.rules.update == "averaged":
             return slot, permuted([inner for _, inner in candidates])
-        if candidates:
-            return slot, [min(candidates)[1]]
-        return slot, [self._dummy(slot)]
+        dummy = self._dummy(slot)  # drawn and sealed for every slot: the release takes the same work either way
+        return slot, [min(candidates)[1] if candidates else dummy]
 
     def mark_released(self, slot: int) -> None:
         """Slot ``slot``'s release is acknowledged: its wake slot is complete, earlier slots are gone."""
