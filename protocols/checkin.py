@@ -476,24 +476,25 @@ class RandomCheckinSGD(MessageSGDLearner):
         """Close the next slot from the randomized messages a separate shuffler released for it
         (the Encode-Shuffle-Analyze analyzer, :mod:`streamer.esa.checkin_analyzer`; position slots).
 
-        ``messages`` (k, p): for ``"single"`` at most one (k = 0: a dummy update drawn here), for
-        ``"averaged"`` every candidate's (k = 0: skipped). The slot is closed by :meth:`_close`,
-        exactly as in process; slots before the first window (``"fixed"``: round 0) are never
-        updated. Its wake slot is then complete: ``slot_length`` more records are counted."""
+        ``messages`` (k, p): for ``"single"`` at most one (k = 0: a dummy update R(0) drawn here),
+        for ``"averaged"`` every candidate's (k = 0: skipped). The update is the one :meth:`_close`
+        takes in process — :meth:`_step` on the message, the dummy or the mean of k — and slots
+        before the first window (``"fixed"``: round 0) are never updated. Only the iterates and the
+        counters change (no pending slot is involved); its wake slot is then complete:
+        ``slot_length`` more records are counted."""
         messages = np.asarray(messages, dtype=np.float64).reshape(-1, self._params)
-        if self.update == "single" and messages.shape[0] > 1:
+        count = messages.shape[0]
+        if self.update == "single" and count > 1:
             raise InvalidInputError(f"{_OWNER}.learn_slot: a single-update slot has at most one message")
         slot = max(self._clock, 0)
         if slot >= int(window_start(0, self.slots, self.window)):
-            i = slot % self._buffer
-            if messages.shape[0]:
-                self._messages[i] = messages.sum(axis=0)
-                self._marks[i] = 0.0 if self.update == "single" else float(messages.shape[0])
-            if self.update == "single" and not messages.shape[0]:
+            if self.update == "single" and count == 0:
                 with self._noise.draw() as generator:
-                    self._close(slot, generator)
-            else:
-                self._close(slot, None)
+                    dummy = self._local.dummy(1, self._params, generator)[0]
+                self._step(dummy, 1.0)
+                dummy.fill(0.0)
+            elif count:
+                self._step(messages.sum(axis=0) / count, float(count))
         self._clock, self._latest = slot + 1, slot
         self._records += int(self.slot_length)
 
