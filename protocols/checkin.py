@@ -472,6 +472,32 @@ class RandomCheckinSGD(MessageSGDLearner):
         self._messages[i] = 0.0
         self._marks[i] = NO_CANDIDATE if self.update == "single" else 0.0
 
+    def learn_slot(self, messages: Array) -> None:
+        """Close the next slot from the randomized messages a separate shuffler released for it
+        (the Encode-Shuffle-Analyze analyzer, :mod:`streamer.esa.checkin_analyzer`; position slots).
+
+        ``messages`` (k, p): for ``"single"`` at most one (k = 0: a dummy update R(0) drawn here),
+        for ``"averaged"`` every candidate's (k = 0: skipped). The update is the one :meth:`_close`
+        takes in process — :meth:`_step` on the message, the dummy or the mean of k — and slots
+        before the first window (``"fixed"``: round 0) are never updated. Only the iterates and the
+        counters change (no pending slot is involved); its wake slot is then complete:
+        ``slot_length`` more records are counted."""
+        messages = np.asarray(messages, dtype=np.float64).reshape(-1, self._params)
+        count = messages.shape[0]
+        if self.update == "single" and count > 1:
+            raise InvalidInputError(f"{_OWNER}.learn_slot: a single-update slot has at most one message")
+        slot = max(self._clock, 0)
+        if slot >= int(window_start(0, self.slots, self.window)):
+            if self.update == "single" and count == 0:
+                with self._noise.draw() as generator:
+                    dummy = self._local.dummy(1, self._params, generator)[0]
+                self._step(dummy, 1.0)
+                dummy.fill(0.0)
+            elif count:
+                self._step(messages.sum(axis=0) / count, float(count))
+        self._clock, self._latest = slot + 1, slot
+        self._records += int(self.slot_length)
+
     # -- outputs -------------------------------------------------------------------------------
 
     def privacy(self) -> PrivacyReport:

@@ -23,17 +23,19 @@ from typing import Any
 from nacl.public import PrivateKey
 
 from accounting.ledger import PrivacyReport
+from protocols.checkin import RandomCheckinSGD
 from protocols.shuffle_base import SequentialLearner
 from protocols.shuffle_gd import ShuffleGD
-from streamer.esa import gd_analyzer, sum_analyzer
+from streamer.esa import checkin_analyzer, gd_analyzer, sum_analyzer
 from streamer.esa.analyzer import REJECT_REASONS, Analyzer
 from streamer.esa.budget import AnalyzerBudget, data_key, new_instance, open_store
+from streamer.esa.checkin_analyzer import CheckinAnalyzer
 from streamer.esa.gd_analyzer import GDAnalyzer
 from streamer.esa.gd_budget import GDAnalyzerBudget
 from streamer.esa.metrics import AnalyzerMetrics
 from streamer.esa.sum_analyzer import SumAnalyzer
 
-AnyAnalyzer = Analyzer | SumAnalyzer
+AnyAnalyzer = Analyzer | SumAnalyzer | CheckinAnalyzer
 
 log = logging.getLogger("panpriv.analyze")
 
@@ -91,6 +93,8 @@ def _load(options: AnalyzeOptions) -> AnyAnalyzer:
             analyzer = GDAnalyzer.restore(data, options.keys)
         elif data.get("format") == sum_analyzer.CHECKPOINT_FORMAT:
             analyzer = SumAnalyzer.restore(data, options.keys)
+        elif data.get("format") == checkin_analyzer.CHECKPOINT_FORMAT:
+            analyzer = CheckinAnalyzer.restore(data, options.keys)
         else:
             analyzer = Analyzer.restore(data, options.keys)
         log.info("analyzer: resumed at round %d, shuffled offset %d", analyzer.round, analyzer.offset)
@@ -100,6 +104,8 @@ def _load(options: AnalyzeOptions) -> AnyAnalyzer:
             analyzer = GDAnalyzer(learner, options.keys, options.name)
         elif isinstance(learner, SequentialLearner):
             analyzer = SumAnalyzer(learner, options.keys, options.name)
+        elif isinstance(learner, RandomCheckinSGD):
+            analyzer = CheckinAnalyzer(learner, options.keys, options.name)
         else:
             analyzer = Analyzer(learner, options.keys, options.name)
     if isinstance(analyzer, SumAnalyzer):
@@ -131,7 +137,8 @@ def run(options: AnalyzeOptions) -> AnalyzeResult:
     assert analyzer.instance is not None
     path = checkpoint_path(options.out)
     metrics = options.metrics or AnalyzerMetrics(sum_analyzer.REJECT_REASONS if isinstance(analyzer, SumAnalyzer)
-                                                 else REJECT_REASONS)
+                                                 else checkin_analyzer.REJECT_REASONS
+                                                 if isinstance(analyzer, CheckinAnalyzer) else REJECT_REASONS)
     metrics.set_epsilon_budget(options.budget.max_epsilon)
     producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
     consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False,

@@ -161,7 +161,44 @@ class AnalyzerCore:
         self.rejected = Counter({k: int(v) for k, v in data["rejected"].items()})
 
 
-class Analyzer(AnalyzerCore):
+class VectorAnalyzer(AnalyzerCore):
+    """An analyzer of sealed ``PPM1`` messages each holding one vector of ``_params`` coordinates
+    (``shuffle-gaussian``; ``checkin``'s inner messages, :mod:`streamer.esa.checkin_analyzer`)."""
+
+    _params: int
+    _size: int
+
+    def _open(self, batch: wire.Batch) -> np.ndarray:
+        """The valid messages of the batch as rows (k, p); every other one counted by reason."""
+        rows = np.zeros((len(batch.messages), self._params))
+        seen: set[bytes] = set()
+        k = 0
+        for item in batch.messages:
+            reason = self._open_one(item, batch.round, seen, rows[k])
+            if reason is None:
+                k += 1
+            else:
+                rows[k].fill(0.0)
+                self.rejected[reason] += 1
+        return rows[:k]
+
+    def _open_one(self, item: bytes, round_: int, seen: set[bytes], out: np.ndarray) -> str | None:
+        opened = self._unseal(item, self._size, wire.MESSAGE_MAGIC, round_, seen)
+        if isinstance(opened, str):
+            return opened
+        try:
+            inner_round, vector = wire.parse_plaintext(opened[0], self._params)
+        except wire.WireError:
+            return "malformed"
+        if inner_round != round_:
+            return "round_mismatch"
+        if not np.all(np.isfinite(vector)):
+            return "non_finite"
+        out[...] = vector
+        vector.fill(0.0)
+        return None
+
+class Analyzer(VectorAnalyzer):
     """The shuffle-gaussian analyzer's state machine (no I/O): learner, keys, counters, input position.
 
     Parameters
@@ -213,36 +250,6 @@ class Analyzer(AnalyzerCore):
         self.last_valid = valid
         self._mark_applied(batch)
         return True
-
-    def _open(self, batch: wire.Batch) -> np.ndarray:
-        """The valid messages of the batch as rows (k, p); every other one counted by reason."""
-        rows = np.zeros((len(batch.messages), self._params))
-        seen: set[bytes] = set()
-        k = 0
-        for item in batch.messages:
-            reason = self._open_one(item, batch.round, seen, rows[k])
-            if reason is None:
-                k += 1
-            else:
-                rows[k].fill(0.0)
-                self.rejected[reason] += 1
-        return rows[:k]
-
-    def _open_one(self, item: bytes, round_: int, seen: set[bytes], out: np.ndarray) -> str | None:
-        opened = self._unseal(item, self._size, wire.MESSAGE_MAGIC, round_, seen)
-        if isinstance(opened, str):
-            return opened
-        try:
-            inner_round, vector = wire.parse_plaintext(opened[0], self._params)
-        except wire.WireError:
-            return "malformed"
-        if inner_round != round_:
-            return "round_mismatch"
-        if not np.all(np.isfinite(vector)):
-            return "non_finite"
-        out[...] = vector
-        vector.fill(0.0)
-        return None
 
     def model(self) -> ModelRecord:
         """The public model record of the current round."""

@@ -38,17 +38,19 @@ def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("dir", type=Path, help="directory for the key files (created 0700)")
     parser.add_argument("--if-missing", action="store_true",
                         help="do nothing if DIR already holds a private key (a one-shot init container)")
+    parser.add_argument("--role", choices=("analyzer", "shuffler"), default="analyzer",
+                        help="shuffler: the checkin shuffler's pair (shuffler-<id>.key opens the outer layer only)")
     parser.set_defaults(handler=cmd_keygen)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     from streamer.esa.keys import generate, private_files
 
-    if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir)):
+    if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir, args.role)):
         print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
         return 0
-    files = generate(args.dir)
-    print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the analyzer only)\n"
+    files = generate(args.dir, args.role)
+    print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the {args.role} only)\n"
           f"  public  {files.public} (give it to clients)")
     return 0
 
@@ -76,6 +78,8 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         "answer each round once, at most T rounds; default SOURCE.gd-rounds.json)")
     parser.add_argument("--max-epsilon", type=positive_float,
                         help="shuffle-gd: refuse a plan whose T rounds compose to a larger epsilon")
+    parser.add_argument("--shuffler-key", type=Path,
+                        help="checkin: the shuffler's public key file (shuffler-<id>.pub); each round is a wake slot")
     parser.set_defaults(handler=cmd_encode)
 
 
@@ -102,11 +106,26 @@ def _chunks(path: Path, first: int, size: int | None) -> Iterator[tuple[np.ndarr
         yield np.asarray(rows, dtype=np.float64), np.asarray(labels)
 
 
+def _encoder(args: argparse.Namespace, public: Any, model: Any) -> Any:
+    """The client encoder for the model's learner."""
+    from streamer.esa.client import Encoder
+    from streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
+
+    if model.learner == "checkin":
+        from streamer.esa.checkin_client import CheckinEncoder
+        from streamer.esa.keys import load_public
+
+        if args.shuffler_key is None:
+            raise SystemExit("panpriv encode: the model is for checkin, which needs --shuffler-key (shuffler-<id>.pub)")
+        return CheckinEncoder(public, load_public(args.shuffler_key), model, args.max_local_epsilon)
+    make = SharesEncoder if model.learner in SUM_LEARNERS else Encoder
+    return make(public, model, args.max_local_epsilon)
+
+
 def cmd_encode(args: argparse.Namespace) -> int:
-    from streamer.esa.client import Encoder, MessageSender, RefusedModel
+    from streamer.esa.client import MessageSender, RefusedModel
     from streamer.esa.keys import load_public
     from streamer.esa.model import ModelWatcher
-    from streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
     from streamer.kafka_client import security_options
 
     public = load_public(args.analyzer_key)
@@ -123,8 +142,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
             return _encode_gd(args, public, model, watcher, sender)
         per_round = args.per_round or int(model.calibration["batch_size"])
         for X, y in _chunks(args.source, per_round, per_round):
-            make = SharesEncoder if model.learner in SUM_LEARNERS else Encoder
-            encoder = make(public, model, args.max_local_epsilon)
+            encoder = _encoder(args, public, model)
             sender.send(encoder.encode(X, y))
             sent += len(y)
             rounds += 1
@@ -185,22 +203,39 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--shares", type=positive_int, metavar="M",
                         help="shuffle-acsa, shuffle-sgd, shuffle-gd: each message is one user's M sealed shares; release "
                         "their units (M as `panpriv analyze --learner shuffle-acsa|shuffle-sgd|shuffle-gd` logs it)")
+    checkin = parser.add_argument_group("checkin (random check-ins: per-slot releases; --batch-size is slot_length)")
+    checkin.add_argument("--checkin", action="store_true",
+                         help="each message is a check-in sealed to this shuffler; release per slot (rules from the model)")
+    checkin.add_argument("--shuffler-key", type=Path, help="the shuffler's private key file (panpriv keygen --role shuffler)")
+    checkin.add_argument("--analyzer-key", type=Path, help="the analyzer's public key (.pub): seals the dummy of an empty slot")
+    checkin.add_argument("--model-topic", help="where the analyzer publishes the deployment's public configuration")
+    checkin.add_argument("--name", default="default", help="deployment name on the model topic")
+    checkin.add_argument("--close-after", type=positive_float, metavar="SECONDS",
+                         help="close a wake slot still incomplete this long after the previous release (default: wait)")
     metrics_flags(parser)
     parser.set_defaults(handler=cmd_shuffle)
 
 
 def cmd_shuffle(args: argparse.Namespace) -> int:
-    from streamer.esa import shuffler
+    from streamer.esa import shuffler, slot_shuffler
     from streamer.esa.metrics import ShufflerMetrics
 
-    metrics = ShufflerMetrics(shuffler.DROP_REASONS)
+    if args.checkin and not (args.shuffler_key and args.analyzer_key and args.model_topic):
+        raise SystemExit("panpriv shuffle --checkin needs --shuffler-key, --analyzer-key and --model-topic")
+    metrics = ShufflerMetrics(slot_shuffler.DROP_REASONS if args.checkin else shuffler.DROP_REASONS)
     metrics.set_info("shuffler", args.messages_topic, _version())
     stop_server = serve_metrics(metrics, args)
+    options = shuffler.ShuffleOptions(
+        args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params,
+        args.group, args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead, metrics=metrics,
+        shares=args.shares)
     try:
-        state = shuffler.run(shuffler.ShuffleOptions(
-            args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params,
-            args.group, args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead, metrics=metrics,
-            shares=args.shares))
+        if args.checkin:
+            state: Any = slot_shuffler.run(options, slot_shuffler.CheckinShuffleOptions(
+                args.shuffler_key, args.analyzer_key, args.model_topic, args.name, args.close_after,
+                expect={"slot_length": args.batch_size, "params": args.params}))
+        else:
+            state = shuffler.run(options)
     finally:
         if stop_server is not None:
             stop_server()
@@ -231,10 +266,11 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                       help="every analyzer-*.key in DIR; the newest is current (rotation: keygen DIR, restart)")
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
     parser.add_argument("--name", default="default", help="deployment name on the model topic")
-    parser.add_argument("--learner", choices=("shuffle-gaussian", "shuffle-acsa", "shuffle-sgd", "shuffle-gd"),
+    parser.add_argument("--learner", choices=("shuffle-gaussian", "shuffle-acsa", "shuffle-sgd", "shuffle-gd", "checkin"),
                         default="shuffle-gaussian",
                         help="shuffle-acsa, shuffle-sgd, shuffle-gd: PVEC counts summed by split-and-mix shares (the "
-                        "shuffler needs --shares); shuffle-gd: --batch-size is n, every user answers each of --rounds rounds")
+                        "shuffler needs --shares); shuffle-gd: --batch-size is n, every user answers each of --rounds rounds; "
+                        "checkin: random check-ins, --batch-size is slot_length (the shuffler needs --checkin)")
     parser.add_argument("--rounds", type=positive_int, help="shuffle-gd: T (default: Cheu et al. 2022 Thm 4.9's, capped)")
     parser.add_argument("--horizon", type=positive_int,
                         help="shuffle-acsa: n, the records of the whole protocol; shuffle-sgd: caps a planned batch size")
@@ -284,6 +320,19 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
                              feature_bound=args.feature_bound, **options)
 
         return gd
+    if args.learner == "checkin":
+        from protocols.checkin import RandomCheckinSGD
+
+        if options.get("time", "position") != "position":
+            raise SystemExit("panpriv analyze: checkin in three roles needs position slots (time = 'position'): with "
+                             "timestamps the shuffler cannot know when a wake slot is complete; run it in process")
+        options.setdefault("slot_length", args.batch_size or 1)
+
+        def checkin() -> RandomCheckinSGD:
+            return RandomCheckinSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta,
+                                    feature_bound=args.feature_bound, **options)
+
+        return checkin
 
     if args.learner == "shuffle-sgd":
 
@@ -302,7 +351,7 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from streamer.esa import analyze_service as service
-    from streamer.esa import analyzer, sum_analyzer
+    from streamer.esa import analyzer, checkin_analyzer, sum_analyzer
     from streamer.esa.keys import load_directory, load_private
     from streamer.esa.metrics import AnalyzerMetrics
     from streamer.esa.sum_client import SUM_LEARNERS
@@ -310,7 +359,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     learner = analyzer_learner(args)
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
     metrics = AnalyzerMetrics(sum_analyzer.REJECT_REASONS if args.learner in (*SUM_LEARNERS, "shuffle-gd")
-                              else analyzer.REJECT_REASONS)
+                              else checkin_analyzer.REJECT_REASONS if args.learner == "checkin" else analyzer.REJECT_REASONS)
     metrics.set_info("analyzer", args.name, _version())
     stop_server = serve_metrics(metrics, args)
     budget = service.BudgetOptions(args.messages_topic, args.state_dir, args.budget_kafka, args.max_epsilon)

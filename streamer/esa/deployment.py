@@ -1,5 +1,6 @@
 """The privacy statement of an analyzer deployed as Encode–Shuffle–Analyze: ``shuffle-gaussian``
-(:func:`esa_report`) and ``shuffle-sgd``/``shuffle-acsa`` over secure summation (:func:`sum_report`).
+(:func:`esa_report`), ``shuffle-sgd``/``shuffle-acsa`` over secure summation (:func:`sum_report`)
+and ``checkin`` (:func:`checkin_report`).
 
 The learner's own report (:meth:`protocols.shuffle_gaussian.ShuffleGaussianSGD.privacy`) assumes
 randomizer, shuffler and analyzer in one process. Deployed in three roles (Bittau et al. 2017 §3)
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from accounting.ledger import Guarantee, PrivacyReport
+from protocols.checkin import RandomCheckinSGD
 from protocols.secure_sum import added_delta
 from protocols.shuffle_base import SequentialLearner, max_guarantee
 from protocols.shuffle_gaussian import ShuffleGaussianSGD
@@ -112,4 +114,51 @@ def sum_report(learner: SequentialLearner, users: int, shares: int, bits: int, t
         intrusion=max_guarantee(local, output),
         assumptions=tuple([*roles, *assumptions]),
         references=tuple([*report.references, REFERENCE, SECURE_SUM_REFERENCE]),
+    )
+
+
+def checkin_report(learner: RandomCheckinSGD) -> PrivacyReport:
+    """The ``checkin`` learner's report restated for an ESA deployment (:mod:`streamer.esa.checkin_client`,
+    :mod:`streamer.esa.slot_shuffler`, :mod:`streamer.esa.checkin_analyzer`).
+
+    - **output**: the learner's own guarantee (Balle et al. 2020 Thm 3.2 / the setting of Thm 4.3
+      for single updates with the l2 randomizer, derived in :mod:`accounting.checkin`; else the
+      unamplified (ε₀, δ₀)) — if the shuffler is honest and separate: the analyzer then sees, per
+      slot, what the in-process learner's slot sees (one sealed update, a client's or a dummy, for
+      ``single``; the candidates' updates for ``averaged``), never who chose which slot;
+    - **intrusion** into the analyzer: the output guarantee — its key opens only the inner boxes,
+      which on the messages topic are inside boxes sealed to the shuffler; what it holds is part of
+      the released sequence of slot updates the bound covers (no candidate waits in the analyzer);
+    - **collusion** of shuffler and analyzer, or an intrusion into the shuffler too: the local
+      (ε₀, δ₀) (the shuffler knows each update's wake slot and chosen slot).
+    """
+    report = learner.privacy()
+    local = learner.local_randomizer.local_guarantee()
+    roles = [
+        f"deployment: {DEPLOYMENT} (Encode-Shuffle-Analyze) for random check-ins: each client, at her public wake "
+        "slot, checks in with her own randomness, randomizes her clipped gradient at the latest published model and "
+        "sends one fixed-size message whether or not she checked in: the update sealed to the analyzer inside a box "
+        "sealed to the shuffler with her chosen slot; a separate shuffler opens the outer box only, releases each slot "
+        "once its wake slot is complete, in slot order, exactly once ("
+        + ("the least-key candidate, or a dummy it draws and seals when the slot is empty, so every release is one "
+           "update" if learner.update == "single" else "every candidate, permuted with OS entropy")
+        + "); the analyzer sees the released updates only, with no client identity, wake slot or check-in",
+        f"client: her update is {local}-locally private against anyone, including a shuffler and analyzer that collude",
+        f"shuffler: holds no key that opens an update; it learns which slot each wake-slot client chose; if it colludes "
+        f"with the analyzer only the local guarantee {local} holds",
+        f"analyzer intrusion: its private key opens only the updates the shuffler released (on the messages topic "
+        f"they are inside boxes sealed to the shuffler) and no candidate waits in the analyzer, so one read of its "
+        f"memory or files plus all outputs is bounded by the output guarantee; an intrusion that also reads the "
+        f"shuffler's key or state is bounded by the local guarantee {local} only",
+        "client dropout: a wake slot closes with the clients that arrived by the shuffler's public deadline; the "
+        "output bound holds conditionally on every other client's check-in, so fewer clients do not weaken it",
+    ]
+    assumptions = [a for a in report.assumptions if not a.startswith(("streaming deviation", "pan-privacy: the state holds"))]
+    assumptions.append("staleness as in process: a client computes her update at her wake slot, at the model "
+                       "published after the previous slot, and it waits in the shuffler for its chosen slot")
+    return dataclasses.replace(
+        report,
+        intrusion=report.output,
+        assumptions=tuple([*roles, *assumptions]),
+        references=tuple([*report.references, REFERENCE]),
     )

@@ -45,13 +45,20 @@ class KeyFiles:
     key_id: str
 
 
-def generate(directory: Path) -> KeyFiles:
+ROLES = ("analyzer", "shuffler")
+"""Who holds a key pair: the analyzer (every ESA learner) or the ``checkin`` shuffler, which opens the
+outer layer of a check-in message (:mod:`streamer.esa.checkin_wire`). Files ``<role>-<id>.key``/``.pub``."""
+
+
+def generate(directory: Path, role: str = "analyzer") -> KeyFiles:
     """Write a fresh key pair into ``directory`` (created 0700 if missing); the private file is 0600."""
+    if role not in ROLES:
+        raise ValueError(f"a key pair is for one of {ROLES}, not {role!r}")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     private = PrivateKey.generate()
     ident = key_id(private.public_key).hex()
-    private_path = directory / f"analyzer-{ident}.key"
-    public_path = directory / f"analyzer-{ident}.pub"
+    private_path = directory / f"{role}-{ident}.key"
+    public_path = directory / f"{role}-{ident}.pub"
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_MODE)
     with os.fdopen(fd, "w") as handle:
         handle.write(bytes(private).hex() + "\n")
@@ -84,9 +91,9 @@ def load_private(path: Path) -> PrivateKey:
     return PrivateKey(_hex_key(path, "private key"))
 
 
-def private_files(directory: Path) -> list[Path]:
-    """The private key files in ``directory``, newest first (modification time, then name)."""
-    files = [p for p in directory.glob("analyzer-*.key") if p.is_file()]
+def private_files(directory: Path, role: str = "analyzer") -> list[Path]:
+    """The private key files of ``role`` in ``directory``, newest first (modification time, then name)."""
+    files = [p for p in directory.glob(f"{role}-*.key") if p.is_file()]
     return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
 
 

@@ -202,6 +202,9 @@ class ShuffleOptions:
     max_ahead: int = 1
     metrics: ShufflerMetrics | None = None
     shares: int | None = None
+    make_state: Callable[[int], Any] | None = None
+    """Another state machine with :class:`Shuffler`'s interface, built from the last released round
+    (``checkin``: :class:`streamer.esa.slot_shuffler.SlotShuffler`); ``None``: :class:`Shuffler`."""
 
 
 def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuffler:
@@ -225,8 +228,9 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
         reader.close()
     size = (wire.message_size(options.params) if options.shares is None
             else wire.shares_message_size(options.params, options.shares))
-    state = Shuffler(options.batch_size, size, last, options.drop_short_after_s, max_ahead=options.max_ahead,
-                     shares=options.shares)
+    state = (options.make_state(last) if options.make_state is not None else
+             Shuffler(options.batch_size, size, last, options.drop_short_after_s, max_ahead=options.max_ahead,
+                      shares=options.shares))
     consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
                                      auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
     producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,
@@ -255,6 +259,14 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
         kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})
         return safe
 
+    def release(released: list[tuple[int, list[bytes]]]) -> None:
+        for round_, messages in released:
+            producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
+            state.mark_released(round_)
+            if options.metrics is not None:
+                options.metrics.observe_release(len(messages))
+            log.info("released round %d (%d messages)", round_, len(messages))
+
     idle_since = time.monotonic()
     try:
         while not stopping["now"] and not (stop is not None and stop()):
@@ -263,7 +275,7 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
             polled = consumer.poll(timeout_ms=200)
             next_offset = consumer.position(tp)
             if not polled:
-                state.expire()
+                release(state.expire() or [])  # Shuffler.expire drops; SlotShuffler.expire may close a slot
                 if options.idle_exit_s is not None and time.monotonic() - idle_since > options.idle_exit_s:
                     break
             else:
@@ -271,12 +283,7 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
             for records in polled.values():
                 for record in records:
                     released = state.offer(record.offset, record.value)
-                    for round_, messages in released:
-                        producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
-                        state.mark_released(round_)
-                        if options.metrics is not None:
-                            options.metrics.observe_release(len(messages))
-                        log.info("released round %d (%d messages)", round_, len(messages))
+                    release(released)
                     if released:  # commit after every acknowledged release, not once per poll: a crash
                         committed = commit(state.commit_offset(record.offset + 1), committed)  # re-sends less
             if options.metrics is not None:

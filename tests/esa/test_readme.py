@@ -68,3 +68,21 @@ def test_readme_shuffle_gd_commands_parse_and_agree() -> None:
     analyzer = GDAnalyzer(commands.analyzer_learner(analyze)(), [PrivateKey.generate()], "readme")
     assert (shuffle.batch_size, shuffle.params, shuffle.shares) == (analyzer.users, analyzer.dim, analyzer.shares)
     assert analyzer.rounds == analyze.rounds
+
+
+def test_readme_checkin_commands_parse_and_agree() -> None:
+    """The checkin block: the shuffler's --batch-size and --params are the analyzer's slot_length
+    and parameter count (it refuses to start otherwise), and the example can start."""
+    from nacl.public import PrivateKey
+
+    from streamer.esa.checkin_analyzer import CheckinAnalyzer
+
+    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("#### `checkin` in three roles")}
+    assert set(parsed) == {"keygen", "analyze", "shuffle", "encode"}
+    keygen, analyze, shuffle, encode = parsed["keygen"], parsed["analyze"], parsed["shuffle"], parsed["encode"]
+    assert keygen.role == "shuffler" and analyze.learner == "checkin" and shuffle.checkin
+    assert encode.shuffler_key is not None and shuffle.shuffler_key.name.startswith("shuffler-")
+    calibration = CheckinAnalyzer(commands.analyzer_learner(analyze)(), [PrivateKey.generate()], "readme").model().calibration
+    assert (shuffle.batch_size, shuffle.params) == (calibration["slot_length"], calibration["params"])
+    report = commands.analyzer_learner(analyze)().privacy()
+    assert report.output.epsilon <= analyze.max_epsilon, "the example could not start"
