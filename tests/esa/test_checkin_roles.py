@@ -227,7 +227,11 @@ def test_shuffler_drops_by_reason_and_commits_only_released_work() -> None:
 
 def test_a_restarted_shuffler_releases_the_same_candidates() -> None:
     """Replay from the committed offset with the last released slot read back: the releases that
-    follow are the ones the uninterrupted shuffler makes (same candidates, same batch ids)."""
+    follow are the ones the uninterrupted shuffler makes (same candidates, same batch ids) — for
+    every slot with a candidate. An empty slot's release is a dummy drawn afresh by each shuffler
+    (a sealed box takes no caller-chosen key: docs/privacy.md, "Exactly once"), so for those only
+    the slot is compared; which slots are empty follows from the clients' own check-ins (about 1 %
+    of slots here, so comparing every id made this test fail now and then)."""
     esa = Deployment(update="single", checkin_probability=1.0, slots=4)
     X, y = records(4 * 12, seed=6)
     esa.run(X, y)
@@ -248,8 +252,15 @@ def test_a_restarted_shuffler_releases_the_same_candidates() -> None:
     for offset in range(safe, len(messages)):
         for slot, msgs in again.offer(offset, messages[offset]):
             again.mark_released(slot)
-            replayed.append(wire.parse_batch(wire.encode_batch(slot, msgs)).id)
-    assert replayed == ids[crash_after + 1:]
+            replayed.append((slot, wire.parse_batch(wire.encode_batch(slot, msgs)).id))
+    box = SealedBox(esa.shuffler_key)
+    chosen = {checkin_wire.parse_outer_plaintext(box.decrypt(checkin_wire.parse_header(item, len(item))[2]),
+                                                 esa.rules.params).slot for item in messages}
+    released_slots = list(range(crash_after + 1, crash_after + 1 + len(replayed)))
+    assert [slot for slot, _ in replayed] == released_slots and len(replayed) == len(ids) - crash_after - 1
+    candidates = [(slot, ids[slot]) for slot in released_slots if slot in chosen]
+    assert len(candidates) >= len(released_slots) - 2, "the check must compare most slots"
+    assert [pair for pair in replayed if pair[0] in chosen] == candidates
 
 
 def test_analyzer_rejects_by_reason_and_never_steps_on_a_stale_or_repeated_release() -> None:
