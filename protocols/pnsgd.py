@@ -73,7 +73,7 @@ from protocols import scratch
 from protocols import validation as check
 from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
-from protocols.losses import HuberLoss, LogisticLoss, Loss, SquaredLoss
+from protocols.losses import Loss
 from protocols.pan_acsa import SENSITIVITY_SLACK
 from protocols.randomness import NOISE_BLOCK_ROWS, RngLike
 from protocols.recorded import Fetch, RecordedLearner
@@ -122,33 +122,6 @@ _SWAMP_SEARCH_LIMIT = 10**12
 def _rounded_up(delta: float) -> float:
     """δ with :data:`DELTA_ROUNDING` added, capped at 1."""
     return min(1.0, delta * (1.0 + DELTA_ROUNDING))
-
-
-def _scalar_dphi(loss: Loss) -> Callable[[float, float], float] | None:
-    """φ′(s, y) on Python floats for the smooth losses PNSGD accepts (the array ``_dphi`` of
-    :mod:`protocols.losses`, within a few ulps: logistic −y·σ(−ys) through a stable σ, squared s − y,
-    Huber s − y clipped to [−h, h]); ``None`` for any other loss, which keeps the array form.
-    The per-record step calls it once: a numpy call on a one-element array costs microseconds."""
-    if type(loss) is LogisticLoss:
-        return _logistic_dphi
-    if type(loss) is SquaredLoss:
-        return _squared_dphi
-    if type(loss) is HuberLoss:
-        bound = loss.delta
-        return lambda s, y: min(max(s - y, -bound), bound)
-    return None
-
-
-def _logistic_dphi(s: float, y: float) -> float:
-    t = -(y * s)
-    if t >= 0.0:
-        return -(y * (1.0 / (1.0 + math.exp(-t))))
-    e = math.exp(t)
-    return -(y * (e / (1.0 + e)))
-
-
-def _squared_dphi(s: float, y: float) -> float:
-    return s - y
 
 
 class _PNSGD(Learner):
@@ -334,11 +307,11 @@ class _PNSGD(Learner):
         norm without forming or re-measuring the gradient (the same clip as
         :func:`protocols.scratch.clipped_gradients` up to rounding, which the sensitivity slack of
         :attr:`iteration_model` covers). φ′ is computed on Python floats for the smooth losses
-        (:func:`_scalar_dphi`; the array form's value to within a few ulps). The new iterate is built in
+        (:func:`protocols.scratch.scalar_dphi`; the array form's value to within a few ulps). The new iterate is built in
         ``spare`` with ``out=`` operations: −ηφ′z, + (1 − ηλ)w, − ηZ_t; the used noise row is zeroed
         at once; the projection is :meth:`protocols.geometry.L2Ball.project`'s."""
         w = self._theta
-        dphi = _scalar_dphi(self.loss)
+        dphi = scratch.scalar_dphi(self.loss)
         eta, lipschitz, radius = self.eta, self._lipschitz, self.radius
         keep = 1.0 - eta * self.loss.ridge  # (1 − ηλ): the ridge gradient's share of the step
         ridge_term = self._scratch.take("update", Z.shape[1]) if keep != 1.0 else None

@@ -31,8 +31,9 @@ from protocols import checks
 from protocols.errors import InvalidInputError
 from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss, clip_rows
 from protocols.pan_acsa import SENSITIVITY_SLACK
-from protocols.pnsgd import DELTA_ROUNDING, OnlinePNSGD, ShuffledPNSGD, _scalar_dphi
+from protocols.pnsgd import DELTA_ROUNDING, OnlinePNSGD, ShuffledPNSGD
 from protocols.randomness import SEEDED_WARNING
+from protocols.scratch import scalar_dphi
 
 EPSILON = 1.0
 R_APP_G = 1 / math.sqrt(2)
@@ -622,14 +623,14 @@ def test_each_step_is_the_clipped_gradient_step_of_the_paper(loss):
     np.testing.assert_allclose(learner.release(), w, rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.parametrize("loss", [LogisticLoss(), SquaredLoss(label_bound=2.0), HuberLoss(delta=0.7)])
+@pytest.mark.parametrize("loss", [LogisticLoss(), SquaredLoss(label_bound=2.0), HuberLoss(delta=0.7), HingeLoss()])
 def test_scalar_slopes_are_the_array_slopes(loss):
-    """The per-step φ′ on Python floats (pnsgd._scalar_dphi) is the loss's array ``_dphi`` to within
+    """The per-step φ′ on Python floats (protocols.scratch.scalar_dphi, used by pnsgd and checkin) is the loss's array ``_dphi`` to within
     a few ulps (4), over margins from 1e-3 to 1e3 in size, both signs, and both labels."""
     rng = np.random.default_rng(5)
     s = np.concatenate([rng.normal(size=5000) * 10.0 ** rng.integers(-3, 4, size=5000), [0.0, 700.0, -700.0]])
     y = loss.labels(np.where(rng.random(s.size) < 0.5, 1.0, -1.0) * (1.0 if loss.binary_labels else 1.5))
-    scalar = _scalar_dphi(loss)
+    scalar = scalar_dphi(loss)
     assert scalar is not None
     mine = np.array([scalar(a, b) for a, b in zip(s.tolist(), y.tolist())])
     np.testing.assert_array_less(np.abs(mine - loss._dphi(s, y)), 4 * np.spacing(np.abs(loss._dphi(s, y))) + 1e-300)
