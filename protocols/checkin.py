@@ -297,11 +297,14 @@ class RandomCheckinSGD(MessageSGDLearner):
         self._keep_probability = self._local.keep_probability if isinstance(self._local, L2BallRandomizer) else 0.0
         self._pending: dict[int, list[int]] = {}  # slot index -> clients of the sub-block in flight
         self._sub_block: tuple[Array, Array, Array] = (np.zeros((0, self._params)), np.zeros(0), np.zeros(0))
-        self._theta_work, self._average_work = self._sgd.theta, self._sgd.average
+        self._iterates = np.zeros((2, self._params))  # θ and the average, stacked (learn_many's working copy)
+        self._theta_work, self._average_work = self._iterates
+        self._step_delta = np.zeros((2, self._params))
         self._weight_work, self._moment_work = self._sgd.weight, self._sgd.moment
-        self._step_work, self._ridge_work = np.zeros(self._params), np.zeros(self._params)
+        self._ridge_work = np.zeros(self._params)
         self._dummies, self._dummies_used = np.zeros((0, self._params)), 0
         self._unit_bound = bound_sq(self._clip, self._noise_moment, 1.0, self.loss.ridge * self.radius)
+        self._diameter, self._radius = self._ball.diameter, self._ball.radius
 
     def _make_randomizer(self) -> LocalRandomizer:
         """The local randomizer, calibrated to the target (module docstring)."""
@@ -375,8 +378,8 @@ class RandomCheckinSGD(MessageSGDLearner):
         """
         X, y = check_batch(_OWNER, X, y, self.dim)
         wake = self._wake_slots(X.shape[0], timestamps)
-        self._theta_work = self._sgd.theta.copy()
-        self._average_work = self._sgd.average.copy()
+        self._iterates = np.stack([self._sgd.theta, self._sgd.average])
+        self._theta_work, self._average_work = self._iterates
         self._weight_work, self._moment_work = self._sgd.weight, self._sgd.moment
         try:
             for start in range(0, X.shape[0], scratch.BLOCK_ROWS):
@@ -393,6 +396,8 @@ class RandomCheckinSGD(MessageSGDLearner):
                                               wake[start + first : start + first + NOISE_BLOCK_ROWS].tolist(), generator)
         finally:
             self._sgd = AveragedSGD(self._theta_work, self._average_work, self._weight_work, self._moment_work)
+            self._step_delta.fill(0.0)
+            self._ridge_work.fill(0.0)
             self._scratch.wipe()
 
     def _wake_slots(self, count: int, timestamps: Array | None) -> NDArray[np.int64]:
@@ -440,33 +445,33 @@ class RandomCheckinSGD(MessageSGDLearner):
             np.einsum("ij,ij->i", directions, Z, out=lengths)  # ⟨u, z⟩: ⟨u, g⟩ = φ′_C·⟨u, z⟩
         slopes = self._scratch.take("clipped_slopes", k)
         self._sub_block = (Z, norms, slopes)
-        self._step_work = self._scratch.take("step", self._params)
         self._ridge_work = self._scratch.take("ridge_step", self._params)
         self._dummies = self._scratch.take("dummies", k if self.update == "single" else 0, self._params)
         self._dummies_used = self._dummies.shape[0]  # drawn when the sub-block's first empty slot closes
         join_list, offset_list = joins.tolist(), offsets.tolist()
         norm_list, label_list = norms.tolist(), labels.tolist()
-        theta, dphi, clip = self._theta_work, self._dphi, self._clip
+        theta, dphi, clip, marks, pending = self._theta_work, self._dphi, self._clip, self._marks, self._pending
         margin = self._scratch.take("margin", 1)
+        fixed, slots, buffer = self.window == "fixed", self.slots, self._buffer
         for i in range(k):
             slot = wake[i]
             if self._clock < 0:
-                self._clock = int(window_start(slot, self.slots, self.window))
+                self._clock = int(window_start(slot, slots, self.window))
             if slot > self._clock:
                 self._close_until(slot, generator)
             self._records += 1
             self._latest = slot
             if not join_list[i]:
                 continue
-            index = (int(window_start(slot, self.slots, self.window)) + offset_list[i]) % self._buffer
+            index = (((slot // slots + 1) * slots if fixed else slot) + offset_list[i]) % buffer  # window_start + offset
             if keys is not None:
-                if not keys[i] < self._marks[index]:
+                if not keys[i] < marks[index]:
                     continue
-                self._marks[index] = keys[i]
-                self._pending[index] = [i]
+                marks[index] = keys[i]
+                pending[index] = [i]
             else:
-                self._pending.setdefault(index, []).append(i)
-                self._marks[index] += 1.0
+                pending.setdefault(index, []).append(i)
+                marks[index] += 1.0
             if dphi is None:
                 margin[0] = Z[i] @ theta
                 slope = float(self.loss._dphi(margin, labels[i : i + 1])[0])
@@ -569,6 +574,9 @@ class RandomCheckinSGD(MessageSGDLearner):
                     self._draw_dummies(generator)
                 self._update(self._dummies[self._dummies_used], 1.0)
                 self._dummies_used += 1
+            self._messages[i] = 0.0
+            self._marks[i] = NO_CANDIDATE
+            return
         elif self._marks[i] > 0.0:
             self._messages[i] /= self._marks[i]
             self._update(self._messages[i], self._marks[i])
@@ -579,7 +587,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         """:meth:`protocols.sgd.MessageSGDLearner._step` (one :meth:`protocols.sgd.AveragedSGD.step`
         on the mean message plus the ridge gradient), bit for bit, in place on the working θ and
         average (``out=`` operations in the same order; no array allocated per step)."""
-        theta, average, work = self._theta_work, self._average_work, self._step_work
+        theta, average, delta = self._theta_work, self._average_work, self._step_delta
         bound = self._unit_bound if count == 1.0 else bound_sq(self._clip, self._noise_moment, count, self.loss.ridge * self.radius)
         gradient = mean_message
         if self.loss.ridge:
@@ -587,16 +595,16 @@ class RandomCheckinSGD(MessageSGDLearner):
             np.multiply(theta, self.loss.ridge, out=gradient)
             np.add(mean_message, gradient, out=gradient)
         self._moment_work += bound
-        eta = self._ball.diameter / math.sqrt(self._moment_work)
+        eta = self._diameter / math.sqrt(self._moment_work)
         self._weight_work += 1.0
-        np.subtract(theta, average, out=work)
-        work /= self._weight_work
-        average += work
-        np.multiply(gradient, eta, out=work)
-        theta -= work
+        # One addition moves both rows: θ + (−η)·g (= θ − η·g exactly) and average + (θ − average)/T.
+        np.multiply(gradient, -eta, out=delta[0])
+        np.subtract(theta, average, out=delta[1])
+        np.divide(delta[1], self._weight_work, out=delta[1])
+        self._iterates += delta
         norm = math.sqrt(float(theta.dot(theta)))
-        if norm > self._ball.radius:
-            theta *= self._ball.radius / norm
+        if norm > self._radius:
+            theta *= self._radius / norm
 
     # -- outputs -------------------------------------------------------------------------------
 

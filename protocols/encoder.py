@@ -158,6 +158,8 @@ class VectorSum:
         self.count_dtype = count_dtype(self.g + self.b)
         self._sampler = BinomialSampler(self.b, self.p, self.count_dtype)
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // self.d)
+        self._pool_work = np.zeros((0, self.d))  # pooled path's work rows (encodings, uniforms), zeroed after each call
+        self._pool_sums = np.zeros((2, self.d))  # its rounded sum and partial sums, zeroed after each call
 
     def __repr__(self) -> str:
         return (
@@ -242,6 +244,9 @@ class VectorSum:
         Either way ``totals`` changes only when every row was accepted.
         """
         X = self._checked(X, "add_messages", exact_rows=False)
+        if pooled_noise and isinstance(rng, np.random.Generator):  # the learners' rounds: no wrapper per call
+            self._add_pooled(X, totals, rng, "add_messages")
+            return
         with NoiseSource(rng).draw() as generator:
             if pooled_noise:
                 self._add_pooled(X, totals, generator, "add_messages")
@@ -387,12 +392,13 @@ class VectorSum:
         path of :meth:`add_messages` and :meth:`estimate_sum`. Draws, in order: the rounding
         uniforms block by block, then the d binomials. The rounded sum (the users' encodings to
         within Δ/g, clean of binomial noise), the work buffers and the noise are zeroed here; the
-        sums go through preallocated buffers (``out=``), so no temporary holds them."""
+        sums go through preallocated buffers (``out=``, kept by the instance and zeroed after every
+        call), so no temporary holds them."""
         rows = min(self._chunk_rows, X.shape[0])
-        work = np.zeros((rows, self.d))
-        uniforms = np.zeros_like(work)
-        rounded = np.zeros(self.d)
-        partial = np.zeros(self.d)
+        if self._pool_work.shape[0] < 2 * rows:
+            self._pool_work = np.zeros((2 * rows, self.d))  # zero between calls
+        work, uniforms = self._pool_work[:rows], self._pool_work[rows : 2 * rows]
+        rounded, partial = self._pool_sums
         noise = np.zeros(0, dtype=np.int64)
         try:
             for chunk in self._chunks(X, method):
