@@ -635,7 +635,9 @@ class RandomCheckinSGD(MessageSGDLearner):
             + (" (accounting.checkin, derivation in per_slot_epsilons)" if self._output.status == "derived" else
                " - each record passes at most once through the local randomizer"),
             f"pan-privacy: the state holds pending slots' local-randomizer messages; one intrusion plus "
-            f"all outputs is bounded by the local guarantee {local}",
+            f"all outputs is bounded by the local guarantee {local} (the randomness of each sub-block of at most "
+            "128 clients comes from one generator keyed from OS entropy at its start and zeroed after it; a read "
+            "inside a micro-batch finds the clients in flight and their randomness, and gives them no guarantee)",
         ]
         references = ["Balle et al. 2020, Def. 3.1", "Balle et al. 2020, Alg. 2" if self.update == "averaged" else "Balle et al. 2020, Alg. 1"]
         references.append(self._output.theorem.split(" (")[0].replace("Balle et al. 2020 ", "Balle et al. 2020, "))

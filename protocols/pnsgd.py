@@ -383,7 +383,9 @@ class _PNSGD(Learner):
             "only snapshots leave the learner (predictions use the last snapshot); each is the "
             "current iterate, and the iterates between snapshots stay hidden",
             "the intruder reads the internal state (the iterate) at most once, between two record "
-            "updates; every noise draw comes from a generator keyed from OS entropy and zeroed after the draw",
+            "updates; the noise of each sub-block of at most 128 steps comes from one generator keyed from OS "
+            "entropy at its start and zeroed after its draw (a read inside a micro-batch finds the records in "
+            "flight and their noise, and gives them no guarantee; every other record keeps this one)",
         ]
 
     # -- persistence ---------------------------------------------------------------------------
