@@ -372,9 +372,9 @@ class RandomCheckinSGD(MessageSGDLearner):
         (p₀), her offset in her window, her key (single updates), and her randomizer's randomness
         — ℓ2: the two uniforms and the Gaussian direction (normalised) of
         :meth:`protocols.randomizers.L2BallRandomizer.privatize`; Gaussian: the noise N(0, (σC)² I)
-        — used or not; the dummies of the slots closed during the sub-block are drawn from it when
-        they close. All of it lives in scratch and is zeroed with it; the generator's state is
-        zeroed at the sub-block's end.
+        — used or not; the dummies R(0) of the empty slots closed during the sub-block are drawn
+        from it as many as it has clients at a time, when the first is needed. All of it lives in
+        scratch and is zeroed with it; the generator's state is zeroed at the sub-block's end.
         """
         X, y = check_batch(_OWNER, X, y, self.dim)
         wake = self._wake_slots(X.shape[0], timestamps)
@@ -565,7 +565,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         """One slot's update, in place on the working iterates (:meth:`_update`)."""
         i = slot % self._buffer
         if i in self._pending:
-            self._send([i])  # a message of the sub-block in flight, not formed yet
+            self._send(list(self._pending))  # messages of the sub-block in flight not formed yet: all at once
         if self.update == "single":
             if self._marks[i] < NO_CANDIDATE:
                 self._update(self._messages[i], 1.0)
