@@ -395,6 +395,8 @@ class RandomCheckinSGD(MessageSGDLearner):
                         self._learn_sub_block(Z[rows], norms[rows], labels[rows],
                                               wake[start + first : start + first + NOISE_BLOCK_ROWS].tolist(), generator)
         finally:
+            if self._pending:  # only after an exception inside a sub-block: its holders' messages, formed
+                self._send(list(self._pending))
             self._sgd = AveragedSGD(self._theta_work, self._average_work, self._weight_work, self._moment_work)
             self._step_delta.fill(0.0)
             self._ridge_work.fill(0.0)
