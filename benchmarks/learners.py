@@ -10,11 +10,16 @@ calibrations, cached after the first build) is not timed. The rates (process CPU
 :mod:`benchmarks.glm_fast_path` (a numpy mini-batch step with per-record clipping and one
 Gaussian draw per micro-batch) and scikit-learn's ``SGDClassifier.partial_fit`` (non-private).
 
-Why some learners sit far below the floor, by construction: pnsgd takes one noisy step per record
-and checkin one randomizer call per participating record, each drawing its noise from a generator
-keyed from OS entropy and zeroed afterwards (protocols.randomness) — a few microseconds of fixed
-cost per record that no vectorisation may remove, since drawing several steps' noise in advance
-would leave future noise in memory for an intruder (the pan-private threat model).
+River's ``LogisticRegression`` (not private) is timed in the same rounds: ``learn_one`` on dict
+rows and ``learn_many`` on DataFrame micro-batches of 1,024, the rows converted before timing.
+``--learners`` restricts the panpriv learners timed (default: every streaming learner).
+
+Why pnsgd and checkin sit far below the floor, by construction: each takes one step per record (a
+projected noisy step; a slot's update and one randomized message) and the next record's gradient
+is taken at the model that step produced, so the loop over records is sequential Python. Their
+noise (and checkin's check-in draws) comes from one generator keyed from OS entropy per
+sub-block of at most 128 in-flight records (protocols.randomness, "Noise of the records in
+flight"), not per record.
 """
 
 from __future__ import annotations
@@ -54,18 +59,54 @@ def _learner_run(name: str, X: np.ndarray, y: np.ndarray) -> Callable[[], float]
     return run
 
 
+def _river_runs(X: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], float]]:
+    """River's LogisticRegression ``learn_one`` (dict rows) and ``learn_many`` (DataFrames of
+    MICRO_BATCH rows): runs returning CPU seconds, the conversions made before timing."""
+    try:
+        import pandas as pd
+        from river import linear_model
+    except ImportError:  # River is a benchmark extra
+        return {}
+    rows = [dict(enumerate(row)) for row in X.tolist()]
+    labels = [bool(label > 0) for label in y.tolist()]
+    frames = [(pd.DataFrame(X[i : i + MICRO_BATCH]), pd.Series(y[i : i + MICRO_BATCH] > 0))
+              for i in range(0, X.shape[0], MICRO_BATCH)]
+
+    def learn_one() -> float:
+        model = linear_model.LogisticRegression()
+        start = time.process_time()
+        for row, label in zip(rows, labels):
+            model.learn_one(row, label)
+        return time.process_time() - start
+
+    def learn_many() -> float:
+        model = linear_model.LogisticRegression()
+        start = time.process_time()
+        for frame, target in frames:
+            model.learn_many(frame, target)
+        return time.process_time() - start
+
+    return {"river learn_one": learn_one, "river learn_many": learn_many}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[20, 100])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--learners", nargs="+", default=None, help="panpriv learners to time (default: all streaming)")
+    parser.add_argument("--no-river", action="store_true", help="skip River's rows")
     args = parser.parse_args()
     print(f"learn_many rates (CPU time, best of {args.rounds}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)")
     for d in args.dims:
         X, y = _stream(args.records, d, seed=d)
         floors = {k: v for k, v in _cases(X, y).items() if k in ("floor: clip+noise", "sklearn partial_fit")}
         streaming = [name for name in learner_names() if not issubclass(learner_class(name), RecordedLearner)]
+        if args.learners is not None:
+            streaming = [name for name in streaming if name in args.learners]
         learners = {name: _learner_run(name, X, y) for name in streaming}
+        if not args.no_river:
+            learners.update(_river_runs(X, y))
         best = dict.fromkeys([*floors, *learners], float("inf"))
         for _ in range(args.rounds):
             for name, floor_run in floors.items():
@@ -79,7 +120,7 @@ def main() -> None:
         for name, seconds in best.items():
             rate = args.records / seconds
             print(f"  {name:22s} {rate / 1e6:9.4f} M rec/s   {rate / floor:7.3f} x clip+noise floor")
-        skipped = sorted(set(learner_names()) - set(streaming))
+        skipped = sorted(name for name in learner_names() if issubclass(learner_class(name), RecordedLearner))
         print(f"  (not timed: {', '.join(skipped)} read a recording by index, passes over it: benchmarks.utility_shuffle_gd)")
 
 

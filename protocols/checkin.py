@@ -62,6 +62,7 @@ Duchi, Jordan & Wainwright (2018) (the ℓ2 randomizer).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -77,8 +78,8 @@ from protocols.calibration import smallest_feasible
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
-from protocols.randomness import NoiseSource, RngLike
-from protocols.sgd import AveragedSGD, MessageSGDLearner
+from protocols.randomness import NOISE_BLOCK_ROWS, NoiseSource, RngLike
+from protocols.sgd import AveragedSGD, MessageSGDLearner, bound_sq
 from protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
@@ -290,6 +291,20 @@ class RandomCheckinSGD(MessageSGDLearner):
         self._clock = -1  # first slot not yet closed (−1: not started)
         self._messages = np.zeros((self._buffer, self._params))  # per pending slot (index slot mod buffer)
         self._marks = np.full(self._buffer, NO_CANDIDATE if self.update == "single" else 0.0)
+        # The per-record loop's constants and working state (learn_many).
+        self._dphi = scratch.scalar_dphi(self.loss)
+        self._l2_norm = self._local.scale(self._params) if isinstance(self._local, L2BallRandomizer) else 0.0
+        self._keep_probability = self._local.keep_probability if isinstance(self._local, L2BallRandomizer) else 0.0
+        self._pending: dict[int, list[int]] = {}  # slot index -> clients of the sub-block in flight
+        self._sub_block: tuple[Array, Array, Array] = (np.zeros((0, self._params)), np.zeros(0), np.zeros(0))
+        self._iterates = np.zeros((2, self._params))  # θ and the average, stacked (learn_many's working copy)
+        self._theta_work, self._average_work = self._iterates
+        self._step_delta = np.zeros((2, self._params))
+        self._weight_work, self._moment_work = self._sgd.weight, self._sgd.moment
+        self._ridge_work = np.zeros(self._params)
+        self._dummies, self._dummies_used = np.zeros((0, self._params)), 0
+        self._unit_bound = bound_sq(self._clip, self._noise_moment, 1.0, self.loss.ridge * self.radius)
+        self._diameter, self._radius = self._ball.diameter, self._ball.radius
 
     def _make_randomizer(self) -> LocalRandomizer:
         """The local randomizer, calibrated to the target (module docstring)."""
@@ -344,30 +359,47 @@ class RandomCheckinSGD(MessageSGDLearner):
 
         ``timestamps`` (shape (m,)) are required with ``time="timestamp"`` and refused otherwise;
         wake slots must not decrease along the stream. Features and labels are computed for a
-        block of whole wake groups at a time (:func:`protocols.scratch.features`, row by row the
-        same values as for the checked-in rows alone; labels are therefore checked for the whole
-        block), not once per arriving client: the per-client loop then only draws, picks rows
-        and steps.
+        block of records at a time (:func:`protocols.scratch.features`; labels are therefore
+        checked for the whole block), and the clients are then taken one at a time: each new wake
+        slot closes the slots before it (:meth:`_close_until`), then the client checks in and, if
+        she may be used, takes her gradient at the current model (:meth:`_learn_sub_block`) and
+        sends her message (:meth:`_send`).
+
+        Randomness. One generator keyed from OS entropy per sub-block of at most
+        :data:`protocols.randomness.NOISE_BLOCK_ROWS` clients, who are in flight (why that costs no
+        record outside the sub-block its guarantee: :mod:`protocols.randomness`). At the
+        sub-block's start it draws, for all its clients, in this order: whether each checks in
+        (p₀), her offset in her window, her key (single updates), and her randomizer's randomness
+        — ℓ2: the two uniforms and the Gaussian direction (normalised) of
+        :meth:`protocols.randomizers.L2BallRandomizer.privatize`; Gaussian: the noise N(0, (σC)² I)
+        — used or not; the dummies R(0) of the empty slots closed during the sub-block are drawn
+        from it as many as it has clients at a time, when the first is needed. All of it lives in
+        scratch and is zeroed with it; the generator's state is zeroed at the sub-block's end.
         """
         X, y = check_batch(_OWNER, X, y, self.dim)
         wake = self._wake_slots(X.shape[0], timestamps)
-        starts = np.flatnonzero(np.diff(wake, prepend=-1)).tolist()
-        block_start = block_stop = 0
-        Z = labels = X  # replaced by the first block's features and labels before any use
+        self._iterates = np.stack([self._sgd.theta, self._sgd.average])
+        self._theta_work, self._average_work = self._iterates
+        self._weight_work, self._moment_work = self._sgd.weight, self._sgd.moment
         try:
-            for begin, end in zip(starts, starts[1:] + [wake.size], strict=True):
-                if end > block_stop:
-                    block_start, block_stop = begin, max(end, min(begin + scratch.BLOCK_ROWS, wake.size))
-                    Z = scratch.features(self.loss, X[block_start:block_stop], self.feature_bound, self._scratch)
-                    labels = scratch.labels(self.loss, y[block_start:block_stop], self._scratch)
-                slot = int(wake[begin])
-                if self._clock < 0:
-                    self._clock = int(window_start(slot, self.slots, self.window))
-                self._close_until(slot)
-                self._arrive(slot, Z[begin - block_start : end - block_start], labels[begin - block_start : end - block_start])
-                self._records += end - begin
-                self._latest = slot
+            for start in range(0, X.shape[0], scratch.BLOCK_ROWS):
+                block = slice(start, start + scratch.BLOCK_ROWS)
+                Z = scratch.features(self.loss, X[block], self.feature_bound, self._scratch)
+                labels = scratch.labels(self.loss, y[block], self._scratch)
+                norms = self._scratch.take("feature_norms", Z.shape[0])
+                np.einsum("ij,ij->i", Z, Z, out=norms)
+                np.sqrt(norms, out=norms)
+                for first in range(0, Z.shape[0], NOISE_BLOCK_ROWS):
+                    rows = slice(first, first + NOISE_BLOCK_ROWS)
+                    with self._noise.draw() as generator:
+                        self._learn_sub_block(Z[rows], norms[rows], labels[rows],
+                                              wake[start + first : start + first + NOISE_BLOCK_ROWS].tolist(), generator)
         finally:
+            if self._pending:  # only after an exception inside a sub-block: its holders' messages, formed
+                self._send(list(self._pending))
+            self._sgd = AveragedSGD(self._theta_work, self._average_work, self._weight_work, self._moment_work)
+            self._step_delta.fill(0.0)
+            self._ridge_work.fill(0.0)
             self._scratch.wipe()
 
     def _wake_slots(self, count: int, timestamps: Array | None) -> NDArray[np.int64]:
@@ -387,88 +419,169 @@ class RandomCheckinSGD(MessageSGDLearner):
             raise InvalidInputError(f"{_OWNER}: timestamps go back in time (wake slots must not decrease)")
         return wake
 
-    def _arrive(self, slot: int, Z: Array, labels: Array) -> None:
-        """Clients waking at ``slot`` (their features ``Z`` and labels, in scratch): check in, and
-        those who may be used send their message. Their picked rows and clipped gradients live
-        in scratch too (wiped by :meth:`learn_many`); Gaussian noise is drawn into the gradients
-        in place, the ℓ2-ball randomizer wipes its own work arrays."""
-        with self._noise.draw() as generator:
-            joins, offsets = _check_in_draws(Z.shape[0], self.slots, self.checkin_probability, generator)
-            rows = joins.nonzero()[0]
-            if rows.size == 0:
-                return
-            index = (window_start(slot, self.slots, self.window) + offsets[rows]) % self._buffer
-            if self.update == "single":
-                rows, index = self._winners(rows, index, generator)
-        if rows.size == 0:
-            return
-        picked = scratch.rows(Z, rows, self._scratch, "picked_features")
-        picked_labels = scratch.rows(labels, rows, self._scratch, "picked_labels")
-        gradients = scratch.clipped_gradients(self.loss, self._sgd.theta, picked, picked_labels, self._clip, self._scratch)
+    def _learn_sub_block(self, Z: Array, norms: Array, labels: Array, wake: list[int], generator: np.random.Generator) -> None:
+        """The clients of one sub-block (features ``Z``, their norms, labels, wake slots), in order;
+        their randomness drawn up front (see :meth:`learn_many`).
+
+        A client who may be used records only her clipped slope φ′_C (a scalar of the same kind as
+        the loss's φ′) and which slot she holds; her message is formed from it and her randomness
+        in numpy, all at once at the sub-block's end (:meth:`_send`), or earlier if her slot
+        closes first — so no per-client randomizer value ever passes through a Python scalar."""
+        k = Z.shape[0]
+        joins, offsets = _check_in_draws(k, self.slots, self.checkin_probability, generator)
+        keys = generator.random((k,)).tolist() if self.update == "single" else None
         if isinstance(self._local, GaussianRandomizer):
-            self._noise.add_gaussian(gradients, self._local.noise_std)
-            messages = gradients
+            noise = self._scratch.take("randomizer_noise", k, self._params)
+            generator.standard_normal(out=noise)
+            noise *= self._local.noise_std
         else:
-            with self._noise.draw() as generator:
-                messages = self._local.privatize(gradients, generator)
+            uniforms = self._scratch.take("randomizer_uniforms", k, 2)
+            generator.random(out=uniforms)
+            directions = self._scratch.take("randomizer_noise", k, self._params)
+            generator.standard_normal(out=directions)
+            lengths = self._scratch.take("direction_norms", k)
+            np.einsum("ij,ij->i", directions, directions, out=lengths)
+            np.sqrt(lengths, out=lengths)
+            np.maximum(lengths, np.finfo(np.float64).tiny, out=lengths)
+            directions /= lengths[:, None]  # unit directions u, normalised as _unit_rows does
+            np.einsum("ij,ij->i", directions, Z, out=lengths)  # ⟨u, z⟩: ⟨u, g⟩ = φ′_C·⟨u, z⟩
+        slopes = self._scratch.take("clipped_slopes", k)
+        self._sub_block = (Z, norms, slopes)
+        self._ridge_work = self._scratch.take("ridge_step", self._params)
+        self._dummies = self._scratch.take("dummies", k if self.update == "single" else 0, self._params)
+        self._dummies_used = self._dummies.shape[0]  # drawn when the sub-block's first empty slot closes
+        join_list, offset_list = joins.tolist(), offsets.tolist()
+        norm_list, label_list = norms.tolist(), labels.tolist()
+        theta, dphi, clip, marks, pending = self._theta_work, self._dphi, self._clip, self._marks, self._pending
+        margin = self._scratch.take("margin", 1)
+        fixed, slots, buffer = self.window == "fixed", self.slots, self._buffer
+        for i in range(k):
+            slot = wake[i]
+            if self._clock < 0:
+                self._clock = int(window_start(slot, slots, self.window))
+            if slot > self._clock:
+                self._close_until(slot, generator)
+            self._records += 1
+            self._latest = slot
+            if not join_list[i]:
+                continue
+            index = (((slot // slots + 1) * slots if fixed else slot) + offset_list[i]) % buffer  # window_start + offset
+            if keys is not None:
+                if not keys[i] < marks[index]:
+                    continue
+                marks[index] = keys[i]
+                pending[index] = [i]
+            else:
+                pending.setdefault(index, []).append(i)
+                marks[index] += 1.0
+            if dphi is None:
+                margin[0] = Z[i] @ theta
+                slope = float(self.loss._dphi(margin, labels[i : i + 1])[0])
+            else:
+                slope = dphi(float(Z[i].dot(theta)), label_list[i])
+            slopes[i] = slope * (clip / max(abs(slope) * norm_list[i], clip))
+        self._send(list(self._pending))
+        joins.fill(False)
+        offsets.fill(0)
+
+    def _draw_dummies(self, generator: np.random.Generator) -> None:
+        """Draw the dummies R(0) for up to the sub-block's size of empty single-update slots
+        (:meth:`protocols.randomizers.LocalRandomizer.dummy`, vectorised) into scratch."""
+        drawn = self._local.dummy(self._dummies.shape[0], self._params, generator)
+        np.copyto(self._dummies, drawn)
+        drawn.fill(0.0)
+        self._dummies_used = 0
+
+    def _send(self, indices: list[int]) -> None:
+        """Form the messages of the pending clients of slots ``indices`` (from this sub-block) and
+        put them in their slots (single: the slot's message; averaged: added to its sum).
+
+        Each client's gradient is φ′_C·z, φ′_C her slope clipped as
+        :func:`protocols.scratch.clipped_gradients` clips the gradient (min(1, C/(|φ′|‖z‖)); equal
+        up to rounding). ℓ2 randomizer: ±B·u for her unit direction u, with
+        :meth:`protocols.randomizers.L2BallRandomizer.privatize`'s sign from ‖g‖ = |φ′_C|‖z‖,
+        ⟨u, g⟩ = φ′_C⟨u, z⟩ and her two uniforms, operation for operation. Gaussian randomizer:
+        φ′_C·z plus her noise row. Every work array (clean gradients, norms, sides, signs) lives in
+        scratch or is zeroed before returning."""
+        pairs = [(i, index) for index in indices for i in self._pending.pop(index)]
+        if not pairs:
+            return
+        Z, norms, slopes = self._sub_block
+        rows = np.fromiter((i for i, _ in pairs), dtype=np.intp, count=len(pairs))
+        targets = np.fromiter((index for _, index in pairs), dtype=np.intp, count=len(pairs))
+        chosen = scratch.rows(slopes, rows, self._scratch, "send_slopes")
+        messages = self._scratch.take("send_messages", rows.size, self._params)
+        if isinstance(self._local, GaussianRandomizer):
+            scratch.rows(Z, rows, self._scratch, "send_messages")
+            messages *= chosen[:, None]
+            messages += scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows,
+                                     self._scratch, "send_noise")
+        else:
+            size = scratch.rows(norms, rows, self._scratch, "send_norms")  # ‖g‖ = |φ′_C|·‖z‖
+            work = self._scratch.take("send_work", rows.size)
+            size *= np.abs(chosen, out=work)
+            uniforms = self._scratch.take("randomizer_uniforms", Z.shape[0], 2)
+            sides = scratch.rows(uniforms, rows, self._scratch, "send_uniforms")
+            along = scratch.rows(self._scratch.take("direction_norms", Z.shape[0]), rows, self._scratch, "send_along")
+            along *= chosen  # ⟨u, g⟩
+            flags = np.zeros((5, rows.size), dtype=bool)
+            toward, away, same_side, hemisphere, keep = flags
+            try:
+                np.minimum(size, self._clip, out=work)
+                work /= 2.0 * self._clip
+                work += 0.5
+                np.less(sides[:, 0], work, out=toward)
+                np.greater(along, 0.0, out=same_side)
+                np.less(along, 0.0, out=keep)
+                np.logical_not(toward, out=away)
+                np.copyto(same_side, keep, where=away)
+                np.less(sides[:, 1], self._keep_probability, out=hemisphere)
+                np.equal(same_side, hemisphere, out=keep)
+                np.equal(size, 0.0, out=toward)
+                keep |= toward
+                np.copyto(work, -self._l2_norm)
+                np.copyto(work, self._l2_norm, where=keep)  # ±B
+                scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows,
+                             self._scratch, "send_messages")
+                messages *= work[:, None]
+            finally:
+                flags.fill(False)
         if self.update == "single":
-            self._messages[index] = messages
+            self._messages[targets] = messages
         else:
-            np.add.at(self._messages, index, messages)
-            np.add.at(self._marks, index, 1.0)
+            np.add.at(self._messages, targets, messages)
+        messages.fill(0.0)
 
-    def _winners(
-        self, rows: NDArray[np.int64], index: NDArray[np.int64], generator: np.random.Generator
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Uniform choice among each slot's candidates: every candidate draws a key in [0, 1), the
-        least key over all of the slot's candidates (earlier and new) wins. Returns the new
-        candidates that now hold their slot (only they compute a message; the others will never
-        be queried), after recording their keys."""
-        keys = generator.random(rows.size)
-        if rows.size == 1:  # the common case of one client per slot
-            key, slot = float(keys[0]), int(index[0])
-            if key < self._marks[slot]:
-                self._marks[slot] = key
-                return rows, index
-            return rows[:0], index[:0]
-        order = np.lexsort((keys, index))
-        sorted_index = index[order]
-        best = order[np.concatenate(([True], sorted_index[1:] != sorted_index[:-1]))]
-        better = keys[best] < self._marks[index[best]]
-        best = best[better]
-        self._marks[index[best]] = keys[best]
-        return rows[best], index[best]
-
-    def _close_until(self, slot: int) -> None:
-        """Close every slot before ``slot``, in order (one update each, or none for an empty
-        averaged slot). Only a dummy update draws, so the generator is keyed for the closes only
-        when some single-update slot among them is empty — not once per arriving client."""
+    def _close_until(self, slot: int, generator: np.random.Generator) -> None:
+        """Close every slot before ``slot``, in order (one update each; none for an empty averaged
+        slot, whose slot cannot hold messages unless pending); an empty single-update slot's dummy
+        R(0) is drawn from ``generator`` (the sub-block's)."""
         if slot <= self._clock:
             return
-        if self.update == "averaged":  # only pending slots can hold messages; the rest are skipped
-            for j in range(self._clock, min(slot, self._clock + self._buffer)):
-                self._close(j, None)
-        elif all(self._marks[j % self._buffer] < NO_CANDIDATE for j in range(self._clock, slot)):
-            for j in range(self._clock, slot):
-                self._close(j, None)
-        else:
-            with self._noise.draw() as generator:
-                for j in range(self._clock, slot):
-                    self._close(j, generator)
+        last = slot if self.update == "single" else min(slot, self._clock + self._buffer)
+        for j in range(self._clock, last):
+            self._close(j, generator)
         self._clock = slot
 
-    def _close(self, slot: int, generator: np.random.Generator | None) -> None:
-        """One slot's update; ``generator`` draws the dummy of an empty single-update slot."""
+    def _close(self, slot: int, generator: np.random.Generator) -> None:
+        """One slot's update, in place on the working iterates (:meth:`_update`)."""
         i = slot % self._buffer
+        if i in self._pending:
+            self._send(list(self._pending))  # messages of the sub-block in flight not formed yet: all at once
         if self.update == "single":
             if self._marks[i] < NO_CANDIDATE:
-                message = self._messages[i]
+                self._update(self._messages[i], 1.0)
             else:
-                assert generator is not None, "an empty slot's dummy needs a keyed generator"
-                message = self._local.dummy(1, self._params, generator)[0]
-            self._step(message, 1.0)
+                if self._dummies_used == self._dummies.shape[0]:
+                    self._draw_dummies(generator)
+                self._update(self._dummies[self._dummies_used], 1.0)
+                self._dummies_used += 1
+            self._messages[i] = 0.0
+            self._marks[i] = NO_CANDIDATE
+            return
         elif self._marks[i] > 0.0:
-            self._step(self._messages[i] / self._marks[i], self._marks[i])
+            self._messages[i] /= self._marks[i]
+            self._update(self._messages[i], self._marks[i])
         self._messages[i] = 0.0
         self._marks[i] = NO_CANDIDATE if self.update == "single" else 0.0
 
@@ -497,6 +610,28 @@ class RandomCheckinSGD(MessageSGDLearner):
                 self._step(messages.sum(axis=0) / count, float(count))
         self._clock, self._latest = slot + 1, slot
         self._records += int(self.slot_length)
+    def _update(self, mean_message: Array, count: float) -> None:
+        """:meth:`protocols.sgd.MessageSGDLearner._step` (one :meth:`protocols.sgd.AveragedSGD.step`
+        on the mean message plus the ridge gradient), bit for bit, in place on the working θ and
+        average (``out=`` operations in the same order; no array allocated per step)."""
+        theta, average, delta = self._theta_work, self._average_work, self._step_delta
+        bound = self._unit_bound if count == 1.0 else bound_sq(self._clip, self._noise_moment, count, self.loss.ridge * self.radius)
+        gradient = mean_message
+        if self.loss.ridge:
+            gradient = self._ridge_work
+            np.multiply(theta, self.loss.ridge, out=gradient)
+            np.add(mean_message, gradient, out=gradient)
+        self._moment_work += bound
+        eta = self._diameter / math.sqrt(self._moment_work)
+        self._weight_work += 1.0
+        # One addition moves both rows: θ + (−η)·g (= θ − η·g exactly) and average + (θ − average)/T.
+        np.multiply(gradient, -eta, out=delta[0])
+        np.subtract(theta, average, out=delta[1])
+        np.divide(delta[1], self._weight_work, out=delta[1])
+        self._iterates += delta
+        norm = math.sqrt(float(theta.dot(theta)))
+        if norm > self._radius:
+            theta *= self._radius / norm
 
     # -- outputs -------------------------------------------------------------------------------
 
@@ -527,7 +662,9 @@ class RandomCheckinSGD(MessageSGDLearner):
             + (" (accounting.checkin, derivation in per_slot_epsilons)" if self._output.status == "derived" else
                " - each record passes at most once through the local randomizer"),
             f"pan-privacy: the state holds pending slots' local-randomizer messages; one intrusion plus "
-            f"all outputs is bounded by the local guarantee {local}",
+            f"all outputs is bounded by the local guarantee {local} (the randomness of each sub-block of at most "
+            "128 clients comes from one generator keyed from OS entropy at its start and zeroed after it; a read "
+            "inside a micro-batch finds the clients in flight and their randomness, and gives them no guarantee)",
         ]
         references = ["Balle et al. 2020, Def. 3.1", "Balle et al. 2020, Alg. 2" if self.update == "averaged" else "Balle et al. 2020, Alg. 1"]
         references.append(self._output.theorem.split(" (")[0].replace("Balle et al. 2020 ", "Balle et al. 2020, "))

@@ -158,6 +158,8 @@ class VectorSum:
         self.count_dtype = count_dtype(self.g + self.b)
         self._sampler = BinomialSampler(self.b, self.p, self.count_dtype)
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // self.d)
+        self._pool_work = np.zeros((0, self.d))  # pooled path's work rows (encodings, uniforms), zeroed after each call
+        self._pool_sums = np.zeros((2, self.d))  # its rounded sum and partial sums, zeroed after each call
 
     def __repr__(self) -> str:
         return (
@@ -221,18 +223,35 @@ class VectorSum:
                 block.fill(0)
         return counts
 
-    def add_messages(self, X: NDArray[np.float64], totals: NDArray[np.int64], rng: RngLike = None) -> None:
+    def add_messages(
+        self, X: NDArray[np.float64], totals: NDArray[np.int64], rng: RngLike = None, pooled_noise: bool = False
+    ) -> None:
         """R_VEC applied to each row of ``X``, the users' counts added into ``totals`` (int64,
         shape (d,)): the shuffler's per-coordinate totals of a round, without an array of all the
         users' messages.
 
-        The same draws, in the same order, as :meth:`randomize`, and integer sums (exact), so
-        ``totals`` gains exactly ``randomize(X, rng).sum(axis=0)``; each block of messages is wiped
-        once summed, and ``totals`` changes only when every row was accepted.
+        ``pooled_noise=False`` (default): the same draws, in the same order, as :meth:`randomize`,
+        and integer sums (exact), so ``totals`` gains exactly ``randomize(X, rng).sum(axis=0)``;
+        each block of messages is wiped once summed.
+
+        ``pooled_noise=True``: the m users' randomized roundings, summed, plus one Bin(m·b, p) per
+        coordinate instead of their m·d draws of Bin(b, p) — what ``totals`` gains has exactly the
+        law of the per-user sum (a sum of m independent Bin(b, p) is Bin(m·b, p), independent of
+        the roundings), at a fraction of the cost. No user's message ever exists, so this is only
+        for encoder and shuffler in one trusted process (module docstring, "Pooled noise"). The
+        rounded sum and the noise are wiped once added.
+
+        Either way ``totals`` changes only when every row was accepted.
         """
         X = self._checked(X, "add_messages", exact_rows=False)
+        if pooled_noise and isinstance(rng, np.random.Generator):  # the learners' rounds: no wrapper per call
+            self._add_pooled(X, totals, rng, "add_messages")
+            return
         with NoiseSource(rng).draw() as generator:
-            totals += self._randomized_totals(X, generator, "add_messages")
+            if pooled_noise:
+                self._add_pooled(X, totals, generator, "add_messages")
+            else:
+                totals += self._randomized_totals(X, generator, "add_messages")
 
     def randomize_bits(
         self, x: NDArray[np.float64], rng: RngLike = None
@@ -348,13 +367,9 @@ class VectorSum:
     def _estimate_sum(self, X: NDArray[np.float64], generator: np.random.Generator, pooled_noise: bool) -> NDArray[np.float64]:
         if not pooled_noise:
             return self.analyze(self._randomized_totals(X, generator, "estimate_sum"))
-        rounded = np.zeros(self.d)
-        work = np.empty((self._chunk_rows, self.d))
-        uniforms = np.empty_like(work)
-        for chunk in self._chunks(X, "estimate_sum"):
-            rounded += _column_sums(self._rounded(chunk, generator, work, uniforms))
-        noise = generator.binomial(self.n * self.b, self.p, size=self.d)
-        return self.analyze(rounded.astype(np.int64) + noise)
+        totals = np.zeros(self.d, dtype=np.int64)
+        self._add_pooled(X, totals, generator, "estimate_sum")
+        return self.analyze(totals)
 
     # ----------------------------------------------------------------------------------------
     # Internals
@@ -369,6 +384,32 @@ class VectorSum:
             totals += block.sum(axis=0, dtype=np.int64) if block.shape[0] < 512 else _column_sums(block, np.int64)
             block.fill(0)  # the users' messages, summed
         return totals
+
+    def _add_pooled(
+        self, X: NDArray[np.float64], totals: NDArray[np.int64], generator: np.random.Generator, method: str
+    ) -> None:
+        """``totals`` += Σᵢ ⌊sᵢ + Uᵢ⌋ + Bin(m·b, p) per coordinate (m = rows of X): the pooled
+        path of :meth:`add_messages` and :meth:`estimate_sum`. Draws, in order: the rounding
+        uniforms block by block, then the d binomials. The rounded sum (the users' encodings to
+        within Δ/g, clean of binomial noise), the work buffers and the noise are zeroed here; the
+        sums go through preallocated buffers (``out=``, kept by the instance and zeroed after every
+        call), so no temporary holds them."""
+        rows = min(self._chunk_rows, X.shape[0])
+        if self._pool_work.shape[0] < 2 * rows:
+            self._pool_work = np.zeros((2 * rows, self.d))  # zero between calls
+        work, uniforms = self._pool_work[:rows], self._pool_work[rows : 2 * rows]
+        rounded, partial = self._pool_sums
+        noise = np.zeros(0, dtype=np.int64)
+        try:
+            for chunk in self._chunks(X, method):
+                np.sum(self._rounded(chunk, generator, work, uniforms), axis=0, out=partial)
+                rounded += partial
+            noise = generator.binomial(X.shape[0] * self.b, self.p, size=self.d)  # no out= in numpy
+            rounded += noise  # exact: integer-valued floats below 2⁵³
+            totals += rounded.astype(np.int64)
+        finally:
+            for buffer in (work, uniforms, rounded, partial, noise):
+                buffer.fill(0)
 
     def _checked(self, X: object, method: str, *, exact_rows: bool) -> NDArray[np.float64]:
         """X as float64 of shape (m, d), m ≥ 1 (m = n when ``exact_rows``).

@@ -75,7 +75,7 @@ from protocols.base import Learner, StateValue, check_batch
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.pan_acsa import SENSITIVITY_SLACK
-from protocols.randomness import RngLike
+from protocols.randomness import NOISE_BLOCK_ROWS, RngLike
 from protocols.recorded import Fetch, RecordedLearner
 from protocols.scratch import BLOCK_ROWS
 
@@ -247,14 +247,20 @@ class _PNSGD(Learner):
         """One PNSGD step per record, in the order given (Sordello et al. 2021, Sec. 1).
 
         Features, labels and the noise levels are prepared for the whole micro-batch; the steps
-        themselves are sequential, and each step's noise is drawn when that step runs (never in
-        advance: an intruder between two steps must not find noise that is yet to be added).
+        themselves are sequential. The noise of a sub-block of at most
+        :data:`protocols.randomness.NOISE_BLOCK_ROWS` records in flight is drawn from one keyed
+        generator at the sub-block's start (zeroed right after), each record's row of it is zeroed
+        as soon as its step has used it, and the buffer is zeroed with the scratch: a read between
+        two steps of the sub-block finds noise of in-flight records only, whose features are in
+        memory anyway (why every other record keeps its guarantee: :mod:`protocols.randomness`).
+        Between micro-batches nothing but the iterate remains.
         """
         X, y = check_batch(self._owner, X, y, self.dim)
         if X.shape[0] == 0:
             return
         self._check_room(X.shape[0])
         scales = self._scales(self._records, X.shape[0])
+        spare = np.zeros(self._params)
         try:
             for start in range(0, X.shape[0], BLOCK_ROWS):
                 rows = slice(start, start + BLOCK_ROWS)
@@ -263,42 +269,78 @@ class _PNSGD(Learner):
                 norms = self._scratch.take("feature_norms", Z.shape[0])
                 np.einsum("ij,ij->i", Z, Z, out=norms)
                 np.sqrt(norms, out=norms)
-                margin, update = self._scratch.take("margin", 1), self._scratch.take("update", Z.shape[1])
-                for k in range(Z.shape[0]):
-                    self._step(Z[k], float(norms[k]), labels[k : k + 1], float(scales[start + k]), margin, update)
-                    self._records += 1
+                for first in range(0, Z.shape[0], NOISE_BLOCK_ROWS):
+                    last = min(first + NOISE_BLOCK_ROWS, Z.shape[0])
+                    noise = self._draw_steps_noise(scales[start + first : start + last], Z.shape[1])
+                    spare = self._steps(Z[first:last], norms[first:last], labels[first:last], noise, spare)
         finally:
+            if spare is not self._theta:
+                spare.fill(0.0)  # the iterate before the last step (noisy, but not the state)
             self._scratch.wipe()
 
-    def _step(self, z: Array, z_norm: float, label: Array, scale: float, margin: Array, update: Array) -> None:
-        """w ← Π_K(w − η(∇φ(w; z) clipped to L + λw + noise)) for one record (``z`` of shape (p,),
-        ``z_norm`` = ‖z‖; ``margin`` (shape (1,)) and ``update`` (shape (p,)) are scratch rows taken once
-        per block, not per record).
+    def _draw_steps_noise(self, scales: Array, params: int) -> Array:
+        """η·Z_t for the steps of one sub-block, row by row (Z_t ~ N(0, σ_t² I), or Laplace with
+        scale v_t), drawn from one keyed generator into a scratch buffer (wiped by
+        :meth:`learn_many`; each row also by :meth:`_steps` once used). The draws are those of
+        per-step ``normal(0, σ_t)``/``laplace(0, v_t)`` calls, in order, up to rounding of the
+        scaling (σ·η·N instead of η·(σ·N))."""
+        noise = self._scratch.take("step_noise", scales.size, params)
+        with self._noise.draw() as generator:
+            if self.noise == "gaussian":
+                generator.standard_normal(out=noise)
+            else:
+                drawn = generator.laplace(0.0, 1.0, size=noise.shape)  # no out= in numpy
+                np.copyto(noise, drawn)
+                drawn.fill(0.0)
+        weights = self._scratch.take("step_noise_weights", scales.size)
+        np.multiply(scales, self.eta, out=weights)
+        noise *= weights[:, None]
+        return noise
+
+    def _steps(self, Z: Array, norms: Array, labels: Array, noise: Array, spare: Array) -> Array:
+        """w ← Π_K(w − η(∇φ(w; z) clipped to L + λw) − ηZ) for each record of a sub-block, in order
+        (rows of ``Z`` with norms ``norms`` and ``labels``; ``noise`` holds ηZ_t per row). Returns
+        the buffer that is free after the last step (the iterate and ``spare`` alternate).
 
         The loss is a GLM, ℓ(w; z) = φ(⟨w, z⟩, y), so the gradient is φ′·z with norm |φ′|·‖z‖:
-        clipping to L scales it by min(1, L/(|φ′|·‖z‖)), computed from the scalar φ′ and the row's
+        clipping to L scales φ′ by min(1, L/(|φ′|·‖z‖)), computed from the scalar φ′ and the row's
         norm without forming or re-measuring the gradient (the same clip as
         :func:`protocols.scratch.clipped_gradients` up to rounding, which the sensitivity slack of
-        :attr:`iteration_model` covers). The update vector is built in one scratch row: the
-        clipped gradient, + λw, + the noise drawn into it
-        (:meth:`protocols.randomness.NoiseSource.add_gaussian`); it is zeroed with the scratch
-        before ``learn_many`` returns, so neither the clean gradient nor the draw outlives the call."""
+        :attr:`iteration_model` covers). φ′ is computed on Python floats for the smooth losses
+        (:func:`protocols.scratch.scalar_dphi`; the array form's value to within a few ulps). The new iterate is built in
+        ``spare`` with ``out=`` operations: −ηφ′z, + (1 − ηλ)w, − ηZ_t; the used noise row is zeroed
+        at once; the projection is :meth:`protocols.geometry.L2Ball.project`'s."""
         w = self._theta
-        margin[0] = z @ w
-        slope = float(self.loss._dphi(margin, label)[0])
-        gradient_norm = abs(slope) * z_norm
-        if gradient_norm > self._lipschitz:
-            slope *= self._lipschitz / gradient_norm
-        np.multiply(z, slope, out=update)
-        if self.loss.ridge:
-            update += self.loss.ridge_gradient(w)
-        if self.noise == "gaussian":
-            self._noise.add_gaussian(update, scale)
-        else:
-            self._noise.add_laplace(update, scale)
-        update *= self.eta
-        np.subtract(w, update, out=update)
-        self._theta = self._ball.project(update)
+        dphi = scratch.scalar_dphi(self.loss)
+        eta, lipschitz, radius = self.eta, self._lipschitz, self.radius
+        keep = 1.0 - eta * self.loss.ridge  # (1 − ηλ): the ridge gradient's share of the step
+        ridge_term = self._scratch.take("update", Z.shape[1]) if keep != 1.0 else None
+        margin = self._scratch.take("margin", 1)
+        for k, (z, drawn, z_norm, label) in enumerate(zip(Z, noise, norms.tolist(), labels.tolist())):
+            if dphi is None:
+                margin[0] = z @ w
+                slope = float(self.loss._dphi(margin, labels[k : k + 1])[0])
+            else:
+                slope = dphi(float(z.dot(w)), label)
+            gradient_norm = abs(slope) * z_norm
+            if gradient_norm > lipschitz:
+                slope *= lipschitz / gradient_norm
+            if ridge_term is not None:
+                np.multiply(z, -eta * slope, out=ridge_term)
+                np.multiply(w, keep, out=spare)
+                spare += ridge_term
+            else:
+                np.multiply(z, -eta * slope, out=spare)
+                spare += w
+            spare -= drawn
+            drawn.fill(0.0)
+            norm = math.sqrt(float(spare.dot(spare)))
+            if norm > radius:
+                spare *= radius / norm
+            w, spare = spare, w
+            self._theta = w
+            self._records += 1
+        return spare
 
     # -- outputs -------------------------------------------------------------------------------
 
@@ -341,7 +383,9 @@ class _PNSGD(Learner):
             "only snapshots leave the learner (predictions use the last snapshot); each is the "
             "current iterate, and the iterates between snapshots stay hidden",
             "the intruder reads the internal state (the iterate) at most once, between two record "
-            "updates; every noise draw comes from a generator keyed from OS entropy and zeroed after the draw",
+            "updates; the noise of each sub-block of at most 128 steps comes from one generator keyed from OS "
+            "entropy at its start and zeroed after its draw (a read inside a micro-batch finds the records in "
+            "flight and their noise, and gives them no guarantee; every other record keeps this one)",
         ]
 
     # -- persistence ---------------------------------------------------------------------------

@@ -23,6 +23,26 @@ ctypes interface); the layout (a pointer to {state, inc} as 128-bit little-endia
 once per process against ``BitGenerator.state``, and a mismatch refuses to run rather than leave
 state behind.
 
+Noise of the records in flight: one key per sub-block
+-----------------------------------------------------
+The learners that draw per record (``pnsgd``, ``checkin``) key the generator once per sub-block of
+at most :data:`NOISE_BLOCK_ROWS` records of the micro-batch being learned and draw that
+sub-block's noise (and other randomness) from it, instead of re-keying per record. The formal
+intrusion (Cheu et al. 2022, App. C) happens between record updates; a read of the process
+*inside* ``learn_many`` finds the micro-batch in flight in the clear anyway (its features and
+labels are in scratch: docs/privacy.md, "Process memory"), and those records have no intrusion
+guarantee against such a read. What a read inside a sub-block can add is the randomness of that
+sub-block's records only — records in flight. Randomness of earlier records is gone (their
+sub-blocks' buffers are zeroed and each key was zeroed before the next was read from the OS:
+PCG64 stepped backwards from one key never reaches another key's stream), and that of later
+records is not drawn. Everything such an intruder sees is a function of the state at the
+sub-block's start, of the in-flight records and their randomness, and (for outputs after the
+read) of later records and fresh randomness — identical in two neighbouring streams that differ
+in a record outside the sub-block — so every record outside the sub-block keeps the guarantee of
+one read of the state at the sub-block's start: its stated intrusion guarantee. Between
+micro-batches nothing of it remains (buffers zeroed, generator state zeroed), so the state an
+intrusion between micro-batches reads is exactly what it was with a key per record.
+
 Passing an explicit ``rng`` (a seed or a ``numpy.random.Generator``) is the labelled replay/testing
 mode (Scientific Python SPEC 7): reproducible, and *not* pan-private, because the generator then
 lives in the learner's memory.
@@ -41,6 +61,10 @@ from numpy.typing import NDArray
 RngLike = int | np.random.Generator | None
 
 _STATE_WORDS = 4  # PCG64: 128-bit state + 128-bit increment, as four little-endian uint64 words
+
+NOISE_BLOCK_ROWS = 128
+"""Records per key of the per-record learners (module docstring, "Noise of the records in
+flight"): a read inside ``learn_many`` finds at most this many records' randomness."""
 
 
 def fill_from_os(buffer: NDArray) -> None:

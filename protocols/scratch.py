@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols.losses import Loss
+from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, Loss, SquaredLoss
 
 Array = NDArray[np.float64]
 
@@ -204,6 +204,40 @@ def clipped_gradient_sum(
     weights *= scale
     np.matmul(weights, X, out=total[:d])
     return total
+
+
+def scalar_dphi(loss: Loss) -> Callable[[float, float], float] | None:
+    """φ′(s, y) on Python floats (the array ``_dphi`` of :mod:`protocols.losses`, within a few
+    ulps: logistic −y·σ(−ys) through a stable σ, squared s − y, Huber s − y clipped to [−h, h],
+    hinge −y where ys < 1 else 0); ``None`` for any other loss, whose callers keep the array form.
+    For the per-record loops (pnsgd, checkin): a numpy call on a one-element array costs
+    microseconds. The value is one clean scalar per record, like the array form's."""
+    if type(loss) is LogisticLoss:
+        return _logistic_dphi
+    if type(loss) is SquaredLoss:
+        return _squared_dphi
+    if type(loss) is HuberLoss:
+        bound = loss.delta
+        return lambda s, y: min(max(s - y, -bound), bound)
+    if type(loss) is HingeLoss:
+        return _hinge_dphi
+    return None
+
+
+def _logistic_dphi(s: float, y: float) -> float:
+    t = -(y * s)
+    if t >= 0.0:
+        return -(y * (1.0 / (1.0 + math.exp(-t))))
+    e = math.exp(t)
+    return -(y * (e / (1.0 + e)))
+
+
+def _squared_dphi(s: float, y: float) -> float:
+    return s - y
+
+
+def _hinge_dphi(s: float, y: float) -> float:
+    return -y if y * s < 1.0 else 0.0
 
 
 def rows(Z: Array, indices: NDArray[np.int64], scratch: Scratch, name: str) -> Array:

@@ -20,12 +20,27 @@ sums of messages, so the state has the same distribution however the stream is s
 ``totals`` is stored as float64 holding exact integers (below 2⁵³ in any sane configuration):
 the conformance suite reads integer arrays as counters, and these are noisy values, not counters.
 
+Pooled noise (the in-process path)
+----------------------------------
+Encoder and shuffler share this trusted process, and only the round's per-coordinate totals are
+ever used, so each piece of a round (the rows of one scratch block inside one round, k users)
+adds the k users' randomized roundings plus one Bin(k·b, p) per coordinate
+(:meth:`VectorSum.add_messages` with ``pooled_noise=True``) instead of k·d draws of Bin(b, p).
+A sum of independent Bin(b, p) is Bin(k·b, p), so ``totals`` at every piece boundary — between
+micro-batches, when the round closes — has exactly the law it has under per-user draws, and so
+has everything computed from it. :attr:`EncodedLearner.pooled_noise` = ``False`` draws every
+user's message as her device would (:meth:`VectorSum.randomize`'s draws, in its order): the
+reference the Encode–Shuffle–Analyze tests reproduce bit for bit (:mod:`streamer.esa`, whose
+clients always draw per user, since there each message leaves its user's device).
+
 Pan-private view (Cheu et al. 2022, Def. C.2)
 --------------------------------
 Encoder, shuffler and analyzer run in this one process. An intruder who reads the state between two
 records sees the model (a post-processing of earlier rounds' analyzer outputs) and ``totals``. Right
-after the first user of a round has reported, ``totals`` *is* her message: so the most an intrusion
-adds is one user's message, protected only by her own binomial noise — the *local* guarantee of
+after the first user of a round has reported, ``totals`` *is* her message (with pooled noise: a
+piece of one user has one user's law; the state between micro-batches is a piece boundary, and a
+read inside ``learn_many`` finds the micro-batch in flight in the clear anyway): so the most an
+intrusion adds is one user's message, protected only by her own binomial noise — the *local* guarantee of
 PVEC's randomizer (:func:`message_guarantee`), which is far weaker than the shuffle-model guarantee
 whenever the round has many users (roughly ε·√b for b users under the tight calibration). The
 learners report it as such.
@@ -213,6 +228,14 @@ class EncodedLearner(Learner):
         self._lipschitz = self.loss.lipschitz(self.feature_bound, self.radius)
         self._filled = 0
         self._totals = np.zeros(self._params, dtype=np.int64)
+        self.pooled_noise = True
+
+    pooled_noise: bool
+    """``True`` (set by the constructor): each piece of a round adds its users' roundings plus one
+    Bin(k·b, p) per coordinate (module docstring, "Pooled noise"); the same law of every state
+    and output. ``False``: every user's message is drawn as :meth:`VectorSum.randomize` draws it
+    (the per-user reference of the Encode–Shuffle–Analyze tests; slower). Not a constructor
+    parameter: it changes no distribution, only which draws a seed replays."""
 
     def _vector_sum(self, users: int, epsilon: float, delta: float) -> VectorSum:
         """PVEC for a round of ``users`` users at (ε, δ), for gradients clipped to L."""
@@ -312,11 +335,12 @@ class EncodedLearner(Learner):
         self._close_round(vector_sum, totals.astype(np.int64))
 
     def _add_messages(self, vector_sum: VectorSum, Z: Array, labels: Array) -> None:
-        """The users' PVEC messages for their clipped gradients, summed into ``totals``. Features,
+        """The users' PVEC messages for their clipped gradients, summed into ``totals`` (pooled
+        noise unless :attr:`pooled_noise` is off). Features,
         labels and gradients live in scratch (wiped by :meth:`learn_many`); the encoder wipes its
         own work buffers, each block of message counts once summed, and the generator's state."""
         with self._noise.draw() as generator:
-            vector_sum.add_messages(self._gradients(Z, labels), self._totals, generator)
+            vector_sum.add_messages(self._gradients(Z, labels), self._totals, generator, self.pooled_noise)
 
     # -- outputs -------------------------------------------------------------------------------
 

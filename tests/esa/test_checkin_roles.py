@@ -71,16 +71,24 @@ class Deployment:
             self.offer(self.encode(X[rows], y[rows], rng))
 
 
+def learn_per_wake_slot(reference: RandomCheckinSGD, X: np.ndarray, y: np.ndarray) -> None:
+    """Feed the in-process learner one wake slot (``slot_length`` records) per ``learn_many``."""
+    size = int(reference.slot_length)
+    for start in range(0, len(y), size):
+        reference.learn_many(X[start : start + size], y[start : start + size])
+
+
 def test_averaged_gaussian_clients_shuffler_analyzer_are_the_in_process_learner_bit_for_bit() -> None:
     """``update="averaged"``, the Gaussian randomizer and p₀ = 1: every draw of the clients (check-in,
     offset, noise) is the in-process learner's, in its order, so with one seeded generator the three
     roles take the same steps (the shuffler's permutation only reorders each slot's sum: rounding).
     Single updates cannot be matched draw for draw (in process only the winner randomizes and the
     learner draws the dummies; here every client randomizes and the shuffler draws the dummies):
-    they are compared in distribution below. This test pins the in-process learner's current draw
-    order (check-ins, offsets, then the noise of each wake group's joined clients, one generator);
-    a change of that order (e.g. one generator per sub-block) breaks it without touching the
-    protocol, which the draw-order-free test below and the distribution tests still check."""
+    they are compared in distribution below. The in-process learner draws per sub-block of
+    in-flight clients (check-ins, offsets, then their noise: protocols.randomness.NOISE_BLOCK_ROWS),
+    so the reference is fed one wake slot per micro-batch: each sub-block is then one wake slot's
+    clients, whose draws come in a client's order. The draw-order-free test below checks the same
+    without relying on that."""
     X, y = records(4 * 60, seed=1)
     options = {"update": "averaged", "randomizer": "gaussian"}
     in_process = learner(seed=7, **options)
@@ -90,7 +98,7 @@ def test_averaged_gaussian_clients_shuffler_analyzer_are_the_in_process_learner_
     # In process, a slot closes when the next wake slot's first record arrives: one slot fewer.
     assert esa.analyzer.round == 60 and in_process.state_dict()["clock"] == 59
     reference = learner(seed=7, **options)
-    reference.learn_many(np.vstack([X, X[:1]]), np.append(y, y[:1]))  # one more record closes slot 59
+    learn_per_wake_slot(reference, np.vstack([X, X[:1]]), np.append(y, y[:1]))  # one more record closes slot 59
     np.testing.assert_allclose(esa.analyzer.learner.release(), reference.release(), rtol=1e-9, atol=1e-12)
     report = esa.analyzer.report()
     assert report.output == in_process.privacy().output
@@ -337,5 +345,5 @@ def test_fixed_windows_in_three_roles(update: str) -> None:
     assert esa.analyzer.rejected == {} and esa.analyzer.round == 30
     if update == "averaged":
         reference = learner(seed=3, **options)
-        reference.learn_many(np.vstack([X, X[:1]]), np.append(y, y[:1]))
+        learn_per_wake_slot(reference, np.vstack([X, X[:1]]), np.append(y, y[:1]))
         np.testing.assert_allclose(esa.analyzer.learner.release(), reference.release(), rtol=1e-9, atol=1e-12)

@@ -85,11 +85,13 @@ def test_sum_learners_are_the_sequential_learners_of_the_catalogue() -> None:
 @pytest.mark.parametrize("kind", SUM_LEARNERS)
 def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: PrivateKey, kind: str) -> None:
     """With the same seeded PVEC noise, clients + shuffler logic + analyzer take exactly the
-    in-process learner's steps (AC-SA, Cheu et al. 2022 Alg. 4; SGD, Alg. 3): the counts are the
-    same (the same functions draw them), the shares sum back to them, and the analysis and step are
+    in-process learner's steps (AC-SA, Cheu et al. 2022 Alg. 4; SGD, Alg. 3) in its per-user mode
+    (``pooled_noise = False``; its default pools the binomial noise, the same law but other draws):
+    the counts are the same (the same functions draw them), the shares sum back to them, and the analysis and step are
     the learner's own."""
     X, y = records(ROUNDS * B, seed=1)
     in_process = learner(seed=7, kind=kind)
+    in_process.pooled_noise = False  # every user's message drawn as her client draws it (the per-user reference)
     in_process.learn_many(X, y)
     analyzer = SumAnalyzer(learner(kind=kind), [key], "t")
     size = wire.shares_message_size(DIM, analyzer.shares)

@@ -199,7 +199,8 @@ def test_timestamps_place_clients_like_positions():
     by_time = RandomCheckinSGD(
         3, LogisticLoss(), 1.0, DELTA, slots=5, time="timestamp", slot_length=60.0, origin=1.7e9, radius=20.0, rng=9
     )
-    by_position.learn_many(X3, Y3)
+    by_position.learn_many(X3[:15], Y3[:15])  # the same micro-batches: they cut the sub-blocks whose
+    by_position.learn_many(X3[15:], Y3[15:])  # randomness is drawn together (RandomCheckinSGD.learn_many)
     stamps = 1.7e9 + (np.arange(40) + 0.5) * 60.0
     by_time.learn_many(X3[:15], Y3[:15], timestamps=stamps[:15])
     by_time.learn_many(X3[15:], Y3[15:], timestamps=stamps[15:])
@@ -297,14 +298,17 @@ def _l2_messages(randomizer: L2BallRandomizer, G: np.ndarray, generator: np.rand
     uniforms = generator.random((G.shape[0], 2))
     Z = generator.standard_normal(G.shape)
     Z /= np.maximum(np.sqrt(np.einsum("ij,ij->i", Z, Z)), np.finfo(np.float64).tiny)[:, None]
-    out = np.empty_like(G)
-    for row, (g, z, (u_side, u_hemisphere)) in enumerate(zip(G, Z, uniforms)):
-        norm = float(np.sqrt(np.einsum("ij,ij->i", g[None, :], g[None, :]))[0])
-        s = 1.0 if u_side < 0.5 + min(norm, randomizer.clip) / (2.0 * randomizer.clip) else -1.0
-        on_v_side = s * float(np.einsum("ij,ij->i", z[None, :], g[None, :])[0]) > 0.0
-        keep = on_v_side == (u_hemisphere < randomizer.keep_probability)
-        out[row] = (randomizer.scale(g.size) * (1.0 if keep or norm == 0.0 else -1.0)) * z
-    return out
+    return np.array([_l2_message(randomizer, g, u, z) for g, u, z in zip(G, uniforms, Z)])
+
+
+def _l2_message(randomizer: L2BallRandomizer, g: np.ndarray, uniforms: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """One ℓ2-ball message from the input ``g``, the two uniforms and the unit direction ``z``."""
+    u_side, u_hemisphere = uniforms
+    norm = float(np.sqrt(np.einsum("ij,ij->i", g[None, :], g[None, :]))[0])
+    s = 1.0 if u_side < 0.5 + min(norm, randomizer.clip) / (2.0 * randomizer.clip) else -1.0
+    on_v_side = s * float(np.einsum("ij,ij->i", z[None, :], g[None, :])[0]) > 0.0
+    keep = on_v_side == (u_hemisphere < randomizer.keep_probability)
+    return (randomizer.scale(g.size) * (1.0 if keep or norm == 0.0 else -1.0)) * z
 
 
 @pytest.mark.parametrize(
@@ -313,23 +317,28 @@ def _l2_messages(randomizer: L2BallRandomizer, G: np.ndarray, generator: np.rand
         ({"slots": 7}, [1, 8, 9, 40, 77]),
         ({"slots": 5, "slot_length": 2, "checkin_probability": 0.6}, [2, 6, 40, 78]),
         ({"slots": 4, "window": "fixed", "slot_length": 3, "checkin_probability": 0.8}, [3, 6, 42, 78]),
+        ({"slots": 6, "slot_length": 2}, [5, 77]),  # micro-batches cutting a slot's clients in two
     ],
 )
 def test_seeded_replay_is_algorithm_1_record_by_record(options, splits):
     """With a seed, single updates with the ℓ2 randomizer are exactly (bit for bit) Balle et al. 2020
     Alg. 1 replayed one client at a time from the loss's own features, labels and gradients, with
-    the same generator: at each new wake slot the earlier slots close (the kept message, or a dummy
-    R(0)); then the slot's clients check in (all join draws, then all offsets), candidates draw
-    their keys, and each new holder of her slot sends R(her clipped gradient) at the current model.
-    Whatever the micro-batches, the learner's per-block features and vectorised randomizer must not
-    change a bit of it. (A micro-batch boundary inside a slot's clients splits their draws in
-    two: the splits here keep each slot's clients together.)"""
+    the same generator in the learner's grouping of draws: each micro-batch here is one sub-block
+    (at most NOISE_BLOCK_ROWS = 128 clients), whose randomness is drawn at its start — for all its
+    clients, whether each checks in, her offset, her key, her randomizer's two uniforms, her
+    Gaussian direction — and then client by client: a new wake slot closes the earlier slots (the
+    kept message, or a dummy R(0): the part's first empty slot draws as many dummies as it has
+    clients, R(0) of that many zero rows); a client who checks in and beats her slot's key
+    sends R(her clipped gradient at the current model) with her own randomizer draws. Whatever the
+    micro-batches, the learner's per-block features, scalar slopes and deferred vectorised
+    messages must not change a bit of it."""
     loss = LogisticLoss(intercept=True)
     rng = np.random.default_rng(4)
     X = rng.normal(size=(90, 3)) * 0.8
     y = np.where(rng.random(90) < 0.5, 1.0, 0.0)
     learner = RandomCheckinSGD(3, loss, 1.0, DELTA, radius=3.0, rng=21, **options)
-    for part in np.split(np.arange(90), splits):
+    parts = np.split(np.arange(90), splits)
+    for part in parts:
         learner.learn_many(X[part], y[part])
 
     local, m = learner.local_randomizer, learner.slots
@@ -342,35 +351,40 @@ def test_seeded_replay_is_algorithm_1_record_by_record(options, splits):
     bound = (math.sqrt(local.clip**2 + local.noise_second_moment(4)) + 0.0) ** 2
     clock = -1
     wakes = np.arange(90) // slot_length
-    for wake in np.unique(wakes):
-        clients = np.flatnonzero(wakes == wake)
-        clock = window_start(wake, m, window) if clock < 0 else clock
-        for j in range(clock, max(clock, wake)):
-            i = j % buffer
-            message = messages[i] if keys[i] < 1.0 else _l2_messages(local, np.zeros((1, 4)), generator)[0]
-            moment += bound
-            weight += 1.0
-            average = average + (theta - average) / weight
-            theta = theta - (2.0 * learner.radius / math.sqrt(moment)) * message
-            theta = theta * min(1.0, learner.radius / np.linalg.norm(theta))
-            messages[i], keys[i] = 0.0, 1.0
-        clock = max(clock, wake)
-        joins = generator.random(clients.size) < learner.checkin_probability
-        offsets = generator.integers(0, m, size=clients.size)
-        candidates = [(c, (window_start(wake, m, window) + o) % buffer) for c, j, o in zip(clients, joins, offsets) if j]
-        if not candidates:
-            continue
-        drawn = generator.random(len(candidates))
-        holders = []  # (slot, client) of the new holders, in slot order
-        for slot in sorted({i for _, i in candidates}):
-            key, client = min((k, c) for (c, i), k in zip(candidates, drawn) if i == slot)
-            if key < keys[slot]:
-                keys[slot] = key
-                holders.append((slot, client))
-        if holders:
-            slots_held, clients_held = (list(column) for column in zip(*holders))
-            G = clip_rows(loss.gradient(theta, Z[clients_held], labels[clients_held]), local.clip)
-            messages[slots_held] = _l2_messages(local, G, generator)
+    for part in parts:
+        k = part.size
+        joins = generator.random(k) < learner.checkin_probability
+        offsets = generator.integers(0, m, size=k)
+        drawn = generator.random(k)
+        uniforms = generator.random((k, 2))
+        directions = generator.standard_normal((k, 4))
+        directions /= np.maximum(np.sqrt(np.einsum("ij,ij->i", directions, directions)), np.finfo(np.float64).tiny)[:, None]
+        dummies, used = np.zeros((0, 4)), 0  # k dummies R(0) drawn at the part's first empty slot
+        for r, client in enumerate(part):
+            wake = wakes[client]
+            clock = window_start(wake, m, window) if clock < 0 else clock
+            for j in range(clock, max(clock, wake)):
+                i = j % buffer
+                if keys[i] < 1.0:
+                    message = messages[i]
+                else:
+                    if used == dummies.shape[0]:
+                        dummies, used = _l2_messages(local, np.zeros((k, 4)), generator), 0
+                    message, used = dummies[used], used + 1
+                moment += bound
+                weight += 1.0
+                average = average + (theta - average) / weight
+                theta = theta - (2.0 * learner.radius / math.sqrt(moment)) * message
+                theta = theta * min(1.0, learner.radius / np.linalg.norm(theta))
+                messages[i], keys[i] = 0.0, 1.0
+            clock = max(clock, wake)
+            if not joins[r]:
+                continue
+            slot = (window_start(wake, m, window) + offsets[r]) % buffer
+            if drawn[r] < keys[slot]:
+                keys[slot] = drawn[r]
+                gradient = clip_rows(loss.gradient(theta, Z[client : client + 1], labels[client : client + 1]), local.clip)[0]
+                messages[slot] = _l2_message(local, gradient, uniforms[r], directions[r])
     state = learner.state_dict()
     np.testing.assert_array_equal(state["theta"], theta)
     np.testing.assert_array_equal(learner.release(), average)

@@ -190,6 +190,74 @@ def test_add_messages_adds_exactly_the_randomized_counts(small: VectorSum, monke
     assert not totals.any()
 
 
+def _pooled_and_per_user_totals(encoder: VectorSum, X: np.ndarray, R: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """R totals of ``add_messages`` over the rows of X with pooled noise, and R with per-user draws."""
+    rng = np.random.default_rng(seed)
+    pooled = np.zeros((R, encoder.d), dtype=np.int64)
+    per_user = np.zeros_like(pooled)
+    for r in range(R):
+        encoder.add_messages(X, pooled[r], rng=rng, pooled_noise=True)
+        encoder.add_messages(X, per_user[r], rng=rng)
+    return pooled, per_user
+
+
+def _same_law_pvalues(encoder: VectorSum, X: np.ndarray, pooled: np.ndarray, per_user: np.ndarray) -> list[float]:
+    """p-values that the pooled totals have the per-user totals' law, per coordinate: a z-test of the
+    mean against the exact E[T] = Σ s + m·b·p, a test of the variance against the exact
+    Σ f(1 − f) + m·b·p(1 − p) (normal approximation of the sample variance), and the two-sample
+    chi-square test of homogeneity of the two samples binned on the per-user sample's deciles."""
+    R, m = pooled.shape[0], X.shape[0]
+    unit = 2 * encoder.l2_bound / encoder.g
+    encoded = (X + encoder.l2_bound) / unit
+    fractions = encoded - np.floor(encoded)
+    mean = encoded.sum(axis=0) + m * encoder.b * encoder.p
+    variance = (fractions * (1 - fractions)).sum(axis=0) + m * encoder.b * encoder.p * (1 - encoder.p)
+    pvalues = []
+    for j in range(encoder.d):
+        z_mean = (pooled[:, j].mean() - mean[j]) / math.sqrt(variance[j] / R)
+        z_var = (pooled[:, j].var(ddof=1) / variance[j] - 1) / math.sqrt(2 / (R - 1))
+        edges = np.unique(np.quantile(per_user[:, j], np.linspace(0, 1, 11)[1:-1]))
+        table = np.array([np.bincount(np.searchsorted(edges, sample[:, j], side="right"), minlength=edges.size + 1)
+                          for sample in (pooled, per_user)])
+        pvalues += [2 * stats.norm.sf(abs(z_mean)), 2 * stats.norm.sf(abs(z_var)), stats.chi2_contingency(table)[1]]
+    return pvalues
+
+
+@pytest.mark.statistical
+def test_pooled_noise_gives_the_totals_of_per_user_messages(tiny: VectorSum, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The learners' in-process path (``add_messages(pooled_noise=True)``: m users' roundings plus one
+    Bin(m·b, p) per coordinate) against m per-user messages: R = 4000 seeded totals each, for one
+    user (m = 1) and the 5 users of a batch. Every test of :func:`_same_law_pvalues` at level 1e-5
+    (6 coordinates × 3 tests per m: false-failure rate < 2e-4). Power, checked here: pooling the
+    noise of one user only — Bin(b, p) instead of Bin(m·b, p), the bug this test exists for —
+    shifts the mean by (m − 1)·b·p ≈ 30 standard deviations and is rejected at p < 1e-50."""
+    X = _batch(tiny.n, tiny.d, tiny.l2_bound, np.random.default_rng(12))
+    X[0] = [0.3, -0.45]  # fractional encodings: the rounding is random for every user
+    for m in (1, tiny.n):
+        pooled, per_user = _pooled_and_per_user_totals(tiny, X[:m], 4000, seed=40 + m)
+        assert min(_same_law_pvalues(tiny, X[:m], pooled, per_user)) > 1e-5
+    monkeypatch.setattr(tiny, "b", tiny.b // tiny.n)  # the pooled draw becomes Bin(b, p): one user's noise
+    wrong, _ = _pooled_and_per_user_totals(tiny, X, 500, seed=3)
+    monkeypatch.undo()
+    _, per_user = _pooled_and_per_user_totals(tiny, X, 500, seed=4)
+    assert min(_same_law_pvalues(tiny, X, wrong, per_user)) < 1e-50
+
+
+def test_pooled_add_messages_replays_estimate_sum_and_refuses_like_per_user(small: VectorSum) -> None:
+    """Pooled ``add_messages`` makes the draws of ``estimate_sum(pooled_noise=True)`` (roundings,
+    then the binomials), adds exact integers, and leaves ``totals`` untouched when a row is refused."""
+    X = _batch(small.n, small.d, small.l2_bound, np.random.default_rng(6))
+    totals = np.zeros(small.d, dtype=np.int64)
+    small.add_messages(X, totals, rng=3, pooled_noise=True)
+    np.testing.assert_array_equal(small.analyze(totals), small.estimate_sum(X, rng=3, pooled_noise=True))
+    assert np.all(totals >= 0) and np.all(totals <= small.n * (small.g + small.b))
+    X[9] = 2.0 * small.l2_bound / math.sqrt(small.d)
+    before = totals.copy()
+    with pytest.raises(InvalidInputError, match="row 9"):
+        small.add_messages(X, totals, rng=3, pooled_noise=True)
+    np.testing.assert_array_equal(totals, before)
+
+
 @pytest.mark.statistical
 def test_batches_larger_than_one_chunk(tiny: VectorSum) -> None:
     """70 000 users (more than one 2¹⁷-element block): every row is written, and the mean count of

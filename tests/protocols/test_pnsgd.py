@@ -33,6 +33,7 @@ from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss, cl
 from protocols.pan_acsa import SENSITIVITY_SLACK
 from protocols.pnsgd import DELTA_ROUNDING, OnlinePNSGD, ShuffledPNSGD
 from protocols.randomness import SEEDED_WARNING
+from protocols.scratch import scalar_dphi
 
 EPSILON = 1.0
 R_APP_G = 1 / math.sqrt(2)
@@ -600,20 +601,36 @@ def test_utility_warning_says_how_long_the_noise_swamps_the_model():
 def test_each_step_is_the_clipped_gradient_step_of_the_paper(loss):
     """The per-record step (GLM form: φ′·z, its norm |φ′|·‖z‖) equals Sordello et al.'s update
     w ← Π_K(w − η(clip_L(∇ℓ(w; z)) + λw + Z)) computed from the loss's gradient matrix, with the
-    same seeded noise, for 50 records in a row (features beyond the bound are clipped first)."""
+    same seeded noise, for 300 records in a row (features beyond the bound are clipped first), fed
+    as micro-batches of 70 and 230: the noise of up to NOISE_BLOCK_ROWS = 128 steps is drawn at
+    once (sub-blocks of 70, then 128, 102) — the same draws, in the same order, as per step."""
     rng = np.random.default_rng(3)
-    X = rng.normal(size=(50, 4)) * 0.8
-    y = np.where(rng.random(50) < 0.5, 1.0, -1.0)
+    X = rng.normal(size=(300, 4)) * 0.8
+    y = np.where(rng.random(300) < 0.5, 1.0, -1.0)
     learner = OnlinePNSGD(4, loss, 2.0, 0.2, 1.5, pan_delta=1e-5, rng=11)
-    learner.learn_many(X, y)
+    learner.learn_many(X[:70], y[:70])
+    learner.learn_many(X[70:], y[70:])
     noise = np.random.default_rng(11)
     w = np.zeros(loss.param_dim(4))
     Z = loss.features(X, learner.feature_bound)
     lipschitz = learner.iteration_model.lipschitz / SLACK
-    for k in range(50):
+    for k in range(300):
         gradient = clip_rows(loss.gradient(w, Z[k : k + 1], loss.labels(y[k : k + 1])), lipschitz)[0]
         update = gradient + loss.ridge_gradient(w)
         update = update + noise.normal(0.0, float(learner.noise_scales(k + 1, 1)[0]), update.shape)
         w = w - learner.eta * update
         w *= min(1.0, learner.radius / np.linalg.norm(w))
     np.testing.assert_allclose(learner.release(), w, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("loss", [LogisticLoss(), SquaredLoss(label_bound=2.0), HuberLoss(delta=0.7), HingeLoss()])
+def test_scalar_slopes_are_the_array_slopes(loss):
+    """The per-step φ′ on Python floats (protocols.scratch.scalar_dphi, used by pnsgd and checkin) is the loss's array ``_dphi`` to within
+    a few ulps (4), over margins from 1e-3 to 1e3 in size, both signs, and both labels."""
+    rng = np.random.default_rng(5)
+    s = np.concatenate([rng.normal(size=5000) * 10.0 ** rng.integers(-3, 4, size=5000), [0.0, 700.0, -700.0]])
+    y = loss.labels(np.where(rng.random(s.size) < 0.5, 1.0, -1.0) * (1.0 if loss.binary_labels else 1.5))
+    scalar = scalar_dphi(loss)
+    assert scalar is not None
+    mine = np.array([scalar(a, b) for a, b in zip(s.tolist(), y.tolist())])
+    np.testing.assert_array_less(np.abs(mine - loss._dphi(s, y)), 4 * np.spacing(np.abs(loss._dphi(s, y))) + 1e-300)

@@ -77,17 +77,23 @@ def test_each_batch_size_has_its_pvec_and_every_record_one_round():
         learner.learn_many(X[:1], y[:1])
 
 
-def test_round_replayed_by_hand():
+@pytest.mark.parametrize("pooled", [True, False])
+def test_round_replayed_by_hand(pooled: bool):
     """One round with the same seeded generator: PVEC on the gradients at θ^md_1 = 0, the analyzer's
-    sum / b, then Lan's step θ_2 = Π(θ_1 − g/L_1)."""
+    sum / b, then Lan's step θ_2 = Π(θ_1 − g/L_1). Pooled noise (the default) draws as
+    ``estimate_sum(pooled_noise=True)``; ``pooled_noise = False`` as every user's ``randomize``."""
     loss = SquaredLoss(label_bound=1.0)
     learner = ShuffleACSA(3, loss, 1.0, 1e-5, horizon=20, batch_size=5, radius=3.0, calibration="paper", rng=9)
+    learner.pooled_noise = pooled
     learner.learn_many(X3R[:5], Y3R[:5])
     vector_sum = learner.vector_sums[5]
     gradients = loss.gradient(np.zeros(3), loss.features(X3R[:5], 1.0), loss.labels(Y3R[:5]))
-    totals = vector_sum.randomize(gradients, np.random.default_rng(9)).sum(axis=0)
+    if pooled:
+        estimate = vector_sum.estimate_sum(gradients, np.random.default_rng(9), pooled_noise=True)
+    else:
+        estimate = vector_sum.analyze(vector_sum.randomize(gradients, np.random.default_rng(9)).sum(axis=0))
     prox = learner.plans[0].sizes.prox_weight(1)
-    expected = learner._ball.project(-(vector_sum.analyze(totals) / 5) / prox)
+    expected = learner._ball.project(-(estimate / 5) / prox)
     np.testing.assert_allclose(learner.state_dict()["theta"], expected, rtol=1e-12)
 
 

@@ -34,17 +34,24 @@ def test_conformance(check):
     check(factory, X3, Y3)
 
 
-def test_round_is_pvec_of_clipped_gradients_and_steps_with_public_G():
-    """One full round, replayed by hand with the same seeded generator: PVEC's randomizer on the
-    gradients at θ₁ = 0, the analyzer's sum / b, and θ₂ = Π(θ₁ − D/√G² · ĝ) (AveragedSGD's first step)."""
+@pytest.mark.parametrize("pooled", [True, False])
+def test_round_is_pvec_of_clipped_gradients_and_steps_with_public_G(pooled: bool):
+    """One full round, replayed by hand with the same seeded generator: PVEC on the gradients at
+    θ₁ = 0, the analyzer's sum / b, and θ₂ = Π(θ₁ − D/√G² · ĝ) (AveragedSGD's first step). Pooled
+    noise (the default) draws as ``estimate_sum(pooled_noise=True)`` does (roundings, then one
+    Bin(b·trials, p) per coordinate); ``pooled_noise = False`` as every user's ``randomize``."""
     loss = SquaredLoss(label_bound=1.0, ridge=0.1)
     X, y = checks.make_stream(3, 7, binary=False)
     learner = ShuffleSGD(3, loss, 1.0, 1e-5, batch_size=7, radius=2.0, calibration="paper", rng=5)
+    learner.pooled_noise = pooled
     learner.learn_many(X, y)
     vector_sum = learner.vector_sum
     gradients = loss.gradient(np.zeros(3), loss.features(X, 1.0), loss.labels(y))
-    totals = vector_sum.randomize(gradients, np.random.default_rng(5)).sum(axis=0)
-    mean = vector_sum.analyze(totals) / 7  # + ridge gradient at θ₁ = 0, which is 0
+    if pooled:
+        estimate = vector_sum.estimate_sum(gradients, np.random.default_rng(5), pooled_noise=True)
+    else:
+        estimate = vector_sum.analyze(vector_sum.randomize(gradients, np.random.default_rng(5)).sum(axis=0))
+    mean = estimate / 7  # + ridge gradient at θ₁ = 0, which is 0
     expected = learner._ball.project(-mean * 4.0 / math.sqrt(learner.gradient_bound_sq))
     np.testing.assert_allclose(learner.state_dict()["theta"], expected, rtol=1e-12)
     assert learner.state_dict()["filled"] == 0 and not learner.state_dict()["totals"].any()
