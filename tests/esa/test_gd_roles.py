@@ -67,9 +67,12 @@ def run_round(analyzer: GDAnalyzer, clients: list[GDClients], shuffler: Shuffler
 @pytest.mark.parametrize("loss", ["logistic", "hinge"])
 def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: PrivateKey, loss: str) -> None:
     """With the same seeded PVEC noise, n clients answering T rounds + the shuffler logic + the
-    analyzer take exactly the in-process learner's T gradient steps (hinge: of the Moreau envelope)."""
+    analyzer take exactly the in-process learner's T gradient steps (hinge: of the Moreau envelope)
+    in its per-user mode (``pooled_noise = False``: its default pools the binomial noise, the same
+    law but other draws)."""
     X, y = records(seed=1)
     in_process = learner(seed=7, loss=loss)
+    in_process.pooled_noise = False  # every user's message drawn as her client draws it (the per-user reference)
     for _ in range(T):
         in_process.learn_many(X, y)
     assert in_process.finished
