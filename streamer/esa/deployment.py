@@ -104,10 +104,19 @@ def sum_report(learner: SequentialLearner, users: int, shares: int, bits: int, t
         f"analyzer intrusion: its private key opens the messages topic, where a user's m shares are one message, so one "
         f"read of its memory or files plus all outputs is bounded by the local guarantee {local}",
         "malicious clients: a client can shift a round's sum by any amount mod q (utility only: it learns nothing of the "
-        "others); a round whose sum leaves [0, B(g + b)], or with any share that does not open, is skipped, neither "
-        "learned nor charged; every well-formed share is assumed to come from an honest client running PVEC's randomizer",
+        "others); a round whose sum leaves [0, B(g + b)] is skipped but charged (whether a shifted sum leaves the range "
+        "depends on the honest users' totals), one with any share that does not open is skipped and not charged; every "
+        "well-formed share is assumed to come from an honest client running PVEC's randomizer",
     ]
     assumptions = [a for a in report.assumptions if not a.startswith("a trusted shuffler")]
+    return secure_sum_statement(report, output, local, roles, assumptions)
+
+
+def secure_sum_statement(report: PrivacyReport, output: Guarantee, local: Guarantee, roles: list[str],
+                         assumptions: list[str]) -> PrivacyReport:
+    """The learner's ``report`` restated for a secure-sum deployment: ``output``, an intrusion
+    guarantee no better than the local one, the roles' assumptions first, the deployment's
+    references last (:func:`sum_report`, :func:`streamer.esa.gd_analyzer.gd_report`)."""
     return dataclasses.replace(
         report,
         output=output,

@@ -32,19 +32,17 @@ but not checkpointed is found in the store and not charged again (:mod:`streamer
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from nacl.public import PrivateKey
 
 from accounting.ledger import Guarantee, PrivacyReport
-from protocols.secure_sum import added_delta, recombine
-from protocols.shuffle_base import max_guarantee
+from protocols.secure_sum import added_delta
 from protocols.shuffle_gd import ROUND_MARGIN, ShuffleGD, composed
 from streamer.esa import wire
 from streamer.esa.analyzer import decode_state
-from streamer.esa.deployment import DEPLOYMENT, REFERENCE, SECURE_SUM_REFERENCE
+from streamer.esa.deployment import DEPLOYMENT, REFERENCE, SECURE_SUM_REFERENCE, secure_sum_statement
 from streamer.esa.sum_analyzer import SumAnalyzer
 
 CHECKPOINT_FORMAT = "panpriv-esa-gd-analyzer/1"
@@ -111,13 +109,7 @@ def gd_report(learner: ShuffleGD, users: int, shares: int, bits: int, tau: float
     assumptions = [a for a in report.assumptions if not a.startswith("a trusted shuffler")
                    and "rounds started so far" not in a and not a.startswith("this figure already counts")
                    and not a.startswith("pan-privacy: the state holds")]
-    return dataclasses.replace(
-        report,
-        output=output,
-        intrusion=max_guarantee(local, output),
-        assumptions=tuple([*roles, *assumptions]),
-        references=tuple([*report.references, REFERENCE, SECURE_SUM_REFERENCE]),
-    )
+    return secure_sum_statement(report, output, local, roles, assumptions)
 
 
 class GDAnalyzer(SumAnalyzer):
@@ -152,22 +144,7 @@ class GDAnalyzer(SumAnalyzer):
             self.stopped = self.gate(self.round, self.round_report(self.round))
             if self.stopped is not None:
                 return None
-        units = self._open(batch)
-        if units is None:
-            self.rejected["invalid_units"] += 1
-            return False
-        try:
-            totals = recombine(units, self.bits)
-        finally:
-            units.fill(0)
-        try:
-            if totals.max() > self.users * self.max_count:
-                self.rejected["out_of_range"] += 1
-                return False
-            self.learner.learn_totals(totals)
-            return True
-        finally:
-            totals.fill(0)
+        return self._sum_and_learn(batch, charge=None)
 
     def composed_output(self, rounds: int) -> Guarantee:
         """The output guarantee of ``rounds`` rounds of this deployment (with the secure sum's τ)."""

@@ -39,7 +39,7 @@ checkpoint before publication, the round charged through ``gate`` before it is l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -121,8 +121,21 @@ class SumAnalyzer(AnalyzerCore):
         return self.learner.finished
 
     def _learn(self, batch: wire.Batch) -> bool | None:
-        """Open, sum, check and learn the round: True if learned, False if skipped (counted),
-        ``None`` if the budget refused it (``stopped``). Shares and totals are zeroed after use."""
+        """Open, sum, charge, check and learn the round: True if learned, False if skipped
+        (counted), ``None`` if the budget refused it (``stopped``)."""
+        return self._sum_and_learn(batch, charge=self._charge_round)
+
+    def _charge_round(self) -> bool:
+        """Charge the round through ``gate`` with this deployment's statement; False if refused."""
+        if self.gate is not None:
+            self.stopped = self.gate(self.round, self.report())
+        return self.stopped is None
+
+    def _sum_and_learn(self, batch: wire.Batch, charge: Callable[[], bool] | None) -> bool | None:
+        """Open and sum the round's shares, ``charge`` it (``None``: charged already), check the
+        totals' range and learn them. Shares and totals are zeroed after use. The charge comes
+        before the range check: whether an (adversarially shifted) sum stays in range depends on
+        the honest users' totals too, so a skip is an output of their data."""
         units = self._open(batch)
         if units is None:
             self.rejected["invalid_units"] += 1
@@ -132,12 +145,8 @@ class SumAnalyzer(AnalyzerCore):
         finally:
             units.fill(0)
         try:
-            # Charged before the range check: whether an (adversarially shifted) sum stays in range
-            # depends on the honest users' totals too, so a skip is an output of their data.
-            if self.gate is not None:
-                self.stopped = self.gate(self.round, self.report())
-                if self.stopped is not None:
-                    return None
+            if charge is not None and not charge():
+                return None
             if totals.max() > self.users * self.max_count:
                 self.rejected["out_of_range"] += 1
                 return False
