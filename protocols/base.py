@@ -412,25 +412,39 @@ def constructor_parameters(cls: type[Learner]) -> tuple[str, ...]:
 
 
 @overload
-def check_batch(owner: str, X: object, y: None, dim: int) -> tuple[NDArray[np.float64], None]: ...
+def check_batch(
+    owner: str, X: object, y: None, dim: int, row_squares: NDArray[np.float64] | None = None
+) -> tuple[NDArray[np.float64], None]: ...
 
 
 @overload
-def check_batch(owner: str, X: object, y: object, dim: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]: ...
+def check_batch(
+    owner: str, X: object, y: object, dim: int, row_squares: NDArray[np.float64] | None = None
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]: ...
 
 
 def check_batch(
-    owner: str, X: object, y: object | None, dim: int
+    owner: str, X: object, y: object | None, dim: int, row_squares: NDArray[np.float64] | None = None
 ) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
     """Validate a micro-batch and return float64 views (copies only where a conversion is needed).
 
     Raises :class:`InvalidInputError` naming the argument for a wrong shape, a length mismatch, or
     a non-finite value. Feature clipping is the loss's job (it knows the declared bound).
+
+    ``row_squares`` (shape (m,), optional): filled with the rows' squared norms, and the finiteness
+    of X is read from them — a NaN or ±inf in a row makes its sum of squares non-finite, and a
+    finite sum has only finite terms — so a learner that needs the norms reads X once for both
+    (the element-wise check runs only when some sum is not finite: an overflowing huge row).
     """
     X_arr = np.asarray(X, dtype=np.float64)
     if X_arr.ndim != 2 or X_arr.shape[1] != dim:
         raise InvalidInputError(f"{owner}: X must have shape (m, {dim}); got shape {X_arr.shape}")
-    if not np.all(np.isfinite(X_arr)):
+    if row_squares is not None:
+        np.einsum("ij,ij->i", X_arr, X_arr, out=row_squares[: X_arr.shape[0]])
+        finite = bool(np.isfinite(row_squares[: X_arr.shape[0]]).all()) or bool(np.all(np.isfinite(X_arr)))
+    else:
+        finite = bool(np.all(np.isfinite(X_arr)))
+    if not finite:
         raise InvalidInputError(f"{owner}: X contains NaN or infinite values")
     if y is None:
         return X_arr, None

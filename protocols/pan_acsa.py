@@ -382,15 +382,17 @@ class PanPrivateACSA(Learner):
         updated in place. So after the call, memory holds no clean per-record value and no pure
         noise draw (tests/protocols/test_memory_residue.py).
         """
-        X, y = check_batch(_OWNER, X, y, self.dim)
+        fused = self._secure is None and np.ndim(X) == 2
+        squares = self._scratch.take("batch_row_squares", np.shape(X)[0]) if fused else None
         try:
+            X, y = check_batch(_OWNER, X, y, self.dim, squares)  # the fused path reuses the norms
             for rows in round_slices(X.shape[0], lambda: min(self._current_batch() - self._filled, BLOCK_ROWS)):
                 plan = self.current_plan()
                 batch = plan.batch_size(self._iterate.batch)
                 if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
                     self._grad.fill(0)
                     self._add_noise(batch)
-                self._add_records(X[rows], y[rows], plan, batch)
+                self._add_records(X[rows], y[rows], plan, batch, None if squares is None else squares[rows])
                 self._filled += rows.stop - rows.start
                 self._records += rows.stop - rows.start
                 if self._filled == batch:
@@ -398,15 +400,15 @@ class PanPrivateACSA(Learner):
         finally:
             self._scratch.wipe()
 
-    def _add_records(self, X: Array, y: Array, plan: RunPlan, batch: int) -> None:
+    def _add_records(self, X: Array, y: Array, plan: RunPlan, batch: int, row_squares: Array | None = None) -> None:
         """g_t += Σ ∇ℓ(θ^md_t; x)/b_t over the rows (Alg. 6 line 7; secure: Σ trunc(∇/γ) in grid
         units), through scratch buffers; the secure mode's integer partial sum is zeroed after
-        it is added."""
+        it is added. ``row_squares``: the rows' squared norms, if already computed."""
         labels = scratch.labels(self.loss, y, self._scratch)
         if self._secure is None:  # the fused GLM path: no feature or gradient matrix is formed
             total = scratch.clipped_gradient_sum(
                 self.loss, self._iterate.theta_md, X, labels, self.feature_bound, self._lipschitz, self._scratch,
-                plan.smoothing,
+                plan.smoothing, row_squares,
             )
             total /= batch
             self._grad += total

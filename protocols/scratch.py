@@ -68,6 +68,15 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array) -> Array:
     return out
 
 
+def _scaled_norm(row: Array, work: Array) -> float:
+    """‖row‖ of a finite row whose sum of squares overflows: max|x|·‖x/max|x|‖ (``work`` holds the
+    scaled row, in scratch)."""
+    np.abs(row, out=work)
+    peak = float(work.max())
+    np.divide(row, peak, out=work)
+    return peak * math.sqrt(float(work @ work))
+
+
 def _clip_factors(bound: float, norms: Array) -> Array:
     """``min(1, bound/max(n, tiny))`` for each norm n, in place, as ``bound/max(n, bound)``.
 
@@ -153,6 +162,7 @@ def clipped_gradient_sum(
     bound: float,
     scratch: Scratch,
     smoothing: float | None = None,
+    row_squares: Array | None = None,
 ) -> Array:
     """Σ_i of the per-record gradients at ``theta`` of the rows ``X`` (raw, C-contiguous), each
     clipped to norm ``bound``: shape (p,), in ``scratch``. The same sum as
@@ -170,20 +180,32 @@ def clipped_gradient_sum(
 
     ``y`` are the loss's labels (:func:`labels`). Only m-vectors and the p-vector sum are
     written, all in ``scratch``; the loss's φ' vector is wiped as in :func:`clipped_gradients`.
+    ``row_squares``: the rows' ‖x_i‖² when the caller has them (:func:`protocols.base.check_batch`
+    computes them while it validates X), which saves a pass over X.
     """
     m, d = X.shape
     intercept = loss.intercept_scale if loss.intercept else 0.0
     squares = scratch.take("row_squares", m)  # ‖x_i‖², then ‖z_i‖²
-    np.einsum("ij,ij->i", X, X, out=squares)
+    if row_squares is None:
+        np.einsum("ij,ij->i", X, X, out=squares)
+    else:
+        np.copyto(squares, row_squares)
     scale = scratch.take("feature_scale", m)  # f_i, as clip_rows_into computes it
     np.sqrt(squares, out=scale)
+    overflowed = np.flatnonzero(~np.isfinite(scale))  # finite rows whose ‖x‖² overflows (rare)
+    norms = [_scaled_norm(X[i], scratch.take("overflowed_row", d)) for i in overflowed.tolist()]
+    scale[overflowed] = norms
     _clip_factors(feature_bound, scale)
     squares *= scale
     squares *= scale
-    squares += intercept * intercept
     margins = scratch.take("margins", m)
     np.matmul(X, theta[:d], out=margins)
     margins *= scale
+    for i, norm in zip(overflowed.tolist(), norms, strict=True):  # from the clipped row itself
+        clipped = np.multiply(X[i], scale[i], out=scratch.take("overflowed_row", d))
+        margins[i] = float(clipped @ theta[:d])
+        squares[i] = (scale[i] * norm) ** 2
+    squares += intercept * intercept
     if loss.intercept:
         margins += intercept * theta[d]
     if smoothing is None:

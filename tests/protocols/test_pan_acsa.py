@@ -389,3 +389,31 @@ def test_secure_noise_learns_a_logistic_model():
     excess = loss.objective(learner.release(), Z, labels) - loss.objective(theta_star, Z, labels)
     start = loss.objective(np.zeros(5), Z, labels) - loss.objective(theta_star, Z, labels)
     assert excess < 0.1 * start
+
+
+def test_validation_reads_the_row_norms_the_fused_path_reuses() -> None:
+    """learn_many checks X's finiteness from the rows' sums of squares (one pass, reused by the
+    fused gradient sum): a NaN or an infinity anywhere is refused before anything is learned. A
+    huge finite row, whose sum of squares overflows, is accepted and clipped exactly: the model
+    equals the one fed that row already scaled to the feature bound (it was all NaN before)."""
+    def learner() -> PanPrivateACSA:
+        return PanPrivateACSA(3, "logistic", 1.0, 1e-6, horizon=60, radius=4.0, rng=5)
+
+    for bad in (np.nan, np.inf, -np.inf):
+        model = learner()
+        before = json.dumps(model.state_dict(), default=str)
+        X = X3[:10].copy()
+        X[7, 1] = bad
+        with pytest.raises(InvalidInputError, match="NaN or infinite"):
+            model.learn_many(X, Y3[:10])
+        assert json.dumps(model.state_dict(), default=str) == before
+    huge = X3[:12].copy()
+    huge[4] = [1e200, -1e200, 3e199]  # ‖x‖² overflows to inf; the row is finite
+    clipped = huge.copy()
+    clipped[4] = np.array([1.0, -1.0, 0.3]) / math.sqrt(2.09)  # the same row at norm 1 (the feature bound)
+    with_huge, with_clipped = learner(), learner()
+    with np.errstate(all="raise"):
+        with_huge.learn_many(huge, Y3[:12])
+    with_clipped.learn_many(clipped, Y3[:12])
+    assert np.all(np.isfinite(with_huge.release()))
+    np.testing.assert_allclose(with_huge.release(), with_clipped.release(), rtol=1e-12, atol=1e-15)
