@@ -124,6 +124,13 @@ def send(bootstrap: str, topic: str, values: list[bytes]) -> None:
         producer.close()
 
 
+def separable(n: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """x ~ N(0, I/d), y the sign of ⟨x, (1, …, d)⟩: the role tests' records (no label noise)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, dim)) / np.sqrt(dim)
+    return X, np.where(X @ np.arange(1, dim + 1) > 0, 1.0, -1.0)
+
+
 def synthetic(n: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A noisy linear rule: x ~ N(0, 2.25 I/d) (norms about 1.5, clipped to 1), 5 % of labels flipped."""
     w = np.random.default_rng(0).normal(size=dim)

@@ -29,6 +29,7 @@ from streamer.esa.gd_budget import GDAnalyzerBudget
 from streamer.esa.gd_client import AnsweredRounds, GDClients
 from streamer.esa.model import ModelRecord
 from streamer.esa.shuffler import Shuffler
+from tests.esa import parts
 
 DIM, N, T = 4, 16, 3
 KEY = data_key("cluster=test", "gd-messages")
@@ -39,10 +40,7 @@ def learner(seed: int | None = None, loss: str = "logistic", rounds: int = T) ->
 
 
 def records(n: int = N, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, DIM)) / np.sqrt(DIM)
-    y = np.where(X @ np.arange(1, DIM + 1) > 0, 1.0, -1.0)
-    return X, y
+    return parts.separable(n, DIM, seed)
 
 
 @pytest.fixture(scope="module")

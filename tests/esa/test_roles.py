@@ -20,6 +20,7 @@ from streamer.esa.deployment import DEPLOYMENT
 from streamer.esa.keys import key_id
 from streamer.esa.model import ModelRecord
 from streamer.esa.shuffler import Shuffler
+from tests.esa import parts
 
 DIM, B = 5, 16
 
@@ -32,10 +33,7 @@ P = learner().calibration()["params"]
 
 
 def records(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, DIM)) / np.sqrt(DIM)
-    y = np.where(X @ np.arange(1, DIM + 1) > 0, 1.0, -1.0)
-    return X, y
+    return parts.separable(n, DIM, seed)
 
 
 def test_wire_roundtrip_and_fixed_size() -> None:

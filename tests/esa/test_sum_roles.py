@@ -28,6 +28,7 @@ from streamer.esa.model import ModelRecord
 from streamer.esa.shuffler import Shuffler
 from streamer.esa.sum_analyzer import SumAnalyzer
 from streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
+from tests.esa import parts
 
 DIM, B, ROUNDS = 4, 16, 5
 
@@ -40,10 +41,7 @@ def learner(seed: int | None = None, rounds: int = ROUNDS, kind: str = "shuffle-
 
 
 def records(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, DIM)) / np.sqrt(DIM)
-    y = np.where(X @ np.arange(1, DIM + 1) > 0, 1.0, -1.0)
-    return X, y
+    return parts.separable(n, DIM, seed)
 
 
 @pytest.fixture(scope="module")
