@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -122,6 +123,15 @@ def send(bootstrap: str, topic: str, values: list[bytes]) -> None:
         producer.flush()
     finally:
         producer.close()
+
+
+def streamer_modules_after_import(module: str) -> list[str]:
+    """The ``streamer`` modules a fresh interpreter holds after importing ``module`` alone (a
+    client must not pull in the service)."""
+    code = f"import json, sys, {module}; print(json.dumps(sorted(m for m in sys.modules if m.startswith('streamer'))))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    return list(json.loads(out))
 
 
 def separable(n: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

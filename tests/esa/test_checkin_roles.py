@@ -17,6 +17,7 @@ from streamer.esa.checkin_analyzer import CheckinAnalyzer
 from streamer.esa.checkin_client import CheckinEncoder, local_randomizer
 from streamer.esa.keys import key_id
 from streamer.esa.slot_shuffler import SlotRules, SlotShuffler, dummy_sealer
+from tests.esa import parts
 
 DIM = 5
 
@@ -319,15 +320,7 @@ def test_a_wake_slot_with_missing_clients_closes_at_the_public_deadline() -> Non
 
 
 def test_checkin_client_imports_nothing_of_the_service() -> None:
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = "import sys, streamer.esa.checkin_client; print(sorted(m for m in sys.modules if m.startswith('streamer')))"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
-    assert eval(out) == ["streamer", "streamer.esa", "streamer.esa.checkin_client", "streamer.esa.checkin_wire",
+    assert parts.streamer_modules_after_import("streamer.esa.checkin_client") == ["streamer", "streamer.esa", "streamer.esa.checkin_client", "streamer.esa.checkin_wire",
                          "streamer.esa.client", "streamer.esa.keys", "streamer.esa.model", "streamer.esa.wire"]
 
 

@@ -5,11 +5,6 @@ rejections, the shuffler's unit release (Bittau et al. 2017 §3; Ishai et al. 20
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from nacl.public import PrivateKey, SealedBox
@@ -229,8 +224,5 @@ def test_one_batch_size_is_required(key: PrivateKey) -> None:
 
 
 def test_sum_client_imports_nothing_of_the_service() -> None:
-    code = "import sys, streamer.esa.sum_client; print(sorted(m for m in sys.modules if m.startswith('streamer')))"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
-    assert eval(out) == ["streamer", "streamer.esa", "streamer.esa.client", "streamer.esa.keys", "streamer.esa.model",
+    assert parts.streamer_modules_after_import("streamer.esa.sum_client") == ["streamer", "streamer.esa", "streamer.esa.client", "streamer.esa.keys", "streamer.esa.model",
                          "streamer.esa.sum_client", "streamer.esa.wire"]
