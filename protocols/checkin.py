@@ -384,11 +384,8 @@ class RandomCheckinSGD(MessageSGDLearner):
         try:
             for start in range(0, X.shape[0], scratch.BLOCK_ROWS):
                 block = slice(start, start + scratch.BLOCK_ROWS)
-                Z = scratch.features(self.loss, X[block], self.feature_bound, self._scratch)
-                labels = scratch.labels(self.loss, y[block], self._scratch)
-                norms = self._scratch.take("feature_norms", Z.shape[0])
-                np.einsum("ij,ij->i", Z, Z, out=norms)
-                np.sqrt(norms, out=norms)
+                Z, labels, norms = scratch.features_with_norms(self.loss, X[block], y[block], self.feature_bound,
+                                                               self._scratch)
                 for first in range(0, Z.shape[0], NOISE_BLOCK_ROWS):
                     rows = slice(first, first + NOISE_BLOCK_ROWS)
                     with self._noise.draw() as generator:

@@ -264,11 +264,8 @@ class _PNSGD(Learner):
         try:
             for start in range(0, X.shape[0], BLOCK_ROWS):
                 rows = slice(start, start + BLOCK_ROWS)
-                Z = scratch.features(self.loss, X[rows], self.feature_bound, self._scratch)
-                labels = scratch.labels(self.loss, y[rows], self._scratch)
-                norms = self._scratch.take("feature_norms", Z.shape[0])
-                np.einsum("ij,ij->i", Z, Z, out=norms)
-                np.sqrt(norms, out=norms)
+                Z, labels, norms = scratch.features_with_norms(self.loss, X[rows], y[rows], self.feature_bound,
+                                                               self._scratch)
                 for first in range(0, Z.shape[0], NOISE_BLOCK_ROWS):
                     last = min(first + NOISE_BLOCK_ROWS, Z.shape[0])
                     noise = self._draw_steps_noise(scales[start + first : start + last], Z.shape[1])

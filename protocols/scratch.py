@@ -117,6 +117,17 @@ def labels(loss: Loss, y: Array, scratch: Scratch) -> Array:
     return out
 
 
+def features_with_norms(loss: Loss, X: Array, y: Array, feature_bound: float, scratch: Scratch) -> tuple[Array, Array, Array]:
+    """The features (:func:`features`), labels (:func:`labels`) and feature-row norms ‖z_i‖ of
+    one block of rows, all in ``scratch``: what the per-record learners (pnsgd, checkin) need to
+    clip each gradient φ′·z_i from the scalar φ′ and the row's norm."""
+    Z = features(loss, X, feature_bound, scratch)
+    norms = scratch.take("feature_norms", Z.shape[0])
+    np.einsum("ij,ij->i", Z, Z, out=norms)
+    np.sqrt(norms, out=norms)
+    return Z, labels(loss, y, scratch), norms
+
+
 def learn_in_blocks(
     loss: Loss, X: Array, y: Array, feature_bound: float, scratch: Scratch, learn_block: Callable[[Array, Array], None]
 ) -> None:
