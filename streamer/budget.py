@@ -118,6 +118,37 @@ class InstanceInfo:
     started: float
 
 
+_LOCK_TIMEOUT = 60.0  # seconds a connection waits for another process's lock
+
+
+def _use_wal(db: sqlite3.Connection) -> None:
+    """Put the database in WAL mode (a persistent property of the file) unless it already is.
+
+    Converting a fresh file to WAL needs exclusive access, and SQLite does not run the busy handler
+    for ``PRAGMA journal_mode=WAL``: when several processes open a new store at once (the scale-out
+    workers and coordinator do), all but one got "database is locked" at once, whatever the
+    connection's timeout. So the mode is read first (no conversion, no exclusive lock, after the
+    first open), and the conversion is retried with backoff for up to the lock timeout; another
+    process finishing it in the meantime ends the wait.
+    """
+    deadline = time.monotonic() + _LOCK_TIMEOUT
+    pause = 0.001
+    while True:
+        try:
+            if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+                return
+            if str(db.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower() == "wal":
+                return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        else:
+            if time.monotonic() > deadline:
+                raise sqlite3.OperationalError("could not switch the budget store to WAL mode (database is locked)")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.1)
+
+
 class BudgetStore:
     """The SQLite budget store in ``directory`` (created if missing).
 
@@ -136,8 +167,8 @@ class BudgetStore:
         self.max_records_per_user = max_records_per_user
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db = sqlite3.connect(self.path, timeout=_LOCK_TIMEOUT, isolation_level=None)
+            _use_wal(self._db)
             self._db.execute("PRAGMA synchronous=FULL")
             with self._transaction() as db:
                 for statement in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
