@@ -14,8 +14,9 @@ the first ``slot_length`` messages of wake slot s in offset order — in slot or
 - ``update = "single"`` (Alg. 1): the candidate with the least choice key (ties: the least inner
   message). Keys are uniform and drawn by the clients, as the in-process learner's candidates draw
   theirs, so the pick is uniform and independent of the data, and a restarted shuffler picks the
-  same one. An **empty slot gets a dummy**: the learner's randomizer on the zero vector, drawn here
-  with OS entropy and sealed to the analyzer's public key like a client's message — the analyzer
+  same one. An **empty slot gets a dummy**: the learner's randomizer on the zero vector, sealed to
+  the analyzer's public key like a client's message, both pseudorandom from the shuffler's key and
+  the slot, so a restarted shuffler releases the same bytes (:func:`dummy_sealer`) — the analyzer
   must not learn which slots were empty (that would tell it where a client's record was used, and
   the amplified bound's proof, :func:`accounting.checkin.per_slot_epsilons`, gives the adversary
   the slots' outputs only). Every single-update release is one message of one size.
@@ -45,10 +46,10 @@ released slot from the shuffled topic and re-reads from the committed offset; it
 slots it sees from their first message (each open wake slot's first message is at or after that
 offset), re-admits their candidates for unreleased slots, and releases the same candidates (the
 least-key pick is deterministic). A release produced by the dead process that becomes visible
-only after the restart is released again: the same batch id for a candidate (the analyzer drops it
-as ``duplicate_batch``), a fresh dummy for an empty slot (``stale_round`` at the analyzer: a second
-draw of noise, but it tells an analyzer reading its rejects that the slot was empty — the one
-crash window in which the amplification argument is weakened for that slot). An extra message of a
+only after the restart is released again, byte for byte — a candidate, and a dummy too, which is
+derived rather than drawn — so the analyzer drops it as ``duplicate_batch`` whether the slot was
+empty or not (with OS-entropy dummies a re-released empty slot differed, and an analyzer reading
+its ``stale_round`` rejects learned that the slot was empty). An extra message of a
 complete wake slot (no honest client sends one, but a straggler of a wake slot closed by the
 deadline is one) is ``late``, except after a restart if the wake slot's first messages lie below the
 committed offset or it was closed by the deadline: it may then join a later release.
@@ -59,6 +60,7 @@ releases); this module is the state machine and its set-up (:func:`run`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -67,12 +69,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from nacl.bindings import crypto_box, crypto_box_NONCEBYTES
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 
 from protocols.checkin import window_start
 from protocols.randomizers import LocalRandomizer
-from protocols.randomness import NoiseSource
 from streamer.esa import checkin_wire, wire
 from streamer.esa.keys import key_id
 from streamer.esa.permute import permuted
@@ -108,20 +111,48 @@ class SlotRules:
                    str(calibration["window"]), str(calibration["update"]))
 
 
-def dummy_sealer(randomizer: LocalRandomizer, analyzer_key: PublicKey, params: int) -> Callable[[int], bytes]:
-    """The dummy of an empty single-update slot: the randomizer on the zero vector (OS entropy),
-    sealed to the analyzer exactly as a client's inner message (:mod:`streamer.esa.checkin_client`)."""
-    box, ident, noise = SealedBox(analyzer_key), key_id(analyzer_key), NoiseSource()
+def dummy_sealer(randomizer: LocalRandomizer, analyzer_key: PublicKey, params: int,
+                 secret: bytes) -> Callable[[int], bytes]:
+    """The dummy of an empty single-update slot: the randomizer on the zero vector, sealed to the
+    analyzer exactly as a client's inner message (:mod:`streamer.esa.checkin_client`) — the same
+    bytes for the same slot in every shuffler holding ``secret`` (the shuffler's private key).
+
+    Why deterministic. A release the dead process made and a restarted one makes again must be
+    identical, or the analyzer, seeing a second, different release of a slot (its ``stale_round``
+    rejects), learns that the slot had no candidate — a client's sealed update is re-released byte
+    for byte, only a fresh dummy would differ. So the dummy's randomness and the sealed box's
+    ephemeral key are derived from ``secret`` with keyed BLAKE2b (:func:`_derived`): pseudorandom to
+    anyone without the shuffler's key (the analyzer), which is all a dummy needs — it is R(0), a
+    function of no record, and hides only *that* the slot was empty, which the shuffler knows anyway.
+    """
+    ident = key_id(analyzer_key)
 
     def seal(slot: int) -> bytes:
-        with noise.draw() as generator:
-            vector = randomizer.dummy(1, params, generator)[0]
+        seed = int.from_bytes(_derived(secret, b"panpriv checkin dummy noise", slot.to_bytes(8, "little")), "little")
+        vector = randomizer.dummy(1, params, np.random.Generator(np.random.PCG64(seed)))[0]
         try:
-            return wire.message(slot, ident, box.encrypt(wire.plaintext(slot, vector)))
+            return wire.message(slot, ident, _deterministic_seal(wire.plaintext(slot, vector), analyzer_key, secret))
         finally:
             vector.fill(0.0)
 
     return seal
+
+
+def _derived(secret: bytes, label: bytes, data: bytes) -> bytes:
+    """32 pseudorandom bytes: BLAKE2b keyed with ``secret`` over ``label`` and ``data``."""
+    return hashlib.blake2b(label + b"\0" + data, key=secret, digest_size=32).digest()
+
+
+def _deterministic_seal(plaintext: bytes, recipient: PublicKey, secret: bytes) -> bytes:
+    """libsodium's sealed box (``crypto_box_seal``: ephemeral public key, then ``crypto_box`` of the
+    message under the nonce BLAKE2b-192(epk ‖ pk)), with the ephemeral key derived from ``secret``
+    and the plaintext instead of drawn: ``SealedBox(recipient's private key).decrypt`` opens it, its
+    size is a sealed box's, and equal plaintexts give equal boxes. Distinct plaintexts get distinct
+    ephemeral keys, so no (key, nonce) pair ever seals two messages."""
+    ephemeral = PrivateKey(_derived(secret, b"panpriv checkin dummy box", plaintext))
+    ephemeral_public = bytes(ephemeral.public_key)
+    nonce = hashlib.blake2b(ephemeral_public + bytes(recipient), digest_size=crypto_box_NONCEBYTES).digest()
+    return ephemeral_public + crypto_box(plaintext, nonce, bytes(recipient), bytes(ephemeral))
 
 
 class SlotShuffler:
@@ -288,7 +319,7 @@ def run(options: Any, checkin: CheckinShuffleOptions, stop: Callable[[], bool] |
     for name, value in checkin.expect.items():
         if value != getattr(rules, name):
             raise SystemExit(f"panpriv shuffle --checkin: the model's {name} is {getattr(rules, name)}, not {value}")
-    dummy = dummy_sealer(local_randomizer(model.calibration), analyzer, rules.params)
+    dummy = dummy_sealer(local_randomizer(model.calibration), analyzer, rules.params, bytes(private))
     log.info("checkin shuffler: %s, %d clients per wake slot, %s windows of %d slots, %s updates", key_id(
         private.public_key).hex(), rules.slot_length, rules.window, rules.slots, rules.update)
 
