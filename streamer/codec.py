@@ -512,12 +512,13 @@ class BinaryBatchCodec(Codec):
         y = np.empty(total)
         origin = np.empty(total, dtype=np.int64)
         row, dim = 0, self.dim
-        for i, dtype, m, payload in bodies:
-            body = np.frombuffer(payload, dtype=dtype, offset=_BATCH_HEADER.size)
-            X[row : row + m] = body[: m * dim].reshape(m, dim)
-            y[row : row + m] = body[m * dim :]
-            origin[row : row + m] = i
-            row += m
+        with np.errstate(invalid="ignore"):  # a float32 signalling NaN raises "invalid" in the cast; validate rejects it
+            for i, dtype, m, payload in bodies:
+                body = np.frombuffer(payload, dtype=dtype, offset=_BATCH_HEADER.size)
+                X[row : row + m] = body[: m * dim].reshape(m, dim)
+                y[row : row + m] = body[m * dim :]
+                origin[row : row + m] = i
+                row += m
         return self.validate(X, y, origin, rejects, owned=True)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -111,6 +112,23 @@ def test_binary_batches_round_trip_and_reject_per_record() -> None:
     # float32 batches decode to the float32 values.
     decoded32 = codec.decode([encode_batch(X[keep], y[keep])])
     np.testing.assert_array_equal(decoded32.X, X[keep].astype(np.float32).astype(np.float64))
+
+
+def test_a_float32_signalling_nan_is_a_non_finite_reject_without_a_warning() -> None:
+    """Random bytes (the fuzz corpus) hold float32 signalling NaNs, whose cast to float64 raises
+    numpy's "invalid value" warning; the record is rejected as non-finite like any NaN, quietly.
+    Positive control: the same cast outside the codec warns."""
+    X = np.full((3, 3), 0.25, dtype=np.float32)
+    y = np.ones(3, dtype=np.float32)
+    signalling = np.array([0x7F800001], dtype="<u4").view("<f4")[0]
+    X[1, 2] = signalling
+    y[2] = signalling
+    with pytest.warns(RuntimeWarning, match="invalid value"):
+        np.empty(1)[:] = X[1, 2:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decoded = BinaryBatchCodec(records()).decode([encode_batch(X, y)])
+    assert decoded.X.tolist() == [[0.25] * 3] and decoded.reject_counts() == {"non_finite": 2}
 
 
 def test_csv_rows() -> None:
