@@ -301,6 +301,10 @@ class RandomCheckinSGD(MessageSGDLearner):
         self._theta_work, self._average_work = self._iterates
         self._step_delta = np.zeros((2, self._params))
         self._weight_work, self._moment_work = self._sgd.weight, self._sgd.moment
+        # −η and T of the step as 0-d float64 arrays: the same operands as Python floats, but a
+        # ufunc takes them without its scalar-conversion cost (public values, never zeroed).
+        self._minus_eta, self._weight_array, self._factor = np.zeros(()), np.zeros(()), np.zeros(())
+        self._flags = np.zeros((3, NOISE_BLOCK_ROWS), dtype=bool)  # ℓ2 messages' hemisphere and work flags (_l2_signs)
         self._ridge_work = np.zeros(self._params)
         self._dummies, self._dummies_used = np.zeros((0, self._params)), 0
         self._unit_bound = bound_sq(self._clip, self._noise_moment, 1.0, self.loss.ridge * self.radius)
@@ -394,6 +398,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         finally:
             if self._pending:  # only after an exception inside a sub-block: its holders' messages, formed
                 self._send(list(self._pending))
+            self._flags.fill(False)
             self._sgd = AveragedSGD(self._theta_work, self._average_work, self._weight_work, self._moment_work)
             self._step_delta.fill(0.0)
             self._ridge_work.fill(0.0)
@@ -442,6 +447,7 @@ class RandomCheckinSGD(MessageSGDLearner):
             np.maximum(lengths, np.finfo(np.float64).tiny, out=lengths)
             directions /= lengths[:, None]  # unit directions u, normalised as _unit_rows does
             np.einsum("ij,ij->i", directions, Z, out=lengths)  # ⟨u, z⟩: ⟨u, g⟩ = φ′_C·⟨u, z⟩
+            np.less(uniforms[:, 1], self._keep_probability, out=self._flags[0, :k])  # the hemisphere kept
         slopes = self._scratch.take("clipped_slopes", k)
         self._sub_block = (Z, norms, slopes)
         self._ridge_work = self._scratch.take("ridge_step", self._params)
@@ -452,34 +458,78 @@ class RandomCheckinSGD(MessageSGDLearner):
         theta, dphi, clip, marks, pending = self._theta_work, self._dphi, self._clip, self._marks, self._pending
         margin = self._scratch.take("margin", 1)
         fixed, slots, buffer = self.window == "fixed", self.slots, self._buffer
-        for i in range(k):
-            slot = wake[i]
-            if self._clock < 0:
-                self._clock = int(window_start(slot, slots, self.window))
-            if slot > self._clock:
-                self._close_until(slot, generator)
-            self._records += 1
-            self._latest = slot
-            if not join_list[i]:
-                continue
-            index = (((slot // slots + 1) * slots if fixed else slot) + offset_list[i]) % buffer  # window_start + offset
-            if keys is not None:
-                if not keys[i] < marks[index]:
+        # The common close inlined on local names (_close then _update, operation for operation):
+        # one single-update slot, none of whose candidates is in flight, no ridge gradient.
+        inline = self.update == "single" and not self.loss.ridge
+        messages, dummies, iterates, average, delta = self._messages, self._dummies, self._iterates, self._average_work, self._step_delta
+        minus_eta, weight_array, factor, delta0, delta1 = self._minus_eta, self._weight_array, self._factor, delta[0], delta[1]
+        unit_bound, diameter, radius, sqrt = self._unit_bound, self._diameter, self._radius, math.sqrt
+        multiply, subtract, divide, add = np.multiply, np.subtract, np.divide, np.add
+        clock, records, latest = self._clock, self._records, self._latest
+        moment, weight, used = self._moment_work, self._weight_work, self._dummies_used
+        try:
+            for i in range(k):
+                slot = wake[i]
+                if clock < 0:
+                    clock = int(window_start(slot, slots, self.window))
+                if slot > clock:
+                    closing = clock % buffer
+                    if inline and slot == clock + 1 and closing not in pending:
+                        if marks[closing] < NO_CANDIDATE:
+                            message = messages[closing]
+                        else:
+                            if used == k:
+                                self._draw_dummies(generator)
+                                used = 0
+                            message = dummies[used]
+                            used += 1
+                        moment += unit_bound
+                        weight += 1.0
+                        minus_eta[()] = -(diameter / sqrt(moment))
+                        weight_array[()] = weight
+                        multiply(message, minus_eta, out=delta0)
+                        subtract(theta, average, out=delta1)
+                        divide(delta1, weight_array, out=delta1)
+                        add(iterates, delta, out=iterates)
+                        norm = sqrt(theta.dot(theta))
+                        if norm > radius:
+                            factor[()] = radius / norm
+                            multiply(theta, factor, out=theta)
+                        messages[closing] = 0.0
+                        marks[closing] = NO_CANDIDATE
+                        clock = slot
+                    else:  # the general close on the learner's fields
+                        self._clock, self._moment_work, self._weight_work, self._dummies_used = clock, moment, weight, used
+                        try:
+                            self._close_until(slot, generator)
+                        finally:
+                            clock, moment, weight, used = self._clock, self._moment_work, self._weight_work, self._dummies_used
+                records += 1
+                latest = slot
+                if not join_list[i]:
                     continue
-                marks[index] = keys[i]
-                pending[index] = [i]
-            else:
-                pending.setdefault(index, []).append(i)
-                marks[index] += 1.0
-            if dphi is None:
-                margin[0] = Z[i] @ theta
-                slope = float(self.loss._dphi(margin, labels[i : i + 1])[0])
-            else:
-                slope = dphi(float(Z[i].dot(theta)), label_list[i])
-            slopes[i] = slope * (clip / max(abs(slope) * norm_list[i], clip))
+                index = (((slot // slots + 1) * slots if fixed else slot) + offset_list[i]) % buffer  # window_start + offset
+                if keys is not None:
+                    if not keys[i] < marks[index]:
+                        continue
+                    marks[index] = keys[i]
+                    pending[index] = [i]
+                else:
+                    pending.setdefault(index, []).append(i)
+                    marks[index] += 1.0
+                if dphi is None:
+                    margin[0] = Z[i] @ theta
+                    slope = float(self.loss._dphi(margin, labels[i : i + 1])[0])
+                else:
+                    slope = dphi(float(Z[i].dot(theta)), label_list[i])
+                slopes[i] = slope * (clip / max(abs(slope) * norm_list[i], clip))
+        finally:
+            self._clock, self._records, self._latest = clock, records, latest
+            self._moment_work, self._weight_work, self._dummies_used = moment, weight, used
         self._send(list(self._pending))
         joins.fill(False)
         offsets.fill(0)
+        self._flags.fill(False)
 
     def _draw_dummies(self, generator: np.random.Generator) -> None:
         """Draw the dummies R(0) for up to the sub-block's size of empty single-update slots
@@ -506,48 +556,53 @@ class RandomCheckinSGD(MessageSGDLearner):
         Z, norms, slopes = self._sub_block
         rows = np.fromiter((i for i, _ in pairs), dtype=np.intp, count=len(pairs))
         targets = np.fromiter((index for _, index in pairs), dtype=np.intp, count=len(pairs))
-        chosen = scratch.rows(slopes, rows, self._scratch, "send_slopes")
         messages = self._scratch.take("send_messages", rows.size, self._params)
         if isinstance(self._local, GaussianRandomizer):
+            chosen = scratch.rows(slopes, rows, self._scratch, "send_slopes")
             scratch.rows(Z, rows, self._scratch, "send_messages")
             messages *= chosen[:, None]
             messages += scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows,
                                      self._scratch, "send_noise")
         else:
-            size = scratch.rows(norms, rows, self._scratch, "send_norms")  # ‖g‖ = |φ′_C|·‖z‖
-            work = self._scratch.take("send_work", rows.size)
-            size *= np.abs(chosen, out=work)
-            uniforms = self._scratch.take("randomizer_uniforms", Z.shape[0], 2)
-            sides = scratch.rows(uniforms, rows, self._scratch, "send_uniforms")
-            along = scratch.rows(self._scratch.take("direction_norms", Z.shape[0]), rows, self._scratch, "send_along")
-            along *= chosen  # ⟨u, g⟩
-            flags = np.zeros((5, rows.size), dtype=bool)
-            toward, away, same_side, hemisphere, keep = flags
-            try:
-                np.minimum(size, self._clip, out=work)
-                work /= 2.0 * self._clip
-                work += 0.5
-                np.less(sides[:, 0], work, out=toward)
-                np.greater(along, 0.0, out=same_side)
-                np.less(along, 0.0, out=keep)
-                np.logical_not(toward, out=away)
-                np.copyto(same_side, keep, where=away)
-                np.less(sides[:, 1], self._keep_probability, out=hemisphere)
-                np.equal(same_side, hemisphere, out=keep)
-                np.equal(size, 0.0, out=toward)
-                keep |= toward
-                np.copyto(work, -self._l2_norm)
-                np.copyto(work, self._l2_norm, where=keep)  # ±B
-                scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows,
-                             self._scratch, "send_messages")
-                messages *= work[:, None]
-            finally:
-                flags.fill(False)
+            signs = self._l2_signs()
+            scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows, self._scratch,
+                         "send_messages")
+            messages *= scratch.rows(signs, rows, self._scratch, "send_signs")[:, None]
         if self.update == "single":
             self._messages[targets] = messages
         else:
             np.add.at(self._messages, targets, messages)
         messages.fill(0.0)
+
+    def _l2_signs(self) -> Array:
+        """±B, the ℓ2 message's length and sign, for every client of the sub-block in flight (those
+        without a slope yet get a value never used), in scratch.
+
+        :meth:`protocols.randomizers.L2BallRandomizer.privatize`'s choice, operation for operation
+        on the same floats: ‖g‖ = ‖z‖·|φ′_C|; toward iff u_side < 0.5 + min(‖g‖, C)/(2C); z's side
+        iff ⟨u, g⟩ = ⟨u, z⟩·φ′_C is > 0 (toward) or < 0 (away: −⟨u, g⟩ > 0, negation being exact);
+        keep iff that equals the hemisphere flag (u_hemisphere < keep probability, set per
+        sub-block by :meth:`_learn_sub_block`) or ‖g‖ = 0. Computed over the whole sub-block rather
+        than the clients sent, which saves the gathers and changes no client's value."""
+        _, norms, slopes = self._sub_block
+        k = slopes.shape[0]
+        size, work, along = (self._scratch.take(name, k) for name in ("send_norms", "send_work", "send_along"))
+        hemisphere, away, keep = self._flags[:, :k]
+        np.abs(slopes, out=work)
+        np.multiply(norms, work, out=size)  # ‖g‖
+        np.minimum(size, self._clip, out=work)
+        work /= 2.0 * self._clip
+        work += 0.5
+        np.greater_equal(self._scratch.take("randomizer_uniforms", k, 2)[:, 0], work, out=away)
+        np.multiply(self._scratch.take("direction_norms", k), slopes, out=along)  # ⟨u, g⟩
+        np.negative(along, out=along, where=away)
+        np.greater(along, 0.0, out=keep)  # on z's side
+        np.equal(keep, hemisphere, out=keep)
+        np.equal(size, 0.0, out=away)
+        keep |= away
+        np.copyto(work, -self._l2_norm)
+        np.copyto(work, self._l2_norm, where=keep)
+        return work
 
     def _close_until(self, slot: int, generator: np.random.Generator) -> None:
         """Close every slot before ``slot``, in order (one update each; none for an empty averaged
@@ -619,12 +674,13 @@ class RandomCheckinSGD(MessageSGDLearner):
             np.multiply(theta, self.loss.ridge, out=gradient)
             np.add(mean_message, gradient, out=gradient)
         self._moment_work += bound
-        eta = self._diameter / math.sqrt(self._moment_work)
         self._weight_work += 1.0
+        self._minus_eta[()] = -(self._diameter / math.sqrt(self._moment_work))
+        self._weight_array[()] = self._weight_work
         # One addition moves both rows: θ + (−η)·g (= θ − η·g exactly) and average + (θ − average)/T.
-        np.multiply(gradient, -eta, out=delta[0])
+        np.multiply(gradient, self._minus_eta, out=delta[0])
         np.subtract(theta, average, out=delta[1])
-        np.divide(delta[1], self._weight_work, out=delta[1])
+        np.divide(delta[1], self._weight_array, out=delta[1])
         self._iterates += delta
         norm = math.sqrt(float(theta.dot(theta)))
         if norm > self._radius:
