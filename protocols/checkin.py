@@ -475,9 +475,8 @@ class RandomCheckinSGD(MessageSGDLearner):
                 if slot > clock:
                     closing = clock % buffer
                     if inline and slot == clock + 1 and closing not in pending:
-                        if marks[closing] < NO_CANDIDATE:
-                            message = messages[closing]
-                        else:
+                        message = kept = messages[closing]
+                        if not marks[closing] < NO_CANDIDATE:
                             if used == k:
                                 self._draw_dummies(generator)
                                 used = 0
@@ -495,7 +494,7 @@ class RandomCheckinSGD(MessageSGDLearner):
                         if norm > radius:
                             factor[()] = radius / norm
                             multiply(theta, factor, out=theta)
-                        messages[closing] = 0.0
+                        kept.fill(0.0)
                         marks[closing] = NO_CANDIDATE
                         clock = slot
                     else:  # the general close on the learner's fields
@@ -550,12 +549,15 @@ class RandomCheckinSGD(MessageSGDLearner):
         ⟨u, g⟩ = φ′_C⟨u, z⟩ and her two uniforms, operation for operation. Gaussian randomizer:
         φ′_C·z plus her noise row. Every work array (clean gradients, norms, sides, signs) lives in
         scratch or is zeroed before returning."""
-        pairs = [(i, index) for index in indices for i in self._pending.pop(index)]
-        if not pairs:
+        clients, slots = [], []
+        for index in indices:
+            for i in self._pending.pop(index):
+                clients.append(i)
+                slots.append(index)
+        if not clients:
             return
         Z, norms, slopes = self._sub_block
-        rows = np.fromiter((i for i, _ in pairs), dtype=np.intp, count=len(pairs))
-        targets = np.fromiter((index for _, index in pairs), dtype=np.intp, count=len(pairs))
+        rows, targets = np.array(clients, dtype=np.intp), np.array(slots, dtype=np.intp)
         messages = self._scratch.take("send_messages", rows.size, self._params)
         if isinstance(self._local, GaussianRandomizer):
             chosen = scratch.rows(slopes, rows, self._scratch, "send_slopes")
