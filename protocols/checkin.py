@@ -305,6 +305,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         # ufunc takes them without its scalar-conversion cost (public values, never zeroed).
         self._minus_eta, self._weight_array, self._factor = np.zeros(()), np.zeros(()), np.zeros(())
         self._flags = np.zeros((3, NOISE_BLOCK_ROWS), dtype=bool)  # ℓ2 messages' hemisphere and work flags (_l2_signs)
+        self._l2_work: tuple[NDArray[Any], ...] = ()  # the sub-block's ℓ2 draws and work views (_learn_sub_block)
         self._ridge_work = np.zeros(self._params)
         self._dummies, self._dummies_used = np.zeros((0, self._params)), 0
         self._unit_bound = bound_sq(self._clip, self._noise_moment, 1.0, self.loss.ridge * self.radius)
@@ -394,7 +395,7 @@ class RandomCheckinSGD(MessageSGDLearner):
                     rows = slice(first, first + NOISE_BLOCK_ROWS)
                     with self._noise.draw() as generator:
                         self._learn_sub_block(Z[rows], norms[rows], labels[rows],
-                                              wake[start + first : start + first + NOISE_BLOCK_ROWS].tolist(), generator)
+                                              wake[start + first : start + first + NOISE_BLOCK_ROWS], generator)
         finally:
             if self._pending:  # only after an exception inside a sub-block: its holders' messages, formed
                 self._send(list(self._pending))
@@ -421,7 +422,8 @@ class RandomCheckinSGD(MessageSGDLearner):
             raise InvalidInputError(f"{_OWNER}: timestamps go back in time (wake slots must not decrease)")
         return wake
 
-    def _learn_sub_block(self, Z: Array, norms: Array, labels: Array, wake: list[int], generator: np.random.Generator) -> None:
+    def _learn_sub_block(self, Z: Array, norms: Array, labels: Array, wakes: NDArray[np.int64],
+                         generator: np.random.Generator) -> None:
         """The clients of one sub-block (features ``Z``, their norms, labels, wake slots), in order;
         their randomness drawn up front (see :meth:`learn_many`).
 
@@ -447,17 +449,22 @@ class RandomCheckinSGD(MessageSGDLearner):
             np.maximum(lengths, np.finfo(np.float64).tiny, out=lengths)
             directions /= lengths[:, None]  # unit directions u, normalised as _unit_rows does
             np.einsum("ij,ij->i", directions, Z, out=lengths)  # ⟨u, z⟩: ⟨u, g⟩ = φ′_C·⟨u, z⟩
-            np.less(uniforms[:, 1], self._keep_probability, out=self._flags[0, :k])  # the hemisphere kept
+            hemisphere, away, keep = self._flags[:, :k]
+            np.less(uniforms[:, 1], self._keep_probability, out=hemisphere)  # the hemisphere kept
+            size, work, along = (self._scratch.take(name, k) for name in ("send_norms", "send_work", "send_along"))
+            self._l2_work = (directions, uniforms[:, 0], lengths, hemisphere, away, keep, size, work, along)
         slopes = self._scratch.take("clipped_slopes", k)
         self._sub_block = (Z, norms, slopes)
         self._ridge_work = self._scratch.take("ridge_step", self._params)
         self._dummies = self._scratch.take("dummies", k if self.update == "single" else 0, self._params)
         self._dummies_used = self._dummies.shape[0]  # drawn when the sub-block's first empty slot closes
-        join_list, offset_list = joins.tolist(), offsets.tolist()
+        np.add(offsets, window_start(wakes, self.slots, self.window), out=offsets)
+        np.remainder(offsets, self._buffer, out=offsets)  # each client's slot index: window start + offset
+        join_list, index_list, wake = joins.tolist(), offsets.tolist(), wakes.tolist()
         norm_list, label_list = norms.tolist(), labels.tolist()
         theta, dphi, clip, marks, pending = self._theta_work, self._dphi, self._clip, self._marks, self._pending
         margin = self._scratch.take("margin", 1)
-        fixed, slots, buffer = self.window == "fixed", self.slots, self._buffer
+        slots, buffer = self.slots, self._buffer
         # The common close inlined on local names (_close then _update, operation for operation):
         # one single-update slot, none of whose candidates is in flight, no ridge gradient.
         inline = self.update == "single" and not self.loss.ridge
@@ -507,7 +514,7 @@ class RandomCheckinSGD(MessageSGDLearner):
                 latest = slot
                 if not join_list[i]:
                     continue
-                index = (((slot // slots + 1) * slots if fixed else slot) + offset_list[i]) % buffer  # window_start + offset
+                index = index_list[i]
                 if keys is not None:
                     if not keys[i] < marks[index]:
                         continue
@@ -567,8 +574,7 @@ class RandomCheckinSGD(MessageSGDLearner):
                                      self._scratch, "send_noise")
         else:
             signs = self._l2_signs()
-            scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows, self._scratch,
-                         "send_messages")
+            scratch.rows(self._l2_work[0], rows, self._scratch, "send_messages")  # the clients' directions
             messages *= scratch.rows(signs, rows, self._scratch, "send_signs")[:, None]
         if self.update == "single":
             self._messages[targets] = messages
@@ -587,16 +593,14 @@ class RandomCheckinSGD(MessageSGDLearner):
         sub-block by :meth:`_learn_sub_block`) or ‖g‖ = 0. Computed over the whole sub-block rather
         than the clients sent, which saves the gathers and changes no client's value."""
         _, norms, slopes = self._sub_block
-        k = slopes.shape[0]
-        size, work, along = (self._scratch.take(name, k) for name in ("send_norms", "send_work", "send_along"))
-        hemisphere, away, keep = self._flags[:, :k]
+        _, sides, along_direction, hemisphere, away, keep, size, work, along = self._l2_work
         np.abs(slopes, out=work)
         np.multiply(norms, work, out=size)  # ‖g‖
         np.minimum(size, self._clip, out=work)
         work /= 2.0 * self._clip
         work += 0.5
-        np.greater_equal(self._scratch.take("randomizer_uniforms", k, 2)[:, 0], work, out=away)
-        np.multiply(self._scratch.take("direction_norms", k), slopes, out=along)  # ⟨u, g⟩
+        np.greater_equal(sides, work, out=away)
+        np.multiply(along_direction, slopes, out=along)  # ⟨u, g⟩
         np.negative(along, out=along, where=away)
         np.greater(along, 0.0, out=keep)  # on z's side
         np.equal(keep, hemisphere, out=keep)
