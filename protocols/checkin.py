@@ -466,7 +466,8 @@ class RandomCheckinSGD(MessageSGDLearner):
         margin = self._scratch.take("margin", 1)
         slots, buffer = self.slots, self._buffer
         # The common close inlined on local names (_close then _update, operation for operation):
-        # one single-update slot, none of whose candidates is in flight, no ridge gradient.
+        # one single-update slot, none of whose candidates is in flight, no ridge gradient. (Each
+        # numpy call here costs more than its 21-element work: ufuncs take out= positionally.)
         inline = self.update == "single" and not self.loss.ridge
         messages, dummies, iterates, average, delta = self._messages, self._dummies, self._iterates, self._average_work, self._step_delta
         minus_eta, weight_array, factor, delta0, delta1 = self._minus_eta, self._weight_array, self._factor, delta[0], delta[1]
@@ -493,14 +494,14 @@ class RandomCheckinSGD(MessageSGDLearner):
                         weight += 1.0
                         minus_eta[()] = -(diameter / sqrt(moment))
                         weight_array[()] = weight
-                        multiply(message, minus_eta, out=delta0)
-                        subtract(theta, average, out=delta1)
-                        divide(delta1, weight_array, out=delta1)
-                        add(iterates, delta, out=iterates)
+                        multiply(message, minus_eta, delta0)
+                        subtract(theta, average, delta1)
+                        divide(delta1, weight_array, delta1)
+                        add(iterates, delta, iterates)
                         norm = sqrt(theta.dot(theta))
                         if norm > radius:
                             factor[()] = radius / norm
-                            multiply(theta, factor, out=theta)
+                            multiply(theta, factor, theta)
                         kept.fill(0.0)
                         marks[closing] = NO_CANDIDATE
                         clock = slot
