@@ -430,7 +430,14 @@ class RandomCheckinSGD(MessageSGDLearner):
         A client who may be used records only her clipped slope φ′_C (a scalar of the same kind as
         the loss's φ′) and which slot she holds; her message is formed from it and her randomness
         in numpy, all at once at the sub-block's end (:meth:`_send`), or earlier if her slot
-        closes first — so no per-client randomizer value ever passes through a Python scalar."""
+        closes first — so no per-client randomizer value ever passes through a Python scalar.
+
+        The common close — one single-update slot without ridge whose kept message (if any) is
+        already formed — is :meth:`_close` and :meth:`_update` inlined on local names, the same
+        numpy operations on the same operands in the same order (so bit for bit the same, which
+        the exact Alg. 1 replay in ``tests/protocols/test_checkin_learner.py`` pins on both
+        paths); every other close goes through :meth:`_close_until`. Per record, the numpy calls'
+        own cost dominates their 21-element work at d = 20, hence the locals (issue 18)."""
         k = Z.shape[0]
         joins, offsets = _check_in_draws(k, self.slots, self.checkin_probability, generator)
         keys = generator.random((k,)).tolist() if self.update == "single" else None
@@ -555,8 +562,9 @@ class RandomCheckinSGD(MessageSGDLearner):
         up to rounding). ℓ2 randomizer: ±B·u for her unit direction u, with
         :meth:`protocols.randomizers.L2BallRandomizer.privatize`'s sign from ‖g‖ = |φ′_C|‖z‖,
         ⟨u, g⟩ = φ′_C⟨u, z⟩ and her two uniforms, operation for operation. Gaussian randomizer:
-        φ′_C·z plus her noise row. Every work array (clean gradients, norms, sides, signs) lives in
-        scratch or is zeroed before returning."""
+        φ′_C·z plus her noise row; the ℓ2 signs come from :meth:`_l2_signs`. Every work array
+        (clean gradients, norms, sides, signs) lives in scratch or in the flags zeroed at the
+        sub-block's end."""
         clients, slots = [], []
         for index in indices:
             for i in self._pending.pop(index):
@@ -600,7 +608,8 @@ class RandomCheckinSGD(MessageSGDLearner):
         np.minimum(size, self._clip, out=work)
         work /= 2.0 * self._clip
         work += 0.5
-        np.greater_equal(sides, work, out=away)
+        np.less(sides, work, out=away)  # toward
+        np.logical_not(away, out=away)
         np.multiply(along_direction, slopes, out=along)  # ⟨u, g⟩
         np.negative(along, out=along, where=away)
         np.greater(along, 0.0, out=keep)  # on z's side
@@ -672,7 +681,10 @@ class RandomCheckinSGD(MessageSGDLearner):
     def _update(self, mean_message: Array, count: float) -> None:
         """:meth:`protocols.sgd.MessageSGDLearner._step` (one :meth:`protocols.sgd.AveragedSGD.step`
         on the mean message plus the ridge gradient), bit for bit, in place on the working θ and
-        average (``out=`` operations in the same order; no array allocated per step)."""
+        average (``out=`` operations in the same order; no array allocated per step). −η and T
+        go to numpy as 0-d float64 arrays: the same operands as the Python floats, without the
+        ufunc's scalar conversion. :meth:`_learn_sub_block` inlines this step for its common
+        close: the two must stay operation for operation the same."""
         theta, average, delta = self._theta_work, self._average_work, self._step_delta
         bound = self._unit_bound if count == 1.0 else bound_sq(self._clip, self._noise_moment, count, self.loss.ridge * self.radius)
         gradient = mean_message
@@ -691,7 +703,8 @@ class RandomCheckinSGD(MessageSGDLearner):
         self._iterates += delta
         norm = math.sqrt(float(theta.dot(theta)))
         if norm > self._radius:
-            theta *= self._radius / norm
+            self._factor[()] = self._radius / norm
+            np.multiply(theta, self._factor, out=theta)
 
     # -- outputs -------------------------------------------------------------------------------
 
