@@ -301,6 +301,11 @@ class RandomCheckinSGD(MessageSGDLearner):
         self._theta_work, self._average_work = self._iterates
         self._step_delta = np.zeros((2, self._params))
         self._weight_work, self._moment_work = self._sgd.weight, self._sgd.moment
+        # −η and T of the step as 0-d float64 arrays: the same operands as Python floats, but a
+        # ufunc takes them without its scalar-conversion cost (public values, never zeroed).
+        self._minus_eta, self._weight_array, self._factor = np.zeros(()), np.zeros(()), np.zeros(())
+        self._flags = np.zeros((3, NOISE_BLOCK_ROWS), dtype=bool)  # ℓ2 messages' hemisphere and work flags (_l2_signs)
+        self._l2_work: tuple[NDArray[Any], ...] = ()  # the sub-block's ℓ2 draws and work views (_learn_sub_block)
         self._ridge_work = np.zeros(self._params)
         self._dummies, self._dummies_used = np.zeros((0, self._params)), 0
         self._unit_bound = bound_sq(self._clip, self._noise_moment, 1.0, self.loss.ridge * self.radius)
@@ -390,10 +395,11 @@ class RandomCheckinSGD(MessageSGDLearner):
                     rows = slice(first, first + NOISE_BLOCK_ROWS)
                     with self._noise.draw() as generator:
                         self._learn_sub_block(Z[rows], norms[rows], labels[rows],
-                                              wake[start + first : start + first + NOISE_BLOCK_ROWS].tolist(), generator)
+                                              wake[start + first : start + first + NOISE_BLOCK_ROWS], generator)
         finally:
             if self._pending:  # only after an exception inside a sub-block: its holders' messages, formed
                 self._send(list(self._pending))
+            self._flags.fill(False)
             self._sgd = AveragedSGD(self._theta_work, self._average_work, self._weight_work, self._moment_work)
             self._step_delta.fill(0.0)
             self._ridge_work.fill(0.0)
@@ -416,14 +422,22 @@ class RandomCheckinSGD(MessageSGDLearner):
             raise InvalidInputError(f"{_OWNER}: timestamps go back in time (wake slots must not decrease)")
         return wake
 
-    def _learn_sub_block(self, Z: Array, norms: Array, labels: Array, wake: list[int], generator: np.random.Generator) -> None:
+    def _learn_sub_block(self, Z: Array, norms: Array, labels: Array, wakes: NDArray[np.int64],
+                         generator: np.random.Generator) -> None:
         """The clients of one sub-block (features ``Z``, their norms, labels, wake slots), in order;
         their randomness drawn up front (see :meth:`learn_many`).
 
         A client who may be used records only her clipped slope φ′_C (a scalar of the same kind as
         the loss's φ′) and which slot she holds; her message is formed from it and her randomness
         in numpy, all at once at the sub-block's end (:meth:`_send`), or earlier if her slot
-        closes first — so no per-client randomizer value ever passes through a Python scalar."""
+        closes first — so no per-client randomizer value ever passes through a Python scalar.
+
+        The common close — one single-update slot without ridge whose kept message (if any) is
+        already formed — is :meth:`_close` and :meth:`_update` inlined on local names, the same
+        numpy operations on the same operands in the same order (so bit for bit the same, which
+        the exact Alg. 1 replay in ``tests/protocols/test_checkin_learner.py`` pins on both
+        paths); every other close goes through :meth:`_close_until`. Per record, the numpy calls'
+        own cost dominates their 21-element work at d = 20, hence the locals (issue 18)."""
         k = Z.shape[0]
         joins, offsets = _check_in_draws(k, self.slots, self.checkin_probability, generator)
         keys = generator.random((k,)).tolist() if self.update == "single" else None
@@ -442,44 +456,94 @@ class RandomCheckinSGD(MessageSGDLearner):
             np.maximum(lengths, np.finfo(np.float64).tiny, out=lengths)
             directions /= lengths[:, None]  # unit directions u, normalised as _unit_rows does
             np.einsum("ij,ij->i", directions, Z, out=lengths)  # ⟨u, z⟩: ⟨u, g⟩ = φ′_C·⟨u, z⟩
+            hemisphere, away, keep = self._flags[:, :k]
+            np.less(uniforms[:, 1], self._keep_probability, out=hemisphere)  # the hemisphere kept
+            size, work, along = (self._scratch.take(name, k) for name in ("send_norms", "send_work", "send_along"))
+            self._l2_work = (directions, uniforms[:, 0], lengths, hemisphere, away, keep, size, work, along)
         slopes = self._scratch.take("clipped_slopes", k)
         self._sub_block = (Z, norms, slopes)
         self._ridge_work = self._scratch.take("ridge_step", self._params)
         self._dummies = self._scratch.take("dummies", k if self.update == "single" else 0, self._params)
         self._dummies_used = self._dummies.shape[0]  # drawn when the sub-block's first empty slot closes
-        join_list, offset_list = joins.tolist(), offsets.tolist()
+        np.add(offsets, window_start(wakes, self.slots, self.window), out=offsets)
+        np.remainder(offsets, self._buffer, out=offsets)  # each client's slot index: window start + offset
+        join_list, index_list, wake = joins.tolist(), offsets.tolist(), wakes.tolist()
         norm_list, label_list = norms.tolist(), labels.tolist()
         theta, dphi, clip, marks, pending = self._theta_work, self._dphi, self._clip, self._marks, self._pending
         margin = self._scratch.take("margin", 1)
-        fixed, slots, buffer = self.window == "fixed", self.slots, self._buffer
-        for i in range(k):
-            slot = wake[i]
-            if self._clock < 0:
-                self._clock = int(window_start(slot, slots, self.window))
-            if slot > self._clock:
-                self._close_until(slot, generator)
-            self._records += 1
-            self._latest = slot
-            if not join_list[i]:
-                continue
-            index = (((slot // slots + 1) * slots if fixed else slot) + offset_list[i]) % buffer  # window_start + offset
-            if keys is not None:
-                if not keys[i] < marks[index]:
+        slots, buffer = self.slots, self._buffer
+        # The common close inlined on local names (_close then _update, operation for operation):
+        # one single-update slot, none of whose candidates is in flight, no ridge gradient. (Each
+        # numpy call here costs more than its 21-element work: ufuncs take out= positionally.)
+        inline = self.update == "single" and not self.loss.ridge
+        messages, dummies, iterates, average, delta = self._messages, self._dummies, self._iterates, self._average_work, self._step_delta
+        minus_eta, weight_array, factor, delta0, delta1 = self._minus_eta, self._weight_array, self._factor, delta[0], delta[1]
+        unit_bound, diameter, radius, sqrt = self._unit_bound, self._diameter, self._radius, math.sqrt
+        multiply, subtract, divide, add = np.multiply, np.subtract, np.divide, np.add
+        clock, records, latest = self._clock, self._records, self._latest
+        moment, weight, used = self._moment_work, self._weight_work, self._dummies_used
+        try:
+            for i in range(k):
+                slot = wake[i]
+                if clock < 0:
+                    clock = int(window_start(slot, slots, self.window))
+                if slot > clock:
+                    closing = clock % buffer
+                    if inline and slot == clock + 1 and closing not in pending:
+                        message = kept = messages[closing]
+                        if not marks[closing] < NO_CANDIDATE:
+                            if used == k:
+                                self._draw_dummies(generator)
+                                used = 0
+                            message = dummies[used]
+                            used += 1
+                        moment += unit_bound
+                        weight += 1.0
+                        minus_eta[()] = -(diameter / sqrt(moment))
+                        weight_array[()] = weight
+                        multiply(message, minus_eta, delta0)
+                        subtract(theta, average, delta1)
+                        divide(delta1, weight_array, delta1)
+                        add(iterates, delta, iterates)
+                        norm = sqrt(theta.dot(theta))
+                        if norm > radius:
+                            factor[()] = radius / norm
+                            multiply(theta, factor, theta)
+                        kept.fill(0.0)
+                        marks[closing] = NO_CANDIDATE
+                        clock = slot
+                    else:  # the general close on the learner's fields
+                        self._clock, self._moment_work, self._weight_work, self._dummies_used = clock, moment, weight, used
+                        try:
+                            self._close_until(slot, generator)
+                        finally:
+                            clock, moment, weight, used = self._clock, self._moment_work, self._weight_work, self._dummies_used
+                records += 1
+                latest = slot
+                if not join_list[i]:
                     continue
-                marks[index] = keys[i]
-                pending[index] = [i]
-            else:
-                pending.setdefault(index, []).append(i)
-                marks[index] += 1.0
-            if dphi is None:
-                margin[0] = Z[i] @ theta
-                slope = float(self.loss._dphi(margin, labels[i : i + 1])[0])
-            else:
-                slope = dphi(float(Z[i].dot(theta)), label_list[i])
-            slopes[i] = slope * (clip / max(abs(slope) * norm_list[i], clip))
+                index = index_list[i]
+                if keys is not None:
+                    if not keys[i] < marks[index]:
+                        continue
+                    marks[index] = keys[i]
+                    pending[index] = [i]
+                else:
+                    pending.setdefault(index, []).append(i)
+                    marks[index] += 1.0
+                if dphi is None:
+                    margin[0] = Z[i] @ theta
+                    slope = float(self.loss._dphi(margin, labels[i : i + 1])[0])
+                else:
+                    slope = dphi(float(Z[i].dot(theta)), label_list[i])
+                slopes[i] = slope * (clip / max(abs(slope) * norm_list[i], clip))
+        finally:
+            self._clock, self._records, self._latest = clock, records, latest
+            self._moment_work, self._weight_work, self._dummies_used = moment, weight, used
         self._send(list(self._pending))
         joins.fill(False)
         offsets.fill(0)
+        self._flags.fill(False)
 
     def _draw_dummies(self, generator: np.random.Generator) -> None:
         """Draw the dummies R(0) for up to the sub-block's size of empty single-update slots
@@ -498,56 +562,63 @@ class RandomCheckinSGD(MessageSGDLearner):
         up to rounding). ℓ2 randomizer: ±B·u for her unit direction u, with
         :meth:`protocols.randomizers.L2BallRandomizer.privatize`'s sign from ‖g‖ = |φ′_C|‖z‖,
         ⟨u, g⟩ = φ′_C⟨u, z⟩ and her two uniforms, operation for operation. Gaussian randomizer:
-        φ′_C·z plus her noise row. Every work array (clean gradients, norms, sides, signs) lives in
-        scratch or is zeroed before returning."""
-        pairs = [(i, index) for index in indices for i in self._pending.pop(index)]
-        if not pairs:
+        φ′_C·z plus her noise row; the ℓ2 signs come from :meth:`_l2_signs`. Every work array
+        (clean gradients, norms, sides, signs) lives in scratch or in the flags zeroed at the
+        sub-block's end."""
+        clients, slots = [], []
+        for index in indices:
+            for i in self._pending.pop(index):
+                clients.append(i)
+                slots.append(index)
+        if not clients:
             return
         Z, norms, slopes = self._sub_block
-        rows = np.fromiter((i for i, _ in pairs), dtype=np.intp, count=len(pairs))
-        targets = np.fromiter((index for _, index in pairs), dtype=np.intp, count=len(pairs))
-        chosen = scratch.rows(slopes, rows, self._scratch, "send_slopes")
+        rows, targets = np.array(clients, dtype=np.intp), np.array(slots, dtype=np.intp)
         messages = self._scratch.take("send_messages", rows.size, self._params)
         if isinstance(self._local, GaussianRandomizer):
+            chosen = scratch.rows(slopes, rows, self._scratch, "send_slopes")
             scratch.rows(Z, rows, self._scratch, "send_messages")
             messages *= chosen[:, None]
             messages += scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows,
                                      self._scratch, "send_noise")
         else:
-            size = scratch.rows(norms, rows, self._scratch, "send_norms")  # ‖g‖ = |φ′_C|·‖z‖
-            work = self._scratch.take("send_work", rows.size)
-            size *= np.abs(chosen, out=work)
-            uniforms = self._scratch.take("randomizer_uniforms", Z.shape[0], 2)
-            sides = scratch.rows(uniforms, rows, self._scratch, "send_uniforms")
-            along = scratch.rows(self._scratch.take("direction_norms", Z.shape[0]), rows, self._scratch, "send_along")
-            along *= chosen  # ⟨u, g⟩
-            flags = np.zeros((5, rows.size), dtype=bool)
-            toward, away, same_side, hemisphere, keep = flags
-            try:
-                np.minimum(size, self._clip, out=work)
-                work /= 2.0 * self._clip
-                work += 0.5
-                np.less(sides[:, 0], work, out=toward)
-                np.greater(along, 0.0, out=same_side)
-                np.less(along, 0.0, out=keep)
-                np.logical_not(toward, out=away)
-                np.copyto(same_side, keep, where=away)
-                np.less(sides[:, 1], self._keep_probability, out=hemisphere)
-                np.equal(same_side, hemisphere, out=keep)
-                np.equal(size, 0.0, out=toward)
-                keep |= toward
-                np.copyto(work, -self._l2_norm)
-                np.copyto(work, self._l2_norm, where=keep)  # ±B
-                scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows,
-                             self._scratch, "send_messages")
-                messages *= work[:, None]
-            finally:
-                flags.fill(False)
+            signs = self._l2_signs()
+            scratch.rows(self._l2_work[0], rows, self._scratch, "send_messages")  # the clients' directions
+            messages *= scratch.rows(signs, rows, self._scratch, "send_signs")[:, None]
         if self.update == "single":
             self._messages[targets] = messages
         else:
             np.add.at(self._messages, targets, messages)
         messages.fill(0.0)
+
+    def _l2_signs(self) -> Array:
+        """±B, the ℓ2 message's length and sign, for every client of the sub-block in flight (those
+        without a slope yet get a value never used), in scratch.
+
+        :meth:`protocols.randomizers.L2BallRandomizer.privatize`'s choice, operation for operation
+        on the same floats: ‖g‖ = ‖z‖·|φ′_C|; toward iff u_side < 0.5 + min(‖g‖, C)/(2C); z's side
+        iff ⟨u, g⟩ = ⟨u, z⟩·φ′_C is > 0 (toward) or < 0 (away: −⟨u, g⟩ > 0, negation being exact);
+        keep iff that equals the hemisphere flag (u_hemisphere < keep probability, set per
+        sub-block by :meth:`_learn_sub_block`) or ‖g‖ = 0. Computed over the whole sub-block rather
+        than the clients sent, which saves the gathers and changes no client's value."""
+        _, norms, slopes = self._sub_block
+        _, sides, along_direction, hemisphere, away, keep, size, work, along = self._l2_work
+        np.abs(slopes, out=work)
+        np.multiply(norms, work, out=size)  # ‖g‖
+        np.minimum(size, self._clip, out=work)
+        work /= 2.0 * self._clip
+        work += 0.5
+        np.less(sides, work, out=away)  # toward
+        np.logical_not(away, out=away)
+        np.multiply(along_direction, slopes, out=along)  # ⟨u, g⟩
+        np.negative(along, out=along, where=away)
+        np.greater(along, 0.0, out=keep)  # on z's side
+        np.equal(keep, hemisphere, out=keep)
+        np.equal(size, 0.0, out=away)
+        keep |= away
+        np.copyto(work, -self._l2_norm)
+        np.copyto(work, self._l2_norm, where=keep)
+        return work
 
     def _close_until(self, slot: int, generator: np.random.Generator) -> None:
         """Close every slot before ``slot``, in order (one update each; none for an empty averaged
@@ -610,7 +681,10 @@ class RandomCheckinSGD(MessageSGDLearner):
     def _update(self, mean_message: Array, count: float) -> None:
         """:meth:`protocols.sgd.MessageSGDLearner._step` (one :meth:`protocols.sgd.AveragedSGD.step`
         on the mean message plus the ridge gradient), bit for bit, in place on the working θ and
-        average (``out=`` operations in the same order; no array allocated per step)."""
+        average (``out=`` operations in the same order; no array allocated per step). −η and T
+        go to numpy as 0-d float64 arrays: the same operands as the Python floats, without the
+        ufunc's scalar conversion. :meth:`_learn_sub_block` inlines this step for its common
+        close: the two must stay operation for operation the same."""
         theta, average, delta = self._theta_work, self._average_work, self._step_delta
         bound = self._unit_bound if count == 1.0 else bound_sq(self._clip, self._noise_moment, count, self.loss.ridge * self.radius)
         gradient = mean_message
@@ -619,16 +693,18 @@ class RandomCheckinSGD(MessageSGDLearner):
             np.multiply(theta, self.loss.ridge, out=gradient)
             np.add(mean_message, gradient, out=gradient)
         self._moment_work += bound
-        eta = self._diameter / math.sqrt(self._moment_work)
         self._weight_work += 1.0
+        self._minus_eta[()] = -(self._diameter / math.sqrt(self._moment_work))
+        self._weight_array[()] = self._weight_work
         # One addition moves both rows: θ + (−η)·g (= θ − η·g exactly) and average + (θ − average)/T.
-        np.multiply(gradient, -eta, out=delta[0])
+        np.multiply(gradient, self._minus_eta, out=delta[0])
         np.subtract(theta, average, out=delta[1])
-        np.divide(delta[1], self._weight_work, out=delta[1])
+        np.divide(delta[1], self._weight_array, out=delta[1])
         self._iterates += delta
         norm = math.sqrt(float(theta.dot(theta)))
         if norm > self._radius:
-            theta *= self._radius / norm
+            self._factor[()] = self._radius / norm
+            np.multiply(theta, self._factor, out=theta)
 
     # -- outputs -------------------------------------------------------------------------------
 

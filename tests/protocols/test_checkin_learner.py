@@ -312,15 +312,19 @@ def _l2_message(randomizer: L2BallRandomizer, g: np.ndarray, uniforms: np.ndarra
 
 
 @pytest.mark.parametrize(
-    "options, splits",
+    "options, splits, exercised",
     [
-        ({"slots": 7}, [1, 8, 9, 40, 77]),
-        ({"slots": 5, "slot_length": 2, "checkin_probability": 0.6}, [2, 6, 40, 78]),
-        ({"slots": 4, "window": "fixed", "slot_length": 3, "checkin_probability": 0.8}, [3, 6, 42, 78]),
-        ({"slots": 6, "slot_length": 2}, [5, 77]),  # micro-batches cutting a slot's clients in two
+        ({"slots": 7}, [1, 8, 9, 40, 77], ()),
+        ({"slots": 5, "slot_length": 2, "checkin_probability": 0.6}, [2, 6, 40, 78], ()),
+        ({"slots": 4, "window": "fixed", "slot_length": 3, "checkin_probability": 0.8}, [3, 6, 42, 78], ()),
+        ({"slots": 6, "slot_length": 2}, [5, 77], ()),  # micro-batches cutting a slot's clients in two
+        # the learner's general close (a closing slot held by a client in flight) and its inlined one
+        ({"slots": 2}, [1, 8, 9, 40, 77], ("in flight", "inlined")),
+        ({"slots": 7, "radius": 0.05}, [30, 60], ("projected", "dummy")),  # Θ's boundary at most steps
+        ({"slots": 40, "checkin_probability": 0.2}, [45], ("dummy",)),  # mostly dummies
     ],
 )
-def test_seeded_replay_is_algorithm_1_record_by_record(options, splits):
+def test_seeded_replay_is_algorithm_1_record_by_record(options, splits, exercised):
     """With a seed, single updates with the ℓ2 randomizer are exactly (bit for bit) Balle et al. 2020
     Alg. 1 replayed one client at a time from the loss's own features, labels and gradients, with
     the same generator in the learner's grouping of draws: each micro-batch here is one sub-block
@@ -336,7 +340,7 @@ def test_seeded_replay_is_algorithm_1_record_by_record(options, splits):
     rng = np.random.default_rng(4)
     X = rng.normal(size=(90, 3)) * 0.8
     y = np.where(rng.random(90) < 0.5, 1.0, 0.0)
-    learner = RandomCheckinSGD(3, loss, 1.0, DELTA, radius=3.0, rng=21, **options)
+    learner = RandomCheckinSGD(3, loss, 1.0, DELTA, rng=21, **{"radius": 3.0, **options})
     parts = np.split(np.arange(90), splits)
     for part in parts:
         learner.learn_many(X[part], y[part])
@@ -351,6 +355,7 @@ def test_seeded_replay_is_algorithm_1_record_by_record(options, splits):
     bound = (math.sqrt(local.clip**2 + local.noise_second_moment(4)) + 0.0) ** 2
     clock = -1
     wakes = np.arange(90) // slot_length
+    seen: set[str] = set()  # the paths of the learner's loop this replay went through
     for part in parts:
         k = part.size
         joins = generator.random(k) < learner.checkin_probability
@@ -360,21 +365,27 @@ def test_seeded_replay_is_algorithm_1_record_by_record(options, splits):
         directions = generator.standard_normal((k, 4))
         directions /= np.maximum(np.sqrt(np.einsum("ij,ij->i", directions, directions)), np.finfo(np.float64).tiny)[:, None]
         dummies, used = np.zeros((0, 4)), 0  # k dummies R(0) drawn at the part's first empty slot
+        in_flight = set()  # slots held by a client of this part
         for r, client in enumerate(part):
             wake = wakes[client]
             clock = window_start(wake, m, window) if clock < 0 else clock
             for j in range(clock, max(clock, wake)):
                 i = j % buffer
+                seen.add("in flight" if i in in_flight else "inlined" if wake == clock + 1 else "several slots")
+                in_flight.discard(i)
                 if keys[i] < 1.0:
                     message = messages[i]
                 else:
                     if used == dummies.shape[0]:
                         dummies, used = _l2_messages(local, np.zeros((k, 4)), generator), 0
                     message, used = dummies[used], used + 1
+                    seen.add("dummy")
                 moment += bound
                 weight += 1.0
                 average = average + (theta - average) / weight
                 theta = theta - (2.0 * learner.radius / math.sqrt(moment)) * message
+                if np.linalg.norm(theta) > learner.radius:
+                    seen.add("projected")
                 theta = theta * min(1.0, learner.radius / np.linalg.norm(theta))
                 messages[i], keys[i] = 0.0, 1.0
             clock = max(clock, wake)
@@ -383,9 +394,13 @@ def test_seeded_replay_is_algorithm_1_record_by_record(options, splits):
             slot = (window_start(wake, m, window) + offsets[r]) % buffer
             if drawn[r] < keys[slot]:
                 keys[slot] = drawn[r]
+                in_flight.add(slot)
                 gradient = clip_rows(loss.gradient(theta, Z[client : client + 1], labels[client : client + 1]), local.clip)[0]
                 messages[slot] = _l2_message(local, gradient, uniforms[r], directions[r])
     state = learner.state_dict()
+    assert set(exercised) <= seen  # the case reaches the paths it is there for
     np.testing.assert_array_equal(state["theta"], theta)
     np.testing.assert_array_equal(learner.release(), average)
     assert state["weight"] == weight
+    np.testing.assert_array_equal(state["slot_messages"], messages.ravel())  # closed slots: zeros
+    np.testing.assert_array_equal(state["slot_keys"], keys)
