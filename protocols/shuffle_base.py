@@ -313,7 +313,9 @@ class EncodedLearner(Learner):
 
     def _close_round(self, vector_sum: VectorSum, totals: NDArray[np.int64]) -> None:
         """The analyzer: A_VEC on the round's totals, divided by its users, then the step."""
-        self._finish_round(vector_sum.analyze(totals) / vector_sum.n)
+        mean = vector_sum.analyze(totals)
+        mean /= vector_sum.n  # in place: the same quotient as analyze(totals) / n
+        self._finish_round(mean)
 
     # -- the analyzer's half (Encode–Shuffle–Analyze) ------------------------------------------
 

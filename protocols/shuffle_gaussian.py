@@ -387,9 +387,10 @@ class ShuffleGaussianSGD(MessageSGDLearner):
                 end += 1
             noise = self._pieces_noise([stop - start for start, stop in pieces[group:end]])
             for (start, stop), piece_noise in zip(pieces[group:end], noise, strict=True):
-                weights = scratch.clipped_weights(self.loss, self._sgd.theta, Z[start:stop], labels[start:stop],
+                rows = Z[start:stop]
+                weights = scratch.clipped_weights(self.loss, self._sgd.theta, rows, labels[start:stop],
                                                   norms[start:stop], self._clip, self._scratch)
-                total = scratch.weighted_row_sum(weights, Z[start:stop], self._scratch)
+                total = scratch.weighted_row_sum(weights, rows, self._scratch)
                 total += piece_noise
                 self._partial += total
                 self._count += stop - start
