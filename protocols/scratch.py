@@ -8,7 +8,9 @@ their norms and partial sums into the buffers of a :class:`Scratch` with ``out=`
 call :meth:`Scratch.wipe` (zeros) before ``learn_many`` returns. The functions here reproduce
 :meth:`protocols.losses.Loss.features`, :meth:`~protocols.losses.Loss.gradient`,
 :meth:`~protocols.losses.Loss.envelope_gradient` and :func:`protocols.losses.clip_rows` operation
-for operation, so results are bitwise the same and the mechanisms unchanged.
+for operation, so results are bitwise the same and the mechanisms unchanged — except the GLM
+forms :func:`clipped_gradient_sum` and :func:`clipped_weights`, which clip each gradient from its
+feature row's norm (the same clip; rows inside the bound bitwise, clipped rows within a few ulps).
 
 What still passes through short-lived numpy temporaries: the loss's scalar link derivative
 φ'(⟨θ, z_i⟩, y_i) (one float per record, computed by the loss's ``_dphi``; the returned vector is
