@@ -50,6 +50,14 @@ class L2Ball:
             return theta.copy()
         return theta * (self.radius / norm)
 
+    def project_in_place(self, theta: NDArray[np.float64]) -> None:
+        """:meth:`project` into ``theta`` itself (float64, contiguous): bitwise the same numbers
+        (the same norm, then ``θ *= radius/‖θ‖``, the same product as ``θ·(radius/‖θ‖)``), without
+        the new array; for the learners' per-round steps."""
+        norm = math.sqrt(float(theta.dot(theta)))
+        if norm > self.radius:
+            theta *= self.radius / norm
+
     def contains(self, theta: NDArray[np.float64], rtol: float = 1e-12) -> bool:
         """True if ‖θ‖ ≤ radius·(1 + rtol) (the tolerance absorbs rounding of a projection)."""
         return float(np.linalg.norm(theta)) <= self.radius * (1.0 + rtol)

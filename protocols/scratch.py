@@ -8,7 +8,9 @@ their norms and partial sums into the buffers of a :class:`Scratch` with ``out=`
 call :meth:`Scratch.wipe` (zeros) before ``learn_many`` returns. The functions here reproduce
 :meth:`protocols.losses.Loss.features`, :meth:`~protocols.losses.Loss.gradient`,
 :meth:`~protocols.losses.Loss.envelope_gradient` and :func:`protocols.losses.clip_rows` operation
-for operation, so results are bitwise the same and the mechanisms unchanged.
+for operation, so results are bitwise the same and the mechanisms unchanged — except the GLM
+forms :func:`clipped_gradient_sum` and :func:`clipped_weights`, which clip each gradient from its
+feature row's norm (the same clip; rows inside the bound bitwise, clipped rows within a few ulps).
 
 What still passes through short-lived numpy temporaries: the loss's scalar link derivative
 φ'(⟨θ, z_i⟩, y_i) (one float per record, computed by the loss's ``_dphi``; the returned vector is
@@ -42,15 +44,16 @@ class Scratch:
         self._buffers: dict[str, Array] = {}
 
     def take(self, name: str, *shape: int) -> Array:
-        """A C-contiguous view of ``shape`` on buffer ``name`` (contents undefined)."""
-        size = math.prod(shape)
+        """A C-contiguous view of ``shape`` on buffer ``name`` (contents undefined). (Vectors skip
+        the reshape: the round-based learners take a few per round.)"""
+        size = shape[0] if len(shape) == 1 else math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.size < size:
             if buffer is not None:
                 buffer.fill(0.0)
             buffer = np.zeros(size)
             self._buffers[name] = buffer
-        return buffer[:size].reshape(shape)
+        return buffer[:size] if len(shape) == 1 else buffer[:size].reshape(shape)
 
     def wipe(self) -> None:
         """Zero every buffer (call before returning from ``learn_many``)."""
@@ -122,10 +125,15 @@ def features_with_norms(loss: Loss, X: Array, y: Array, feature_bound: float, sc
     one block of rows, all in ``scratch``: what the per-record learners (pnsgd, checkin) need to
     clip each gradient φ′·z_i from the scalar φ′ and the row's norm."""
     Z = features(loss, X, feature_bound, scratch)
-    norms = scratch.take("feature_norms", Z.shape[0])
-    np.einsum("ij,ij->i", Z, Z, out=norms)
-    np.sqrt(norms, out=norms)
-    return Z, labels(loss, y, scratch), norms
+    return Z, labels(loss, y, scratch), feature_norms(Z, scratch)[1]
+
+
+def feature_norms(Z: Array, scratch: Scratch) -> tuple[Array, Array]:
+    """‖z_i‖² and ‖z_i‖ of each feature row of a block, in ``scratch``: computed once per block,
+    then sliced by every round of the block (:func:`clipped_weights`)."""
+    squares = scratch.take("feature_squares", Z.shape[0])
+    np.einsum("ij,ij->i", Z, Z, out=squares)
+    return squares, np.sqrt(squares, out=scratch.take("feature_norms", Z.shape[0]))
 
 
 def learn_in_blocks(
@@ -162,6 +170,63 @@ def clipped_gradients(
     np.multiply(slopes[:, None], Z, out=G)
     slopes.fill(0.0)
     return clip_rows_into(G, bound, G, scratch.take("gradient_norms", m))
+
+
+def clipped_weights(
+    loss: Loss,
+    theta: Array,
+    Z: Array,
+    y: Array,
+    norms: Array,
+    bound: float,
+    scratch: Scratch,
+    smoothing: float | None = None,
+    squares: Array | None = None,
+) -> Array:
+    """w (shape (m,), in ``scratch``) with w_i·z_i the gradient of record i at ``theta`` (of the
+    loss, or of its ``smoothing``-Moreau envelope) clipped to norm ``bound``: the rows of
+    :func:`clipped_gradients` as scalars times the feature rows, from the block's ‖z_i‖
+    (``norms``, :func:`feature_norms`; with ``smoothing`` also their ``squares``, for κ)
+    instead of a pass over the gradient matrix per round.
+
+    Why it is the same clip: every loss here is a GLM, so the gradient (and the Moreau envelope's,
+    Cheu et al. 2022, Lemma 4.6) is g_i = s_i·z_i with ‖g_i‖ = |s_i|·‖z_i‖, and its clip to C is
+    g_i·min(1, C/‖g_i‖) = (s_i·min(1, C/(|s_i|‖z_i‖)))·z_i. The factor is :func:`_clip_factors`',
+    C/max(|s_i|‖z_i‖, C): exactly 1 for a gradient at or inside the bound (zero rows included),
+    so only clipped rows differ from :func:`clipped_gradients` — by a few ulps, the order in
+    which the same products are rounded. Each w_i·z_i has norm C·(1 + O(p·2⁻⁵³)) at most, as
+    :func:`clipped_gradients`' rows do (``tests/protocols/test_scratch.py`` checks it on
+    adversarial rows). The loss's φ' vector is wiped as in :func:`clipped_gradients`.
+    """
+    m = Z.shape[0]
+    margins = scratch.take("margins", m)
+    np.matmul(Z, theta, out=margins)
+    if smoothing is None:
+        slopes = loss._dphi(margins, y)
+    else:
+        if squares is None:
+            raise ValueError("clipped_weights: smoothing needs the rows' squared norms")
+        kappa = np.divide(squares, smoothing, out=scratch.take("kappa", m))
+        slopes = loss._envelope_dphi(margins, y, kappa)
+    weights = np.abs(slopes, out=scratch.take("gradient_weights", m))  # |s_i|·‖z_i‖, then the factor, then w_i
+    weights *= norms
+    _clip_factors(bound, weights)
+    weights *= slopes
+    slopes.fill(0.0)
+    return weights
+
+
+def weighted_rows(weights: Array, Z: Array, scratch: Scratch) -> Array:
+    """The rows w_i·z_i (shape (m, p), in ``scratch``): the clipped gradients of
+    :func:`clipped_weights` as a matrix, for an encoder that needs each user's vector."""
+    return np.multiply(weights[:, None], Z, out=scratch.take("gradients", *Z.shape))
+
+
+def weighted_row_sum(weights: Array, Z: Array, scratch: Scratch) -> Array:
+    """Σ_i w_i·z_i = Zᵀw (shape (p,), in ``scratch``): the sum of the clipped gradients of
+    :func:`clipped_weights` in one matrix-vector product, without forming them (the same sum
+    as :func:`row_sum` of :func:`weighted_rows` up to the order of the additions)."""
+    return np.matmul(weights, Z, out=scratch.take("row_sum", Z.shape[1]))
 
 
 def clipped_gradient_sum(

@@ -78,6 +78,24 @@ class AveragedSGD:
         average = self.average + (self.theta - self.average) / weight
         return AveragedSGD(ball.project(self.theta - eta * gradient), average, weight, moment)
 
+    def step_in_place(self, gradient: Array, bound_sq: float, ball: L2Ball, work: Array) -> AveragedSGD:
+        """:meth:`step` with ``theta`` and ``average`` updated in place (``work``: a spare array of
+        their shape, left holding η_t·ĝ_t): bitwise the same arithmetic — θ̄ + (θ − θ̄)/T and
+        Π(θ − η·ĝ) as the same elementwise operations in the same order, the projection by
+        :meth:`L2Ball.project_in_place` — without allocating, for learners that step every few
+        dozen records. The returned state shares this one's arrays: this one must not be used
+        after the call (the learner replaces it)."""
+        moment = self.moment + bound_sq
+        eta = ball.diameter / math.sqrt(moment)
+        weight = self.weight + 1.0
+        np.subtract(self.theta, self.average, out=work)
+        work /= weight
+        np.add(self.average, work, out=self.average)
+        np.multiply(gradient, eta, out=work)
+        np.subtract(self.theta, work, out=self.theta)
+        ball.project_in_place(self.theta)
+        return AveragedSGD(self.theta, self.average, weight, moment)
+
     def state(self) -> dict[str, StateValue]:
         """State-dict entries (``theta``, ``average``: noisy iterates; ``weight``, ``moment``: public)."""
         return {"theta": self.theta.copy(), "average": self.average.copy(), "weight": self.weight, "moment": self.moment}
@@ -154,13 +172,17 @@ class MessageSGDLearner(Learner):
         self._clip = self.loss.lipschitz(self.feature_bound, self.radius) if declared is None else declared
         self._sgd = AveragedSGD.start(self._params)
 
-    def _step(self, mean_message: Array, count: float) -> None:
+    def _step(self, mean_message: Array, count: float, work: Array | None = None) -> None:
         """One SGD step on the mean of ``count`` messages plus the exact ridge gradient, with
-        G² from :func:`bound_sq`."""
+        G² from :func:`bound_sq`; in place (:meth:`AveragedSGD.step_in_place`, the same
+        arithmetic) when given a spare parameter-sized ``work`` array."""
         bound = bound_sq(self._clip, self._noise_moment, count, self.loss.ridge * self.radius)
         if self.loss.ridge:
             mean_message = mean_message + self.loss.ridge_gradient(self._sgd.theta)
-        self._sgd = self._sgd.step(mean_message, bound, self._ball)
+        if work is None:
+            self._sgd = self._sgd.step(mean_message, bound, self._ball)
+        else:
+            self._sgd = self._sgd.step_in_place(mean_message, bound, self._ball, work)
 
     def release(self) -> Array:
         """θ̄, the average of the iterates stepped from (:class:`AveragedSGD`)."""

@@ -54,7 +54,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from accounting.ledger import Guarantee, PrivacyReport
-from protocols import scratch
 from protocols import validation as check
 from protocols.acsa import (
     BATCH_RULES,
@@ -242,11 +241,8 @@ class ShuffleACSA(SequentialLearner):
             raise InvalidInputError(f"{_OWNER}: the protocol's {self.horizon} records are all learned (no round left)")
         return self._sums[self.plans[self._phase].batch_size(self._iterate.batch)]
 
-    def _gradients(self, Z: Array, y: Array) -> Array:
-        plan = self.plans[self._phase]
-        return scratch.clipped_gradients(
-            self.loss, self._iterate.theta_md, Z, y, self._lipschitz, self._scratch, plan.smoothing
-        )
+    def _query(self) -> tuple[Array, float | None]:
+        return self._iterate.theta_md, self.plans[self._phase].smoothing
 
     def _finish_round(self, mean: Array) -> None:
         plan = self.plans[self._phase]

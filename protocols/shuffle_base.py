@@ -200,7 +200,7 @@ class EncodedLearner(Learner):
     """Base of the learners whose rounds go through PVEC (module docstring).
 
     Subclasses call :meth:`_setup` from their constructor and implement :meth:`_round_sum`,
-    :meth:`_gradients` and :meth:`_finish_round`; they may override :meth:`_check_room`.
+    :meth:`_query` and :meth:`_finish_round`; they may override :meth:`_check_room`.
     """
 
     _owner: ClassVar[str]
@@ -275,8 +275,9 @@ class EncodedLearner(Learner):
         """The PVEC instance of the round in progress; its ``n`` is the round's number of users."""
 
     @abc.abstractmethod
-    def _gradients(self, Z: Array, y: Array) -> Array:
-        """Per-record data gradients at the round's query point, each clipped to norm L."""
+    def _query(self) -> tuple[Array, float | None]:
+        """The round's query point (not a copy) and the β of the Moreau envelope whose gradients
+        the users report (``None``: the loss's own)."""
 
     @abc.abstractmethod
     def _finish_round(self, mean: Array) -> None:
@@ -294,20 +295,27 @@ class EncodedLearner(Learner):
         scratch.learn_in_blocks(self.loss, X, y, self.feature_bound, self._scratch, self._learn_block)
 
     def _learn_block(self, Z: Array, labels: Array) -> None:
-        """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
+        """The rounds over one block of features (in scratch), a round possibly straddling blocks;
+        the rows' squared norms and norms (:func:`protocols.scratch.feature_norms`, for the pooled
+        path's clip) are computed once per block, not per round."""
+        squares, norms = scratch.feature_norms(Z, self._scratch)
         for rows in round_slices(Z.shape[0], lambda: self._round_sum().n - self._filled):
             vector_sum = self._round_sum()
-            self._add_messages(vector_sum, Z[rows], labels[rows])
+            self._add_messages(vector_sum, Z[rows], labels[rows], norms[rows], squares[rows])
             self._filled += rows.stop - rows.start
             self._records += rows.stop - rows.start
             if self._filled == vector_sum.n:
-                totals, self._totals = self._totals, np.zeros(self._params, dtype=np.int64)
                 self._filled = 0
-                self._close_round(vector_sum, totals)
+                try:
+                    self._close_round(vector_sum, self._totals)
+                finally:
+                    self._totals.fill(0)
 
     def _close_round(self, vector_sum: VectorSum, totals: NDArray[np.int64]) -> None:
         """The analyzer: A_VEC on the round's totals, divided by its users, then the step."""
-        self._finish_round(vector_sum.analyze(totals) / vector_sum.n)
+        mean = vector_sum.analyze(totals)
+        mean /= vector_sum.n  # in place: the same quotient as analyze(totals) / n
+        self._finish_round(mean)
 
     # -- the analyzer's half (Encode–Shuffle–Analyze) ------------------------------------------
 
@@ -334,13 +342,32 @@ class EncodedLearner(Learner):
         self._records += vector_sum.n
         self._close_round(vector_sum, totals.astype(np.int64))
 
-    def _add_messages(self, vector_sum: VectorSum, Z: Array, labels: Array) -> None:
-        """The users' PVEC messages for their clipped gradients, summed into ``totals`` (pooled
-        noise unless :attr:`pooled_noise` is off). Features,
-        labels and gradients live in scratch (wiped by :meth:`learn_many`); the encoder wipes its
-        own work buffers, each block of message counts once summed, and the generator's state."""
+    def _add_messages(self, vector_sum: VectorSum, Z: Array, labels: Array, norms: Array, squares: Array) -> None:
+        """The users' PVEC messages for their clipped gradients (:meth:`_clipped_gradients`),
+        summed into ``totals`` (pooled noise unless :attr:`pooled_noise` is off). Features,
+        labels, norms and gradients live in scratch (wiped by :meth:`learn_many`); the encoder
+        wipes its own work buffers, each block of message counts once summed, and the generator's
+        state."""
+        gradients = self._clipped_gradients(Z, labels, norms, squares)
         with self._noise.draw() as generator:
-            vector_sum.add_messages(self._gradients(Z, labels), self._totals, generator, self.pooled_noise)
+            vector_sum.add_messages(gradients, self._totals, generator, self.pooled_noise)
+
+    def _clipped_gradients(self, Z: Array, labels: Array, norms: Array, squares: Array) -> Array:
+        """The users' gradients at :meth:`_query`'s point, each clipped to L, in scratch.
+
+        Per user (``pooled_noise = False``): :func:`protocols.scratch.clipped_gradients`, the
+        function the Encode–Shuffle–Analyze clients run (:mod:`streamer.esa.sum_client`), so the
+        seeded reproduction is bit for bit. Pooled (in process): the same clip written as w_i·z_i
+        from the block's row norms (:func:`protocols.scratch.clipped_weights`): identical rows
+        where the gradient is inside the bound, a few ulps apart where it is clipped, every row
+        of norm L·(1 + O(p·2⁻⁵³)), far inside the ℓ₂ bound Δ₂ = L(1 + :data:`NORM_SLACK`)
+        declared to PVEC — the same mechanism."""
+        theta, smoothing = self._query()
+        if not self.pooled_noise:
+            return scratch.clipped_gradients(self.loss, theta, Z, labels, self._lipschitz, self._scratch, smoothing)
+        weights = scratch.clipped_weights(self.loss, theta, Z, labels, norms, self._lipschitz, self._scratch,
+                                          smoothing, squares)
+        return scratch.weighted_rows(weights, Z, self._scratch)
 
     # -- outputs -------------------------------------------------------------------------------
 

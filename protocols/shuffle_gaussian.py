@@ -74,7 +74,7 @@ from protocols.calibration import smallest_feasible
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
-from protocols.randomness import NoiseSource, RngLike
+from protocols.randomness import NOISE_BLOCK_ROWS, NoiseSource, RngLike
 from protocols.rounds import round_slices
 from protocols.sgd import AveragedSGD, MessageSGDLearner
 from protocols.state_io import read_array, read_float, read_int
@@ -298,6 +298,8 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         self._filled = 0  # records of the current window seen
         self._count = 0.0  # messages in the partial sum (float: random under check-in/sampling)
         self._partial = np.zeros(self._params)
+        self._mean = np.zeros(self._params)  # a round's noisy mean message, then the step's work
+        self._step_work = np.zeros(self._params)
 
     def _make_round(self, batch_size: int | None, window: int | None, rate: float | None) -> Round:
         """Validate the participation parameters (the rules are in the class docstring)."""
@@ -343,44 +345,103 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         scratch.learn_in_blocks(self.loss, X, y, self.feature_bound, self._scratch, self._learn_block)
 
     def _learn_block(self, Z: Array, labels: Array) -> None:
-        """The rounds over one block of features (in scratch), a round possibly straddling blocks."""
+        """The rounds over one block of features (in scratch), a round possibly straddling blocks.
+        The rows' norms (for the pooled path's clip, :func:`protocols.scratch.clipped_weights`)
+        are computed once per block, not per round."""
+        norms = scratch.feature_norms(Z, self._scratch)[1]
+        if self.participation == "all" and self.pooled_noise:
+            self._learn_pieces(Z, labels, norms)
+            return
         for rows in round_slices(Z.shape[0], lambda: self._round.window - self._filled):
             take = rows.stop - rows.start
             if self.participation == "all":  # every record sends: its rows as they are, no draw
-                self._add_messages(Z[rows], labels[rows])
+                self._add_messages(Z[rows], labels[rows], norms[rows])
                 self._count += take
             else:
                 with self._noise.draw() as generator:
                     chosen = rows.start + self._participants(take, generator)
                 if chosen.size:
                     self._add_messages(scratch.rows(Z, chosen, self._scratch, "user_features"),
-                                       scratch.rows(labels, chosen, self._scratch, "user_labels"))
+                                       scratch.rows(labels, chosen, self._scratch, "user_labels"),
+                                       scratch.rows(norms, chosen, self._scratch, "user_norms"))
                 self._count += chosen.size
             self._filled += take
             self._records += take
             if self._filled == self._round.window:
                 self._finish_round()
 
-    def _add_messages(self, Z_users: Array, labels_users: Array) -> None:
-        """partial += Σ (clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)) over the k users whose feature rows
-        and labels are given (in scratch).
+    def _learn_pieces(self, Z: Array, labels: Array, norms: Array) -> None:
+        """:meth:`_learn_block` under ``participation="all"`` with pooled noise: the same pieces
+        (a block's rows within one window), each adding Zᵀw plus one N(0, k(σC)² I) for its k
+        users (:meth:`_add_messages`), with the noise of consecutive pieces drawn together
+        (:meth:`_pieces_noise`): the same draws in the same order as one
+        :meth:`NoiseSource.add_gaussian` per piece (bitwise, seeded), without a keyed generator,
+        a scaling and a wipe per round."""
+        window = self._round.window
+        edges = [0, *range(window - self._filled, Z.shape[0], window), Z.shape[0]]
+        pieces = list(zip(edges[:-1], edges[1:], strict=True))
+        group = 0
+        while group < len(pieces):
+            end = group + 1
+            while end < len(pieces) and pieces[end][1] - pieces[group][0] <= NOISE_BLOCK_ROWS:
+                end += 1
+            noise = self._pieces_noise([stop - start for start, stop in pieces[group:end]])
+            for (start, stop), piece_noise in zip(pieces[group:end], noise, strict=True):
+                rows = Z[start:stop]
+                weights = scratch.clipped_weights(self.loss, self._sgd.theta, rows, labels[start:stop],
+                                                  norms[start:stop], self._clip, self._scratch)
+                total = scratch.weighted_row_sum(weights, rows, self._scratch)
+                total += piece_noise
+                self._partial += total
+                self._count += stop - start
+                self._filled += stop - start
+                self._records += stop - start
+                if self._filled == window:
+                    self._finish_round()
+            noise.fill(0.0)
+            group = end
+
+    def _pieces_noise(self, sizes: list[int]) -> Array:
+        """One row N(0, k(σC)² I) per piece of k users (``sizes``), in scratch (the caller wipes
+        it once added): the draws of :meth:`NoiseSource.add_gaussian` on each piece in turn —
+        ``standard_normal`` fills row after row from one generator, then each row is scaled by
+        its piece's σC·√k — so the seeded mode gives the same bits. The pieces drawn together
+        hold at most :data:`protocols.randomness.NOISE_BLOCK_ROWS` records (or one piece): a
+        read of the process inside ``learn_many`` finds the noise of records in flight only
+        (:mod:`protocols.randomness`, "Noise of the records in flight")."""
+        noise = self._scratch.take("pieces_noise", len(sizes), self._params)
+        scales = self._scratch.take("pieces_noise_scales", len(sizes))
+        noise_std = self._randomizer.noise_std
+        scales[:] = [noise_std * math.sqrt(k) for k in sizes]
+        with self._noise.draw() as generator:
+            generator.standard_normal(out=noise)
+        noise *= scales[:, None]
+        return noise
+
+    def _add_messages(self, Z_users: Array, labels_users: Array, norms_users: Array) -> None:
+        """partial += Σ (clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)) over the k users whose feature rows,
+        labels and feature norms are given (in scratch).
 
         Pooled (the default, :attr:`pooled_noise`): Σᵢ N(0, (σC)² I) over k independent users is
         N(0, k(σC)² I), so one p-vector of noise is drawn for the k messages — the partial sum after
         every call, and so every state between micro-batches and every step, has exactly the law
         of the per-user messages (the intrusion argument in docs/privacy.md, ``shuffle-gaussian``).
-        Per user (``pooled_noise = False``): each message is formed as an Encode–Shuffle–Analyze
-        client forms it (:func:`local_messages`), k·p draws. Either way the gradients are clipped
-        in scratch and the noise is drawn through :meth:`NoiseSource.add_gaussian`, so no clean or
-        pure-noise array outlives the call."""
+        The clipped gradients' sum is Zᵀw (:func:`protocols.scratch.clipped_weights`: the same
+        clip to C from the rows' norms, |φ'|·‖z_i‖; equal to the sum of
+        :func:`protocols.scratch.clipped_gradients`' rows up to rounding). Per user
+        (``pooled_noise = False``): each message is formed as an
+        Encode–Shuffle–Analyze client forms it (:func:`local_messages`), k·p draws. Either way the
+        gradients are clipped in scratch and the noise is drawn through
+        :meth:`NoiseSource.add_gaussian`, so no clean or pure-noise array outlives the call."""
         noise_std = self._randomizer.noise_std
         if not self.pooled_noise:
             messages = local_messages(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, noise_std,
                                       self._noise, self._scratch)
             self._partial += scratch.row_sum(messages, self._scratch)
             return
-        gradients = scratch.clipped_gradients(self.loss, self._sgd.theta, Z_users, labels_users, self._clip, self._scratch)
-        total = scratch.row_sum(gradients, self._scratch)
+        weights = scratch.clipped_weights(self.loss, self._sgd.theta, Z_users, labels_users, norms_users, self._clip,
+                                          self._scratch)
+        total = scratch.weighted_row_sum(weights, Z_users, self._scratch)
         self._noise.add_gaussian(total, noise_std * math.sqrt(Z_users.shape[0]))
         self._partial += total
 
@@ -403,10 +464,10 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def _finish_round(self) -> None:
         """Mean of the round's messages + ridge gradient → one SGD step (skipped if no message)."""
         if self._count > 0.0:
-            self._step(self._partial / self._count, self._count)
+            self._step(np.divide(self._partial, self._count, out=self._mean), self._count, self._step_work)
         self._filled = 0
         self._count = 0.0
-        self._partial = np.zeros(self._params)
+        self._partial.fill(0.0)
 
     # -- the analyzer's half (Encode–Shuffle–Analyze) ------------------------------------------
 

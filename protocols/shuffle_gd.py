@@ -61,7 +61,6 @@ from numpy.typing import NDArray
 
 from accounting.composition import advanced
 from accounting.ledger import Guarantee, PrivacyReport
-from protocols import scratch
 from protocols import validation as check
 from protocols.acsa import Smoothing, uses_moreau
 from protocols.base import StateValue
@@ -319,10 +318,8 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     def _round_sum(self) -> VectorSum:
         return self._sum
 
-    def _gradients(self, Z: Array, y: Array) -> Array:
-        return scratch.clipped_gradients(
-            self.loss, self._sgd.theta, Z, y, self._lipschitz, self._scratch, self.smoothing_parameter
-        )
+    def _query(self) -> tuple[Array, float | None]:
+        return self._sgd.theta, self.smoothing_parameter
 
     def _finish_round(self, mean: Array) -> None:
         gradient = mean + self.loss.ridge_gradient(self._sgd.theta)

@@ -41,7 +41,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from accounting.ledger import Guarantee, PrivacyReport
-from protocols import scratch
 from protocols import validation as check
 from protocols.base import StateValue
 from protocols.encoder import VectorSum
@@ -151,6 +150,7 @@ class ShuffleSGD(SequentialLearner):
         noise = self._params * self._sum.parameters.variance_bound / b  # p·v/b: per-message equivalent
         self.gradient_bound_sq = bound_sq(self._lipschitz, noise, b, self.loss.ridge * self.radius)
         self._sgd = AveragedSGD.start(self._params)
+        self._step_work = np.zeros(self._params)
 
     def describe_noise(self) -> tuple[str, ...]:
         return pvec_noise_lines([self._sum])
@@ -174,12 +174,15 @@ class ShuffleSGD(SequentialLearner):
     def _round_sum(self) -> VectorSum:
         return self._sum
 
-    def _gradients(self, Z: Array, y: Array) -> Array:
-        return scratch.clipped_gradients(self.loss, self._sgd.theta, Z, y, self._lipschitz, self._scratch)
+    def _query(self) -> tuple[Array, float | None]:
+        return self._sgd.theta, None
 
     def _finish_round(self, mean: Array) -> None:
-        gradient = mean + self.loss.ridge_gradient(self._sgd.theta)
-        self._sgd = self._sgd.step(gradient, self.gradient_bound_sq, self._ball)
+        """ĝ = mean + λθ (the ridge term skipped when λ = 0: mean + 0·θ is mean), then the
+        in-place projected step (:meth:`AveragedSGD.step_in_place`, the arithmetic of ``step``)."""
+        if self.loss.ridge:
+            mean = mean + self.loss.ridge_gradient(self._sgd.theta)
+        self._sgd = self._sgd.step_in_place(mean, self.gradient_bound_sq, self._ball, self._step_work)
 
     # -- outputs -----------------------------------------------------------------------------------
 

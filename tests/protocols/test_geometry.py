@@ -41,3 +41,12 @@ def test_diameter_and_contains():
 def test_invalid_radius(radius):
     with pytest.raises(InvalidInputError, match="'radius' parameter of L2Ball"):
         L2Ball(radius)
+
+
+def test_in_place_projection_is_the_projection_bit_for_bit() -> None:
+    rng = np.random.default_rng(5)
+    ball = L2Ball(1.3)
+    for theta in rng.normal(size=(500, 7)) * rng.choice([0.1, 0.5, 1.0, 3.0], size=(500, 1)):
+        expected = ball.project(theta)
+        ball.project_in_place(theta)
+        np.testing.assert_array_equal(theta, expected)

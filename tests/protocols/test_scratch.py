@@ -3,6 +3,8 @@ no generator state behind."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -121,3 +123,78 @@ def test_clip_factors_are_the_textbook_minimum_bitwise() -> None:
         with np.errstate(over="ignore"):
             expected = np.minimum(1.0, bound / np.maximum(norms, tiny))
         np.testing.assert_array_equal(scratch._clip_factors(bound, norms.copy()), expected)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("intercept", [False, True])
+@pytest.mark.parametrize("smoothing", [None, 2.0])
+@pytest.mark.parametrize("bound", [0.05, 0.5, 100.0])  # most, some, and no gradients clipped
+def test_clipped_weights_are_the_clipped_gradients(name, intercept, smoothing, bound) -> None:
+    """w_i·z_i from the block's row norms (the pooled rounds' clip) is clipped_gradients' row:
+    bit for bit where the gradient is inside the bound (factor exactly 1), within a few ulps
+    where it is clipped; Zᵀw is their sum up to the order of the additions."""
+    if smoothing is not None and name not in SMOOTHABLE:
+        pytest.skip("the logistic loss is smooth: no Moreau smoothing")
+    loss = LOSSES[name](intercept=intercept, intercept_scale=0.7)
+    X, y, theta = _data(m=300)
+    X[::17] = 0.0
+    theta = theta[: loss.param_dim(X.shape[1])] * 3.0
+    work = Scratch()
+    Z = scratch.features(loss, X, 1.0, work)
+    labels = scratch.labels(loss, y, work)
+    squares, norms = scratch.feature_norms(Z, work)
+    expected = scratch.clipped_gradients(loss, theta, Z, labels, bound, work, smoothing).copy()
+    inside = np.linalg.norm(expected, axis=1) < bound * (1.0 - 1e-12)
+    weights = scratch.clipped_weights(loss, theta, Z, labels, norms, bound, work, smoothing, squares)
+    total = scratch.weighted_row_sum(weights, Z, work).copy()
+    rows = scratch.weighted_rows(weights, Z, work)
+    np.testing.assert_array_equal(rows[inside], expected[inside])
+    np.testing.assert_allclose(rows, expected, rtol=1e-12, atol=1e-15 * bound)
+    np.testing.assert_allclose(total, expected.sum(axis=0), rtol=1e-12, atol=1e-12 * bound)
+
+
+def _exceeds(rows: np.ndarray, bound: float, slack: float) -> bool:
+    """Whether some row's exact ℓ2 norm (rational arithmetic on its float entries) is above
+    bound·(1 + slack)."""
+    limit = (Fraction(bound) * (1 + Fraction(slack))) ** 2
+    return any(sum(Fraction(float(v)) ** 2 for v in row) > limit for row in rows)
+
+
+CLIP_ULPS = 2.0**-50  # 8 ulps of 1: both clips land within 2 ulps of the bound (measured)
+
+
+@pytest.mark.parametrize("name", ["logistic", "squared", "huber"])
+def test_clipped_per_record_gradients_never_exceed_the_bound(name: str) -> None:
+    """Adversarial rows — huge finite entries (squared norm overflowing), subnormal and zero
+    rows, rows exactly at the feature bound, gradients exactly at the clip bound C, far above
+    and far below it: every w_i·z_i has exact norm ≤ C up to a few ulps (CLIP_ULPS, far inside
+    PVEC's declared Δ₂ = C(1 + 1e-9)), as clipped_gradients' rows do. Negative control: a clip
+    to C(1 + 1e-12) is caught."""
+    loss = LOSSES[name]()
+    rng = np.random.default_rng(12)
+    d = 5
+    X = np.concatenate([
+        np.full((3, d), 1e300), np.full((2, d), -1.7e308), np.array([[1e300, -1e300, 0.0, 5.0, 1e-300]]),
+        np.full((2, d), 5e-324), np.zeros((3, d)), np.eye(d), -np.eye(d) * 3.0,
+        rng.normal(size=(200, d)) * rng.choice([1e-8, 0.3, 1.0, 1e8], size=(200, 1)),
+    ])
+    y = rng.choice([-1.0, 1.0], size=X.shape[0])
+    work = Scratch()
+    Z = scratch.features(loss, X, 1.0, work)
+    labels = scratch.labels(loss, y, work)
+    squares, norms = scratch.feature_norms(Z, work)
+    checked_control = False
+    for bound in (1.0, 0.5, 0.37, 1e-3):
+        for theta in (np.zeros(d), rng.normal(size=d) * 4.0):
+            if name == "squared":  # θ = 0: gradient −y·z, exactly at C = 1 for the unit rows
+                labels = np.where(np.arange(X.shape[0]) % 2 == 0, 1.0, -1.0) * min(bound, 1.0)
+            weights = scratch.clipped_weights(loss, theta, Z, labels, norms, bound, work)
+            rows = scratch.weighted_rows(weights, Z, work)
+            assert np.all(np.isfinite(rows))
+            assert not _exceeds(rows, bound, CLIP_ULPS)
+            assert not _exceeds(scratch.clipped_gradients(loss, theta, Z, labels, bound, work), bound, CLIP_ULPS)
+            if np.any(np.linalg.norm(loss.gradient(theta, Z, labels), axis=1) > bound * (1 + 1e-11)):
+                loose = scratch.clipped_weights(loss, theta, Z, labels, norms, bound * (1 + 1e-12), work)
+                assert _exceeds(scratch.weighted_rows(loose, Z, work), bound, CLIP_ULPS)
+                checked_control = True
+    assert checked_control

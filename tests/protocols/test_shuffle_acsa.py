@@ -9,7 +9,7 @@ import pytest
 
 from accounting.binomial import pvec_parameters
 from accounting.ledger import Guarantee
-from protocols import checks
+from protocols import checks, scratch
 from protocols.acsa import Problem, phase_count, plan_runs
 from protocols.errors import InvalidInputError
 from protocols.losses import AbsoluteLoss, HingeLoss, LogisticLoss, SquaredLoss
@@ -137,3 +137,36 @@ def test_invalid_states_are_rejected():
         learner.load_state_dict({**state, "phase": 3})
     with pytest.raises(InvalidInputError, match="'theta_md'"):
         learner.load_state_dict({**state, "theta_md": np.zeros(4)})
+
+
+def _per_round_clip(learner: ShuffleACSA) -> ShuffleACSA:
+    """The learner with the pooled rounds' clip replaced by the per-round reference
+    (scratch.clipped_gradients over the round's rows, as before the block's norms were used)."""
+
+    def clipped(Z, labels, norms, squares):
+        theta, smoothing = learner._query()
+        return scratch.clipped_gradients(learner.loss, theta, Z, labels, learner._lipschitz, learner._scratch, smoothing)
+
+    learner._clipped_gradients = clipped  # type: ignore[method-assign]
+    return learner
+
+
+@pytest.mark.parametrize("loss", [LogisticLoss(intercept=True), HingeLoss()], ids=["logistic", "hinge-moreau"])
+def test_pooled_rounds_clip_from_block_norms_as_the_per_round_reference(loss) -> None:
+    """Seeded, pooled, gradients clipped (gradient_bound below L), micro-batches straddling
+    rounds, several runs: the learner whose rounds clip w_i·z_i from the block's row norms ends
+    where the per-round clipped_gradients reference ends, to 1e-12 (the clipped rows differ by
+    ulps; PVEC's randomized rounding of the same seeded uniforms then agrees)."""
+    X, y = checks.make_stream(4, 300, binary=True, seed=6)
+
+    def make() -> ShuffleACSA:
+        return ShuffleACSA(4, loss, 1.0, 1e-5, horizon=300, batch_size=9, radius=3.0, gradient_bound=0.2, rng=13)
+
+    new, reference = make(), _per_round_clip(make())
+    for start, stop in ((0, 4), (4, 50), (50, 51), (51, 300)):
+        new.learn_many(X[start:stop], y[start:stop])
+        reference.learn_many(X[start:stop], y[start:stop])
+    a, b = new.state_dict(), reference.state_dict()
+    assert a["totals"].tolist() == b["totals"].tolist() and a["records"] == 300
+    for key in ("theta", "theta_ag", "theta_md"):
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-12, atol=1e-14, err_msg=key)

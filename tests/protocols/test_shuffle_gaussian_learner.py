@@ -19,6 +19,7 @@ from protocols.errors import InvalidInputError
 from protocols.losses import LogisticLoss, SquaredLoss, clip_rows
 from protocols.randomizers import GaussianRandomizer
 from protocols.randomness import SEEDED_WARNING
+from protocols.sgd import AveragedSGD, bound_sq
 from protocols.shuffle_gaussian import (
     ORDERS,
     SLACKS,
@@ -330,3 +331,36 @@ def test_pooled_noise_has_the_per_user_law() -> None:
 
     assert variance_ok(pooled) and variance_ok(per_user)
     assert not variance_ok(pooled / math.sqrt(10)), "one user's noise for ten messages must be caught"
+
+
+def test_pooled_rounds_replay_the_per_round_reference() -> None:
+    """Seeded, participation "all", clipping active, micro-batches straddling rounds: the learner
+    equals a hand replay of the per-piece reference — Σ clip_rows(∇ℓ) plus σC√k·N(0, I) drawn
+    piece after piece from the same generator, each window's mean stepped by AveragedSGD.step —
+    to 1e-12 (its clipped sum is Zᵀw from the block's row norms: the same clip, the additions in
+    another order; its noise of consecutive pieces is drawn in one call: the same draws)."""
+    loss = LogisticLoss(intercept=True)
+    X, y = checks.make_stream(3, 200, binary=True, seed=4)
+    learner = ShuffleGaussianSGD(3, loss, 1.0, DELTA, batch_size=7, clip=0.3, radius=2.0, rng=21)
+    splits = np.cumsum([0, 5, 9, 30, 1, 155])
+    generator = np.random.default_rng(21)
+    sgd, partial, filled = AveragedSGD.start(4), np.zeros(4), 0
+    std = learner._randomizer.noise_std
+    clipped_any = False
+    for start, stop in zip(splits[:-1], splits[1:], strict=True):
+        learner.learn_many(X[start:stop], y[start:stop])
+        Z, labels = loss.features(X[start:stop], 1.0), loss.labels(y[start:stop])
+        position = 0
+        while position < stop - start:
+            k = min(7 - filled, stop - start - position)
+            gradients = loss.gradient(sgd.theta, Z[position : position + k], labels[position : position + k])
+            clipped_any |= bool(np.any(np.linalg.norm(gradients, axis=1) > 0.3))
+            partial += clip_rows(gradients, 0.3).sum(axis=0) + generator.standard_normal(4) * (std * math.sqrt(k))
+            filled, position = filled + k, position + k
+            if filled == 7:
+                sgd = sgd.step(partial / 7, bound_sq(0.3, learner._noise_moment, 7.0, 0.0), learner._ball)
+                partial, filled = np.zeros(4), 0
+    state = learner.state_dict()
+    assert clipped_any and state["weight"] == 28.0 and state["filled"] == filled
+    for key, expected in (("theta", sgd.theta), ("average", sgd.average), ("partial", partial)):
+        np.testing.assert_allclose(state[key], expected, rtol=1e-12, atol=1e-14, err_msg=key)
