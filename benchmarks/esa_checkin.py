@@ -53,7 +53,7 @@ def measure(dim: int, update: str, wakes: int, repeats: int) -> dict[str, float]
                 .encode(X[(w % 64) * SLOT_LENGTH:(w % 64 + 1) * SLOT_LENGTH], y[(w % 64) * SLOT_LENGTH:(w % 64 + 1) * SLOT_LENGTH])
                 for w in range(wakes)]
     rules = SlotRules.from_calibration(dict(model.calibration))
-    dummy = dummy_sealer(local_randomizer(model.calibration), analyzer_key.public_key, rules.params)
+    dummy = dummy_sealer(local_randomizer(model.calibration), analyzer_key.public_key, rules.params, bytes(shuffler_key))
     releases: list[bytes] = []
 
     def shuffle() -> None:
