@@ -79,6 +79,7 @@ from protocols.errors import InvalidInputError
 from protocols.losses import Loss
 from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
 from protocols.randomness import NOISE_BLOCK_ROWS, NoiseSource, RngLike
+from protocols.scalar_residue import scale_rows, scrub_freed_floats
 from protocols.sgd import AveragedSGD, MessageSGDLearner, bound_sq
 from protocols.state_io import read_array, read_int
 
@@ -404,6 +405,7 @@ class RandomCheckinSGD(MessageSGDLearner):
             self._step_delta.fill(0.0)
             self._ridge_work.fill(0.0)
             self._scratch.wipe()
+            scrub_freed_floats()  # the candidates' margins and slopes, Python floats (protocols.scalar_residue)
 
     def _wake_slots(self, count: int, timestamps: Array | None) -> NDArray[np.int64]:
         if self.time == "position":
@@ -468,7 +470,6 @@ class RandomCheckinSGD(MessageSGDLearner):
         np.add(offsets, window_start(wakes, self.slots, self.window), out=offsets)
         np.remainder(offsets, self._buffer, out=offsets)  # each client's slot index: window start + offset
         join_list, index_list, wake = joins.tolist(), offsets.tolist(), wakes.tolist()
-        norm_list, label_list = norms.tolist(), labels.tolist()
         theta, dphi, clip, marks, pending = self._theta_work, self._dphi, self._clip, self._marks, self._pending
         margin = self._scratch.take("margin", 1)
         slots, buffer = self.slots, self._buffer
@@ -535,8 +536,8 @@ class RandomCheckinSGD(MessageSGDLearner):
                     margin[0] = Z[i] @ theta
                     slope = float(self.loss._dphi(margin, labels[i : i + 1])[0])
                 else:
-                    slope = dphi(float(Z[i].dot(theta)), label_list[i])
-                slopes[i] = slope * (clip / max(abs(slope) * norm_list[i], clip))
+                    slope = dphi(float(Z[i].dot(theta)), labels.item(i))
+                slopes[i] = slope * (clip / max(abs(slope) * norms.item(i), clip))
         finally:
             self._clock, self._records, self._latest = clock, records, latest
             self._moment_work, self._weight_work, self._dummies_used = moment, weight, used
@@ -578,13 +579,14 @@ class RandomCheckinSGD(MessageSGDLearner):
         if isinstance(self._local, GaussianRandomizer):
             chosen = scratch.rows(slopes, rows, self._scratch, "send_slopes")
             scratch.rows(Z, rows, self._scratch, "send_messages")
-            messages *= chosen[:, None]
+            scale_rows(messages, chosen, self._scratch.take("send_factors", rows.size, self._params))
             messages += scratch.rows(self._scratch.take("randomizer_noise", Z.shape[0], self._params), rows,
                                      self._scratch, "send_noise")
         else:
             signs = self._l2_signs()
             scratch.rows(self._l2_work[0], rows, self._scratch, "send_messages")  # the clients' directions
-            messages *= scratch.rows(signs, rows, self._scratch, "send_signs")[:, None]
+            scale_rows(messages, scratch.rows(signs, rows, self._scratch, "send_signs"),
+                       self._scratch.take("send_factors", rows.size, self._params))
         if self.update == "single":
             self._messages[targets] = messages
         else:

@@ -77,6 +77,7 @@ from protocols.losses import Loss
 from protocols.pan_acsa import SENSITIVITY_SLACK
 from protocols.randomness import NOISE_BLOCK_ROWS, RngLike
 from protocols.recorded import Fetch, RecordedLearner
+from protocols.scalar_residue import scrub_freed_floats
 from protocols.scratch import BLOCK_ROWS
 
 Array = NDArray[np.float64]
@@ -274,6 +275,7 @@ class _PNSGD(Learner):
             if spare is not self._theta:
                 spare.fill(0.0)  # the iterate before the last step (noisy, but not the state)
             self._scratch.wipe()
+            scrub_freed_floats()  # the steps' margins and slopes, Python floats (protocols.scalar_residue)
 
     def _draw_steps_noise(self, scales: Array, params: int) -> Array:
         """η·Z_t for the steps of one sub-block, row by row (Z_t ~ N(0, σ_t² I), or Laplace with
@@ -313,13 +315,13 @@ class _PNSGD(Learner):
         keep = 1.0 - eta * self.loss.ridge  # (1 − ηλ): the ridge gradient's share of the step
         ridge_term = self._scratch.take("update", Z.shape[1]) if keep != 1.0 else None
         margin = self._scratch.take("margin", 1)
-        for k, (z, drawn, z_norm, label) in enumerate(zip(Z, noise, norms.tolist(), labels.tolist())):
+        for k, (z, drawn) in enumerate(zip(Z, noise)):
             if dphi is None:
                 margin[0] = z @ w
                 slope = float(self.loss._dphi(margin, labels[k : k + 1])[0])
             else:
-                slope = dphi(float(z.dot(w)), label)
-            gradient_norm = abs(slope) * z_norm
+                slope = dphi(float(z.dot(w)), labels.item(k))
+            gradient_norm = abs(slope) * norms.item(k)
             if gradient_norm > lipschitz:
                 slope *= lipschitz / gradient_norm
             if ridge_term is not None:
