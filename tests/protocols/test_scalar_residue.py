@@ -39,6 +39,7 @@ from protocols.shuffle_sgd import ShuffleSGD
 from tests.memscan import read_memory
 
 LOSS = {"name": "logistic", "intercept": True}
+SQUARED = {"name": "squared", "intercept": True, "label_bound": 2.0}
 DIM = 20
 SEED = 7
 WARM_UP, TARGET = 200, 300
@@ -52,12 +53,16 @@ LEARNERS: dict[str, Callable[[], Learner]] = {
     "shuffle-sgd": lambda: ShuffleSGD(DIM, LOSS, 1.0, 1e-6, batch_size=64, rng=SEED),
     "shuffle-acsa": lambda: ShuffleACSA(DIM, LOSS, 1.0, 1e-6, horizon=20_000, batch_size=64, rng=SEED),
     "shuffle-gaussian": lambda: ShuffleGaussianSGD(DIM, LOSS, 1.0, 1e-6, batch_size=64, rng=SEED),
+    # real-valued labels: each one is a record's data too
+    "pnsgd-squared": lambda: OnlinePNSGD(DIM, SQUARED, 1.0, eta=0.1, radius=1.0, rng=SEED),
+    "checkin-squared": lambda: RandomCheckinSGD(DIM, SQUARED, 1.0, 1e-6, randomizer="gaussian", slots=50, rng=SEED),
 }
 
 
-def _records(m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """m records with features of distinct norms in [0.3, 0.95] (inside the bound 1) and 0/1
-    labels, built in place (no scaled copy of them is left behind in the child)."""
+def _records(m: int, seed: int, continuous: bool) -> tuple[np.ndarray, np.ndarray]:
+    """m records with features of distinct norms in [0.3, 0.95] (inside the bound 1) and labels
+    that are 0/1 and, for the squared loss, continuous (0/1 plus a uniform [0, 0.5)), built in
+    place (no scaled copy of them is left behind in the child)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((m, DIM))
     scale = rng.uniform(0.3, 0.95, m)
@@ -65,6 +70,8 @@ def _records(m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     X *= scale[:, None]
     scale.fill(0.0)
     y = (rng.random(m) < 0.5).astype(np.float64)
+    if continuous:
+        y += 0.5 * rng.random(m)
     return X, y
 
 
@@ -84,7 +91,7 @@ def _child(conn: Any, name: str, sabotage: str | None) -> None:
         pnsgd.scrub_freed_floats = lambda: None  # type: ignore[assignment]
     learner = LEARNERS[name]()
     for m, seed in ((WARM_UP, 1), (TARGET, 2)):
-        X, y = _records(m, seed)
+        X, y = _records(m, seed, name.endswith("squared"))
         learner.learn_many(X, y)
         X.fill(0.0)
         y.fill(0.0)
@@ -93,22 +100,31 @@ def _child(conn: Any, name: str, sabotage: str | None) -> None:
 
 
 def _target_scalars(name: str) -> dict[str, np.ndarray]:
-    """Every norm, squared norm, margin and slope the learner computes for the target records
-    (from a twin with the same seed, its link derivatives spied on)."""
+    """Every norm, squared norm, label, margin and slope the learner computes for the target
+    records (from a twin with the same seed, its link derivatives spied on: the scalar form of
+    pnsgd and checkin and the array form of the others)."""
     margins: list[float] = []
     slopes: list[float] = []
-    scalar = scratch._logistic_dphi
+    scalar_dphi = scratch.scalar_dphi
 
-    def scalar_spy(s: float, y: float) -> float:
-        slope = scalar(s, y)
-        margins.append(s)
-        slopes.append(slope)
-        return slope
+    def spied_scalar_dphi(loss: Any) -> Any:
+        dphi = scalar_dphi(loss)
+        if dphi is None:
+            return None
 
-    scratch._logistic_dphi = scalar_spy  # type: ignore[assignment]
+        def spy(s: float, y: float) -> float:
+            slope = dphi(s, y)
+            margins.append(s)
+            slopes.append(slope)
+            return slope
+
+        return spy
+
+    continuous = name.endswith("squared")
+    scratch.scalar_dphi = spied_scalar_dphi  # type: ignore[assignment]
     try:
         twin: Any = LEARNERS[name]()
-        twin.learn_many(*_records(WARM_UP, 1))
+        twin.learn_many(*_records(WARM_UP, 1, continuous))
         margins.clear()
         slopes.clear()
         array = twin.loss._dphi
@@ -120,15 +136,16 @@ def _target_scalars(name: str) -> dict[str, np.ndarray]:
             return slope
 
         twin.loss._dphi = array_spy
-        X, y = _records(TARGET, 2)
+        X, y = _records(TARGET, 2, continuous)
         twin.learn_many(X, y)
     finally:
-        scratch._logistic_dphi = scalar
+        scratch.scalar_dphi = scalar_dphi
     Z = twin.loss.features(X, twin.feature_bound)
     squares = np.einsum("ij,ij->i", Z, Z)
     return {
         "norm": np.sqrt(squares),
         "squared norm": squares,
+        "label": twin.loss.labels(y),
         "margin": np.array(margins),
         "slope": np.array(slopes),
     }
@@ -138,6 +155,13 @@ def _distinctive(values: np.ndarray) -> np.ndarray:
     unique, counts = np.unique(values, return_counts=True)
     once = unique[counts == 1]
     return once[~np.isin(once, [0.0, 0.5, -0.5, 1.0, -1.0])]
+
+
+def _present(targets: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """The values of sorted ``targets`` that occur in ``words`` (a binary search per word: the
+    memory is hundreds of MB, the targets a few thousand)."""
+    where = np.searchsorted(targets, words).clip(max=targets.size - 1)
+    return np.unique(words[targets[where] == words])
 
 
 def scan(name: str, sabotage: str | None = None) -> dict[str, str]:
@@ -157,12 +181,13 @@ def scan(name: str, sabotage: str | None = None) -> dict[str, str]:
         if child.is_alive():
             child.kill()
     words = np.frombuffer(raw[: len(raw) - len(raw) % 8], dtype=np.uint64)
+    targets = {kind: _distinctive(values).view(np.uint64) for kind, values in _target_scalars(name).items()}
+    present = _present(np.unique(np.concatenate(list(targets.values()))), words)
     found = {}
-    for kind, values in _target_scalars(name).items():
-        targets = _distinctive(values)
-        hits = int(np.isin(targets.view(np.uint64), words).sum())
+    for kind, bits in targets.items():
+        hits = int(np.isin(bits, present).sum())
         if hits:
-            found[kind] = f"{hits} of {targets.size}"
+            found[kind] = f"{hits} of {bits.size}"
     return found
 
 
