@@ -53,7 +53,9 @@ variant); the calibrations are in :mod:`accounting.binomial`.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import queue
 from collections.abc import Iterator
 from typing import Literal
 
@@ -69,7 +71,7 @@ from protocols.validation import choice, positive_int
 
 __all__ = ["VectorSum"]
 
-_CHUNK_ELEMENTS = 1 << 17  # elements of X per block: 128 KiB per float64 work buffer, so a block's passes stay in L2
+_CHUNK_ELEMENTS = 1 << 17  # elements of X per block (1 MiB of float64 per work buffer)
 _MAX_MESSAGES = 1 << 24  # randomize_bits refuses to materialise more messages than this
 _NO_NOISE = np.zeros(0, dtype=np.int64)  # the pooled path's noise before it is drawn (empty: nothing to wipe)
 
@@ -98,6 +100,33 @@ def _inside_squared(l2_bound: float, d: int) -> float:
     being floats, so is its rounding s. (A row within the norm tolerance, rescaled onto Δ₂, and
     rows beyond T keep the clip.)"""
     return l2_bound**2 * (1.0 - (d + 8) * 2.0**-50)
+
+
+_KEYED_SOURCES: queue.SimpleQueue[NoiseSource] = queue.SimpleQueue()
+"""OS-keyed noise sources free for reuse: building one (a PCG64 and its layout check) costs more
+than a small batch's draws. Each is rekeyed from OS entropy on every draw and its state zeroed
+after (:mod:`protocols.randomness`), so reuse keeps nothing between calls; a call takes one for
+itself (a fresh one when none is free, e.g. while another thread holds one), so no two calls
+ever share a generator."""
+
+
+@contextlib.contextmanager
+def _drawing(rng: RngLike) -> Iterator[np.random.Generator]:
+    """``NoiseSource(rng).draw()``, with the OS-keyed sources of ``rng=None`` reused
+    (:data:`_KEYED_SOURCES`)."""
+    if rng is not None:
+        with NoiseSource(rng).draw() as generator:
+            yield generator
+        return
+    try:
+        source = _KEYED_SOURCES.get_nowait()
+    except queue.Empty:
+        source = NoiseSource()
+    try:
+        with source.draw() as generator:
+            yield generator
+    finally:
+        _KEYED_SOURCES.put(source)
 
 
 NORM_TOLERANCE = 1e-9
@@ -238,7 +267,7 @@ class VectorSum:
         X = self._checked(X, "randomize", exact_rows=False)
         counts = np.empty(X.shape, dtype=self.count_dtype)
         try:
-            with NoiseSource(rng).draw() as generator:
+            with _drawing(rng) as generator:
                 for _ in self._randomized_blocks(X, generator, "randomize", counts):
                     pass
         except BaseException:
@@ -270,7 +299,7 @@ class VectorSum:
         if pooled_noise and isinstance(rng, np.random.Generator):  # the learners' rounds: no wrapper per call
             self._add_pooled(X, totals, rng, "add_messages")
             return
-        with NoiseSource(rng).draw() as generator:
+        with _drawing(rng) as generator:
             if pooled_noise:
                 self._add_pooled(X, totals, generator, "add_messages")
             else:
@@ -310,7 +339,7 @@ class VectorSum:
             )
         encoded = self._encoded(row, np.empty_like(row), inside)[0]
         floor = np.floor(encoded)
-        with NoiseSource(rng).draw() as generator:
+        with _drawing(rng) as generator:
             rounding_bit = generator.random(self.d) < encoded - floor
             noise_bits = generator.random((self.d, self.b)) < self.p
         ones = floor.astype(np.int64) + rounding_bit + noise_bits.sum(axis=1)
@@ -346,7 +375,7 @@ class VectorSum:
                 f"VectorSum.aggregate: counts must be an integer array of shape "
                 f"({self.n}, {self.d}); got {counts.dtype} {counts.shape}"
             )
-        if counts.min() < 0 or counts.max() > self.g + self.b:
+        if (counts.dtype.kind == "i" and counts.min() < 0) or np.maximum.reduce(counts, axis=None) > self.g + self.b:
             raise InvalidInputError(
                 f"VectorSum.aggregate: every count must lie in [0, g + b] = [0, {self.g + self.b}]"
             )
@@ -384,7 +413,7 @@ class VectorSum:
         ndarray of float64, shape (d,)
         """
         X = self._checked(X, "estimate_sum", exact_rows=True)
-        with NoiseSource(rng).draw() as generator:
+        with _drawing(rng) as generator:
             return self._estimate_sum(X, generator, pooled_noise)
 
     def _estimate_sum(self, X: NDArray[np.float64], generator: np.random.Generator, pooled_noise: bool) -> NDArray[np.float64]:
