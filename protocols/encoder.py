@@ -71,7 +71,7 @@ from protocols.validation import choice, positive_int
 
 __all__ = ["VectorSum"]
 
-_CHUNK_ELEMENTS = 1 << 17  # elements of X per block (1 MiB of float64 per work buffer)
+_CHUNK_ELEMENTS = 1 << 15  # elements of X per block: 256 KiB per float64 work buffer, a block's passes stay in L2
 _MAX_MESSAGES = 1 << 24  # randomize_bits refuses to materialise more messages than this
 _NO_NOISE = np.zeros(0, dtype=np.int64)  # the pooled path's noise before it is drawn (empty: nothing to wipe)
 
@@ -570,8 +570,9 @@ class VectorSum:
         scratch block that the caller reads before the next one and that is wiped when the
         iteration ends. The work buffers hold clean encodings s, the rounding uniforms, the
         rounded encodings ⌊s + U⌋ (a user's message minus her binomial noise, which gives x to
-        within Δ/g) and the guide-table indices (the noise words' top bits): they are zeroed when
-        the iteration ends, however it ends.
+        within Δ/g) — and, before each block's encodings, the sampler's guide-table indices (the
+        noise words' top bits, zeroed by the sampler once used): they are zeroed when the
+        iteration ends, however it ends.
 
         ⌊s + U⌋ is the cast of s + U to the counts' unsigned dtype: s ∈ [0, g] (clipped or
         :func:`_inside_squared`) and U ≥ 0, so fl(s + U) ∈ [0, g + 1], which the dtype holds, and
@@ -581,7 +582,7 @@ class VectorSum:
         work = np.zeros((rows, self.d))
         uniforms = np.zeros_like(work)
         rounded = np.zeros(work.shape, dtype=self.count_dtype)
-        index = np.zeros(work.size, dtype=np.intp)
+        index = work.reshape(-1).view(np.intp)  # the sampler's guide indices, zeroed by it before work is used
         scratch = np.zeros((rows if counts is None else 0, self.d), dtype=self.count_dtype)
         try:
             start = 0
@@ -592,9 +593,9 @@ class VectorSum:
                 encoded = self._encoded(chunk, work[:m], inside)
                 encoded += generator.random(out=uniforms[:m])
                 np.copyto(rounded[:m], encoded, casting="unsafe")  # ⌊s + U⌋ (see above)
-                block += rounded[:m]  # exact: ≤ g + 1 + b, held by count_dtype (g + b + 1 ≤ its max)
+                block += rounded[:m]  # η + ⌊s + U⌋, as before (integer addition)
                 yield block
                 start += m
         finally:
-            for buffer in (work, uniforms, rounded, index, scratch):
+            for buffer in (work, uniforms, rounded, scratch):
                 buffer.fill(0)

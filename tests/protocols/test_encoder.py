@@ -262,7 +262,7 @@ def test_pooled_add_messages_replays_estimate_sum_and_refuses_like_per_user(smal
 
 @pytest.mark.statistical
 def test_batches_larger_than_one_chunk(tiny: VectorSum) -> None:
-    """70 000 users (more than one 2¹⁷-element block): every row is written, and the mean count of
+    """70 000 users (more than one block of 2¹⁵ elements): every row is written, and the mean count of
     the last 10 000 rows is within 6 standard errors of s + b/2 (false-failure rate < 1e-8)."""
     unit = 2 * tiny.l2_bound / tiny.g
     x = 0.0 if tiny.g % 2 == 0 else unit / 2
