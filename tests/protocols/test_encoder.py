@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from accounting.binomial import pvec_parameters, tight_parameters
-from protocols.encoder import _KEYED_SOURCES, VectorSum, _drawing, _inside_squared
+from protocols.encoder import _KEYED_SOURCES, VectorSum, _column_sums, _drawing, _inside_squared
 from protocols.errors import InvalidInputError
 
 SMALL = dict(n=200, d=3, epsilon=1.0, delta=1e-5, l2_bound=1.0)
@@ -474,3 +474,21 @@ def test_os_keyed_sources_are_reused_wiped_and_never_shared() -> None:
             pass
         assert generator.bit_generator.state["state"] == {"state": 0, "inc": 0}
         _KEYED_SOURCES.put(source)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+def test_column_sums_of_counts_are_exact(dtype: type) -> None:
+    """:func:`_column_sums` of counts (narrow unsigned, accumulated in blocks of a twice-wider type)
+    equals the exact column sums, at the largest values and across block and fold edges. Control:
+    accumulating 2⁸ + 2 rows of 255 in uint16 without the blocks wraps."""
+    rng = np.random.default_rng(40)
+    high = np.iinfo(dtype).max
+    for rows, width in ((1, 3), (511, 1), (70_001, 2), (1_000, 10), (3_000, 1_000), (200_003, 3)):
+        counts = rng.integers(0, high, size=(rows, width), dtype=dtype, endpoint=True)
+        counts[: rows // 2] = high
+        exact = [sum(int(v) for v in column) for column in counts.T.tolist()] if rows * width < 10**6 else \
+            counts.astype(np.uint64).sum(axis=0).tolist()
+        sums = _column_sums(counts, np.int64)
+        assert sums.dtype == np.int64 and sums.tolist() == exact
+    wrapped = np.add.reduce(np.full((258, 1), 255, dtype=np.uint8), axis=0, dtype=np.uint16)
+    assert int(wrapped[0]) != 258 * 255
