@@ -95,7 +95,7 @@ def _narrow_sums(a: NDArray, dtype: type | None) -> NDArray:
     if dtype is None or a.dtype.kind != "u" or a.dtype.itemsize > 2:
         return a.sum(axis=0, dtype=dtype)
     wider, step = np.dtype(f"u{2 * a.dtype.itemsize}"), 1 << (8 * a.dtype.itemsize)
-    total = np.zeros(a.shape[1], dtype=dtype)
+    total: NDArray = np.zeros(a.shape[1], dtype=dtype)
     for start in range(0, a.shape[0], step):
         total += np.add.reduce(a[start : start + step], axis=0, dtype=wider)
     return total
