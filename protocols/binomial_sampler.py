@@ -29,8 +29,8 @@ b above ``MAX_TABLE_TRIALS`` (only the paper's loose calibration asks for them) 
 ``Generator.binomial``, numpy's floating-point algorithm.
 
 The raw words are the users' noise in another form: callers pass the encoder's generator (keyed
-from OS entropy, zeroed after use; :mod:`protocols.randomness`), and the word buffers are zeroed
-here once counted.
+from OS entropy, zeroed after use; :mod:`protocols.randomness`), and the word buffers and the
+guide-table indices made from them are zeroed here once counted.
 
 References
 ----------
@@ -41,7 +41,6 @@ empirical distribution" (guide tables); Devroye (1986), "Non-Uniform Random Vari
 
 from __future__ import annotations
 
-import sys
 from fractions import Fraction
 
 import numpy as np
@@ -100,25 +99,46 @@ class BinomialSampler:
 
     def draw(self, generator: np.random.Generator, size: int) -> NDArray:
         """``size`` independent draws of Bin(b, p), as ``self.dtype``."""
+        return self.draw_into(generator, np.empty(size, dtype=self.dtype), np.empty(size, dtype=np.intp))
+
+    def draw_into(self, generator: np.random.Generator, out: NDArray, index: NDArray[np.intp]) -> NDArray:
+        """``out.size`` independent draws of Bin(b, p) into ``out`` (1-D, ``self.dtype``), the same
+        draws as :meth:`draw`. ``index`` (intp, at least ``out.size``) is scratch for the guide
+        table's indices (the words' top bits), zeroed here once used; the caller owns ``out``."""
+        size = out.size
         if self.method == "numpy":
             drawn = generator.binomial(self.b, self.p, size=size)
             try:
-                return drawn.astype(self.dtype)
+                np.copyto(out, drawn, casting="unsafe")  # exact: every draw ≤ b fits self.dtype
             finally:
                 drawn.fill(0)  # the int64 draws, copied into the caller's dtype
+            return out
         words = generator.bit_generator.random_raw(size)
         try:
-            return self.invert(words, generator)
+            return self.invert(words, generator, out, index[:size])
         finally:
             words.fill(0)
 
-    def invert(self, words: NDArray[np.uint64], generator: np.random.Generator) -> NDArray:
-        """The draws whose uniforms begin with the raw ``words`` (ties decided by further words
-        from ``generator``). Exposed so tests can force flagged buckets and ties."""
-        top = _top_bits(words)
-        counts = self._guide.take(top)
-        if not np.shares_memory(top, words):
-            top.fill(0)  # a copy of the noise words' top bits (big-endian machines)
+    def invert(
+        self,
+        words: NDArray[np.uint64],
+        generator: np.random.Generator,
+        out: NDArray | None = None,
+        index: NDArray[np.intp] | None = None,
+    ) -> NDArray:
+        """The draws whose uniforms begin with the raw ``words`` (1-D; ties decided by further
+        words from ``generator``), into ``out`` if given. Exposed so tests can force flagged
+        buckets and ties.
+
+        The guide table is indexed through ``index`` (intp scratch of the words' size, a fresh one
+        if not given), zeroed before returning: ``take`` with narrower indices would convert them
+        into an intp copy of its own, a copy of the noise words' top bits that nobody could wipe."""
+        index = np.empty(words.size, dtype=np.intp) if index is None else index
+        try:
+            np.right_shift(words, np.uint64(_WORD_BITS - _GUIDE_BITS), out=index.view(np.uint64))
+            counts = self._guide.take(index, out=out, mode="clip")  # index < 2¹⁶: "clip" never clips
+        finally:
+            index.fill(0)
         flagged = np.flatnonzero(counts == self._flag)
         if flagged.size:
             flagged_words = words[flagged]
@@ -169,10 +189,3 @@ def _guide_table(thresholds: NDArray[np.uint64], dtype: np.dtype, flag: int) -> 
     table = np.searchsorted(top, buckets, side="left").astype(dtype)  # #{t : top_t < h}
     table[top.astype(np.intp)] = flag
     return table
-
-
-def _top_bits(words: NDArray[np.uint64]) -> NDArray[np.uint16]:
-    """The top 16 bits of each word (a strided view on little-endian machines: no copy)."""
-    if sys.byteorder == "little" and words.flags.c_contiguous and words.ndim == 1:
-        return words.view(np.uint16)[3::4]
-    return (words >> np.uint64(_WORD_BITS - _GUIDE_BITS)).astype(np.uint16)

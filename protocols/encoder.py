@@ -53,7 +53,9 @@ variant); the calibrations are in :mod:`accounting.binomial`.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import queue
 from collections.abc import Iterator
 from typing import Literal
 
@@ -69,8 +71,9 @@ from protocols.validation import choice, positive_int
 
 __all__ = ["VectorSum"]
 
-_CHUNK_ELEMENTS = 1 << 17  # elements of X per block (1 MiB of float64 per work buffer)
+_CHUNK_ELEMENTS = 1 << 15  # elements of X per block: 256 KiB per float64 work buffer, a block's passes stay in L2
 _MAX_MESSAGES = 1 << 24  # randomize_bits refuses to materialise more messages than this
+_NO_NOISE = np.zeros(0, dtype=np.int64)  # the pooled path's noise before it is drawn (empty: nothing to wipe)
 
 
 def _column_sums(a: NDArray, dtype: type | None = None) -> NDArray:
@@ -80,8 +83,64 @@ def _column_sums(a: NDArray, dtype: type | None = None) -> NDArray:
     rows, width = a.shape
     fold = max(1, 512 // width)
     head = rows - rows % fold
-    folded = a[:head].reshape(-1, fold * width).sum(axis=0, dtype=dtype).reshape(fold, width).sum(axis=0)
+    folded = _narrow_sums(a[:head].reshape(-1, fold * width), dtype).reshape(fold, width).sum(axis=0)
     return folded + a[head:].sum(axis=0, dtype=dtype)
+
+
+def _narrow_sums(a: NDArray, dtype: type | None) -> NDArray:
+    """a.sum(axis=0, dtype=dtype); for uint8 and uint16 (the users' counts) through the unsigned
+    type twice as wide, a block of 2⁸ (2¹⁶) rows at a time — a block's sum is at most
+    (2⁸ − 1)·2⁸ < 2¹⁶ ((2¹⁶ − 1)·2¹⁶ < 2³²), so it cannot wrap — then added in ``dtype``: exact,
+    and 3–4× faster than numpy's reduction casting every element to int64."""
+    if dtype is None or a.dtype.kind != "u" or a.dtype.itemsize > 2:
+        return a.sum(axis=0, dtype=dtype)
+    wider, step = np.dtype(f"u{2 * a.dtype.itemsize}"), 1 << (8 * a.dtype.itemsize)
+    total: NDArray = np.zeros(a.shape[1], dtype=dtype)
+    for start in range(0, a.shape[0], step):
+        total += np.add.reduce(a[start : start + step], axis=0, dtype=wider)
+    return total
+
+
+def _inside_squared(l2_bound: float, d: int) -> float:
+    """A bound T on a block's largest computed squared row norm below which the encodings need no
+    clip: max_i fl(‖xᵢ‖²) ≤ T implies s = fl(fl(x·c) + g/2) ∈ [0, g] for every coordinate x of
+    the block, c = fl(g/(2Δ₂)), so clipping s to [0, g] would change no bit.
+
+    Proof (u = 2⁻⁵³, round to nearest). Any order of summing d rounded squares gives
+    fl(‖x‖²) ≥ ‖x‖²(1 − γ), γ = d·u/(1 − d·u) (Higham 2002, §3.1 and §4.2), so x² ≤ ‖x‖² ≤
+    T/(1 − γ). With T = Δ₂²(1 − (d + 8)·2⁻⁵⁰) (8(d + 8)·u, its own rounding ≤ 3u aside),
+    |x| ≤ Δ₂(1 − 2u)², hence |x·c| ≤ |x|·(g/(2Δ₂))(1 + u) ≤ (g/2)(1 − 2u) < g/2 and, rounding being
+    monotone and g/2 a float, |fl(x·c)| ≤ g/2. Then fl(x·c) + g/2 ∈ [0, g] exactly and, 0 and g
+    being floats, so is its rounding s. (A row within the norm tolerance, rescaled onto Δ₂, and
+    rows beyond T keep the clip.)"""
+    return l2_bound**2 * (1.0 - (d + 8) * 2.0**-50)
+
+
+_KEYED_SOURCES: queue.SimpleQueue[NoiseSource] = queue.SimpleQueue()
+"""OS-keyed noise sources free for reuse: building one (a PCG64 and its layout check) costs more
+than a small batch's draws. Each is rekeyed from OS entropy on every draw and its state zeroed
+after (:mod:`protocols.randomness`), so reuse keeps nothing between calls; a call takes one for
+itself (a fresh one when none is free, e.g. while another thread holds one), so no two calls
+ever share a generator."""
+
+
+@contextlib.contextmanager
+def _drawing(rng: RngLike) -> Iterator[np.random.Generator]:
+    """``NoiseSource(rng).draw()``, with the OS-keyed sources of ``rng=None`` reused
+    (:data:`_KEYED_SOURCES`)."""
+    if rng is not None:
+        with NoiseSource(rng).draw() as generator:
+            yield generator
+        return
+    try:
+        source = _KEYED_SOURCES.get_nowait()
+    except queue.Empty:
+        source = NoiseSource()
+    try:
+        with source.draw() as generator:
+            yield generator
+    finally:
+        _KEYED_SOURCES.put(source)
 
 
 NORM_TOLERANCE = 1e-9
@@ -157,9 +216,13 @@ class VectorSum:
         self._encode_scale = self.g / (2.0 * self.l2_bound)  # s = x·g/Δ + g/2
         self.count_dtype = count_dtype(self.g + self.b)
         self._sampler = BinomialSampler(self.b, self.p, self.count_dtype)
+        self._half_g = 0.5 * self.g
+        self._inside_squared = _inside_squared(self.l2_bound, self.d)
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // self.d)
         self._pool_work = np.zeros((0, self.d))  # pooled path's work rows (encodings, uniforms), zeroed after each call
         self._pool_sums = np.zeros((2, self.d))  # its rounded sum and partial sums, zeroed after each call
+        self._ones = np.ones(0)  # the pooled path's column sums: ones @ rows (exact, see _add_pooled)
+        self._pool_squared = np.zeros(0)  # its rows' squared norms (a one-block batch), zeroed after use
 
     def __repr__(self) -> str:
         return (
@@ -189,8 +252,8 @@ class VectorSum:
         """
         rounding = np.zeros(self.d)
         X = self._checked(X, "estimate_variance", exact_rows=True)
-        for chunk in self._chunks(X, "estimate_variance"):
-            frac = self._encoded(chunk, np.empty_like(chunk))
+        for chunk, inside in self._chunks(X, "estimate_variance"):
+            frac = self._encoded(chunk, np.empty_like(chunk), inside)
             frac -= np.floor(frac)
             rounding += _column_sums(frac * (1.0 - frac))
         trials = self.n * self.b * self.p * (1.0 - self.p)
@@ -217,10 +280,13 @@ class VectorSum:
         """
         X = self._checked(X, "randomize", exact_rows=False)
         counts = np.empty(X.shape, dtype=self.count_dtype)
-        with NoiseSource(rng).draw() as generator:
-            for start, block in self._randomized_blocks(X, generator, "randomize"):
-                counts[start : start + block.shape[0]] = block
-                block.fill(0)
+        try:
+            with _drawing(rng) as generator:
+                for _ in self._randomized_blocks(X, generator, "randomize", counts):
+                    pass
+        except BaseException:
+            counts.fill(0)  # the messages of the blocks before a refused one
+            raise
         return counts
 
     def add_messages(
@@ -247,7 +313,7 @@ class VectorSum:
         if pooled_noise and isinstance(rng, np.random.Generator):  # the learners' rounds: no wrapper per call
             self._add_pooled(X, totals, rng, "add_messages")
             return
-        with NoiseSource(rng).draw() as generator:
+        with _drawing(rng) as generator:
             if pooled_noise:
                 self._add_pooled(X, totals, generator, "add_messages")
             else:
@@ -278,16 +344,16 @@ class VectorSum:
             raise InvalidInputError(
                 f"VectorSum.randomize_bits: x must have shape ({self.d},); got {x_arr.shape}"
             )
-        (row,) = self._chunks(x_arr.reshape(1, self.d), "randomize_bits")
+        ((row, inside),) = self._chunks(x_arr.reshape(1, self.d), "randomize_bits")
         per_label = self.g + self.b
         if self.d * per_label > _MAX_MESSAGES:
             raise InvalidInputError(
                 f"VectorSum.randomize_bits: d·(g + b) = {self.d * per_label} messages exceed the "
                 f"limit {_MAX_MESSAGES}; use randomize (counts) for these parameters"
             )
-        encoded = self._encoded(row, np.empty_like(row))[0]
+        encoded = self._encoded(row, np.empty_like(row), inside)[0]
         floor = np.floor(encoded)
-        with NoiseSource(rng).draw() as generator:
+        with _drawing(rng) as generator:
             rounding_bit = generator.random(self.d) < encoded - floor
             noise_bits = generator.random((self.d, self.b)) < self.p
         ones = floor.astype(np.int64) + rounding_bit + noise_bits.sum(axis=1)
@@ -323,7 +389,7 @@ class VectorSum:
                 f"VectorSum.aggregate: counts must be an integer array of shape "
                 f"({self.n}, {self.d}); got {counts.dtype} {counts.shape}"
             )
-        if counts.min() < 0 or counts.max() > self.g + self.b:
+        if (counts.dtype.kind == "i" and counts.min() < 0) or np.maximum.reduce(counts, axis=None) > self.g + self.b:
             raise InvalidInputError(
                 f"VectorSum.aggregate: every count must lie in [0, g + b] = [0, {self.g + self.b}]"
             )
@@ -361,7 +427,7 @@ class VectorSum:
         ndarray of float64, shape (d,)
         """
         X = self._checked(X, "estimate_sum", exact_rows=True)
-        with NoiseSource(rng).draw() as generator:
+        with _drawing(rng) as generator:
             return self._estimate_sum(X, generator, pooled_noise)
 
     def _estimate_sum(self, X: NDArray[np.float64], generator: np.random.Generator, pooled_noise: bool) -> NDArray[np.float64]:
@@ -380,9 +446,8 @@ class VectorSum:
         messages wiped once summed. A block of fewer than 512 rows is summed in one reduction
         (:func:`_column_sums` folds rows for long blocks; both sums are exact)."""
         totals = np.zeros(self.d, dtype=np.int64)
-        for _, block in self._randomized_blocks(X, generator, method):
+        for block in self._randomized_blocks(X, generator, method):
             totals += block.sum(axis=0, dtype=np.int64) if block.shape[0] < 512 else _column_sums(block, np.int64)
-            block.fill(0)  # the users' messages, summed
         return totals
 
     def _add_pooled(
@@ -393,23 +458,47 @@ class VectorSum:
         uniforms block by block, then the d binomials. The rounded sum (the users' encodings to
         within Δ/g, clean of binomial noise), the work buffers and the noise are zeroed here; the
         sums go through preallocated buffers (``out=``, kept by the instance and zeroed after every
-        call), so no temporary holds them."""
+        call), so no temporary holds them. A block's column sums are ``ones @ rows`` (BLAS): the
+        rows hold integers ≤ g + 1 and every partial sum is an integer below 2⁵³, so each addition,
+        in whatever order or fused, is exact."""
         rows = min(self._chunk_rows, X.shape[0])
         if self._pool_work.shape[0] < 2 * rows:
             self._pool_work = np.zeros((2 * rows, self.d))  # zero between calls
+            self._ones = np.ones(rows)
+            self._pool_squared = np.zeros(rows)
         work, uniforms = self._pool_work[:rows], self._pool_work[rows : 2 * rows]
         rounded, partial = self._pool_sums
-        noise = np.zeros(0, dtype=np.int64)
+        noise = _NO_NOISE
         try:
-            for chunk in self._chunks(X, method):
-                np.sum(self._rounded(chunk, generator, work, uniforms), axis=0, out=partial)
-                rounded += partial
+            inside = self._inside(X) if X.shape[0] <= rows else None  # one block: no generator
+            if inside is None:
+                for chunk, chunk_inside in self._chunks(X, method):
+                    block = self._rounded(chunk, chunk_inside, generator, work, uniforms)
+                    rounded += np.dot(self._ones[: chunk.shape[0]], block, out=partial)
+            else:
+                np.dot(self._ones[:rows], self._rounded(X, inside, generator, work, uniforms), out=rounded)
             noise = generator.binomial(X.shape[0] * self.b, self.p, size=self.d)  # no out= in numpy
-            rounded += noise  # exact: integer-valued floats below 2⁵³
-            totals += rounded.astype(np.int64)
+            np.add(noise, rounded, out=noise, casting="unsafe")  # exact: integer-valued floats below 2⁵³
+            totals += noise
         finally:
-            for buffer in (work, uniforms, rounded, partial, noise):
-                buffer.fill(0)
+            self._pool_work[: 2 * rows].fill(0.0)  # work and uniforms
+            self._pool_sums.fill(0.0)  # rounded and partial
+            noise.fill(0)
+
+    def _inside(self, X: NDArray[np.float64]) -> bool | None:
+        """The fast path of :meth:`_chunks` for a batch of one block, without a generator or a
+        temporary (the learners' rounds): whether the encodings need no clip
+        (:func:`_inside_squared`) when every row has norm ≤ Δ₂ (the same computed norms, so the
+        same decision), else None: the caller then goes through :meth:`_chunks`, which clips rows
+        within the tolerance or refuses. The squared norms (in the instance's ``_pool_squared``)
+        are zeroed here; a NaN propagates and fails both tests."""
+        squared = self._pool_squared[: X.shape[0]]
+        np.einsum("ij,ij->i", X, X, out=squared)
+        largest = np.maximum.reduce(squared)
+        squared.fill(0.0)
+        if largest <= self._inside_squared:
+            return True
+        return False if largest <= self.l2_bound**2 else None
 
     def _checked(self, X: object, method: str, *, exact_rows: bool) -> NDArray[np.float64]:
         """X as float64 of shape (m, d), m ≥ 1 (m = n when ``exact_rows``).
@@ -430,16 +519,18 @@ class VectorSum:
             )
         return X_arr
 
-    def _chunks(self, X: NDArray[np.float64], method: str) -> Iterator[NDArray[np.float64]]:
-        """Consecutive row blocks of X, each checked: finite, every row of ℓ₂ norm ≤ Δ₂."""
+    def _chunks(self, X: NDArray[np.float64], method: str) -> Iterator[tuple[NDArray[np.float64], bool]]:
+        """Consecutive row blocks of X, each checked (finite, every row of ℓ₂ norm ≤ Δ₂), with
+        whether its encodings provably need no clip (:func:`_inside_squared`)."""
         for start in range(0, X.shape[0], self._chunk_rows):
             chunk = X[start : start + self._chunk_rows]
             squared = np.einsum("ij,ij->i", chunk, chunk)
-            too_long = ~(squared <= self.l2_bound**2)  # NaN compares False: caught here too
-            if not too_long.any():
+            largest = np.maximum.reduce(squared)  # a NaN propagates and fails both tests
+            if largest <= self.l2_bound**2:
                 squared.fill(0.0)  # the users' squared norms: clean, wiped
-                yield chunk
+                yield chunk, bool(largest <= self._inside_squared)
                 continue
+            too_long = ~(squared <= self.l2_bound**2)  # NaN compares False: caught here too
             if not np.all(np.isfinite(chunk)):
                 raise InvalidInputError(f"VectorSum.{method}: X contains NaN or infinite values")
             beyond = squared > (self.l2_bound * (1.0 + NORM_TOLERANCE)) ** 2
@@ -455,51 +546,70 @@ class VectorSum:
             clipped[too_long] *= scale[:, None]
             squared.fill(0.0)
             scale.fill(0.0)
-            yield clipped
+            yield clipped, False
             clipped.fill(0.0)  # a clean copy of the users' rows: wiped once encoded
 
-    def _encoded(self, chunk: NDArray[np.float64], out: NDArray[np.float64]) -> NDArray[np.float64]:
-        """s = (x + Δ₂)·g/Δ, clipped to [0, g] (only floating-point error can leave it)."""
+    def _encoded(self, chunk: NDArray[np.float64], out: NDArray[np.float64], inside: bool) -> NDArray[np.float64]:
+        """s = (x + Δ₂)·g/Δ, clipped to [0, g] (only floating-point error can leave it; not at all
+        when ``inside``, :func:`_inside_squared`, so the clip is skipped there: the same bits)."""
         np.multiply(chunk, self._encode_scale, out=out)
-        out += 0.5 * self.g
-        return out.clip(0.0, self.g, out=out)  # the method: np.clip's own loop, one dispatch layer less
+        out += self._half_g
+        return out if inside else out.clip(0.0, self.g, out=out)  # the method: np.clip's own loop
 
     def _rounded(
         self,
         chunk: NDArray[np.float64],
+        inside: bool,
         generator: np.random.Generator,
         work: NDArray[np.float64],
         uniforms: NDArray[np.float64],
     ) -> NDArray[np.float64]:
         """⌊s + U⌋, U ~ U[0, 1) iid: randomized rounding of the encoded chunk (in ``work``)."""
         rows = chunk.shape[0]
-        encoded = self._encoded(chunk, work[:rows])
+        encoded = self._encoded(chunk, work[:rows], inside)
         encoded += generator.random(out=uniforms[:rows])
         return np.floor(encoded, out=encoded)
 
     def _randomized_blocks(
-        self, X: NDArray[np.float64], generator: np.random.Generator, method: str
-    ) -> Iterator[tuple[int, NDArray[np.unsignedinteger]]]:
-        """(first row, counts) for consecutive checked row blocks of X: bounded working memory.
+        self,
+        X: NDArray[np.float64],
+        generator: np.random.Generator,
+        method: str,
+        counts: NDArray[np.unsignedinteger] | None = None,
+    ) -> Iterator[NDArray[np.unsignedinteger]]:
+        """The counts (users' messages) of consecutive checked row blocks of X: bounded working
+        memory. Per block, in this order: the block's Bin(b, p) draws, then its rounding uniforms.
 
-        The work buffers hold clean encodings s, the rounding uniforms and the rounded encodings
-        ⌊s + U⌋ (a user's message minus her binomial noise, which gives x to within Δ/g): they are
-        zeroed when the iteration ends, however it ends. The caller owns, and may wipe, each
-        yielded ``counts`` block (the users' messages)."""
+        Blocks are written into the rows of ``counts`` when given (:meth:`randomize`), else into a
+        scratch block that the caller reads before the next one and that is wiped when the
+        iteration ends. The work buffers hold clean encodings s, the rounding uniforms, the
+        rounded encodings ⌊s + U⌋ (a user's message minus her binomial noise, which gives x to
+        within Δ/g) — and, before each block's encodings, the sampler's guide-table indices (the
+        noise words' top bits, zeroed by the sampler once used): they are zeroed when the
+        iteration ends, however it ends.
+
+        ⌊s + U⌋ is the cast of s + U to the counts' unsigned dtype: s ∈ [0, g] (clipped or
+        :func:`_inside_squared`) and U ≥ 0, so fl(s + U) ∈ [0, g + 1], which the dtype holds, and
+        a float-to-integer cast truncates (C), which on non-negative values is ⌊·⌋: the bits of
+        the former ``np.floor`` then cast, one pass less."""
         rows = min(self._chunk_rows, X.shape[0])
         work = np.zeros((rows, self.d))
         uniforms = np.zeros_like(work)
         rounded = np.zeros(work.shape, dtype=self.count_dtype)
+        index = work.reshape(-1).view(np.intp)  # the sampler's guide indices, zeroed by it before work is used
+        scratch = np.zeros((rows if counts is None else 0, self.d), dtype=self.count_dtype)
         try:
             start = 0
-            for chunk in self._chunks(X, method):
-                counts = self._sampler.draw(generator, chunk.size).reshape(chunk.shape)
-                block = rounded[: chunk.shape[0]]
-                np.copyto(block, self._rounded(chunk, generator, work, uniforms), casting="unsafe")
-                counts += block
-                yield start, counts
-                start += chunk.shape[0]
+            for chunk, inside in self._chunks(X, method):
+                m = chunk.shape[0]
+                block = scratch[:m] if counts is None else counts[start : start + m]
+                self._sampler.draw_into(generator, block.reshape(-1), index)
+                encoded = self._encoded(chunk, work[:m], inside)
+                encoded += generator.random(out=uniforms[:m])
+                np.copyto(rounded[:m], encoded, casting="unsafe")  # ⌊s + U⌋ (see above)
+                block += rounded[:m]  # η + ⌊s + U⌋, as before (integer addition)
+                yield block
+                start += m
         finally:
-            work.fill(0.0)
-            uniforms.fill(0.0)
-            rounded.fill(0)
+            for buffer in (work, uniforms, rounded, scratch):
+                buffer.fill(0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import tracemalloc
 from fractions import Fraction
 
 import numpy as np
@@ -132,3 +134,34 @@ def test_raw_words_are_wiped_after_drawing() -> None:
 
     sampler.draw(Wrapped(), 1_000)  # type: ignore[arg-type]
     assert seen and not np.any(seen[0])
+
+
+def _peak_allocated(run: object) -> int:
+    """Peak bytes numpy allocated (traced by tracemalloc) while ``run()`` ran."""
+    tracemalloc.start()
+    try:
+        run()  # type: ignore[operator]
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_guide_indices_leave_no_copy_of_the_words() -> None:
+    """The guide table is indexed through the caller's intp buffer, zeroed afterwards: no array the
+    size of the words is allocated (``take`` with uint16 indices built an intp copy of the words'
+    top bits that nobody wiped). Control: that ``take`` allocates a word-sized copy, so the
+    measurement sees it. The buffered draws equal :meth:`BinomialSampler.draw`'s."""
+    sampler = BinomialSampler(14, 0.4)
+    size = 1 << 16
+    words = np.random.default_rng(5).bit_generator.random_raw(size)
+    out = np.empty(size, dtype=sampler.dtype)
+    index = np.empty(size, dtype=np.intp)
+    generator = np.random.default_rng(6)
+    assert _peak_allocated(lambda: sampler.invert(words, generator, out, index)) < words.nbytes // 4
+    assert not index.any()
+    top = words.view(np.uint16)[3::4] if sys.byteorder == "little" else (words >> np.uint64(48)).astype(np.uint16)
+    assert _peak_allocated(lambda: sampler._guide.take(top)) >= words.nbytes  # control: the hidden copy
+    np.testing.assert_array_equal(out, sampler.invert(words, generator))
+    drawn = sampler.draw_into(np.random.default_rng(8), np.empty(size, dtype=sampler.dtype), index)
+    np.testing.assert_array_equal(drawn, sampler.draw(np.random.default_rng(8), size))
+    assert not index.any()

@@ -7,13 +7,15 @@ privacy of the calibrations is tested in tests/accounting/test_binomial.py.
 from __future__ import annotations
 
 import math
+import queue
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from accounting.binomial import pvec_parameters, tight_parameters
-from protocols.encoder import VectorSum
+from protocols.encoder import _KEYED_SOURCES, VectorSum, _column_sums, _drawing, _inside_squared
 from protocols.errors import InvalidInputError
 
 SMALL = dict(n=200, d=3, epsilon=1.0, delta=1e-5, l2_bound=1.0)
@@ -260,7 +262,7 @@ def test_pooled_add_messages_replays_estimate_sum_and_refuses_like_per_user(smal
 
 @pytest.mark.statistical
 def test_batches_larger_than_one_chunk(tiny: VectorSum) -> None:
-    """70 000 users (more than one 2¹⁷-element block): every row is written, and the mean count of
+    """70 000 users (more than one block of 2¹⁵ elements): every row is written, and the mean count of
     the last 10 000 rows is within 6 standard errors of s + b/2 (false-failure rate < 1e-8)."""
     unit = 2 * tiny.l2_bound / tiny.g
     x = 0.0 if tiny.g % 2 == 0 else unit / 2
@@ -351,3 +353,142 @@ def test_invalid_views(small: VectorSum) -> None:
         small.analyze(np.zeros(small.d + 1, dtype=np.int64))
     with pytest.raises(InvalidInputError, match="aggregate_messages"):
         small.aggregate_messages(np.zeros((3, 2), dtype=np.int64))
+
+
+# ------------------------------------------------------------------------------------------
+# Fast paths: the same bits as the general ones
+# ------------------------------------------------------------------------------------------
+
+
+def _encoding_of(l2_bound: float, g: int) -> SimpleNamespace:
+    """The attributes :meth:`VectorSum._encoded` reads, for an arbitrary (Δ₂, g)."""
+    return SimpleNamespace(g=g, _encode_scale=g / (2.0 * l2_bound), _half_g=0.5 * g)
+
+
+def test_the_clip_is_skipped_only_where_it_changes_no_bit() -> None:
+    """:func:`_inside_squared`: rows whose computed squared norm is ≤ T encode into [0, g]
+    unclipped, so skipping the clip keeps every bit — checked on the coordinates most likely to
+    leave it (±the largest x with fl(x²) ≤ T, for Δ₂ and g where the bound itself leaves [0, g])
+    and on random rows scaled onto T. Control: at the norm bound itself the unclipped encoding
+    of −Δ₂ is negative for these (Δ₂, g) (so the clip is needed there), and ``_chunks`` keeps it."""
+    rng = np.random.default_rng(21)
+    cases = [(9.136280215049444, 244), (1.437455399721871, 117), (5.570853954160743, 112)]
+    cases += [(float(rng.uniform(0.01, 100.0)), int(rng.integers(2, 5000))) for _ in range(300)]
+    leaves = 0
+    for l2_bound, g in cases:
+        encoding = _encoding_of(l2_bound, g)
+        edge = np.array([[-l2_bound], [l2_bound]])
+        unclipped = VectorSum._encoded(encoding, edge, np.empty_like(edge), True)  # type: ignore[arg-type]
+        leaves += bool(unclipped.min() < 0.0 or unclipped.max() > g)
+        for d in (1, 3, 100):
+            bound = _inside_squared(l2_bound, d)
+            x = math.sqrt(bound)
+            while x * x > bound:
+                x = math.nextafter(x, 0.0)
+            rows = rng.normal(size=(50, d))
+            rows *= math.sqrt(bound) / np.linalg.norm(rows, axis=1, keepdims=True)
+            rows = rows[np.einsum("ij,ij->i", rows, rows) <= bound]
+            rows = np.vstack([rows, np.full((1, d), 0.0), np.eye(1, d) * x, -np.eye(1, d) * x])
+            fast = VectorSum._encoded(encoding, rows, np.empty_like(rows), True)  # type: ignore[arg-type]
+            assert fast.min() >= 0.0 and fast.max() <= g
+            clipped = VectorSum._encoded(encoding, rows, np.empty_like(rows), False)  # type: ignore[arg-type]
+            np.testing.assert_array_equal(fast.view(np.uint64), clipped.view(np.uint64))
+    assert leaves >= 3  # control: at the bound the clip does change bits
+    encoder = VectorSum(**SMALL)
+    on_bound = np.zeros((4, encoder.d))
+    on_bound[0, 0] = -encoder.l2_bound
+    assert [inside for _, inside in encoder._chunks(on_bound, "test")] == [False]
+    assert [inside for _, inside in encoder._chunks(on_bound * 0.999, "test")] == [True]
+
+
+def test_randomize_makes_the_documented_draws() -> None:
+    """Per block: the m·d Bin(b, p) draws (:meth:`BinomialSampler.draw`), then m·d uniforms, and
+    count = η + ⌊clip(s) + U⌋ — rebuilt here from the same seeded stream with ``np.floor``, so the
+    cast that replaced it is checked bit for bit (fractions near 1 included). Control: the same
+    reconstruction with the draws' order swapped differs."""
+    encoder = VectorSum(**SMALL)
+    rng = np.random.default_rng(30)
+    X = _batch(encoder.n, encoder.d, encoder.l2_bound, rng)
+    unit = 2 * encoder.l2_bound / encoder.g
+    X[2] = [unit * (1 - 1e-12) - encoder.l2_bound, 0.0, 0.0]  # s just below 1: ⌊s + U⌋ ∈ {0, 1}
+
+    def rebuilt(noise_first: bool) -> np.ndarray:
+        generator = np.random.default_rng(31)
+        size = X.size
+        if noise_first:
+            noise = encoder._sampler.draw(generator, size).reshape(X.shape)
+            uniforms = generator.random(X.shape)
+        else:
+            uniforms = generator.random(X.shape)
+            noise = encoder._sampler.draw(generator, size).reshape(X.shape)
+        s = np.clip(X * encoder._encode_scale + 0.5 * encoder.g, 0.0, encoder.g)
+        return (noise + np.floor(s + uniforms)).astype(encoder.count_dtype)
+
+    counts = encoder.randomize(X, rng=31)
+    np.testing.assert_array_equal(counts, rebuilt(noise_first=True))
+    assert not np.array_equal(counts, rebuilt(noise_first=False))
+
+
+def test_one_block_pooled_path_equals_the_general_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The learners' one-block pooled rounds (no generator, no clip when provably idle) add the
+    same totals, from the same draws, as the block-by-block path; a row within the norm tolerance
+    still goes through :meth:`VectorSum._chunks` (clipped, not refused). Control: a different seed
+    gives different totals."""
+    encoder = VectorSum(**SMALL)
+    X = _batch(39, encoder.d, encoder.l2_bound, np.random.default_rng(32))
+    X[5] *= encoder.l2_bound * (1 + 1e-12) / np.linalg.norm(X[5])  # within NORM_TOLERANCE
+    for rows in (X[6:], X):
+        lean = np.zeros(encoder.d, dtype=np.int64)
+        encoder.add_messages(rows, lean, rng=np.random.default_rng(33), pooled_noise=True)
+        with monkeypatch.context() as patched:
+            patched.setattr(encoder, "_inside", lambda X: None)
+            general = np.zeros(encoder.d, dtype=np.int64)
+            encoder.add_messages(rows, general, rng=np.random.default_rng(33), pooled_noise=True)
+        np.testing.assert_array_equal(lean, general)
+        assert encoder._inside(rows) is (True if rows is not X else None)  # the lean path ran, then not
+        other = np.zeros(encoder.d, dtype=np.int64)
+        encoder.add_messages(rows, other, rng=np.random.default_rng(34), pooled_noise=True)
+        assert not np.array_equal(lean, other)
+    assert not encoder._pool_work.any() and not encoder._pool_sums.any() and not encoder._pool_squared.any()
+
+
+def test_os_keyed_sources_are_reused_wiped_and_never_shared() -> None:
+    """``rng=None`` reuses OS-keyed sources: each is rekeyed per call (two calls differ) and its
+    generator state is zero between calls; a call while another holds a source (another thread)
+    gets a different one. Control: inside a call the held generator's state is not zero."""
+    encoder = VectorSum(**SMALL)
+    X = _batch(encoder.n, encoder.d, encoder.l2_bound, np.random.default_rng(35))
+    assert not np.array_equal(encoder.randomize(X), encoder.randomize(X))
+    with _drawing(None) as outer, _drawing(None) as inner:
+        assert outer is not inner
+        assert outer.bit_generator.state["state"]["state"] != 0  # control: keyed while held
+    held = []
+    while True:
+        try:
+            held.append(_KEYED_SOURCES.get_nowait())
+        except queue.Empty:
+            break
+    assert len(held) >= 2
+    for source in held:
+        with source.draw() as generator:
+            pass
+        assert generator.bit_generator.state["state"] == {"state": 0, "inc": 0}
+        _KEYED_SOURCES.put(source)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+def test_column_sums_of_counts_are_exact(dtype: type) -> None:
+    """:func:`_column_sums` of counts (narrow unsigned, accumulated in blocks of a twice-wider type)
+    equals the exact column sums, at the largest values and across block and fold edges. Control:
+    accumulating 2⁸ + 2 rows of 255 in uint16 without the blocks wraps."""
+    rng = np.random.default_rng(40)
+    high = np.iinfo(dtype).max
+    for rows, width in ((1, 3), (511, 1), (70_001, 2), (1_000, 10), (3_000, 1_000), (200_003, 3)):
+        counts = rng.integers(0, high, size=(rows, width), dtype=dtype, endpoint=True)
+        counts[: rows // 2] = high
+        exact = [sum(int(v) for v in column) for column in counts.T.tolist()] if rows * width < 10**6 else \
+            counts.astype(np.uint64).sum(axis=0).tolist()
+        sums = _column_sums(counts, np.int64)
+        assert sums.dtype == np.int64 and sums.tolist() == exact
+    wrapped = np.add.reduce(np.full((258, 1), 255, dtype=np.uint8), axis=0, dtype=np.uint16)
+    assert int(wrapped[0]) != 258 * 255
