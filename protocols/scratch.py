@@ -92,6 +92,23 @@ def _clip_factors(bound: float, norms: Array) -> Array:
     return np.divide(bound, norms, out=norms)
 
 
+def strict_bound(bound: float, params: int) -> float:
+    """C' = C·(1 − (p + 8)·2⁻⁵²): the bound a p-coordinate gradient is clipped to so that the
+    clipped row's *exact* norm is at most C, rounding included (:func:`clipped_weights`,
+    :func:`clipped_gradients`' callers that calibrate noise to sensitivity exactly C).
+
+    Why it suffices (u = 2⁻⁵³, no underflow): the computed squared norm of a p-vector is within
+    a factor (1 ± γ_p), γ_p = pu/(1 − pu), of the exact one, the square root, the product
+    |s|·‖z‖, the factor C'/max(n, C'), the weight s·f and each coordinate w·z_j or g_j·f add one
+    rounding (1 + u) each, so the exact norm of a clipped row is at most
+    C'·(1 + u)⁴/((1 − u)²(1 − γ_p)) ≤ C'·(1 + (p + 7)u + O(p²u²)); and C' ≤ C(1 − 2(p + 8)u)(1 + u)
+    (1 − (p + 8)·2⁻⁵² is exact). The product is below C for p ≪ 2⁵⁰. The old clip to C itself
+    measured up to 2 ulps above C (``tests/protocols/test_scratch.py``). Rows inside C' are
+    untouched (factor exactly 1); rows between C' and C and clipped rows move by (p + 8)·2⁻⁵²
+    relative (6e-15 at p = 21)."""
+    return bound * (1.0 - (params + 8) * 2.0**-52)
+
+
 def features(loss: Loss, X: Array, feature_bound: float, scratch: Scratch) -> Array:
     """:meth:`Loss.features` of the rows ``X`` (at most :data:`BLOCK_ROWS`), in ``scratch``.
 
@@ -192,11 +209,12 @@ def clipped_weights(
     Why it is the same clip: every loss here is a GLM, so the gradient (and the Moreau envelope's,
     Cheu et al. 2022, Lemma 4.6) is g_i = s_i·z_i with ‖g_i‖ = |s_i|·‖z_i‖, and its clip to C is
     g_i·min(1, C/‖g_i‖) = (s_i·min(1, C/(|s_i|‖z_i‖)))·z_i. The factor is :func:`_clip_factors`',
-    C/max(|s_i|‖z_i‖, C): exactly 1 for a gradient at or inside the bound (zero rows included),
-    so only clipped rows differ from :func:`clipped_gradients` — by a few ulps, the order in
-    which the same products are rounded. Each w_i·z_i has norm C·(1 + O(p·2⁻⁵³)) at most, as
-    :func:`clipped_gradients`' rows do (``tests/protocols/test_scratch.py`` checks it on
-    adversarial rows). The loss's φ' vector is wiped as in :func:`clipped_gradients`.
+    C'/max(|s_i|‖z_i‖, C') at C' = :func:`strict_bound` (C, p): exactly 1 for a gradient at or
+    inside C' (zero rows included), so only rows at or above C' differ from
+    :func:`clipped_gradients` at C — by (p + 8)·2⁻⁵² relative plus the order in which the same
+    products are rounded. Each w_i·z_i (and w_i times the exact z_i) has exact norm ≤ C, rounding
+    included (:func:`strict_bound`; ``tests/protocols/test_scratch.py`` checks it in rational
+    arithmetic on adversarial rows). The loss's φ' vector is wiped as in :func:`clipped_gradients`.
     """
     m = Z.shape[0]
     margins = scratch.take("margins", m)
@@ -210,7 +228,7 @@ def clipped_weights(
         slopes = loss._envelope_dphi(margins, y, kappa)
     weights = np.abs(slopes, out=scratch.take("gradient_weights", m))  # |s_i|·‖z_i‖, then the factor, then w_i
     weights *= norms
-    _clip_factors(bound, weights)
+    _clip_factors(strict_bound(bound, Z.shape[1]), weights)
     weights *= slopes
     slopes.fill(0.0)
     return weights

@@ -197,6 +197,8 @@ def local_messages(
 ) -> Array:
     """The users' messages ``clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)`` for the feature rows ``Z`` (built
     by :func:`protocols.scratch.features`) and loss labels ``labels``, in ``work`` (shape (m, p)).
+    The gradients are clipped to :func:`protocols.scratch.strict_bound` (C, p), so every
+    message's clean part has exact norm ≤ C: the noise is calibrated to sensitivity exactly 2C.
 
     The local randomizer of Liew & Takahashi 2022 §5.2 (Alg. 1), shared by the in-process learner
     (:meth:`ShuffleGaussianSGD.learn_many`) and the Encode–Shuffle–Analyze client encoder
@@ -205,7 +207,7 @@ def local_messages(
     (:meth:`protocols.randomness.NoiseSource.add_gaussian`); the same law as
     :meth:`protocols.randomizers.GaussianRandomizer.privatize`. The caller wipes ``work``.
     """
-    messages = scratch.clipped_gradients(loss, theta, Z, labels, clip, work)
+    messages = scratch.clipped_gradients(loss, theta, Z, labels, scratch.strict_bound(clip, Z.shape[1]), work)
     noise.add_gaussian(messages, noise_std)
     return messages
 
