@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, Loss, SquaredLoss
+from protocols.sigmoid import _LARGEST_EXPONENT, _SCALAR_SIZE
 
 Array = NDArray[np.float64]
 
@@ -219,6 +220,8 @@ def clipped_weights(
     m = Z.shape[0]
     margins = scratch.take("margins", m)
     np.matmul(Z, theta, out=margins)
+    if smoothing is None and m > _SCALAR_SIZE and type(loss) is LogisticLoss:
+        return _logistic_clipped_weights(margins, y, norms, strict_bound(bound, Z.shape[1]), scratch)
     if smoothing is None:
         slopes = loss._dphi(margins, y)
     else:
@@ -232,6 +235,27 @@ def clipped_weights(
     weights *= slopes
     slopes.fill(0.0)
     return weights
+
+
+def _logistic_clipped_weights(margins: Array, y: Array, norms: Array, bound: float, scratch: Scratch) -> Array:
+    """:func:`clipped_weights` of the logistic loss (labels ±1, more than the scalar size of
+    :func:`protocols.sigmoid.expit`), bit for bit, in 11 ufunc calls instead of 15 and without
+    the loss's temporary. ``margins`` (⟨θ, z_i⟩, in scratch) is overwritten with σ(−y_i s_i).
+
+    The same numbers: :meth:`LogisticLoss._dphi` computes s' = −(y·σ(−(y·s))) with
+    :func:`~protocols.sigmoid.expit`, σ(t) = 1/(1 + exp(min(−t, 709))); here −t = −(−(y·s)) = y·s
+    exactly, so σ is the same array. As |y| = 1, |s'| = σ exactly (a product by ±1 is exact), so
+    |s'|·‖z‖ = σ·‖z‖, and f·s' = f·(∓σ) = −((f·σ)·y) bit for bit."""
+    sigma = np.multiply(y, margins, out=margins)
+    np.minimum(sigma, _LARGEST_EXPONENT, out=sigma)
+    np.exp(sigma, out=sigma)
+    sigma += 1.0
+    np.reciprocal(sigma, out=sigma)
+    weights = np.multiply(sigma, norms, out=scratch.take("gradient_weights", margins.shape[0]))
+    _clip_factors(bound, weights)
+    weights *= sigma
+    weights *= y
+    return np.negative(weights, out=weights)
 
 
 def weighted_rows(weights: Array, Z: Array, scratch: Scratch) -> Array:

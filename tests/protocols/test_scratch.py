@@ -200,3 +200,30 @@ def test_clipped_per_record_gradients_never_exceed_the_bound(name: str) -> None:
                 checked_control = True
     assert checked_control
     assert old_clip_exceeds
+
+
+def test_logistic_clipped_weights_are_the_generic_form_bitwise() -> None:
+    """clipped_weights' logistic form (σ computed in place, |φ'| = σ) gives the generic form's
+    weights — C'/max(|φ'|‖z‖, C')·φ' with the loss's own _dphi — bit for bit: margins beyond
+    ±709, zeros, both labels, sizes around expit's scalar size and unaligned slices. Control:
+    the generic form at a bound 1e-12 off differs."""
+    rng = np.random.default_rng(21)
+    loss = LOSSES["logistic"]()
+    work = Scratch()
+    for m in (5, 6, 7, 8, 33, 64, 65, 127, 300):
+        for offset in (0, 1, 3):
+            Z = rng.normal(size=(m + offset, 4)) * rng.choice([0.0, 1e-3, 0.5, 1.0, 1e3], size=(m + offset, 1))
+            Z = Z[offset:]
+            labels = rng.choice([-1.0, 1.0], size=m + offset)[offset:]
+            norms = np.linalg.norm(Z, axis=1)
+            theta = rng.normal(size=4) * rng.choice([0.0, 1.0, 1e3])
+            for bound in (1e-3, 0.3, 1.0, 50.0):
+                strict = scratch.strict_bound(bound, 4)
+                slopes = loss._dphi(Z @ theta, labels)
+                expected = scratch._clip_factors(strict, np.abs(slopes) * norms) * slopes
+                got = scratch.clipped_weights(loss, theta, Z, labels, norms, bound, work)
+                np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+                np.testing.assert_array_equal(got, expected)
+                if np.any(np.abs(slopes) * norms > strict):
+                    off = scratch._clip_factors(strict * (1.0 - 1e-12), np.abs(slopes) * norms) * slopes
+                    assert not np.array_equal(got, off)
