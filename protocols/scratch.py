@@ -218,8 +218,7 @@ def clipped_weights(
     arithmetic on adversarial rows). The loss's φ' vector is wiped as in :func:`clipped_gradients`.
     """
     m = Z.shape[0]
-    margins = scratch.take("margins", m)
-    np.matmul(Z, theta, out=margins)
+    margins = np.matmul(Z, theta, scratch.take("margins", m))
     if smoothing is None and m > _SCALAR_SIZE and type(loss) is LogisticLoss:
         return _logistic_clipped_weights(margins, y, norms, strict_bound(bound, Z.shape[1]), scratch)
     if smoothing is None:
@@ -246,16 +245,17 @@ def _logistic_clipped_weights(margins: Array, y: Array, norms: Array, bound: flo
     :func:`~protocols.sigmoid.expit`, σ(t) = 1/(1 + exp(min(−t, 709))); here −t = −(−(y·s)) = y·s
     exactly, so σ is the same array. As |y| = 1, |s'| = σ exactly (a product by ±1 is exact), so
     |s'|·‖z‖ = σ·‖z‖, and f·s' = f·(∓σ) = −((f·σ)·y) bit for bit."""
-    sigma = np.multiply(y, margins, out=margins)
-    np.minimum(sigma, _LARGEST_EXPONENT, out=sigma)
-    np.exp(sigma, out=sigma)
+    sigma = np.multiply(y, margins, margins)  # outs positionally: the keyword costs a parse per call
+    np.minimum(sigma, _LARGEST_EXPONENT, out=sigma)  # (numpy 2.4 deprecates a positional out here)
+    np.exp(sigma, sigma)
     sigma += 1.0
-    np.reciprocal(sigma, out=sigma)
-    weights = np.multiply(sigma, norms, out=scratch.take("gradient_weights", margins.shape[0]))
-    _clip_factors(bound, weights)
+    np.reciprocal(sigma, sigma)
+    weights = np.multiply(sigma, norms, scratch.take("gradient_weights", margins.shape[0]))
+    np.maximum(weights, bound, out=weights)  # _clip_factors
+    np.divide(bound, weights, weights)
     weights *= sigma
     weights *= y
-    return np.negative(weights, out=weights)
+    return np.negative(weights, weights)
 
 
 def weighted_rows(weights: Array, Z: Array, scratch: Scratch) -> Array:
@@ -268,7 +268,7 @@ def weighted_row_sum(weights: Array, Z: Array, scratch: Scratch) -> Array:
     """Σ_i w_i·z_i = Zᵀw (shape (p,), in ``scratch``): the sum of the clipped gradients of
     :func:`clipped_weights` in one matrix-vector product, without forming them (the same sum
     as :func:`row_sum` of :func:`weighted_rows` up to the order of the additions)."""
-    return np.matmul(weights, Z, out=scratch.take("row_sum", Z.shape[1]))
+    return np.matmul(weights, Z, scratch.take("row_sum", Z.shape[1]))
 
 
 def clipped_gradient_sum(

@@ -382,6 +382,8 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         window = self._round.window
         edges = [0, *range(window - self._filled, Z.shape[0], window), Z.shape[0]]
         pieces = list(zip(edges[:-1], edges[1:], strict=True))
+        loss, clip, work, partial = self.loss, self._clip, self._scratch, self._partial
+        clipped_weights, weighted_row_sum = scratch.clipped_weights, scratch.weighted_row_sum
         group = 0
         while group < len(pieces):
             end = group + 1
@@ -390,14 +392,14 @@ class ShuffleGaussianSGD(MessageSGDLearner):
             noise = self._pieces_noise([stop - start for start, stop in pieces[group:end]])
             for (start, stop), piece_noise in zip(pieces[group:end], noise, strict=True):
                 rows = Z[start:stop]
-                weights = scratch.clipped_weights(self.loss, self._sgd.theta, rows, labels[start:stop],
-                                                  norms[start:stop], self._clip, self._scratch)
-                total = scratch.weighted_row_sum(weights, rows, self._scratch)
+                weights = clipped_weights(loss, self._sgd.theta, rows, labels[start:stop], norms[start:stop], clip, work)
+                total = weighted_row_sum(weights, rows, work)
                 total += piece_noise
-                self._partial += total
-                self._count += stop - start
-                self._filled += stop - start
-                self._records += stop - start
+                partial += total
+                users = stop - start
+                self._count += users
+                self._records += users
+                self._filled += users
                 if self._filled == window:
                     self._finish_round()
             noise.fill(0.0)
@@ -466,7 +468,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def _finish_round(self) -> None:
         """Mean of the round's messages + ridge gradient → one SGD step (skipped if no message)."""
         if self._count > 0.0:
-            self._step(np.divide(self._partial, self._count, out=self._mean), self._count, self._step_work)
+            self._step(np.divide(self._partial, self._count, self._mean), self._count, self._step_work)
         self._filled = 0
         self._count = 0.0
         self._partial.fill(0.0)
