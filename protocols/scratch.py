@@ -10,7 +10,8 @@ call :meth:`Scratch.wipe` (zeros) before ``learn_many`` returns. The functions h
 :meth:`~protocols.losses.Loss.envelope_gradient` and :func:`protocols.losses.clip_rows` operation
 for operation, so results are bitwise the same and the mechanisms unchanged — except the GLM
 forms :func:`clipped_gradient_sum` and :func:`clipped_weights`, which clip each gradient from its
-feature row's norm (the same clip; rows inside the bound bitwise, clipped rows within a few ulps).
+feature row's norm (the same clip; rows inside the bound bitwise, clipped rows within a few ulps;
+:func:`clipped_weights` clips to :func:`strict_bound`, so its rows' exact norms are ≤ C).
 
 What still passes through short-lived numpy temporaries: the loss's scalar link derivative
 φ'(⟨θ, z_i⟩, y_i) (one float per record, computed by the loss's ``_dphi``; the returned vector is
