@@ -88,13 +88,14 @@ class AveragedSGD:
         moment = self.moment + bound_sq
         eta = ball.diameter / math.sqrt(moment)
         weight = self.weight + 1.0
-        np.subtract(self.theta, self.average, out=work)
+        theta, average = self.theta, self.average
+        np.subtract(theta, average, work)  # out positionally: the keyword costs a parse per call
         work /= weight
-        np.add(self.average, work, out=self.average)
-        np.multiply(gradient, eta, out=work)
-        np.subtract(self.theta, work, out=self.theta)
-        ball.project_in_place(self.theta)
-        return AveragedSGD(self.theta, self.average, weight, moment)
+        np.add(average, work, average)
+        np.multiply(gradient, eta, work)
+        np.subtract(theta, work, theta)
+        ball.project_in_place(theta)
+        return AveragedSGD(theta, average, weight, moment)
 
     def state(self) -> dict[str, StateValue]:
         """State-dict entries (``theta``, ``average``: noisy iterates; ``weight``, ``moment``: public)."""

@@ -358,9 +358,10 @@ class EncodedLearner(Learner):
         Per user (``pooled_noise = False``): :func:`protocols.scratch.clipped_gradients`, the
         function the Encode–Shuffle–Analyze clients run (:mod:`streamer.esa.sum_client`), so the
         seeded reproduction is bit for bit. Pooled (in process): the same clip written as w_i·z_i
-        from the block's row norms (:func:`protocols.scratch.clipped_weights`): identical rows
-        where the gradient is inside the bound, a few ulps apart where it is clipped, every row
-        of norm L·(1 + O(p·2⁻⁵³)), far inside the ℓ₂ bound Δ₂ = L(1 + :data:`NORM_SLACK`)
+        from the block's row norms (:func:`protocols.scratch.clipped_weights`, clipped to
+        :func:`protocols.scratch.strict_bound` (L, p)): identical rows where the gradient is inside
+        that bound, (p + 8)·2⁻⁵² relative apart where it is clipped, every row of exact norm ≤ L,
+        inside the ℓ₂ bound Δ₂ = L(1 + :data:`NORM_SLACK`)
         declared to PVEC — the same mechanism."""
         theta, smoothing = self._query()
         if not self.pooled_noise:

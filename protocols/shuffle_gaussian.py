@@ -197,6 +197,8 @@ def local_messages(
 ) -> Array:
     """The users' messages ``clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)`` for the feature rows ``Z`` (built
     by :func:`protocols.scratch.features`) and loss labels ``labels``, in ``work`` (shape (m, p)).
+    The gradients are clipped to :func:`protocols.scratch.strict_bound` (C, p), so every
+    message's clean part has exact norm ≤ C: the noise is calibrated to sensitivity exactly 2C.
 
     The local randomizer of Liew & Takahashi 2022 §5.2 (Alg. 1), shared by the in-process learner
     (:meth:`ShuffleGaussianSGD.learn_many`) and the Encode–Shuffle–Analyze client encoder
@@ -205,7 +207,7 @@ def local_messages(
     (:meth:`protocols.randomness.NoiseSource.add_gaussian`); the same law as
     :meth:`protocols.randomizers.GaussianRandomizer.privatize`. The caller wipes ``work``.
     """
-    messages = scratch.clipped_gradients(loss, theta, Z, labels, clip, work)
+    messages = scratch.clipped_gradients(loss, theta, Z, labels, scratch.strict_bound(clip, Z.shape[1]), work)
     noise.add_gaussian(messages, noise_std)
     return messages
 
@@ -380,6 +382,8 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         window = self._round.window
         edges = [0, *range(window - self._filled, Z.shape[0], window), Z.shape[0]]
         pieces = list(zip(edges[:-1], edges[1:], strict=True))
+        loss, clip, work, partial = self.loss, self._clip, self._scratch, self._partial
+        clipped_weights, weighted_row_sum = scratch.clipped_weights, scratch.weighted_row_sum
         group = 0
         while group < len(pieces):
             end = group + 1
@@ -388,14 +392,14 @@ class ShuffleGaussianSGD(MessageSGDLearner):
             noise = self._pieces_noise([stop - start for start, stop in pieces[group:end]])
             for (start, stop), piece_noise in zip(pieces[group:end], noise, strict=True):
                 rows = Z[start:stop]
-                weights = scratch.clipped_weights(self.loss, self._sgd.theta, rows, labels[start:stop],
-                                                  norms[start:stop], self._clip, self._scratch)
-                total = scratch.weighted_row_sum(weights, rows, self._scratch)
+                weights = clipped_weights(loss, self._sgd.theta, rows, labels[start:stop], norms[start:stop], clip, work)
+                total = weighted_row_sum(weights, rows, work)
                 total += piece_noise
-                self._partial += total
-                self._count += stop - start
-                self._filled += stop - start
-                self._records += stop - start
+                partial += total
+                users = stop - start
+                self._count += users
+                self._records += users
+                self._filled += users
                 if self._filled == window:
                     self._finish_round()
             noise.fill(0.0)
@@ -464,7 +468,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def _finish_round(self) -> None:
         """Mean of the round's messages + ridge gradient → one SGD step (skipped if no message)."""
         if self._count > 0.0:
-            self._step(np.divide(self._partial, self._count, out=self._mean), self._count, self._step_work)
+            self._step(np.divide(self._partial, self._count, self._mean), self._count, self._step_work)
         self._filled = 0
         self._count = 0.0
         self._partial.fill(0.0)

@@ -160,16 +160,14 @@ def _exceeds(rows: np.ndarray, bound: float, slack: float) -> bool:
     return any(sum(Fraction(float(v)) ** 2 for v in row) > limit for row in rows)
 
 
-CLIP_ULPS = 2.0**-50  # 8 ulps of 1: both clips land within 2 ulps of the bound (measured)
-
-
 @pytest.mark.parametrize("name", ["logistic", "squared", "huber"])
 def test_clipped_per_record_gradients_never_exceed_the_bound(name: str) -> None:
     """Adversarial rows — huge finite entries (squared norm overflowing), subnormal and zero
     rows, rows exactly at the feature bound, gradients exactly at the clip bound C, far above
-    and far below it: every w_i·z_i has exact norm ≤ C up to a few ulps (CLIP_ULPS, far inside
-    PVEC's declared Δ₂ = C(1 + 1e-9)), as clipped_gradients' rows do. Negative control: a clip
-    to C(1 + 1e-12) is caught."""
+    and far below it: every w_i·z_i of clipped_weights, and every row of clipped_gradients at
+    strict_bound(C, p), has exact norm ≤ C (rational arithmetic, no slack): shuffle-gaussian
+    calibrates its noise to sensitivity exactly C. Controls: the old clip to C itself
+    (clipped_gradients at C) is caught above C on these rows, and so is a clip to C(1 + 1e-12)."""
     loss = LOSSES[name]()
     rng = np.random.default_rng(12)
     d = 5
@@ -183,18 +181,49 @@ def test_clipped_per_record_gradients_never_exceed_the_bound(name: str) -> None:
     Z = scratch.features(loss, X, 1.0, work)
     labels = scratch.labels(loss, y, work)
     squares, norms = scratch.feature_norms(Z, work)
-    checked_control = False
-    for bound in (1.0, 0.5, 0.37, 1e-3):
+    checked_control = old_clip_exceeds = False
+    for bound in (1.0, 0.5, 0.37, 1e-3, 0.3, 0.7, 0.9):
+        strict = scratch.strict_bound(bound, Z.shape[1])
         for theta in (np.zeros(d), rng.normal(size=d) * 4.0):
             if name == "squared":  # θ = 0: gradient −y·z, exactly at C = 1 for the unit rows
                 labels = np.where(np.arange(X.shape[0]) % 2 == 0, 1.0, -1.0) * min(bound, 1.0)
             weights = scratch.clipped_weights(loss, theta, Z, labels, norms, bound, work)
             rows = scratch.weighted_rows(weights, Z, work)
             assert np.all(np.isfinite(rows))
-            assert not _exceeds(rows, bound, CLIP_ULPS)
-            assert not _exceeds(scratch.clipped_gradients(loss, theta, Z, labels, bound, work), bound, CLIP_ULPS)
+            assert not _exceeds(rows, bound, 0.0)
+            assert not _exceeds(weights[:, None] * Z, bound, 0.0)  # w_i times the exact z_i too
+            assert not _exceeds(scratch.clipped_gradients(loss, theta, Z, labels, strict, work), bound, 0.0)
+            old_clip_exceeds |= _exceeds(scratch.clipped_gradients(loss, theta, Z, labels, bound, work), bound, 0.0)
             if np.any(np.linalg.norm(loss.gradient(theta, Z, labels), axis=1) > bound * (1 + 1e-11)):
                 loose = scratch.clipped_weights(loss, theta, Z, labels, norms, bound * (1 + 1e-12), work)
-                assert _exceeds(scratch.weighted_rows(loose, Z, work), bound, CLIP_ULPS)
+                assert _exceeds(scratch.weighted_rows(loose, Z, work), bound, 0.0)
                 checked_control = True
     assert checked_control
+    assert old_clip_exceeds
+
+
+def test_logistic_clipped_weights_are_the_generic_form_bitwise() -> None:
+    """clipped_weights' logistic form (σ computed in place, |φ'| = σ) gives the generic form's
+    weights — C'/max(|φ'|‖z‖, C')·φ' with the loss's own _dphi — bit for bit: margins beyond
+    ±709, zeros, both labels, sizes around expit's scalar size and unaligned slices. Control:
+    the generic form at a bound 1e-12 off differs."""
+    rng = np.random.default_rng(21)
+    loss = LOSSES["logistic"]()
+    work = Scratch()
+    for m in (5, 6, 7, 8, 33, 64, 65, 127, 300):
+        for offset in (0, 1, 3):
+            Z = rng.normal(size=(m + offset, 4)) * rng.choice([0.0, 1e-3, 0.5, 1.0, 1e3], size=(m + offset, 1))
+            Z = Z[offset:]
+            labels = rng.choice([-1.0, 1.0], size=m + offset)[offset:]
+            norms = np.linalg.norm(Z, axis=1)
+            theta = rng.normal(size=4) * rng.choice([0.0, 1.0, 1e3])
+            for bound in (1e-3, 0.3, 1.0, 50.0):
+                strict = scratch.strict_bound(bound, 4)
+                slopes = loss._dphi(Z @ theta, labels)
+                expected = scratch._clip_factors(strict, np.abs(slopes) * norms) * slopes
+                got = scratch.clipped_weights(loss, theta, Z, labels, norms, bound, work)
+                np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+                np.testing.assert_array_equal(got, expected)
+                if np.any(np.abs(slopes) * norms > strict):
+                    off = scratch._clip_factors(strict * (1.0 - 1e-12), np.abs(slopes) * norms) * slopes
+                    assert not np.array_equal(got, off)
