@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, Loss, SquaredLoss
+from protocols.scalar_residue import scale_rows
 from protocols.sigmoid import _LARGEST_EXPONENT, _SCALAR_SIZE
 
 Array = NDArray[np.float64]
@@ -63,13 +64,23 @@ class Scratch:
             buffer.fill(0.0)
 
 
-def clip_rows_into(X: Array, bound: float, out: Array, norms: Array) -> Array:
+def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array) -> Array:
     """:func:`protocols.losses.clip_rows` of ``X`` into ``out`` (may be ``X`` itself), using
-    ``norms`` (shape (m,)) as work space; bitwise the same result (:func:`_clip_factors`)."""
+    ``norms`` (shape (m,)) and ``work`` (the shape of ``X``) as work space; bitwise the same
+    result (:func:`_clip_factors`).
+
+    Every factor is at most 1, and exactly 1 for a row inside the bound, so when the least one
+    is 1 nothing is multiplied (x·1 = x). Otherwise the rows are scaled through ``work``
+    (:func:`protocols.scalar_residue.scale_rows`): ``X * norms[:, None]`` would leave every row's
+    factor — its norm, for a clipped row — in numpy's freed iteration buffer."""
     np.einsum("ij,ij->i", X, X, out=norms)
     np.sqrt(norms, out=norms)
     _clip_factors(bound, norms)
-    np.multiply(X, norms[:, None], out=out)
+    if out is not X:
+        np.copyto(out, X)
+    least = np.min(norms, out=work.reshape(-1)[:1], keepdims=True)  # in scratch, not a numpy scalar
+    if least[0] < 1.0:
+        scale_rows(out, norms, work)
     return out
 
 
@@ -121,7 +132,7 @@ def features(loss: Loss, X: Array, feature_bound: float, scratch: Scratch) -> Ar
     m, d = X.shape
     clipped = scratch.take("clipped_rows", m, d)
     np.copyto(clipped, X)
-    clip_rows_into(clipped, feature_bound, clipped, scratch.take("row_norms", m))
+    clip_rows_into(clipped, feature_bound, clipped, scratch.take("row_norms", m), scratch.take("clip_work", m, d))
     if not loss.intercept:
         return clipped
     Z = scratch.take("features", m, d + 1)
@@ -186,9 +197,10 @@ def clipped_gradients(
         kappa /= smoothing
         slopes = loss._envelope_dphi(margins, y, kappa)
     G = scratch.take("gradients", m, p)
-    np.multiply(slopes[:, None], Z, out=G)
+    np.copyto(G, slopes[:, None])  # then G·Z: the products s_i·z_ij, with no broadcast buffer
+    G *= Z
     slopes.fill(0.0)
-    return clip_rows_into(G, bound, G, scratch.take("gradient_norms", m))
+    return clip_rows_into(G, bound, G, scratch.take("gradient_norms", m), scratch.take("clip_work", m, p))
 
 
 def clipped_weights(
@@ -261,8 +273,13 @@ def _logistic_clipped_weights(margins: Array, y: Array, norms: Array, bound: flo
 
 def weighted_rows(weights: Array, Z: Array, scratch: Scratch) -> Array:
     """The rows w_i·z_i (shape (m, p), in ``scratch``): the clipped gradients of
-    :func:`clipped_weights` as a matrix, for an encoder that needs each user's vector."""
-    return np.multiply(weights[:, None], Z, out=scratch.take("gradients", *Z.shape))
+    :func:`clipped_weights` as a matrix, for an encoder that needs each user's vector. Formed as
+    the weights copied across each row, then times Z (the same products): ``weights[:, None] * Z``
+    would leave the weights in numpy's freed iteration buffer (:mod:`protocols.scalar_residue`)."""
+    rows = scratch.take("gradients", *Z.shape)
+    np.copyto(rows, weights[:, None])
+    rows *= Z
+    return rows
 
 
 def weighted_row_sum(weights: Array, Z: Array, scratch: Scratch) -> Array:
