@@ -72,9 +72,18 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array
     Every factor is at most 1, and exactly 1 for a row inside the bound, so when the least one
     is 1 nothing is multiplied (x·1 = x). Otherwise the rows are scaled through ``work``
     (:func:`protocols.scalar_residue.scale_rows`): ``X * norms[:, None]`` would leave every row's
-    factor — its norm, for a clipped row — in numpy's freed iteration buffer."""
+    factor — its norm, for a clipped row — in numpy's freed iteration buffer.
+
+    A finite row whose sum of squares overflows (‖x‖ above ~1.3e154) has its norm measured
+    scaled (:func:`_scaled_norm`), so it is clipped onto the bound rather than zeroed by a factor
+    bound/∞."""
     np.einsum("ij,ij->i", X, X, out=norms)
     np.sqrt(norms, out=norms)
+    largest = np.max(norms, out=work.reshape(-1)[:1], keepdims=True)
+    if largest[0] == math.inf:  # rare: find the rows (a per-row mask only then)
+        for i in np.flatnonzero(np.isinf(norms)).tolist():
+            if np.isfinite(X[i]).all():
+                norms[i] = _scaled_norm(X[i], work[i])
     _clip_factors(bound, norms)
     if out is not X:
         np.copyto(out, X)

@@ -227,3 +227,20 @@ def test_logistic_clipped_weights_are_the_generic_form_bitwise() -> None:
                 if np.any(np.abs(slopes) * norms > strict):
                     off = scratch._clip_factors(strict * (1.0 - 1e-12), np.abs(slopes) * norms) * slopes
                     assert not np.array_equal(got, off)
+
+
+def test_a_finite_row_whose_squared_norm_overflows_is_clipped_not_zeroed() -> None:
+    """‖x‖² overflows for x = (1e200, …) although x is finite: the row is clipped onto the bound
+    along x (and the other rows are bitwise the loss's features). Control: the textbook clip,
+    ``Loss.features``, zeroes that row (a factor bound/∞)."""
+    loss = LOSSES["logistic"](intercept=True)
+    X = np.random.default_rng(4).normal(size=(5, 6)) * 0.3
+    X[2] = np.linspace(1e200, -3e200, 6)
+    Z = scratch.features(loss, X, 1.0, scratch.Scratch()).copy()
+    reference = loss.features(X, 1.0)
+    np.testing.assert_array_equal(np.delete(Z, 2, axis=0), np.delete(reference, 2, axis=0))
+    direction = X[2] / np.abs(X[2]).max()
+    direction /= np.linalg.norm(direction)
+    np.testing.assert_allclose(Z[2, :6], direction, rtol=1e-12)
+    assert np.linalg.norm(Z[2, :6]) <= 1.0
+    assert not reference[2, :6].any()  # control: the overflowed norm zeroes the row
