@@ -79,16 +79,16 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array
     bound/∞."""
     np.einsum("ij,ij->i", X, X, out=norms)
     np.sqrt(norms, out=norms)
-    largest = np.max(norms, out=work.reshape(-1)[:1], keepdims=True)
-    if largest[0] == math.inf:  # rare: find the rows (a per-row mask only then)
+    largest = np.max(norms, out=work.reshape(-1)[:1], keepdims=True)  # in scratch, not a numpy scalar
+    if np.isinf(largest)[0]:  # rare: find the rows (a per-row mask only then)
         for i in np.flatnonzero(np.isinf(norms)).tolist():
             if np.isfinite(X[i]).all():
                 norms[i] = _scaled_norm(X[i], work[i])
     _clip_factors(bound, norms)
     if out is not X:
         np.copyto(out, X)
-    least = np.min(norms, out=work.reshape(-1)[:1], keepdims=True)  # in scratch, not a numpy scalar
-    if least[0] < 1.0:
+    least = np.min(norms, out=work.reshape(-1)[:1], keepdims=True)
+    if np.less(least, 1.0)[0]:  # a bool, not the factor itself as a numpy scalar
         scale_rows(out, norms, work)
     return out
 
