@@ -205,9 +205,7 @@ def clipped_gradients(
         np.einsum("ij,ij->i", Z, Z, out=kappa)
         kappa /= smoothing
         slopes = loss._envelope_dphi(margins, y, kappa)
-    G = scratch.take("gradients", m, p)
-    np.copyto(G, slopes[:, None])  # then G·Z: the products s_i·z_ij, with no broadcast buffer
-    G *= Z
+    G = weighted_rows(slopes, Z, scratch)  # the products s_i·z_ij
     slopes.fill(0.0)
     return clip_rows_into(G, bound, G, scratch.take("gradient_norms", m), scratch.take("clip_work", m, p))
 
