@@ -54,9 +54,10 @@ variant); the calibrations are in :mod:`accounting.binomial`.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import numpy as np
@@ -99,6 +100,24 @@ def _narrow_sums(a: NDArray, dtype: type | None) -> NDArray:
     for start in range(0, a.shape[0], step):
         total += np.add.reduce(a[start : start + step], axis=0, dtype=wider)
     return total
+
+
+def _kernel_einsum() -> Callable[..., NDArray]:
+    """``np.einsum`` without its Python layers (about 0.8 µs a call, most of a learner round's
+    norm check): with ``optimize=False``, its default, ``np.einsum`` returns
+    ``c_einsum(*operands, out=out)`` (numpy ≥ 2.0), so the same kernel gives the same bits; the
+    public function where numpy has no such attribute."""
+    return getattr(importlib.import_module("numpy._core.multiarray"), "c_einsum", np.einsum)
+
+
+_einsum = _kernel_einsum()
+
+
+def _largest(a: NDArray[np.float64]) -> np.float64:
+    """The largest element of the 1-D ``a`` — a NaN if ``a`` holds one — bit for bit
+    ``np.maximum.reduce(a)``: ``argmax`` returns the first NaN if there is one, else the first
+    largest element (one value, however many hold it); a third of the reduction's cost."""
+    return a[a.argmax()]
 
 
 def _inside_squared(l2_bound: float, d: int) -> float:
@@ -219,10 +238,10 @@ class VectorSum:
         self._half_g = 0.5 * self.g
         self._inside_squared = _inside_squared(self.l2_bound, self.d)
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // self.d)
-        self._pool_work = np.zeros((0, self.d))  # pooled path's work rows (encodings, uniforms), zeroed after each call
-        self._pool_sums = np.zeros((2, self.d))  # its rounded sum and partial sums, zeroed after each call
+        self._bound_squared = self.l2_bound**2
+        self._pool = np.zeros((0, self.d))  # the pooled path's buffer (_pool_rows), zeroed after each call
+        self._pool_squared = self._pool.reshape(-1)  # its work rows, flat (_inside's squared norms)
         self._ones = np.ones(0)  # the pooled path's column sums: ones @ rows (exact, see _add_pooled)
-        self._pool_squared = np.zeros(0)  # its rows' squared norms (a one-block batch), zeroed after use
 
     def __repr__(self) -> str:
         return (
@@ -455,50 +474,62 @@ class VectorSum:
     ) -> None:
         """``totals`` += Σᵢ ⌊sᵢ + Uᵢ⌋ + Bin(m·b, p) per coordinate (m = rows of X): the pooled
         path of :meth:`add_messages` and :meth:`estimate_sum`. Draws, in order: the rounding
-        uniforms block by block, then the d binomials. The rounded sum (the users' encodings to
-        within Δ/g, clean of binomial noise), the work buffers and the noise are zeroed here; the
-        sums go through preallocated buffers (``out=``, kept by the instance and zeroed after every
-        call), so no temporary holds them. A block's column sums are ``ones @ rows`` (BLAS): the
-        rows hold integers ≤ g + 1 and every partial sum is an integer below 2⁵³, so each addition,
-        in whatever order or fused, is exact."""
-        rows = min(self._chunk_rows, X.shape[0])
-        if self._pool_work.shape[0] < 2 * rows:
-            self._pool_work = np.zeros((2 * rows, self.d))  # zero between calls
-            self._ones = np.ones(rows)
-            self._pool_squared = np.zeros(rows)
-        work, uniforms = self._pool_work[:rows], self._pool_work[rows : 2 * rows]
-        rounded, partial = self._pool_sums
+        uniforms block by block, then the d binomials. A block's column sums are ``ones @ rows``
+        (BLAS): the rows hold integers ≤ g + 1 and every partial sum is an integer below 2⁵³, so
+        each addition, in whatever order or fused, is exact.
+
+        Every intermediate lives in one buffer the instance keeps (``_pool``, see
+        :meth:`_pool_rows`): the rounded sum (the users' encodings to within Δ/g, clean of
+        binomial noise) and a block's partial sum, the encodings and rounded rows, the uniforms —
+        and, before a one-block batch's encodings, its rows' squared norms (:meth:`_inside`). One
+        ``fill`` zeroes it after every call, however the call ends; the noise is zeroed too."""
+        m = X.shape[0]
+        rows = min(self._chunk_rows, m)
+        used = self._pool_rows(rows)
         noise = _NO_NOISE
         try:
-            inside = self._inside(X) if X.shape[0] <= rows else None  # one block: no generator
+            rounded, work, uniforms = used[0], used[2 : 2 + rows], used[2 + rows :]
+            inside = self._inside(X) if m == rows else None  # one block: no generator, no temporary
             if inside is None:
+                partial = used[1]
                 for chunk, chunk_inside in self._chunks(X, method):
-                    block = self._rounded(chunk, chunk_inside, generator, work, uniforms)
-                    rounded += np.dot(self._ones[: chunk.shape[0]], block, out=partial)
+                    k = chunk.shape[0]
+                    block = self._rounded(chunk, chunk_inside, generator, work[:k], uniforms[:k])
+                    rounded += np.dot(self._ones[:k], block, out=partial)
             else:
-                np.dot(self._ones[:rows], self._rounded(X, inside, generator, work, uniforms), out=rounded)
-            noise = generator.binomial(X.shape[0] * self.b, self.p, size=self.d)  # no out= in numpy
+                np.dot(self._ones[:m], self._rounded(X, inside, generator, work, uniforms), out=rounded)
+            noise = generator.binomial(m * self.b, self.p, size=self.d)  # no out= in numpy
             np.add(noise, rounded, out=noise, casting="unsafe")  # exact: integer-valued floats below 2⁵³
             totals += noise
         finally:
-            self._pool_work[: 2 * rows].fill(0.0)  # work and uniforms
-            self._pool_sums.fill(0.0)  # rounded and partial
+            used.fill(0.0)
             noise.fill(0)
+
+    def _pool_rows(self, rows: int) -> NDArray[np.float64]:
+        """The first 2 + 2·``rows`` rows of the pooled path's buffer (grown, zeroed, when too
+        short): row 0 the rounded sum, row 1 a block's partial sum, then ``rows`` work rows
+        (encodings, rounded rows; first the squared norms of :meth:`_inside`) and ``rows`` rows of
+        uniforms. Zero between calls."""
+        if self._pool.shape[0] < 2 + 2 * rows:
+            self._pool = np.zeros((2 + 2 * rows, self.d))
+            self._pool_squared = self._pool[2:].reshape(-1)  # the work rows, flat: m squared norms
+            self._ones = np.ones(rows)
+        return self._pool[: 2 + 2 * rows]
 
     def _inside(self, X: NDArray[np.float64]) -> bool | None:
         """The fast path of :meth:`_chunks` for a batch of one block, without a generator or a
         temporary (the learners' rounds): whether the encodings need no clip
         (:func:`_inside_squared`) when every row has norm ≤ Δ₂ (the same computed norms, so the
         same decision), else None: the caller then goes through :meth:`_chunks`, which clips rows
-        within the tolerance or refuses. The squared norms (in the instance's ``_pool_squared``)
-        are zeroed here; a NaN propagates and fails both tests."""
+        within the tolerance or refuses. The squared norms go to the start of the pool's work rows
+        (:meth:`_pool_rows`, which the caller has sized for X and zeroes); :func:`_largest`
+        decides (a NaN fails both tests)."""
         squared = self._pool_squared[: X.shape[0]]
-        np.einsum("ij,ij->i", X, X, out=squared)
-        largest = np.maximum.reduce(squared)
-        squared.fill(0.0)
+        _einsum("ij,ij->i", X, X, out=squared)
+        largest = _largest(squared)
         if largest <= self._inside_squared:
             return True
-        return False if largest <= self.l2_bound**2 else None
+        return False if largest <= self._bound_squared else None
 
     def _checked(self, X: object, method: str, *, exact_rows: bool) -> NDArray[np.float64]:
         """X as float64 of shape (m, d), m ≥ 1 (m = n when ``exact_rows``).
@@ -524,13 +555,13 @@ class VectorSum:
         whether its encodings provably need no clip (:func:`_inside_squared`)."""
         for start in range(0, X.shape[0], self._chunk_rows):
             chunk = X[start : start + self._chunk_rows]
-            squared = np.einsum("ij,ij->i", chunk, chunk)
-            largest = np.maximum.reduce(squared)  # a NaN propagates and fails both tests
-            if largest <= self.l2_bound**2:
+            squared = _einsum("ij,ij->i", chunk, chunk)
+            largest = _largest(squared)  # a NaN fails both tests
+            if largest <= self._bound_squared:
                 squared.fill(0.0)  # the users' squared norms: clean, wiped
                 yield chunk, bool(largest <= self._inside_squared)
                 continue
-            too_long = ~(squared <= self.l2_bound**2)  # NaN compares False: caught here too
+            too_long = ~(squared <= self._bound_squared)  # NaN compares False: caught here too
             if not np.all(np.isfinite(chunk)):
                 raise InvalidInputError(f"VectorSum.{method}: X contains NaN or infinite values")
             beyond = squared > (self.l2_bound * (1.0 + NORM_TOLERANCE)) ** 2
@@ -564,10 +595,10 @@ class VectorSum:
         work: NDArray[np.float64],
         uniforms: NDArray[np.float64],
     ) -> NDArray[np.float64]:
-        """⌊s + U⌋, U ~ U[0, 1) iid: randomized rounding of the encoded chunk (in ``work``)."""
-        rows = chunk.shape[0]
-        encoded = self._encoded(chunk, work[:rows], inside)
-        encoded += generator.random(out=uniforms[:rows])
+        """⌊s + U⌋, U ~ U[0, 1) iid: randomized rounding of the encoded chunk, in ``work`` (the
+        chunk's shape, as ``uniforms``)."""
+        encoded = self._encoded(chunk, work, inside)
+        encoded += generator.random(out=uniforms)
         return np.floor(encoded, out=encoded)
 
     def _randomized_blocks(

@@ -15,7 +15,15 @@ import pytest
 from scipy import stats
 
 from accounting.binomial import pvec_parameters, tight_parameters
-from protocols.encoder import _KEYED_SOURCES, VectorSum, _column_sums, _drawing, _inside_squared
+from protocols.encoder import (
+    _KEYED_SOURCES,
+    VectorSum,
+    _column_sums,
+    _drawing,
+    _einsum,
+    _inside_squared,
+    _largest,
+)
 from protocols.errors import InvalidInputError
 
 SMALL = dict(n=200, d=3, epsilon=1.0, delta=1e-5, l2_bound=1.0)
@@ -401,6 +409,31 @@ def test_the_clip_is_skipped_only_where_it_changes_no_bit() -> None:
     assert [inside for _, inside in encoder._chunks(on_bound * 0.999, "test")] == [True]
 
 
+def test_norm_check_kernels_give_the_bits_of_the_public_calls() -> None:
+    """The norm check's ``_einsum`` is ``np.einsum`` bit for bit, and ``_largest`` decides as
+    ``np.maximum.reduce`` (the same value; a NaN anywhere gives NaN), over the widths the
+    learners and benchmarks use. Controls: another summation order of the same squares differs
+    in the last bits on some rows, and the smallest element is not the largest."""
+    rng = np.random.default_rng(36)
+    reordered = 0
+    for d in (1, 3, 10, 21, 100):
+        X = rng.normal(size=(257, d))
+        squared = _einsum("ij,ij->i", X, X)
+        np.testing.assert_array_equal(squared.view(np.uint64), np.einsum("ij,ij->i", X, X).view(np.uint64))
+        out = np.empty(X.shape[0])
+        assert _einsum("ij,ij->i", X, X, out=out) is out
+        np.testing.assert_array_equal(out.view(np.uint64), squared.view(np.uint64))
+        reordered += int(np.count_nonzero(np.add.reduce(X[:, ::-1] * X[:, ::-1], axis=1) != squared))
+        for a in (squared, np.repeat(squared[:3], 2), squared[:1]):
+            assert _largest(a).view(np.uint64) == np.maximum.reduce(a).view(np.uint64)
+            assert a.size == 1 or _largest(a) != a[a.argmin()]  # control
+        for position in (0, 100, 256):
+            with_nan = squared.copy()
+            with_nan[position] = np.nan
+            assert np.isnan(_largest(with_nan)) and np.isnan(np.maximum.reduce(with_nan))
+    assert reordered > 0  # control: the bits of a squared norm depend on the order of its sum
+
+
 def test_randomize_makes_the_documented_draws() -> None:
     """Per block: the m·d Bin(b, p) draws (:meth:`BinomialSampler.draw`), then m·d uniforms, and
     count = η + ⌊clip(s) + U⌋ — rebuilt here from the same seeded stream with ``np.floor``, so the
@@ -449,7 +482,7 @@ def test_one_block_pooled_path_equals_the_general_one(monkeypatch: pytest.Monkey
         other = np.zeros(encoder.d, dtype=np.int64)
         encoder.add_messages(rows, other, rng=np.random.default_rng(34), pooled_noise=True)
         assert not np.array_equal(lean, other)
-    assert not encoder._pool_work.any() and not encoder._pool_sums.any() and not encoder._pool_squared.any()
+    assert not encoder._pool.any()  # sums, work rows, uniforms and squared norms
 
 
 def test_os_keyed_sources_are_reused_wiped_and_never_shared() -> None:
