@@ -363,14 +363,15 @@ class VectorSum:
             raise InvalidInputError(
                 f"VectorSum.randomize_bits: x must have shape ({self.d},); got {x_arr.shape}"
             )
-        ((row, inside),) = self._chunks(x_arr.reshape(1, self.d), "randomize_bits")
         per_label = self.g + self.b
-        if self.d * per_label > _MAX_MESSAGES:
-            raise InvalidInputError(
-                f"VectorSum.randomize_bits: d·(g + b) = {self.d * per_label} messages exceed the "
-                f"limit {_MAX_MESSAGES}; use randomize (counts) for these parameters"
-            )
-        encoded = self._encoded(row, np.empty_like(row), inside)[0]
+        # One block. Encoded inside the loop: resuming _chunks wipes a row it clipped onto Δ₂.
+        for row, inside in self._chunks(x_arr.reshape(1, self.d), "randomize_bits"):
+            if self.d * per_label > _MAX_MESSAGES:
+                raise InvalidInputError(
+                    f"VectorSum.randomize_bits: d·(g + b) = {self.d * per_label} messages exceed the "
+                    f"limit {_MAX_MESSAGES}; use randomize (counts) for these parameters"
+                )
+            encoded = self._encoded(row, np.empty_like(row), inside)[0]
         floor = np.floor(encoded)
         with _drawing(rng) as generator:
             rounding_bit = generator.random(self.d) < encoded - floor

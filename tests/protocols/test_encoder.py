@@ -434,6 +434,18 @@ def test_norm_check_kernels_give_the_bits_of_the_public_calls() -> None:
     assert reordered > 0  # control: the bits of a squared norm depend on the order of its sum
 
 
+def test_randomize_bits_encodes_a_row_within_the_tolerance_clipped_not_zeroed(small: VectorSum) -> None:
+    """A row just beyond Δ₂ (within :data:`NORM_TOLERANCE`) is sent as the row clipped onto the
+    bound, as :meth:`VectorSum._chunks` clips it (the same draws, so the same messages). Control:
+    the zero vector's messages differ (what the row was encoded as when the clipped copy was wiped
+    before use)."""
+    x = np.array([0.6, -0.8, 0.0]) * (1 + 5e-10)
+    clipped = x * np.nextafter(small.l2_bound / np.sqrt(np.einsum("i,i->", x, x)), 0.0)
+    sent = small.randomize_bits(x, rng=37)
+    np.testing.assert_array_equal(sent, small.randomize_bits(clipped, rng=37))
+    assert not np.array_equal(sent, small.randomize_bits(np.zeros(3), rng=37))
+
+
 def test_randomize_makes_the_documented_draws() -> None:
     """Per block: the m·d Bin(b, p) draws (:meth:`BinomialSampler.draw`), then m·d uniforms, and
     count = η + ⌊clip(s) + U⌋ — rebuilt here from the same seeded stream with ``np.floor``, so the
