@@ -500,7 +500,8 @@ class VectorSum:
             else:
                 np.dot(self._ones[:m], self._rounded(X, inside, generator, work, uniforms), out=rounded)
             noise = generator.binomial(m * self.b, self.p, size=self.d)  # no out= in numpy
-            np.add(noise, rounded, out=noise, casting="unsafe")  # exact: integer-valued floats below 2⁵³
+            # exact: the sums are integer-valued floats below 2⁵³, cast to int64 and added as integers
+            np.add(noise, rounded, out=noise, casting="unsafe", dtype=np.int64)
             totals += noise
         finally:
             used.fill(0.0)
