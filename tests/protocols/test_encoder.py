@@ -268,6 +268,37 @@ def test_pooled_add_messages_replays_estimate_sum_and_refuses_like_per_user(smal
     np.testing.assert_array_equal(totals, before)
 
 
+def test_pooled_totals_do_not_depend_on_the_split_into_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pooled path splits a batch into equal blocks of at most ``_chunk_rows`` rows; whatever
+    the split, ``totals`` gains Σᵢ ⌊clip(sᵢ) + Uᵢ⌋ + Bin(m·b, p) from the same stream (all the
+    uniforms in row order, then the d binomials), rebuilt here with ``np.floor``, a row within the
+    norm tolerance clipped as :meth:`VectorSum._chunks` clips it; a refused row is named by its
+    index in X. Control: another seed gives other totals."""
+    encoder = VectorSum(**SMALL)
+    X = _batch(1000, encoder.d, encoder.l2_bound, np.random.default_rng(38))
+    X[700] *= encoder.l2_bound * (1 + 1e-12) / np.linalg.norm(X[700])
+    clipped = X.copy()
+    squared = np.einsum("ij,ij->i", X[700:701], X[700:701])
+    clipped[700] *= np.nextafter(encoder.l2_bound / np.sqrt(squared), 0.0)
+    generator = np.random.default_rng(39)
+    s = np.clip(clipped * encoder._encode_scale + 0.5 * encoder.g, 0.0, encoder.g)
+    expected = np.floor(s + generator.random(X.shape)).sum(axis=0).astype(np.int64)
+    expected += generator.binomial(X.shape[0] * encoder.b, encoder.p, size=encoder.d)
+    refused = X.copy()
+    refused[900] = 2.0 * encoder.l2_bound / math.sqrt(encoder.d)
+    for rows in (encoder._chunk_rows, 1000, 334, 97, 7, 1):
+        monkeypatch.setattr(encoder, "_chunk_rows", rows)
+        totals = np.zeros(encoder.d, dtype=np.int64)
+        encoder.add_messages(X, totals, rng=np.random.default_rng(39), pooled_noise=True)
+        np.testing.assert_array_equal(totals, expected)
+        with pytest.raises(InvalidInputError, match="row 900 "):
+            encoder.add_messages(refused, totals, rng=np.random.default_rng(39), pooled_noise=True)
+        np.testing.assert_array_equal(totals, expected)
+    other = np.zeros(encoder.d, dtype=np.int64)
+    encoder.add_messages(X, other, rng=np.random.default_rng(40), pooled_noise=True)
+    assert not np.array_equal(other, expected)
+
+
 @pytest.mark.statistical
 def test_batches_larger_than_one_chunk(tiny: VectorSum) -> None:
     """70 000 users (more than one block of 2¹⁵ elements): every row is written, and the mean count of
