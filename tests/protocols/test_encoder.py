@@ -552,6 +552,32 @@ def test_os_keyed_sources_are_reused_wiped_and_never_shared() -> None:
         _KEYED_SOURCES.put(source)
 
 
+def test_drawing_wipes_and_returns_its_source_when_the_draw_fails() -> None:
+    """A draw that raises inside ``_drawing(None)`` leaves the generator's state zero and its
+    source back in the pool (taken again by the next call); a passed ``Generator`` is handed out as
+    is and a seed gives the seeded generator. Control: the state is not zero inside the block."""
+    others = []
+    while not _KEYED_SOURCES.empty():
+        others.append(_KEYED_SOURCES.get_nowait())  # an empty pool: the call makes its own source
+    try:
+        with pytest.raises(RuntimeError, match="refused"):
+            with _drawing(None) as generator:
+                assert generator.bit_generator.state["state"]["state"] != 0  # control
+                raise RuntimeError("refused")
+        assert generator.bit_generator.state["state"] == {"state": 0, "inc": 0}
+        assert _KEYED_SOURCES.qsize() == 1
+        with _drawing(None) as again:
+            assert again is generator  # the same source, back in the pool
+    finally:
+        for source in others:
+            _KEYED_SOURCES.put(source)
+    passed = np.random.default_rng(41)
+    with _drawing(passed) as handed:
+        assert handed is passed
+    with _drawing(41) as seeded:
+        assert seeded.random() == np.random.default_rng(41).random()
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
 def test_column_sums_of_counts_are_exact(dtype: type) -> None:
     """:func:`_column_sums` of counts (narrow unsigned, accumulated in blocks of a twice-wider type)
