@@ -503,9 +503,8 @@ class VectorSum:
         ``_chunk_rows`` rows (no short last block: its fixed cost showed at n·d = 10⁵); the split
         changes no bit of ``totals`` (one stream of uniforms in row order, exact sums) — only how
         far a refused call has advanced a passed generator (the blocks before the refused one).
-        A block's column sums are ``ones @ rows``
-        (BLAS): the rows hold integers ≤ g + 1 and every partial sum is an integer below 2⁵³, so
-        each addition, in whatever order or fused, is exact.
+        A block's column sums are ``ones @ rows`` (BLAS): the rows hold integers ≤ g + 1 and every
+        partial sum is an integer below 2⁵³, so each addition, in whatever order or fused, is exact.
 
         Every intermediate lives in one buffer the instance keeps (``_pool``, see
         :meth:`_pool_rows`): the rounded sum (the users' encodings to within Δ/g, clean of
