@@ -6,7 +6,8 @@ The protocol
 ------------
 User i holds xᵢ ∈ ℝᵈ with ‖xᵢ‖₂ ≤ Δ₂. Its local randomizer R_VEC, per coordinate j: shift
 w = xᵢⱼ + Δ₂ ∈ [0, Δ] (Δ = 2Δ₂), fixed-point encode s = w·g/Δ ∈ [0, g], round randomly to
-x̄ = ⌊s⌋ + Ber(s − ⌊s⌋) (computed as ⌊s + U⌋ with U ~ U[0, 1)), draw η ~ Bin(b, p), and send
+x̄ = ⌊s⌋ + Ber(s − ⌊s⌋) (computed as ⌊s + U⌋ with U ~ U[0, 1), shrunk so that floating-point
+addition never rounds past ⌈s⌉: :func:`uniform_shrink`), draw η ~ Bin(b, p), and send
 x̄ + η one-bits and g + b − x̄ − η zero-bits, each labelled j. The shuffler permutes all messages
 of the n users; the analyzer A_VEC outputs, per coordinate, (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ where Tⱼ
 is the number of one-bits labelled j. It is unbiased: E[x̄] = s and E[η] = b·p.
@@ -67,6 +68,7 @@ from accounting.errors import InvalidParameterError
 from protocols.binomial_sampler import BinomialSampler, count_dtype
 from protocols.errors import InvalidInputError
 from protocols.randomness import NoiseSource, RngLike
+from protocols.scalar_residue import scale_rows
 from protocols.validation import choice, positive_int
 
 __all__ = ["VectorSum"]
@@ -99,6 +101,42 @@ def _narrow_sums(a: NDArray, dtype: type | None) -> NDArray:
     for start in range(0, a.shape[0], step):
         total += np.add.reduce(a[start : start + step], axis=0, dtype=wider)
     return total
+
+
+def uniform_shrink(g: int) -> float:
+    """1 − c, c = 2^(e − 52) with 2^e the least power of two > g: the factor the rounding
+    uniforms U ∈ [0, 1 − 2⁻⁵³] (numpy's ``random``, k·2⁻⁵³) are multiplied by before ⌊s + U⌋,
+    so that the rounded value is always ⌊s⌋ or ⌈s⌉ — the domain of Cheu et al. 2022, Alg. 1,
+    lines 3–5, which the privacy proof assumes (x̄ ∈ [0, g]).
+
+    Without it, an encoding s that is exactly an integer K (s = g/2 for a zero coordinate when g is
+    even, s = g for a coordinate at +Δ₂) and U ≥ 1 − ulp/2 gave fl(K + U) = K + 1: x̄ = s + 1, and
+    for K = g a count g + b + 1, which wraps to 0 in a dtype holding exactly g + b (probability
+    ≈ K·2⁻⁵³ per such element).
+
+    Proof (round to nearest; floats below 2^e are spaced at most c/2). U' = fl(U·(1 − c)) ≤ 1 − c,
+    as 1 − c is a float and rounding is monotone. (i) s = K an integer, 0 ≤ K ≤ g: K + U' ≤ K + 1 − c,
+    a float at least two spacings below K + 1 ≤ 2^e, so fl(K + U') ≤ K + 1 − c < K + 1. (ii) s not
+    an integer, K = ⌈s⌉ ≥ 1: s ≤ K − u with u the spacing of floats just below K, and
+    K + 1 ≤ 2K, so the spacing just below K + 1 is at most 2u; s + U' ≤ K + 1 − u − 2⁻⁵³ lies
+    below K + 1 − u, the midpoint under K + 1, so fl(s + U') < K + 1. And fl(s + U') ≥ ⌊s⌋
+    (monotone, ⌊s⌋ a float ≤ s + U'). So ⌊fl(s + U')⌋ ∈ {⌊s⌋, ⌈s⌉}. The law of the rounding bit
+    moves by at most c + 2⁻⁵³ per element (it was already within the float spacing of s − ⌊s⌋):
+    x̄ stays unbiased to ~g·2⁻⁵² (``tests/protocols/test_encoder.py`` pins the adversarial U)."""
+    return 1.0 - 2.0 ** (int(g).bit_length() - 52)
+
+
+def _rescale_factors(squared: NDArray[np.float64], too_long: NDArray[np.bool_], l2_bound: float) -> NDArray[np.float64]:
+    """Per row: the factor just below Δ₂/‖x‖ for a row longer than Δ₂ (within the tolerance), 1
+    for the others; computed in place in one array (no temporary holds a row's norm), which
+    :func:`protocols.scalar_residue.scale_rows` then applies, so the rows rescaled onto Δ₂ are
+    those of ``x·nextafter(Δ₂/‖x‖, 0)`` and the others unchanged (x·1 = x). ``squared`` (the
+    rows' ‖x‖²) is left as it was; the caller wipes it, the factors and the work matrix."""
+    factors = np.ones(squared.shape[0])
+    np.sqrt(squared, out=factors, where=too_long)
+    np.divide(l2_bound, factors, out=factors, where=too_long)
+    np.nextafter(factors, 0.0, out=factors, where=too_long)
+    return factors
 
 
 def _inside_squared(l2_bound: float, d: int) -> float:
@@ -217,6 +255,7 @@ class VectorSum:
         self.count_dtype = count_dtype(self.g + self.b)
         self._sampler = BinomialSampler(self.b, self.p, self.count_dtype)
         self._half_g = 0.5 * self.g
+        self._uniform_shrink = uniform_shrink(self.g)
         self._inside_squared = _inside_squared(self.l2_bound, self.d)
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // self.d)
         self._pool_work = np.zeros((0, self.d))  # pooled path's work rows (encodings, uniforms), zeroed after each call
@@ -459,7 +498,7 @@ class VectorSum:
         within Δ/g, clean of binomial noise), the work buffers and the noise are zeroed here; the
         sums go through preallocated buffers (``out=``, kept by the instance and zeroed after every
         call), so no temporary holds them. A block's column sums are ``ones @ rows`` (BLAS): the
-        rows hold integers ≤ g + 1 and every partial sum is an integer below 2⁵³, so each addition,
+        rows hold integers ≤ g (:func:`uniform_shrink`) and every partial sum is an integer below 2⁵³, so each addition,
         in whatever order or fused, is exact."""
         rows = min(self._chunk_rows, X.shape[0])
         if self._pool_work.shape[0] < 2 * rows:
@@ -542,10 +581,11 @@ class VectorSum:
                     "(clip before encoding)"
                 )
             clipped = chunk.copy()
-            scale = np.nextafter(self.l2_bound / np.sqrt(squared[too_long]), 0.0)
-            clipped[too_long] *= scale[:, None]
-            squared.fill(0.0)
-            scale.fill(0.0)
+            work = np.empty_like(clipped)
+            factors = _rescale_factors(squared, too_long, self.l2_bound)
+            scale_rows(clipped, factors, work)
+            for buffer in (squared, factors, work):  # norms, then the rows' factors (twice)
+                buffer.fill(0.0)
             yield clipped, False
             clipped.fill(0.0)  # a clean copy of the users' rows: wiped once encoded
 
@@ -567,8 +607,14 @@ class VectorSum:
         """⌊s + U⌋, U ~ U[0, 1) iid: randomized rounding of the encoded chunk (in ``work``)."""
         rows = chunk.shape[0]
         encoded = self._encoded(chunk, work[:rows], inside)
-        encoded += generator.random(out=uniforms[:rows])
+        encoded += self._rounding_uniforms(generator, uniforms[:rows])
         return np.floor(encoded, out=encoded)
+
+    def _rounding_uniforms(self, generator: np.random.Generator, out: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``out`` filled with the rounding uniforms U·(1 − c) (:func:`uniform_shrink`)."""
+        generator.random(out=out)
+        out *= self._uniform_shrink
+        return out
 
     def _randomized_blocks(
         self,
@@ -589,9 +635,9 @@ class VectorSum:
         iteration ends, however it ends.
 
         ⌊s + U⌋ is the cast of s + U to the counts' unsigned dtype: s ∈ [0, g] (clipped or
-        :func:`_inside_squared`) and U ≥ 0, so fl(s + U) ∈ [0, g + 1], which the dtype holds, and
-        a float-to-integer cast truncates (C), which on non-negative values is ⌊·⌋: the bits of
-        the former ``np.floor`` then cast, one pass less."""
+        :func:`_inside_squared`) and the shrunk U ≥ 0 keeps fl(s + U) below ⌈s⌉ + 1 ≤ g + 1
+        (:func:`uniform_shrink`), so the dtype holds it, and a float-to-integer cast truncates
+        (C), which on non-negative values is ⌊·⌋: the bits of ``np.floor`` then cast, one pass less."""
         rows = min(self._chunk_rows, X.shape[0])
         work = np.zeros((rows, self.d))
         uniforms = np.zeros_like(work)
@@ -605,7 +651,7 @@ class VectorSum:
                 block = scratch[:m] if counts is None else counts[start : start + m]
                 self._sampler.draw_into(generator, block.reshape(-1), index)
                 encoded = self._encoded(chunk, work[:m], inside)
-                encoded += generator.random(out=uniforms[:m])
+                encoded += self._rounding_uniforms(generator, uniforms[:m])
                 np.copyto(rounded[:m], encoded, casting="unsafe")  # ⌊s + U⌋ (see above)
                 block += rounded[:m]  # η + ⌊s + U⌋, as before (integer addition)
                 yield block
