@@ -456,7 +456,9 @@ class RandomCheckinSGD(MessageSGDLearner):
             np.einsum("ij,ij->i", directions, directions, out=lengths)
             np.sqrt(lengths, out=lengths)
             np.maximum(lengths, np.finfo(np.float64).tiny, out=lengths)
-            directions /= lengths[:, None]  # unit directions u, normalised as _unit_rows does
+            divisors = self._scratch.take("direction_divisors", k, self._params)
+            np.copyto(divisors, lengths[:, None])  # not a broadcast divide: its buffer would keep the lengths
+            directions /= divisors  # unit directions u, normalised as _unit_rows does
             np.einsum("ij,ij->i", directions, Z, out=lengths)  # ⟨u, z⟩: ⟨u, g⟩ = φ′_C·⟨u, z⟩
             hemisphere, away, keep = self._flags[:, :k]
             np.less(uniforms[:, 1], self._keep_probability, out=hemisphere)  # the hemisphere kept

@@ -6,7 +6,8 @@ The protocol
 ------------
 User i holds xᵢ ∈ ℝᵈ with ‖xᵢ‖₂ ≤ Δ₂. Its local randomizer R_VEC, per coordinate j: shift
 w = xᵢⱼ + Δ₂ ∈ [0, Δ] (Δ = 2Δ₂), fixed-point encode s = w·g/Δ ∈ [0, g], round randomly to
-x̄ = ⌊s⌋ + Ber(s − ⌊s⌋) (computed as ⌊s + U⌋ with U ~ U[0, 1)), draw η ~ Bin(b, p), and send
+x̄ = ⌊s⌋ + Ber(s − ⌊s⌋) (computed as ⌊s + U⌋ with U ~ U[0, 1), shrunk so that floating-point
+addition never rounds past ⌈s⌉: :func:`uniform_shrink`), draw η ~ Bin(b, p), and send
 x̄ + η one-bits and g + b − x̄ − η zero-bits, each labelled j. The shuffler permutes all messages
 of the n users; the analyzer A_VEC outputs, per coordinate, (Δ/g)(Tⱼ − n·b·p) − n·Δ₂ where Tⱼ
 is the number of one-bits labelled j. It is unbiased: E[x̄] = s and E[η] = b·p.
@@ -68,6 +69,7 @@ from accounting.errors import InvalidParameterError
 from protocols.binomial_sampler import BinomialSampler, count_dtype
 from protocols.errors import InvalidInputError
 from protocols.randomness import NoiseSource, RngLike
+from protocols.scalar_residue import scale_rows
 from protocols.validation import choice, positive_int
 
 __all__ = ["VectorSum"]
@@ -113,11 +115,51 @@ def _kernel_einsum() -> Callable[..., NDArray]:
 _einsum = _kernel_einsum()
 
 
-def _largest(a: NDArray[np.float64]) -> np.float64:
+def _largest(a: NDArray[np.float64]) -> NDArray[np.float64]:
     """The largest element of the 1-D ``a`` — a NaN if ``a`` holds one — bit for bit
     ``np.maximum.reduce(a)``: ``argmax`` returns the first NaN if there is one, else the first
-    largest element (one value, however many hold it); a third of the reduction's cost."""
-    return a[a.argmax()]
+    largest element (one value, however many hold it); a third of the reduction's cost. Returned
+    as a one-element view of ``a``, not a numpy scalar: the value is a user's squared norm, and a
+    freed scalar object would keep it (:mod:`protocols.scalar_residue`); compared, it gives bools,
+    and it is zeroed with ``a``."""
+    i = a.argmax()
+    return a[i : i + 1]
+
+
+def uniform_shrink(g: int) -> float:
+    """1 − c, c = 2^(e − 52) with 2^e the least power of two > g: the factor the rounding
+    uniforms U ∈ [0, 1 − 2⁻⁵³] (numpy's ``random``, k·2⁻⁵³) are multiplied by before ⌊s + U⌋,
+    so that the rounded value is always ⌊s⌋ or ⌈s⌉ — the domain of Cheu et al. 2022, Alg. 1,
+    lines 3–5, which the privacy proof assumes (x̄ ∈ [0, g]).
+
+    Without it, an encoding s that is exactly an integer K (s = g/2 for a zero coordinate when g is
+    even, s = g for a coordinate at +Δ₂) and U ≥ 1 − ulp/2 gave fl(K + U) = K + 1: x̄ = s + 1, and
+    for K = g a count g + b + 1, which wraps to 0 in a dtype holding exactly g + b (probability
+    ≈ K·2⁻⁵³ per such element).
+
+    Proof (round to nearest; floats below 2^e are spaced at most c/2). U' = fl(U·(1 − c)) ≤ 1 − c,
+    as 1 − c is a float and rounding is monotone. (i) s = K an integer, 0 ≤ K ≤ g: K + U' ≤ K + 1 − c,
+    a float at least two spacings below K + 1 ≤ 2^e, so fl(K + U') ≤ K + 1 − c < K + 1. (ii) s not
+    an integer, K = ⌈s⌉ ≥ 1: s ≤ K − u with u the spacing of floats just below K, and
+    K + 1 ≤ 2K, so the spacing just below K + 1 is at most 2u; s + U' ≤ K + 1 − u − 2⁻⁵³ lies
+    below K + 1 − u, the midpoint under K + 1, so fl(s + U') < K + 1. And fl(s + U') ≥ ⌊s⌋
+    (monotone, ⌊s⌋ a float ≤ s + U'). So ⌊fl(s + U')⌋ ∈ {⌊s⌋, ⌈s⌉}. The law of the rounding bit
+    moves by at most c + 2⁻⁵³ per element (it was already within the float spacing of s − ⌊s⌋):
+    x̄ stays unbiased to ~g·2⁻⁵² (``tests/protocols/test_encoder.py`` pins the adversarial U)."""
+    return 1.0 - 2.0 ** (int(g).bit_length() - 52)
+
+
+def _rescale_factors(squared: NDArray[np.float64], too_long: NDArray[np.bool_], l2_bound: float) -> NDArray[np.float64]:
+    """Per row: the factor just below Δ₂/‖x‖ for a row longer than Δ₂ (within the tolerance), 1
+    for the others; computed in place in one array (no temporary holds a row's norm), which
+    :func:`protocols.scalar_residue.scale_rows` then applies, so the rows rescaled onto Δ₂ are
+    those of ``x·nextafter(Δ₂/‖x‖, 0)`` and the others unchanged (x·1 = x). ``squared`` (the
+    rows' ‖x‖²) is left as it was; the caller wipes it, the factors and the work matrix."""
+    factors = np.ones(squared.shape[0])
+    np.sqrt(squared, out=factors, where=too_long)
+    np.divide(l2_bound, factors, out=factors, where=too_long)
+    np.nextafter(factors, 0.0, out=factors, where=too_long)
+    return factors
 
 
 def _inside_squared(l2_bound: float, d: int) -> float:
@@ -260,6 +302,7 @@ class VectorSum:
         self.count_dtype = count_dtype(self.g + self.b)
         self._sampler = BinomialSampler(self.b, self.p, self.count_dtype)
         self._half_g = 0.5 * self.g
+        self._uniform_shrink = uniform_shrink(self.g)
         self._inside_squared = _inside_squared(self.l2_bound, self.d)
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // self.d)
         self._bound_squared = self.l2_bound**2
@@ -503,7 +546,7 @@ class VectorSum:
         ``_chunk_rows`` rows (no short last block: its fixed cost showed at n·d = 10⁵); the split
         changes no bit of ``totals`` (one stream of uniforms in row order, exact sums) — only how
         far a refused call has advanced a passed generator (the blocks before the refused one).
-        A block's column sums are ``ones @ rows`` (BLAS): the rows hold integers ≤ g + 1 and every
+        A block's column sums are ``ones @ rows`` (BLAS): the rows hold integers ≤ g (:func:`uniform_shrink`) and every
         partial sum is an integer below 2⁵³, so each addition, in whatever order or fused, is exact.
 
         Every intermediate lives in one buffer the instance keeps (``_pool``, see
@@ -591,8 +634,9 @@ class VectorSum:
             squared = _einsum("ij,ij->i", chunk, chunk)
             largest = _largest(squared)  # a NaN fails both tests
             if largest <= self._bound_squared:
+                inside = bool(largest <= self._inside_squared)  # before the wipe: largest is a view
                 squared.fill(0.0)  # the users' squared norms: clean, wiped
-                yield chunk, bool(largest <= self._inside_squared)
+                yield chunk, inside
                 continue
             too_long = ~(squared <= self._bound_squared)  # NaN compares False: caught here too
             if not np.all(np.isfinite(chunk)):
@@ -606,10 +650,11 @@ class VectorSum:
                     "(clip before encoding)"
                 )
             clipped = chunk.copy()
-            scale = np.nextafter(self.l2_bound / np.sqrt(squared[too_long]), 0.0)
-            clipped[too_long] *= scale[:, None]
-            squared.fill(0.0)
-            scale.fill(0.0)
+            work = np.empty_like(clipped)
+            factors = _rescale_factors(squared, too_long, self.l2_bound)
+            scale_rows(clipped, factors, work)
+            for buffer in (squared, factors, work):  # norms, then the rows' factors (twice)
+                buffer.fill(0.0)
             yield clipped, False
             clipped.fill(0.0)  # a clean copy of the users' rows: wiped once encoded
 
@@ -631,8 +676,14 @@ class VectorSum:
         """⌊s + U⌋, U ~ U[0, 1) iid: randomized rounding of the encoded chunk, in ``work`` (the
         chunk's shape, as ``uniforms``)."""
         encoded = self._encoded(chunk, work, inside)
-        encoded += generator.random(out=uniforms)
+        encoded += self._rounding_uniforms(generator, uniforms)
         return np.floor(encoded, out=encoded)
+
+    def _rounding_uniforms(self, generator: np.random.Generator, out: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``out`` filled with the rounding uniforms U·(1 − c) (:func:`uniform_shrink`)."""
+        generator.random(out=out)
+        out *= self._uniform_shrink
+        return out
 
     def _randomized_blocks(
         self,
@@ -653,9 +704,9 @@ class VectorSum:
         iteration ends, however it ends.
 
         ⌊s + U⌋ is the cast of s + U to the counts' unsigned dtype: s ∈ [0, g] (clipped or
-        :func:`_inside_squared`) and U ≥ 0, so fl(s + U) ∈ [0, g + 1], which the dtype holds, and
-        a float-to-integer cast truncates (C), which on non-negative values is ⌊·⌋: the bits of
-        the former ``np.floor`` then cast, one pass less."""
+        :func:`_inside_squared`) and the shrunk U ≥ 0 keeps fl(s + U) below ⌈s⌉ + 1 ≤ g + 1
+        (:func:`uniform_shrink`), so the dtype holds it, and a float-to-integer cast truncates
+        (C), which on non-negative values is ⌊·⌋: the bits of ``np.floor`` then cast, one pass less."""
         rows = min(self._chunk_rows, X.shape[0])
         work = np.zeros((rows, self.d))
         uniforms = np.zeros_like(work)
@@ -669,7 +720,7 @@ class VectorSum:
                 block = scratch[:m] if counts is None else counts[start : start + m]
                 self._sampler.draw_into(generator, block.reshape(-1), index)
                 encoded = self._encoded(chunk, work[:m], inside)
-                encoded += generator.random(out=uniforms[:m])
+                encoded += self._rounding_uniforms(generator, uniforms[:m])
                 np.copyto(rounded[:m], encoded, casting="unsafe")  # ⌊s + U⌋ (see above)
                 block += rounded[:m]  # η + ⌊s + U⌋, as before (integer addition)
                 yield block

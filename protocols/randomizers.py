@@ -36,7 +36,8 @@ from accounting.gaussian import analytic_epsilon
 from accounting.ledger import Guarantee
 from protocols import validation as check
 from protocols.calibration import smallest_feasible
-from protocols.losses import clip_rows
+from protocols.scalar_residue import scale_rows
+from protocols.scratch import clip_rows_into
 
 Array = NDArray[np.float64]
 
@@ -103,7 +104,21 @@ class GaussianRandomizer:
         return self.noise_multiplier * self.clip
 
     def privatize(self, G: Array, generator: np.random.Generator) -> Array:
-        return clip_rows(G, self.clip) + generator.normal(0.0, self.noise_std, size=np.shape(G))
+        """Messages clip_C(g) + N(0, (σC)² I) for the rows of ``G``: the clip as
+        :func:`protocols.losses.clip_rows` computes it (bitwise, :func:`protocols.scratch.clip_rows_into`,
+        whose norms and factors live in arrays zeroed here) and the noise added in place, its
+        draw zeroed once added."""
+        G = np.asarray(G, dtype=np.float64)
+        messages = np.empty_like(G)
+        norms, work = np.zeros(G.shape[0]), np.zeros_like(G)
+        noise = generator.normal(0.0, self.noise_std, size=G.shape)
+        try:
+            clip_rows_into(G, self.clip, messages, norms, work)
+            messages += noise
+        finally:
+            for array in (norms, work, noise):
+                array.fill(0.0)
+        return messages
 
     def dummy(self, count: int, dim: int, generator: np.random.Generator) -> Array:
         return generator.normal(0.0, self.noise_std, size=(count, dim))
@@ -184,24 +199,44 @@ class L2BallRandomizer:
         s·a > 0 (a > 0 for s = +1, a < 0 for s = −1), and step 2 keeps z when that agrees with the
         hemisphere drawn, reflecting it otherwise. A zero row (the dummy input) gets z itself: for
         x = 0, v = ±u is uniform and so is the resulting z, whatever hemisphere is drawn. The
-        output row is ±B·z, the sign chosen before the one multiplication (B·(±1) is exact).
+        output row is ±B·z, the sign chosen before the one multiplication (B·(±1) is exact), in
+        place on z (:func:`protocols.scalar_residue.scale_rows`). Every work value derived from the
+        clean rows (norms, ⟨z, x⟩, sides) is computed into arrays allocated here and zeroed before
+        returning: no numpy temporary is left holding them.
         """
         G = np.asarray(G, dtype=np.float64)
         k, dim = G.shape
         uniforms = generator.random((k, 2))
         z = _unit_rows(generator, k, dim)
-        norms = _row_norms(G)
-        along = np.einsum("ij,ij->i", z, G)
+        values = np.zeros((3, k))  # the rows' norms, ⟨z, x⟩, then the "toward" level and the signed B
+        flags = np.zeros((4, k), dtype=bool)
+        work = np.zeros_like(z)
+        norms, along, level = values
+        toward, positive, same_side, keep = flags
         try:
-            toward = uniforms[:, 0] < 0.5 + np.minimum(norms, self.clip) / (2.0 * self.clip)
-            same_side = np.where(toward, along > 0.0, along < 0.0)
-            keep = same_side == (uniforms[:, 1] < self.keep_probability)
+            np.einsum("ij,ij->i", G, G, out=norms)
+            np.sqrt(norms, out=norms)
+            np.einsum("ij,ij->i", z, G, out=along)
+            np.minimum(norms, self.clip, out=level)
+            level /= 2.0 * self.clip
+            level += 0.5  # 0.5 + min(‖x‖, C)/(2C)
+            np.less(uniforms[:, 0], level, out=toward)
+            np.greater(along, 0.0, out=positive)
+            np.less(along, 0.0, out=same_side)
+            np.copyto(same_side, positive, where=toward)
+            np.less(uniforms[:, 1], self.keep_probability, out=keep)
+            np.equal(same_side, keep, out=keep)
+            keep |= np.equal(norms, 0.0, out=positive)
             scale = _l2_scale(self.clip, self.epsilon0, dim)
-            signed = np.where(keep | (norms == 0.0), scale, -scale)
-            return signed[:, None] * z
+            np.copyto(level, -scale)
+            np.copyto(level, scale, where=keep)
+            return scale_rows(z, level, work)
+        except BaseException:
+            z.fill(0.0)
+            raise
         finally:  # work arrays tied to the clean input (norms, sides) and to the draw: wiped
-            for work in (uniforms, z, norms, along, toward, same_side, keep):
-                work.fill(0)
+            for array in (uniforms, values, flags, work):
+                array.fill(0)
 
     def dummy(self, count: int, dim: int, generator: np.random.Generator) -> Array:
         """R(0): uniform on the sphere of radius B — :meth:`privatize` of zero rows, whose output
@@ -220,17 +255,23 @@ class L2BallRandomizer:
         return Guarantee(self.epsilon0, 0.0)
 
 
-def _row_norms(A: Array) -> Array:
-    """ℓ2 norm of each row (cheaper than ``np.linalg.norm`` on the small arrays of a stream)."""
-    return np.sqrt(np.einsum("ij,ij->i", A, A))
-
-
 def _unit_rows(generator: np.random.Generator, k: int, dim: int) -> Array:
     """k points uniform on the unit sphere of R^dim (normalised Gaussians), normalised in place:
-    no un-normalised copy (which would give the direction drawn) is left behind."""
+    no un-normalised copy (which would give the direction drawn) is left behind, and the
+    Gaussians' lengths are divided through a work matrix (a broadcast ``Z /= norms[:, None]``
+    would leave them in numpy's freed iteration buffer, :mod:`protocols.scalar_residue`), both
+    zeroed after use."""
     Z = generator.standard_normal((k, dim))
-    norms = np.maximum(_row_norms(Z), np.finfo(np.float64).tiny)
-    Z /= norms[:, None]
+    norms = np.einsum("ij,ij->i", Z, Z)
+    work = np.empty_like(Z)
+    try:
+        np.sqrt(norms, out=norms)
+        np.maximum(norms, np.finfo(np.float64).tiny, out=norms)
+        np.copyto(work, norms[:, None])
+        Z /= work
+    finally:
+        norms.fill(0.0)
+        work.fill(0.0)
     return Z
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, Loss, SquaredLoss
-from protocols.scalar_residue import scale_rows
+from protocols.scalar_residue import scale_rows, scrub_freed_floats
 from protocols.sigmoid import _LARGEST_EXPONENT, _SCALAR_SIZE
 
 Array = NDArray[np.float64]
@@ -84,6 +84,7 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array
         for i in np.flatnonzero(np.isinf(norms)).tolist():
             if np.isfinite(X[i]).all():
                 norms[i] = _scaled_norm(X[i], work[i])
+        scrub_freed_floats()  # the rare rows' norms passed through Python floats
     _clip_factors(bound, norms)
     if out is not X:
         np.copyto(out, X)
@@ -95,7 +96,7 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array
 
 def _scaled_norm(row: Array, work: Array) -> float:
     """‖row‖ of a finite row whose sum of squares overflows: max|x|·‖x/max|x|‖ (``work`` holds the
-    scaled row, in scratch)."""
+    scaled row, in scratch; the Python floats made here are scrubbed by the caller)."""
     np.abs(row, out=work)
     peak = float(work.max())
     np.divide(row, peak, out=work)

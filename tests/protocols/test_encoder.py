@@ -23,6 +23,7 @@ from protocols.encoder import (
     _einsum,
     _inside_squared,
     _largest,
+    uniform_shrink,
 )
 from protocols.errors import InvalidInputError
 
@@ -479,7 +480,7 @@ def test_randomize_bits_encodes_a_row_within_the_tolerance_clipped_not_zeroed(sm
 
 def test_randomize_makes_the_documented_draws() -> None:
     """Per block: the m·d Bin(b, p) draws (:meth:`BinomialSampler.draw`), then m·d uniforms, and
-    count = η + ⌊clip(s) + U⌋ — rebuilt here from the same seeded stream with ``np.floor``, so the
+    count = η + ⌊clip(s) + U·(1 − c)⌋ (:func:`uniform_shrink`) — rebuilt here from the same seeded stream with ``np.floor``, so the
     cast that replaced it is checked bit for bit (fractions near 1 included). Control: the same
     reconstruction with the draws' order swapped differs."""
     encoder = VectorSum(**SMALL)
@@ -498,7 +499,7 @@ def test_randomize_makes_the_documented_draws() -> None:
             uniforms = generator.random(X.shape)
             noise = encoder._sampler.draw(generator, size).reshape(X.shape)
         s = np.clip(X * encoder._encode_scale + 0.5 * encoder.g, 0.0, encoder.g)
-        return (noise + np.floor(s + uniforms)).astype(encoder.count_dtype)
+        return (noise + np.floor(s + uniforms * uniform_shrink(encoder.g))).astype(encoder.count_dtype)
 
     counts = encoder.randomize(X, rng=31)
     np.testing.assert_array_equal(counts, rebuilt(noise_first=True))
@@ -594,3 +595,70 @@ def test_column_sums_of_counts_are_exact(dtype: type) -> None:
         assert sums.dtype == np.int64 and sums.tolist() == exact
     wrapped = np.add.reduce(np.full((258, 1), 255, dtype=np.uint8), axis=0, dtype=np.uint16)
     assert int(wrapped[0]) != 258 * 255
+
+
+# ------------------------------------------------------------------------------------------
+# Randomized rounding stays in {⌊s⌋, ⌈s⌉}
+# ------------------------------------------------------------------------------------------
+
+_LARGEST_UNIFORM = 1.0 - 2.0**-53  # numpy's random() is k·2⁻⁵³, k < 2⁵³
+
+
+@pytest.mark.parametrize("g", [1, 2, 3, 26, 127, 128, 255, 256, 4095, 2**20 + 3])
+def test_shrunk_uniforms_round_every_encoding_to_its_floor_or_ceiling(g: int) -> None:
+    """⌊fl(s + fl(U·(1 − c)))⌋ ∈ {⌊s⌋, ⌈s⌉} for every integer s = K ≤ g and the floats just
+    below and above each, with U at its largest and just under it (:func:`uniform_shrink`'s
+    proof, checked). Control: the unshrunk U rounds every integer K ≥ 1 up to K + 1."""
+    shrink = uniform_shrink(g)
+    integers = np.unique(np.array([0, 1, 2, g // 2, g - 1, g], dtype=np.float64).clip(0, g))
+    s = np.concatenate([integers, np.nextafter(integers, -1.0), np.nextafter(integers, np.inf)])
+    s = s[(s >= 0.0) & (s <= g)]
+    for u in (_LARGEST_UNIFORM, _LARGEST_UNIFORM - 2.0**-53, _LARGEST_UNIFORM - 2.0**-40, 0.5):
+        rounded = np.floor(s + u * shrink)
+        assert np.all(rounded >= np.floor(s)) and np.all(rounded <= np.ceil(s)), (g, u)
+    unshrunk = np.floor(integers + _LARGEST_UNIFORM)
+    assert np.array_equal(unshrunk[integers >= 1], integers[integers >= 1] + 1)
+
+
+class _LargestUniforms(np.random.Generator):
+    """A seeded generator whose ``random`` returns its largest value everywhere (the adversarial
+    rounding uniform); every other draw is the seeded generator's own."""
+
+    def random(self, size=None, dtype=np.float64, out=None):  # type: ignore[no-untyped-def,override]
+        out.fill(_LARGEST_UNIFORM)
+        return out
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_integer_encodings_are_never_rounded_up(pooled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Coordinates at +Δ₂, 0 and −Δ₂ encode to exactly g, g/2 and 0 (g = 26 here, with b = 229:
+    g + b = 255 fills the uint8 counts). Each must send x̄ = s, whatever the uniform; with U at
+    its largest the counts are exactly η + s (per user: η rebuilt from the same seed) and the
+    pooled totals Σ s + Bin(m·b, p). Control: the unshrunk uniform sends s + 1 (at g: 27 + η,
+    which wraps to 0 when η = 229)."""
+    encoder = VectorSum(**SMALL)
+    assert (encoder.g, encoder.g + encoder.b, encoder.count_dtype) == (26, 255, np.uint8)
+    X = np.zeros((60, encoder.d))
+    X[:20, 0], X[40:, 1] = encoder.l2_bound, -encoder.l2_bound
+    s = X * encoder._encode_scale + 0.5 * encoder.g
+    assert set(np.unique(s)) == {0.0, 13.0, 26.0}
+
+    def sent() -> np.ndarray:
+        if pooled:
+            totals = np.zeros(encoder.d, dtype=np.int64)
+            encoder.add_messages(X, totals, rng=_LargestUniforms(np.random.PCG64(5)), pooled_noise=True)
+            return totals
+        return encoder.randomize(X, rng=_LargestUniforms(np.random.PCG64(5))).astype(np.int64)
+
+    reference = _LargestUniforms(np.random.PCG64(5))
+    if pooled:
+        expected = s.sum(axis=0).astype(np.int64) + reference.binomial(X.shape[0] * encoder.b, encoder.p, size=encoder.d)
+    else:
+        expected = s.astype(np.int64) + encoder._sampler.draw(reference, X.size).reshape(X.shape)
+    np.testing.assert_array_equal(sent(), expected)
+    monkeypatch.setattr(encoder, "_uniform_shrink", 1.0)
+    unshrunk = sent()
+    if pooled:
+        np.testing.assert_array_equal(unshrunk - expected, (s >= 1.0).sum(axis=0))  # one more per user at s ≥ 1
+    else:
+        assert np.array_equal((unshrunk - expected)[s >= 1.0] % 256, np.ones(int((s >= 1.0).sum())))

@@ -70,8 +70,11 @@ def _records(m: int, seed: int, continuous: bool) -> tuple[np.ndarray, np.ndarra
     X *= scale[:, None]
     scale.fill(0.0)
     y = (rng.random(m) < 0.5).astype(np.float64)
-    if continuous:
-        y += 0.5 * rng.random(m)
+    if continuous:  # in place: a temporary 0.5·U would equal every label drawn as 0 + 0.5·U
+        fraction = rng.random(m)
+        fraction *= 0.5
+        y += fraction
+        fraction.fill(0.0)
     return X, y
 
 
