@@ -12,6 +12,10 @@ a C-contiguous float64/int64 matrix is 8-byte aligned) and contiguous.
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -50,6 +54,28 @@ def read_memory(pid: int) -> bytes:
             except OSError:
                 continue
     return b"".join(parts)
+
+
+def child_memory_words(target: Callable[..., None], args: tuple[Any, ...], ready: str,
+                       timeout: float = 120.0) -> NDArray[np.uint64]:
+    """Run ``target(conn, *args)`` in a spawned child; once it sends ``ready`` on ``conn``, read its
+    writable memory (:func:`read_memory`), then send it ``"done"`` (its cue to exit) and reap it.
+    The memory as 8-byte words; a ``TimeoutError`` if the child is not ready in ``timeout`` s."""
+    context = multiprocessing.get_context("spawn")
+    here, there = context.Pipe()
+    child = context.Process(target=target, args=(there, *args), daemon=True)
+    child.start()
+    try:
+        if not here.poll(timeout) or here.recv() != ready:
+            raise TimeoutError(f"{getattr(target, '__name__', target)}{args}: the child did not get to {ready!r}")
+        assert child.pid is not None  # started
+        raw = read_memory(child.pid)
+    finally:
+        here.send("done")
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+    return np.frombuffer(raw[: len(raw) - len(raw) % 8], dtype=np.uint64)
 
 
 def read_floats(pid: int, address: int, count: int) -> NDArray[np.float64]:

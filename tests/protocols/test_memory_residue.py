@@ -46,7 +46,7 @@ from protocols.shuffle_acsa import ShuffleACSA
 from protocols.shuffle_gaussian import ShuffleGaussianSGD
 from protocols.shuffle_gd import ShuffleGD
 from protocols.shuffle_sgd import ShuffleSGD
-from tests.memscan import Memory, read_memory
+from tests.memscan import Memory, child_memory_words, read_memory
 
 LOSS = {"name": "logistic", "intercept": True}
 BATCH = 64
@@ -324,17 +324,7 @@ def _known_key_child(conn: Any, name: str, dim: int, wipe: bool) -> None:
 
 def _pcg64_states_found(name: str, dim: int, wipe: bool, steps: int = 20_000) -> list[int]:
     """Steps k ≤ ``steps`` whose PCG64 state (low or high 64-bit word) is in the child's memory."""
-    context = multiprocessing.get_context("spawn")
-    here, there = context.Pipe()
-    child = context.Process(target=_known_key_child, args=(there, name, dim, wipe), daemon=True)
-    child.start()
-    try:
-        assert here.poll(120) and here.recv() == "learned"
-        raw = read_memory(child.pid)
-    finally:
-        here.send("done")
-        child.join(30)
-    words = set(np.frombuffer(raw[: len(raw) - len(raw) % 8], dtype=np.uint64).tolist())
+    words = set(child_memory_words(_known_key_child, (name, dim, wipe), "learned").tolist())
     state = _KNOWN_KEY[1] << 64 | _KNOWN_KEY[0]
     increment = _KNOWN_KEY[3] << 64 | _KNOWN_KEY[2] | 1
     found = []

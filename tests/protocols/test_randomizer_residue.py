@@ -11,7 +11,6 @@ memory afterwards (the plain formulas, run the same way, are the control).
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 
 from protocols.losses import clip_rows
 from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, _l2_scale
-from tests.memscan import read_memory
+from tests.memscan import child_memory_words
 from tests.protocols.test_scalar_residue import _distinctive, _present, needs_proc_mem
 
 CLIP, EPSILON0, SIGMA, DIM, ROWS = 1.0, 1.0, 2.0, 21, 300
@@ -99,20 +98,7 @@ def _child(conn: Any, name: str, plain: bool) -> None:
 
 def _norms_found(name: str, plain: bool) -> int:
     """How many of the rows' distinctive norms (and squared norms) are in the child's memory."""
-    context = multiprocessing.get_context("spawn")
-    here, there = context.Pipe()
-    child = context.Process(target=_child, args=(there, name, plain), daemon=True)
-    child.start()
-    try:
-        if not here.poll(120) or here.recv() != "randomized":
-            raise TimeoutError(f"{name}: child did not finish privatize")
-        raw = read_memory(child.pid)
-    finally:
-        here.send("done")
-        child.join(30)
-        if child.is_alive():
-            child.kill()
-    words = np.frombuffer(raw[: len(raw) - len(raw) % 8], dtype=np.uint64)
+    words = child_memory_words(_child, (name, plain), "randomized")
     G = _gradients()
     squares = np.einsum("ij,ij->i", G, G)
     targets = np.unique(np.concatenate([_distinctive(np.sqrt(squares)), _distinctive(squares)]).view(np.uint64))

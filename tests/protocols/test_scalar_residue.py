@@ -19,7 +19,6 @@ value found by chance is out of the question).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from protocols.pnsgd import OnlinePNSGD
 from protocols.shuffle_acsa import ShuffleACSA
 from protocols.shuffle_gaussian import ShuffleGaussianSGD
 from protocols.shuffle_sgd import ShuffleSGD
-from tests.memscan import read_memory
+from tests.memscan import child_memory_words
 
 LOSS = {"name": "logistic", "intercept": True}
 SQUARED = {"name": "squared", "intercept": True, "label_bound": 2.0}
@@ -170,20 +169,7 @@ def _present(targets: np.ndarray, words: np.ndarray) -> np.ndarray:
 def scan(name: str, sabotage: str | None = None) -> dict[str, str]:
     """Run learner ``name`` in a child; per kind of scalar, how many of the distinctive target
     values are in its memory (only kinds with hits are listed)."""
-    context = multiprocessing.get_context("spawn")
-    here, there = context.Pipe()
-    child = context.Process(target=_child, args=(there, name, sabotage), daemon=True)
-    child.start()
-    try:
-        if not here.poll(120) or here.recv() != "learned":
-            raise TimeoutError(f"{name}: child did not finish learn_many")
-        raw = read_memory(child.pid)
-    finally:
-        here.send("done")
-        child.join(30)
-        if child.is_alive():
-            child.kill()
-    words = np.frombuffer(raw[: len(raw) - len(raw) % 8], dtype=np.uint64)
+    words = child_memory_words(_child, (name, sabotage), "learned")
     targets = {kind: _distinctive(values).view(np.uint64) for kind, values in _target_scalars(name).items()}
     present = _present(np.unique(np.concatenate(list(targets.values()))), words)
     found = {}
