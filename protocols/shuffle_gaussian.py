@@ -384,6 +384,9 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         pieces = list(zip(edges[:-1], edges[1:], strict=True))
         loss, clip, work, partial = self.loss, self._clip, self._scratch, self._partial
         clipped_weights, weighted_row_sum = scratch.clipped_weights, scratch.weighted_row_sum
+        largest = min(window, Z.shape[0])  # the longest piece: its buffers are taken once per block
+        margins, gradient_weights = work.take("margins", largest), work.take("gradient_weights", largest)
+        total = work.take("row_sum", self._params)
         group = 0
         while group < len(pieces):
             end = group + 1
@@ -391,12 +394,13 @@ class ShuffleGaussianSGD(MessageSGDLearner):
                 end += 1
             noise = self._pieces_noise([stop - start for start, stop in pieces[group:end]])
             for (start, stop), piece_noise in zip(pieces[group:end], noise, strict=True):
+                users = stop - start
                 rows = Z[start:stop]
-                weights = clipped_weights(loss, self._sgd.theta, rows, labels[start:stop], norms[start:stop], clip, work)
-                total = weighted_row_sum(weights, rows, work)
+                weights = clipped_weights(loss, self._sgd.theta, rows, labels[start:stop], norms[start:stop], clip, work,
+                                          buffers=(margins[:users], gradient_weights[:users]))
+                weighted_row_sum(weights, rows, work, total)
                 total += piece_noise
                 partial += total
-                users = stop - start
                 self._count += users
                 self._records += users
                 self._filled += users
