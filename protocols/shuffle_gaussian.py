@@ -353,7 +353,12 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         norms = scratch.feature_norms(Z, self._scratch)[1]
         if self.participation == "all" and self.pooled_noise:
             self._learn_pieces(Z, labels, norms)
-            return
+        else:
+            self._learn_rounds(Z, labels, norms)
+
+    def _learn_rounds(self, Z: Array, labels: Array, norms: Array) -> None:
+        """:meth:`_learn_block` one piece (a block's rows within one window) at a time: its
+        participants' messages (:meth:`_add_messages`), then the step if the window is full."""
         for rows in round_slices(Z.shape[0], lambda: self._round.window - self._filled):
             take = rows.stop - rows.start
             if self.participation == "all":  # every record sends: its rows as they are, no draw
