@@ -221,6 +221,7 @@ def clipped_weights(
     scratch: Scratch,
     smoothing: float | None = None,
     squares: Array | None = None,
+    buffers: tuple[Array, Array] | None = None,
 ) -> Array:
     """w (shape (m,), in ``scratch``) with w_i·z_i the gradient of record i at ``theta`` (of the
     loss, or of its ``smoothing``-Moreau envelope) clipped to norm ``bound``: the rows of
@@ -237,11 +238,16 @@ def clipped_weights(
     products are rounded. Each w_i·z_i (and w_i times the exact z_i) has exact norm ≤ C, rounding
     included (:func:`strict_bound`; ``tests/protocols/test_scratch.py`` checks it in rational
     arithmetic on adversarial rows). The loss's φ' vector is wiped as in :func:`clipped_gradients`.
+
+    ``buffers``: the m-vectors for ⟨θ, z_i⟩ and w, when the caller has taken them from ``scratch``
+    already (:meth:`Scratch.take` of ``"margins"`` and ``"gradient_weights"``, sliced to m): a
+    learner stepping every few dozen records takes them once per block instead of once per round.
     """
     m = Z.shape[0]
-    margins = np.matmul(Z, theta, scratch.take("margins", m))
+    margins, weights = (scratch.take("margins", m), scratch.take("gradient_weights", m)) if buffers is None else buffers
+    Z.dot(theta, margins)  # cblas_dgemv, as np.matmul here (bitwise), at half its dispatch cost
     if smoothing is None and m > _SCALAR_SIZE and type(loss) is LogisticLoss:
-        return _logistic_clipped_weights(margins, y, norms, strict_bound(bound, Z.shape[1]), scratch)
+        return _logistic_clipped_weights(margins, y, norms, strict_bound(bound, Z.shape[1]), weights)
     if smoothing is None:
         slopes = loss._dphi(margins, y)
     else:
@@ -249,7 +255,7 @@ def clipped_weights(
             raise ValueError("clipped_weights: smoothing needs the rows' squared norms")
         kappa = np.divide(squares, smoothing, out=scratch.take("kappa", m))
         slopes = loss._envelope_dphi(margins, y, kappa)
-    weights = np.abs(slopes, out=scratch.take("gradient_weights", m))  # |s_i|·‖z_i‖, then the factor, then w_i
+    np.abs(slopes, out=weights)  # |s_i|·‖z_i‖, then the factor, then w_i
     weights *= norms
     _clip_factors(strict_bound(bound, Z.shape[1]), weights)
     weights *= slopes
@@ -257,10 +263,11 @@ def clipped_weights(
     return weights
 
 
-def _logistic_clipped_weights(margins: Array, y: Array, norms: Array, bound: float, scratch: Scratch) -> Array:
+def _logistic_clipped_weights(margins: Array, y: Array, norms: Array, bound: float, weights: Array) -> Array:
     """:func:`clipped_weights` of the logistic loss (labels ±1, more than the scalar size of
     :func:`protocols.sigmoid.expit`), bit for bit, in 10 ufunc calls instead of 15 and without
-    the loss's temporary. ``margins`` (⟨θ, z_i⟩, in scratch) is overwritten with σ(−y_i s_i).
+    the loss's temporary, into ``weights``. ``margins`` (⟨θ, z_i⟩, in scratch) is overwritten
+    with σ(−y_i s_i).
 
     The same numbers: :meth:`LogisticLoss._dphi` computes s' = −(y·σ(−(y·s))) with
     :func:`~protocols.sigmoid.expit`, σ(t) = 1/(1 + exp(min(−t, 709))); here −t = −(−(y·s)) = y·s
@@ -271,7 +278,7 @@ def _logistic_clipped_weights(margins: Array, y: Array, norms: Array, bound: flo
     np.exp(sigma, sigma)
     sigma += 1.0
     np.reciprocal(sigma, sigma)
-    weights = np.multiply(sigma, norms, scratch.take("gradient_weights", margins.shape[0]))
+    np.multiply(sigma, norms, weights)
     np.maximum(weights, bound, out=weights)  # _clip_factors, negated: −C'/m is exactly −(C'/m)
     np.divide(-bound, weights, weights)
     weights *= sigma
@@ -290,11 +297,12 @@ def weighted_rows(weights: Array, Z: Array, scratch: Scratch) -> Array:
     return rows
 
 
-def weighted_row_sum(weights: Array, Z: Array, scratch: Scratch) -> Array:
-    """Σ_i w_i·z_i = Zᵀw (shape (p,), in ``scratch``): the sum of the clipped gradients of
-    :func:`clipped_weights` in one matrix-vector product, without forming them (the same sum
-    as :func:`row_sum` of :func:`weighted_rows` up to the order of the additions)."""
-    return np.matmul(weights, Z, scratch.take("row_sum", Z.shape[1]))
+def weighted_row_sum(weights: Array, Z: Array, scratch: Scratch, out: Array | None = None) -> Array:
+    """Σ_i w_i·z_i = Zᵀw (shape (p,), in ``scratch``, or in ``out``: the caller's view of its
+    ``"row_sum"`` buffer): the sum of the clipped gradients of :func:`clipped_weights` in one
+    matrix-vector product, without forming them (the same sum as :func:`row_sum` of
+    :func:`weighted_rows` up to the order of the additions)."""
+    return weights.dot(Z, scratch.take("row_sum", Z.shape[1]) if out is None else out)  # dgemv, as np.matmul
 
 
 def clipped_gradient_sum(

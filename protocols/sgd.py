@@ -172,12 +172,17 @@ class MessageSGDLearner(Learner):
         self.clip = declared
         self._clip = self.loss.lipschitz(self.feature_bound, self.radius) if declared is None else declared
         self._sgd = AveragedSGD.start(self._params)
+        self._bounds: dict[float, float] = {}
 
     def _step(self, mean_message: Array, count: float, work: Array | None = None) -> None:
         """One SGD step on the mean of ``count`` messages plus the exact ridge gradient, with
         G² from :func:`bound_sq`; in place (:meth:`AveragedSGD.step_in_place`, the same
-        arithmetic) when given a spare parameter-sized ``work`` array."""
-        bound = bound_sq(self._clip, self._noise_moment, count, self.loss.ridge * self.radius)
+        arithmetic) when given a spare parameter-sized ``work`` array. G² is memoised per count:
+        the clip, the noise moment, the ridge and the radius are fixed once the learner is built,
+        and the rounds of a learner mostly average the same number of messages."""
+        bound = self._bounds.get(count)
+        if bound is None:
+            bound = self._bounds[count] = bound_sq(self._clip, self._noise_moment, count, self.loss.ridge * self.radius)
         if self.loss.ridge:
             mean_message = mean_message + self.loss.ridge_gradient(self._sgd.theta)
         if work is None:

@@ -353,7 +353,12 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         norms = scratch.feature_norms(Z, self._scratch)[1]
         if self.participation == "all" and self.pooled_noise:
             self._learn_pieces(Z, labels, norms)
-            return
+        else:
+            self._learn_rounds(Z, labels, norms)
+
+    def _learn_rounds(self, Z: Array, labels: Array, norms: Array) -> None:
+        """:meth:`_learn_block` one piece (a block's rows within one window) at a time: its
+        participants' messages (:meth:`_add_messages`), then the step if the window is full."""
         for rows in round_slices(Z.shape[0], lambda: self._round.window - self._filled):
             take = rows.stop - rows.start
             if self.participation == "all":  # every record sends: its rows as they are, no draw
@@ -384,19 +389,25 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         pieces = list(zip(edges[:-1], edges[1:], strict=True))
         loss, clip, work, partial = self.loss, self._clip, self._scratch, self._partial
         clipped_weights, weighted_row_sum = scratch.clipped_weights, scratch.weighted_row_sum
+        largest = min(window, Z.shape[0])  # the longest piece: its buffers are taken once per block
+        whole = margins, gradient_weights = work.take("margins", largest), work.take("gradient_weights", largest)
+        total = work.take("row_sum", self._params)
+        most = min(len(pieces), NOISE_BLOCK_ROWS)  # the most pieces a group holds
+        noise_rows, noise_scales = work.take("pieces_noise", most, self._params), work.take("pieces_noise_scales", most)
         group = 0
         while group < len(pieces):
             end = group + 1
             while end < len(pieces) and pieces[end][1] - pieces[group][0] <= NOISE_BLOCK_ROWS:
                 end += 1
-            noise = self._pieces_noise([stop - start for start, stop in pieces[group:end]])
+            noise = self._pieces_noise([stop - start for start, stop in pieces[group:end]], noise_rows, noise_scales)
             for (start, stop), piece_noise in zip(pieces[group:end], noise, strict=True):
+                users = stop - start
                 rows = Z[start:stop]
-                weights = clipped_weights(loss, self._sgd.theta, rows, labels[start:stop], norms[start:stop], clip, work)
-                total = weighted_row_sum(weights, rows, work)
+                weights = clipped_weights(loss, self._sgd.theta, rows, labels[start:stop], norms[start:stop], clip, work,
+                                          buffers=whole if users == largest else (margins[:users], gradient_weights[:users]))
+                weighted_row_sum(weights, rows, work, total)
                 total += piece_noise
                 partial += total
-                users = stop - start
                 self._count += users
                 self._records += users
                 self._filled += users
@@ -405,21 +416,26 @@ class ShuffleGaussianSGD(MessageSGDLearner):
             noise.fill(0.0)
             group = end
 
-    def _pieces_noise(self, sizes: list[int]) -> Array:
-        """One row N(0, k(σC)² I) per piece of k users (``sizes``), in scratch (the caller wipes
-        it once added): the draws of :meth:`NoiseSource.add_gaussian` on each piece in turn —
-        ``standard_normal`` fills row after row from one generator, then each row is scaled by
-        its piece's σC·√k — so the seeded mode gives the same bits. The pieces drawn together
+    def _pieces_noise(self, sizes: list[int], rows: Array, scales: Array) -> Array:
+        """One row N(0, k(σC)² I) per piece of k users (``sizes``), in the first rows of ``rows``
+        (scratch, taken once per block with ``scales``; the caller wipes it once added): the draws
+        of :meth:`NoiseSource.add_gaussian` on each piece in turn — ``standard_normal`` fills row
+        after row from one generator, then each row is scaled by its piece's σC·√k (by that one
+        number when the pieces are all of a size, the usual whole rounds: the same products) — so
+        the seeded mode gives the same bits. The pieces drawn together
         hold at most :data:`protocols.randomness.NOISE_BLOCK_ROWS` records (or one piece): a
         read of the process inside ``learn_many`` finds the noise of records in flight only
         (:mod:`protocols.randomness`, "Noise of the records in flight")."""
-        noise = self._scratch.take("pieces_noise", len(sizes), self._params)
-        scales = self._scratch.take("pieces_noise_scales", len(sizes))
+        noise = rows[: len(sizes)]
         noise_std = self._randomizer.noise_std
-        scales[:] = [noise_std * math.sqrt(k) for k in sizes]
         with self._noise.draw() as generator:
             generator.standard_normal(out=noise)
-        noise *= scales[:, None]
+        if sizes.count(sizes[0]) == len(sizes):
+            noise *= noise_std * math.sqrt(sizes[0])
+        else:
+            scales = scales[: len(sizes)]
+            scales[:] = [noise_std * math.sqrt(k) for k in sizes]
+            noise *= scales[:, None]
         return noise
 
     def _add_messages(self, Z_users: Array, labels_users: Array, norms_users: Array) -> None:

@@ -364,3 +364,48 @@ def test_pooled_rounds_replay_the_per_round_reference() -> None:
     assert clipped_any and state["weight"] == 28.0 and state["filled"] == filled
     for key, expected in (("theta", sgd.theta), ("average", sgd.average), ("partial", partial)):
         np.testing.assert_allclose(state[key], expected, rtol=1e-12, atol=1e-14, err_msg=key)
+
+
+class _ReversedGroupNoise(ShuffleGaussianSGD):
+    """Negative control: the pieces of a group get their noise rows in reverse order (a plausible
+    slip of drawing several pieces' noise at once)."""
+
+    def _pieces_noise(self, sizes: list[int], rows: np.ndarray, scales: np.ndarray) -> np.ndarray:
+        noise = super()._pieces_noise(sizes, rows, scales)
+        noise[:] = noise[::-1].copy()
+        return noise
+
+
+def _fast_and_per_piece(loss, batch: int, learner_class=ShuffleGaussianSGD) -> tuple[dict, dict]:
+    """States of the pooled "all" learner (its block path, :meth:`_learn_pieces`) and of the same
+    seeded learner made to take the per-piece path (:meth:`_learn_rounds`: one
+    ``NoiseSource.add_gaussian`` per piece), after micro-batches that split rounds and blocks."""
+    X, y = checks.make_stream(5, 9200, binary=True, seed=8)
+    fast = learner_class(5, loss, 1.0, DELTA, batch_size=batch, clip=0.3, radius=2.0, rng=5)
+    reference = ShuffleGaussianSGD(5, loss, 1.0, DELTA, batch_size=batch, clip=0.3, radius=2.0, rng=5)
+    reference._learn_pieces = reference._learn_rounds  # type: ignore[method-assign]
+    position = 0
+    for size in (3, 61, 64, 100, 5000, 1, 3971):
+        fast.learn_many(X[position : position + size], y[position : position + size])
+        reference.learn_many(X[position : position + size], y[position : position + size])
+        position += size
+    return fast.state_dict(), reference.state_dict()
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64, 5000])
+@pytest.mark.parametrize("loss", [LogisticLoss(intercept=True), SquaredLoss(intercept=False, ridge=0.1),
+                                  {"name": "hinge", "intercept": True}, {"name": "huber", "ridge": 0.05}], ids=str)
+def test_block_path_is_the_per_piece_path_bit_for_bit(loss, batch) -> None:
+    """Seeded, participation "all", pooled noise: the block path (noise of a group of pieces
+    drawn at once, round buffers taken once per block, one scale for a group of equal pieces)
+    gives the per-piece path's θ, θ̄, partial sum and counters bit for bit, with rounds inside
+    one call, across calls and across blocks (a 5000-record call is two blocks)."""
+    fast, reference = _fast_and_per_piece(loss, batch)
+    for key, value in reference.items():
+        assert np.asarray(fast[key]).tobytes() == np.asarray(value).tobytes(), key
+
+
+def test_block_path_comparison_catches_misordered_noise() -> None:
+    """Positive control of the test above: the noise rows of a group's pieces swapped differs."""
+    fast, reference = _fast_and_per_piece(LogisticLoss(intercept=True), 7, _ReversedGroupNoise)
+    assert np.asarray(fast["theta"]).tobytes() != np.asarray(reference["theta"]).tobytes()
