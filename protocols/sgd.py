@@ -44,7 +44,7 @@ from protocols.state_io import read_array, read_float
 Array = NDArray[np.float64]
 
 
-@dataclass(frozen=True)
+@dataclass
 class AveragedSGD:
     """The iterate θ_t, the running average θ̄ of the iterates stepped from, and two public sums.
 
@@ -83,8 +83,8 @@ class AveragedSGD:
         their shape, left holding η_t·ĝ_t): bitwise the same arithmetic — θ̄ + (θ − θ̄)/T and
         Π(θ − η·ĝ) as the same elementwise operations in the same order, the projection by
         :meth:`L2Ball.project_in_place` — without allocating, for learners that step every few
-        dozen records. The returned state shares this one's arrays: this one must not be used
-        after the call (the learner replaces it)."""
+        dozen records. The state stepped is this one, updated and returned (not frozen for that:
+        building a frozen dataclass per step cost ~0.7 µs, 2–3 % of a shuffle-gaussian round)."""
         moment = self.moment + bound_sq
         eta = ball.diameter / math.sqrt(moment)
         weight = self.weight + 1.0
@@ -95,7 +95,8 @@ class AveragedSGD:
         np.multiply(gradient, eta, work)
         np.subtract(theta, work, theta)
         ball.project_in_place(theta)
-        return AveragedSGD(theta, average, weight, moment)
+        self.weight, self.moment = weight, moment
+        return self
 
     def state(self) -> dict[str, StateValue]:
         """State-dict entries (``theta``, ``average``: noisy iterates; ``weight``, ``moment``: public)."""
