@@ -432,7 +432,7 @@ class VectorSum:
             )
         per_label = self.g + self.b
         # One block. Encoded inside the loop: resuming _chunks wipes a row it clipped onto Δ₂.
-        for row, inside in self._chunks(x_arr.reshape(1, self.d), "randomize_bits"):
+        for row, inside in self._chunks(x_arr.reshape(1, self.d), "randomize_bits"):  # checks x first
             if self.d * per_label > _MAX_MESSAGES:
                 raise InvalidInputError(
                     f"VectorSum.randomize_bits: d·(g + b) = {self.d * per_label} messages exceed the "
