@@ -440,13 +440,26 @@ class VectorSum:
                 )
             encoded = self._encoded(row, np.empty_like(row), inside)[0]
         floor = np.floor(encoded)
-        with _drawing(rng) as generator:
-            rounding_bit = generator.random(self.d) < encoded - floor
-            noise_bits = generator.random((self.d, self.b)) < self.p
-        ones = floor.astype(np.int64) + rounding_bit + noise_bits.sum(axis=1)
-        labels = np.repeat(np.arange(self.d, dtype=np.int64), per_label)
-        bits = (np.arange(per_label)[None, :] < ones[:, None]).astype(np.int64).ravel()
-        return np.stack([labels, bits], axis=1)
+        fraction = np.subtract(encoded, floor)
+        uniforms, noise_uniforms = np.empty(self.d), np.empty((self.d, self.b))
+        rounding_bit, noise_bits = np.empty(self.d, dtype=bool), np.empty((self.d, self.b), dtype=bool)
+        noise, ones = np.empty(self.d, dtype=np.int64), np.empty(self.d, dtype=np.int64)
+        try:  # the same draws, in the same order, as generator.random(d) then random((d, b))
+            with _drawing(rng) as generator:
+                generator.random(out=uniforms)
+                generator.random(out=noise_uniforms)
+            np.less(uniforms, fraction, out=rounding_bit)
+            np.less(noise_uniforms, self.p, out=noise_bits)
+            np.sum(noise_bits, axis=1, out=noise)
+            np.copyto(ones, floor, casting="unsafe")  # ⌊s⌋, an integer-valued float
+            ones += rounding_bit
+            ones += noise
+            labels = np.repeat(np.arange(self.d, dtype=np.int64), per_label)
+            bits = (np.arange(per_label)[None, :] < ones[:, None]).astype(np.int64).ravel()
+            return np.stack([labels, bits], axis=1)
+        finally:  # the clean encoding and rounding, the noise and its uniforms: wiped (the message stays)
+            for array in (encoded, floor, fraction, uniforms, noise_uniforms, rounding_bit, noise_bits, noise, ones):
+                array.fill(0)
 
     def aggregate_messages(self, messages: NDArray[np.int64]) -> NDArray[np.int64]:
         """The shuffler's view from a (shuffled) message list of all n users: per-label totals.

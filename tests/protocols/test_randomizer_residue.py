@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from protocols.encoder import VectorSum, _drawing
 from protocols.losses import clip_rows
 from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, _l2_scale
 from tests.memscan import child_memory_words
@@ -113,3 +114,68 @@ def test_privatize_leaves_no_row_norm_in_memory(name: str) -> None:
     Control: the plain formulas leave many."""
     assert _norms_found(name, plain=False) == 0
     assert _norms_found(name, plain=True) > ROWS // 10
+
+
+# PVEC's literal per-user randomizer (VectorSum.randomize_bits, a client's wire messages)
+PVEC = VectorSum(n=200, d=DIM, epsilon=1.0, delta=1e-5, l2_bound=1.0)
+PVEC_USERS = 40
+
+
+def _plain_randomize_bits(encoder: VectorSum, x: np.ndarray, rng: int) -> np.ndarray:
+    """The former ``randomize_bits``, as plain expressions: the same messages, its temporaries
+    (the encoding s, ⌊s⌋, s − ⌊s⌋, the uniforms) freed unerased."""
+    encoded = np.clip(x * encoder._encode_scale + 0.5 * encoder.g, 0.0, encoder.g)
+    floor = np.floor(encoded)
+    with _drawing(rng) as generator:
+        rounding_bit = generator.random(encoder.d) < encoded - floor
+        noise_bits = generator.random((encoder.d, encoder.b)) < encoder.p
+    ones = floor.astype(np.int64) + rounding_bit + noise_bits.sum(axis=1)
+    per_label = encoder.g + encoder.b
+    labels = np.repeat(np.arange(encoder.d, dtype=np.int64), per_label)
+    bits = (np.arange(per_label)[None, :] < ones[:, None]).astype(np.int64).ravel()
+    return np.stack([labels, bits], axis=1)
+
+
+def _pvec_rows() -> np.ndarray:
+    """Users' vectors of norm ≤ 0.9 (inside Δ₂ = 1), in place."""
+    G = _gradients(5)[:PVEC_USERS]
+    G *= 0.5
+    return G
+
+
+def test_randomize_bits_is_bitwise_the_plain_formula() -> None:
+    """The wiped form sends the same messages as the plain one, seed for seed. Control: another
+    seed sends others."""
+    for i, x in enumerate(_pvec_rows()):
+        np.testing.assert_array_equal(PVEC.randomize_bits(x, rng=i), _plain_randomize_bits(PVEC, x, i))
+    x = _pvec_rows()[3]
+    assert not np.array_equal(PVEC.randomize_bits(x, rng=1), PVEC.randomize_bits(x, rng=2))
+
+
+def _bits_child(conn: Any, plain: bool) -> None:
+    """Each user's messages, made and zeroed in turn; then wait for the parent's read."""
+    X = _pvec_rows()
+    for i, x in enumerate(X):
+        messages = _plain_randomize_bits(PVEC, x, i) if plain else PVEC.randomize_bits(x, rng=i)
+        messages.fill(0)
+    X.fill(0.0)
+    conn.send("randomized")
+    conn.recv()
+
+
+@pytest.mark.slow
+@needs_proc_mem
+def test_randomize_bits_leaves_no_encoding_in_memory() -> None:
+    """After every user's messages (zeroed by the caller), none of their distinctive encodings
+    s = x·g/Δ + g/2 or fractions s − ⌊s⌋ is in memory. Control: the plain form leaves the last
+    users' values."""
+    X = _pvec_rows()
+    encoded = X * PVEC._encode_scale + 0.5 * PVEC.g
+    targets = np.unique(np.concatenate([_distinctive(encoded.ravel()),
+                                        _distinctive((encoded - np.floor(encoded)).ravel())]).view(np.uint64))
+
+    def found(plain: bool) -> int:
+        return int(_present(targets, child_memory_words(_bits_child, (plain,), "randomized")).size)
+
+    assert found(plain=False) == 0
+    assert found(plain=True) > 0
