@@ -77,7 +77,7 @@ from protocols.base import StateValue, check_batch
 from protocols.calibration import smallest_feasible
 from protocols.errors import InvalidInputError
 from protocols.losses import Loss
-from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
+from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer, normalise_rows
 from protocols.randomness import NOISE_BLOCK_ROWS, NoiseSource, RngLike
 from protocols.scalar_residue import scale_rows, scrub_freed_floats
 from protocols.sgd import AveragedSGD, MessageSGDLearner, bound_sq
@@ -453,12 +453,7 @@ class RandomCheckinSGD(MessageSGDLearner):
             directions = self._scratch.take("randomizer_noise", k, self._params)
             generator.standard_normal(out=directions)
             lengths = self._scratch.take("direction_norms", k)
-            np.einsum("ij,ij->i", directions, directions, out=lengths)
-            np.sqrt(lengths, out=lengths)
-            np.maximum(lengths, np.finfo(np.float64).tiny, out=lengths)
-            divisors = self._scratch.take("direction_divisors", k, self._params)
-            np.copyto(divisors, lengths[:, None])  # not a broadcast divide: its buffer would keep the lengths
-            directions /= divisors  # unit directions u, normalised as _unit_rows does
+            normalise_rows(directions, lengths, self._scratch.take("direction_divisors", k, self._params))  # unit u
             np.einsum("ij,ij->i", directions, Z, out=lengths)  # ⟨u, z⟩: ⟨u, g⟩ = φ′_C·⟨u, z⟩
             hemisphere, away, keep = self._flags[:, :k]
             np.less(uniforms[:, 1], self._keep_probability, out=hemisphere)  # the hemisphere kept

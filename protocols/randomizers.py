@@ -256,22 +256,30 @@ class L2BallRandomizer:
 
 
 def _unit_rows(generator: np.random.Generator, k: int, dim: int) -> Array:
-    """k points uniform on the unit sphere of R^dim (normalised Gaussians), normalised in place:
-    no un-normalised copy (which would give the direction drawn) is left behind, and the
-    Gaussians' lengths are divided through a work matrix (a broadcast ``Z /= norms[:, None]``
-    would leave them in numpy's freed iteration buffer, :mod:`protocols.scalar_residue`), both
-    zeroed after use."""
+    """k points uniform on the unit sphere of R^dim (normalised Gaussians), normalised in place
+    (:func:`normalise_rows`): no un-normalised copy (which would give the direction drawn) is
+    left behind, and the Gaussians' lengths are zeroed after use."""
     Z = generator.standard_normal((k, dim))
-    norms = np.einsum("ij,ij->i", Z, Z)
-    work = np.empty_like(Z)
+    lengths, work = np.empty(k), np.empty_like(Z)
     try:
-        np.sqrt(norms, out=norms)
-        np.maximum(norms, np.finfo(np.float64).tiny, out=norms)
-        np.copyto(work, norms[:, None])
-        Z /= work
+        return normalise_rows(Z, lengths, work)
     finally:
-        norms.fill(0.0)
+        lengths.fill(0.0)
         work.fill(0.0)
+
+
+def normalise_rows(Z: Array, lengths: Array, work: Array) -> Array:
+    """Each row of ``Z`` divided by its length (floored at the smallest normal double), in place.
+    ``lengths`` (shape (k,)) and ``work`` (the shape of ``Z``) are the caller's buffers, left
+    holding the lengths for the caller to wipe: the division goes through ``work`` because a
+    broadcast ``Z /= lengths[:, None]`` would leave them in numpy's freed iteration buffer
+    (:mod:`protocols.scalar_residue`). Shared by :func:`_unit_rows` and the check-in learner's
+    ℓ2 directions, so both normalise with the same operations."""
+    np.einsum("ij,ij->i", Z, Z, out=lengths)
+    np.sqrt(lengths, out=lengths)
+    np.maximum(lengths, np.finfo(np.float64).tiny, out=lengths)
+    np.copyto(work, lengths[:, None])
+    Z /= work
     return Z
 
 
