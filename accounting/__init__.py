@@ -4,6 +4,6 @@ Pure functions of scalars plus a ledger: no I/O and no arrays of records. Each m
 family of mechanisms and cites the paper (docs/references.md) and theorem it implements.
 """
 
-from accounting.errors import AccountingError, InvalidParameterError
+from panpriv.accounting.errors import AccountingError, InvalidParameterError
 
 __all__ = ["AccountingError", "InvalidParameterError"]

@@ -7,7 +7,7 @@ adaptive composition, with the tightest of the valid bounds it knows:
 - :class:`GaussianEvent` (noise std = multiplier × ℓ₂ sensitivity). Gaussian mechanisms compose
   exactly: k of them with multipliers σᵢ are μ-GDP with μ = (Σ σᵢ⁻²)^{1/2} (Dong, Roth & Su 2022,
   Thm 2.7 and Cor. 3.3), i.e. one Gaussian mechanism with multiplier 1/μ, whose exact δ(ε) is
-  the analytic Gaussian curve (Balle & Wang 2018, Thm 8; :func:`accounting.gaussian.analytic_delta`).
+  the analytic Gaussian curve (Balle & Wang 2018, Thm 8; :func:`panpriv.accounting.gaussian.analytic_delta`).
 - :class:`ApproximateDpEvent` (any (ε, δ)-DP mechanism, e.g. a learner's released output). These
   compose by the better of basic composition (Σεⱼ, Σδⱼ) (Dwork & Roth 2014, Thm 3.16) and
   heterogeneous advanced composition with slack γ (Σ εⱼ(e^{εⱼ} − 1) + √(2 ln(1/γ) Σ εⱼ²),
@@ -33,13 +33,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from accounting.composition import heterogeneous
-from accounting.errors import InvalidParameterError
-from accounting.gaussian import analytic_delta, analytic_epsilon
-from accounting.validation import nonnegative, open_unit, positive, positive_int
+from panpriv.accounting.composition import heterogeneous
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.gaussian import analytic_delta, analytic_epsilon
+from panpriv.accounting.validation import nonnegative, open_unit, positive, positive_int
 
 if TYPE_CHECKING:
-    from accounting.ledger import PrivacyReport
+    from panpriv.accounting.ledger import PrivacyReport
 
 SPLIT_POINTS = 256
 """Grid points for the split of δ (or ε) between the Gaussian and the (ε, δ) parts."""

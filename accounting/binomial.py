@@ -99,11 +99,11 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, stats
 
-from accounting import calibration_cache
-from accounting.bisection import least_passing
-from accounting.errors import InvalidParameterError
-from accounting.gaussian import analytic_sigma
-from accounting.validation import in_range, open_unit, positive, positive_int
+from panpriv.accounting import calibration_cache
+from panpriv.accounting.bisection import least_passing
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.gaussian import analytic_sigma
+from panpriv.accounting.validation import in_range, open_unit, positive, positive_int
 
 __all__ = [
     "P1DParameters",
@@ -656,15 +656,15 @@ def tight_parameters(
       g = ⌈10·√(d + n/(4c²))⌉, at least 4 and at most max(128, ⌈2√d⌉) (the accountant's cost
       grows like g²; at the cap the excess is about (c²d + n/4)/(c²g²), e.g. ≤ 25 % + n/(4c²g²)
       when the cap is 2√d). c comes from the
-      analytic Gaussian (:func:`accounting.gaussian.analytic_sigma`) and only steers this choice.
+      analytic Gaussian (:func:`panpriv.accounting.gaussian.analytic_sigma`) and only steers this choice.
     * **b and p.** p = 1/2 (Cheu et al.'s Alg. 1 asks p < 1/2, which only its Lemma 3.1 proof needs): the
       least b meeting δ, by integer bisection. Lowering p at that b could save at most a fraction
       1/b of the noise variance (b − 1 trials at p = 1/2 fail), so it is done only when b < 100
       (bisection on p(1 − p), 8 accountant evaluations); otherwise p = 1/2 is kept (the saving
       would be under 1 %). The encoder draws Bin(b, p) exactly for any p
-      (:mod:`protocols.binomial_sampler`), so the choice costs it nothing.
+      (:mod:`panpriv.protocols.binomial_sampler`), so the choice costs it nothing.
     * Results are cached (pure function of its arguments), in the process and in a file
-      (:mod:`accounting.calibration_cache`); a file entry is used only after its δ bound is
+      (:mod:`panpriv.accounting.calibration_cache`); a file entry is used only after its δ bound is
       recomputed at the stored parameters and order and found ≤ ``delta``.
 
     References

@@ -1,8 +1,8 @@
 """The least integer that passes a monotone test, by bisection.
 
-Calibrations search integers this way: PVEC's noise trials b (:mod:`accounting.binomial`), the
-secure sum's share count m (:mod:`protocols.secure_sum`), the last PNSGD step whose noise swamps
-the model (:mod:`protocols.pnsgd`).
+Calibrations search integers this way: PVEC's noise trials b (:mod:`panpriv.accounting.binomial`), the
+secure sum's share count m (:mod:`panpriv.protocols.secure_sum`), the last PNSGD step whose noise swamps
+the model (:mod:`panpriv.protocols.pnsgd`).
 """
 
 from __future__ import annotations

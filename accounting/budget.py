@@ -1,11 +1,11 @@
 """A privacy budget per data source, shared by every run: the pure composition rules.
 
-The service's :class:`~accounting.ledger.PrivacyLedger` in a checkpoint knows one run. The same
+The service's :class:`~panpriv.accounting.ledger.PrivacyLedger` in a checkpoint knows one run. The same
 records can be learned by many runs (another ``--out``, another consumer group, a replay of a
 recording of the topic, a run whose checkpoint was deleted or rolled back). A *budget store*
-(``streamer.budget``) keeps, keyed by the data rather than by the run, every *use*: an instance
+(``panpriv.streamer.budget``) keeps, keyed by the data rather than by the run, every *use*: an instance
 (one run's learner, one pass of a multi-pass learner, or one lost state, below), its current
-:class:`~accounting.ledger.PrivacyReport`, and the position ranges of each data source it charged.
+:class:`~panpriv.accounting.ledger.PrivacyReport`, and the position ranges of each data source it charged.
 This module turns those rows into a ledger and answers the questions the service asks:
 
 - :func:`compose` — the ledger of all uses of some data sources, composed by the ledger's rule
@@ -45,8 +45,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from accounting.errors import AccountingError
-from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
+from panpriv.accounting.errors import AccountingError
+from panpriv.accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 
 LOST_STATE_ASSUMPTION = (
     "records learned into a state that a crash destroyed before its checkpoint were charged once more, "

@@ -1,6 +1,6 @@
 """A file cache of tight PVEC calibrations, so a learner's set-up takes milliseconds after the first.
 
-:func:`accounting.binomial.tight_parameters` searches (b, p) with a numerical accountant: 1–6 s
+:func:`panpriv.accounting.binomial.tight_parameters` searches (b, p) with a numerical accountant: 1–6 s
 per (n, d, ε, δ, γ). Shuffle learners build one encoder per round size, and every restart builds
 them again, so the results are kept in one JSON file: ``$PANPRIV_CACHE_DIR/pvec-tight.json``, else
 ``$XDG_CACHE_HOME/panpriv/…``, else ``~/.cache/panpriv/…``. ``PANPRIV_CACHE_DIR=off`` (or empty)

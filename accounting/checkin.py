@@ -27,8 +27,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.composition import heterogeneous
-from accounting.validation import in_range, open_unit, positive, positive_int
+from panpriv.accounting.composition import heterogeneous
+from panpriv.accounting.validation import in_range, open_unit, positive, positive_int
 
 __all__ = [
     "CheckinGuarantee",
@@ -179,7 +179,7 @@ def fixed_window(
     the history) gives P(Σ c_j ≥ ε) ≤ δ for the ε above, i.e. (ε, δ)-DP given C, hence (Step 1)
     unconditionally. This is Cheu et al. 2022 Lemma 3.3 with δ_j = 0, whose Azuma proof carries over verbatim
     to adaptively chosen steps because the bounds ε_k do not depend on the history; it is
-    computed by :func:`accounting.composition.heterogeneous`.
+    computed by :func:`panpriv.accounting.composition.heterogeneous`.
 
     **Comparison with Balle et al. 2020.** The recalled Thm 3.2 reads ε = p₀(e^{ε₀} − 1)√(2e^{ε₀} log(1/δ)/m) +
     p₀² e^{ε₀}(e^{ε₀} − 1)²/m. Its square-root term is what Step 2 gives at p₀ = 1 after

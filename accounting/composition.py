@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.errors import InvalidParameterError
-from accounting.validation import float_array, nonnegative, open_unit, positive_int
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.validation import float_array, nonnegative, open_unit, positive_int
 
 __all__ = ["advanced", "basic", "heterogeneous"]
 

@@ -1,7 +1,7 @@
 """Privacy of the discrete Gaussian mechanism ``q(x) + Y``, Y_j ~ N_Z(0, σ²) i.i.d., q integer-valued.
 
 The discrete Gaussian N_Z(0, σ²) puts mass ∝ exp(−y²/(2σ²)) on each integer y. It is sampled
-exactly, without floating point, by :mod:`protocols.discrete_gaussian`; this module gives its
+exactly, without floating point, by :mod:`panpriv.protocols.discrete_gaussian`; this module gives its
 guarantees (Canonne, Kamath & Steinke 2020, "CKS" below):
 
 * **zCDP, any dimension** (CKS Thm 14; Thm 4 in one dimension): if q maps into Z^p and
@@ -42,9 +42,9 @@ import math
 
 import numpy as np
 
-from accounting.errors import InvalidParameterError
-from accounting.roots import brent_root
-from accounting.validation import nonnegative, open_unit, positive, positive_int
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.roots import brent_root
+from panpriv.accounting.validation import nonnegative, open_unit, positive, positive_int
 
 __all__ = [
     "DELTA_MARGIN",

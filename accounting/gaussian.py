@@ -6,7 +6,7 @@ Four views of one mechanism:
   its two inverses, σ(ε, δ) and ε(σ, δ);
 * the classic calibration of Cheu et al. 2022, Lemma C.5 (valid for ε < 1 only, and never smaller than the
   exact σ);
-* the Rényi-DP curve α Δ²/(2σ²), for composition in :mod:`accounting.rdp`.
+* the Rényi-DP curve α Δ²/(2σ²), for composition in :mod:`panpriv.accounting.rdp`.
 
 Everything depends on Δ and σ only through r = Δ/σ. Numerics: δ(ε) is evaluated in log space with
 the scaled complementary error function (see :func:`analytic_delta`), so δ down to the smallest
@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.errors import InvalidParameterError
-from accounting.roots import brent_root
-from accounting.special import erf, erfcx, ndtr
-from accounting.validation import float_array, nonnegative, open_unit, positive
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.roots import brent_root
+from panpriv.accounting.special import erf, erfcx, ndtr
+from panpriv.accounting.validation import float_array, nonnegative, open_unit, positive
 
 __all__ = [
     "analytic_delta",
@@ -158,7 +158,7 @@ def analytic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
     Notes
     -----
     δ(ε; σ) decreases in σ. The root of log δ(ε; σ) − log δ is bracketed in log σ and refined by
-    Brent's method (:func:`accounting.roots.brent_root`, pure Python: no scipy.optimize on the
+    Brent's method (:func:`panpriv.accounting.roots.brent_root`, pure Python: no scipy.optimize on the
     start path of a run); the result is then stepped up ulp by ulp (doubling steps) until the check
     above holds, so the answer is never a hair too small.
 

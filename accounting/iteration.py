@@ -53,8 +53,8 @@ from scipy.integrate import quad
 from scipy.optimize import brentq
 from scipy.special import erfcx, lambertw, log_ndtr
 
-from accounting.errors import InvalidParameterError
-from accounting.validation import float_array, nonnegative, positive, positive_int
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.validation import float_array, nonnegative, positive, positive_int
 
 __all__ = [
     "Noise",
@@ -216,7 +216,7 @@ def theta(gamma: float, r: float) -> float:
 
     Notes
     -----
-    θ_{e^ε}(Δ/σ) equals :func:`accounting.gaussian.analytic_delta` (ε, σ, Δ) (Balle & Wang 2018,
+    θ_{e^ε}(Δ/σ) equals :func:`panpriv.accounting.gaussian.analytic_delta` (ε, σ, Δ) (Balle & Wang 2018,
     Thm 8); the tests check that the two implementations agree. This one is vectorised internally
     (``_gaussian_log_theta``) because the online accountant evaluates it once per record.
 

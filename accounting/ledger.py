@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from accounting.errors import AccountingError, InvalidParameterError
+from panpriv.accounting.errors import AccountingError, InvalidParameterError
 
 SCHEMA_VERSION = 1
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.errors import InvalidParameterError
-from accounting.validation import float_array, nonnegative, open_unit, positive_int
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.validation import float_array, nonnegative, open_unit, positive_int
 
 __all__ = ["RdpCurve", "compose", "rdp_to_delta", "rdp_to_dp"]
 

@@ -1,7 +1,7 @@
 """Brent's bracketing root finder in pure Python, so the Gaussian calibration needs no scipy.optimize.
 
-:func:`accounting.gaussian.analytic_sigma` runs on the start path of every pan-acsa run (the
-default learner; :mod:`accounting.discrete_gaussian` too, imported with it for ``noise="secure"``),
+:func:`panpriv.accounting.gaussian.analytic_sigma` runs on the start path of every pan-acsa run (the
+default learner; :mod:`panpriv.accounting.discrete_gaussian` too, imported with it for ``noise="secure"``),
 and importing ``scipy.optimize`` for their root searches costs 140–200 ms of a process start
 (issue 18). :func:`brent_root` is Brent's method (Brent 1973, ch. 4) in the
 formulation of SciPy's ``brentq`` (inverse quadratic extrapolation, secant and bisection steps,

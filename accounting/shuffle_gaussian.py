@@ -61,9 +61,9 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import gammaln
 
-from accounting.errors import InvalidParameterError
-from accounting.rdp import RdpCurve
-from accounting.validation import float_array, in_range, open_unit, positive, positive_int
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.rdp import RdpCurve
+from panpriv.accounting.validation import float_array, in_range, open_unit, positive, positive_int
 
 __all__ = [
     "CHECKIN_ASSUMPTIONS",
@@ -89,7 +89,7 @@ CHECKIN_ASSUMPTIONS: tuple[str, ...] = THM1_ASSUMPTIONS + (
     "Liew & Takahashi 2022 Thm 3 (shuffled check-in) assumes Eq. (12), E_n(lambda), is non-increasing in n; Liew & Takahashi 2022 "
     "leaves this unproven. It holds: E_n(lambda) = E[(mean of n i.i.d. W_i)^lambda] (Liew & Takahashi 2022 Eq. 7), "
     "and the mean of n variables is the average of its n leave-one-out means, so Jensen gives "
-    "E_n <= E_{n-1} (proof in accounting.shuffle_gaussian.checkin_rdp)",
+    "E_n <= E_{n-1} (proof in panpriv.accounting.shuffle_gaussian.checkin_rdp)",
     "Liew & Takahashi 2022 Thm 3 rests on Eq. (11), the shuffled check-in mixture bound of Liew et al. (2022a), "
     "which is not among the papers implemented here and was not re-derived",
 )
@@ -238,7 +238,7 @@ def epsilon(
 
     References
     ----------
-    Liew & Takahashi 2022, Thm 1, Lemma 1 (composition), Lemma 2 (conversion, :func:`accounting.rdp.rdp_to_dp`),
+    Liew & Takahashi 2022, Thm 1, Lemma 1 (composition), Lemma 2 (conversion, :func:`panpriv.accounting.rdp.rdp_to_dp`),
     §5.1 and Table 1.
     """
     owner = "shuffle_gaussian.epsilon"

@@ -6,7 +6,7 @@ for three scalar functions. ``math.erf`` and ``math.erfc`` are the C library's (
 below 1 ulp); what they do not give directly is built here:
 
 * :func:`erfcx`, the scaled complementary error function e^{t²} erfc(t), for t ≥ 0 (the only
-  arguments :mod:`accounting.gaussian` uses). For t < 8, e^{t²}·erfc(t) with t² split exactly
+  arguments :mod:`panpriv.accounting.gaussian` uses). For t < 8, e^{t²}·erfc(t) with t² split exactly
   into hi + lo (Veltkamp/Dekker), so the exponent carries no rounding error and the product is
   within a few ulps. For t ≥ 8, the asymptotic series erfcx(t) = (1/(t√π)) Σ_{k≥0} (−1)^k
   (2k − 1)!!/(2t²)^k (Abramowitz & Stegun 7.1.23): at t = 8 its 30th term is below 1e-22 of the

@@ -1,6 +1,6 @@
 """Parameter checks shared by the accounting modules.
 
-Each helper raises :class:`accounting.errors.InvalidParameterError` naming the function that owns
+Each helper raises :class:`panpriv.accounting.errors.InvalidParameterError` naming the function that owns
 the parameter, the parameter, the constraint and the value, and returns the value as a ``float``
 (or ``int``) so call sites read ``sigma = positive(OWNER, "sigma", sigma)``.
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.errors import InvalidParameterError
+from panpriv.accounting.errors import InvalidParameterError
 
 
 def _real(owner: str, name: str, value: object, constraint: str) -> float:

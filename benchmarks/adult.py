@@ -1,9 +1,9 @@
 """UCI Adult for the utility benchmarks, exactly as the service reads it.
 
-Uses :mod:`streamer.datasets.adult` (the canonical encoder: public ranges and one-hot blocks plus a
+Uses :mod:`panpriv.streamer.datasets.adult` (the canonical encoder: public ranges and one-hot blocks plus a
 constant ``bias`` feature, no statistic of the data — standardising with the data's means would
 leak outside the accounting), so a learner built from the service's configuration
-(:data:`streamer.config.ADULT_DEMO`) sees the same records here as in ``make run``. Every record has
+(:data:`panpriv.streamer.config.ADULT_DEMO`) sees the same records here as in ``make run``. Every record has
 ‖x‖ ≤ :data:`FEATURE_BOUND` = √14 by construction. Labels are returned as 0/1.
 
 Usage: ``X_train, y_train, X_test, y_test = load()``.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from streamer.datasets import adult
+from panpriv.streamer.datasets import adult
 
 Array = NDArray[np.float64]
 

@@ -1,7 +1,7 @@
 """Reference learners for the utility benchmarks (not part of the service).
 
 - :func:`acsa_with_plans`: AC-SA over a stream held in memory, following given
-  :class:`protocols.acsa.RunPlan` s, with Gaussian noise of a chosen scale added once per batch.
+  :class:`panpriv.protocols.acsa.RunPlan` s, with Gaussian noise of a chosen scale added once per batch.
   With ``noise_std = 0`` and a pan-private learner's plans it is "the same learner without noise";
   with one draw of the calibrated ζ per batch it is the central-DP counterpart of Cheu et al. 2022 Alg. 6 (only
   outputs are protected, so one draw suffices: Gaussian mechanism per batch, disjoint batches).
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols.acsa import Iterate, RunPlan, effective_gradient_bound, record_gradients, step
-from protocols.geometry import L2Ball
-from protocols.losses import Loss, clip_rows
+from panpriv.protocols.acsa import Iterate, RunPlan, effective_gradient_bound, record_gradients, step
+from panpriv.protocols.geometry import L2Ball
+from panpriv.protocols.losses import Loss, clip_rows
 
 Array = NDArray[np.float64]
 
@@ -40,7 +40,7 @@ def acsa_with_plans(
 ) -> Array:
     """θ^ag after running ``plans`` in order (warm starts) over ``X, y``; noise N(0, noise_std(b)² I)
     is added to each batch-mean gradient. ``gradient_bound`` and ``restart`` as in
-    :class:`protocols.pan_acsa.PanPrivateACSA` (``restart=True`` is its ``"gradient"``)."""
+    :class:`panpriv.protocols.pan_acsa.PanPrivateACSA` (``restart=True`` is its ``"gradient"``)."""
     Z, labels = loss.features(X, feature_bound), loss.labels(y)
     ball = L2Ball(radius)
     lipschitz = effective_gradient_bound(loss, feature_bound, radius, gradient_bound)

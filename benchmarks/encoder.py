@@ -1,4 +1,4 @@
-"""Benchmark of the PVEC encoder (protocols.encoder.VectorSum), all paths side by side in one run.
+"""Benchmark of the PVEC encoder (panpriv.protocols.encoder.VectorSum), all paths side by side in one run.
 
     .venv/bin/python -m benchmarks.encoder            # n ∈ {10³, 10⁴, 10⁵} × d ∈ {10, 100}, + d = 1000 memory
     .venv/bin/python -m benchmarks.encoder --quick    # n ∈ {10³, 10⁴}, fewer repeats
@@ -12,7 +12,7 @@ For each (n, d) it times, on the same batch (ε = 1, δ = 1e-6, Δ₂ = 1, tight
 * ``pooled_noise=True`` — one Bin(n·b, p) per coordinate (trusted single process only);
 * the floors set by random number generation alone: n·d raw 64-bit words (the raw-bit floor),
   n·d uniforms, and n·d draws of Bin(b, p) by ``Generator.binomial`` (what the encoder used before
-  :mod:`protocols.binomial_sampler`) and by the project's sampler.
+  :mod:`panpriv.protocols.binomial_sampler`) and by the project's sampler.
 
 Then the memory of ``randomize`` at d = 1000, n = 10⁵ (tracemalloc peak, input excluded) and the
 construction time of a tight ``VectorSum`` before and after its calibration is on disk.
@@ -33,9 +33,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from accounting import binomial
-from protocols.binomial_sampler import BinomialSampler
-from protocols.encoder import VectorSum
+from panpriv.accounting import binomial
+from panpriv.protocols.binomial_sampler import BinomialSampler
+from panpriv.protocols.encoder import VectorSum
 
 
 def best_time(run: Callable[[], object], repeats: int) -> float:

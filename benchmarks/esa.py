@@ -11,7 +11,7 @@ record and shuffler throughput, at d ∈ {20, 100}.
   XSalsa20-Poly1305);
 * **shuffler, in process**: the state machine (``Shuffler.offer``: framing check, grouping, the
   OS-entropy permutation) plus batch encoding, messages/s — its CPU ceiling;
-* **shuffler, through the broker**: ``streamer.esa.shuffler.run`` against the real broker, from
+* **shuffler, through the broker**: ``panpriv.streamer.esa.shuffler.run`` against the real broker, from
   start to the last batch acknowledged (acks=all) for ``rounds`` × b messages already on the
   messages topic: messages/s including Kafka fetch, produce and offset commits.
 
@@ -39,16 +39,16 @@ from pathlib import Path
 import numpy as np
 from nacl.public import PrivateKey, SealedBox
 
-from protocols import scratch
-from protocols.randomness import NoiseSource
-from protocols.shuffle_acsa import ShuffleACSA
-from protocols.shuffle_gaussian import ShuffleGaussianSGD, local_messages
-from streamer.esa import wire
-from streamer.esa.analyzer import Analyzer
-from streamer.esa.client import Encoder
-from streamer.esa.shuffler import ShuffleOptions, Shuffler, run
-from streamer.esa.sum_analyzer import SumAnalyzer
-from streamer.esa.sum_client import SharesEncoder
+from panpriv.protocols import scratch
+from panpriv.protocols.randomness import NoiseSource
+from panpriv.protocols.shuffle_acsa import ShuffleACSA
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD, local_messages
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.analyzer import Analyzer
+from panpriv.streamer.esa.client import Encoder
+from panpriv.streamer.esa.shuffler import ShuffleOptions, Shuffler, run
+from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
+from panpriv.streamer.esa.sum_client import SharesEncoder
 
 B = 1024
 SUM_BROKER_USERS = 64
@@ -104,7 +104,7 @@ def shuffler_in_process(dim: int, rounds: int, repeats: int) -> float:
 
 
 def shuffler_broker(dim: int, rounds: int, users: int = B, shares: int | None = None) -> float:
-    """Messages/s (units/s with ``shares``) of ``streamer.esa.shuffler.run`` over ``rounds`` × ``users``
+    """Messages/s (units/s with ``shares``) of ``panpriv.streamer.esa.shuffler.run`` over ``rounds`` × ``users``
     messages already on the topic: fetch, grouping, permutation, produce (acks=all), commits."""
     from kafka import KafkaProducer
 

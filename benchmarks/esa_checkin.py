@@ -27,11 +27,11 @@ from collections.abc import Callable
 import numpy as np
 from nacl.public import PrivateKey
 
-from protocols.checkin import RandomCheckinSGD
-from streamer.esa import wire
-from streamer.esa.checkin_analyzer import CheckinAnalyzer
-from streamer.esa.checkin_client import CheckinEncoder, local_randomizer
-from streamer.esa.slot_shuffler import SlotRules, SlotShuffler, dummy_sealer
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
+from panpriv.streamer.esa.checkin_client import CheckinEncoder, local_randomizer
+from panpriv.streamer.esa.slot_shuffler import SlotRules, SlotShuffler, dummy_sealer
 
 SLOT_LENGTH, SLOTS = 64, 100
 

@@ -4,10 +4,10 @@ For d in {20, 100, 1000}, on the same records (‖x‖ up to 1.3, so some rows a
 loss with an intercept), measured in one run with the rounds interleaved (process CPU time,
 best of ``--rounds``), records per second of:
 
-- **fused**: :func:`protocols.scratch.clipped_gradient_sum`, the path ``PanPrivateACSA`` uses;
+- **fused**: :func:`panpriv.protocols.scratch.clipped_gradient_sum`, the path ``PanPrivateACSA`` uses;
 - **matrix**: features → per-record gradient matrix → clip → row sum, the path it used before
-  (:func:`protocols.scratch.features`, :func:`~protocols.scratch.clipped_gradients`,
-  :func:`~protocols.scratch.row_sum`);
+  (:func:`panpriv.protocols.scratch.features`, :func:`~panpriv.protocols.scratch.clipped_gradients`,
+  :func:`~panpriv.protocols.scratch.row_sum`);
 - **learner**: ``PanPrivateACSA.learn_many`` in micro-batches of 1,024 (noise, steps, wiping);
 - **floor: step**: a bare numpy mini-batch logistic gradient (X θ, σ, Xᵀr), no clipping;
 - **floor: clip+noise**: that step with per-record gradient clipping and a Gaussian draw per batch;
@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from protocols import scratch
-from protocols.losses import LogisticLoss
-from protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols import scratch
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.pan_acsa import PanPrivateACSA
 
 MICRO_BATCH = 1024
 

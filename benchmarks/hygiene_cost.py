@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from protocols.pan_acsa import PanPrivateACSA
-from protocols.randomness import NoiseSource
-from protocols.shuffle_gaussian import ShuffleGaussianSGD
-from protocols.shuffle_sgd import ShuffleSGD
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.randomness import NoiseSource
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.protocols.shuffle_sgd import ShuffleSGD
 
 LOSS = {"name": "logistic", "intercept": True}
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from accounting.iteration import online_sigma, pnsgd_delta, record_log_deltas
+from panpriv.accounting.iteration import online_sigma, pnsgd_delta, record_log_deltas
 
 EPSILON = 1.0
 MODEL = {"L": 10.0, "eta": 0.01, "diameter": 1.0, "beta": 0.5, "rho": 0.0}

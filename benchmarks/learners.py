@@ -18,7 +18,7 @@ Why pnsgd and checkin sit far below the floor, by construction: each takes one s
 projected noisy step; a slot's update and one randomized message) and the next record's gradient
 is taken at the model that step produced, so the loop over records is sequential Python. Their
 noise (and checkin's check-in draws) comes from one generator keyed from OS entropy per
-sub-block of at most 128 in-flight records (protocols.randomness, "Noise of the records in
+sub-block of at most 128 in-flight records (panpriv.protocols.randomness, "Noise of the records in
 flight"), not per record.
 """
 
@@ -32,10 +32,10 @@ from collections.abc import Callable
 import numpy as np
 
 from benchmarks.glm_fast_path import MICRO_BATCH, _cases, _stream
-from protocols.catalogue import learner_names
-from protocols.recorded import RecordedLearner
-from streamer.config import load_config
-from streamer.learners import build_learner, learner_class
+from panpriv.protocols.catalogue import learner_names
+from panpriv.protocols.recorded import RecordedLearner
+from panpriv.streamer.config import load_config
+from panpriv.streamer.learners import build_learner, learner_class
 
 _OPTIONS = {"pnsgd": {"eta": 0.5}}
 

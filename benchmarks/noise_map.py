@@ -18,7 +18,7 @@ shared by every learner and cell (common random numbers). Grid: n ∈ {10⁴, 10
 by that of θ = 0 (the same for every learner of a d): below 1 the learner beats θ = 0, and the
 number says by how much. Mean over repetitions (stream and noise seeds).
 
-Learners, each built by the service's own builder (:func:`streamer.learners.build_learner`, as
+Learners, each built by the service's own builder (:func:`panpriv.streamer.learners.build_learner`, as
 ``panpriv run`` and ``panpriv privacy`` build them: its defaults, its planned parameters), with
 the options ``loss = logistic without intercept`` (the streams have none) and ``radius = r``:
 
@@ -34,7 +34,7 @@ the options ``loss = logistic without intercept`` (the streams have none) and ``
 
 Every learner runs in the seeded replay mode (``learner.seed``), so the numbers are reproducible;
 the noise has the law of the default OS-entropy mode. Next to each cell: ``W`` when the
-learner's :meth:`protocols.base.Learner.utility_warnings` (computed from the plan, never from
+learner's :meth:`panpriv.protocols.base.Learner.utility_warnings` (computed from the plan, never from
 data) warns. The agreement table counts, per learner, warned cells that do / do not beat θ = 0;
 for shuffle-gaussian and checkin a second table does the same for SGD's own guarantee at the
 planned number of steps (:func:`sgd_bound`), which, unlike the per-step ρ, knows how many steps
@@ -56,14 +56,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks.synthetic import LogisticTask
-from protocols.base import Learner
-from protocols.checkin import RandomCheckinSGD
-from protocols.losses import LogisticLoss
-from protocols.pnsgd import ShuffledPNSGD
-from protocols.sgd import MessageSGDLearner
-from protocols.shuffle_gaussian import ShuffleGaussianSGD
-from streamer.config import load_config
-from streamer.learners import build_learner
+from panpriv.protocols.base import Learner
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.pnsgd import ShuffledPNSGD
+from panpriv.protocols.sgd import MessageSGDLearner
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.streamer.config import load_config
+from panpriv.streamer.learners import build_learner
 
 DELTA = 1e-6
 NORM = 4.0
@@ -94,13 +94,13 @@ class Cell:
     ratio: float
     warned: bool
     rho: float
-    """ρ of :meth:`protocols.sgd.MessageSGDLearner.noise_to_signal` (NaN for the other learners)."""
+    """ρ of :meth:`panpriv.protocols.sgd.MessageSGDLearner.noise_to_signal` (NaN for the other learners)."""
     bound: float
     """:func:`sgd_bound` (NaN for the other learners)."""
 
 
 def sgd_bound(learner: MessageSGDLearner, n: int) -> float:
-    """(3/2)·D·C·√((1 + ρ²)/T): the excess-loss guarantee of :class:`protocols.sgd.AveragedSGD`
+    """(3/2)·D·C·√((1 + ρ²)/T): the excess-loss guarantee of :class:`panpriv.protocols.sgd.AveragedSGD`
     (Cheu et al. 2022, Lemma 4.2; G² = C²(1 + ρ²), no ridge) at the T steps the plan takes over n
     records — rounds of b records (shuffle-gaussian, ``participation="all"``) or slots of
     ``slot_length`` records (checkin, position slots). Data-independent, like ρ; it needs n."""

@@ -18,7 +18,7 @@ Unpickling runs code chosen by the file's author, so it happens only after the m
 matched the pinned one.
 
 The features are built by rules fixed before the data was seen, as the service's Adult encoder is
-(:mod:`streamer.datasets.adult`). Categorical columns are one-hot over their levels; the levels
+(:mod:`panpriv.streamer.datasets.adult`). Categorical columns are one-hot over their levels; the levels
 are the factor's schema, which the R packages ship with the data. Yes/no factors become one
 indicator, and the one numeric column (flight distance) is divided by a public maximum. Each row
 is then divided by √(number of groups), so ‖x‖ ≤ 1 (:data:`FEATURE_BOUND`). No statistic of the

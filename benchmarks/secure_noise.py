@@ -5,7 +5,7 @@ Run: ``python -m benchmarks.secure_noise`` (``--records``, ``--rounds``; ``--hel
 Three tables, one run, side by side:
 
 1. **per draw**: one noise vector of p ∈ {21, 101, 1001} coordinates — the exact sampler
-   (:func:`protocols.secure_noise.draw`, OS entropy, σ² calibrated for ε = 1, δ = 1e-6) against what
+   (:func:`panpriv.protocols.secure_noise.draw`, OS entropy, σ² calibrated for ε = 1, δ = 1e-6) against what
    the float mode does per draw (a generator seeded from 128 OS bits, then ``normal(size=p)``);
    medians over interleaved repetitions.
 2. **learner throughput**: ``PanPrivateACSA.learn_many`` records/s in both modes (logistic loss,
@@ -13,7 +13,7 @@ Three tables, one run, side by side:
    alternated ``--rounds`` times on the same data; medians and their ratio. The machine is shared,
    so only the ratio of interleaved runs means much.
 3. **utility**: σ per unit of sensitivity needed by the discrete Gaussian accountant (CKS 2020
-   Thm 14 + Cor. 13, on the integer grid, :func:`protocols.secure_noise.calibrate_draw`) against the
+   Thm 14 + Cor. 13, on the integer grid, :func:`panpriv.protocols.secure_noise.calibrate_draw`) against the
    analytic Gaussian's (Balle & Wang 2018) at ε ∈ {0.5, 1, 4}, δ = 1e-6; the rounding term is 0 with
    truncation toward zero (the rule used), and the table also shows what rounding to nearest would
    have cost (Δ + √p instead of Δ).
@@ -29,10 +29,10 @@ import time
 
 import numpy as np
 
-from accounting.gaussian import analytic_sigma
-from protocols import secure_noise
-from protocols.losses import LogisticLoss
-from protocols.pan_acsa import PanPrivateACSA
+from panpriv.accounting.gaussian import analytic_sigma
+from panpriv.protocols import secure_noise
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.pan_acsa import PanPrivateACSA
 
 MICRO_BATCH = 256
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from accounting.shuffle_gaussian import rdp, rdp_by_partitions
+from panpriv.accounting.shuffle_gaussian import rdp, rdp_by_partitions
 
 N = 10**9
 SIGMA = 1.0

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from protocols.losses import Loss
+from panpriv.protocols.losses import Loss
 
 Array = NDArray[np.float64]
 

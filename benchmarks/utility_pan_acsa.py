@@ -22,7 +22,7 @@ Tables (markdown), all at δ = 1e-6, d = 20, ‖x‖ ≤ 1 (:mod:`benchmarks.syn
    and squared + ridge (case 4) on the linear stream, logistic + ridge (case 4), and the logistic
    stream with ``horizon=None`` (doubling epochs) — next to the same learner without noise.
 3. UCI Adult (:mod:`benchmarks.adult`): test accuracy and AUC of the service's default learner
-   (``make run``'s configuration, :data:`streamer.config.ADULT_DEMO`) at ε ∈ {0.5, 1, 4} next to
+   (``make run``'s configuration, :data:`panpriv.streamer.config.ADULT_DEMO`) at ε ∈ {0.5, 1, 4} next to
    non-private one-pass SGD on the same encoding, mean over 5 stream orders (and noise seeds).
 
 The learners run in the seeded replay mode (reproducible numbers); the noise distribution is the
@@ -41,16 +41,16 @@ from pathlib import Path
 
 import numpy as np
 
-from accounting.gaussian import analytic_sigma
 from benchmarks import adult
 from benchmarks.baselines import acsa_with_plans, dp_sgd_batch, sgd_one_pass
 from benchmarks.synthetic import LinearTask, LogisticTask
-from protocols.acsa import RESTART_TUNING, Problem, effective_gradient_bound, plan_runs
-from protocols.base import Learner
-from protocols.losses import AbsoluteLoss, LogisticLoss, Loss, SquaredLoss
-from protocols.pan_acsa import FIRST_EPOCH, PanPrivateACSA
-from streamer.config import ADULT_DEMO, load_config
-from streamer.learners import build_learner
+from panpriv.accounting.gaussian import analytic_sigma
+from panpriv.protocols.acsa import RESTART_TUNING, Problem, effective_gradient_bound, plan_runs
+from panpriv.protocols.base import Learner
+from panpriv.protocols.losses import AbsoluteLoss, LogisticLoss, Loss, SquaredLoss
+from panpriv.protocols.pan_acsa import FIRST_EPOCH, PanPrivateACSA
+from panpriv.streamer.config import ADULT_DEMO, load_config
+from panpriv.streamer.learners import build_learner
 
 DELTA = 1e-6
 MICRO_BATCH = 4096
@@ -61,7 +61,7 @@ LINEAR_GRADIENT_BOUND = LINEAR.noise
 """The declared per-record gradient bound C of the squared-loss learners, by a public rule: C = a·R,
 a = 0.5 the declared bound on the model's noise (y = ⟨θ*, x⟩ + e, |e| ≤ a — the same declaration
 that gives the label bound Y = ‖θ*‖ + a). Residuals beyond C/‖x‖ are Huberised
-(:func:`protocols.acsa.effective_gradient_bound`); at θ* no residual exceeds a, so the surrogate
+(:func:`panpriv.protocols.acsa.effective_gradient_bound`); at θ* no residual exceeds a, so the surrogate
 keeps θ* as its minimiser. The worst case over Θ is L = (rR + Y)R = 5.5: noise calibrated to it
 is 11× larger than the stream's gradients near θ* need. Table 1b shows other choices of C."""
 
@@ -312,7 +312,7 @@ def table_other_cases(ns: list[int], quick: bool) -> None:
 
 
 def table_adult(quick: bool) -> None:
-    """The service's own Adult learner (:data:`streamer.config.ADULT_DEMO`, as ``make run`` builds
+    """The service's own Adult learner (:data:`panpriv.streamer.config.ADULT_DEMO`, as ``make run`` builds
     it, at each ε) next to non-private one-pass SGD on the same encoding and Θ."""
     X_train, y_train, X_test, y_test = adult.load()
     n, d = X_train.shape
@@ -354,7 +354,7 @@ def table_adult(quick: bool) -> None:
         print(f"| pan-private AC-SA | {epsilon:g} | " + " | ".join(demo({"learner.epsilon": epsilon})) + " |", flush=True)
     print(f"\n(majority class: accuracy {majority:.4f})")
     print("\nSensitivity to the radius at ε = 1 (shown, not used to choose it: the demo's radius is the "
-          "public rule √d of streamer.config.ADULT_RADIUS):\n")
+          "public rule √d of panpriv.streamer.config.ADULT_RADIUS):\n")
     print("| radius | b × T | test accuracy | test AUC |")
     print("|---|---|---|---|")
     for other in (4.0, 16.0, 32.0):
@@ -370,7 +370,7 @@ BATCH_RULES = [(0.6, 0.7), (0.6, 1.0), (0.6, 1.4), (0.6, 2.0), (0.8, 0.08), (0.8
 
 
 def tune(ns: list[int], epsilons: list[float]) -> None:
-    """Sweep the batch rule (exponent e and C_b of :class:`protocols.acsa.Tuning`) for the
+    """Sweep the batch rule (exponent e and C_b of :class:`panpriv.protocols.acsa.Tuning`) for the
     learner's default algorithm (gradient restarts, the settings' gradient bounds) on table 1's
     streams. Prints, per rule, the mean and worst over (task, n, ε) rows of the excess loss
     relative to the row's best rule, and pan/noiseless at the largest n and ε = 1 per task."""

@@ -8,7 +8,7 @@ Run (from the repository root)::
 Table 1 — guarantees for a stream of 10⁶ records with a snapshot every 10⁴ records, and the cost
 of the accounting: for Sordello et al. 2021, App. G's online setting and for the learners of table 2, the
 (output, intrusion) δ at each ε that ``OnlinePNSGD.privacy()`` reports, next to the O(n) oracle
-``accounting.iteration.worst_released_delta`` over the same stream (value and time). The learner's
+``panpriv.accounting.iteration.worst_released_delta`` over the same stream (value and time). The learner's
 accounting is driven through its public API (restored at each snapshot position, then asked for
 its report), i.e. one report per snapshot, as the service does.
 
@@ -44,12 +44,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from accounting.iteration import worst_released_delta
 from benchmarks.utility_pan_acsa import DELTA, Setting, feed, mean_se, pan_learner, settings_case2
-from protocols.base import Learner
-from protocols.losses import HuberLoss
-from protocols.pan_acsa import SENSITIVITY_SLACK
-from protocols.pnsgd import OnlinePNSGD, ShuffledPNSGD
+from panpriv.accounting.iteration import worst_released_delta
+from panpriv.protocols.base import Learner
+from panpriv.protocols.losses import HuberLoss
+from panpriv.protocols.pan_acsa import SENSITIVITY_SLACK
+from panpriv.protocols.pnsgd import OnlinePNSGD, ShuffledPNSGD
 
 EPSILONS = (0.5, 1.0, 4.0)
 STREAM, EVERY = 10**6, 10**4

@@ -7,8 +7,8 @@ Run (from the repository root)::
     .venv/bin/python -m benchmarks.utility_shapes --real     # the public real data sets (n ≥ 10⁵)
     .venv/bin/python -m benchmarks.utility_shapes --real --plot docs/img/utility_real.png   # and its picture
 
-Streams (none of them was used to choose any constant; :data:`protocols.acsa.GLM_REFERENCE_DIM`
-and the batch constants come from the d = 20 streams of :class:`protocols.acsa.Tuning`):
+Streams (none of them was used to choose any constant; :data:`panpriv.protocols.acsa.GLM_REFERENCE_DIM`
+and the batch constants come from the d = 20 streams of :class:`panpriv.protocols.acsa.Tuning`):
 
 - **synthetic d = 20 / 100 / 1000** (:class:`benchmarks.synthetic.LogisticTask`, ‖x‖ = 1, ‖θ*‖ = 4,
   no intercept): metric = excess population logistic loss (lower is better);
@@ -42,12 +42,12 @@ from pathlib import Path
 import numpy as np
 from scipy.special import expit
 
-from accounting.gaussian import analytic_sigma
 from benchmarks import adult, real_data
 from benchmarks.baselines import acsa_with_plans, dp_sgd_batch, sgd_one_pass
 from benchmarks.synthetic import LogisticTask
-from protocols.losses import LogisticLoss
-from protocols.pan_acsa import PanPrivateACSA
+from panpriv.accounting.gaussian import analytic_sigma
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.pan_acsa import PanPrivateACSA
 
 DELTA = 1e-6
 EPSILONS = (0.5, 1.0, 4.0)

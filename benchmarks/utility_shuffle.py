@@ -15,7 +15,7 @@ mode). Table 1 is the mean excess population loss (± standard error over repeti
 gives, per learner, its configuration, the guarantee it reports for outputs and for one
 intrusion, and its throughput. ``--only TEXT`` keeps the learners whose name contains TEXT.
 
-ShuffleACSA runs with both batch rules (:func:`protocols.acsa.noise_dimension`): ``worst-case``
+ShuffleACSA runs with both batch rules (:func:`panpriv.protocols.acsa.noise_dimension`): ``worst-case``
 (the default; the rows without a rule) and ``glm`` (issue 17 item 2); the rule changes only the
 planned batches, never the privacy noise's calibration.
 
@@ -43,13 +43,13 @@ import numpy as np
 
 from benchmarks.baselines import sgd_one_pass
 from benchmarks.synthetic import LinearTask, LogisticTask
-from protocols.base import Learner
-from protocols.checkin import RandomCheckinSGD
-from protocols.losses import LogisticLoss, Loss, SquaredLoss
-from protocols.pan_acsa import PanPrivateACSA
-from protocols.shuffle_acsa import ShuffleACSA
-from protocols.shuffle_gaussian import ShuffleGaussianSGD, plan_batch_size
-from protocols.shuffle_sgd import ShuffleSGD
+from panpriv.protocols.base import Learner
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.protocols.losses import LogisticLoss, Loss, SquaredLoss
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.shuffle_acsa import ShuffleACSA
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD, plan_batch_size
+from panpriv.protocols.shuffle_sgd import ShuffleSGD
 
 DELTA = 1e-6
 MICRO_BATCH = 4096

@@ -6,7 +6,7 @@ Run (from the repository root)::
     .venv/bin/python -m benchmarks.utility_shuffle_gd --quick    # logistic, n = 10³, T ≤ 16 (~2 min)
 
 ShuffleGD needs every record in every round, so it runs on a recording replayed T times
-(:meth:`protocols.shuffle_gd.ShuffleGD.learn_recorded`); it cannot be a row of
+(:meth:`panpriv.protocols.shuffle_gd.ShuffleGD.learn_recorded`); it cannot be a row of
 :mod:`benchmarks.utility_shuffle`, whose learners see the stream once. Thm 4.9's
 T = min{n, ε²n²/(d log²(nd/δ))} (88 at n = 10³, ε = 1; 7 400 at n = 10⁴) times n users per round is
 O(n²) work and, under the tight calibration, one slow accountant run per tiny ε₀; the table caps T
@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from benchmarks.utility_pan_acsa import DELTA, Setting, feed, mean_se, pan_learner, settings_case2
-from protocols.shuffle_gd import ShuffleGD, theorem_rounds
+from panpriv.protocols.shuffle_gd import ShuffleGD, theorem_rounds
 
 VARIANTS = (("tight", "lemma-b6"), ("tight", "solved"), ("paper", "lemma-b6"))
 """(calibration, budget) of the ShuffleGD columns."""

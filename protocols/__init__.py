@@ -1,5 +1,5 @@
 """Mechanisms and online learners (numpy array code only: no I/O, no Kafka, no clocks)."""
 
-from protocols.errors import InvalidInputError, ProtocolError
+from panpriv.protocols.errors import InvalidInputError, ProtocolError
 
 __all__ = ["ProtocolError", "InvalidInputError"]

@@ -43,10 +43,10 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols import validation as check
-from protocols.errors import InvalidInputError
-from protocols.geometry import L2Ball
-from protocols.losses import Loss, clip_rows
+from panpriv.protocols import validation as check
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.geometry import L2Ball
+from panpriv.protocols.losses import Loss, clip_rows
 
 Array = NDArray[np.float64]
 
@@ -309,7 +309,7 @@ class RunPlan:
 
 def effective_gradient_bound(loss: Loss, feature_bound: float, radius: float, gradient_bound: float | None) -> float:
     """The norm every per-record gradient is clipped to: min(C, L), with L the loss's worst-case
-    bound over Θ (:meth:`protocols.losses.Loss.lipschitz`) and C the declared ``gradient_bound``
+    bound over Θ (:meth:`panpriv.protocols.losses.Loss.lipschitz`) and C the declared ``gradient_bound``
     (``None``: no bound beyond L).
 
     Clipping ``φ'(⟨θ, z⟩, y)·z`` to norm C clips the scalar derivative φ' to ±C/‖z‖; for a convex
@@ -351,7 +351,7 @@ def uses_moreau(owner: str, loss: Loss, smoothing: str) -> bool:
 
 def record_gradients(loss: Loss, theta_md: Array, Z: Array, y: Array, plan: RunPlan, lipschitz: float) -> Array:
     """Per-record gradients at θ^md for a run: of the loss, or of its β_s-Moreau envelope when the
-    plan smooths (Cheu et al. 2022 Lemma 4.6 item 2, via :meth:`protocols.losses.Loss.envelope_gradient`),
+    plan smooths (Cheu et al. 2022 Lemma 4.6 item 2, via :meth:`panpriv.protocols.losses.Loss.envelope_gradient`),
     each clipped to norm ``lipschitz``. Shape (m, p); the ridge term is not included.
 
     The clip is a no-op up to rounding when ``lipschitz`` is the loss's L over Θ (θ^md ∈ Θ); it

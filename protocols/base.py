@@ -7,7 +7,7 @@ How the stream is cut into micro-batches never changes the mechanism: the state 
 
 Persistence goes through :meth:`Learner.state_dict` (noisy arrays and counters only — never a raw
 record, never generator state) and :meth:`Learner.from_state_dict` with the constructor
-configuration from :meth:`Learner.config`. ``protocols.checks`` is the conformance suite that
+configuration from :meth:`Learner.config`. ``panpriv.protocols.checks`` is the conformance suite that
 every learner's tests run.
 """
 
@@ -23,14 +23,14 @@ from typing import Any, ClassVar, Self, overload
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import validation as check
-from protocols.errors import InvalidInputError
-from protocols.geometry import L2Ball
-from protocols.losses import Loss, as_loss
-from protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
-from protocols.scratch import Scratch
-from protocols.sigmoid import expit
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import validation as check
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.geometry import L2Ball
+from panpriv.protocols.losses import Loss, as_loss
+from panpriv.protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from panpriv.protocols.scratch import Scratch
+from panpriv.protocols.sigmoid import expit
 
 StateValue = NDArray[np.float64] | NDArray[np.int64] | int | float | str | bool
 """What a state dict may hold: noisy arrays, counters, and small labels (e.g. a phase name)."""
@@ -73,7 +73,7 @@ class ModelSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> ModelSpec:
         """Inverse of :meth:`to_dict`; an unknown clipping rule is refused (predictions would not
         match training)."""
-        from protocols.losses import loss_from_config
+        from panpriv.protocols.losses import loss_from_config
 
         if data.get("clipping", CLIPPING_RULE) != CLIPPING_RULE:
             raise InvalidInputError(f"model: unknown clipping rule {data.get('clipping')!r}; this panpriv applies {CLIPPING_RULE!r}")
@@ -111,7 +111,7 @@ class Snapshot:
         if self.model is None:
             raise InvalidInputError(
                 f"this {self.learner} snapshot carries no model description (written before servable snapshots); "
-                "load it with its loss and feature bound (streamer.serving.load_snapshot(..., loss=..., feature_bound=...))"
+                "load it with its loss and feature bound (panpriv.streamer.serving.load_snapshot(..., loss=..., feature_bound=...))"
             )
         return self.model
 
@@ -211,7 +211,7 @@ class Learner(abc.ABC):
         self, owner: str, dim: int, loss: Loss | Mapping[str, Any] | str, radius: float, feature_bound: float, rng: RngLike
     ) -> None:
         """The constructor header every learner root shares: validate and store ``dim``, ``loss``
-        (a :class:`~protocols.losses.Loss`, its config dict or its name), ``radius`` and
+        (a :class:`~panpriv.protocols.losses.Loss`, its config dict or its name), ``radius`` and
         ``feature_bound`` under their names (errors name ``owner``), and set up what each learner
         holds: the parameter count ``_params`` (with the intercept), the domain ``_ball`` of that
         radius, the ``_noise`` source (OS entropy unless ``rng`` is given: the loudly labelled
@@ -291,7 +291,7 @@ class Learner(abc.ABC):
         The default is :meth:`privacy`, right for learners whose guarantee is fixed when they are
         built (it is the calibration target); a learner whose guarantee grows with records,
         rounds or releases overrides it. The service compares it with the requested δ before it
-        learns anything (:mod:`streamer.delta_target`).
+        learns anything (:mod:`panpriv.streamer.delta_target`).
         """
         return self.privacy()
 
@@ -371,7 +371,7 @@ class Learner(abc.ABC):
     @classmethod
     def unit_test_params(cls) -> list[dict[str, Any]]:
         """Constructor arguments (without ``rng``) on which the catalogue's conformance test
-        (``tests/protocols/test_catalogue.py``) runs :mod:`protocols.checks` for this learner
+        (``tests/protocols/test_catalogue.py``) runs :mod:`panpriv.protocols.checks` for this learner
         (River's ``_unit_test_params``). Small dimension, short horizons, a radius large enough
         that the noise is not hidden by projection. Every catalogued learner must provide them."""
         raise NotImplementedError(f"{cls.__name__} declares no unit_test_params(); the conformance test needs them")

@@ -29,7 +29,7 @@ b above ``MAX_TABLE_TRIALS`` (only the paper's loose calibration asks for them) 
 ``Generator.binomial``, numpy's floating-point algorithm.
 
 The raw words are the users' noise in another form: callers pass the encoder's generator (keyed
-from OS entropy, zeroed after use; :mod:`protocols.randomness`), and the word buffers and the
+from OS entropy, zeroed after use; :mod:`panpriv.protocols.randomness`), and the word buffers and the
 guide-table indices made from them are zeroed here once counted.
 
 References

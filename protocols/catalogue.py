@@ -1,7 +1,7 @@
 """The catalogue of learners: ``--learner NAME`` → the class that implements it, imported on use.
 
-This is the one list of learner names. The service's choices (:data:`streamer.config.LEARNER_NAMES`),
-its registry (:mod:`streamer.learners`) and the conformance test every learner must pass
+This is the one list of learner names. The service's choices (:data:`panpriv.streamer.config.LEARNER_NAMES`),
+its registry (:mod:`panpriv.streamer.learners`) and the conformance test every learner must pass
 (``tests/protocols/test_catalogue.py``) all derive from it. Adding a learner means writing its
 module (with ``unit_test_params()``: the parameters the conformance test builds it with), adding
 one line here, and writing its own tests.
@@ -15,20 +15,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, cast
 
-from protocols.errors import InvalidInputError
+from panpriv.protocols.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from protocols.base import Learner
+    from panpriv.protocols.base import Learner
 
 CATALOGUE: dict[str, str] = {
-    "pan-acsa": "protocols.pan_acsa:PanPrivateACSA",
-    "pnsgd": "protocols.pnsgd:OnlinePNSGD",
-    "shuffled-pnsgd": "protocols.pnsgd:ShuffledPNSGD",
-    "shuffle-sgd": "protocols.shuffle_sgd:ShuffleSGD",
-    "shuffle-acsa": "protocols.shuffle_acsa:ShuffleACSA",
-    "shuffle-gd": "protocols.shuffle_gd:ShuffleGD",
-    "shuffle-gaussian": "protocols.shuffle_gaussian:ShuffleGaussianSGD",
-    "checkin": "protocols.checkin:RandomCheckinSGD",
+    "pan-acsa": "panpriv.protocols.pan_acsa:PanPrivateACSA",
+    "pnsgd": "panpriv.protocols.pnsgd:OnlinePNSGD",
+    "shuffled-pnsgd": "panpriv.protocols.pnsgd:ShuffledPNSGD",
+    "shuffle-sgd": "panpriv.protocols.shuffle_sgd:ShuffleSGD",
+    "shuffle-acsa": "panpriv.protocols.shuffle_acsa:ShuffleACSA",
+    "shuffle-gd": "panpriv.protocols.shuffle_gd:ShuffleGD",
+    "shuffle-gaussian": "panpriv.protocols.shuffle_gaussian:ShuffleGaussianSGD",
+    "checkin": "panpriv.protocols.checkin:RandomCheckinSGD",
 }
 """Learner name → ``"module:Class"``, in the order the CLI lists them."""
 

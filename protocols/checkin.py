@@ -19,11 +19,11 @@ uniformly (each candidate draws a uniform key, the least key wins — the client
 the server's uniform pick, independent of all data); her message updates the model; an empty slot
 gets a *dummy update*, the same local randomizer applied to the zero gradient.
 ``update="averaged"`` (Balle et al. 2020 Alg. 2): all checked-in clients' messages are averaged; empty slots are
-skipped. Each update is a projected SGD step with public step sizes (:class:`protocols.sgd.AveragedSGD`),
+skipped. Each update is a projected SGD step with public step sizes (:class:`panpriv.protocols.sgd.AveragedSGD`),
 and the released model is the average of the iterates.
 
 Local randomizer (``randomizer``): ``"l2"`` — the pure ε₀-DP ℓ2-ball mechanism of Duchi, Jordan &
-Wainwright (proof in :class:`protocols.randomizers.L2BallRandomizer`); ``"gaussian"`` — clip to C
+Wainwright (proof in :class:`panpriv.protocols.randomizers.L2BallRandomizer`); ``"gaussian"`` — clip to C
 and add N(0, (σC)² I), an (ε₀, δ₀)-DP randomizer.
 
 Deviation forced by streaming (stated in every report). In Balle et al. 2020 the chosen client receives the
@@ -34,7 +34,7 @@ slot (at most m slots for sliding windows, 2m for fixed ones). Privacy is unaffe
 is still the local randomizer applied to her record with parameters that depend only on earlier
 outputs (an adaptive local randomizer, as the accounting requires). Utility pays for staleness.
 
-Guarantee against the analyzer (``output``), from :mod:`accounting.checkin`, per record:
+Guarantee against the analyzer (``output``), from :mod:`panpriv.accounting.checkin`, per record:
 
 - single update, ε₀-DP randomizer: the amplified bound derived there for Balle et al. 2020 Thm 3.2 (fixed window)
   or the setting of Thm 4.3 (sliding windows), at the target δ; the randomizer's ε₀ is the largest
@@ -69,19 +69,19 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.checkin import CheckinGuarantee, averaged_updates, fixed_window, sliding_window
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import scratch
-from protocols import validation as check
-from protocols.base import StateValue, check_batch
-from protocols.calibration import smallest_feasible
-from protocols.errors import InvalidInputError
-from protocols.losses import Loss
-from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer, normalise_rows
-from protocols.randomness import NOISE_BLOCK_ROWS, NoiseSource, RngLike
-from protocols.scalar_residue import scale_rows, scrub_freed_floats
-from protocols.sgd import AveragedSGD, MessageSGDLearner, bound_sq
-from protocols.state_io import read_array, read_int
+from panpriv.accounting.checkin import CheckinGuarantee, averaged_updates, fixed_window, sliding_window
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import scratch
+from panpriv.protocols import validation as check
+from panpriv.protocols.base import StateValue, check_batch
+from panpriv.protocols.calibration import smallest_feasible
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer, normalise_rows
+from panpriv.protocols.randomness import NOISE_BLOCK_ROWS, NoiseSource, RngLike
+from panpriv.protocols.scalar_residue import scale_rows, scrub_freed_floats
+from panpriv.protocols.sgd import AveragedSGD, MessageSGDLearner, bound_sq
+from panpriv.protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
 
@@ -180,7 +180,7 @@ def amplified_epsilon0(update: str, window: str, probability: float, slots: int,
 
 
 def guarantee(update: str, window: str, epsilon0: float, delta0: float, probability: float, slots: int, delta: float) -> CheckinGuarantee:
-    """The output guarantee of a check-in protocol from :mod:`accounting.checkin`.
+    """The output guarantee of a check-in protocol from :mod:`panpriv.accounting.checkin`.
 
     single + fixed: ``fixed_window`` (Balle et al. 2020 Thm 3.2); single + sliding: ``sliding_window`` (the
     setting of Balle et al. 2020 Thm 4.3); averaged: ``averaged_updates`` (Balle et al. 2020 Thm 4.1, unamplified). With
@@ -203,7 +203,7 @@ class RandomCheckinSGD(MessageSGDLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss` or its config dict.
     epsilon, delta
         Target output guarantee per record; the local randomizer is calibrated to meet it (module
         docstring).
@@ -331,7 +331,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         )
 
     def messages_per_step(self) -> tuple[float, str]:
-        """k of :meth:`protocols.sgd.MessageSGDLearner.noise_to_signal`: 1 for ``update="single"``
+        """k of :meth:`panpriv.protocols.sgd.MessageSGDLearner.noise_to_signal`: 1 for ``update="single"``
         (Balle et al. 2020 Alg. 1: one message per slot — or a dummy, noise with no gradient at all).
         For ``"averaged"`` (Alg. 2) with ``time="position"``, the expected messages per slot in
         steady state, slot_length·p₀ (a slot is in the windows of m wake slots' clients, each
@@ -345,7 +345,7 @@ class RandomCheckinSGD(MessageSGDLearner):
 
     def _noise_formula(self) -> str:
         """ρ = √(v/k)/C in the randomizer's calibration. ``"l2"``: the output has norm
-        B = C/(tanh(ε₀/2)·κ_p) (Duchi, Jordan & Wainwright 2018; :class:`protocols.randomizers.L2BallRandomizer`),
+        B = C/(tanh(ε₀/2)·κ_p) (Duchi, Jordan & Wainwright 2018; :class:`panpriv.protocols.randomizers.L2BallRandomizer`),
         v = B², so ρ = 1/(tanh(ε₀/2)·κ_p·√k) ≥ 1/κ_p ≈ √(πp/2) for k = 1: a single update is always
         noise-dominated. ``"gaussian"``: v = p(σC)², ρ = σ·√(p/k)."""
         if isinstance(self._local, GaussianRandomizer):
@@ -365,19 +365,19 @@ class RandomCheckinSGD(MessageSGDLearner):
 
         ``timestamps`` (shape (m,)) are required with ``time="timestamp"`` and refused otherwise;
         wake slots must not decrease along the stream. Features and labels are computed for a
-        block of records at a time (:func:`protocols.scratch.features`; labels are therefore
+        block of records at a time (:func:`panpriv.protocols.scratch.features`; labels are therefore
         checked for the whole block), and the clients are then taken one at a time: each new wake
         slot closes the slots before it (:meth:`_close_until`), then the client checks in and, if
         she may be used, takes her gradient at the current model (:meth:`_learn_sub_block`) and
         sends her message (:meth:`_send`).
 
         Randomness. One generator keyed from OS entropy per sub-block of at most
-        :data:`protocols.randomness.NOISE_BLOCK_ROWS` clients, who are in flight (why that costs no
-        record outside the sub-block its guarantee: :mod:`protocols.randomness`). At the
+        :data:`panpriv.protocols.randomness.NOISE_BLOCK_ROWS` clients, who are in flight (why that costs no
+        record outside the sub-block its guarantee: :mod:`panpriv.protocols.randomness`). At the
         sub-block's start it draws, for all its clients, in this order: whether each checks in
         (p₀), her offset in her window, her key (single updates), and her randomizer's randomness
         — ℓ2: the two uniforms and the Gaussian direction (normalised) of
-        :meth:`protocols.randomizers.L2BallRandomizer.privatize`; Gaussian: the noise N(0, (σC)² I)
+        :meth:`panpriv.protocols.randomizers.L2BallRandomizer.privatize`; Gaussian: the noise N(0, (σC)² I)
         — used or not; the dummies R(0) of the empty slots closed during the sub-block are drawn
         from it as many as it has clients at a time, when the first is needed. All of it lives in
         scratch and is zeroed with it; the generator's state is zeroed at the sub-block's end.
@@ -405,7 +405,7 @@ class RandomCheckinSGD(MessageSGDLearner):
             self._step_delta.fill(0.0)
             self._ridge_work.fill(0.0)
             self._scratch.wipe()
-            scrub_freed_floats()  # the candidates' margins and slopes, Python floats (protocols.scalar_residue)
+            scrub_freed_floats()  # the candidates' margins and slopes, Python floats (panpriv.protocols.scalar_residue)
 
     def _wake_slots(self, count: int, timestamps: Array | None) -> NDArray[np.int64]:
         if self.time == "position":
@@ -545,7 +545,7 @@ class RandomCheckinSGD(MessageSGDLearner):
 
     def _draw_dummies(self, generator: np.random.Generator) -> None:
         """Draw the dummies R(0) for up to the sub-block's size of empty single-update slots
-        (:meth:`protocols.randomizers.LocalRandomizer.dummy`, vectorised) into scratch."""
+        (:meth:`panpriv.protocols.randomizers.LocalRandomizer.dummy`, vectorised) into scratch."""
         drawn = self._local.dummy(self._dummies.shape[0], self._params, generator)
         np.copyto(self._dummies, drawn)
         drawn.fill(0.0)
@@ -556,9 +556,9 @@ class RandomCheckinSGD(MessageSGDLearner):
         put them in their slots (single: the slot's message; averaged: added to its sum).
 
         Each client's gradient is φ′_C·z, φ′_C her slope clipped as
-        :func:`protocols.scratch.clipped_gradients` clips the gradient (min(1, C/(|φ′|‖z‖)); equal
+        :func:`panpriv.protocols.scratch.clipped_gradients` clips the gradient (min(1, C/(|φ′|‖z‖)); equal
         up to rounding). ℓ2 randomizer: ±B·u for her unit direction u, with
-        :meth:`protocols.randomizers.L2BallRandomizer.privatize`'s sign from ‖g‖ = |φ′_C|‖z‖,
+        :meth:`panpriv.protocols.randomizers.L2BallRandomizer.privatize`'s sign from ‖g‖ = |φ′_C|‖z‖,
         ⟨u, g⟩ = φ′_C⟨u, z⟩ and her two uniforms, operation for operation. Gaussian randomizer:
         φ′_C·z plus her noise row; the ℓ2 signs come from :meth:`_l2_signs`. Every work array
         (clean gradients, norms, sides, signs) lives in scratch or in the flags zeroed at the
@@ -594,7 +594,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         """±B, the ℓ2 message's length and sign, for every client of the sub-block in flight (those
         without a slope yet get a value never used), in scratch.
 
-        :meth:`protocols.randomizers.L2BallRandomizer.privatize`'s choice, operation for operation
+        :meth:`panpriv.protocols.randomizers.L2BallRandomizer.privatize`'s choice, operation for operation
         on the same floats: ‖g‖ = ‖z‖·|φ′_C|; toward iff u_side < 0.5 + min(‖g‖, C)/(2C); z's side
         iff ⟨u, g⟩ = ⟨u, z⟩·φ′_C is > 0 (toward) or < 0 (away: −⟨u, g⟩ > 0, negation being exact);
         keep iff that equals the hemisphere flag (u_hemisphere < keep probability, set per
@@ -654,7 +654,7 @@ class RandomCheckinSGD(MessageSGDLearner):
 
     def learn_slot(self, messages: Array) -> None:
         """Close the next slot from the randomized messages a separate shuffler released for it
-        (the Encode-Shuffle-Analyze analyzer, :mod:`streamer.esa.checkin_analyzer`; position slots).
+        (the Encode-Shuffle-Analyze analyzer, :mod:`panpriv.streamer.esa.checkin_analyzer`; position slots).
 
         ``messages`` (k, p): for ``"single"`` at most one (k = 0: a dummy update R(0) drawn here),
         for ``"averaged"`` every candidate's (k = 0: skipped). The update is the one :meth:`_close`
@@ -678,7 +678,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         self._clock, self._latest = slot + 1, slot
         self._records += int(self.slot_length)
     def _update(self, mean_message: Array, count: float) -> None:
-        """:meth:`protocols.sgd.MessageSGDLearner._step` (one :meth:`protocols.sgd.AveragedSGD.step`
+        """:meth:`panpriv.protocols.sgd.MessageSGDLearner._step` (one :meth:`panpriv.protocols.sgd.AveragedSGD.step`
         on the mean message plus the ridge gradient), bit for bit, in place on the working θ and
         average (``out=`` operations in the same order; no array allocated per step). −η and T
         go to numpy as 0-d float64 arrays: the same operands as the Python floats, without the
@@ -708,7 +708,7 @@ class RandomCheckinSGD(MessageSGDLearner):
     # -- outputs -------------------------------------------------------------------------------
 
     def privacy(self) -> PrivacyReport:
-        """Output: the check-in guarantee of :mod:`accounting.checkin`; intrusion: the local one."""
+        """Output: the check-in guarantee of :mod:`panpriv.accounting.checkin`; intrusion: the local one."""
         local = self._local.local_guarantee()
         output = Guarantee(self._output.epsilon, self._output.delta)
         randomizer = (
@@ -731,7 +731,7 @@ class RandomCheckinSGD(MessageSGDLearner):
             "the model of that time, and the message waits for its slot (privacy unaffected: an "
             "adaptive local randomizer)",
             f"{self._output.theorem}: {self._output.status}"
-            + (" (accounting.checkin, derivation in per_slot_epsilons)" if self._output.status == "derived" else
+            + (" (panpriv.accounting.checkin, derivation in per_slot_epsilons)" if self._output.status == "derived" else
                " - each record passes at most once through the local randomizer"),
             f"pan-privacy: the state holds pending slots' local-randomizer messages; one intrusion plus "
             f"all outputs is bounded by the local guarantee {local} (the randomness of each sub-block of at most "
@@ -749,7 +749,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         """Counters and slots (public), the iterates, and the pending slots' noisy messages.
 
         ``slot_messages`` is the (slots in the buffer × parameters) array flattened row by row
-        (1-D, as :mod:`protocols.checks` compares state arrays coordinate by coordinate).
+        (1-D, as :mod:`panpriv.protocols.checks` compares state arrays coordinate by coordinate).
 
         ``slot_keys`` (single: the least check-in key per pending slot, 1 if none) or
         ``slot_counts`` (averaged: messages summed per pending slot, a random count stored as a

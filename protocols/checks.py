@@ -4,11 +4,11 @@ Each check is a plain function taking a *factory* — ``factory(rng) -> Learner`
 learner with the given ``rng`` (always a seed or generator here: checks run in the labelled
 replay/testing mode) — and a small stream ``X, y`` suited to the learner. A check raises
 ``AssertionError`` with an explanation when the learner breaks the contract of
-:mod:`protocols.base`, and returns ``None`` otherwise. :func:`run_all` runs them all.
+:mod:`panpriv.protocols.base`, and returns ``None`` otherwise. :func:`run_all` runs them all.
 
 Usage from a learner's tests::
 
-    from protocols import checks
+    from panpriv.protocols import checks
 
     def factory(rng):
         return MyLearner(dim=3, ..., batch_size=5, rng=rng)
@@ -33,8 +33,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.stats import ks_2samp, levene
 
-from protocols.base import Learner, StateValue
-from protocols.randomness import RngLike
+from panpriv.protocols.base import Learner, StateValue
+from panpriv.protocols.randomness import RngLike
 
 Factory = Callable[[RngLike], Learner]
 Array = NDArray[np.float64]
@@ -117,7 +117,7 @@ def _counters(state: Mapping[str, StateValue], noisy: frozenset[str] = frozenset
 
 def _distributed(state: Mapping[str, StateValue], noisy: frozenset[str]) -> dict[str, Array]:
     """The entries whose distribution :func:`check_micro_batch_invariance` compares: float arrays
-    and the learner's noise-dependent integers (:attr:`protocols.base.Learner.noisy_counters`; for
+    and the learner's noise-dependent integers (:attr:`panpriv.protocols.base.Learner.noisy_counters`; for
     integers the KS p-value, computed as for continuous data, is conservative)."""
     extra = {key: np.asarray(state[key], dtype=np.float64).ravel() for key in noisy if key in state}
     return {**_float_arrays(state), **extra}
@@ -250,7 +250,7 @@ def check_report_consistency(factory: Factory, X: Array, y: Array) -> None:
     ``to_dict``/JSON/``from_dict``, and the output and intrusion guarantees dominate the
     previous ones (a guarantee once printed cannot become stronger).
     """
-    from accounting.ledger import PrivacyReport
+    from panpriv.accounting.ledger import PrivacyReport
 
     learner = factory(0)
     previous = learner.privacy()

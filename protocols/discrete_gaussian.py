@@ -4,7 +4,7 @@ Why: a floating-point Gaussian sampler leaks the data through the low-order bits
 (Mironov 2012 showed it for the textbook Laplace sampler): the set of doubles a sampler can return
 around ``x + noise`` depends on ``x``. The discrete Gaussian on the integers, sampled *exactly*,
 has no such channel: every output is an integer, and its distribution is exactly the one the
-accountant (:mod:`accounting.discrete_gaussian`) analyses.
+accountant (:mod:`panpriv.accounting.discrete_gaussian`) analyses.
 
 How (Canonne, Kamath & Steinke 2020, Algorithms 1–3): every random decision is a comparison of a
 uniform integer with an integer — Bernoulli(n/d) is ``U < n`` for U uniform on {0, …, d − 1};
@@ -45,9 +45,9 @@ from typing import Any, Protocol, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols import validation as check
-from protocols.errors import InvalidInputError
-from protocols.randomness import fill_from_os
+from panpriv.protocols import validation as check
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.randomness import fill_from_os
 
 IntArray = NDArray[np.int64] | NDArray[np.object_]
 
@@ -67,7 +67,7 @@ class OsUniform:
     """Uniform integers from OS entropy (``secrets``), drawn fresh for every call; no state kept.
 
     int64 bounds: 64-bit words read from ``/dev/urandom`` straight into a numpy array
-    (:func:`protocols.randomness.fill_from_os`, scrubbed after use) reduced modulo the bound, rejecting the
+    (:func:`panpriv.protocols.randomness.fill_from_os`, scrubbed after use) reduced modulo the bound, rejecting the
     words below 2⁶⁴ mod b (the accepted range [2⁶⁴ mod b, 2⁶⁴) holds a multiple of b words, so the
     remainder is exactly uniform). Bounds of Python ints: ``secrets.randbelow`` per element.
     """

@@ -33,7 +33,7 @@ deployment each user must run :meth:`VectorSum.randomize` (or ``randomize_bits``
 
 Sampling the noise
 ------------------
-Bin(b, p) comes from :class:`protocols.binomial_sampler.BinomialSampler`: an exact inversion of one
+Bin(b, p) comes from :class:`panpriv.protocols.binomial_sampler.BinomialSampler`: an exact inversion of one
 raw 64-bit word per draw against integer thresholds through a guide table (b ≤ 4096), 6–12× faster
 than ``Generator.binomial`` and exactly Bin(b, p). A user's counts are stored in the smallest
 unsigned dtype holding g + b (:attr:`VectorSum.count_dtype`; one byte when g + b ≤ 255), so a
@@ -42,14 +42,14 @@ batch's messages take n·d bytes.
 Randomness
 ----------
 ``rng=None`` (default): every call draws its noise from a generator keyed from OS entropy and
-zeroed afterwards (:class:`protocols.randomness.NoiseSource`); the work buffers holding clean
+zeroed afterwards (:class:`panpriv.protocols.randomness.NoiseSource`); the work buffers holding clean
 encodings, roundings and raw noise bits are zeroed too; passing a seed or ``Generator`` is the labelled
 replay/testing mode.
 
 References
 ----------
 Cheu, Joseph, Mao & Peng (2022), Alg. 1 (P1D), Alg. 2 (PVEC), Lemma 3.1, Thm 3.2, App. A.3 (robust
-variant); the calibrations are in :mod:`accounting.binomial`.
+variant); the calibrations are in :mod:`panpriv.accounting.binomial`.
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.binomial import PVECParameters, pvec_parameters, tight_parameters
-from accounting.errors import InvalidParameterError
-from protocols.binomial_sampler import BinomialSampler, count_dtype
-from protocols.errors import InvalidInputError
-from protocols.randomness import NoiseSource, RngLike
-from protocols.scalar_residue import scale_rows
-from protocols.validation import choice, positive_int
+from panpriv.accounting.binomial import PVECParameters, pvec_parameters, tight_parameters
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.protocols.binomial_sampler import BinomialSampler, count_dtype
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.randomness import NoiseSource, RngLike
+from panpriv.protocols.scalar_residue import scale_rows
+from panpriv.protocols.validation import choice, positive_int
 
 __all__ = ["VectorSum"]
 
@@ -120,7 +120,7 @@ def _largest(a: NDArray[np.float64]) -> NDArray[np.float64]:
     ``np.maximum.reduce(a)``: ``argmax`` returns the first NaN if there is one, else the first
     largest element (one value, however many hold it); a third of the reduction's cost. Returned
     as a one-element view of ``a``, not a numpy scalar: the value is a user's squared norm, and a
-    freed scalar object would keep it (:mod:`protocols.scalar_residue`); compared, it gives bools,
+    freed scalar object would keep it (:mod:`panpriv.protocols.scalar_residue`); compared, it gives bools,
     and it is zeroed with ``a``."""
     i = a.argmax()
     return a[i : i + 1]
@@ -152,7 +152,7 @@ def uniform_shrink(g: int) -> float:
 def _rescale_factors(squared: NDArray[np.float64], too_long: NDArray[np.bool_], l2_bound: float) -> NDArray[np.float64]:
     """Per row: the factor just below Δ₂/‖x‖ for a row longer than Δ₂ (within the tolerance), 1
     for the others; computed in place in one array (no temporary holds a row's norm), which
-    :func:`protocols.scalar_residue.scale_rows` then applies, so the rows rescaled onto Δ₂ are
+    :func:`panpriv.protocols.scalar_residue.scale_rows` then applies, so the rows rescaled onto Δ₂ are
     those of ``x·nextafter(Δ₂/‖x‖, 0)`` and the others unchanged (x·1 = x). ``squared`` (the
     rows' ‖x‖²) is left as it was; the caller wipes it, the factors and the work matrix."""
     factors = np.ones(squared.shape[0])
@@ -180,7 +180,7 @@ def _inside_squared(l2_bound: float, d: int) -> float:
 _KEYED_SOURCES: queue.SimpleQueue[NoiseSource] = queue.SimpleQueue()
 """OS-keyed noise sources free for reuse: building one (a PCG64 and its layout check) costs more
 than a small batch's draws. Each is rekeyed from OS entropy on every draw and its state zeroed
-after (:mod:`protocols.randomness`), so reuse keeps nothing between calls; a call takes one for
+after (:mod:`panpriv.protocols.randomness`), so reuse keeps nothing between calls; a call takes one for
 itself (a fresh one when none is free, e.g. while another thread holds one), so no two calls
 ever share a generator."""
 
@@ -248,8 +248,8 @@ class VectorSum:
     l2_bound : float
         Δ₂ > 0. Rows above it are a caller error (:class:`InvalidInputError`), never clipped here.
     calibration : {"tight", "paper"}, default "tight"
-        ``"paper"``: (g, b, p) of Cheu et al. 2022, Thm 3.2 via :func:`accounting.binomial.pvec_parameters`.
-        ``"tight"``: :func:`accounting.binomial.tight_parameters`, the numerical accountant for
+        ``"paper"``: (g, b, p) of Cheu et al. 2022, Thm 3.2 via :func:`panpriv.accounting.binomial.pvec_parameters`.
+        ``"tight"``: :func:`panpriv.accounting.binomial.tight_parameters`, the numerical accountant for
         this exact protocol (orders of magnitude less noise).
     honest_fraction : float, default 1.0
         γ: the guarantee holds whenever at least ⌈γn⌉ users run the randomizer (Cheu et al. 2022, Def. A.7,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols import validation as check
+from panpriv.protocols import validation as check
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,9 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols import validation as check
-from protocols.errors import InvalidInputError
-from protocols.sigmoid import expit
+from panpriv.protocols import validation as check
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.sigmoid import expit
 
 Array = NDArray[np.float64]
 
@@ -113,7 +113,7 @@ class Loss(abc.ABC):
         """A (sub)derivative ∂φ/∂s, elementwise.
 
         Implementations allocate only their result and work in it in place (no other temporary
-        holding a function of the records is left in freed memory; :mod:`protocols.scratch`)."""
+        holding a function of the records is left in freed memory; :mod:`panpriv.protocols.scratch`)."""
 
     @abc.abstractmethod
     def _dphi_bound(self, norm_bound: float, radius: float) -> float:
@@ -474,5 +474,5 @@ def as_loss(loss: Loss | Mapping[str, Any] | str, owner: str) -> Loss:
     if isinstance(loss, Mapping):
         return loss_from_config(loss)
     raise InvalidInputError(
-        check.message(owner, "loss", "a protocols.losses.Loss, a loss name or a loss config dict", loss)
+        check.message(owner, "loss", "a panpriv.protocols.losses.Loss, a loss name or a loss config dict", loss)
     )

@@ -7,7 +7,7 @@ Records are grouped into consecutive batches of planned sizes b_t; for batch t:
 - when its first record arrives, ``g_t ← Z_t ~ N(0, ζ_t² I)`` (Cheu et al. 2022 Alg. 6 lines 4–5);
 - each record adds ``∇ℓ(θ^md_t; x)/b_t`` (line 7), with the gradient clipped to norm L;
 - at its end, ``g_t ← g_t + N(0, ζ_t² I)`` (line 9), the exact ridge gradient λ_r θ^md_t is added,
-  and the AC-SA step of :mod:`protocols.acsa` runs (lines 10–12, Lan's update).
+  and the AC-SA step of :mod:`panpriv.protocols.acsa` runs (lines 10–12, Lan's update).
 
 An intruder who reads the state mid-batch sees ``Z_t + (partial sum)/b_t``, protected by Z_t;
 released parameters depend on the batch only through the full sum plus both draws, and given
@@ -19,7 +19,7 @@ outputs are (ε, δ)-DP, per record, however long the stream runs.
 
 Noise calibration: ``calibration="analytic"`` (default) takes the smallest ζ for which the Gaussian
 mechanism with sensitivity 2L/b is (ε, δ)-DP (Balle & Wang 2018, via
-:func:`accounting.gaussian.analytic_sigma`), valid for every ε > 0; ``"classic"`` takes
+:func:`panpriv.accounting.gaussian.analytic_sigma`), valid for every ε > 0; ``"classic"`` takes
 ζ² = 8 L² log(2/δ)/(b² ε²) of Cheu et al. 2022 Alg. 6 line 1 / Lemma C.5, valid for ε < 1 only and never
 smaller. Lemma C.4's proof uses nothing about ζ beyond that (ε, δ)-DP property, so both give the
 same guarantee.
@@ -27,9 +27,9 @@ same guarantee.
 Utility options (no effect on the guarantee): ``gradient_bound`` clips per-record gradients below
 the loss's worst-case L (noise then scales with the smaller bound), and ``restart="gradient"`` (the
 default) restarts AC-SA when the noisy gradient shows the momentum overshooting — post-processing
-of the noisy gradients (:func:`protocols.acsa.step`).
+of the noisy gradients (:func:`panpriv.protocols.acsa.step`).
 
-Cases of Thm C.3 (parameters from :func:`protocols.acsa.plan_runs`):
+Cases of Thm C.3 (parameters from :func:`panpriv.protocols.acsa.plan_runs`):
 
 1. convex, non-smooth loss → Moreau smoothing (Cheu et al. 2022 Thm 4.7): envelope gradients via the prox;
 2. β-smooth loss → AC-SA on the loss itself (Cheu et al. 2022 Thm 4.3);
@@ -62,11 +62,11 @@ from typing import Any, Literal, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.gaussian import analytic_sigma, classic_sigma
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import scratch, secure_noise
-from protocols import validation as check
-from protocols.acsa import (
+from panpriv.accounting.gaussian import analytic_sigma, classic_sigma
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import scratch, secure_noise
+from panpriv.protocols import validation as check
+from panpriv.protocols.acsa import (
     BATCH_RULES,
     DEFAULT_TUNING,
     RESTART_TUNING,
@@ -84,13 +84,13 @@ from protocols.acsa import (
     step,
     uses_moreau,
 )
-from protocols.base import Learner, StateValue, check_batch
-from protocols.discrete_gaussian import GeneratorUniform, UniformSource
-from protocols.errors import InvalidInputError
-from protocols.losses import Loss
-from protocols.randomness import RngLike
-from protocols.rounds import round_slices
-from protocols.scratch import BLOCK_ROWS
+from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.discrete_gaussian import GeneratorUniform, UniformSource
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.randomness import RngLike
+from panpriv.protocols.rounds import round_slices
+from panpriv.protocols.scratch import BLOCK_ROWS
 
 Array = NDArray[np.float64]
 
@@ -147,7 +147,7 @@ class PanPrivateACSA(Learner):
     dim
         Number of raw features d (the model has d + 1 parameters with an intercept).
     loss
-        A :class:`protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss` or its config dict.
     epsilon, delta
         The per-record guarantee, for outputs and for one intrusion plus outputs.
     horizon
@@ -171,15 +171,15 @@ class PanPrivateACSA(Learner):
         C: per-record gradients are clipped to norm min(C, L), L the loss's worst-case bound over Θ;
         ``None`` (default): L. The noise is calibrated to the sensitivity 2·min(C, L)/b, and the
         learner optimises a convex C-Lipschitz surrogate of the loss
-        (:func:`protocols.acsa.effective_gradient_bound`). A utility choice: worst-case L can be
+        (:func:`panpriv.protocols.acsa.effective_gradient_bound`). A utility choice: worst-case L can be
         far above the gradients the data has (squared loss: L = (rR + Y)R).
     restart
         ``"gradient"`` (default): AC-SA restarts when the noisy gradient shows the momentum
-        overshooting (O'Donoghue & Candès 2015; post-processing, :func:`protocols.acsa.step`),
-        planned with :data:`protocols.acsa.RESTART_TUNING`. ``"none"``: Lan's method with Cheu et al.'s
+        overshooting (O'Donoghue & Candès 2015; post-processing, :func:`panpriv.protocols.acsa.step`),
+        planned with :data:`panpriv.protocols.acsa.RESTART_TUNING`. ``"none"``: Lan's method with Cheu et al.'s
         parameters, for which Thm C.3's utility bound is proven.
     batch_rule
-        How the planned batch size b grows with the dimension (:func:`protocols.acsa.noise_dimension`):
+        How the planned batch size b grows with the dimension (:func:`panpriv.protocols.acsa.noise_dimension`):
         ``"worst-case"`` (default) uses p (Cheu et al. 2022, proof of Thm 4.3); ``"glm"`` keeps the
         noise term's dimension at min(p, 20) — smaller batches, more steps at large p — which
         ``benchmarks/utility_shapes.py`` measured to be worse at d ≥ 100 on the synthetic streams and
@@ -188,20 +188,20 @@ class PanPrivateACSA(Learner):
         ``"gaussian"`` (default): float64 Gaussian draws from numpy, accumulator in float64.
         ``"secure"``: the accumulator is an int64 vector on a public fixed-point grid and both draws
         are exact discrete Gaussians sampled from OS entropy without floating point, calibrated by
-        :mod:`accounting.discrete_gaussian` (:mod:`protocols.secure_noise`; Canonne, Kamath &
+        :mod:`panpriv.accounting.discrete_gaussian` (:mod:`panpriv.protocols.secure_noise`; Canonne, Kamath &
         Steinke 2020), so no noise value passes through a floating-point sampler (Mironov 2012).
         Same (ε, δ), same Lemma C.4 argument; σ is about 6–8% larger (zCDP accounting).
     rng
         ``None`` (default): every noise draw uses a generator keyed from OS entropy and zeroed
-        after the draw (pan-private; :mod:`protocols.randomness`).
+        after the draw (pan-private; :mod:`panpriv.protocols.randomness`).
         A seed or generator: reproducible replay/testing mode, in which there is no pan-private
-        guarantee (see :mod:`protocols.randomness`).
+        guarantee (see :mod:`panpriv.protocols.randomness`).
 
     Notes
     -----
     Deviations from Cheu et al. 2022, each explained where implemented: Lan's middle-point update instead of
-    Alg. 6 line 12 (:func:`protocols.acsa.step`); α_t = 2/(t+1) (:func:`protocols.acsa.alpha`); the
-    Moreau envelope over R^p instead of Θ (:meth:`protocols.losses.Loss.envelope_gradient`);
+    Alg. 6 line 12 (:func:`panpriv.protocols.acsa.step`); α_t = 2/(t+1) (:func:`panpriv.protocols.acsa.alpha`); the
+    Moreau envelope over R^p instead of Θ (:meth:`panpriv.protocols.losses.Loss.envelope_gradient`);
     batch sizes b_t ∈ {⌊n/T⌋, ⌊n/T⌋ + 1} so that every record is used; the analytic calibration;
     by default, gradient restarts with measured batch sizes (``restart``). None changes the
     privacy guarantee.
@@ -298,8 +298,8 @@ class PanPrivateACSA(Learner):
 
     @property
     def tuning(self) -> Tuning:
-        """The planning constants: :data:`protocols.acsa.RESTART_TUNING` with restarts, Cheu et al.'s
-        (:data:`protocols.acsa.DEFAULT_TUNING`) without."""
+        """The planning constants: :data:`panpriv.protocols.acsa.RESTART_TUNING` with restarts, Cheu et al.'s
+        (:data:`panpriv.protocols.acsa.DEFAULT_TUNING`) without."""
         return RESTART_TUNING if self.restart == "gradient" else DEFAULT_TUNING
 
     def epoch_plans(self, epoch: int) -> tuple[RunPlan, ...]:
@@ -353,7 +353,7 @@ class PanPrivateACSA(Learner):
 
     def _add_noise(self, batch: int) -> None:
         """g_t += one draw, into the accumulator's own buffer: N(0, ζ_t² I) through
-        :meth:`protocols.randomness.NoiseSource.add_gaussian`, or (secure) the exact discrete
+        :meth:`panpriv.protocols.randomness.NoiseSource.add_gaussian`, or (secure) the exact discrete
         Gaussian in grid units, whose array is zeroed right after it is added. No pure-noise array
         outlives the call."""
         if self._secure is None:
@@ -378,7 +378,7 @@ class PanPrivateACSA(Learner):
         """Add a micro-batch of records; any split of the stream gives the same mechanism.
 
         Features, labels, per-record gradients and their partial sums live only in this learner's
-        :class:`protocols.scratch.Scratch` buffers, zeroed before returning; the accumulator is
+        :class:`panpriv.protocols.scratch.Scratch` buffers, zeroed before returning; the accumulator is
         updated in place. So after the call, memory holds no clean per-record value and no pure
         noise draw (tests/protocols/test_memory_residue.py).
         """
@@ -459,7 +459,7 @@ class PanPrivateACSA(Learner):
     def plan_for_workers(self, workers: int) -> None:
         """Plan the runs for a step gradient that averages ``workers`` noisy batch means of b/K
         records each: its noise has K times the variance of one batch mean of b records (ν² → Kν²
-        in :class:`protocols.acsa.Problem`), so batch and step sizes are planned for that noise.
+        in :class:`panpriv.protocols.acsa.Problem`), so batch and step sizes are planned for that noise.
         Utility only: every draw is still calibrated to the batch it protects."""
         workers = check.positive_int(_OWNER, "workers", workers)
         self._problem = dataclasses.replace(self._problem, noise_multiplier=self._problem.noise_multiplier * math.sqrt(workers))

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.gaussian import analytic_epsilon, analytic_sigma
-from protocols.errors import InvalidInputError
-from protocols.pan_acsa import PanPrivateACSA
+from panpriv.accounting.gaussian import analytic_epsilon, analytic_sigma
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.pan_acsa import PanPrivateACSA
 
 Array = NDArray[np.float64]
 

@@ -5,10 +5,10 @@ Both learners run, one record at a time, the PNSGD update of Sordello et al. 202
     w_{t+1} = Π_K(w_t − η(∇ℓ(w_t; x_{t+1}) + Z_{t+1})),
 
 over K = the ℓ2 ball of radius r (diameter D = 2r), with ℓ = φ + (λ/2)‖w‖² one of the smooth
-losses of :mod:`protocols.losses` (β-smooth, ρ = λ-strongly convex, data gradients clipped to the
+losses of :mod:`panpriv.protocols.losses` (β-smooth, ρ = λ-strongly convex, data gradients clipped to the
 loss's Lipschitz constant L). The noise Z_t is Gaussian N(0, σ_t² I) or, for a one-parameter model
 only (K = [−r, r]), Laplace L(0, v_t). The step w ↦ w − η∇ℓ(w) is M-Lipschitz for η ≤ 2/β
-(:func:`accounting.iteration.contraction`), which is what amplification by iteration needs, so
+(:func:`panpriv.accounting.iteration.contraction`), which is what amplification by iteration needs, so
 the constructors refuse η > 2/β and non-smooth losses.
 
 Accounting follows what is released (Sordello et al. 2021, Thm 1 and Sec. 5). A record at position i is hidden by
@@ -51,10 +51,10 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.bisection import least_passing
-from accounting.errors import InvalidParameterError
-from accounting.gaussian import analytic_sigma
-from accounting.iteration import (
+from panpriv.accounting.bisection import least_passing
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.gaussian import analytic_sigma
+from panpriv.accounting.iteration import (
     OnlineLimit,
     contraction,
     fixed_laplace_scale,
@@ -68,17 +68,17 @@ from accounting.iteration import (
     shuffled_pnsgd_delta,
     shuffled_pnsgd_laplace_delta,
 )
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import scratch
-from protocols import validation as check
-from protocols.base import Learner, StateValue, check_batch
-from protocols.errors import InvalidInputError
-from protocols.losses import Loss
-from protocols.pan_acsa import SENSITIVITY_SLACK
-from protocols.randomness import NOISE_BLOCK_ROWS, RngLike
-from protocols.recorded import Fetch, RecordedLearner
-from protocols.scalar_residue import scrub_freed_floats
-from protocols.scratch import BLOCK_ROWS
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import scratch
+from panpriv.protocols import validation as check
+from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.pan_acsa import SENSITIVITY_SLACK
+from panpriv.protocols.randomness import NOISE_BLOCK_ROWS, RngLike
+from panpriv.protocols.recorded import Fetch, RecordedLearner
+from panpriv.protocols.scalar_residue import scrub_freed_floats
+from panpriv.protocols.scratch import BLOCK_ROWS
 
 Array = NDArray[np.float64]
 
@@ -100,7 +100,7 @@ class IterationModel:
     ``lipschitz`` (L) bounds a clipped data gradient, so one record moves a step by at most 2L;
     ``eta`` is the step size; ``diameter`` is D of the domain K (its width for the one-parameter
     Laplace case); the loss is ``beta``-smooth and ``rho``-strongly convex, so each gradient step
-    is M-Lipschitz (:func:`accounting.iteration.contraction`). A learner's
+    is M-Lipschitz (:func:`panpriv.accounting.iteration.contraction`). A learner's
     ``iteration_model`` gives the values its accounting uses.
     """
 
@@ -111,7 +111,7 @@ class IterationModel:
     rho: float
 
     def arguments(self) -> tuple[float, float, float, float, float]:
-        """(L, η, D, β, ρ), the trailing positional arguments of the :mod:`accounting.iteration`
+        """(L, η, D, β, ρ), the trailing positional arguments of the :mod:`panpriv.accounting.iteration`
         δ functions (``pnsgd_delta``, ``shuffled_pnsgd_delta`` and their Laplace forms)."""
         return (self.lipschitz, self.eta, self.diameter, self.beta, self.rho)
 
@@ -184,7 +184,7 @@ class _PNSGD(Learner):
     @property
     def iteration_model(self) -> IterationModel:
         """The accounted constants, with L and D inflated by
-        :data:`protocols.pan_acsa.SENSITIVITY_SLACK`: clipping to L and projecting onto the ball are
+        :data:`panpriv.protocols.pan_acsa.SENSITIVITY_SLACK`: clipping to L and projecting onto the ball are
         exact only up to rounding, and θ increases in both."""
         slack = 1.0 + SENSITIVITY_SLACK
         return IterationModel(self._lipschitz * slack, self.eta, self._ball.diameter * slack, self._beta, self._rho)
@@ -249,11 +249,11 @@ class _PNSGD(Learner):
 
         Features, labels and the noise levels are prepared for the whole micro-batch; the steps
         themselves are sequential. The noise of a sub-block of at most
-        :data:`protocols.randomness.NOISE_BLOCK_ROWS` records in flight is drawn from one keyed
+        :data:`panpriv.protocols.randomness.NOISE_BLOCK_ROWS` records in flight is drawn from one keyed
         generator at the sub-block's start (zeroed right after), each record's row of it is zeroed
         as soon as its step has used it, and the buffer is zeroed with the scratch: a read between
         two steps of the sub-block finds noise of in-flight records only, whose features are in
-        memory anyway (why every other record keeps its guarantee: :mod:`protocols.randomness`).
+        memory anyway (why every other record keeps its guarantee: :mod:`panpriv.protocols.randomness`).
         Between micro-batches nothing but the iterate remains.
         """
         X, y = check_batch(self._owner, X, y, self.dim)
@@ -275,7 +275,7 @@ class _PNSGD(Learner):
             if spare is not self._theta:
                 spare.fill(0.0)  # the iterate before the last step (noisy, but not the state)
             self._scratch.wipe()
-            scrub_freed_floats()  # the steps' margins and slopes, Python floats (protocols.scalar_residue)
+            scrub_freed_floats()  # the steps' margins and slopes, Python floats (panpriv.protocols.scalar_residue)
 
     def _draw_steps_noise(self, scales: Array, params: int) -> Array:
         """η·Z_t for the steps of one sub-block, row by row (Z_t ~ N(0, σ_t² I), or Laplace with
@@ -304,11 +304,11 @@ class _PNSGD(Learner):
         The loss is a GLM, ℓ(w; z) = φ(⟨w, z⟩, y), so the gradient is φ′·z with norm |φ′|·‖z‖:
         clipping to L scales φ′ by min(1, L/(|φ′|·‖z‖)), computed from the scalar φ′ and the row's
         norm without forming or re-measuring the gradient (the same clip as
-        :func:`protocols.scratch.clipped_gradients` up to rounding, which the sensitivity slack of
+        :func:`panpriv.protocols.scratch.clipped_gradients` up to rounding, which the sensitivity slack of
         :attr:`iteration_model` covers). φ′ is computed on Python floats for the smooth losses
-        (:func:`protocols.scratch.scalar_dphi`; the array form's value to within a few ulps). The new iterate is built in
+        (:func:`panpriv.protocols.scratch.scalar_dphi`; the array form's value to within a few ulps). The new iterate is built in
         ``spare`` with ``out=`` operations: −ηφ′z, + (1 − ηλ)w, − ηZ_t; the used noise row is zeroed
-        at once; the projection is :meth:`protocols.geometry.L2Ball.project`'s."""
+        at once; the projection is :meth:`panpriv.protocols.geometry.L2Ball.project`'s."""
         w = self._theta
         dphi = scratch.scalar_dphi(self.loss)
         eta, lipschitz, radius = self.eta, self._lipschitz, self.radius
@@ -434,7 +434,7 @@ class OnlinePNSGD(_PNSGD):
     dim
         Number of raw features d (one more parameter with an intercept).
     loss
-        A smooth :class:`protocols.losses.Loss` (logistic, squared, huber) or its config dict.
+        A smooth :class:`panpriv.protocols.losses.Loss` (logistic, squared, huber) or its config dict.
     epsilon
         ε > 0 at which δ is reported.
     eta
@@ -462,7 +462,7 @@ class OnlinePNSGD(_PNSGD):
     -----
     Noise schedule (Sordello et al. 2021, Thm 7): σ_j = M D/(2η √W(j^{2α}/(2πC1²) + C2)), W the Lambert W function;
     (Thm 6): v_j = M D/(2η log(j^α/C1 + C2)); with ``pan_delta``, σ_j ← max(σ_j, σ_pan), where
-    σ_pan = :func:`accounting.gaussian.analytic_sigma` (ε, δ_pan, 2L) and, for Laplace,
+    σ_pan = :func:`panpriv.accounting.gaussian.analytic_sigma` (ε, δ_pan, 2L) and, for Laplace,
     v_pan = 2L/(ε − 2 log(1 − δ_pan)) (the root of (1 − e^{ε/2 − L/v})_+ = δ_pan, Eq. (4)).
 
     The noise injected into the iterate per step, ησ_j = M D/(2√W(·)), does not depend on η and
@@ -567,7 +567,7 @@ class OnlinePNSGD(_PNSGD):
         noise, so A_i is non-decreasing in i (θ increases in 2L/σ_i) and B_t ≤ 1; hence
         δ_i ≤ A_i ≤ A_s for every released i ≤ s = the last snapshot position, with equality for
         i = s: the maximum is exactly A_s, computed in O(1) (checked against the O(n)
-        :func:`accounting.iteration.worst_released_delta` in the tests).
+        :func:`panpriv.accounting.iteration.worst_released_delta` in the tests).
 
         Intrusion: reading w_k right after step k exposes record k through that step alone; any
         record j ≤ k is then protected by A_j ∏_{t=j+1}^{min(s(j), k)} B_t ≤ A_j. The worst case over

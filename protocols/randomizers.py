@@ -4,7 +4,7 @@ Both randomizers first clip the gradient to ℓ2 norm C (``clip``), so that any 
 user are within distance 2C — the sensitivity under replacement of her record — and are unbiased
 for the clipped gradient. A *dummy* message (Balle et al. 2020, Alg. 1: the server's update for an empty time
 slot) is the same randomizer applied to the zero vector (:meth:`dummy`), which is what the
-amplification argument of :mod:`accounting.checkin` requires.
+amplification argument of :mod:`panpriv.accounting.checkin` requires.
 
 - :class:`GaussianRandomizer`: x + N(0, (σC)² I), σ the *noise multiplier* relative to C (Liew & Takahashi 2022 §5.2's
   convention). It is (ε₀, δ₀)-DP with the exact Gaussian privacy profile for sensitivity 2C
@@ -32,12 +32,12 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import gammaln
 
-from accounting.gaussian import analytic_epsilon
-from accounting.ledger import Guarantee
-from protocols import validation as check
-from protocols.calibration import smallest_feasible
-from protocols.scalar_residue import scale_rows
-from protocols.scratch import clip_rows_into
+from panpriv.accounting.gaussian import analytic_epsilon
+from panpriv.accounting.ledger import Guarantee
+from panpriv.protocols import validation as check
+from panpriv.protocols.calibration import smallest_feasible
+from panpriv.protocols.scalar_residue import scale_rows
+from panpriv.protocols.scratch import clip_rows_into
 
 Array = NDArray[np.float64]
 
@@ -105,7 +105,7 @@ class GaussianRandomizer:
 
     def privatize(self, G: Array, generator: np.random.Generator) -> Array:
         """Messages clip_C(g) + N(0, (σC)² I) for the rows of ``G``: the clip as
-        :func:`protocols.losses.clip_rows` computes it (bitwise, :func:`protocols.scratch.clip_rows_into`,
+        :func:`panpriv.protocols.losses.clip_rows` computes it (bitwise, :func:`panpriv.protocols.scratch.clip_rows_into`,
         whose norms and factors live in arrays zeroed here) and the noise added in place, its
         draw zeroed once added."""
         G = np.asarray(G, dtype=np.float64)
@@ -200,7 +200,7 @@ class L2BallRandomizer:
         hemisphere drawn, reflecting it otherwise. A zero row (the dummy input) gets z itself: for
         x = 0, v = ±u is uniform and so is the resulting z, whatever hemisphere is drawn. The
         output row is ±B·z, the sign chosen before the one multiplication (B·(±1) is exact), in
-        place on z (:func:`protocols.scalar_residue.scale_rows`). Every work value derived from the
+        place on z (:func:`panpriv.protocols.scalar_residue.scale_rows`). Every work value derived from the
         clean rows (norms, ⟨z, x⟩, sides) is computed into arrays allocated here and zeroed before
         returning: no numpy temporary is left holding them.
         """
@@ -273,7 +273,7 @@ def normalise_rows(Z: Array, lengths: Array, work: Array) -> Array:
     ``lengths`` (shape (k,)) and ``work`` (the shape of ``Z``) are the caller's buffers, left
     holding the lengths for the caller to wipe: the division goes through ``work`` because a
     broadcast ``Z /= lengths[:, None]`` would leave them in numpy's freed iteration buffer
-    (:mod:`protocols.scalar_residue`). Shared by :func:`_unit_rows` and the check-in learner's
+    (:mod:`panpriv.protocols.scalar_residue`). Shared by :func:`_unit_rows` and the check-in learner's
     ℓ2 directions, so both normalise with the same operations."""
     np.einsum("ij,ij->i", Z, Z, out=lengths)
     np.sqrt(lengths, out=lengths)

@@ -141,7 +141,7 @@ def _check_layout(keyed: _KeyedPCG64) -> None:
         "inc": 0,
     }:
         raise RuntimeError(
-            "protocols.randomness: this numpy's PCG64 state layout is not the one expected; the "
+            "panpriv.protocols.randomness: this numpy's PCG64 state layout is not the one expected; the "
             "noise generator could not be wiped after use, so the pan-private mode refuses to run"
         )
 

@@ -1,10 +1,10 @@
 """Learners that read a recording by record index: the typed half of the learner contract that
-the service's record-index driver (``streamer.replay``) relies on.
+the service's record-index driver (``panpriv.streamer.replay``) relies on.
 
-Most learners take a stream in arrival order (:meth:`~protocols.base.Learner.learn_many`). A
+Most learners take a stream in arrival order (:meth:`~panpriv.protocols.base.Learner.learn_many`). A
 :class:`RecordedLearner` needs the whole recording at hand and chooses which record comes next:
-:class:`~protocols.pnsgd.ShuffledPNSGD` visits the n records in the order of one uniformly random
-permutation (Sordello et al. 2021, Thm 2); :class:`~protocols.shuffle_gd.ShuffleGD` reads every
+:class:`~panpriv.protocols.pnsgd.ShuffledPNSGD` visits the n records in the order of one uniformly random
+permutation (Sordello et al. 2021, Thm 2); :class:`~panpriv.protocols.shuffle_gd.ShuffleGD` reads every
 record once per round (Cheu et al. 2022, Alg. 5).
 """
 
@@ -17,8 +17,8 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import PrivacyReport
-from protocols.base import Learner
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.protocols.base import Learner
 
 Fetch = Callable[[NDArray[np.int64]], tuple[NDArray[np.float64], NDArray[np.float64]]]
 """``fetch(indices) -> (X, y)``: the records of the recording at those indices, in that order."""
@@ -55,5 +55,5 @@ class RecordedLearner(Learner):
     def round_reports(self) -> Sequence[PrivacyReport]:
         """One report per pass begun, each the pass's *increment* of the composed guarantee
         (``shuffle-gd``); asked for only when :attr:`reports_per_round` is set. The default, for
-        a learner whose :meth:`~protocols.base.Learner.privacy` covers every pass at once, has none."""
+        a learner whose :meth:`~panpriv.protocols.base.Learner.privacy` covers every pass at once, has none."""
         return ()

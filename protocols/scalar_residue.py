@@ -4,7 +4,7 @@ Freed Python floats
 -------------------
 
 pnsgd and checkin compute each record's margin ⟨θ, z⟩, slope φ′ and clipped slope on Python
-floats (:func:`protocols.scratch.scalar_dphi`: a numpy call on a one-element array costs
+floats (:func:`panpriv.protocols.scratch.scalar_dphi`: a numpy call on a one-element array costs
 microseconds a record). Every such value is a float object, freed a moment later — and freeing
 does not erase it. CPython (3.11–3.13) keeps up to 100 freed floats on a free list with their
 values intact and hands the rest, like a freed numpy float64 scalar, back to its small-object

@@ -6,8 +6,8 @@ their temporaries in freed memory (small ones in numpy's own cache, handed uncha
 allocation of the same size). So the learners compute features, labels, per-record gradients,
 their norms and partial sums into the buffers of a :class:`Scratch` with ``out=`` operations, and
 call :meth:`Scratch.wipe` (zeros) before ``learn_many`` returns. The functions here reproduce
-:meth:`protocols.losses.Loss.features`, :meth:`~protocols.losses.Loss.gradient`,
-:meth:`~protocols.losses.Loss.envelope_gradient` and :func:`protocols.losses.clip_rows` operation
+:meth:`panpriv.protocols.losses.Loss.features`, :meth:`~panpriv.protocols.losses.Loss.gradient`,
+:meth:`~panpriv.protocols.losses.Loss.envelope_gradient` and :func:`panpriv.protocols.losses.clip_rows` operation
 for operation, so results are bitwise the same and the mechanisms unchanged — except the GLM
 forms :func:`clipped_gradient_sum` and :func:`clipped_weights`, which clip each gradient from its
 feature row's norm (the same clip; rows inside the bound bitwise, clipped rows within a few ulps;
@@ -31,9 +31,9 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, Loss, SquaredLoss
-from protocols.scalar_residue import scale_rows, scrub_freed_floats
-from protocols.sigmoid import _LARGEST_EXPONENT, _SCALAR_SIZE
+from panpriv.protocols.losses import HingeLoss, HuberLoss, LogisticLoss, Loss, SquaredLoss
+from panpriv.protocols.scalar_residue import scale_rows, scrub_freed_floats
+from panpriv.protocols.sigmoid import _LARGEST_EXPONENT, _SCALAR_SIZE
 
 Array = NDArray[np.float64]
 
@@ -66,13 +66,13 @@ class Scratch:
 
 
 def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array) -> Array:
-    """:func:`protocols.losses.clip_rows` of ``X`` into ``out`` (may be ``X`` itself), using
+    """:func:`panpriv.protocols.losses.clip_rows` of ``X`` into ``out`` (may be ``X`` itself), using
     ``norms`` (shape (m,)) and ``work`` (the shape of ``X``) as work space; bitwise the same
     result (:func:`_clip_factors`).
 
     Every factor is at most 1, and exactly 1 for a row inside the bound, so when the least one
     is 1 nothing is multiplied (x·1 = x). Otherwise the rows are scaled through ``work``
-    (:func:`protocols.scalar_residue.scale_rows`): ``X * norms[:, None]`` would leave every row's
+    (:func:`panpriv.protocols.scalar_residue.scale_rows`): ``X * norms[:, None]`` would leave every row's
     factor — its norm, for a clipped row — in numpy's freed iteration buffer.
 
     A finite row whose sum of squares overflows (‖x‖ above ~1.3e154) has its norm measured
@@ -266,12 +266,12 @@ def clipped_weights(
 
 def _logistic_clipped_weights(margins: Array, y: Array, norms: Array, bound: float, weights: Array) -> Array:
     """:func:`clipped_weights` of the logistic loss (labels ±1, more than the scalar size of
-    :func:`protocols.sigmoid.expit`), bit for bit, in 10 ufunc calls instead of 15 and without
+    :func:`panpriv.protocols.sigmoid.expit`), bit for bit, in 10 ufunc calls instead of 15 and without
     the loss's temporary, into ``weights``. ``margins`` (⟨θ, z_i⟩, in scratch) is overwritten
     with σ(−y_i s_i).
 
     The same numbers: :meth:`LogisticLoss._dphi` computes s' = −(y·σ(−(y·s))) with
-    :func:`~protocols.sigmoid.expit`, σ(t) = 1/(1 + exp(min(−t, 709))); here −t = −(−(y·s)) = y·s
+    :func:`~panpriv.protocols.sigmoid.expit`, σ(t) = 1/(1 + exp(min(−t, 709))); here −t = −(−(y·s)) = y·s
     exactly, so σ is the same array. As |y| = 1, |s'| = σ exactly (a product by ±1 is exact), so
     |s'|·‖z‖ = σ·‖z‖, and f·s' = f·(∓σ) = ((−f)·σ)·y bit for bit (sign changes are exact)."""
     largest_exponent, one = _LOGISTIC_CONSTANTS
@@ -312,7 +312,7 @@ def weighted_rows(weights: Array, Z: Array, scratch: Scratch) -> Array:
     """The rows w_i·z_i (shape (m, p), in ``scratch``): the clipped gradients of
     :func:`clipped_weights` as a matrix, for an encoder that needs each user's vector. Formed as
     the weights copied across each row, then times Z (the same products): ``weights[:, None] * Z``
-    would leave the weights in numpy's freed iteration buffer (:mod:`protocols.scalar_residue`)."""
+    would leave the weights in numpy's freed iteration buffer (:mod:`panpriv.protocols.scalar_residue`)."""
     rows = scratch.take("gradients", *Z.shape)
     np.copyto(rows, weights[:, None])
     rows *= Z
@@ -350,11 +350,11 @@ def clipped_gradient_sum(
     come from one pass over X each; the clipped gradient is w_i·z_i with
     w_i = s_i·min(1, L/(|s_i|‖z_i‖)), and the sum is (Xᵀ(w∘f), c·Σw): one more pass (BLAS).
     Each record's contribution has norm |w_i|·‖z_i‖ ≤ L up to rounding, which the learners'
-    sensitivity slack covers (:data:`protocols.pan_acsa.SENSITIVITY_SLACK`).
+    sensitivity slack covers (:data:`panpriv.protocols.pan_acsa.SENSITIVITY_SLACK`).
 
     ``y`` are the loss's labels (:func:`labels`). Only m-vectors and the p-vector sum are
     written, all in ``scratch``; the loss's φ' vector is wiped as in :func:`clipped_gradients`.
-    ``row_squares``: the rows' ‖x_i‖² when the caller has them (:func:`protocols.base.check_batch`
+    ``row_squares``: the rows' ‖x_i‖² when the caller has them (:func:`panpriv.protocols.base.check_batch`
     computes them while it validates X), which saves a pass over X.
     """
     m, d = X.shape
@@ -403,7 +403,7 @@ def clipped_gradient_sum(
 
 
 def scalar_dphi(loss: Loss) -> Callable[[float, float], float] | None:
-    """φ′(s, y) on Python floats (the array ``_dphi`` of :mod:`protocols.losses`, within a few
+    """φ′(s, y) on Python floats (the array ``_dphi`` of :mod:`panpriv.protocols.losses`, within a few
     ulps: logistic −y·σ(−ys) through a stable σ, squared s − y, Huber s − y clipped to [−h, h],
     hinge −y where ys < 1 else 0); ``None`` for any other loss, whose callers keep the array form.
     For the per-record loops (pnsgd, checkin): a numpy call on a one-element array costs

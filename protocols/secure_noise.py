@@ -1,7 +1,7 @@
 """Fixed-point accumulation with exact discrete Gaussian noise: the ``noise="secure"`` option.
 
 A learner in this mode keeps its noisy sum as an int64 vector on a public grid of step γ and adds
-noise drawn exactly from the discrete Gaussian (:mod:`protocols.discrete_gaussian`), so no noise
+noise drawn exactly from the discrete Gaussian (:mod:`panpriv.protocols.discrete_gaussian`), so no noise
 value ever passes through a floating-point sampler (Mironov 2012's attack surface). Values leave
 the grid only by post-processing (the batch mean is ``γ · sum / b``, formed after both draws).
 
@@ -18,9 +18,9 @@ The public rule (depends on the configuration only, never on data):
   a bias of less than γ per coordinate toward zero in each record's contribution (a utility
   effect, ≤ √p · 2^−k · L in norm);
 * each draw is N_Z(0, σ²) per coordinate with σ² the smallest integer (then rounded up to a
-  multiple of the sampler's proposal scale, :func:`protocols.discrete_gaussian.efficient_variance`)
+  multiple of the sampler's proposal scale, :func:`panpriv.protocols.discrete_gaussian.efficient_variance`)
   for which the batch sum is (ε, δ)-DP through Canonne, Kamath & Steinke 2020 Thm 14 (ρ = Δ²/(2σ²)
-  zCDP) and Cor. 13 (ρ-zCDP → (ε, δ)), computed by :mod:`accounting.discrete_gaussian`.
+  zCDP) and Cor. 13 (ρ-zCDP → (ε, δ)), computed by :mod:`panpriv.accounting.discrete_gaussian`.
 
 σ² in grid units depends only on (ε, δ) and k, not on L: the noise on the real scale is γσ = Lσ/2^k.
 
@@ -41,8 +41,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.discrete_gaussian import calibrate_sigma2, rho, zcdp_epsilon
-from protocols.discrete_gaussian import UniformSource, efficient_variance, sample_discrete_gaussian
+from panpriv.accounting.discrete_gaussian import calibrate_sigma2, rho, zcdp_epsilon
+from panpriv.protocols.discrete_gaussian import UniformSource, efficient_variance, sample_discrete_gaussian
 
 GRID_BITS = 16
 """k: the grid step is γ = L·2^−k, so a record's vector spans up to 2^k grid units. 16 bits keep the

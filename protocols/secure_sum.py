@@ -79,9 +79,9 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.bisection import least_passing
-from protocols.errors import InvalidInputError
-from protocols.randomness import fill_from_os
+from panpriv.accounting.bisection import least_passing
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.randomness import fill_from_os
 
 SECURITY_BITS = 64
 """σ: the analyzer's view is within 2^−σ of a function of the totals (:func:`shares_needed`)."""

@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import validation as check
-from protocols.base import Learner, StateValue
-from protocols.geometry import L2Ball
-from protocols.losses import Loss
-from protocols.randomness import NoiseSource, RngLike
-from protocols.state_io import read_array, read_float
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import validation as check
+from panpriv.protocols.base import Learner, StateValue
+from panpriv.protocols.geometry import L2Ball
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.randomness import NoiseSource, RngLike
+from panpriv.protocols.state_io import read_array, read_float
 
 Array = NDArray[np.float64]
 
@@ -131,7 +131,7 @@ class MessageSGDLearner(Learner):
     """Shared parts of the learners that step on means of users' local-randomizer messages.
 
     Subclass constructors call :meth:`_setup` first, then set ``_noise_moment`` (v of their
-    randomizer, :meth:`protocols.randomizers.LocalRandomizer.noise_second_moment`).
+    randomizer, :meth:`panpriv.protocols.randomizers.LocalRandomizer.noise_second_moment`).
     """
 
     dim: int

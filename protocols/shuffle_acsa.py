@@ -2,40 +2,40 @@
 
 Protocol (Cheu et al. 2022, Alg. 4). A stream of n records (the ``horizon``, public) is cut into consecutive
 batches; each record is one user in exactly one batch (Cheu et al. 2022, Def. 2.7). For batch t the users compute
-∇ℓ(θ^md_t; x), clipped to norm L, and report it through PVEC (:class:`protocols.encoder.VectorSum`
+∇ℓ(θ^md_t; x), clipped to norm L, and report it through PVEC (:class:`panpriv.protocols.encoder.VectorSum`
 with n = b_t users, (ε, δ), Δ₂ = L); the analyzer's sum estimate divided by b_t, plus the exact
 ridge gradient, is the AC-SA oracle answer g_t, and the shared AC-SA core
-(:func:`protocols.acsa.step`: Lan's updates) produces θ_{t+1}, θ^ag_{t+1} and the next middle
+(:func:`panpriv.protocols.acsa.step`: Lan's updates) produces θ_{t+1}, θ^ag_{t+1} and the next middle
 point. The released model is θ^ag.
 
-Cases (parameters from :func:`protocols.acsa.plan_runs`, the same planner PanPrivateACSA uses, fed
+Cases (parameters from :func:`panpriv.protocols.acsa.plan_runs`, the same planner PanPrivateACSA uses, fed
 with this learner's noise level):
 
 - β-smooth loss → one AC-SA run, batch size from the proof of Thm 4.3 (with its constants kept);
 - non-smooth loss → Moreau smoothing (Cheu et al. 2022, Def. 4.5, Lemma 4.6, Thm 4.7): the oracle reports
-  gradients of each record's β_s-Moreau envelope (:func:`protocols.acsa.record_gradients`), β_s
+  gradients of each record's β_s-Moreau envelope (:func:`panpriv.protocols.acsa.record_gradients`), β_s
   from the proof of Thm 4.7;
 - λ-strongly convex (ridge or declared ``strong_convexity``) → the phases of Thm 4.8: k = O(log log n)
   disjoint runs of about n/k records, each warm-started from the previous output, smoothed or not.
 
 Noise level. Privacy noise enters the plans through the noise multiplier ν of the batch mean:
 the PVEC estimate's per-coordinate variance v (≈ independent of b) gives E‖Z‖² = p v/b² on the
-mean, i.e. ν = √v/L (:class:`protocols.acsa.Problem`); the oracle variance is σ² = L²/b + p v/b²,
-Cheu et al. 2022 Eq. (5). v is :func:`protocols.shuffle_base.sum_variance_hint` (planning only); the noise
+mean, i.e. ν = √v/L (:class:`panpriv.protocols.acsa.Problem`); the oracle variance is σ² = L²/b + p v/b²,
+Cheu et al. 2022 Eq. (5). v is :func:`panpriv.protocols.shuffle_base.sum_variance_hint` (planning only); the noise
 actually added is the calibrated PVEC's, one instance per distinct batch size (a run's batches
 have ⌊n/T⌋ or ⌊n/T⌋ + 1 users so that every record is used).
 
 Options shared with ``pan-acsa`` (issue 17, item 2), each utility only: ``gradient_bound`` C clips
 the per-record gradients to min(C, L) — PVEC is then calibrated to that smaller norm — and
 ``restart="gradient"`` (default) restarts AC-SA when the noisy round gradient shows the momentum
-overshooting (:func:`protocols.acsa.step`, O'Donoghue & Candès 2015: post-processing of the
-analyzer's outputs), planned with :data:`protocols.acsa.RESTART_TUNING`; ``restart="none"`` is
+overshooting (:func:`panpriv.protocols.acsa.step`, O'Donoghue & Candès 2015: post-processing of the
+analyzer's outputs), planned with :data:`panpriv.protocols.acsa.RESTART_TUNING`; ``restart="none"`` is
 Lan's method with Cheu et al.'s parameters, for which their utility theorems are proven.
 
 Privacy (Cheu et al. 2022, proofs of Thms 4.3, 4.7, 4.8): each round is (ε, δ)-shuffle private for its users, a
 record is in one round, the rest is post-processing; smoothing changes only which function of the
 record is encoded (still clipped to L). So everything released is (ε, δ)-DP per record. The
-pan-private view is the local guarantee of one PVEC message (:mod:`protocols.shuffle_base`).
+pan-private view is the local guarantee of one PVEC message (:mod:`panpriv.protocols.shuffle_base`).
 
 References
 ----------
@@ -53,9 +53,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import validation as check
-from protocols.acsa import (
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import validation as check
+from panpriv.protocols.acsa import (
     BATCH_RULES,
     DEFAULT_TUNING,
     RESTART_TUNING,
@@ -73,13 +73,13 @@ from protocols.acsa import (
     step,
     uses_moreau,
 )
-from protocols.base import StateValue
-from protocols.encoder import VectorSum
-from protocols.errors import InvalidInputError
-from protocols.losses import Loss
-from protocols.randomness import RngLike
-from protocols.shuffle_base import Calibration, SequentialLearner, max_guarantee, pvec_noise_lines, read_round
-from protocols.state_io import read_array, read_int
+from panpriv.protocols.base import StateValue
+from panpriv.protocols.encoder import VectorSum
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.randomness import RngLike
+from panpriv.protocols.shuffle_base import Calibration, SequentialLearner, max_guarantee, pvec_noise_lines, read_round
+from panpriv.protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
 
@@ -94,7 +94,7 @@ class ShuffleACSA(SequentialLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss` or its config dict.
     epsilon, delta
         The (ε, δ) of every round, hence of everything released, per record.
     horizon
@@ -112,18 +112,18 @@ class ShuffleACSA(SequentialLearner):
     smoothing
         ``"auto"`` (Moreau-smooth non-smooth losses only), ``"moreau"`` or ``"none"``.
     calibration
-        ``"tight"`` (default) or ``"paper"`` (:class:`protocols.encoder.VectorSum`).
+        ``"tight"`` (default) or ``"paper"`` (:class:`panpriv.protocols.encoder.VectorSum`).
     honest_fraction
         γ of Cheu et al. 2022, App. A.3 (robust shuffle privacy), passed to the PVEC instances.
     batch_rule
         ``"worst-case"`` (default) or ``"glm"``: the noise term's dimension in the batch rule
-        (:func:`protocols.acsa.noise_dimension`); utility only.
+        (:func:`panpriv.protocols.acsa.noise_dimension`); utility only.
     gradient_bound
         C: per-record gradients are clipped to norm min(C, L), L the loss's worst-case bound over Θ;
         ``None`` (default): L. PVEC's sensitivity is then the smaller norm (utility only; the
-        learner optimises a convex C-Lipschitz surrogate, :func:`protocols.acsa.effective_gradient_bound`).
+        learner optimises a convex C-Lipschitz surrogate, :func:`panpriv.protocols.acsa.effective_gradient_bound`).
     restart
-        ``"gradient"`` (default): gradient restarts planned with :data:`protocols.acsa.RESTART_TUNING`
+        ``"gradient"`` (default): gradient restarts planned with :data:`panpriv.protocols.acsa.RESTART_TUNING`
         (post-processing); ``"none"``: Lan's method with Cheu et al.'s parameters.
     rng
         ``None`` (default): fresh OS entropy for every draw. A seed or generator: the labelled
@@ -131,10 +131,10 @@ class ShuffleACSA(SequentialLearner):
 
     Notes
     -----
-    Deviations from Cheu et al. 2022, each where implemented in :mod:`protocols.acsa`: α_t = 2/(t+1) and Lan's
+    Deviations from Cheu et al. 2022, each where implemented in :mod:`panpriv.protocols.acsa`: α_t = 2/(t+1) and Lan's
     step sizes (the seed's Lemma 4.4 constants are garbled), batches of ⌊n/T⌋ or ⌊n/T⌋ + 1 users
     (Alg. 4 drops the n mod b leftover records), the Moreau envelope over R^p instead of Θ, and the
-    constants the O(·) of Thms 4.3/4.7/4.8 leave open (:class:`protocols.acsa.Tuning`).
+    constants the O(·) of Thms 4.3/4.7/4.8 leave open (:class:`panpriv.protocols.acsa.Tuning`).
 
     References
     ----------
@@ -205,8 +205,8 @@ class ShuffleACSA(SequentialLearner):
 
     @property
     def tuning(self) -> Tuning:
-        """The planning constants: :data:`protocols.acsa.RESTART_TUNING` with restarts, Cheu et al.'s
-        (:data:`protocols.acsa.DEFAULT_TUNING`) without."""
+        """The planning constants: :data:`panpriv.protocols.acsa.RESTART_TUNING` with restarts, Cheu et al.'s
+        (:data:`panpriv.protocols.acsa.DEFAULT_TUNING`) without."""
         return RESTART_TUNING if self.restart == "gradient" else DEFAULT_TUNING
 
     def describe_noise(self) -> tuple[str, ...]:

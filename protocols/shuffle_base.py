@@ -1,14 +1,14 @@
 """What the encoder-based shuffle learners share: PVEC rounds over a stream, and the local bound.
 
-:class:`~protocols.shuffle_sgd.ShuffleSGD` (Cheu et al. 2022, Alg. 3), :class:`~protocols.shuffle_acsa.ShuffleACSA`
-(Cheu et al. 2022, Alg. 4) and :class:`~protocols.shuffle_gd.ShuffleGD` (Cheu et al. 2022, Alg. 5) all proceed in *rounds*:
+:class:`~panpriv.protocols.shuffle_sgd.ShuffleSGD` (Cheu et al. 2022, Alg. 3), :class:`~panpriv.protocols.shuffle_acsa.ShuffleACSA`
+(Cheu et al. 2022, Alg. 4) and :class:`~panpriv.protocols.shuffle_gd.ShuffleGD` (Cheu et al. 2022, Alg. 5) all proceed in *rounds*:
 the model is fixed during a round; each user (record) of the round computes her gradient at the
 model's query point, clips it to norm L and runs PVEC's local randomizer on it
-(:meth:`protocols.encoder.VectorSum.randomize`, Cheu et al. 2022 Alg. 2 over Alg. 1); when the round's last user
+(:meth:`panpriv.protocols.encoder.VectorSum.randomize`, Cheu et al. 2022 Alg. 2 over Alg. 1); when the round's last user
 has reported, the analyzer turns the shuffled messages into an unbiased estimate of the gradient
-sum (:meth:`~protocols.encoder.VectorSum.analyze`), divides by the number of users and the learner
+sum (:meth:`~panpriv.protocols.encoder.VectorSum.analyze`), divides by the number of users and the learner
 takes a step. :class:`EncodedLearner` implements that loop once; each learner supplies the round's
-:class:`~protocols.encoder.VectorSum`, the gradients at its query point, and the step.
+:class:`~panpriv.protocols.encoder.VectorSum`, the gradients at its query point, and the step.
 
 State between micro-batches (micro-batch invariance)
 ----------------------------------------------------
@@ -30,7 +30,7 @@ A sum of independent Bin(b, p) is Bin(k·b, p), so ``totals`` at every piece bou
 micro-batches, when the round closes — has exactly the law it has under per-user draws, and so
 has everything computed from it. :attr:`EncodedLearner.pooled_noise` = ``False`` draws every
 user's message as her device would (:meth:`VectorSum.randomize`'s draws, in its order): the
-reference the Encode–Shuffle–Analyze tests reproduce bit for bit (:mod:`streamer.esa`, whose
+reference the Encode–Shuffle–Analyze tests reproduce bit for bit (:mod:`panpriv.streamer.esa`, whose
 clients always draw per user, since there each message leaves its user's device).
 
 Pan-private view (Cheu et al. 2022, Def. C.2)
@@ -63,19 +63,19 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.binomial import pvec_parameters, tight_delta
-from accounting.errors import InvalidParameterError
-from accounting.gaussian import analytic_sigma
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import scratch
-from protocols import validation as check
-from protocols.base import Learner, StateValue, check_batch
-from protocols.encoder import VectorSum
-from protocols.errors import InvalidInputError
-from protocols.losses import Loss
-from protocols.randomness import RngLike
-from protocols.rounds import round_slices
-from protocols.state_io import read_array, read_int
+from panpriv.accounting.binomial import pvec_parameters, tight_delta
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.gaussian import analytic_sigma
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import scratch
+from panpriv.protocols import validation as check
+from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.encoder import VectorSum
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.randomness import RngLike
+from panpriv.protocols.rounds import round_slices
+from panpriv.protocols.state_io import read_array, read_int
 
 Array = NDArray[np.float64]
 
@@ -94,7 +94,7 @@ _LOCAL_MAX_EPSILON = 1e4  # beyond this the local guarantee is reported as none
 
 LOCAL_COST_LIMIT = 2e6
 """Largest g·σ (σ the spread of the binomial noise the accountant is run with) for which
-:func:`message_guarantee` runs :func:`accounting.binomial.tight_delta`, whose cost grows like g·σ
+:func:`message_guarantee` runs :func:`panpriv.accounting.binomial.tight_delta`, whose cost grows like g·σ
 (about 25 s per call at the limit). Above it the local guarantee is reported as none — vacuous, so
 always true. Only the paper's calibration gets there: its g ≥ 2Δ₂√n grows with the round size and
 the gradient bound."""
@@ -113,9 +113,9 @@ def sum_variance_hint(
     The variance hardly depends on the number of users (the noise is calibrated to the sensitivity
     Δ = 2Δ₂ of the sum, whatever n is), so plans (batch sizes, step sizes) can be made before the
     batch size is known. ``"paper"``: the exact bound of Cheu et al. 2022 Thm 3.2's parameters for one user
-    (:func:`accounting.binomial.pvec_parameters`). ``"tight"``: the Gaussian proxy
+    (:func:`panpriv.accounting.binomial.pvec_parameters`). ``"tight"``: the Gaussian proxy
     (2Δ₂·σ_unit)²/γ with σ_unit the analytic-Gaussian noise per unit sensitivity at (ε, δ) — the
-    tight calibration is within ~20 % of it (:mod:`accounting.binomial`). Privacy never depends on
+    tight calibration is within ~20 % of it (:mod:`panpriv.accounting.binomial`). Privacy never depends on
     this number: the noise added is always that of the calibrated :class:`VectorSum`.
     """
     if calibration == "paper":
@@ -171,7 +171,7 @@ def message_guarantee(vector_sum: VectorSum, delta: float, floor: float) -> Guar
     """(ε, δ) of one user's PVEC message on its own: the local guarantee of R_VEC.
 
     One user's message is the per-coordinate counts x̄ + η with η ~ Bin(b, p): the protocol of
-    :func:`accounting.binomial.tight_delta` with a single noisy user, so its bound applies
+    :func:`panpriv.accounting.binomial.tight_delta` with a single noisy user, so its bound applies
     verbatim (its steps 1–8 never use more than the one user's noise). The ε returned is the least
     point of the grid ``floor·LOCAL_GRID^k`` (k ≥ 0) at which that bound is ≤ ``delta``; the grid
     starts at ``floor`` because callers only need the local bound where it exceeds their shuffle
@@ -296,7 +296,7 @@ class EncodedLearner(Learner):
 
     def _learn_block(self, Z: Array, labels: Array) -> None:
         """The rounds over one block of features (in scratch), a round possibly straddling blocks;
-        the rows' squared norms and norms (:func:`protocols.scratch.feature_norms`, for the pooled
+        the rows' squared norms and norms (:func:`panpriv.protocols.scratch.feature_norms`, for the pooled
         path's clip) are computed once per block, not per round."""
         squares, norms = scratch.feature_norms(Z, self._scratch)
         for rows in round_slices(Z.shape[0], lambda: self._round_sum().n - self._filled):
@@ -326,7 +326,7 @@ class EncodedLearner(Learner):
     def learn_totals(self, totals: NDArray[np.integer]) -> None:
         """One whole round from the shuffler's view alone: the per-coordinate totals Tⱼ of the
         round's users' PVEC counts (:meth:`VectorSum.aggregate`), obtained by a deployment whose
-        users run the randomizer themselves (:mod:`streamer.esa`). The same analysis and step as
+        users run the randomizer themselves (:mod:`panpriv.streamer.esa`). The same analysis and step as
         :meth:`learn_many`; the round's ``n`` users count as learned. Never inside a round begun by
         :meth:`learn_many`."""
         vector_sum = self._round_sum()
@@ -355,11 +355,11 @@ class EncodedLearner(Learner):
     def _clipped_gradients(self, Z: Array, labels: Array, norms: Array, squares: Array) -> Array:
         """The users' gradients at :meth:`_query`'s point, each clipped to L, in scratch.
 
-        Per user (``pooled_noise = False``): :func:`protocols.scratch.clipped_gradients`, the
-        function the Encode–Shuffle–Analyze clients run (:mod:`streamer.esa.sum_client`), so the
+        Per user (``pooled_noise = False``): :func:`panpriv.protocols.scratch.clipped_gradients`, the
+        function the Encode–Shuffle–Analyze clients run (:mod:`panpriv.streamer.esa.sum_client`), so the
         seeded reproduction is bit for bit. Pooled (in process): the same clip written as w_i·z_i
-        from the block's row norms (:func:`protocols.scratch.clipped_weights`, clipped to
-        :func:`protocols.scratch.strict_bound` (L, p)): identical rows where the gradient is inside
+        from the block's row norms (:func:`panpriv.protocols.scratch.clipped_weights`, clipped to
+        :func:`panpriv.protocols.scratch.strict_bound` (L, p)): identical rows where the gradient is inside
         that bound, (p + 8)·2⁻⁵² relative apart where it is clipped, every row of exact norm ≤ L,
         inside the ℓ₂ bound Δ₂ = L(1 + :data:`NORM_SLACK`)
         declared to PVEC — the same mechanism."""
@@ -410,12 +410,12 @@ class EncodedLearner(Learner):
 
 class SequentialLearner(EncodedLearner):
     """An :class:`EncodedLearner` whose records each answer exactly one round (sequential
-    interactivity, Cheu et al. 2022 Def. 2.7): :class:`~protocols.shuffle_sgd.ShuffleSGD` (Alg. 3)
-    and :class:`~protocols.shuffle_acsa.ShuffleACSA` (Alg. 4), not :class:`~protocols.shuffle_gd.ShuffleGD`
+    interactivity, Cheu et al. 2022 Def. 2.7): :class:`~panpriv.protocols.shuffle_sgd.ShuffleSGD` (Alg. 3)
+    and :class:`~panpriv.protocols.shuffle_acsa.ShuffleACSA` (Alg. 4), not :class:`~panpriv.protocols.shuffle_gd.ShuffleGD`
     (Alg. 5, where every user answers every round).
 
     The contract of their Encode–Shuffle–Analyze deployment over secure summation
-    (:mod:`streamer.esa.sum_client`, :mod:`streamer.esa.sum_analyzer`): a round's users need only
+    (:mod:`panpriv.streamer.esa.sum_client`, :mod:`panpriv.streamer.esa.sum_analyzer`): a round's users need only
     the public :meth:`query_point`, :meth:`round_smoothing`, :attr:`gradient_norm_bound` and the
     round's PVEC instance (:attr:`vector_sums`) to run the randomizer themselves, and the analyzer
     feeds the round's totals to :meth:`EncodedLearner.learn_totals` until :attr:`finished`. The

@@ -3,10 +3,10 @@
 Protocol (Liew & Takahashi 2022 §5.2, in the streaming setting of Cheu et al. 2022 Def. 2.7). The stream is cut into consecutive
 *windows* of N records; each window is one round. The model θ_t is fixed during the round. Every
 user (record) of the window who *participates* computes her gradient at θ_t, clips it to ℓ2 norm C
-and sends ``g + N(0, (σC)² I)`` (σ the noise multiplier, :class:`protocols.randomizers.GaussianRandomizer`)
+and sends ``g + N(0, (σC)² I)`` (σ the noise multiplier, :class:`panpriv.protocols.randomizers.GaussianRandomizer`)
 to the shuffler; at the end of the window the analyzer takes the mean of the K messages of the
 round (their order is irrelevant to it), adds the exact ridge gradient and takes a projected SGD
-step (:class:`protocols.sgd.AveragedSGD`). Who participates (``participation``):
+step (:class:`panpriv.protocols.sgd.AveragedSGD`). Who participates (``participation``):
 
 - ``"all"``: every record; N = b (``batch_size``). Accounted by Liew & Takahashi 2022 Thm 1 with n = b.
 - ``"subsampled"``: the server samples b of the N users of the window uniformly without
@@ -22,12 +22,12 @@ users' clipped gradients at the common θ_t, and later rounds depend on it only 
 loss is that of its own round alone — a *per-record* guarantee that does not grow with the stream
 (parallel composition over rounds). Two records of a user give clipped gradients at distance at
 most 2C, so in Liew & Takahashi's normalisation (records at distance 1, noise σ_004) the round has
-σ_004 = σC/(2C) = σ/2: that is the ``sigma`` passed to :mod:`accounting.shuffle_gaussian`. The
+σ_004 = σC/(2C) = σ/2: that is the ``sigma`` passed to :mod:`panpriv.accounting.shuffle_gaussian`. The
 RDP curve is converted by Liew & Takahashi 2022 Lemma 2 on the integer orders :data:`ORDERS`. The released model
 is post-processing of the shuffled messages (and in fact of their sum alone).
 
 The shuffle bounds rest on assumptions Liew & Takahashi 2022 does not prove (``THM1_ASSUMPTIONS``,
-``CHECKIN_ASSUMPTIONS`` of :mod:`accounting.shuffle_gaussian`), and every report using them lists
+``CHECKIN_ASSUMPTIONS`` of :mod:`panpriv.accounting.shuffle_gaussian`), and every report using them lists
 them. The shuffled messages are a post-processing of the unshuffled ones, so the *local* Gaussian
 guarantee (ε₀, δ) (exact profile at sensitivity 2C, Balle & Wang 2018) is a proven bound on the same
 release; the report never prints more than it, and ``accounting="local"`` calibrates and reports
@@ -64,20 +64,20 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting import shuffle_gaussian as sg
-from accounting.ledger import Guarantee, PrivacyReport
-from accounting.rdp import RdpCurve
-from protocols import scratch
-from protocols import validation as check
-from protocols.base import StateValue, check_batch
-from protocols.calibration import smallest_feasible
-from protocols.errors import InvalidInputError
-from protocols.losses import Loss
-from protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
-from protocols.randomness import NOISE_BLOCK_ROWS, NoiseSource, RngLike
-from protocols.rounds import round_slices
-from protocols.sgd import AveragedSGD, MessageSGDLearner
-from protocols.state_io import read_array, read_float, read_int
+from panpriv.accounting import shuffle_gaussian as sg
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.accounting.rdp import RdpCurve
+from panpriv.protocols import scratch
+from panpriv.protocols import validation as check
+from panpriv.protocols.base import StateValue, check_batch
+from panpriv.protocols.calibration import smallest_feasible
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
+from panpriv.protocols.randomness import NOISE_BLOCK_ROWS, NoiseSource, RngLike
+from panpriv.protocols.rounds import round_slices
+from panpriv.protocols.sgd import AveragedSGD, MessageSGDLearner
+from panpriv.protocols.state_io import read_array, read_float, read_int
 
 Array = NDArray[np.float64]
 
@@ -177,8 +177,8 @@ def noise_multiplier(
 def plan_batch_size(params: int, accounting: str, epsilon: float, delta: float, cap: int) -> int:
     """b for ``participation="all"``: the power of two ≤ ``cap`` minimising b + p σ(b)².
 
-    With clip C = L, T = n/b rounds and G² ≈ C²(1 + pσ²/b) (:func:`protocols.sgd.bound_sq`), the
-    excess-loss bound (3/2) D G/√T of :mod:`protocols.sgd` is (3/2) D C √((b + p σ(b)²)/n): n only
+    With clip C = L, T = n/b rounds and G² ≈ C²(1 + pσ²/b) (:func:`panpriv.protocols.sgd.bound_sq`), the
+    excess-loss bound (3/2) D G/√T of :mod:`panpriv.protocols.sgd` is (3/2) D C √((b + p σ(b)²)/n): n only
     scales it, so the best b does not depend on the stream length. σ(b) shrinks as b grows (the
     shuffle amplifies more), which the plan takes into account; it is calibrated to 1 % here, on
     :data:`PLANNING_ORDERS`.
@@ -196,16 +196,16 @@ def local_messages(
     loss: Loss, theta: Array, Z: Array, labels: Array, clip: float, noise_std: float, noise: NoiseSource, work: scratch.Scratch
 ) -> Array:
     """The users' messages ``clip_C(∇ℓ(θ; z_i)) + N(0, (σC)² I)`` for the feature rows ``Z`` (built
-    by :func:`protocols.scratch.features`) and loss labels ``labels``, in ``work`` (shape (m, p)).
-    The gradients are clipped to :func:`protocols.scratch.strict_bound` (C, p), so every
+    by :func:`panpriv.protocols.scratch.features`) and loss labels ``labels``, in ``work`` (shape (m, p)).
+    The gradients are clipped to :func:`panpriv.protocols.scratch.strict_bound` (C, p), so every
     message's clean part has exact norm ≤ C: the noise is calibrated to sensitivity exactly 2C.
 
     The local randomizer of Liew & Takahashi 2022 §5.2 (Alg. 1), shared by the in-process learner
     (:meth:`ShuffleGaussianSGD.learn_many`) and the Encode–Shuffle–Analyze client encoder
-    (:mod:`streamer.esa.client`, Bittau et al. 2017), so both send the same messages: the gradient
+    (:mod:`panpriv.streamer.esa.client`, Bittau et al. 2017), so both send the same messages: the gradient
     clipped in scratch and the noise drawn into it in place
-    (:meth:`protocols.randomness.NoiseSource.add_gaussian`); the same law as
-    :meth:`protocols.randomizers.GaussianRandomizer.privatize`. The caller wipes ``work``.
+    (:meth:`panpriv.protocols.randomness.NoiseSource.add_gaussian`); the same law as
+    :meth:`panpriv.protocols.randomizers.GaussianRandomizer.privatize`. The caller wipes ``work``.
     """
     messages = scratch.clipped_gradients(loss, theta, Z, labels, scratch.strict_bound(clip, Z.shape[1]), work)
     noise.add_gaussian(messages, noise_std)
@@ -220,7 +220,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss` or its config dict.
     epsilon, delta
         Target output guarantee per record (shuffle model; see ``accounting``).
     batch_size
@@ -348,7 +348,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
 
     def _learn_block(self, Z: Array, labels: Array) -> None:
         """The rounds over one block of features (in scratch), a round possibly straddling blocks.
-        The rows' norms (for the pooled path's clip, :func:`protocols.scratch.clipped_weights`)
+        The rows' norms (for the pooled path's clip, :func:`panpriv.protocols.scratch.clipped_weights`)
         are computed once per block, not per round."""
         norms = scratch.feature_norms(Z, self._scratch)[1]
         if self.participation == "all" and self.pooled_noise:
@@ -423,9 +423,9 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         after row from one generator, then each row is scaled by its piece's σC·√k (by that one
         number when the pieces are all of a size, the usual whole rounds: the same products) — so
         the seeded mode gives the same bits. The pieces drawn together
-        hold at most :data:`protocols.randomness.NOISE_BLOCK_ROWS` records (or one piece): a
+        hold at most :data:`panpriv.protocols.randomness.NOISE_BLOCK_ROWS` records (or one piece): a
         read of the process inside ``learn_many`` finds the noise of records in flight only
-        (:mod:`protocols.randomness`, "Noise of the records in flight")."""
+        (:mod:`panpriv.protocols.randomness`, "Noise of the records in flight")."""
         noise = rows[: len(sizes)]
         noise_std = self._randomizer.noise_std
         with self._noise.draw() as generator:
@@ -446,9 +446,9 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         N(0, k(σC)² I), so one p-vector of noise is drawn for the k messages — the partial sum after
         every call, and so every state between micro-batches and every step, has exactly the law
         of the per-user messages (the intrusion argument in docs/privacy.md, ``shuffle-gaussian``).
-        The clipped gradients' sum is Zᵀw (:func:`protocols.scratch.clipped_weights`: the same
+        The clipped gradients' sum is Zᵀw (:func:`panpriv.protocols.scratch.clipped_weights`: the same
         clip to C from the rows' norms, |φ'|·‖z_i‖; equal to the sum of
-        :func:`protocols.scratch.clipped_gradients`' rows up to rounding). Per user
+        :func:`panpriv.protocols.scratch.clipped_gradients`' rows up to rounding). Per user
         (``pooled_noise = False``): each message is formed as an
         Encode–Shuffle–Analyze client forms it (:func:`local_messages`), k·p draws. Either way the
         gradients are clipped in scratch and the noise is drawn through
@@ -494,7 +494,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def learn_round(self, messages: Array) -> None:
         """One round from its shuffled messages: the analyzer of a deployment whose users run
         :func:`local_messages` themselves and a separate shuffler batches them (Bittau et al. 2017,
-        "Prochlo"; :mod:`streamer.esa`). ``messages`` (k, p) are the round's valid messages at
+        "Prochlo"; :mod:`panpriv.streamer.esa`). ``messages`` (k, p) are the round's valid messages at
         θ_t (``k`` may be below b when messages were rejected; 0 skips the step, as an empty round
         does in process); the round's b users count as learned. Only ``participation="all"``, and
         never inside a round begun by :meth:`learn_many`.
@@ -563,7 +563,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         )
 
     def messages_per_step(self) -> tuple[float, str]:
-        """k of :meth:`protocols.sgd.MessageSGDLearner.noise_to_signal`: the messages averaged by one
+        """k of :meth:`panpriv.protocols.sgd.MessageSGDLearner.noise_to_signal`: the messages averaged by one
         round's step — b (``"all"``), m (``"subsampled"``) or the expected γN (``"checkin"``)."""
         r = self._round
         if r.participation == "checkin":

@@ -3,12 +3,12 @@
 Protocol (Cheu et al. 2022, Alg. 5; Lemma B.6, Thm 4.9). n users (the records of a recording, n public) are
 queried in each of T rounds: in round t every user computes ∇ℓ(θ_t; x), clipped to norm L (of the
 β_s-Moreau envelope for a non-smooth loss, Thm 4.9), and reports it through PVEC
-(:class:`protocols.encoder.VectorSum` with n users) at the per-round budget of Lemma B.6,
+(:class:`panpriv.protocols.encoder.VectorSum` with n users) at the per-round budget of Lemma B.6,
 
     ε₀ = ε / (2·√(2T·log(1/δ))),      δ₀ = δ / (T + 1);
 
 the analyzer's sum estimate divided by n, plus the exact ridge gradient, drives a projected
-gradient step (:class:`protocols.sgd.AveragedSGD`), and the output is the average of the iterates.
+gradient step (:class:`panpriv.protocols.sgd.AveragedSGD`), and the output is the average of the iterates.
 
 Streaming form. The algorithm needs every record in every round, so it runs on a *recording*
 replayed T times: pass t of the recording is round t. ``learn_many`` takes the records in passes of
@@ -22,7 +22,7 @@ Privacy against the analyzer (Cheu et al. 2022, proof of Lemma B.6). Each round 
 round: T-fold adaptive composition. The report gives, after t rounds started, the better of basic
 composition (tε₀, tδ₀) and advanced composition (Dwork–Rothblum–Vadhan; Dwork & Roth 2014,
 Thm 3.20) with slack δ′ = δ/(T + 1): ε₀√(2t log(1/δ′)) + tε₀(e^{ε₀} − 1), tδ₀ + δ′
-(:func:`accounting.composition.advanced`). At t = T this is (ε, δ) as Lemma B.6 claims — or less:
+(:func:`panpriv.accounting.composition.advanced`). At t = T this is (ε, δ) as Lemma B.6 claims — or less:
 the constructor refuses a configuration whose T-round bound would exceed the requested ε.
 
 The ledger, and the T-fold reuse (composition counted once, in one place)
@@ -31,18 +31,18 @@ The service charges consumed positions to ledger instances, and the ledger compo
 of a position by *basic* composition of the instances' registered guarantees. Charging T passes of
 the recording to one instance registered with this learner's (cumulative) report would therefore
 count the composition twice: T uses × the T-round guarantee. Instead each pass is its own ledger
-instance (the service's replay driver, ``streamer.replay``: ``<instance>/round-000001``, …),
+instance (the service's replay driver, ``panpriv.streamer.replay``: ``<instance>/round-000001``, …),
 registered with the round's *increment* of the composed guarantee (:meth:`ShuffleGD.round_reports`).
 The ledger then shows each position used T times (one use per round), and its basic composition
 of the increments telescopes back to exactly this learner's advanced-composition figure
 (increments are rounded up by a relative :data:`ROUND_MARGIN`, so floating-point summation can only
-over-state it). The composition itself is computed once, here, by :mod:`accounting.composition`.
+over-state it). The composition itself is computed once, here, by :mod:`panpriv.accounting.composition`.
 
 Pan-private view. The state holds θ_t, the running average and the one-bit totals of the round in
 progress. One intrusion plus all outputs is a post-processing of the analyzer outputs of all rounds
 and of at most one message of the user (in the round in progress; that round's output is a
 function of her message and others'), so it is bounded by the output guarantee composed (basic)
-with the local guarantee of one per-round PVEC message (:func:`protocols.shuffle_base.message_guarantee`).
+with the local guarantee of one per-round PVEC message (:func:`panpriv.protocols.shuffle_base.message_guarantee`).
 
 References
 ----------
@@ -59,18 +59,18 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.composition import advanced
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import validation as check
-from protocols.acsa import Smoothing, uses_moreau
-from protocols.base import StateValue
-from protocols.encoder import VectorSum
-from protocols.errors import InvalidInputError
-from protocols.losses import Loss
-from protocols.randomness import RngLike
-from protocols.recorded import Fetch, RecordedLearner
-from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_base import Calibration, EncodedLearner, pvec_noise_lines, read_round
+from panpriv.accounting.composition import advanced
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import validation as check
+from panpriv.protocols.acsa import Smoothing, uses_moreau
+from panpriv.protocols.base import StateValue
+from panpriv.protocols.encoder import VectorSum
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.randomness import RngLike
+from panpriv.protocols.recorded import Fetch, RecordedLearner
+from panpriv.protocols.sgd import AveragedSGD, bound_sq
+from panpriv.protocols.shuffle_base import Calibration, EncodedLearner, pvec_noise_lines, read_round
 
 Array = NDArray[np.float64]
 
@@ -148,7 +148,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss` or its config dict.
     epsilon, delta
         The guarantee after all T rounds, per record.
     n
@@ -167,7 +167,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     smoothing
         ``"auto"`` (Moreau-smooth non-smooth losses, β_s of Thm 4.9), ``"moreau"`` or ``"none"``.
     calibration
-        ``"tight"`` (default) or ``"paper"`` (:class:`protocols.encoder.VectorSum`).
+        ``"tight"`` (default) or ``"paper"`` (:class:`panpriv.protocols.encoder.VectorSum`).
     honest_fraction
         γ of Cheu et al. 2022, App. A.3, passed to PVEC.
     rng
@@ -177,7 +177,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     Notes
     -----
     Deviations from Cheu et al. 2022: Alg. 5 line 4 reads θ_{t+1} ← Π(θ_t + η g_t) (a sign typo for descent);
-    Lemma B.6's constant step η = D/(L√T) is replaced by :class:`protocols.sgd.AveragedSGD`'s steps
+    Lemma B.6's constant step η = D/(L√T) is replaced by :class:`panpriv.protocols.sgd.AveragedSGD`'s steps
     η_t = D/√(t G²) with G² = (√(L² + p v/n²) + λr)² (v the per-round PVEC variance), which accounts
     for the privacy noise the constant step ignores; the reported guarantee is the better of basic
     and advanced composition at the rounds actually started. The strongly convex part of Thm 4.9
@@ -255,7 +255,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
 
     @property
     def passes(self) -> int:
-        """T, the passes over the recording the protocol makes (``streamer.replay``'s progress)."""
+        """T, the passes over the recording the protocol makes (``panpriv.streamer.replay``'s progress)."""
         return self.planned_rounds
 
     @property
@@ -267,7 +267,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         parameters = self._sum.parameters
         return composed(parameters.epsilon, parameters.delta + extra_delta, rounds, self._slack)
 
-    # -- the analyzer's half in three roles (streamer.esa.gd_analyzer) ----------------------------
+    # -- the analyzer's half in three roles (panpriv.streamer.esa.gd_analyzer) ----------------------------
 
     @property
     def slack(self) -> float:
@@ -383,7 +383,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         in every round, the local message guarantee — the ledger takes, for a record used by
         rounds 1…T, max_j [intrusion_j + Σ_{i≠j} output_i], which is then out(T) ⊕ local, this
         learner's intrusion figure. See the module docstring for how the service uses them
-        (``streamer.replay``).
+        (``panpriv.streamer.replay``).
         """
         reports = []
         message = self._message()

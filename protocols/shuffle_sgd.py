@@ -3,17 +3,17 @@
 Protocol. The stream is cut into consecutive batches of b records; each record is one user and
 takes part in exactly one round (sequential interactivity, Cheu et al. 2022 Def. 2.7). In round t every user of
 the batch computes ∇ℓ(θ_t; x) at the current model, clipped to norm L, and reports it through PVEC
-(:class:`protocols.encoder.VectorSum` with n = b users, (ε, δ), Δ₂ = L); the analyzer's estimate of
+(:class:`panpriv.protocols.encoder.VectorSum` with n = b users, (ε, δ), Δ₂ = L); the analyzer's estimate of
 the gradient sum, divided by b, plus the exact ridge gradient, is the step direction ĝ_t, and
 θ_{t+1} = Π_Θ(θ_t − η_t ĝ_t). The released model is the average of the iterates stepped from
 (Cheu et al. 2022 Alg. 3 line 6: "Output (1/T) Σ_{t<T} θ_t").
 
 Privacy (Cheu et al. 2022, proof of Thm 4.1). Each round is (ε, δ)-shuffle private for its users (Cheu et al. 2022, Thm 3.2
-or the tight accountant of :mod:`accounting.binomial` for the same protocol); a record enters one
+or the tight accountant of :mod:`panpriv.accounting.binomial` for the same protocol); a record enters one
 round, and later rounds see it only through the model, so everything released is (ε, δ)-DP per
 record however long the stream runs (parallel composition and post-processing).
 
-Step sizes and batch size. The projected-SGD core is :class:`protocols.sgd.AveragedSGD`: steps
+Step sizes and batch size. The projected-SGD core is :class:`panpriv.protocols.sgd.AveragedSGD`: steps
 η_t = D/√(Σ_{s≤t} G²) with the public bound G² = (√(L² + p·v/b²) + λr)² on E‖ĝ_t‖², where v is
 the calibrated PVEC's per-coordinate variance bound and p the number of parameters — Thm 4.1's
 L_G = L² + O(d L² log²(d/δ)/(b²ε²)) with the constants of the actual calibration (Cheu et al. 2022, Eq. (4)).
@@ -22,7 +22,7 @@ T = n/b, i.e. (D/√n)·√(L² b + p v/b), which is least at b = √(p v)/L: th
 Thm 4.1 strikes with b = √d log(d/δ)/ε, here with the constant that the chosen calibration
 implies (:func:`plan_batch_size`).
 
-Pan-private view: see :mod:`protocols.shuffle_base` — an intrusion adds at most one user's PVEC
+Pan-private view: see :mod:`panpriv.protocols.shuffle_base` — an intrusion adds at most one user's PVEC
 message, so the intrusion guarantee is the local guarantee of the randomizer.
 
 References
@@ -40,15 +40,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols import validation as check
-from protocols.base import StateValue
-from protocols.encoder import VectorSum
-from protocols.errors import InvalidInputError
-from protocols.losses import Loss
-from protocols.randomness import RngLike
-from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_base import Calibration, SequentialLearner, max_guarantee, pvec_noise_lines, read_round
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols import validation as check
+from panpriv.protocols.base import StateValue
+from panpriv.protocols.encoder import VectorSum
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import Loss
+from panpriv.protocols.randomness import RngLike
+from panpriv.protocols.sgd import AveragedSGD, bound_sq
+from panpriv.protocols.shuffle_base import Calibration, SequentialLearner, max_guarantee, pvec_noise_lines, read_round
 
 Array = NDArray[np.float64]
 
@@ -76,7 +76,7 @@ class ShuffleSGD(SequentialLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`protocols.losses.Loss` or its config dict (any convex loss: SGD uses subgradients).
+        A :class:`panpriv.protocols.losses.Loss` or its config dict (any convex loss: SGD uses subgradients).
     epsilon, delta
         The (ε, δ) of every round, hence of every released model, per record.
     batch_size
@@ -87,10 +87,10 @@ class ShuffleSGD(SequentialLearner):
         R: features are clipped to norm R.
     calibration
         ``"tight"`` (default) or ``"paper"``: how PVEC's (g, b, p) are chosen
-        (:class:`protocols.encoder.VectorSum`).
+        (:class:`panpriv.protocols.encoder.VectorSum`).
     honest_fraction
         γ: the output guarantee holds when at least a fraction γ of each round's users are honest
-        (Cheu et al. 2022, App. A.3); passed to :class:`~protocols.encoder.VectorSum`.
+        (Cheu et al. 2022, App. A.3); passed to :class:`~panpriv.protocols.encoder.VectorSum`.
     horizon
         Planned stream length; only caps a planned batch size.
     rng

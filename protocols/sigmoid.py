@@ -2,7 +2,7 @@
 
 The logistic loss's gradient and probabilities need σ for every record. ``scipy.special.expit``
 computes the same formula with the C library's ``exp``, but importing ``scipy.special`` costs
-120–130 ms of every process's start-up (see :mod:`accounting.special`). Here the ``exp`` is
+120–130 ms of every process's start-up (see :mod:`panpriv.accounting.special`). Here the ``exp`` is
 numpy's: on 10⁶ normal scores 1.9 % of the results differ from scipy's, by at most 2 ulps, and
 both are within 2 ulps of the exact σ (checked with mpmath in ``tests/protocols/test_sigmoid.py``).
 The exponent is capped at 709 (e^{709} is finite), so nothing overflows or warns; that changes σ

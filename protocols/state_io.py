@@ -13,9 +13,9 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols import validation as check
-from protocols.base import StateValue
-from protocols.errors import InvalidInputError
+from panpriv.protocols import validation as check
+from panpriv.protocols.base import StateValue
+from panpriv.protocols.errors import InvalidInputError
 
 
 def _entry(owner: str, state: Mapping[str, StateValue], key: str) -> StateValue:

@@ -1,7 +1,7 @@
 """Constructor-argument checks for :mod:`protocols`, with the project's error message format.
 
-The checks themselves are those of :mod:`accounting.validation` (one implementation of each
-constraint); this module only re-raises their errors as :class:`protocols.errors.InvalidInputError`
+The checks themselves are those of :mod:`panpriv.accounting.validation` (one implementation of each
+constraint); this module only re-raises their errors as :class:`panpriv.protocols.errors.InvalidInputError`
 so that callers of :mod:`protocols` catch one exception type. Messages read
 "The 'epsilon' parameter of PanPrivateACSA must be a finite float in (0, inf). Got -1.0 instead."
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
-from accounting import validation as _checks
-from accounting.errors import InvalidParameterError
-from protocols.errors import InvalidInputError
+from panpriv.accounting import validation as _checks
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.protocols.errors import InvalidInputError
 
 T = TypeVar("T")
 

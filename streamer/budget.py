@@ -1,6 +1,6 @@
 """The budget store: every use of every data source by every run, in one durable SQLite file.
 
-What it is for (the composition rules are in :mod:`accounting.budget`). A run's checkpoint ledger
+What it is for (the composition rules are in :mod:`panpriv.accounting.budget`). A run's checkpoint ledger
 knows that run only; deleting the checkpoint, restoring an old one, starting another ``--out`` or
 another consumer group, or replaying a recording of the topic would each learn the same records
 again under a fresh ×1 ledger. The store is keyed by the *data*:
@@ -23,7 +23,7 @@ addresses then counts as two). A recording carries the cluster identity of the t
 the file changes nothing. A file is keyed by the SHA-256 of its (decompressed) content.
 
 Tables. ``instances``: one row per use-instance (a run's learner, a pass of a multi-pass learner,
-a lost state) with its current :class:`~accounting.ledger.PrivacyReport`, its run, output
+a lost state) with its current :class:`~panpriv.accounting.ledger.PrivacyReport`, its run, output
 directory and start time. ``charges``: ``(instance, data key, start, stop)`` rows; a charge that
 continues the instance's previous range of the same key extends that row, so a stream read in
 order costs one row per key and run. ``runs``: the run's last durable checkpoint (sequence and
@@ -35,7 +35,7 @@ service charges a range before it learns it. A check against ``max_epsilon`` and
 allows are one ``BEGIN IMMEDIATE`` transaction, so two processes on this machine sharing the
 state directory cannot both pass the check on the same records. Processes on different machines
 need a shared store; this one is local (the state directory must not be on a network file
-system, where SQLite's locking is unreliable); :mod:`streamer.budget_kafka` keeps the same store on
+system, where SQLite's locking is unreliable); :mod:`panpriv.streamer.budget_kafka` keeps the same store on
 a compacted Kafka topic, without atomic check-and-charge across machines.
 """
 
@@ -51,9 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accounting.budget import Charge, Excess, compose, exceeds
-from accounting.ledger import PrivacyLedger, PrivacyReport
-from streamer.errors import StreamerError
+from panpriv.accounting.budget import Charge, Excess, compose, exceeds
+from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
+from panpriv.streamer.errors import StreamerError
 
 DATABASE_NAME = "budget.sqlite"
 SCHEMA_VERSION = 1
@@ -364,15 +364,15 @@ class BudgetStore:
 
 
 def open_budget(config: Any) -> Any:
-    """The budget store a :class:`~streamer.config.ServiceConfig` names: the compacted Kafka topic
-    ``[budget] kafka_topic`` (:mod:`streamer.budget_kafka`) if set, else the SQLite store in
+    """The budget store a :class:`~panpriv.streamer.config.ServiceConfig` names: the compacted Kafka topic
+    ``[budget] kafka_topic`` (:mod:`panpriv.streamer.budget_kafka`) if set, else the SQLite store in
     ``[budget] state_dir`` (default :func:`default_state_dir`)."""
     budget = config.budget
     k = config.learner.max_records_per_user
     if budget.kafka_topic:
-        from streamer.budget_kafka import KafkaBudgetStore
-        from streamer.errors import ConfigError
-        from streamer.source_url import KafkaUrl, parse_source_url
+        from panpriv.streamer.budget_kafka import KafkaBudgetStore
+        from panpriv.streamer.errors import ConfigError
+        from panpriv.streamer.source_url import KafkaUrl, parse_source_url
 
         if budget.kafka_bootstrap:
             bootstrap = [h for h in budget.kafka_bootstrap.split(",") if h]
@@ -412,7 +412,7 @@ def describe_opened(store: Any, contains: str | None = None) -> str:
     """:func:`describe_store` for an opened store (SQLite or Kafka); closes it."""
     from datetime import UTC, datetime
 
-    from accounting.budget import per_source
+    from panpriv.accounting.budget import per_source
 
     path = store.path
     try:

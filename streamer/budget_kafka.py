@@ -1,6 +1,6 @@
 """The budget store on a compacted Kafka topic, for runs on several machines.
 
-Same contents and interface as the SQLite :class:`streamer.budget.BudgetStore` (instances with
+Same contents and interface as the SQLite :class:`panpriv.streamer.budget.BudgetStore` (instances with
 their reports, charged ranges, runs' durable positions), kept as keyed messages on one topic of
 one partition (a total order) with ``cleanup.policy=compact``:
 
@@ -10,7 +10,7 @@ key                                      value (JSON; a null value deletes the k
 ``i␟<instance>``                         run, report, output directory, start time
 ``c␟<instance>␟<data key>␟<start>``      ``stop`` of that charged range (an extension
                                          re-sends the key with a larger stop)
-``r␟<run>``                              the run's state (:class:`~streamer.budget.RunState`)
+``r␟<run>``                              the run's state (:class:`~panpriv.streamer.budget.RunState`)
 =======================================  ==============================================
 
 Compaction keeps the last value of each key, which is the whole state. On open, the store reads
@@ -38,10 +38,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from accounting.budget import Charge, Excess, compose, exceeds
-from accounting.ledger import PrivacyLedger, PrivacyReport
-from streamer.budget import BudgetError, InstanceInfo, RunState
-from streamer.sources import CAUGHT_UP_POLLS
+from panpriv.accounting.budget import Charge, Excess, compose, exceeds
+from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
+from panpriv.streamer.budget import BudgetError, InstanceInfo, RunState
+from panpriv.streamer.sources import CAUGHT_UP_POLLS
 
 SEP = "\x1f"
 _PARTITION = 0
@@ -57,14 +57,14 @@ class KafkaBudgetStore:
     topic
         The store's topic (``[budget] kafka_topic``); one partition.
     max_records_per_user
-        As for :class:`streamer.budget.BudgetStore`.
+        As for :class:`panpriv.streamer.budget.BudgetStore`.
     """
 
     def __init__(self, bootstrap: list[str], topic: str, max_records_per_user: int | None = None) -> None:
         from kafka import TopicPartition
         from kafka.errors import KafkaError
 
-        from streamer import kafka_client
+        from panpriv.streamer import kafka_client
 
         self.path = f"kafka://{','.join(bootstrap)}/{topic}"
         self.max_records_per_user = max_records_per_user
@@ -94,7 +94,7 @@ class KafkaBudgetStore:
 
     def _refresh(self) -> None:
         """Apply every message up to the end of the topic (two empty polls at the end: some
-        brokers report an end offset below the last record, see :data:`streamer.sources.CAUGHT_UP_POLLS`)."""
+        brokers report an end offset below the last record, see :data:`panpriv.streamer.sources.CAUGHT_UP_POLLS`)."""
         empty = 0
         while empty < CAUGHT_UP_POLLS:
             batches = self._consumer.poll(timeout_ms=10)
@@ -180,7 +180,7 @@ class KafkaBudgetStore:
     # -- charges -----------------------------------------------------------------------------------------
 
     def charge(self, instance: str, ranges: Mapping[str, tuple[int, int]], limit: float | None = None) -> Excess | None:
-        """As :meth:`streamer.budget.BudgetStore.charge`, except that check and charge are not
+        """As :meth:`panpriv.streamer.budget.BudgetStore.charge`, except that check and charge are not
         atomic across processes (module docstring)."""
         ranges = {k: (int(a), int(b)) for k, (a, b) in ranges.items() if b > a}
         if not ranges:
@@ -262,7 +262,7 @@ def _ensure_topic(bootstrap: list[str], topic: str) -> None:
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    from streamer import kafka_client
+    from panpriv.streamer import kafka_client
 
     probe = kafka_client.consumer(bootstrap, client_id="panpriv-budget")
     try:

@@ -1,4 +1,4 @@
-"""One run's dealings with the budget store shared by every run (:mod:`streamer.budget`).
+"""One run's dealings with the budget store shared by every run (:mod:`panpriv.streamer.budget`).
 
 The processor opens a :class:`BudgetSession` once its learner is built or restored. The session
 registers the run, accounts for state a crash destroyed, refuses to start when other runs have
@@ -6,7 +6,7 @@ spent the records' budget, mirrors the ledger's registrations into the store, ch
 ranges durably *before* they are learned, and composes the report of every use of this run's
 records.
 
-Crash accounting (:mod:`accounting.budget`). Sequential sources: every range the run charged at or
+Crash accounting (:mod:`panpriv.accounting.budget`). Sequential sources: every range the run charged at or
 beyond its last durable checkpoint's positions (the later of the store's mark and the
 checkpoint's own positions, per data key) was in a state that the crash destroyed; those charges
 become an intrusion-only *lost* instance, and the resumed run charges them again when it
@@ -24,15 +24,15 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from accounting.budget import Excess, exceeds, lost_state_report, report_for
-from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
-from streamer.budget import BudgetExceededError, BudgetStore, describe_excess, open_budget
-from streamer.checkpoint import Checkpoint
-from streamer.config import ServiceConfig
-from streamer.identity import DataKeys, data_keys_for
-from streamer.indexed import IndexedFile
-from streamer.sources import LineFileSource, RecordingSource, Source, SyntheticSource, display_name
-from streamer.training_state import TrainingState
+from panpriv.accounting.budget import Excess, exceeds, lost_state_report, report_for
+from panpriv.accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
+from panpriv.streamer.budget import BudgetExceededError, BudgetStore, describe_excess, open_budget
+from panpriv.streamer.checkpoint import Checkpoint
+from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.identity import DataKeys, data_keys_for
+from panpriv.streamer.indexed import IndexedFile
+from panpriv.streamer.sources import LineFileSource, RecordingSource, Source, SyntheticSource, display_name
+from panpriv.streamer.training_state import TrainingState
 
 log = logging.getLogger("panpriv.processor")
 
@@ -62,14 +62,14 @@ class BudgetSession:
     config
         The run's configuration (``learner.max_epsilon``, the state directory, ``out``).
     source
-        The run's source: it names the data keys the store charges (:mod:`streamer.identity`).
+        The run's source: it names the data keys the store charges (:mod:`panpriv.streamer.identity`).
     """
 
     def __init__(self, config: ServiceConfig, source: Source | IndexedFile) -> None:
         self._config = config
         self._out = Path(config.out or ".")
         self._limit = config.learner.max_epsilon
-        self.store: BudgetStore = open_budget(config)  # or a streamer.budget_kafka.KafkaBudgetStore: same interface
+        self.store: BudgetStore = open_budget(config)  # or a panpriv.streamer.budget_kafka.KafkaBudgetStore: same interface
         self.keys: DataKeys = data_keys_for(config.source.url, source)
         self._stored_reports: dict[str, PrivacyReport] = {}  # what the store holds for our instances
         self.learned_here = 0  # records learned by this process (0: a budget refusal is a refusal to start)

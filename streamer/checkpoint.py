@@ -11,10 +11,10 @@ Atomicity (quix-streams' order): the JSON is written to a temporary file in the 
 flushed and ``fsync``-ed, moved over the manifest with ``os.replace`` (atomic on POSIX), and the
 directory is ``fsync``-ed so the rename itself is durable. A crash at any point leaves either the
 previous manifest or the new one, never a mix; a leftover temporary file is ignored and replaced
-(never followed if it is a symlink; :mod:`streamer.safefiles`). A failed write (disk full)
+(never followed if it is a symlink; :mod:`panpriv.streamer.safefiles`). A failed write (disk full)
 removes the temporary file and leaves the previous manifest.
 
-Integrity (:mod:`streamer.integrity`): the manifest carries the SHA-256 of its canonical content,
+Integrity (:mod:`panpriv.streamer.integrity`): the manifest carries the SHA-256 of its canonical content,
 verified on load with a strict schema check, so a corrupted manifest is refused, never resumed.
 
 Arrays are stored exactly (raw little-endian bytes, base64) so a resumed learner continues from
@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from streamer.config import describe_changes
-from streamer.errors import CheckpointError
-from streamer.integrity import check_ledger, open_sealed, seal
-from streamer.outlock import prepare_output_directory
-from streamer.safefiles import write_atomically
+from panpriv.streamer.config import describe_changes
+from panpriv.streamer.errors import CheckpointError
+from panpriv.streamer.integrity import check_ledger, open_sealed, seal
+from panpriv.streamer.outlock import prepare_output_directory
+from panpriv.streamer.safefiles import write_atomically
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "checkpoint.json"
@@ -48,7 +48,7 @@ SOURCE_MARKS_KEY = "source_marks"
 
 @dataclass(frozen=True)
 class ReplayMarks:
-    """Where a learner that reads a recording by index stands in its passes (:mod:`streamer.replay`).
+    """Where a learner that reads a recording by index stands in its passes (:mod:`panpriv.streamer.replay`).
 
     ``passes_charged``: passes whose ledger instance was charged with the whole recording;
     ``restart``: the checkpoint holds the state at the start of an interrupted pass (a learner
@@ -73,7 +73,7 @@ class Checkpoint:
     continue the run's bookkeeping: ``snapshot_records`` (records covered by the last snapshot;
     -1 before the first), ``replay`` (a recorded learner's pass marks, ``None`` for stream
     learners) and ``source_marks`` (a Kafka source's timestamps of the last records before the
-    positions, for the offset-regression check of :mod:`streamer.kafka_calls`). On disk these
+    positions, for the offset-regression check of :mod:`panpriv.streamer.kafka_calls`). On disk these
     three live in the manifest's ``extra`` object, under the same keys since schema version 1.
     """
 
@@ -219,15 +219,15 @@ class CheckpointStore:
         return read_manifest(self.path)
 
     def save(self, checkpoint: Checkpoint) -> float:
-        """Write ``checkpoint`` durably (sealed with its checksum, :mod:`streamer.integrity`;
-        :func:`~streamer.safefiles.write_atomically`); return the Unix time it became durable."""
+        """Write ``checkpoint`` durably (sealed with its checksum, :mod:`panpriv.streamer.integrity`;
+        :func:`~panpriv.streamer.safefiles.write_atomically`); return the Unix time it became durable."""
         prepare_output_directory(self.directory)
         write_atomically(self.path, seal(checkpoint.to_json()).encode("utf-8"), what="checkpoint")
         return time.time()
 
 
 def read_manifest(path: Path) -> Checkpoint:
-    """The checkpoint in ``path``, its checksum and schema verified (:mod:`streamer.integrity`);
+    """The checkpoint in ``path``, its checksum and schema verified (:mod:`panpriv.streamer.integrity`);
     :class:`CheckpointError` for anything that is not a valid, intact manifest."""
     try:
         raw = path.read_bytes()

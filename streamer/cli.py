@@ -2,9 +2,9 @@
 
 Commands: ``run`` (the service), ``record`` (Kafka topic → replayable file), ``privacy`` (what-if
 calculator), ``inspect`` (checkpoint or snapshot summary), ``budget`` (what every run spent, per
-data source: :mod:`streamer.budget`), ``produce`` (synthetic load generator,
-:mod:`streamer.produce`), and the Encode–Shuffle–Analyze roles ``keygen``, ``encode``, ``shuffle``,
-``analyze`` (:mod:`streamer.esa`). Exit codes: 0 success (including a stop by signal and a budget exhausted
+data source: :mod:`panpriv.streamer.budget`), ``produce`` (synthetic load generator,
+:mod:`panpriv.streamer.produce`), and the Encode–Shuffle–Analyze roles ``keygen``, ``encode``, ``shuffle``,
+``analyze`` (:mod:`panpriv.streamer.esa`). Exit codes: 0 success (including a stop by signal and a budget exhausted
 mid-run, which are outcomes), 1 a runtime failure (broker unreachable, I/O error), 2 a usage or
 configuration error (including a refused resume), 3 a run refused before learning anything
 because other runs already spent the records' budget (``max_epsilon``).
@@ -13,7 +13,6 @@ because other runs already spent the records' budget (``max_epsilon``).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import math
@@ -22,12 +21,11 @@ import sqlite3
 import sys
 import time
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from streamer.arg_types import positive_float
-from streamer.errors import (
+from panpriv.streamer.arg_types import positive_float
+from panpriv.streamer.errors import (
     CheckpointError,
     ConfigError,
     LearnerInputError,
@@ -35,21 +33,18 @@ from streamer.errors import (
     StoppedDuringSetUp,
     StreamerError,
 )
-from streamer.urls import redact
+from panpriv.streamer.urls import redact
 
 log = logging.getLogger("panpriv")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 
 
-@functools.cache
 def _version() -> str:
-    """The installed version (looked up once: the parser's --version and the run's metrics info
-    both ask, and reading the distribution's metadata costs milliseconds of every start)."""
-    try:
-        return metadata.version("panpriv")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """The installed version (:data:`panpriv.__version__`, read from the metadata once)."""
+    import panpriv
+
+    return str(panpriv.__version__)
 
 
 # -- run ----------------------------------------------------------------------------------------
@@ -86,7 +81,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _load_run_config(args: argparse.Namespace) -> Any:
-    from streamer.config import ADULT_DEMO, load_config
+    from panpriv.streamer.config import ADULT_DEMO, load_config
 
     base = ADULT_DEMO if args.config is None and args.source is None else None
     overrides = _run_overrides(args)
@@ -110,7 +105,7 @@ def _learner_option_flags(args: argparse.Namespace) -> dict[str, Any]:
     """``[learner.options]`` from the flags: ``--options JSON``, then each ``--set key=value``
     (a dotted key reaches into a table: ``loss.name=ridge``; the value is read as JSON, else kept
     as a string), then ``--radius`` and ``--intercept``/``--no-intercept`` (later flags win)."""
-    from streamer.learners import DEFAULT_OPTIONS
+    from panpriv.streamer.learners import DEFAULT_OPTIONS
 
     options: dict[str, Any] = {}
     if args.options:
@@ -151,9 +146,9 @@ def _merge_options(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from streamer.metrics import ServiceMetrics
-    from streamer.processor import Processor
-    from streamer.sources import display_name
+    from panpriv.streamer.metrics import ServiceMetrics
+    from panpriv.streamer.processor import Processor
+    from panpriv.streamer.sources import display_name
 
     config = _load_run_config(args)
     metrics = ServiceMetrics()
@@ -161,7 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics.set_seeded(config.learner.seed is not None)
     metrics.set_epsilon_budget(config.learner.max_epsilon)
     if config.learner.seed is not None:
-        from protocols.randomness import SEEDED_WARNING
+        from panpriv.protocols.randomness import SEEDED_WARNING
 
         log.warning("SEEDED MODE (--seed %d): %s; never use it for production data", config.learner.seed, SEEDED_WARNING)
     stop_server = None
@@ -206,7 +201,7 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
     reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(result.rejects.items()))
     out(f"  records learned {result.records:,}" + (f"; rejected {rejected:,} ({reasons})" if rejected else "; rejected 0"))
     if config.source.url == "adult:train" and result.records:
-        from streamer.evaluation import compare_on_adult
+        from panpriv.streamer.evaluation import compare_on_adult
 
         comparison = compare_on_adult(result.learner)
         out(f"  test accuracy on adult.test ({comparison.test_records:,} records):")
@@ -235,13 +230,13 @@ def _effective_options(learner: Any) -> str:
 
 
 def _state_dir(config: Any) -> Path:
-    from streamer.budget import default_state_dir
+    from panpriv.streamer.budget import default_state_dir
 
     return Path(config.budget.state_dir or default_state_dir())
 
 
 def _display(url: str) -> str:
-    from streamer.sources import display_name
+    from panpriv.streamer.sources import display_name
 
     return display_name(url)
 
@@ -268,7 +263,7 @@ def _resume_args(args: argparse.Namespace, config: Any) -> list[str]:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from streamer.recorder import record_topics
+    from panpriv.streamer.recorder import record_topics
 
     count = record_topics(args.source, Path(args.path), timeout_s=args.timeout)
     print(f"panpriv record: wrote {count:,} messages to {args.path}")
@@ -279,8 +274,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from streamer.config import load_config
-    from streamer.whatif import noise_to_epsilon, target_to_noise
+    from panpriv.streamer.config import load_config
+    from panpriv.streamer.whatif import noise_to_epsilon, target_to_noise
 
     if args.noise_multiplier is not None:
         epsilon = noise_to_epsilon(args.noise_multiplier, args.delta)
@@ -339,7 +334,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from streamer.report import write_report
+    from panpriv.streamer.report import write_report
 
     for path in write_report(args.out, args.to):
         print(path)
@@ -347,7 +342,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from streamer.inspect import describe, summary
+    from panpriv.streamer.inspect import describe, summary
 
     print(json.dumps(summary(Path(args.path)), sort_keys=True) if args.json else describe(Path(args.path)))
     return EXIT_OK
@@ -360,7 +355,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """Score a source's records with a released snapshot; one JSON line per valid record."""
     import numpy as np
 
-    from streamer.serving import load_snapshot, predict_source
+    from panpriv.streamer.serving import load_snapshot, predict_source
 
     snapshot = load_snapshot(args.snapshot, args.sequence)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115 - closed below
@@ -392,11 +387,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
-    from streamer.budget import default_state_dir, describe_opened, describe_store
+    from panpriv.streamer.budget import default_state_dir, describe_opened, describe_store
 
     if args.kafka:
-        from streamer.budget_kafka import KafkaBudgetStore
-        from streamer.source_url import parse_kafka_url
+        from panpriv.streamer.budget_kafka import KafkaBudgetStore
+        from panpriv.streamer.source_url import parse_kafka_url
 
         spec = parse_kafka_url(args.kafka)
         print(describe_opened(KafkaBudgetStore(spec.bootstrap, spec.topics[0]), args.source))
@@ -415,9 +410,9 @@ STATE_DIR_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from streamer.config import LEARNER_NAMES
-    from streamer.logs import FORMATS as LOG_FORMATS
-    from streamer.logs import LEVELS as LOG_LEVELS
+    from panpriv.streamer.config import LEARNER_NAMES
+    from panpriv.streamer.logs import FORMATS as LOG_FORMATS
+    from panpriv.streamer.logs import LEVELS as LOG_LEVELS
 
     parser = argparse.ArgumentParser(
         prog="panpriv",
@@ -514,23 +509,23 @@ def build_parser() -> argparse.ArgumentParser:
     privacy.add_argument("--json", action="store_true", help="one JSON object (noise lines and the privacy report) instead of text")
     privacy.set_defaults(handler=cmd_privacy)
 
-    from streamer import produce as load
+    from panpriv.streamer import produce as load
 
     produce = commands.add_parser("produce", parents=[common, kafka_only], help=load.HELP, description=load.DESCRIPTION)
     load.add_produce_arguments(produce)
     produce.set_defaults(handler=load.run_produce)
 
-    from streamer import dev_broker
+    from panpriv.streamer import dev_broker
 
     broker = commands.add_parser("dev-broker", parents=[common], help=dev_broker.HELP, description=dev_broker.__doc__)
     dev_broker.add_arguments(broker)
     broker.set_defaults(handler=dev_broker.run)
 
-    from streamer.esa import commands as esa
+    from panpriv.streamer.esa import commands as esa
 
     esa.add_all(commands, [common, kafka_only])
 
-    from streamer.scaleout import commands as scaleout
+    from panpriv.streamer.scaleout import commands as scaleout
 
     scaleout.add_all(commands, [common, kafka_only])
 
@@ -548,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report",
         parents=[common],
         help="pictures of a run: privacy, hold-out scores, throughput and rejects (needs panpriv[report])",
-        description="Draw a run's released snapshots (streamer.report): PNGs and a markdown page, in --to "
+        description="Draw a run's released snapshots (panpriv.streamer.report): PNGs and a markdown page, in --to "
         "(default OUT/report).",
     )
     report.add_argument("out", type=Path, help="a --out directory of panpriv run (or its snapshots.jsonl)")
@@ -597,15 +592,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     args.argv = _after_command(argv) if args.command == "run" else []
-    from streamer import logs
+    from panpriv.streamer import logs
 
     logs.setup(args.log_level or ("WARNING" if args.quiet else "INFO"), args.log_format or "text")
-    from streamer.budget import BudgetExceededError
+    from panpriv.streamer.budget import BudgetExceededError
 
     try:
         if hasattr(args, "kafka_config"):
-            from streamer import kafka_client
-            from streamer.config import load_kafka_config
+            from panpriv.streamer import kafka_client
+            from panpriv.streamer.config import load_kafka_config
 
             kafka_client.configure(load_kafka_config(args.kafka_config))
         return int(args.handler(args))
@@ -632,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_FAILURE
     except OSError as exc:  # a file error not raised as a StreamerError: one line, no traceback
-        from streamer.ioerrors import describe
+        from panpriv.streamer.ioerrors import describe
 
         print(f"panpriv {args.command}: error: {redact(describe(exc))}", file=sys.stderr)
         return EXIT_FAILURE

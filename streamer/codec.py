@@ -10,7 +10,7 @@ Four encodings of a record (``records.format``):
 - ``binary`` — a *batch* of records per message, for throughput (:func:`encode_batch`):
   a 12-byte header ``b"PPB1"``, dtype code (1 = float32, 2 = float64), a reserved byte, ``d`` (u16),
   ``m`` (u32), then ``X`` (``m × d``, row-major) and ``y`` (``m``), little-endian.
-- ``adult`` — a line of the UCI Adult data, encoded by :mod:`streamer.datasets.adult` from the
+- ``adult`` — a line of the UCI Adult data, encoded by :mod:`panpriv.streamer.datasets.adult` from the
   public schema only.
 
 Validation. A record that cannot be used is *rejected* with one reason from :class:`Reason`
@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from streamer.config import RecordsConfig
-from streamer.datasets import adult
+from panpriv.streamer.config import RecordsConfig
+from panpriv.streamer.datasets import adult
 
 try:  # the optional fast JSON parser (extra ``fast-json``)
     import orjson as _orjson
@@ -447,7 +447,7 @@ class CsvCodec(Codec):
 
 class AdultCodec(Codec):
     """A line of ``adult.data``/``adult.test``, encoded from the public schema (see
-    :mod:`streamer.datasets.adult`)."""
+    :mod:`panpriv.streamer.datasets.adult`)."""
 
     def is_record_line(self, line: bytes) -> bool:
         return adult.is_record_line(line.decode("latin-1"))

@@ -5,7 +5,7 @@ built. Some are not: PNSGD's δ follows from its noise schedule and grows with t
 et al. 2021, Thms 2 and 7), shuffle-gd's grows with its rounds, and a learner's intrusion guarantee
 may add the local guarantee of a message. Before anything is learned, the service compares the
 weakest guarantee the learner can come to report over its planned use
-(:meth:`protocols.base.Learner.planned_privacy`) with ``learner.delta``, and refuses to start when
+(:meth:`panpriv.protocols.base.Learner.planned_privacy`) with ``learner.delta``, and refuses to start when
 it is larger, naming the setting that fixes it — unless ``learner.accept_larger_delta`` says the
 user accepts the larger δ (it is then printed with every report, as always).
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import math
 
-from protocols.base import Learner
-from streamer.config import ServiceConfig
-from streamer.errors import ConfigError
+from panpriv.protocols.base import Learner
+from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.errors import ConfigError
 
 RELATIVE_TOLERANCE = 1e-9
 """A reported δ within this relative margin of the target is the target (rounding of the accounting)."""

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from streamer.errors import ConfigError, SourceError
+from panpriv.streamer.errors import ConfigError, SourceError
 
 HELP = "start a local Kafka-protocol broker (Tansu, in memory) for trying panpriv, without Docker"
 

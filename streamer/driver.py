@@ -1,13 +1,13 @@
 """The contract of a driver: the loop that feeds a learner, and what it tells a checkpoint.
 
-Two drivers exist. :class:`~streamer.stream_driver.StreamDriver` polls a sequential source
+Two drivers exist. :class:`~panpriv.streamer.stream_driver.StreamDriver` polls a sequential source
 (Kafka, a file, a recording, the synthetic stream) and hands each micro-batch to
-``learn_many``; :class:`~streamer.recorded_driver.RecordedDriver` lets a
-:class:`~protocols.recorded.RecordedLearner` run its own passes over a recording read by record
+``learn_many``; :class:`~panpriv.streamer.recorded_driver.RecordedDriver` lets a
+:class:`~panpriv.protocols.recorded.RecordedLearner` run its own passes over a recording read by record
 index and takes control in the ``fetch`` it hands the learner. They differ in how a batch is
 charged, how the learner's guarantee is registered in the ledger (one instance, or one per pass)
 and what a resume starts from, so those are the driver's to say; the checkpoint transaction
-(:mod:`streamer.transaction`) asks.
+(:mod:`panpriv.streamer.transaction`) asks.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from streamer.budget_session import BudgetSession
-from streamer.checkpoint import ReplayMarks
-from streamer.heartbeat import Heartbeat
-from streamer.pacing import Pacer
-from streamer.training_state import TrainingState
+from panpriv.streamer.budget_session import BudgetSession
+from panpriv.streamer.checkpoint import ReplayMarks
+from panpriv.streamer.heartbeat import Heartbeat
+from panpriv.streamer.pacing import Pacer
+from panpriv.streamer.training_state import TrainingState
 
 Outcome = Literal["finished", "stopped", "budget_exhausted"]
 

@@ -39,7 +39,7 @@ class OutputError(StreamerError):
 
 
 class OutputBusyError(OutputError):
-    """Another process holds the output directory's lock (:mod:`streamer.outlock`)."""
+    """Another process holds the output directory's lock (:mod:`panpriv.streamer.outlock`)."""
 
 
 class StoppedDuringSetUp(BaseException):

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from protocols.base import Learner
+from panpriv.protocols.base import Learner
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def logistic_baseline(X: NDArray[np.float64], y: NDArray[np.float64], ridge: flo
 
 def compare_on_adult(learner: Learner) -> Comparison:
     """Accuracy on ``adult.test`` of ``learner``'s released model, the baseline, and the majority class."""
-    from streamer.datasets import adult
+    from panpriv.streamer.datasets import adult
 
     X_train, y_train = adult.load("train")
     X_test, y_test = adult.load("test")

@@ -1,9 +1,9 @@
 """What runs between micro-batches: the cadence, the progress and status lines, the lag, checkpoints.
 
-A driver (:mod:`streamer.stream_driver`, :mod:`streamer.recorded_driver`) calls
+A driver (:mod:`panpriv.streamer.stream_driver`, :mod:`panpriv.streamer.recorded_driver`) calls
 :meth:`Heartbeat.batch` after every micro-batch it learned and :meth:`Heartbeat.idle` after a poll
 that returned nothing; the heartbeat counts the records towards the checkpoint cadence
-(:class:`~streamer.pacing.Cadence`), redraws the progress line, logs the status line when due, and
+(:class:`~panpriv.streamer.pacing.Cadence`), redraws the progress line, logs the status line when due, and
 takes a checkpoint (with a snapshot when one is due) through the callback it was given. Everything
 it shows is a count, a timing or a ledger figure: nothing is computed from records.
 """
@@ -13,14 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from accounting.ledger import PrivacyReport
-from streamer.indexed import IndexedFile
-from streamer.metrics import ServiceMetrics
-from streamer.pacing import Cadence
-from streamer.progress import Progress
-from streamer.sources import Source
-from streamer.status import StatusLine
-from streamer.training_state import TrainingState
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.streamer.indexed import IndexedFile
+from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.pacing import Cadence
+from panpriv.streamer.progress import Progress
+from panpriv.streamer.sources import Source
+from panpriv.streamer.status import StatusLine
+from panpriv.streamer.training_state import TrainingState
 
 
 class LagReporter:

@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols.base import Snapshot
-from streamer.codec import Codec
-from streamer.config import SourceConfig
-from streamer.errors import ConfigError
-from streamer.sources import iter_batches, open_source
+from panpriv.protocols.base import Snapshot
+from panpriv.streamer.codec import Codec
+from panpriv.streamer.config import SourceConfig
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.sources import iter_batches, open_source
 
 log = logging.getLogger("panpriv.holdout")
 

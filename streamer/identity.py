@@ -1,9 +1,9 @@
 """Data keys: the name of a source's records that does not depend on the run reading them.
 
-A run's ledger and positions use *source keys* (:mod:`streamer.sources`: ``topic/partition``,
-``file:<path>``, ``adult:train``…). The budget store (:mod:`streamer.budget`) must recognise the
+A run's ledger and positions use *source keys* (:mod:`panpriv.streamer.sources`: ``topic/partition``,
+``file:<path>``, ``adult:train``…). The budget store (:mod:`panpriv.streamer.budget`) must recognise the
 same records whatever run, path or pipeline delivers them, so each source key maps to a *data key*
-(the table is in :mod:`streamer.budget`): Kafka partitions by cluster identity, topic and
+(the table is in :mod:`panpriv.streamer.budget`): Kafka partitions by cluster identity, topic and
 partition — for a live topic and for a ``panpriv record`` recording of it alike — and files by the
 SHA-256 of their content, so a renamed or copied file is the same data.
 """
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from streamer.errors import SourceError
-from streamer.recording import RecordingReader, is_recording
-from streamer.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_kafka_url, parse_source_url
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.recording import RecordingReader, is_recording
+from panpriv.streamer.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_kafka_url, parse_source_url
 
 
 def bootstrap_identity(hosts: list[str]) -> str:
@@ -89,7 +89,7 @@ def data_keys_for(url: str, source: Any) -> DataKeys:
         case KafkaUrl():
             return DataKeys(kafka_cluster=source.cluster_identity())
         case AdultUrl(split=split):
-            from streamer.datasets import adult
+            from panpriv.streamer.datasets import adult
 
             path = adult.TRAIN_PATH if split == "train" else adult.TEST_PATH
             return DataKeys({url: f"sha256:{file_digest(Path(path))}"})

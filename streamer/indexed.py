@@ -1,9 +1,9 @@
 """Random access to a recorded file by record index, for learners that choose their own order.
 
-Some learners cannot take a stream in arrival order: :class:`protocols.pnsgd.ShuffledPNSGD` visits
+Some learners cannot take a stream in arrival order: :class:`panpriv.protocols.pnsgd.ShuffledPNSGD` visits
 the records of a recording in a uniformly random order (Sordello et al. 2021, Thm 2), and a multi-pass learner
 (``shuffle-gd``, Cheu et al. 2022 Alg. 5) reads the recording once per round. They ask for records by *record
-index* (see :mod:`streamer.replay`); :class:`IndexedFile` answers.
+index* (see :mod:`panpriv.streamer.replay`); :class:`IndexedFile` answers.
 
 Record indices. Index ``i ∈ [0, n)`` names the ``i``-th *valid* record of the file in file order,
 and ``n`` is the number of valid records — the public stream length such a learner is built with.
@@ -15,7 +15,7 @@ would consume, per source key, are :attr:`IndexedFile.extent` (what one pass cha
 Formats: a ``panpriv record`` recording (messages in any ``records.format``, binary batches
 included: a message may hold many records), and JSONL or CSV files (one record per line, a CSV
 header skipped as on the sequential path). Compressed ``.gz`` files have no random access and are
-refused. Keys and positions are those of :mod:`streamer.sources` (``topic/partition`` and recorded
+refused. Keys and positions are those of :mod:`panpriv.streamer.sources` (``topic/partition`` and recorded
 offsets; ``file:<absolute path>`` and line indices).
 
 Memory. The index keeps, for every message holding a valid record, its byte offset, length and
@@ -44,9 +44,9 @@ from typing import IO
 import numpy as np
 from numpy.typing import NDArray
 
-from streamer.codec import Codec, Decoded
-from streamer.errors import SourceError
-from streamer.recording import RecordingReader, is_recording
+from panpriv.streamer.codec import Codec, Decoded
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.recording import RecordingReader, is_recording
 
 _ENTRY = np.dtype([("offset", "<u8"), ("length", "<u4"), ("rows", "<u4")])
 _SCAN_CHUNK = 4096  # messages decoded at a time while indexing

@@ -10,11 +10,11 @@ import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
-from accounting.ledger import PrivacyLedger, PrivacyReport
-from streamer.checkpoint import MANIFEST_NAME, read_manifest
-from streamer.errors import CheckpointError
-from streamer.recording import RecordingReader, is_recording
-from streamer.sinks import read_snapshots
+from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
+from panpriv.streamer.checkpoint import MANIFEST_NAME, read_manifest
+from panpriv.streamer.errors import CheckpointError
+from panpriv.streamer.recording import RecordingReader, is_recording
+from panpriv.streamer.sinks import read_snapshots
 
 
 def describe(path: Path) -> str:
@@ -85,7 +85,7 @@ def describe_snapshots(path: Path) -> str:
         f"  record counts never decrease: {'yes' if monotone else 'NO'}",
     ]
     scored = [r for r in records if "holdout" in r]
-    if scored:  # --holdout: each snapshot scored on the user's public hold-out file (streamer.holdout)
+    if scored:  # --holdout: each snapshot scored on the user's public hold-out file (panpriv.streamer.holdout)
         lines.append(f"  hold-out scores (public file, {int(scored[-1]['holdout']['records']):,} records):")
         lines.extend(
             f"    sequence {r['sequence']} ({r['records']:,} records): "

@@ -5,7 +5,7 @@ used, the privacy ledger); a silently altered one resumes the wrong state. :func
 ``"sha256"``, the SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace, ASCII, the
 ``sha256`` key itself left out), and :func:`open_sealed` checks it before anything is read: any
 change to the content (a flipped bit, a truncation, an edit) is refused with
-:class:`~streamer.errors.CheckpointError`. A change that leaves the parsed content identical (e.g.
+:class:`~panpriv.streamer.errors.CheckpointError`. A change that leaves the parsed content identical (e.g.
 ``1e-05`` ↔ ``1E-05``) is harmless by construction, since only the parsed content is used.
 
 The digest protects against corruption, not against an attacker who can write the file (they can
@@ -22,9 +22,9 @@ import logging
 import math
 from typing import Any
 
-from accounting.errors import AccountingError
-from accounting.ledger import PrivacyLedger
-from streamer.errors import CheckpointError
+from panpriv.accounting.errors import AccountingError
+from panpriv.accounting.ledger import PrivacyLedger
+from panpriv.streamer.errors import CheckpointError
 
 log = logging.getLogger("panpriv.checkpoint")
 

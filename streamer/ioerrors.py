@@ -1,6 +1,6 @@
 """Operating-system I/O errors as one line for the operator: what failed, why, and what to do.
 
-Used where panpriv turns an ``OSError`` into a :class:`~streamer.errors.StreamerError` (the output
+Used where panpriv turns an ``OSError`` into a :class:`~panpriv.streamer.errors.StreamerError` (the output
 directory, the checkpoint) and by the CLI as the last boundary for any other file error, so a full
 disk or a read-only directory never reaches the user as a traceback.
 """

@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from streamer.errors import SourceError
+from panpriv.streamer.errors import SourceError
 
 CALL_TIMEOUT_MS = 2000
 """Upper bound of one broker call made from the processing loop."""
@@ -116,7 +116,7 @@ def changed_partitions(bootstrap: list[str], wanted: Mapping[Any, tuple[int, int
         return {}
     from kafka.errors import OffsetOutOfRangeError
 
-    from streamer import kafka_client
+    from panpriv.streamer import kafka_client
 
     probe = kafka_client.consumer(bootstrap, group_id=None, enable_auto_commit=False,
                                   client_id="panpriv-verify", auto_offset_reset="none")

@@ -3,7 +3,7 @@
 One place constructs consumers, producers and admin clients (the source, the dead-letter and
 snapshot producers, the budget topic, ``produce``, ``record``, the offset checks), so a cluster
 that needs TLS or SASL is reached by all of them or by none. The settings are process-wide:
-:func:`configure` is called once with the run's :class:`streamer.config.KafkaConfig` (by the CLI
+:func:`configure` is called once with the run's :class:`panpriv.streamer.config.KafkaConfig` (by the CLI
 and by the processor); until then the defaults (plaintext, no options) apply. Every topic the
 process uses (source, snapshots, budget, dead letters) is reached with the same settings.
 
@@ -14,7 +14,7 @@ built; they are passed to the client library and never logged. The client librar
 Start-up wait. kafka-python's constructors probe a broker (``api_version_auto_timeout_ms``) and
 raise ``NoBrokersAvailable`` when none answers; a broker starting at the same time as the service
 (a compose file, a pod) answers a few seconds later. :func:`_bounded` retries for
-``connect_timeout_s`` and then raises :class:`streamer.errors.SourceError` naming the addresses,
+``connect_timeout_s`` and then raises :class:`panpriv.streamer.errors.SourceError` naming the addresses,
 the security protocol and what to check.
 """
 
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from streamer.config import KafkaConfig
-from streamer.errors import ConfigError, SourceError
+from panpriv.streamer.config import KafkaConfig
+from panpriv.streamer.errors import ConfigError, SourceError
 
 log = logging.getLogger("panpriv.kafka")
 
@@ -39,7 +39,7 @@ RESERVED = frozenset({
     "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname", "ssl_context",
 })
 """Options ``[kafka] consumer``/``producer`` may not set: offsets and the group decide exactly-once
-(:mod:`streamer.sources`), serialisation is panpriv's, and security has its own fields."""
+(:mod:`panpriv.streamer.sources`), serialisation is panpriv's, and security has its own fields."""
 
 LIBRDKAFKA_RESERVED = frozenset({
     "bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset",

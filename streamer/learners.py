@@ -1,9 +1,9 @@
 """The service's side of the learner catalogue: ``--learner NAME`` → a learner built from the config.
 
-The names and classes come from :mod:`protocols.catalogue` (the one list); this module adds the
+The names and classes come from :mod:`panpriv.protocols.catalogue` (the one list); this module adds the
 service's defaults (:data:`DEFAULT_OPTIONS`) and builds the constructor arguments. A learner that
 reads a recording by record index (``learn_recorded``: ``shuffled-pnsgd``, ``shuffle-gd``) is
-catalogued the same way; the processor sees what it declares (:mod:`streamer.replay`) and gives it
+catalogued the same way; the processor sees what it declares (:mod:`panpriv.streamer.replay`) and gives it
 a ``file:`` source by index.
 
 Building. The service passes its common settings to the constructor parameters of the same name,
@@ -19,7 +19,7 @@ parameter           value
 ``horizon``/``n``   the public stream length (``learner.n``, or the finite source's count)
 ``rng``             ``learner.seed`` (test/replay mode) or ``None`` (OS entropy per draw)
 ``radius``          unless given: √d (:func:`default_radius`)
-``pan_delta``       PNSGD, unless given: ``learner.delta`` (:mod:`streamer.delta_target`)
+``pan_delta``       PNSGD, unless given: ``learner.delta`` (:mod:`panpriv.streamer.delta_target`)
 ==================  ================================================================
 
 Everything else comes from ``[learner.options]`` (over :data:`DEFAULT_OPTIONS`). An option the
@@ -32,12 +32,12 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from protocols.base import Learner
-from protocols.catalogue import UnknownLearnerError, load_learner
-from protocols.errors import InvalidInputError
-from streamer.config import ServiceConfig
-from streamer.errors import ConfigError, LearnerUnavailableError
-from streamer.option_hints import hint
+from panpriv.protocols.base import Learner
+from panpriv.protocols.catalogue import UnknownLearnerError, load_learner
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.errors import ConfigError, LearnerUnavailableError
+from panpriv.streamer.option_hints import hint
 
 DEFAULT_OPTIONS: Mapping[str, Any] = {"loss": {"name": "logistic", "intercept": True}}
 """Options every learner gets unless ``[learner.options]`` overrides them: the logistic loss with
@@ -53,7 +53,7 @@ def default_radius(dim: int) -> float:
     log-odds by up to one e-fold, and a model can reach confident predictions, which radius 1 —
     the constructors' default, |⟨θ, x⟩| ≤ ‖x‖ — cannot for more than a handful of features
     (probabilities stay in [0.27, 0.73] at ‖x‖ ≤ 1). It is the Adult demo's rule
-    (:data:`streamer.config.ADULT_RADIUS`), never below 1.
+    (:data:`panpriv.streamer.config.ADULT_RADIUS`), never below 1.
     """
     return max(1.0, dim**0.5)
 
@@ -61,7 +61,7 @@ _STREAM_LENGTH_NAMES = ("horizon", "n")
 
 
 def learner_class(name: str) -> type[Learner]:
-    """The class catalogued under ``name`` (:func:`protocols.catalogue.load_learner`)."""
+    """The class catalogued under ``name`` (:func:`panpriv.protocols.catalogue.load_learner`)."""
     try:
         return load_learner(name)
     except UnknownLearnerError as exc:
@@ -86,7 +86,7 @@ def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
     if "radius" in parameters and "radius" not in options:
         options["radius"] = default_radius(config.records.dim or 1)
     if "pan_delta" in parameters and "delta" not in parameters and "pan_delta" not in options:
-        options["pan_delta"] = config.learner.delta  # PNSGD: the requested delta is its pan floor (streamer.delta_target)
+        options["pan_delta"] = config.learner.delta  # PNSGD: the requested delta is its pan floor (panpriv.streamer.delta_target)
     accepted = set(parameters) - {"self", "rng"}
     for key, value in options.items():
         if key not in accepted:

@@ -1,10 +1,10 @@
 """Logging set-up of the ``panpriv`` command: level, text or JSON lines, redaction.
 
 ``--log-format json`` writes one JSON object per line (``time`` in UTC ISO 8601, ``level``,
-``logger``, ``message``, and the ``status`` object of a status line, :mod:`streamer.status`),
+``logger``, ``message``, and the ``status`` object of a status line, :mod:`panpriv.streamer.status`),
 for log collectors; ``text`` (default) is the human format. ``--log-level`` sets the level
 (``-q`` is ``--log-level WARNING``). Kafka's client library logs at ERROR only. Every message
-passes :func:`streamer.urls.redact_logs` (no ``user:password@`` leaves the process).
+passes :func:`panpriv.streamer.urls.redact_logs` (no ``user:password@`` leaves the process).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from streamer.urls import redact_logs
+from panpriv.streamer.urls import redact_logs
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMATS = ("text", "json")

@@ -23,7 +23,7 @@ Series
 ``panpriv_records_total``
     Valid records learned from (after validation and clipping).
 ``panpriv_records_rejected_total{reason}``
-    Records rejected by the codec, by reason; every reason of :class:`streamer.codec.Reason` is
+    Records rejected by the codec, by reason; every reason of :class:`panpriv.streamer.codec.Reason` is
     exported from the start at 0 (a rate over a series that appears at its first reject is lost).
     Public, not noised: the privacy statement says so, and the guarantee covers neighbouring
     streams whose records have the same validity.
@@ -36,11 +36,11 @@ Series
 ``panpriv_privacy_epsilon{guarantee}``, ``panpriv_privacy_delta{guarantee}``
     The current per-record guarantee for ``guarantee="output"`` (everything released) and
     ``guarantee="intrusion"`` (pan-privacy: one intrusion plus all outputs; Cheu et al. 2022, Def. C.2), from
-    the ledger's :class:`~accounting.ledger.PrivacyReport`. No guarantee is exported as ε = +Inf.
+    the ledger's :class:`~panpriv.accounting.ledger.PrivacyReport`. No guarantee is exported as ε = +Inf.
     This is the guarantee of the records this run learned, composed over every run that used them
-    (the budget store, :mod:`streamer.budget`).
+    (the budget store, :mod:`panpriv.streamer.budget`).
 ``panpriv_budget_epsilon{source, guarantee}``
-    Per data source this run reads (a data key of :mod:`streamer.budget`: Kafka cluster/topic/
+    Per data source this run reads (a data key of :mod:`panpriv.streamer.budget`: Kafka cluster/topic/
     partition, a file's content hash), the ε composed over every run that used its records, worst
     record; refreshed at every checkpoint.
 ``panpriv_privacy_epsilon_budget{guarantee}``
@@ -56,7 +56,7 @@ Series
 ``panpriv_holdout{metric}``
     With ``--holdout``: the last snapshot's score on the user's public hold-out file (``auc``,
     ``accuracy``, ``log_loss`` or ``rmse``, and ``records``): post-processing of a release on
-    public data (:mod:`streamer.holdout`), never a statistic of the stream.
+    public data (:mod:`panpriv.streamer.holdout`), never a statistic of the stream.
 ``panpriv_info{learner, source, version}``
     Constant 1, labelled with what this process runs.
 ``panpriv_seeded_mode``
@@ -73,7 +73,7 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, start_http_server
 
-from accounting.ledger import Guarantee, PrivacyReport
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
 
 # Micro-batch wall time: from a 256-record batch of a cheap learner (~0.1 ms) to a stalled
 # downstream (10 s). Checkpoints add fsync latency, so their range starts higher.
@@ -150,7 +150,7 @@ class ServiceMetrics:
             "panpriv_records_rejected", "Records rejected by validation, by reason.", ["reason"],
             registry=r,
         )
-        from streamer.codec import Reason
+        from panpriv.streamer.codec import Reason
 
         for reason in Reason:
             self._rejected.labels(reason=reason.value)  # exported at 0 from the start
@@ -181,7 +181,7 @@ class ServiceMetrics:
         )
         self._budget_epsilon = Gauge(
             "panpriv_budget_epsilon",
-            "Per data source read by this run (streamer.budget data key), the epsilon composed over every "
+            "Per data source read by this run (panpriv.streamer.budget data key), the epsilon composed over every "
             "run that used its records (budget store), worst record.",
             ["source", "guarantee"], registry=r,
         )
@@ -251,7 +251,7 @@ class ServiceMetrics:
         self._snapshots.inc()
 
     def observe_holdout(self, scores: Mapping[str, float]) -> None:
-        """Export the last snapshot's hold-out scores (:mod:`streamer.holdout`)."""
+        """Export the last snapshot's hold-out scores (:mod:`panpriv.streamer.holdout`)."""
         for metric, value in scores.items():
             self._holdout.labels(metric=metric).set(float(value))
 

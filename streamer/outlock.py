@@ -3,7 +3,7 @@
 Two processes writing one directory would interleave checkpoints and release snapshots twice
 under a ledger that counts them once. The first process takes an exclusive ``flock`` on
 ``<out>/panpriv.lock`` and writes its PID into the file; a second one fails at once with
-:class:`~streamer.errors.OutputBusyError` naming that PID. The operating system releases the lock
+:class:`~panpriv.streamer.errors.OutputBusyError` naming that PID. The operating system releases the lock
 when the holder exits in any way (``kill -9`` included), so a stale lock file never blocks a
 restart; the PID in it is informational only.
 """
@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from streamer.errors import OutputBusyError, OutputError
-from streamer.ioerrors import fix_for
+from panpriv.streamer.errors import OutputBusyError, OutputError
+from panpriv.streamer.ioerrors import fix_for
 
 LOCK_NAME = "panpriv.lock"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from streamer.config import ServiceConfig
+from panpriv.streamer.config import ServiceConfig
 
 
 class Cadence:

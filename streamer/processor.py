@@ -4,24 +4,24 @@ Parts
 -----
 The processor sets a run up and tears it down; each part of the run is its own module:
 
-* :mod:`streamer.training_state` — the learner, its ledger, positions and counters (what a
+* :mod:`panpriv.streamer.training_state` — the learner, its ledger, positions and counters (what a
   checkpoint saves), built anew or restored from the manifest;
-* :mod:`streamer.budget_session` — the budget store shared by every run: registration, crash
+* :mod:`panpriv.streamer.budget_session` — the budget store shared by every run: registration, crash
   accounting, the refusal to start, durable charges before learning, the composed report;
-* a driver (:mod:`streamer.driver`): :mod:`streamer.stream_driver` polls a sequential source and
-  learns each micro-batch; :mod:`streamer.recorded_driver` lets a learner that reads a recording by
+* a driver (:mod:`panpriv.streamer.driver`): :mod:`panpriv.streamer.stream_driver` polls a sequential source and
+  learns each micro-batch; :mod:`panpriv.streamer.recorded_driver` lets a learner that reads a recording by
   record index run its own passes;
-* :mod:`streamer.heartbeat` — between micro-batches: cadence, progress and status lines, lag, and
+* :mod:`panpriv.streamer.heartbeat` — between micro-batches: cadence, progress and status lines, lag, and
   the checkpoint when due (every ``checkpoint.every_records`` records or ``every_seconds`` seconds;
   a snapshot every ``snapshots.every_records`` records);
-* :mod:`streamer.transaction` — one checkpoint: snapshot, register, flush, manifest, acknowledge,
+* :mod:`panpriv.streamer.transaction` — one checkpoint: snapshot, register, flush, manifest, acknowledge,
   release, in that order.
 
 On SIGTERM/SIGINT the run stops consuming, takes a final checkpoint and snapshot, and returns (the
 CLI exits 0). When the composed guarantee would exceed ``learner.max_epsilon``, it stops *before*
 learning the batch that would spend it (an outcome, not a crash).
 
-Checkpoint order (quix-streams'; :mod:`streamer.transaction`): (1) take the snapshot from the
+Checkpoint order (quix-streams'; :mod:`panpriv.streamer.transaction`): (1) take the snapshot from the
 learner; (2) register the learner's guarantee; (3) flush the dead-letter producer; (4) write the
 manifest atomically and note the durable positions in the budget store; (5) only now acknowledge
 upstream (Kafka offset commit) and (6) emit the snapshot.
@@ -61,11 +61,11 @@ P itself — all written in one atomic ``os.replace``, so they always agree.
   budget store before they were learned, so on restart the store still holds the charges beyond
   P; they become an intrusion-only *lost* instance and the re-learning charges the run again, so
   the guarantee stated for those records is the composition of both uses
-  (:mod:`accounting.budget`, :mod:`streamer.budget_session`).
+  (:mod:`panpriv.accounting.budget`, :mod:`panpriv.streamer.budget_session`).
 
 Learners that read a recording by record index (``shuffled-pnsgd``, ``shuffle-gd``) are driven by
-:mod:`streamer.recorded_driver`, where the same argument is made with "positions" replaced by
-"records learned in the pass"; what is charged for a batch is in :mod:`streamer.stream_driver`.
+:mod:`panpriv.streamer.recorded_driver`, where the same argument is made with "positions" replaced by
+"records learned in the pass"; what is charged for a batch is in :mod:`panpriv.streamer.stream_driver`.
 """
 
 from __future__ import annotations
@@ -80,34 +80,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accounting.ledger import PrivacyLedger, PrivacyReport
-from protocols.base import Learner
-from streamer import kafka_client
-from streamer.budget_session import BudgetSession
-from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
-from streamer.codec import Codec, make_codec
-from streamer.config import ServiceConfig, privacy_hash, privacy_relevant
-from streamer.datasets import adult
-from streamer.delta_target import check_delta_target
-from streamer.driver import Driver, Outcome
-from streamer.errors import ConfigError, StoppedDuringSetUp
-from streamer.heartbeat import Heartbeat, LagReporter
-from streamer.holdout import Holdout
-from streamer.indexed import IndexedFile
-from streamer.learners import build_learner, constructor_arguments, learner_class, restore_learner
-from streamer.metrics import ServiceMetrics
-from streamer.outlock import OutputLock
-from streamer.pacing import Cadence, Pacer
-from streamer.progress import Progress
-from streamer.recorded_driver import RecordedDriver
-from streamer.replay import open_indexed, reads_by_index
-from streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink
-from streamer.source_url import KafkaUrl, parse_source_url
-from streamer.sources import Source, open_source
-from streamer.status import StatusLine
-from streamer.stream_driver import StreamDriver
-from streamer.training_state import TrainingState, new_instance
-from streamer.transaction import CheckpointTransaction
+from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
+from panpriv.protocols.base import Learner
+from panpriv.streamer import kafka_client
+from panpriv.streamer.budget_session import BudgetSession
+from panpriv.streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable
+from panpriv.streamer.codec import Codec, make_codec
+from panpriv.streamer.config import ServiceConfig, privacy_hash, privacy_relevant
+from panpriv.streamer.datasets import adult
+from panpriv.streamer.delta_target import check_delta_target
+from panpriv.streamer.driver import Driver, Outcome
+from panpriv.streamer.errors import ConfigError, StoppedDuringSetUp
+from panpriv.streamer.heartbeat import Heartbeat, LagReporter
+from panpriv.streamer.holdout import Holdout
+from panpriv.streamer.indexed import IndexedFile
+from panpriv.streamer.learners import build_learner, constructor_arguments, learner_class, restore_learner
+from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.outlock import OutputLock
+from panpriv.streamer.pacing import Cadence, Pacer
+from panpriv.streamer.progress import Progress
+from panpriv.streamer.recorded_driver import RecordedDriver
+from panpriv.streamer.replay import open_indexed, reads_by_index
+from panpriv.streamer.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink
+from panpriv.streamer.source_url import KafkaUrl, parse_source_url
+from panpriv.streamer.sources import Source, open_source
+from panpriv.streamer.status import StatusLine
+from panpriv.streamer.stream_driver import StreamDriver
+from panpriv.streamer.training_state import TrainingState, new_instance
+from panpriv.streamer.transaction import CheckpointTransaction
 
 log = logging.getLogger("panpriv.processor")
 
@@ -140,7 +140,7 @@ class Processor:
     metrics
         Where to report (``None``: a private registry nobody reads).
     progress
-        ``True`` to draw a progress line on stderr (see :mod:`streamer.progress`).
+        ``True`` to draw a progress line on stderr (see :mod:`panpriv.streamer.progress`).
     stop
         An event that stops the run like SIGTERM does (for embedding and tests).
     """
@@ -156,7 +156,7 @@ class Processor:
         if config.out is None:
             raise ConfigError("out: the processor needs an output directory")
         self.config = config
-        kafka_client.configure(config.kafka)  # every Kafka client of the run uses [kafka] (streamer.kafka_client)
+        kafka_client.configure(config.kafka)  # every Kafka client of the run uses [kafka] (panpriv.streamer.kafka_client)
         self.out = Path(config.out)
         self.metrics = metrics if metrics is not None else ServiceMetrics()
         self.stop_event = stop if stop is not None else threading.Event()
@@ -164,7 +164,7 @@ class Processor:
         self.store = CheckpointStore(self.out / "checkpoints")
         self.codec: Codec = make_codec(config.records)
         holdout = config.snapshots.holdout
-        self._holdout = Holdout.load(holdout, self.codec) if holdout is not None else None  # public data (streamer.holdout)
+        self._holdout = Holdout.load(holdout, self.codec) if holdout is not None else None  # public data (panpriv.streamer.holdout)
         # Set up by run():
         self._driver: Driver | None = None
         self._session: BudgetSession | None = None
@@ -191,7 +191,7 @@ class Processor:
 
     def run(self) -> RunResult:
         """Process until the source is exhausted, a stop is requested, or the budget is spent,
-        holding the output directory's lock (:mod:`streamer.outlock`) throughout."""
+        holding the output directory's lock (:mod:`panpriv.streamer.outlock`) throughout."""
         with OutputLock(self.out):
             return self._run_locked()
 

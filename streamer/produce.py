@@ -1,14 +1,14 @@
 """``panpriv produce``: a load generator that writes synthetic records to a Kafka topic.
 
-The records are those of the seeded synthetic source (:class:`streamer.sources.SyntheticSource`:
+The records are those of the seeded synthetic source (:class:`panpriv.streamer.sources.SyntheticSource`:
 record ``i`` depends only on ``(seed, i)``), encoded as the service reads them: one JSON object per
-message (``{"x": [...], "y": ±1}``, :func:`streamer.codec.encode_json`) or binary batches of
-``--batch-records`` records per message (:func:`streamer.codec.encode_batch`, float32). It feeds
+message (``{"x": [...], "y": ±1}``, :func:`panpriv.streamer.codec.encode_json`) or binary batches of
+``--batch-records`` records per message (:func:`panpriv.streamer.codec.encode_batch`, float32). It feeds
 the deploy stack's topic (deploy/docker-compose.yml, profile ``load``), demos and benchmarks.
 
 This is test data, not user data, and the generator is unrelated to any learner's noise.
 
-Wiring (the CLI's parser lives in :mod:`streamer.cli`)::
+Wiring (the CLI's parser lives in :mod:`panpriv.streamer.cli`)::
 
     produce = commands.add_parser("produce", help=HELP, description=DESCRIPTION)
     add_produce_arguments(produce)
@@ -23,10 +23,10 @@ import time
 from collections.abc import Iterator
 from typing import Literal
 
-from streamer.arg_types import positive_float, positive_int
-from streamer.codec import encode_batch, encode_json
-from streamer.errors import SourceError
-from streamer.sources import SyntheticSource
+from panpriv.streamer.arg_types import positive_float, positive_int
+from panpriv.streamer.codec import encode_batch, encode_json
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.sources import SyntheticSource
 
 log = logging.getLogger("panpriv.produce")
 
@@ -77,7 +77,7 @@ def produce(
     """Send the synthetic records to ``topic`` at ``bootstrap``; return the number of records sent."""
     from kafka.errors import KafkaError
 
-    from streamer import kafka_client
+    from panpriv.streamer import kafka_client
 
     try:
         producer = kafka_client.producer(bootstrap.split(","), linger_ms=20, acks=1,

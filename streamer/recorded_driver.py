@@ -1,10 +1,10 @@
 """The recorded driver: a learner that reads a recording by record index runs its own passes.
 
-A :class:`~protocols.recorded.RecordedLearner` (``shuffled-pnsgd``, ``shuffle-gd``) gets an
-:class:`~streamer.indexed.IndexedFile` and runs ``learn_recorded(fetch, micro_batch)``; the driver
+A :class:`~panpriv.protocols.recorded.RecordedLearner` (``shuffled-pnsgd``, ``shuffle-gd``) gets an
+:class:`~panpriv.streamer.indexed.IndexedFile` and runs ``learn_recorded(fetch, micro_batch)``; the driver
 takes control in the ``fetch`` it hands the learner, between two micro-batches, and does there what
 the stream driver does after a batch. Each pass is charged with the whole recording when it begins
-(:mod:`streamer.replay` says why). The exactly-once argument of :mod:`streamer.processor` holds
+(:mod:`panpriv.streamer.replay` says why). The exactly-once argument of :mod:`panpriv.streamer.processor` holds
 with "positions" replaced by "records learned in the pass" (saved in the learner's state); a
 learner that cannot resume mid-pass restarts the pass after a crash, as a new ledger instance
 composed with what the interrupted pass released.
@@ -20,19 +20,19 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols.errors import ProtocolError
-from protocols.recorded import RecordedLearner
-from streamer.checkpoint import ReplayMarks
-from streamer.config import ServiceConfig
-from streamer.driver import STOPPED, Driver, Outcome, Resumable
-from streamer.heartbeat import Heartbeat
-from streamer.indexed import IndexedFile
-from streamer.metrics import ServiceMetrics
-from streamer.pacing import Pacer
-from streamer.replay import Halt, pass_instance
-from streamer.stream_driver import refused_records
-from streamer.training_state import TrainingState
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols.errors import ProtocolError
+from panpriv.protocols.recorded import RecordedLearner
+from panpriv.streamer.checkpoint import ReplayMarks
+from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.driver import STOPPED, Driver, Outcome, Resumable
+from panpriv.streamer.heartbeat import Heartbeat
+from panpriv.streamer.indexed import IndexedFile
+from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.pacing import Pacer
+from panpriv.streamer.replay import Halt, pass_instance
+from panpriv.streamer.stream_driver import refused_records
+from panpriv.streamer.training_state import TrainingState
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class RecordedDriver(Driver):
 
     def resumable(self) -> Resumable:
         """The current state, or, mid-pass for a learner that cannot resume a pass, the state at the
-        pass's start with the mark that the pass restarts (:mod:`streamer.replay`)."""
+        pass's start with the mark that the pass restarts (:mod:`panpriv.streamer.replay`)."""
         boundary = self._boundary
         if boundary is not None and self._learner.records_seen != boundary.records:
             return Resumable(boundary.state, boundary.records, boundary.snapshot_records,

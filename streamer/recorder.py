@@ -1,10 +1,10 @@
-"""``panpriv record``: copy Kafka topics to a replayable recording (see :mod:`streamer.recording`).
+"""``panpriv record``: copy Kafka topics to a replayable recording (see :mod:`panpriv.streamer.recording`).
 
 Every partition is assigned directly (no consumer group, nothing committed), read from its first
 retained offset until the consumer is caught up (positions at the end offsets and nothing more
 arriving), and written frame by frame with its
 ``topic/partition`` key, offset and timestamp. The header names the cluster the topic lives on
-(:func:`streamer.identity.kafka_cluster_identity`), so a replay of the recording charges the
+(:func:`panpriv.streamer.identity.kafka_cluster_identity`), so a replay of the recording charges the
 topic's own data keys in the budget store. Values are copied as they are — malformed messages
 included — so a replay decodes and rejects exactly what the live service would.
 """
@@ -16,12 +16,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from streamer import kafka_calls
-from streamer.errors import SourceError
-from streamer.identity import kafka_cluster_identity
-from streamer.recording import RecordingWriter
-from streamer.source_url import parse_kafka_url
-from streamer.sources import CAUGHT_UP_POLLS
+from panpriv.streamer import kafka_calls
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.identity import kafka_cluster_identity
+from panpriv.streamer.recording import RecordingWriter
+from panpriv.streamer.source_url import parse_kafka_url
+from panpriv.streamer.sources import CAUGHT_UP_POLLS
 
 log = logging.getLogger("panpriv.recorder")
 
@@ -38,7 +38,7 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
     """
     from kafka import TopicPartition
 
-    from streamer import kafka_client
+    from panpriv.streamer import kafka_client
 
     spec = parse_kafka_url(url)
     consumer = kafka_client.consumer(

@@ -17,7 +17,7 @@ Layout (little-endian)::
 so a replay's ledger ranges begin where the topic's did. ``cluster`` (optional; absent in
 recordings written before it existed, which stay readable) is the identity of the Kafka cluster
 the topic lives on (``cluster=<id>`` or ``bootstrap=<servers>``): with the keys and offsets it is
-the provenance the budget store (:mod:`streamer.budget`) charges, so a replay of a recording
+the provenance the budget store (:mod:`panpriv.streamer.budget`) charges, so a replay of a recording
 composes with every run on the topic itself.
 
 A recording holds raw record values: it is input data, with the same access rules as the topic it
@@ -33,7 +33,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from streamer.safefiles import create_private
+from panpriv.streamer.safefiles import create_private
 
 MAGIC = b"PPREC1\n"
 VERSION = 1

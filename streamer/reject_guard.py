@@ -28,9 +28,9 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-from streamer.codec import Codec, Decoded
-from streamer.errors import ConfigError
-from streamer.sources import Batch
+from panpriv.streamer.codec import Codec, Decoded
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.sources import Batch
 
 
 class RejectRatioError(ConfigError):

@@ -1,24 +1,24 @@
 """Learners that read a recording by record index: what they declare, and how passes are accounted.
 
-Most learners take a stream in arrival order (:meth:`protocols.base.Learner.learn_many` on each
+Most learners take a stream in arrival order (:meth:`panpriv.protocols.base.Learner.learn_many` on each
 micro-batch). Some need the whole recording at hand and choose which record comes next:
-:class:`protocols.pnsgd.ShuffledPNSGD` visits the n records in the order of one uniformly random
+:class:`panpriv.protocols.pnsgd.ShuffledPNSGD` visits the n records in the order of one uniformly random
 permutation (Sordello et al. 2021, Thm 2); a multi-pass learner such as ``shuffle-gd`` (Cheu et al. 2022, Alg. 5) reads every
-record once per round. The processor drives such a learner over an :class:`~streamer.indexed.IndexedFile`
+record once per round. The processor drives such a learner over an :class:`~panpriv.streamer.indexed.IndexedFile`
 instead of a sequential source. A learner takes part by subclassing
-:class:`protocols.recorded.RecordedLearner` (``n``, ``learn_recorded(fetch, micro_batch)``,
+:class:`panpriv.protocols.recorded.RecordedLearner` (``n``, ``learn_recorded(fetch, micro_batch)``,
 ``resumes_mid_pass``, ``reports_per_round``/``round_reports()``, ``passes``), not by its name. The
 processor's ``fetch`` is where it takes control between micro-batches: it accounts, checkpoints and
 snapshots the batch just learned, and stops the run by raising :class:`Halt`. A learner that
 reports per round (``shuffle-gd``) has pass ``p`` as its own ledger instance :func:`pass_instance`,
 registered with the pass's *increment* of the learner's composed guarantee, so the ledger's
 composition of the T uses of a record telescopes to the learner's figure instead of composing the
-cumulative figure T times. Otherwise the learner's :meth:`~protocols.base.Learner.privacy` covers
+cumulative figure T times. Otherwise the learner's :meth:`~panpriv.protocols.base.Learner.privacy` covers
 everything and each pass is charged to the one instance (right for one pass; over-counts, never
 under-counts, for several).
 
 Ledger. A pass uses every record of the recording, so when a pass begins its instance is charged
-with the whole :attr:`~streamer.indexed.IndexedFile.extent` (every position of every source key,
+with the whole :attr:`~panpriv.streamer.indexed.IndexedFile.extent` (every position of every source key,
 rejected messages included, as the sequential path charges them) — each record once per pass.
 Charging only the positions visited so far would not be more precise: for ShuffledPNSGD the
 guarantee of every record is an average over the random order (Sordello et al. 2021, App. A), and the set of
@@ -39,13 +39,13 @@ from __future__ import annotations
 import logging
 import time
 
-from protocols.base import Learner
-from protocols.recorded import RecordedLearner
-from streamer.codec import Codec
-from streamer.config import SourceConfig
-from streamer.errors import ConfigError
-from streamer.indexed import IndexedFile
-from streamer.source_url import FileUrl, parse_source_url
+from panpriv.protocols.base import Learner
+from panpriv.protocols.recorded import RecordedLearner
+from panpriv.streamer.codec import Codec
+from panpriv.streamer.config import SourceConfig
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.indexed import IndexedFile
+from panpriv.streamer.source_url import FileUrl, parse_source_url
 
 log = logging.getLogger("panpriv.replay")
 
@@ -77,7 +77,7 @@ def pass_instance(instance: str, number: int) -> str:
 
 def open_indexed(config: SourceConfig, codec: Codec, learner: str) -> IndexedFile:
     """The record-index reader for ``config.url``; a :class:`ConfigError` if the source cannot be
-    read by index (a :class:`~streamer.errors.SourceError` if the file cannot)."""
+    read by index (a :class:`~panpriv.streamer.errors.SourceError` if the file cannot)."""
     parsed = parse_source_url(config.url)
     if not isinstance(parsed, FileUrl):
         raise ConfigError(

@@ -21,8 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from streamer.errors import ConfigError
-from streamer.sinks import read_snapshots
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.sinks import read_snapshots
 
 
 @dataclass(frozen=True)

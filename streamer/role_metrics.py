@@ -1,11 +1,11 @@
 """Building blocks of the metrics of the service's other roles: the Encode–Shuffle–Analyze shuffler
-and analyzer (:mod:`streamer.esa.metrics`) and the scale-out worker and coordinator
-(:mod:`streamer.scaleout.metrics`).
+and analyzer (:mod:`panpriv.streamer.esa.metrics`) and the scale-out worker and coordinator
+(:mod:`panpriv.streamer.scaleout.metrics`).
 
 Each role keeps running totals of its own; Prometheus counters want increments, so
 :class:`CumulativeCounts` and :class:`CumulativeTotal` turn totals into increments (and start from
 the totals a restored state already reported). :class:`RoleMetrics` holds a role's registry, its
-``*_info`` series and its ``/metrics`` server (:func:`streamer.metrics.serve_registry`).
+``*_info`` series and its ``/metrics`` server (:func:`panpriv.streamer.metrics.serve_registry`).
 :class:`PrivacyGauges` exports a role's composed privacy statement under the service's own series
 names, so the deploy/ alerts on ``panpriv_privacy_epsilon`` cover every role. What is exported is
 what may leave a process: counts and the privacy numbers of statements, never a statistic of a
@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.arg_types import port_or_zero
-from streamer.errors import ConfigError
-from streamer.metrics import GUARANTEES, serve_registry
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.arg_types import port_or_zero
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.metrics import GUARANTEES, serve_registry
 
 __all__ = ["CumulativeCounts", "CumulativeTotal", "PrivacyGauges", "RoleMetrics", "metrics_flags", "serve_metrics"]
 
@@ -91,7 +91,7 @@ class RoleMetrics:
 class PrivacyGauges:
     """``panpriv_privacy_epsilon{guarantee}``, ``panpriv_privacy_delta{guarantee}``,
     ``panpriv_budget_epsilon{source, guarantee}`` and ``panpriv_privacy_epsilon_budget{guarantee}``
-    on ``registry``: the names of :class:`streamer.metrics.ServiceMetrics`' series."""
+    on ``registry``: the names of :class:`panpriv.streamer.metrics.ServiceMetrics`' series."""
 
     def __init__(self, registry: CollectorRegistry, epsilon_help: str) -> None:
         self._epsilon = Gauge("panpriv_privacy_epsilon", epsilon_help, ["guarantee"], registry=registry)

@@ -9,7 +9,7 @@ readable by its owner only.
 
 :func:`write_atomically` writes, ``fsync``-s and renames over the destination, then ``fsync``-s the
 directory. If any step fails (disk full, permissions), the temporary file is removed and an
-:class:`~streamer.errors.OutputError` names the file, the reason and the fix; the destination keeps
+:class:`~panpriv.streamer.errors.OutputError` names the file, the reason and the fix; the destination keeps
 its previous content (the last good checkpoint stays valid).
 """
 
@@ -19,8 +19,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from streamer.errors import OutputError
-from streamer.ioerrors import fix_for
+from panpriv.streamer.errors import OutputError
+from panpriv.streamer.ioerrors import fix_for
 
 PRIVATE_MODE = 0o600
 

@@ -1,9 +1,9 @@
 """Serving released snapshots: load one from a snapshots file and score records with it.
 
-A snapshot record (:mod:`streamer.sinks`) holds the released parameters and, from schema version 2,
-the model description (:class:`protocols.base.ModelSpec`: loss, link, intercept, dimension, feature
+A snapshot record (:mod:`panpriv.streamer.sinks`) holds the released parameters and, from schema version 2,
+the model description (:class:`panpriv.protocols.base.ModelSpec`: loss, link, intercept, dimension, feature
 bound and clipping rule, feature names). :func:`load_snapshot` turns one into a
-:class:`protocols.base.Snapshot` whose ``predict_many`` applies the training-time clipping; ``panpriv
+:class:`panpriv.protocols.base.Snapshot` whose ``predict_many`` applies the training-time clipping; ``panpriv
 predict`` (:func:`predict_source`) scores every record of a source with it. Scoring is
 post-processing of a release and costs no privacy; the records scored are the user's own input and
 nothing about them is exported.
@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from accounting.ledger import PrivacyReport
-from protocols.base import ModelSpec, Snapshot
-from protocols.losses import as_loss
-from streamer.errors import ConfigError
-from streamer.source_url import AdultUrl, parse_source_url
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.protocols.base import ModelSpec, Snapshot
+from panpriv.protocols.losses import as_loss
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.source_url import AdultUrl, parse_source_url
 
 
 def snapshot_records(path: Path) -> list[dict[str, Any]]:
@@ -98,9 +98,9 @@ class Scored:
 def predict_source(snapshot: Snapshot, url: str, record_format: str | None = None, batch: int = 4096) -> Iterator[Scored]:
     """Score every valid record of the source ``url`` (a file or ``adult:test``), read and clipped
     by the same codec as ``panpriv run`` with the snapshot's dimension and feature bound."""
-    from streamer.codec import make_codec
-    from streamer.config import load_config
-    from streamer.sources import open_source
+    from panpriv.streamer.codec import make_codec
+    from panpriv.streamer.config import load_config
+    from panpriv.streamer.sources import open_source
 
     if snapshot.model is None:
         raise ConfigError("this snapshot has no model description (schema version 1): load it in Python with load_snapshot(..., loss=..., feature_bound=...)")

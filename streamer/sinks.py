@@ -13,11 +13,11 @@ and the creation time. Fields::
      "created": "2026-11-22T10:00:00.000Z"}
 
 ``model`` (schema version 2; version-1 records lack it) is what serving the parameters needs
-(:class:`protocols.base.ModelSpec`): ``streamer.serving.load_snapshot(path).predict_many(X)`` and
+(:class:`panpriv.protocols.base.ModelSpec`): ``panpriv.streamer.serving.load_snapshot(path).predict_many(X)`` and
 ``panpriv predict`` apply the same clipping as training.
 
 Snapshots are emitted only after the checkpoint holding their records is durable (see
-:mod:`streamer.processor`), so after a crash the next snapshot's ``records`` is never smaller than
+:mod:`panpriv.streamer.processor`), so after a crash the next snapshot's ``records`` is never smaller than
 an earlier one's. ``sequence`` is the checkpoint sequence number it follows.
 
 The JSONL sink appends one line per snapshot and fsyncs it. A crash in the middle of a write can
@@ -38,8 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from protocols.base import Snapshot
-from streamer.safefiles import fsync_directory
+from panpriv.protocols.base import Snapshot
+from panpriv.streamer.safefiles import fsync_directory
 
 SCHEMA_VERSION = 2
 REASON_HEADER = "panpriv-reject-reason"
@@ -130,7 +130,7 @@ class KafkaSnapshotSink:
     """Produce snapshot records as JSON to ``topic`` (acks=all; each emit waits for the broker)."""
 
     def __init__(self, bootstrap: list[str], topic: str) -> None:
-        from streamer import kafka_client
+        from panpriv.streamer import kafka_client
 
         self.topic = topic
         self._producer = kafka_client.producer(bootstrap, acks="all", client_id="panpriv-snapshots")
@@ -147,7 +147,7 @@ class DeadLetterSink:
     """Produce rejected messages, unchanged, to ``topic`` with the reason in a header."""
 
     def __init__(self, bootstrap: list[str], topic: str) -> None:
-        from streamer import kafka_client
+        from panpriv.streamer import kafka_client
 
         self.topic = topic
         self._producer = kafka_client.producer(bootstrap, acks="all", client_id="panpriv-dead-letters")

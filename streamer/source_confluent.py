@@ -1,6 +1,6 @@
 """The Kafka source on confluent-kafka (librdkafka), selected by ``[kafka] client = "confluent"``.
 
-Same contract and the same exactly-once argument as :class:`streamer.sources.KafkaSource` (read
+Same contract and the same exactly-once argument as :class:`panpriv.streamer.sources.KafkaSource` (read
 that module's docstring): a consumer group with auto-commit off; on assignment each partition
 starts at our checkpointed position, or further at the group's committed offset or the first
 retained offset, never back; before a revocation the processor's checkpoint runs and commits;
@@ -11,10 +11,10 @@ offsets are committed only after a durable checkpoint; a message below our posit
   less Python time (see README, "Kafka clients", for both clients measured on one topic);
 - the start position is given by ``assign`` with offsets inside the ``on_assign`` callback
   (librdkafka's way to seek an assignment), and the callbacks run inside ``consume``;
-- every broker call takes an explicit timeout (:data:`streamer.kafka_calls.CALL_TIMEOUT_MS`), so
+- every broker call takes an explicit timeout (:data:`panpriv.streamer.kafka_calls.CALL_TIMEOUT_MS`), so
   the loop stays bounded as with kafka-python;
 - the check that a resumed partition still holds the record we learned last
-  (:func:`streamer.kafka_calls.changed_partitions`) uses a short-lived kafka-python consumer,
+  (:func:`panpriv.streamer.kafka_calls.changed_partitions`) uses a short-lived kafka-python consumer,
   and the producers (dead letters, snapshots, budget topic) stay on kafka-python.
 
 Security settings are translated from ``[kafka]`` to librdkafka's property names
@@ -27,11 +27,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from streamer import kafka_calls, kafka_client
-from streamer.config import KafkaConfig, SourceConfig
-from streamer.errors import SourceError
-from streamer.source_url import KafkaUrl
-from streamer.sources import REBALANCE_TIMEOUT_MS, Batch, FatalSourceError, KafkaConsumerSource
+from panpriv.streamer import kafka_calls, kafka_client
+from panpriv.streamer.config import KafkaConfig, SourceConfig
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.source_url import KafkaUrl
+from panpriv.streamer.sources import REBALANCE_TIMEOUT_MS, Batch, FatalSourceError, KafkaConsumerSource
 
 log = logging.getLogger("panpriv.sources")
 
@@ -93,7 +93,7 @@ class ConfluentKafkaSource(KafkaConsumerSource):
         """``cluster=<id>`` from the broker's metadata, else the bootstrap servers."""
         from confluent_kafka import KafkaException
 
-        from streamer.identity import bootstrap_identity
+        from panpriv.streamer.identity import bootstrap_identity
 
         try:
             metadata = self._consumer.list_topics(timeout=TIMEOUT_S * 5)
@@ -140,7 +140,7 @@ class ConfluentKafkaSource(KafkaConsumerSource):
             self._failure = exc
 
     def _verify_marks(self, partitions: list[Any], beginning: Mapping[str, int]) -> set[str]:
-        """As :meth:`streamer.sources.KafkaSource._verify_marks` (the check uses kafka-python)."""
+        """As :meth:`panpriv.streamer.sources.KafkaSource._verify_marks` (the check uses kafka-python)."""
         from kafka import TopicPartition
 
         wanted = {}
@@ -242,6 +242,6 @@ class ConfluentKafkaSource(KafkaConsumerSource):
     def close(self) -> None:
         # librdkafka revokes the assignment while leaving the group; the processor's revocation
         # checkpoint must not run then (the run has taken its final checkpoint, or has stopped
-        # without one on purpose, e.g. streamer.reject_guard).
+        # without one on purpose, e.g. panpriv.streamer.reject_guard).
         self._on_revoke = None
         self._consumer.close()

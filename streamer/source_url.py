@@ -10,7 +10,7 @@ URL                                 parsed as
 ==================================  ===================================================
 
 :func:`parse_source_url` is the one dispatch on the scheme; callers ``match`` on the result.
-Errors are :class:`~streamer.errors.SourceError` naming the URL (credentials redacted) and the
+Errors are :class:`~panpriv.streamer.errors.SourceError` naming the URL (credentials redacted) and the
 expected form.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from streamer.errors import SourceError
-from streamer.urls import redact, refuse_credentials
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.urls import redact, refuse_credentials
 
 SCHEMES = ("kafka", "file", "synthetic", "adult")
 """The source URL schemes panpriv reads."""

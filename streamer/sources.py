@@ -25,7 +25,7 @@ whole ranges — conservative (a rejected record is accounted as if used) and co
 key however long the stream).
 
 Kafka specifics (exactly-once for the state that survives a crash; the full argument is in
-:mod:`streamer.processor`): a consumer group with auto-commit off; when partitions are assigned,
+:mod:`panpriv.streamer.processor`): a consumer group with auto-commit off; when partitions are assigned,
 each is ``seek``-ed to the position in OUR checkpoint — or further, to the group's committed offset
 or the partition's first retained offset when those are ahead; before partitions are revoked, the
 ``on_revoke`` hook (the processor's checkpoint) runs; :meth:`KafkaSource.acknowledge` commits
@@ -48,13 +48,13 @@ from typing import IO, Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from streamer import kafka_calls, kafka_client
-from streamer.codec import Codec
-from streamer.config import SourceConfig
-from streamer.errors import SourceError
-from streamer.recording import Frame, RecordingReader, is_recording
-from streamer.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_source_url
-from streamer.urls import redact
+from panpriv.streamer import kafka_calls, kafka_client
+from panpriv.streamer.codec import Codec
+from panpriv.streamer.config import SourceConfig
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.recording import Frame, RecordingReader, is_recording
+from panpriv.streamer.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_source_url
+from panpriv.streamer.urls import redact
 
 log = logging.getLogger("panpriv.sources")
 
@@ -377,7 +377,7 @@ class SyntheticSource(_LocalSource):
 
 class KafkaConsumerSource(abc.ABC):
     """What the two Kafka consumer sources share (:class:`KafkaSource` on kafka-python,
-    :class:`streamer.source_confluent.ConfluentKafkaSource` on librdkafka): the offset-regression
+    :class:`panpriv.streamer.source_confluent.ConfluentKafkaSource` on librdkafka): the offset-regression
     marks and their verdicts, the deferred rebalance failure, the wait for an assignment and the
     end-of-topic rule. Subclasses call this constructor, then open their consumer and set
     ``_assigned`` (the client's own collection of assigned partitions)."""
@@ -440,7 +440,7 @@ class KafkaConsumerSource(abc.ABC):
             self._waiting_logged = now
 
     def _offset_reset(self, key: str, position: int, offset: int) -> int:
-        """A record below our position: refuse (:mod:`streamer.kafka_calls`), or with
+        """A record below our position: refuse (:mod:`panpriv.streamer.kafka_calls`), or with
         ``accept_offset_reset`` continue from ``offset``."""
         if not self._config.accept_offset_reset:
             raise kafka_calls.regression(key, position, offset)
@@ -528,11 +528,11 @@ class KafkaSource(KafkaConsumerSource):
         self._consumer.subscribe(topics=url.topics, listener=Listener())
 
     def cluster_identity(self) -> str:
-        """The cluster part of this topic's data keys (:mod:`streamer.identity`): the broker's
+        """The cluster part of this topic's data keys (:mod:`panpriv.streamer.identity`): the broker's
         cluster id (asked for through a metadata request), else the bootstrap servers."""
         from kafka.errors import KafkaError
 
-        from streamer.identity import kafka_cluster_identity
+        from panpriv.streamer.identity import kafka_cluster_identity
 
         try:
             for topic in self.url.topics:
@@ -680,7 +680,7 @@ class KafkaSource(KafkaConsumerSource):
 
 
 def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, int]:
-    """A Kafka source's marks for a checkpoint at ``positions`` (:mod:`streamer.kafka_calls`);
+    """A Kafka source's marks for a checkpoint at ``positions`` (:mod:`panpriv.streamer.kafka_calls`);
     empty for sources without marks."""
     return source.marks(positions) if isinstance(source, KafkaConsumerSource) else {}
 
@@ -700,7 +700,7 @@ def open_source(
     match parsed:
         case KafkaUrl():
             if kafka_client.settings().client == "confluent":
-                from streamer.source_confluent import ConfluentKafkaSource
+                from panpriv.streamer.source_confluent import ConfluentKafkaSource
 
                 return ConfluentKafkaSource(parsed, config, positions, on_revoke, marks)
             return KafkaSource(parsed, config, positions, on_revoke, marks)
@@ -709,7 +709,7 @@ def open_source(
                 raise SourceError(f"synthetic source dim={dim} but records.dim={codec.dim}")
             return SyntheticSource(n, dim, seed, positions)
         case AdultUrl(split=split):
-            from streamer.datasets import adult
+            from panpriv.streamer.datasets import adult
 
             path = adult.TRAIN_PATH if split == "train" else adult.TEST_PATH
             return LineFileSource(path, config.url, codec, positions, skip_header=False)

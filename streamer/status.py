@@ -1,11 +1,11 @@
 """A periodic status line in the log, for a service that no one watches on a terminal.
 
-Off a terminal the progress bar (:mod:`streamer.progress`) is off, and a long-running service
+Off a terminal the progress bar (:mod:`panpriv.streamer.progress`) is off, and a long-running service
 would otherwise log nothing between its start and its stop. Every ``status_interval_s`` seconds
 (top-level setting, ``--status-every``; 0 turns it off) :class:`StatusLine` logs one INFO line:
 records learned, rejected records by reason, consumer lag in records, the current ε (output and
 intrusion), and when the next checkpoint is due. With ``--log-format json`` the same numbers are a
-``status`` object of the log record (:mod:`streamer.logs`). Every number is a public count or a
+``status`` object of the log record (:mod:`panpriv.streamer.logs`). Every number is a public count or a
 privacy figure, never a statistic of the records.
 """
 
@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from accounting.ledger import PrivacyReport
-from streamer.pacing import Cadence
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.streamer.pacing import Cadence
 
 log = logging.getLogger("panpriv.status")
 

@@ -1,18 +1,18 @@
 """The stream driver: poll a micro-batch, charge it, validate it, learn it, account it.
 
-Each micro-batch of a sequential source (:mod:`streamer.sources`) goes through, in order:
+Each micro-batch of a sequential source (:mod:`panpriv.streamer.sources`) goes through, in order:
 
 1. the run's own ledger: stop *before* a batch whose charge would raise ε above
    ``learner.max_epsilon`` (an outcome, not a crash);
-2. the reject-ratio guard (:mod:`streamer.reject_guard`): a misconfiguration stops here, before
+2. the reject-ratio guard (:mod:`panpriv.streamer.reject_guard`): a misconfiguration stops here, before
    anything is charged;
-3. the budget store (:mod:`streamer.budget_session`): the batch's position ranges are charged
+3. the budget store (:mod:`panpriv.streamer.budget_session`): the batch's position ranges are charged
    durably before anything is learned, refused if the records' ε over all runs would exceed
    ``max_epsilon``;
 4. decode and validate (rejects counted by reason, optionally sent to a dead-letter topic; valid
    records clipped), ``learn_many`` the valid records, register the learner's guarantee, charge
    the ledger with the whole consumed range, and advance the positions;
-5. the heartbeat (:mod:`streamer.heartbeat`): cadence, progress, status, checkpoint when due.
+5. the heartbeat (:mod:`panpriv.streamer.heartbeat`): cadence, progress, status, checkpoint when due.
 
 What is charged. The ledger is charged with the whole consumed range of each batch, rejected
 records and non-record lines included: conservative (a rejected record is accounted as if used,
@@ -28,19 +28,19 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
-from protocols.errors import ProtocolError
-from streamer.codec import Codec, Decoded
-from streamer.config import ServiceConfig
-from streamer.driver import STOPPED, Driver, Outcome, Resumable
-from streamer.errors import LearnerInputError
-from streamer.heartbeat import Heartbeat
-from streamer.metrics import ServiceMetrics
-from streamer.pacing import Pacer
-from streamer.reject_guard import RejectGuard
-from streamer.sinks import DeadLetterSink
-from streamer.sources import Batch, Source
-from streamer.status import RejectLog
-from streamer.training_state import TrainingState
+from panpriv.protocols.errors import ProtocolError
+from panpriv.streamer.codec import Codec, Decoded
+from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.driver import STOPPED, Driver, Outcome, Resumable
+from panpriv.streamer.errors import LearnerInputError
+from panpriv.streamer.heartbeat import Heartbeat
+from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.pacing import Pacer
+from panpriv.streamer.reject_guard import RejectGuard
+from panpriv.streamer.sinks import DeadLetterSink
+from panpriv.streamer.sources import Batch, Source
+from panpriv.streamer.status import RejectLog
+from panpriv.streamer.training_state import TrainingState
 
 
 class StreamDriver(Driver):
@@ -106,7 +106,7 @@ class StreamDriver(Driver):
                     f"stopped before learning a batch that would raise ε to {over:.4g} "
                     f"(max_epsilon = {cfg.learner.max_epsilon}); its records were not used"
                 )
-            self._reject_guard.check(batch)  # a misconfiguration stops here, before any charge (streamer.reject_guard)
+            self._reject_guard.check(batch)  # a misconfiguration stops here, before any charge (panpriv.streamer.reject_guard)
             refused = session.charge(self.state.instance, batch.ranges, self.state.ledger.instances)  # durable first
             if refused is not None:
                 return "budget_exhausted", refused

@@ -1,10 +1,10 @@
 """What one run holds between checkpoints: the learner, its ledger, positions and counters.
 
 A :class:`TrainingState` is the in-memory counterpart of a checkpoint manifest
-(:class:`streamer.checkpoint.Checkpoint`): everything in it is either noisy learner state or a
-public count, and everything a resume needs is in it. The drivers (:mod:`streamer.stream_driver`,
-:mod:`streamer.recorded_driver`) advance it, the checkpoint transaction
-(:mod:`streamer.transaction`) saves it, and the processor builds it anew or from a manifest.
+(:class:`panpriv.streamer.checkpoint.Checkpoint`): everything in it is either noisy learner state or a
+public count, and everything a resume needs is in it. The drivers (:mod:`panpriv.streamer.stream_driver`,
+:mod:`panpriv.streamer.recorded_driver`) advance it, the checkpoint transaction
+(:mod:`panpriv.streamer.transaction`) saves it, and the processor builds it anew or from a manifest.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from accounting.ledger import PrivacyLedger
-from protocols.base import Learner
+from panpriv.accounting.ledger import PrivacyLedger
+from panpriv.protocols.base import Learner
 
 
 def new_instance(learner: Learner) -> str:

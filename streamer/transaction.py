@@ -7,7 +7,7 @@ One :meth:`CheckpointTransaction.commit` runs the steps in quix-streams' order:
 2. register the learner's current guarantee in the ledger — and in the budget store when it
    changed, so the store never holds a guarantee weaker than what was released;
 3. flush the dead-letter producer;
-4. write the manifest atomically (:mod:`streamer.checkpoint`): noisy state, positions, ledger,
+4. write the manifest atomically (:mod:`panpriv.streamer.checkpoint`): noisy state, positions, ledger,
    reject counters, config hash; then note the durable positions in the budget store;
 5. only now acknowledge upstream (Kafka offset commit);
 6. emit the snapshot.
@@ -15,7 +15,7 @@ One :meth:`CheckpointTransaction.commit` runs the steps in quix-streams' order:
 A crash before (4) loses the work since the previous checkpoint and nothing released depends on
 it; a crash between (4) and (6) loses that snapshot, whose release was already accounted in the
 manifest (conservative). The argument that every record then contributes exactly once to the
-surviving state is in :mod:`streamer.processor`.
+surviving state is in :mod:`panpriv.streamer.processor`.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from accounting.budget import per_source
-from streamer.budget_session import BudgetSession
-from streamer.checkpoint import Checkpoint, CheckpointStore
-from streamer.driver import Driver
-from streamer.heartbeat import LagReporter
-from streamer.holdout import Holdout
-from streamer.indexed import IndexedFile
-from streamer.metrics import ServiceMetrics
-from streamer.sinks import DeadLetterSink, SnapshotSink, snapshot_record
-from streamer.sources import Source, source_marks
+from panpriv.accounting.budget import per_source
+from panpriv.streamer.budget_session import BudgetSession
+from panpriv.streamer.checkpoint import Checkpoint, CheckpointStore
+from panpriv.streamer.driver import Driver
+from panpriv.streamer.heartbeat import LagReporter
+from panpriv.streamer.holdout import Holdout
+from panpriv.streamer.indexed import IndexedFile
+from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.sinks import DeadLetterSink, SnapshotSink, snapshot_record
+from panpriv.streamer.sources import Source, source_marks
 
 
 class CheckpointTransaction:
@@ -140,7 +140,7 @@ class CheckpointTransaction:
             privacy=report.to_dict(),
             feature_names=self._feature_names,
         )
-        if self._holdout is not None:  # public data, released parameters: post-processing (streamer.holdout)
+        if self._holdout is not None:  # public data, released parameters: post-processing (panpriv.streamer.holdout)
             record["holdout"] = self._holdout.score(released)
             self._metrics.observe_holdout(record["holdout"])
         for sink in self._sinks:

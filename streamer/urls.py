@@ -1,7 +1,7 @@
 """Credentials in source URLs: refused (they belong in ``[kafka]``), and never printed.
 
 ``kafka://user:password@host/topic`` looks like it authenticates, but the Kafka security settings
-live in the ``[kafka]`` section with the password in the environment (:mod:`streamer.kafka_client`):
+live in the ``[kafka]`` section with the password in the environment (:mod:`panpriv.streamer.kafka_client`):
 connecting with the URL's credentials ignored would silently be unauthenticated. :func:`refuse_credentials` turns such a URL into a clear error
 instead. :func:`redact` removes the ``user:password@`` part of every URL in a text; it is applied
 to everything that leaves the process as text (error messages, the resume hint, log records), so a

@@ -7,7 +7,7 @@ Two directions, both without touching any data:
   one intrusion plus outputs).
 - **noise → guarantee**: for a noise multiplier z (the standard deviation of a draw divided by the
   ℓ2 sensitivity it protects), the smallest ε with which the Gaussian mechanism is (ε, δ)-DP
-  (Balle & Wang 2018, Thm 8, via :func:`accounting.gaussian.analytic_epsilon`); for pan-private
+  (Balle & Wang 2018, Thm 8, via :func:`panpriv.accounting.gaussian.analytic_epsilon`); for pan-private
   AC-SA each draw alone protects its batch (Cheu et al. 2022, Lemma C.4), so this is the per-record guarantee
   for outputs and for one intrusion.
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accounting.gaussian import analytic_epsilon
-from accounting.ledger import PrivacyReport
-from streamer.config import ServiceConfig
-from streamer.delta_target import excess_delta
-from streamer.learners import build_learner
+from panpriv.accounting.gaussian import analytic_epsilon
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.delta_target import excess_delta
+from panpriv.streamer.learners import build_learner
 
 
 @dataclass(frozen=True)
@@ -32,15 +32,15 @@ class WhatIf:
     report: PrivacyReport
     lines: tuple[str, ...]
     planned: PrivacyReport
-    """The weakest guarantee over the planned use (:meth:`protocols.base.Learner.planned_privacy`)."""
+    """The weakest guarantee over the planned use (:meth:`panpriv.protocols.base.Learner.planned_privacy`)."""
     excess: tuple[str, float] | None
     """Which planned guarantee's δ exceeds the requested δ, and by how much (``panpriv run`` refuses it)."""
     warnings: tuple[str, ...]
-    """What the configuration can learn, in plain words (:meth:`protocols.base.Learner.utility_warnings`)."""
+    """What the configuration can learn, in plain words (:meth:`panpriv.protocols.base.Learner.utility_warnings`)."""
 
 
 def target_to_noise(config: ServiceConfig, n: int) -> WhatIf:
-    """The would-be learner's report and noise (:meth:`protocols.base.Learner.describe_noise`)."""
+    """The would-be learner's report and noise (:meth:`panpriv.protocols.base.Learner.describe_noise`)."""
     learner = build_learner(config, n)
     return WhatIf(learner.privacy(), learner.describe_noise(), learner.planned_privacy(),
                   excess_delta(learner, config.learner.delta), learner.utility_warnings())

@@ -13,15 +13,22 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("accounting", "protocols", "streamer")
 
 
-def imported_packages(path: Path) -> set[str]:
-    """Top-level package names that ``path`` imports anywhere (module level or inside functions)."""
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of the modules ``path`` imports anywhere (module level or inside functions)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
     return names
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The layers (``accounting``, ``protocols``, ``streamer``) that ``path`` imports, as
+    ``panpriv.<layer>``, anywhere (module level or inside functions)."""
+    parts = (name.split(".") for name in imported_modules(path))
+    return {p[1] for p in parts if len(p) > 1 and p[0] == "panpriv" and p[1] in LAYERS}
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -37,5 +44,17 @@ def test_no_module_imports_a_higher_layer(layer: str) -> None:
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from streamer.cli import main\n    import protocols.base\n")
+    module.write_text("def f():\n    from panpriv.streamer.cli import main\n    import panpriv.protocols.base\n")
     assert imported_packages(module) == {"streamer", "protocols"}
+
+
+def test_nothing_imports_the_layers_by_their_folder_names() -> None:
+    """The installed names are ``panpriv.accounting`` etc.; ``import streamer`` would load a second
+    copy of a module from the repository root (or another distribution's ``streamer``)."""
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(n for n in imported_modules(path) if n.split(".")[0] in LAYERS)
+        for folder in (*LAYERS, "panpriv", "tests", "benchmarks")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if not (ROOT / folder).is_symlink() and any(n.split(".")[0] in LAYERS for n in imported_modules(path))
+    }
+    assert offenders == {}

@@ -57,7 +57,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-DATA_DIR = Path(str(resources.files("streamer.datasets").joinpath("adult")))
+DATA_DIR = Path(str(resources.files("panpriv.streamer.datasets").joinpath("adult")))
 TRAIN_PATH = DATA_DIR / "adult.data.gz"
 TEST_PATH = DATA_DIR / "adult.test.gz"
 NAMES_PATH = DATA_DIR / "adult.names"

@@ -4,20 +4,20 @@ Bittau et al. 2017 ("Prochlo", SOSP 2017) §3: encoders on the users' side, a sh
 metadata, thresholds and permutes, and an analyzer that sees only shuffled batches of messages
 encrypted to it. Here, for the ``shuffle-gaussian`` learner (Liew & Takahashi 2022 §5.2):
 
-- :mod:`streamer.esa.client`: the user's encoder — reads the public model of the round, sends one
+- :mod:`panpriv.streamer.esa.client`: the user's encoder — reads the public model of the round, sends one
   fixed-size message (clipped gradient + Gaussian noise) sealed to the analyzer's key. It imports
-  only ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and :mod:`streamer.esa.wire`
-  / :mod:`streamer.esa.keys` / :mod:`streamer.esa.model` (nothing of the service);
-- :mod:`streamer.esa.shuffler`: ``panpriv shuffle`` — holds no key that can read a message;
-- :mod:`streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model
-  (its service loop: :mod:`streamer.esa.analyze_service`; its charges to the budget store shared
-  by every run: :mod:`streamer.esa.budget`);
+  only ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and :mod:`panpriv.streamer.esa.wire`
+  / :mod:`panpriv.streamer.esa.keys` / :mod:`panpriv.streamer.esa.model` (nothing of the service);
+- :mod:`panpriv.streamer.esa.shuffler`: ``panpriv shuffle`` — holds no key that can read a message;
+- :mod:`panpriv.streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model
+  (its service loop: :mod:`panpriv.streamer.esa.analyze_service`; its charges to the budget store shared
+  by every run: :mod:`panpriv.streamer.esa.budget`);
 - for ``shuffle-sgd`` and ``shuffle-acsa`` (Cheu et al. 2022 Algs 3 and 4), whose PVEC counts must reach the analyzer only
-  as per-coordinate totals: :mod:`streamer.esa.sum_client` (each user's count vector as m
-  split-and-mix shares, each sealed: Ishai et al. 2006, :mod:`protocols.secure_sum`), the same
-  shuffler releasing units (``--shares``) and :mod:`streamer.esa.sum_analyzer`;
-- :mod:`streamer.esa.metrics`: the Prometheus series of the shuffler and the analyzer;
-- :mod:`streamer.esa.keys`: ``panpriv keygen``.
+  as per-coordinate totals: :mod:`panpriv.streamer.esa.sum_client` (each user's count vector as m
+  split-and-mix shares, each sealed: Ishai et al. 2006, :mod:`panpriv.protocols.secure_sum`), the same
+  shuffler releasing units (``--shares``) and :mod:`panpriv.streamer.esa.sum_analyzer`;
+- :mod:`panpriv.streamer.esa.metrics`: the Prometheus series of the shuffler and the analyzer;
+- :mod:`panpriv.streamer.esa.keys`: ``panpriv keygen``.
 
 This package's ``__init__`` imports nothing, so the client's imports stay as listed.
 """

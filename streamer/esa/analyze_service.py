@@ -1,6 +1,6 @@
-"""``panpriv analyze`` as a service: the analyzer (:mod:`streamer.esa.analyzer`) between Kafka, its
-checkpoint, the budget store (:mod:`streamer.esa.budget`) and its metrics
-(:mod:`streamer.esa.metrics`).
+"""``panpriv analyze`` as a service: the analyzer (:mod:`panpriv.streamer.esa.analyzer`) between Kafka, its
+checkpoint, the budget store (:mod:`panpriv.streamer.esa.budget`) and its metrics
+(:mod:`panpriv.streamer.esa.metrics`).
 
 Per record of the shuffled topic, in order: the analyzer opens the batch; for the current round it
 registers the statement and charges the round in the budget store (durably, ``max_epsilon``
@@ -22,18 +22,18 @@ from typing import Any
 
 from nacl.public import PrivateKey
 
-from accounting.ledger import PrivacyReport
-from protocols.checkin import RandomCheckinSGD
-from protocols.shuffle_base import SequentialLearner
-from protocols.shuffle_gd import ShuffleGD
-from streamer.esa import checkin_analyzer, gd_analyzer, sum_analyzer
-from streamer.esa.analyzer import REJECT_REASONS, Analyzer
-from streamer.esa.budget import AnalyzerBudget, data_key, new_instance, open_store
-from streamer.esa.checkin_analyzer import CheckinAnalyzer
-from streamer.esa.gd_analyzer import GDAnalyzer
-from streamer.esa.gd_budget import GDAnalyzerBudget
-from streamer.esa.metrics import AnalyzerMetrics
-from streamer.esa.sum_analyzer import SumAnalyzer
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.protocols.shuffle_base import SequentialLearner
+from panpriv.protocols.shuffle_gd import ShuffleGD
+from panpriv.streamer.esa import checkin_analyzer, gd_analyzer, sum_analyzer
+from panpriv.streamer.esa.analyzer import REJECT_REASONS, Analyzer
+from panpriv.streamer.esa.budget import AnalyzerBudget, data_key, new_instance, open_store
+from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
+from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
+from panpriv.streamer.esa.gd_budget import GDAnalyzerBudget
+from panpriv.streamer.esa.metrics import AnalyzerMetrics
+from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 
 AnyAnalyzer = Analyzer | SumAnalyzer | CheckinAnalyzer
 
@@ -82,7 +82,7 @@ def checkpoint_path(out: Path) -> Path:
 
 
 def _load(options: AnalyzeOptions) -> AnyAnalyzer:
-    from streamer.safefiles import write_atomically
+    from panpriv.streamer.safefiles import write_atomically
 
     options.out.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = checkpoint_path(options.out)
@@ -122,9 +122,9 @@ def run(options: AnalyzeOptions) -> AnalyzeResult:
     """Serve until SIGTERM/SIGINT, ``max_rounds`` rounds, or a round the budget refuses."""
     from kafka import TopicPartition
 
-    from streamer import kafka_client
-    from streamer.identity import kafka_cluster_identity
-    from streamer.safefiles import write_atomically
+    from panpriv.streamer import kafka_client
+    from panpriv.streamer.identity import kafka_cluster_identity
+    from panpriv.streamer.safefiles import write_atomically
 
     stopping = {"now": False}
 

@@ -1,10 +1,10 @@
 """``panpriv analyze``: the analyzer of Encode–Shuffle–Analyze for ``shuffle-gaussian`` (Bittau et
 al. 2017 §3; Liew & Takahashi 2022 §5.2 for the analysis).
 
-It reads shuffled batches (:mod:`streamer.esa.wire`) from the shuffled topic, and for the batch of
+It reads shuffled batches (:mod:`panpriv.streamer.esa.wire`) from the shuffled topic, and for the batch of
 the current round t: opens every message with the private key its key id names, keeps the valid
 ones, takes one SGD step on their mean (:meth:`ShuffleGaussianSGD.learn_round`), checkpoints, and
-publishes the model of round t + 1 to the model topic (:mod:`streamer.esa.model`).
+publishes the model of round t + 1 to the model topic (:mod:`panpriv.streamer.esa.model`).
 
 **Rejected, counted by reason** (the counts are public, like the service's reject counts):
 per batch ``malformed_batch``, ``duplicate_batch`` (an id already applied: a shuffler's re-release
@@ -20,14 +20,14 @@ batch ids, reject counts) is written atomically after each step and before the m
 published; after a crash the analyzer re-reads from the checkpoint's offset and recomputes the
 same model, and republishing it (compacted topic, same key) changes nothing.
 
-**Budget.** :meth:`Analyzer.handle` asks ``gate`` (the budget store, :mod:`streamer.esa.budget`)
+**Budget.** :meth:`Analyzer.handle` asks ``gate`` (the budget store, :mod:`panpriv.streamer.esa.budget`)
 before each step, with the round and the statement that will hold once it is learned; a refusal
 leaves the state untouched (the batch's decrypted messages are zeroed) and sets ``stopped``.
 
 **What it holds.** The model, the counters, the private keys and, while a batch is analysed, the
 batch's decrypted noisy messages (zeroed after the step). Never a raw record: clients send none
 (tested by a canary scan of the process and its files, ``tests/esa``). The statement is
-:func:`streamer.esa.deployment.esa_report`.
+:func:`panpriv.streamer.esa.deployment.esa_report`.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ import numpy as np
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, SealedBox
 
-from accounting.ledger import PrivacyReport
-from protocols.base import StateValue
-from protocols.shuffle_gaussian import ShuffleGaussianSGD
-from streamer.esa import wire
-from streamer.esa.deployment import DEPLOYMENT, esa_report
-from streamer.esa.keys import key_id
-from streamer.esa.model import ModelRecord
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.protocols.base import StateValue
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.deployment import DEPLOYMENT, esa_report
+from panpriv.streamer.esa.keys import key_id
+from panpriv.streamer.esa.model import ModelRecord
 
 CHECKPOINT_FORMAT = "panpriv-esa-analyzer/1"
 APPLIED_KEPT = 1024
@@ -58,7 +58,7 @@ REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_ba
 
 Gate = Callable[[int, PrivacyReport], "str | None"]
 """Asked before round t is learned, with the statement that holds once it is: ``None`` to go on,
-else why not (:meth:`streamer.esa.budget.AnalyzerBudget.charge`)."""
+else why not (:meth:`panpriv.streamer.esa.budget.AnalyzerBudget.charge`)."""
 
 
 def encode_state(state: Mapping[str, StateValue]) -> dict[str, Any]:
@@ -73,7 +73,7 @@ class AnalyzerCore:
     """What every E-S-A analyzer keeps (no I/O): its learner, keys, reject counters, input position
     and the ids of the batches it applied; the batch checks that come before opening any message;
     and the checkpoint fields they make. :class:`Analyzer` and
-    :class:`streamer.esa.sum_analyzer.SumAnalyzer` add what their learners need."""
+    :class:`panpriv.streamer.esa.sum_analyzer.SumAnalyzer` add what their learners need."""
 
     learner: Any
     round: int
@@ -163,7 +163,7 @@ class AnalyzerCore:
 
 class VectorAnalyzer(AnalyzerCore):
     """An analyzer of sealed ``PPM1`` messages each holding one vector of ``_params`` coordinates
-    (``shuffle-gaussian``; ``checkin``'s inner messages, :mod:`streamer.esa.checkin_analyzer`)."""
+    (``shuffle-gaussian``; ``checkin``'s inner messages, :mod:`panpriv.streamer.esa.checkin_analyzer`)."""
 
     _params: int
     _size: int
@@ -258,7 +258,7 @@ class Analyzer(VectorAnalyzer):
                            self.current_key.hex(), (local.epsilon, local.delta))
 
     def report(self) -> PrivacyReport:
-        """The statement of this deployment (:func:`streamer.esa.deployment.esa_report`)."""
+        """The statement of this deployment (:func:`panpriv.streamer.esa.deployment.esa_report`)."""
         return esa_report(self.learner, self.min_valid)
 
     def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:

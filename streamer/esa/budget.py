@@ -1,13 +1,13 @@
-"""The ESA analyzer's dealings with the budget store shared by every run (:mod:`streamer.budget`).
+"""The ESA analyzer's dealings with the budget store shared by every run (:mod:`panpriv.streamer.budget`).
 
-``panpriv run`` charges the store through :class:`streamer.budget_session.BudgetSession`; the
-analyzer of an Encode–Shuffle–Analyze deployment (:mod:`streamer.esa.analyzer`) charges the same
+``panpriv run`` charges the store through :class:`panpriv.streamer.budget_session.BudgetSession`; the
+analyzer of an Encode–Shuffle–Analyze deployment (:mod:`panpriv.streamer.esa.analyzer`) charges the same
 store, with the same rules, through :class:`AnalyzerBudget`.
 
 **Data source.** The users' records enter an ESA deployment as messages on the *messages* topic;
 the analyzer reads them, shuffled, from another topic. The data key is the messages topic:
 ``esa:<cluster>/<messages topic>``, where ``<cluster>`` is the broker's cluster id
-(:func:`streamer.identity.kafka_cluster_identity`, the bootstrap servers when the broker reports
+(:func:`panpriv.streamer.identity.kafka_cluster_identity`, the bootstrap servers when the broker reports
 none). Not the shuffled topic: two shufflers over one messages topic release the same messages
 (the first b of each round). Not the deployment name either: a second analyzer under another
 ``--name`` that reads the same batches learns from the same users and must compose with the
@@ -19,14 +19,14 @@ whose positions are offsets.
 **Position.** A position is one round ``t``: the b messages of round t, one per user
 (``participation = "all"``: each user answers one round; for ``shuffle-sgd``/``shuffle-acsa`` the b users whose
 shares make round t's batch, each in one round: Cheu et al. 2022, Def. 2.7). A round the secure-sum
-analyzer skips (:mod:`streamer.esa.sum_analyzer`) is not learned; it is charged when it is skipped
+analyzer skips (:mod:`panpriv.streamer.esa.sum_analyzer`) is not learned; it is charged when it is skipped
 for a total out of range (an output of the honest users' data), not when a unit failed to open. A
 round charged is the range
 ``[t, t + 1)``; every message in it has the instance's guarantee, so composing per round is
 composing per record.
 
 **Order.** The analyzer registers the deployment's report for the round it is about to learn
-(:func:`streamer.esa.deployment.esa_report` with the round's valid count, which may lower the
+(:func:`panpriv.streamer.esa.deployment.esa_report` with the round's valid count, which may lower the
 output guarantee) and charges ``[t, t + 1)`` — durably, with ``max_epsilon`` checked in the same
 transaction — *before* the step; a refused charge stops the analyzer before the step (and before
 it publishes anything); a refusal before it learned anything, because other runs spent the
@@ -47,10 +47,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from accounting.budget import exceeds, report_for
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.budget import BudgetExceededError, BudgetStore, default_state_dir, describe_excess
-from streamer.budget_session import with_public_assumptions
+from panpriv.accounting.budget import exceeds, report_for
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.budget import BudgetExceededError, BudgetStore, default_state_dir, describe_excess
+from panpriv.streamer.budget_session import with_public_assumptions
 
 KEY_PREFIX = "esa:"
 
@@ -66,11 +66,11 @@ def new_instance(name: str, learner: str = "shuffle-gaussian") -> str:
 
 
 def open_store(state_dir: Path | None, kafka_url: str | None) -> Any:
-    """The SQLite store in ``state_dir`` (default :func:`streamer.budget.default_state_dir`), or
+    """The SQLite store in ``state_dir`` (default :func:`panpriv.streamer.budget.default_state_dir`), or
     the store on the Kafka topic ``kafka_url`` (``kafka://host:port/topic``)."""
     if kafka_url:
-        from streamer.budget_kafka import KafkaBudgetStore
-        from streamer.source_url import parse_kafka_url
+        from panpriv.streamer.budget_kafka import KafkaBudgetStore
+        from panpriv.streamer.source_url import parse_kafka_url
 
         spec = parse_kafka_url(kafka_url)
         return KafkaBudgetStore(spec.bootstrap, spec.topics[0])
@@ -83,7 +83,7 @@ class AnalyzerBudget:
     Parameters
     ----------
     store
-        A :class:`streamer.budget.BudgetStore` or :class:`streamer.budget_kafka.KafkaBudgetStore`.
+        A :class:`panpriv.streamer.budget.BudgetStore` or :class:`panpriv.streamer.budget_kafka.KafkaBudgetStore`.
     key
         The deployment's data key (:func:`data_key`).
     instance
@@ -158,7 +158,7 @@ class AnalyzerBudget:
     def report(self, own: PrivacyReport) -> PrivacyReport:
         """The guarantee of the rounds this analyzer learned, composed over every run that used
         them; componentwise the worse of that and ``own`` (the deployment's statement), as
-        :meth:`streamer.budget_session.BudgetSession.report` does."""
+        :meth:`panpriv.streamer.budget_session.BudgetSession.report` does."""
         ledger = self.store.ledger([self.key])
         composed = report_for(ledger, self.instances(ledger), own.records)
         composed = dataclasses.replace(
@@ -173,12 +173,12 @@ class AnalyzerBudget:
 
     def instances(self, ledger: Any) -> list[str]:
         """The store instances whose charges are this analyzer's (``shuffle-gd``: one per round,
-        :class:`streamer.esa.gd_budget.GDAnalyzerBudget`)."""
+        :class:`panpriv.streamer.esa.gd_budget.GDAnalyzerBudget`)."""
         return [self.instance]
 
     def per_source(self) -> dict[str, tuple[Guarantee, Guarantee]]:
         """The (output, intrusion) guarantee of the deployment's data key, over every run."""
-        from accounting.budget import per_source
+        from panpriv.accounting.budget import per_source
 
         return {k: v for k, v in per_source(self.store.ledger([self.key])).items() if k == self.key}
 

@@ -1,12 +1,12 @@
 """``panpriv analyze --learner checkin``: the analyzer of random check-ins in Encode–Shuffle–Analyze
 (Balle et al. 2020 Algs 1–2, §4.2; Bittau et al. 2017 §3).
 
-It reads the shuffler's per-slot releases (:mod:`streamer.esa.slot_shuffler`: a ``PPB1`` batch whose
+It reads the shuffler's per-slot releases (:mod:`panpriv.streamer.esa.slot_shuffler`: a ``PPB1`` batch whose
 round is the slot and whose messages are the clients' inner messages, sealed to this analyzer) and,
-for the release of the current slot s: opens each message (:class:`streamer.esa.analyzer.VectorAnalyzer`:
+for the release of the current slot s: opens each message (:class:`panpriv.streamer.esa.analyzer.VectorAnalyzer`:
 the key its id names, the sealed slot must be s, finite values, no repeat), charges the budget
 (``gate``), and closes the slot through the learner's own code,
-:meth:`protocols.checkin.RandomCheckinSGD.learn_slot` — ``single``: a step on the one update (a
+:meth:`panpriv.protocols.checkin.RandomCheckinSGD.learn_slot` — ``single``: a step on the one update (a
 client's or the shuffler's dummy: it cannot tell which; if the message is rejected, a dummy it
 draws itself with OS entropy), ``averaged``: a step on the mean of the valid updates, none for an
 empty slot — then checkpoints and publishes the model of round s + 1, the model at which the
@@ -21,7 +21,7 @@ message ``malformed``, ``unknown_key``, ``undecryptable``, ``round_mismatch``, `
 
 **Budget.** Position s is wake slot s: its ``slot_length`` clients' records, each with the learner's
 guarantee for all of its use (a record wakes once; the accounting covers every slot of her window).
-Slot s is charged ``[s, s + 1)`` before it is learned, as :mod:`streamer.esa.budget` describes for rounds.
+Slot s is charged ``[s, s + 1)`` before it is learned, as :mod:`panpriv.streamer.esa.budget` describes for rounds.
 
 **Exactly once.** The step of a slot with a message is deterministic (no noise is added here); the
 analyzer's own dummy for a rejected single update is drawn from OS entropy, so a re-analysis of
@@ -36,12 +36,12 @@ from typing import Any
 
 from nacl.public import PrivateKey
 
-from accounting.ledger import PrivacyReport
-from protocols.checkin import RandomCheckinSGD, window_start
-from streamer.esa import wire
-from streamer.esa.analyzer import VectorAnalyzer, decode_state
-from streamer.esa.deployment import checkin_report
-from streamer.esa.model import ModelRecord
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.protocols.checkin import RandomCheckinSGD, window_start
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.analyzer import VectorAnalyzer, decode_state
+from panpriv.streamer.esa.deployment import checkin_report
+from panpriv.streamer.esa.model import ModelRecord
 
 CHECKPOINT_FORMAT = "panpriv-esa-checkin-analyzer/1"
 
@@ -78,14 +78,14 @@ def calibration(learner: RandomCheckinSGD) -> dict[str, Any]:
 
 
 class CheckinAnalyzer(VectorAnalyzer):
-    """The check-in analyzer's state machine (no I/O); the interface :mod:`streamer.esa.analyze_service` drives.
+    """The check-in analyzer's state machine (no I/O); the interface :mod:`panpriv.streamer.esa.analyze_service` drives.
 
     Parameters
     ----------
     learner
         A ``checkin`` learner with position slots (``time = "position"``).
     keys, name, instance
-        As :class:`streamer.esa.analyzer.Analyzer`.
+        As :class:`panpriv.streamer.esa.analyzer.Analyzer`.
     """
 
     def __init__(self, learner: RandomCheckinSGD, keys: list[PrivateKey], name: str, instance: str | None = None) -> None:
@@ -132,7 +132,7 @@ class CheckinAnalyzer(VectorAnalyzer):
                            (local.epsilon, local.delta))
 
     def report(self) -> PrivacyReport:
-        """The statement of this deployment (:func:`streamer.esa.deployment.checkin_report`)."""
+        """The statement of this deployment (:func:`panpriv.streamer.esa.deployment.checkin_report`)."""
         return checkin_report(self.learner)
 
     def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:

@@ -5,26 +5,26 @@ A record is a client waking at her slot w — the public position slot ⌊i / sl
 public model record of round w names (the analyzer publishes round w once slot w − 1 is closed).
 On waking she:
 
-1. performs a random check-in with her own randomness (:func:`protocols.checkin.check_in_slots`,
-   the function behind :func:`protocols.checkin.check_in`): with probability p₀ a slot uniform in
+1. performs a random check-in with her own randomness (:func:`panpriv.protocols.checkin.check_in_slots`,
+   the function behind :func:`panpriv.protocols.checkin.check_in`): with probability p₀ a slot uniform in
    her window of m slots, else none; and draws her *choice key* (uniform, as the in-process
    learner's candidates do: the least key of a slot is its update in ``update="single"``);
 2. computes her gradient at the model θ_w of that time, clipped to C, and runs the learner's local
-   randomizer on it (ℓ2-ball or Gaussian, :mod:`protocols.randomizers`, the in-process learner's
+   randomizer on it (ℓ2-ball or Gaussian, :mod:`panpriv.protocols.randomizers`, the in-process learner's
    objects and calls) — a client who does not check in runs it on the zero vector instead, so the
    work does not depend on her choice and her data never leave in that case;
 3. sends **one** message at once, whatever she chose (send time and message count are those of her
    wake slot, public): the update sealed to the **analyzer**, inside a box sealed to the
-   **shuffler** with the chosen slot and the key (:mod:`streamer.esa.checkin_wire`). The clear
+   **shuffler** with the chosen slot and the key (:mod:`panpriv.streamer.esa.checkin_wire`). The clear
    header carries the wake slot and the shuffler's key id only; every message has one size.
 
 What leaves her is the local randomizer's output, (ε₀, δ₀)-DP against anyone (the ℓ2 mechanism is
 pure ε₀-DP, Duchi, Jordan & Wainwright 2018; the Gaussian one (ε₀, δ₀) at sensitivity 2C, Balle &
 Wang 2018 Thm 8); ``max_local_epsilon`` refuses a model whose randomizer is weaker. Against the
 analyzer alone, with an honest and separate shuffler, the learner's amplified guarantee holds
-(:func:`streamer.esa.deployment.checkin_report`).
+(:func:`panpriv.streamer.esa.deployment.checkin_report`).
 
-This module imports ``protocols``, numpy, PyNaCl and its siblings ``streamer.esa.wire``,
+This module imports ``protocols``, numpy, PyNaCl and its siblings ``panpriv.streamer.esa.wire``,
 ``checkin_wire``, ``keys``, ``model``, ``client`` only — none of the service.
 """
 
@@ -37,14 +37,14 @@ import numpy as np
 from nacl.public import PublicKey, SealedBox
 from numpy.typing import NDArray
 
-from protocols import scratch
-from protocols.checkin import check_in_slots, window_start
-from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
-from protocols.randomness import NoiseSource, RngLike
-from streamer.esa import checkin_wire, wire
-from streamer.esa.client import ModelClient, RefusedModel
-from streamer.esa.keys import key_id
-from streamer.esa.model import ModelRecord
+from panpriv.protocols import scratch
+from panpriv.protocols.checkin import check_in_slots, window_start
+from panpriv.protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
+from panpriv.protocols.randomness import NoiseSource, RngLike
+from panpriv.streamer.esa import checkin_wire, wire
+from panpriv.streamer.esa.client import ModelClient, RefusedModel
+from panpriv.streamer.esa.keys import key_id
+from panpriv.streamer.esa.model import ModelRecord
 
 Array = NDArray[np.float64]
 

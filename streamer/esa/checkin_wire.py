@@ -8,14 +8,14 @@ not she checked in, fixed size for a parameter count p::
 
 The wake slot is public (it is the record's public position) and the shuffler's key id picks its
 key; nothing else is in the clear. The **inner message** is an ordinary ``PPM1`` message of
-:mod:`streamer.esa.wire` sealed to the **analyzer**, tagged with the chosen slot (as its round)::
+:mod:`panpriv.streamer.esa.wire` sealed to the **analyzer**, tagged with the chosen slot (as its round)::
 
     b"PPM1" | chosen slot (u64) | analyzer key id | sealed box to the ANALYZER of: chosen slot | p × float64
 
 A client who does not check in seals the randomizer applied to the zero vector instead (same size,
-same work: :mod:`streamer.esa.checkin_client`). The shuffler opens the outer box only: it learns
+same work: :mod:`panpriv.streamer.esa.checkin_client`). The shuffler opens the outer box only: it learns
 the chosen slot and the choice key, never the update. It releases a slot as a ``PPB1`` batch
-(:func:`streamer.esa.wire.encode_batch`, round = the slot) of inner messages, byte for byte as the
+(:func:`panpriv.streamer.esa.wire.encode_batch`, round = the slot) of inner messages, byte for byte as the
 clients sealed them — so the analyzer's input holds no client identity, wake slot or key.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from streamer.esa import wire
+from panpriv.streamer.esa import wire
 
 CHECKIN_MAGIC = b"PPK1"
 NO_SLOT = (1 << 64) - 1
@@ -72,7 +72,7 @@ def parse_header(data: bytes, size: int) -> tuple[int, bytes, bytes]:
 
 
 def parse_outer_plaintext(data: bytes, params: int) -> Choice:
-    """Inverse of :func:`outer_plaintext`; :class:`streamer.esa.wire.WireError` on a wrong length."""
+    """Inverse of :func:`outer_plaintext`; :class:`panpriv.streamer.esa.wire.WireError` on a wrong length."""
     if len(data) != _CHOICE.size + inner_size(params):
         raise wire.WireError("malformed")
     slot, key = _CHOICE.unpack_from(data)

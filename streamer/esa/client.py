@@ -1,11 +1,11 @@
 """The user's side of Encode–Shuffle–Analyze for ``shuffle-gaussian`` (Bittau et al. 2017 §3, the
 encoder; Liew & Takahashi 2022 §5.2, the local randomizer).
 
-For the round t named by the public model record (:mod:`streamer.esa.model`), a user with record
+For the round t named by the public model record (:mod:`panpriv.streamer.esa.model`), a user with record
 (x, y) sends exactly one message: her gradient at θ_t, clipped to norm C, plus N(0, (σC)² I) —
-computed by :func:`protocols.shuffle_gaussian.local_messages`, the very function the in-process
+computed by :func:`panpriv.protocols.shuffle_gaussian.local_messages`, the very function the in-process
 learner uses — sealed to the analyzer's public key and tagged in the clear with the round and the
-key id only (:mod:`streamer.esa.wire`). Every message has the same size.
+key id only (:mod:`panpriv.streamer.esa.wire`). Every message has the same size.
 
 What leaves the user is (ε₀, δ)-locally private whoever reads it (Balle & Wang 2018, Thm 8 at
 sensitivity 2C): that is her guarantee even if the shuffler and the analyzer collude. The encoder
@@ -13,7 +13,7 @@ can refuse a model whose calibration gives a weaker local guarantee than she acc
 (``max_local_epsilon``), recomputed here from σ, not taken from the record.
 
 This module imports ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and its siblings
-``streamer.esa.wire``/``keys``/``model`` only — none of the service (tested). Sending is
+``panpriv.streamer.esa.wire``/``keys``/``model`` only — none of the service (tested). Sending is
 :class:`MessageSender`; :class:`Encoder` is pure (no I/O).
 """
 
@@ -25,14 +25,14 @@ import numpy as np
 from nacl.public import PublicKey, SealedBox
 from numpy.typing import NDArray
 
-from protocols import scratch
-from protocols.losses import loss_from_config
-from protocols.randomizers import gaussian_epsilon0
-from protocols.randomness import NoiseSource, RngLike
-from protocols.shuffle_gaussian import local_messages
-from streamer.esa import wire
-from streamer.esa.keys import key_id
-from streamer.esa.model import ModelRecord
+from panpriv.protocols import scratch
+from panpriv.protocols.losses import loss_from_config
+from panpriv.protocols.randomizers import gaussian_epsilon0
+from panpriv.protocols.randomness import NoiseSource, RngLike
+from panpriv.protocols.shuffle_gaussian import local_messages
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.keys import key_id
+from panpriv.streamer.esa.model import ModelRecord
 
 Array = NDArray[np.float64]
 

@@ -1,5 +1,5 @@
 """The command-line roles of Encode–Shuffle–Analyze: ``panpriv keygen``, ``encode``, ``shuffle``,
-``analyze`` (:mod:`streamer.esa`; Bittau et al. 2017 §3). Wired into :mod:`streamer.cli`."""
+``analyze`` (:mod:`panpriv.streamer.esa`; Bittau et al. 2017 §3). Wired into :mod:`panpriv.streamer.cli`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from streamer.arg_types import json_object, positive_float, positive_int
-from streamer.role_metrics import metrics_flags, serve_metrics
+from panpriv.streamer.arg_types import json_object, positive_float, positive_int
+from panpriv.streamer.role_metrics import metrics_flags, serve_metrics
 
 log = logging.getLogger("panpriv.esa")
 
@@ -24,7 +24,7 @@ def _kafka(parser: argparse.ArgumentParser) -> None:
 
 
 def _version() -> str:
-    from streamer.cli import _version as version  # one definition (cli imports this module lazily)
+    from panpriv.streamer.cli import _version as version  # one definition (cli imports this module lazily)
 
     return version()
 
@@ -44,7 +44,7 @@ def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from streamer.esa.keys import generate, private_files
+    from panpriv.streamer.esa.keys import generate, private_files
 
     if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir, args.role)):
         print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
@@ -108,12 +108,12 @@ def _chunks(path: Path, first: int, size: int | None) -> Iterator[tuple[np.ndarr
 
 def _encoder(args: argparse.Namespace, public: Any, model: Any) -> Any:
     """The client encoder for the model's learner."""
-    from streamer.esa.client import Encoder
-    from streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
+    from panpriv.streamer.esa.client import Encoder
+    from panpriv.streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
 
     if model.learner == "checkin":
-        from streamer.esa.checkin_client import CheckinEncoder
-        from streamer.esa.keys import load_public
+        from panpriv.streamer.esa.checkin_client import CheckinEncoder
+        from panpriv.streamer.esa.keys import load_public
 
         if args.shuffler_key is None:
             raise SystemExit("panpriv encode: the model is for checkin, which needs --shuffler-key (shuffler-<id>.pub)")
@@ -123,10 +123,10 @@ def _encoder(args: argparse.Namespace, public: Any, model: Any) -> Any:
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
-    from streamer.esa.client import MessageSender, RefusedModel
-    from streamer.esa.keys import load_public
-    from streamer.esa.model import ModelWatcher
-    from streamer.kafka_client import security_options
+    from panpriv.streamer.esa.client import MessageSender, RefusedModel
+    from panpriv.streamer.esa.keys import load_public
+    from panpriv.streamer.esa.model import ModelWatcher
+    from panpriv.streamer.kafka_client import security_options
 
     public = load_public(args.analyzer_key)
     bootstrap = args.bootstrap.split(",")
@@ -160,9 +160,9 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 
 def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, sender: Any) -> int:
-    """shuffle-gd: every record of --source is a user who answers every round once (streamer.esa.gd_client)."""
-    from streamer.esa.client import RefusedModel
-    from streamer.esa.gd_client import AnsweredRounds, GDClients, serve
+    """shuffle-gd: every record of --source is a user who answers every round once (panpriv.streamer.esa.gd_client)."""
+    from panpriv.streamer.esa.client import RefusedModel
+    from panpriv.streamer.esa.gd_client import AnsweredRounds, GDClients, serve
 
     rows = list(_jsonl(args.source))
     X = np.asarray([x for x, _ in rows], dtype=np.float64)
@@ -217,8 +217,8 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_shuffle(args: argparse.Namespace) -> int:
-    from streamer.esa import shuffler, slot_shuffler
-    from streamer.esa.metrics import ShufflerMetrics
+    from panpriv.streamer.esa import shuffler, slot_shuffler
+    from panpriv.streamer.esa.metrics import ShufflerMetrics
 
     if args.checkin and not (args.shuffler_key and args.analyzer_key and args.model_topic):
         raise SystemExit("panpriv shuffle --checkin needs --shuffler-key, --analyzer-key and --model-topic")
@@ -292,9 +292,9 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
     """The learner ``panpriv analyze ARGS`` builds when it starts afresh."""
-    from protocols.shuffle_acsa import ShuffleACSA
-    from protocols.shuffle_gaussian import ShuffleGaussianSGD
-    from protocols.shuffle_sgd import ShuffleSGD
+    from panpriv.protocols.shuffle_acsa import ShuffleACSA
+    from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+    from panpriv.protocols.shuffle_sgd import ShuffleSGD
 
     options = dict(args.options)
     options.setdefault("loss", "logistic")
@@ -310,7 +310,7 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
         return acsa
 
     if args.learner == "shuffle-gd":
-        from protocols.shuffle_gd import ShuffleGD
+        from panpriv.protocols.shuffle_gd import ShuffleGD
 
         if args.batch_size is None:
             raise SystemExit("panpriv analyze: --learner shuffle-gd needs --batch-size (n, the users of every round)")
@@ -321,7 +321,7 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
 
         return gd
     if args.learner == "checkin":
-        from protocols.checkin import RandomCheckinSGD
+        from panpriv.protocols.checkin import RandomCheckinSGD
 
         if options.get("time", "position") != "position":
             raise SystemExit("panpriv analyze: checkin in three roles needs position slots (time = 'position'): with "
@@ -350,11 +350,11 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from streamer.esa import analyze_service as service
-    from streamer.esa import analyzer, checkin_analyzer, sum_analyzer
-    from streamer.esa.keys import load_directory, load_private
-    from streamer.esa.metrics import AnalyzerMetrics
-    from streamer.esa.sum_client import SUM_LEARNERS
+    from panpriv.streamer.esa import analyze_service as service
+    from panpriv.streamer.esa import analyzer, checkin_analyzer, sum_analyzer
+    from panpriv.streamer.esa.keys import load_directory, load_private
+    from panpriv.streamer.esa.metrics import AnalyzerMetrics
+    from panpriv.streamer.esa.sum_client import SUM_LEARNERS
 
     learner = analyzer_learner(args)
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]

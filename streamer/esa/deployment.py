@@ -2,7 +2,7 @@
 (:func:`esa_report`), ``shuffle-sgd``/``shuffle-acsa`` over secure summation (:func:`sum_report`)
 and ``checkin`` (:func:`checkin_report`).
 
-The learner's own report (:meth:`protocols.shuffle_gaussian.ShuffleGaussianSGD.privacy`) assumes
+The learner's own report (:meth:`panpriv.protocols.shuffle_gaussian.ShuffleGaussianSGD.privacy`) assumes
 randomizer, shuffler and analyzer in one process. Deployed in three roles (Bittau et al. 2017 §3)
 the same numbers hold under different trust, which this module states:
 
@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols.checkin import RandomCheckinSGD
-from protocols.secure_sum import added_delta
-from protocols.shuffle_base import SequentialLearner, max_guarantee
-from protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.protocols.secure_sum import added_delta
+from panpriv.protocols.shuffle_base import SequentialLearner, max_guarantee
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
 
 DEPLOYMENT = "trusted shuffler, separate process"
 """How the ledger and statements name this deployment."""
@@ -69,18 +69,18 @@ def esa_report(learner: ShuffleGaussianSGD, min_valid: int | None) -> PrivacyRep
     )
 
 
-SECURE_SUM_REFERENCE = "Ishai et al. 2006 (split and mix; message count: protocols.secure_sum)"
+SECURE_SUM_REFERENCE = "Ishai et al. 2006 (split and mix; message count: panpriv.protocols.secure_sum)"
 
 
 def sum_report(learner: SequentialLearner, users: int, shares: int, bits: int, tau: float) -> PrivacyReport:
     """The ``shuffle-sgd`` or ``shuffle-acsa`` learner's report restated for an ESA deployment over split-and-mix
-    shares (:mod:`protocols.secure_sum`, :mod:`streamer.esa.sum_analyzer`).
+    shares (:mod:`panpriv.protocols.secure_sum`, :mod:`panpriv.streamer.esa.sum_analyzer`).
 
     - **output**: PVEC's (ε, δ) per round (Cheu et al. 2022, Thm 3.2, a statement about the
       per-coordinate totals of the users' counts) becomes (ε, δ + (1 + e^ε)·τ): the analyzer sees
       the round's shuffled shares, within statistical distance τ of a function of the totals
-      (:func:`protocols.secure_sum.distance_bound`), and the hybrid argument of
-      :mod:`protocols.secure_sum` adds (1 + e^ε)·τ to δ;
+      (:func:`panpriv.protocols.secure_sum.distance_bound`), and the hybrid argument of
+      :mod:`panpriv.protocols.secure_sum` adds (1 + e^ε)·τ to δ;
     - **intrusion** into the analyzer, **collusion** of shuffler and analyzer: both link a user's m
       shares (one message on the messages topic, or the shuffler's record of which units came
       together) and so see her PVEC count vector: the local guarantee of PVEC's randomizer.
@@ -96,7 +96,7 @@ def sum_report(learner: SequentialLearner, users: int, shares: int, bits: int, t
         f"analyzer's key and sends the m together; a separate shuffler drops metadata, releases a round only at exactly "
         f"B = {users} complete users and permutes all B*m shares with OS entropy; the analyzer sums them mod q",
         f"secure summation (Ishai et al. 2006): the analyzer's view of a round is within statistical distance "
-        f"tau = {tau:.3g} of a function of the per-coordinate totals alone (the bound proved in protocols.secure_sum, "
+        f"tau = {tau:.3g} of a function of the per-coordinate totals alone (the bound proved in panpriv.protocols.secure_sum, "
         f"not a paper's constant); the output delta includes (1 + e^eps) tau = {added:.3g}",
         f"client: her count vector is {local}-locally private (PVEC's randomizer) against anyone, including a shuffler "
         "and analyzer that collude (they can link her m shares)",
@@ -116,7 +116,7 @@ def secure_sum_statement(report: PrivacyReport, output: Guarantee, local: Guaran
                          assumptions: list[str]) -> PrivacyReport:
     """The learner's ``report`` restated for a secure-sum deployment: ``output``, an intrusion
     guarantee no better than the local one, the roles' assumptions first, the deployment's
-    references last (:func:`sum_report`, :func:`streamer.esa.gd_analyzer.gd_report`)."""
+    references last (:func:`sum_report`, :func:`panpriv.streamer.esa.gd_analyzer.gd_report`)."""
     return dataclasses.replace(
         report,
         output=output,
@@ -127,11 +127,11 @@ def secure_sum_statement(report: PrivacyReport, output: Guarantee, local: Guaran
 
 
 def checkin_report(learner: RandomCheckinSGD) -> PrivacyReport:
-    """The ``checkin`` learner's report restated for an ESA deployment (:mod:`streamer.esa.checkin_client`,
-    :mod:`streamer.esa.slot_shuffler`, :mod:`streamer.esa.checkin_analyzer`).
+    """The ``checkin`` learner's report restated for an ESA deployment (:mod:`panpriv.streamer.esa.checkin_client`,
+    :mod:`panpriv.streamer.esa.slot_shuffler`, :mod:`panpriv.streamer.esa.checkin_analyzer`).
 
     - **output**: the learner's own guarantee (Balle et al. 2020 Thm 3.2 / the setting of Thm 4.3
-      for single updates with the l2 randomizer, derived in :mod:`accounting.checkin`; else the
+      for single updates with the l2 randomizer, derived in :mod:`panpriv.accounting.checkin`; else the
       unamplified (ε₀, δ₀)) — if the shuffler is honest and separate: the analyzer then sees, per
       slot, what the in-process learner's slot sees (one sealed update, a client's or a dummy, for
       ``single``; the candidates' updates for ``averaged``), never who chose which slot;

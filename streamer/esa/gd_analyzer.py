@@ -1,22 +1,22 @@
 """``panpriv analyze --learner shuffle-gd``: the analyzer of Encode–Shuffle–Analyze for fully
 interactive shuffle gradient descent (Cheu et al. 2022, Alg. 5, Lemma B.6, Thm 4.9) over secure
-summation (Ishai et al. 2006, :mod:`protocols.secure_sum`; :mod:`streamer.esa.sum_analyzer`).
+summation (Ishai et al. 2006, :mod:`panpriv.protocols.secure_sum`; :mod:`panpriv.streamer.esa.sum_analyzer`).
 
 Round t of ``shuffle-gd`` is a secure-sum round of **all n users** (the shuffler's threshold is n,
 ``panpriv shuffle --batch-size n --shares m``): each user sends her PVEC count vector at θ_t as m
-sealed shares (:mod:`streamer.esa.gd_client`), the analyzer sums the n·m units mod q, checks the
-range and gives the totals to :meth:`protocols.shuffle_base.EncodedLearner.learn_totals` — the
+sealed shares (:mod:`panpriv.streamer.esa.gd_client`), the analyzer sums the n·m units mod q, checks the
+range and gives the totals to :meth:`panpriv.protocols.shuffle_base.EncodedLearner.learn_totals` — the
 in-process learner's own analysis and projected gradient step — and publishes θ_{t+1}. It is
-:class:`~streamer.esa.sum_analyzer.SumAnalyzer` with three differences:
+:class:`~panpriv.streamer.esa.sum_analyzer.SumAnalyzer` with three differences:
 
 - **T rounds, then nothing.** Round t < T only (``horizon_reached`` beyond); after the T-th round
   the model record carries the released average iterate. Clients refuse a round ≥ T anyway.
 - **Every round is charged to every user, before anything of it is opened.** The gate (the budget
-  store, :class:`streamer.esa.gd_budget.GDAnalyzerBudget`) is asked *before* the units are opened,
+  store, :class:`panpriv.streamer.esa.gd_budget.GDAnalyzerBudget`) is asked *before* the units are opened,
   with the round's increment of the composed guarantee (:meth:`GDAnalyzer.round_report`), and
   charges the whole data set — positions [0, n) — to the round's own instance
   ``<instance>/round-NNNNNN``, as ``panpriv run`` charges each pass of the in-process learner
-  (:mod:`streamer.replay`). The ledger's basic composition of the T increments telescopes to the
+  (:mod:`panpriv.streamer.replay`). The ledger's basic composition of the T increments telescopes to the
   composed guarantee of :func:`gd_report`.
 - **A failed round is charged and counted, not learned.** A round with a unit that does not open
   (``invalid_units``) or a total out of range (``out_of_range``) is skipped as for the other
@@ -27,7 +27,7 @@ in-process learner's own analysis and projected gradient step — and publishes 
 
 Checkpoints (``panpriv-esa-gd-analyzer/1``) name the learner; the step adds no noise, so a round
 re-analysed after a SIGKILL is the dead process's computation bit for bit and the round charged
-but not checkpointed is found in the store and not charged again (:mod:`streamer.esa.budget`).
+but not checkpointed is found in the store and not charged again (:mod:`panpriv.streamer.esa.budget`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from typing import Any
 
 from nacl.public import PrivateKey
 
-from accounting.ledger import Guarantee, PrivacyReport
-from protocols.secure_sum import added_delta
-from protocols.shuffle_gd import ROUND_MARGIN, ShuffleGD, composed
-from streamer.esa import wire
-from streamer.esa.analyzer import decode_state
-from streamer.esa.deployment import DEPLOYMENT, REFERENCE, SECURE_SUM_REFERENCE, secure_sum_statement
-from streamer.esa.sum_analyzer import SumAnalyzer
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols.secure_sum import added_delta
+from panpriv.protocols.shuffle_gd import ROUND_MARGIN, ShuffleGD, composed
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.analyzer import decode_state
+from panpriv.streamer.esa.deployment import DEPLOYMENT, REFERENCE, SECURE_SUM_REFERENCE, secure_sum_statement
+from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 
 CHECKPOINT_FORMAT = "panpriv-esa-gd-analyzer/1"
 
@@ -63,7 +63,7 @@ def gd_report(learner: ShuffleGD, users: int, shares: int, bits: int, tau: float
 
     - **output**: each round is (ε₀, δ₀ + (1 + e^ε₀)·τ)-DP given the earlier rounds (PVEC's totals
       are (ε₀, δ₀)-DP, Cheu et al. 2022 Thm 3.2; the round's shuffled shares are within τ of a
-      function of the totals, and the hybrid argument of :mod:`protocols.secure_sum` adds
+      function of the totals, and the hybrid argument of :mod:`panpriv.protocols.secure_sum` adds
       (1 + e^ε₀)·τ), and a user takes part in every round: the adaptive composition of
       ``answered`` such rounds, the better of basic and advanced composition (Dwork & Roth 2014,
       Thms 3.16, 3.20; the learner's own :meth:`ShuffleGD.composed_guarantee`). Both compositions
@@ -88,7 +88,7 @@ def gd_report(learner: ShuffleGD, users: int, shares: int, bits: int, tau: float
         f"composition: {answered} of T = {rounds} rounds analysed ({skipped} of them skipped as invalid, charged all the "
         f"same); each round is (eps0, delta0 + (1 + e^eps0) tau) = ({epsilon0:.6g}, "
         f"{learner.vector_sum.delta:.3g} + {extra:.3g})-DP given the earlier rounds (secure summation: tau = "
-        f"{tau:.3g}, the bound proved in protocols.secure_sum); the rounds compose adaptively (the better of basic "
+        f"{tau:.3g}, the bound proved in panpriv.protocols.secure_sum); the rounds compose adaptively (the better of basic "
         f"and advanced composition with slack delta/(T + 1) = {learner.slack:.3g})",
         f"client: each user answers each round at most once and at most T = {rounds} rounds (her client refuses "
         "others, and any change of the plan), so her T count vectors are together "
@@ -120,7 +120,7 @@ class GDAnalyzer(SumAnalyzer):
     learner
         A :class:`ShuffleGD` (n users, T rounds).
     keys, name, instance
-        As :class:`streamer.esa.analyzer.Analyzer`.
+        As :class:`panpriv.streamer.esa.analyzer.Analyzer`.
     """
 
     learner: ShuffleGD
@@ -152,7 +152,7 @@ class GDAnalyzer(SumAnalyzer):
 
     def round_report(self, round_: int) -> PrivacyReport:
         """The ledger report of round ``round_`` (0-based): its increment of the composed output
-        guarantee, rounded up by a relative :data:`protocols.shuffle_gd.ROUND_MARGIN` (so the
+        guarantee, rounded up by a relative :data:`panpriv.protocols.shuffle_gd.ROUND_MARGIN` (so the
         ledger's basic composition of the increments telescopes to :func:`gd_report`'s output,
         never below it); intrusion: the increment composed with the local guarantee over T rounds
         (the ledger's rule max_j[intrusion_j + Σ_{i≠j} output_i] then gives output ⊕ local_T)."""

@@ -1,13 +1,13 @@
-"""The budget store for a ``shuffle-gd`` deployment in three roles (:mod:`streamer.esa.gd_analyzer`).
+"""The budget store for a ``shuffle-gd`` deployment in three roles (:mod:`panpriv.streamer.esa.gd_analyzer`).
 
-The rules of :mod:`streamer.esa.budget` (data key ``esa:<cluster>/<messages topic>``, charge
+The rules of :mod:`panpriv.streamer.esa.budget` (data key ``esa:<cluster>/<messages topic>``, charge
 before learning, ``max_epsilon`` checked in the same transaction, crash without a lost instance)
 with the unit changed: in ``shuffle-gd`` every user answers every round, so a round is not a
 position. **A position is a user** — the n users of the deployment are positions [0, n) of the
 data key — and **round t charges all of them** to its own instance ``<instance>/round-NNNNNN``
-(:func:`streamer.replay.pass_instance`, the name ``panpriv run`` gives each pass of the in-process
+(:func:`panpriv.streamer.replay.pass_instance`, the name ``panpriv run`` gives each pass of the in-process
 learner), registered with the round's increment of the composed guarantee
-(:meth:`streamer.esa.gd_analyzer.GDAnalyzer.round_report`). The ledger then shows every user used
+(:meth:`panpriv.streamer.esa.gd_analyzer.GDAnalyzer.round_report`). The ledger then shows every user used
 once per round, and its basic composition of the increments telescopes to the deployment's
 composed T-round guarantee (not T times it). A second analyzer on the same messages topic charges
 the same positions [0, n) and composes with the first; a messages topic must serve one deployment
@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from accounting.budget import exceeds
-from accounting.ledger import PrivacyReport
-from streamer.budget import BudgetExceededError, describe_excess
-from streamer.esa.budget import AnalyzerBudget
-from streamer.replay import pass_instance
+from panpriv.accounting.budget import exceeds
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.streamer.budget import BudgetExceededError, describe_excess
+from panpriv.streamer.esa.budget import AnalyzerBudget
+from panpriv.streamer.replay import pass_instance
 
 
 class GDAnalyzerBudget(AnalyzerBudget):

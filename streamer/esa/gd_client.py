@@ -1,9 +1,9 @@
 """The users' side of Encode–Shuffle–Analyze for ``shuffle-gd``: clients that answer every round
-(Cheu et al. 2022, Alg. 5, fully interactive; Ishai et al. 2006 split and mix, :mod:`protocols.secure_sum`).
+(Cheu et al. 2022, Alg. 5, fully interactive; Ishai et al. 2006 split and mix, :mod:`panpriv.protocols.secure_sum`).
 
 In ``shuffle-gd`` every one of the n users answers each of the T rounds, at that round's model θ_t.
 A user's message for round t is exactly a ``shuffle-sgd``/``shuffle-acsa`` share message
-(:class:`streamer.esa.sum_client.SharesEncoder`: her gradient at θ_t clipped to L — of the
+(:class:`panpriv.streamer.esa.sum_client.SharesEncoder`: her gradient at θ_t clipped to L — of the
 β_s-Moreau envelope when the plan smooths — through PVEC's randomizer at the per-round budget
 (ε₀, δ₀), split into m additive shares mod 2^k, each sealed on its own). What is new is that she
 answers **T times**, so her guarantee is the *composition* of T rounds, and she alone can make sure
@@ -13,7 +13,7 @@ the analyzer does not ask her more often than the statement she was given says.
 plan: the deployment, the learner and the whole calibration — n, d, the loss and clips, the
 per-round PVEC instance (ε₀, δ₀, g, b, p, which :class:`SharesEncoder` recomputes), the secure sum
 (m, k), and T with the composed guarantee (ε, δ) it promises. The client recomputes the T-round
-composition from (ε₀, δ₀, T, δ/(T + 1)) (:func:`protocols.shuffle_gd.composed`, the learner's own
+composition from (ε₀, δ₀, T, δ/(T + 1)) (:func:`panpriv.protocols.shuffle_gd.composed`, the learner's own
 function) and refuses a plan that promises less than that composition, or more ε than the user
 accepts (``max_epsilon``).
 
@@ -32,8 +32,8 @@ who all answer the same rounds, so one state records their common answered round
 deployment has one state per user (one device, one file). The state file holds only the plan
 (public) and round numbers — no record, no gradient.
 
-Like :mod:`streamer.esa.sum_client`, this module imports ``protocols``, ``accounting``, numpy,
-PyNaCl and its siblings ``streamer.esa.wire``/``keys``/``model``/``client``/``sum_client`` only —
+Like :mod:`panpriv.streamer.esa.sum_client`, this module imports ``protocols``, ``accounting``, numpy,
+PyNaCl and its siblings ``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``sum_client`` only —
 none of the service (tested).
 """
 
@@ -52,11 +52,11 @@ import numpy as np
 from nacl.public import PublicKey
 from numpy.typing import NDArray
 
-from protocols.randomness import RngLike
-from protocols.shuffle_gd import composed
-from streamer.esa.client import RefusedModel
-from streamer.esa.model import ModelRecord
-from streamer.esa.sum_client import SharesEncoder
+from panpriv.protocols.randomness import RngLike
+from panpriv.protocols.shuffle_gd import composed
+from panpriv.streamer.esa.client import RefusedModel
+from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.esa.sum_client import SharesEncoder
 
 Array = NDArray[np.float64]
 

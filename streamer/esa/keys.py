@@ -26,7 +26,7 @@ from pathlib import Path
 
 from nacl.public import PrivateKey, PublicKey
 
-from streamer.esa.wire import KEY_ID_BYTES
+from panpriv.streamer.esa.wire import KEY_ID_BYTES
 
 PRIVATE_MODE = 0o600
 
@@ -47,7 +47,7 @@ class KeyFiles:
 
 ROLES = ("analyzer", "shuffler")
 """Who holds a key pair: the analyzer (every ESA learner) or the ``checkin`` shuffler, which opens the
-outer layer of a check-in message (:mod:`streamer.esa.checkin_wire`). Files ``<role>-<id>.key``/``.pub``."""
+outer layer of a check-in message (:mod:`panpriv.streamer.esa.checkin_wire`). Files ``<role>-<id>.key``/``.pub``."""
 
 
 def generate(directory: Path, role: str = "analyzer") -> KeyFiles:

@@ -1,12 +1,12 @@
 """Prometheus metrics of the ESA shuffler and analyzer (``--metrics-port``; served by
-:func:`streamer.metrics.serve_registry`, on an injected registry like
-:class:`streamer.metrics.ServiceMetrics`).
+:func:`panpriv.streamer.metrics.serve_registry`, on an injected registry like
+:class:`panpriv.streamer.metrics.ServiceMetrics`).
 
 What may be exported is what may leave the process (docs/privacy.md): counts of rounds and
 messages, reject and drop counts by reason (public quantities: the statements say so), and the
 privacy numbers of the analyzer's *report* — never a statistic of a message or of the model.
 Every reason is exported at 0 from the start (a rate over a series that appears at its first event
-is lost). No ``_created`` series (:mod:`streamer.metrics` disables them for the process).
+is lost). No ``_created`` series (:mod:`panpriv.streamer.metrics` disables them for the process).
 
 Analyzer series
 ---------------
@@ -16,14 +16,14 @@ Analyzer series
     Messages accepted: opened, valid, and averaged into a step.
 ``panpriv_esa_rejected_total{reason}``
     Messages (per-message reasons) and batch records (per-batch reasons) rejected, by reason
-    (:data:`streamer.esa.analyzer.REJECT_REASONS`).
+    (:data:`panpriv.streamer.esa.analyzer.REJECT_REASONS`).
 ``panpriv_esa_round``
     The round whose model is published (the next one to analyse).
 ``panpriv_last_checkpoint_timestamp_seconds``
     Unix time of the last durable analyzer checkpoint.
 ``panpriv_privacy_epsilon{guarantee}``, ``panpriv_privacy_delta{guarantee}``
     The analyzer's statement — the deployment's guarantee composed over every run that used the
-    same data source (:meth:`streamer.esa.budget.AnalyzerBudget.report`) — for ``output`` and
+    same data source (:meth:`panpriv.streamer.esa.budget.AnalyzerBudget.report`) — for ``output`` and
     ``intrusion``; the names of the service's series, so the deploy/ alert on
     ``panpriv_privacy_epsilon / panpriv_privacy_epsilon_budget`` covers the analyzer too.
 ``panpriv_budget_epsilon{source, guarantee}``
@@ -40,7 +40,7 @@ Shuffler series
 ``panpriv_esa_shuffler_waiting_messages``
     Messages held for rounds not yet complete.
 ``panpriv_esa_shuffler_dropped_total{reason}``
-    Messages dropped by the shuffler's public rules (:data:`streamer.esa.shuffler.DROP_REASONS`).
+    Messages dropped by the shuffler's public rules (:data:`panpriv.streamer.esa.shuffler.DROP_REASONS`).
 ``panpriv_esa_shuffler_last_released_round``
     The round of the last released batch (−1: none).
 ``panpriv_esa_info{role, deployment, version}``
@@ -53,8 +53,8 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.role_metrics import CumulativeCounts, PrivacyGauges, RoleMetrics
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.role_metrics import CumulativeCounts, PrivacyGauges, RoleMetrics
 
 
 class _Role(RoleMetrics):

@@ -14,17 +14,17 @@ What it does with each record of the messages topic (one partition; see "Order" 
    the threshold is never lowered, so every released batch hides each message among b − 1 others.
    With ``drop_short_after_s`` a round that stays short that long after its first message is
    dropped (``short_round``): a public rule on public counts and times;
-4. permutes the batch with OS entropy (:mod:`streamer.esa.permute`) and produces it as one record
-   (:func:`streamer.esa.wire.encode_batch`) with ``acks=all``, and waits for the acknowledgement;
+4. permutes the batch with OS entropy (:mod:`panpriv.streamer.esa.permute`) and produces it as one record
+   (:func:`panpriv.streamer.esa.wire.encode_batch`) with ``acks=all``, and waits for the acknowledgement;
 5. only then commits the input offset: the smallest offset of a message still waiting, or the end
    of what was read when none is waiting.
 
 It holds no private key: it cannot read a message (sealed boxes), only their round tags and sizes.
 
-**Share messages** (``shares`` = m; ``shuffle-sgd``, ``shuffle-acsa``, :mod:`protocols.secure_sum`): each message is
-one user's m sealed shares (:func:`streamer.esa.wire.shares_message`). The threshold still counts
+**Share messages** (``shares`` = m; ``shuffle-sgd``, ``shuffle-acsa``, :mod:`panpriv.protocols.secure_sum`): each message is
+one user's m sealed shares (:func:`panpriv.streamer.esa.wire.shares_message`). The threshold still counts
 users — a round is released at exactly b complete messages — and the batch holds their b·m
-**units** (:func:`streamer.esa.wire.units`), all permuted together, so no unit's position says
+**units** (:func:`panpriv.streamer.esa.wire.units`), all permuted together, so no unit's position says
 which user, or which other units, it came with. A message with another m is ``malformed``.
 
 **Exactly once with respect to its input.** *No loss*: an offset is committed only once every
@@ -56,11 +56,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from streamer.esa import wire
-from streamer.esa.permute import permuted
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.permute import permuted
 
 if TYPE_CHECKING:
-    from streamer.esa.metrics import ShufflerMetrics
+    from panpriv.streamer.esa.metrics import ShufflerMetrics
 
 log = logging.getLogger("panpriv.shuffle")
 
@@ -169,7 +169,7 @@ def last_released_round(consumer: Any, topic: str) -> int:
     """The round of the last batch on ``topic`` (one partition), −1 if it is empty."""
     from kafka import TopicPartition
 
-    from streamer.kafka_calls import beginning_offsets, end_offsets
+    from panpriv.streamer.kafka_calls import beginning_offsets, end_offsets
 
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
@@ -204,7 +204,7 @@ class ShuffleOptions:
     shares: int | None = None
     make_state: Callable[[int], Any] | None = None
     """Another state machine with :class:`Shuffler`'s interface, built from the last released round
-    (``checkin``: :class:`streamer.esa.slot_shuffler.SlotShuffler`); ``None``: :class:`Shuffler`."""
+    (``checkin``: :class:`panpriv.streamer.esa.slot_shuffler.SlotShuffler`); ``None``: :class:`Shuffler`."""
 
 
 def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuffler:
@@ -212,7 +212,7 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    from streamer import kafka_calls, kafka_client
+    from panpriv.streamer import kafka_calls, kafka_client
 
     stopping = {"now": False}
 

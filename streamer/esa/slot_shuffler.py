@@ -1,7 +1,7 @@
 """``panpriv shuffle --checkin``: the shuffler of ``checkin`` in Encode–Shuffle–Analyze (random
 check-ins, Balle et al. 2020 Algs 1–2, §4.2; Bittau et al. 2017 §3).
 
-Each client sends one check-in message at her wake slot w (:mod:`streamer.esa.checkin_wire`). The
+Each client sends one check-in message at her wake slot w (:mod:`panpriv.streamer.esa.checkin_wire`). The
 shuffler holds its own X25519 key (``panpriv keygen --role shuffler``) and opens the **outer**
 layer only: the chosen slot (or "no check-in") and the client's choice key. The inner message is
 sealed to the analyzer; the shuffler holds no key that opens it and forwards it byte for byte.
@@ -18,7 +18,7 @@ the first ``slot_length`` messages of wake slot s in offset order — in slot or
   the analyzer's public key like a client's message, both pseudorandom from the shuffler's key and
   the slot, so a restarted shuffler releases the same bytes (:func:`dummy_sealer`) — the analyzer
   must not learn which slots were empty (that would tell it where a client's record was used, and
-  the amplified bound's proof, :func:`accounting.checkin.per_slot_epsilons`, gives the adversary
+  the amplified bound's proof, :func:`panpriv.accounting.checkin.per_slot_epsilons`, gives the adversary
   the slots' outputs only). Every single-update release is one message of one size.
 - ``update = "averaged"`` (Alg. 2): every candidate, permuted with OS entropy (its count is
   revealed, as in process; the guarantee of averaged updates is not amplified).
@@ -36,7 +36,7 @@ shuffler may see. ``waiting`` is the number of messages of the current wake slot
 **Dropouts** (``close_after_s``): a wake slot still incomplete that long after the previous slot's
 release closes with the messages it has (counted ``short_wake_slot`` per missing client) and its
 slot is released. The amplified bound is unaffected: it holds conditionally on every other
-client's check-in (Step 1 of :func:`accounting.checkin.per_slot_epsilons`), so fewer clients in a
+client's check-in (Step 1 of :func:`panpriv.accounting.checkin.per_slot_epsilons`), so fewer clients in a
 wake slot cannot weaken it. Without the rule a missing client stalls the deployment.
 
 **Exactly once w.r.t. its input.** The committed offset is the first offset of the earliest wake
@@ -54,7 +54,7 @@ complete wake slot (no honest client sends one, but a straggler of a wake slot c
 deadline is one) is ``late``, except after a restart if the wake slot's first messages lie below the
 committed offset or it was closed by the deadline: it may then join a later release.
 
-The Kafka loop is :func:`streamer.esa.shuffler.run` (one partition, commit after acknowledged
+The Kafka loop is :func:`panpriv.streamer.esa.shuffler.run` (one partition, commit after acknowledged
 releases); this module is the state machine and its set-up (:func:`run`).
 """
 
@@ -74,11 +74,11 @@ from nacl.bindings import crypto_box, crypto_box_NONCEBYTES
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 
-from protocols.checkin import window_start
-from protocols.randomizers import LocalRandomizer
-from streamer.esa import checkin_wire, wire
-from streamer.esa.keys import key_id
-from streamer.esa.permute import permuted
+from panpriv.protocols.checkin import window_start
+from panpriv.protocols.randomizers import LocalRandomizer
+from panpriv.streamer.esa import checkin_wire, wire
+from panpriv.streamer.esa.keys import key_id
+from panpriv.streamer.esa.permute import permuted
 
 log = logging.getLogger("panpriv.shuffle")
 
@@ -114,7 +114,7 @@ class SlotRules:
 def dummy_sealer(randomizer: LocalRandomizer, analyzer_key: PublicKey, params: int,
                  secret: bytes) -> Callable[[int], bytes]:
     """The dummy of an empty single-update slot: the randomizer on the zero vector, sealed to the
-    analyzer exactly as a client's inner message (:mod:`streamer.esa.checkin_client`) — the same
+    analyzer exactly as a client's inner message (:mod:`panpriv.streamer.esa.checkin_client`) — the same
     bytes for the same slot in every shuffler holding ``secret`` (the shuffler's private key).
 
     Why deterministic. A release the dead process made and a restarted one makes again must be
@@ -156,7 +156,7 @@ def _deterministic_seal(plaintext: bytes, recipient: PublicKey, secret: bytes) -
 
 
 class SlotShuffler:
-    """The check-in shuffler's state machine (no Kafka; the interface :func:`streamer.esa.shuffler.run` drives).
+    """The check-in shuffler's state machine (no Kafka; the interface :func:`panpriv.streamer.esa.shuffler.run` drives).
 
     Parameters
     ----------
@@ -283,7 +283,7 @@ class SlotShuffler:
 
 @dataclass
 class CheckinShuffleOptions:
-    """What ``panpriv shuffle --checkin`` needs besides :class:`streamer.esa.shuffler.ShuffleOptions`."""
+    """What ``panpriv shuffle --checkin`` needs besides :class:`panpriv.streamer.esa.shuffler.ShuffleOptions`."""
 
     shuffler_key: Path
     analyzer_key: Path
@@ -296,12 +296,12 @@ class CheckinShuffleOptions:
 
 def run(options: Any, checkin: CheckinShuffleOptions, stop: Callable[[], bool] | None = None) -> SlotShuffler:
     """Read the deployment's public configuration from the model topic (waiting for round 0), then
-    serve :class:`SlotShuffler` through :func:`streamer.esa.shuffler.run`."""
-    from streamer.esa import shuffler
-    from streamer.esa.checkin_client import local_randomizer
-    from streamer.esa.keys import load_private, load_public
-    from streamer.esa.model import ModelWatcher
-    from streamer.kafka_client import security_options
+    serve :class:`SlotShuffler` through :func:`panpriv.streamer.esa.shuffler.run`."""
+    from panpriv.streamer.esa import shuffler
+    from panpriv.streamer.esa.checkin_client import local_randomizer
+    from panpriv.streamer.esa.keys import load_private, load_public
+    from panpriv.streamer.esa.model import ModelWatcher
+    from panpriv.streamer.kafka_client import security_options
 
     private = load_private(checkin.shuffler_key)
     analyzer = load_public(checkin.analyzer_key)

@@ -1,15 +1,15 @@
 """``panpriv analyze --learner shuffle-acsa|shuffle-sgd``: the analyzer of Encode–Shuffle–Analyze
 over secure summation (Bittau et al. 2017 §3; Ishai et al. 2006 split and mix,
-:mod:`protocols.secure_sum`; Cheu et al. 2022 Alg. 4 (``shuffle-acsa``) or Alg. 3
+:mod:`panpriv.protocols.secure_sum`; Cheu et al. 2022 Alg. 4 (``shuffle-acsa``) or Alg. 3
 (``shuffle-sgd``) for the analysis), for any
-:class:`~protocols.shuffle_base.SequentialLearner` whose rounds all have the same size.
+:class:`~panpriv.protocols.shuffle_base.SequentialLearner` whose rounds all have the same size.
 
 Each user of round t sends her PVEC count vector c ∈ {0, …, g + b}^d as m additive shares in
-Z_q^d, each sealed on its own (:mod:`streamer.esa.sum_client`); the shuffler releases the round
-at exactly B users as B·m permuted units (:mod:`streamer.esa.shuffler`). For the batch of the
+Z_q^d, each sealed on its own (:mod:`panpriv.streamer.esa.sum_client`); the shuffler releases the round
+at exactly B users as B·m permuted units (:mod:`panpriv.streamer.esa.shuffler`). For the batch of the
 current round the analyzer opens every unit, sums them mod q = 2^k (q > B(g + b), so the sum is
 the true per-coordinate total), checks every total lies in [0, B(g + b)], and gives the totals to
-:meth:`protocols.shuffle_base.EncodedLearner.learn_totals` — the same A_VEC analysis and step
+:meth:`panpriv.protocols.shuffle_base.EncodedLearner.learn_totals` — the same A_VEC analysis and step
 (AC-SA, or projected SGD) the in-process learner takes — then publishes round t + 1's model: its
 query point (θ^md, or θ_t) and what a client needs to answer it (:meth:`SumAnalyzer.model`).
 
@@ -33,7 +33,7 @@ which key, is the sender's doing alone).
 the same number of users (``shuffle-sgd``: always; ``shuffle-acsa``: a ``batch_size`` that divides
 ``horizon``, one run).
 
-Exactly once and the budget: as :mod:`streamer.esa.analyzer` (a deterministic step, an atomic
+Exactly once and the budget: as :mod:`panpriv.streamer.esa.analyzer` (a deterministic step, an atomic
 checkpoint before publication, the round charged through ``gate`` before it is learned).
 """
 
@@ -45,15 +45,15 @@ from typing import Any
 import numpy as np
 from nacl.public import PrivateKey
 
-from accounting.ledger import PrivacyReport
-from protocols.catalogue import load_learner
-from protocols.secure_sum import SECURITY_BITS, distance_bound, modulus_bits, recombine, shares_needed
-from protocols.shuffle_base import SequentialLearner
-from protocols.shuffle_gd import ShuffleGD
-from streamer.esa import wire
-from streamer.esa.analyzer import AnalyzerCore, decode_state
-from streamer.esa.deployment import sum_report
-from streamer.esa.model import ModelRecord
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.protocols.catalogue import load_learner
+from panpriv.protocols.secure_sum import SECURITY_BITS, distance_bound, modulus_bits, recombine, shares_needed
+from panpriv.protocols.shuffle_base import SequentialLearner
+from panpriv.protocols.shuffle_gd import ShuffleGD
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.analyzer import AnalyzerCore, decode_state
+from panpriv.streamer.esa.deployment import sum_report
+from panpriv.streamer.esa.model import ModelRecord
 
 CHECKPOINT_FORMAT = "panpriv-esa-sum-analyzer/1"
 
@@ -65,7 +65,7 @@ REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_ba
 
 class SumAnalyzer(AnalyzerCore):
     """The secure-sum analyzer's state machine (no I/O); the interface of
-    :class:`streamer.esa.analyzer.Analyzer`, which :mod:`streamer.esa.analyze_service` drives.
+    :class:`panpriv.streamer.esa.analyzer.Analyzer`, which :mod:`panpriv.streamer.esa.analyze_service` drives.
 
     Parameters
     ----------
@@ -73,7 +73,7 @@ class SumAnalyzer(AnalyzerCore):
         A sequentially interactive PVEC learner (``shuffle-sgd``, ``shuffle-acsa``) whose plan
         gives every round the same number of users.
     keys, name, instance
-        As :class:`streamer.esa.analyzer.Analyzer`.
+        As :class:`panpriv.streamer.esa.analyzer.Analyzer`.
     """
 
     def __init__(self, learner: SequentialLearner | ShuffleGD, keys: list[PrivateKey], name: str,
@@ -83,7 +83,7 @@ class SumAnalyzer(AnalyzerCore):
             raise ValueError(f"the ESA shuffler releases rounds of one size; this {learner.name} plan has rounds of "
                              f"{sizes} users (give a batch_size that divides the horizon, and no strong convexity)")
         super().__init__(learner, keys, name, instance)
-        self.learner: SequentialLearner | ShuffleGD = learner  # ShuffleGD: streamer.esa.gd_analyzer
+        self.learner: SequentialLearner | ShuffleGD = learner  # ShuffleGD: panpriv.streamer.esa.gd_analyzer
         self._vector_sum = vector_sum = learner.vector_sums[sizes[0]]
         self.users, self.dim = vector_sum.n, vector_sum.d
         self.max_count = vector_sum.g + vector_sum.b
@@ -227,7 +227,7 @@ class SumAnalyzer(AnalyzerCore):
                            (local.epsilon, local.delta))
 
     def report(self) -> PrivacyReport:
-        """The statement of this deployment (:func:`streamer.esa.deployment.sum_report`)."""
+        """The statement of this deployment (:func:`panpriv.streamer.esa.deployment.sum_report`)."""
         assert isinstance(self.learner, SequentialLearner)
         return sum_report(self.learner, self.users, self.shares, self.bits, self.tau)
 

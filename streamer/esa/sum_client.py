@@ -1,25 +1,25 @@
 """The user's side of Encode–Shuffle–Analyze for ``shuffle-sgd`` and ``shuffle-acsa`` over secure
 summation (Bittau et al. 2017 §3, the encoder; Cheu et al. 2022 Alg. 2, the local randomizer, in
-the rounds of Alg. 3 or Alg. 4; Ishai et al. 2006, split and mix, :mod:`protocols.secure_sum`).
+the rounds of Alg. 3 or Alg. 4; Ishai et al. 2006, split and mix, :mod:`panpriv.protocols.secure_sum`).
 
-For the round named by the public model record (:mod:`streamer.esa.model`), a user with record
+For the round named by the public model record (:mod:`panpriv.streamer.esa.model`), a user with record
 (x, y): takes her gradient at the round's query point (θ^md of AC-SA, θ_t of SGD), clipped to L (of
-the Moreau envelope when the plan smooths) — :func:`protocols.scratch.clipped_gradients`, the very function the
-in-process learner uses; runs PVEC's local randomizer on it — :meth:`protocols.encoder.VectorSum.randomize`,
+the Moreau envelope when the plan smooths) — :func:`panpriv.protocols.scratch.clipped_gradients`, the very function the
+in-process learner uses; runs PVEC's local randomizer on it — :meth:`panpriv.protocols.encoder.VectorSum.randomize`,
 likewise — giving her count vector c ∈ {0, …, g + b}^d; splits c into m additive shares in
-Z_q^d (:func:`protocols.secure_sum.split`, OS entropy); seals **each** share to the analyzer's
-public key on its own; and sends the m sealed shares as one message (:func:`streamer.esa.wire.shares_message`).
+Z_q^d (:func:`panpriv.protocols.secure_sum.split`, OS entropy); seals **each** share to the analyzer's
+public key on its own; and sends the m sealed shares as one message (:func:`panpriv.streamer.esa.wire.shares_message`).
 
 The client trusts the record for nothing it can recompute: it rebuilds the PVEC instance from the
 record's (n, d, ε, δ, l2 bound, calibration) and refuses a record whose (g, b, p) differ, and it
-recomputes m and q from (n, d, g + b) at its own σ (:data:`protocols.secure_sum.SECURITY_BITS`).
+recomputes m and q from (n, d, g + b) at its own σ (:data:`panpriv.protocols.secure_sum.SECURITY_BITS`).
 
 Her guarantees: against anyone, the local guarantee of PVEC's randomizer (a shuffler and an
 analyzer that collude can link her m shares); against the analyzer alone, PVEC's shuffle-model
-(ε, δ) plus the secure sum's (1 + e^ε)·τ (:func:`streamer.esa.deployment.sum_report`).
+(ε, δ) plus the secure sum's (1 + e^ε)·τ (:func:`panpriv.streamer.esa.deployment.sum_report`).
 
 This module imports ``protocols``, ``accounting``, numpy, PyNaCl and its siblings
-``streamer.esa.wire``/``keys``/``model``/``client`` only — none of the service (tested).
+``panpriv.streamer.esa.wire``/``keys``/``model``/``client`` only — none of the service (tested).
 """
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ import numpy as np
 from nacl.public import PublicKey, SealedBox
 from numpy.typing import NDArray
 
-from protocols import scratch
-from protocols.encoder import VectorSum
-from protocols.randomness import NoiseSource, RngLike
-from protocols.secure_sum import SECURITY_BITS, modulus_bits, shares_needed, split
-from protocols.shuffle_base import message_guarantee
-from streamer.esa import wire
-from streamer.esa.client import ModelClient, RefusedModel
-from streamer.esa.model import ModelRecord
+from panpriv.protocols import scratch
+from panpriv.protocols.encoder import VectorSum
+from panpriv.protocols.randomness import NoiseSource, RngLike
+from panpriv.protocols.secure_sum import SECURITY_BITS, modulus_bits, shares_needed, split
+from panpriv.protocols.shuffle_base import message_guarantee
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.client import ModelClient, RefusedModel
+from panpriv.streamer.esa.model import ModelRecord
 
 Array = NDArray[np.float64]
 
 SUM_LEARNERS = ("shuffle-acsa", "shuffle-sgd")
 """The learners deployed over secure summation: the catalogue's
-:class:`protocols.shuffle_base.SequentialLearner` s (tested; named here so that the client
+:class:`panpriv.protocols.shuffle_base.SequentialLearner` s (tested; named here so that the client
 imports neither)."""
 
 
@@ -65,7 +65,7 @@ class SharesEncoder(ModelClient):
     """
 
     learners: ClassVar[tuple[str, ...]] = SUM_LEARNERS
-    """The learners whose model records this encoder answers (``shuffle-gd``: :mod:`streamer.esa.gd_client`)."""
+    """The learners whose model records this encoder answers (``shuffle-gd``: :mod:`panpriv.streamer.esa.gd_client`)."""
 
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  rng: RngLike = None) -> None:

@@ -17,10 +17,10 @@ ephemeral sender key): anonymous and authenticated encryption to the analyzer's 
 
 The batch id is the SHA-256 of the round and the sorted messages: the same messages give the same
 id whatever their order, so a batch the shuffler released twice across a crash is recognised and
-dropped by the analyzer (:mod:`streamer.esa.shuffler`).
+dropped by the analyzer (:mod:`panpriv.streamer.esa.shuffler`).
 
 **Share message** (``shuffle-sgd``, ``shuffle-acsa``: split-and-mix shares of a PVEC count vector,
-:mod:`protocols.secure_sum`), one per user, so her m shares arrive atomically; fixed size for
+:mod:`panpriv.protocols.secure_sum`), one per user, so her m shares arrive atomically; fixed size for
 given (d, m)::
 
     b"PPS1" | round (u64) | key id (8 bytes) | m (u32) | m × sealed box of: round (u64) | d × uint32 (LE)

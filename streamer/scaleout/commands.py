@@ -1,5 +1,5 @@
 """``panpriv worker`` and ``panpriv coordinate``: one pan-private AC-SA model on many processes
-(:mod:`streamer.scaleout`; Cheu et al. 2022 Alg. 6). Wired into :mod:`streamer.cli`."""
+(:mod:`panpriv.streamer.scaleout`; Cheu et al. 2022 Alg. 6). Wired into :mod:`panpriv.streamer.cli`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from streamer.arg_types import json_object, positive_float, positive_int
-from streamer.role_metrics import RoleMetrics, metrics_flags, serve_metrics
+from panpriv.streamer.arg_types import json_object, positive_float, positive_int
+from panpriv.streamer.role_metrics import RoleMetrics, metrics_flags, serve_metrics
 
 log = logging.getLogger("panpriv.scaleout")
 
@@ -25,8 +25,8 @@ def _topics(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve_metrics(metrics: RoleMetrics, role: str, args: argparse.Namespace) -> Callable[[], None] | None:
-    """Label a role's metrics and serve them (:func:`streamer.role_metrics.serve_metrics`)."""
-    from streamer.cli import _version  # one definition (cli imports this module lazily)
+    """Label a role's metrics and serve them (:func:`panpriv.streamer.role_metrics.serve_metrics`)."""
+    from panpriv.streamer.cli import _version  # one definition (cli imports this module lazily)
 
     metrics.set_info(role, args.deployment, _version())
     return serve_metrics(metrics, args)
@@ -53,9 +53,9 @@ def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from streamer.budget import BudgetStore, default_state_dir
-    from streamer.scaleout import worker
-    from streamer.scaleout.metrics import WorkerMetrics
+    from panpriv.streamer.budget import BudgetStore, default_state_dir
+    from panpriv.streamer.scaleout import worker
+    from panpriv.streamer.scaleout.metrics import WorkerMetrics
 
     bootstrap = args.bootstrap.split(",")
     metrics = WorkerMetrics()
@@ -64,7 +64,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     store: Any = None
     try:
         if args.budget_topic:
-            from streamer.budget_kafka import KafkaBudgetStore
+            from panpriv.streamer.budget_kafka import KafkaBudgetStore
 
             store = KafkaBudgetStore(bootstrap, args.budget_topic)
         else:
@@ -100,8 +100,8 @@ def add_coordinate(commands: Any, parents: list[argparse.ArgumentParser]) -> Non
 
 
 def cmd_coordinate(args: argparse.Namespace) -> int:
-    from protocols.pan_acsa import PanPrivateACSA
-    from streamer.scaleout import coordinator
+    from panpriv.protocols.pan_acsa import PanPrivateACSA
+    from panpriv.streamer.scaleout import coordinator
 
     options = dict(args.options)
     options.setdefault("loss", "logistic")
@@ -111,7 +111,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         return PanPrivateACSA(dim=args.dim, epsilon=args.epsilon, delta=args.delta, horizon=args.n,
                               feature_bound=args.feature_bound, **options)
 
-    from streamer.scaleout.metrics import CoordinatorMetrics
+    from panpriv.streamer.scaleout.metrics import CoordinatorMetrics
 
     metrics = CoordinatorMetrics()
     stop_server = _serve_metrics(metrics, "coordinator", args)

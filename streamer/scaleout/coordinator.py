@@ -1,7 +1,7 @@
 """``panpriv coordinate``: the coordinator of one scaled-out pan-private AC-SA model.
 
-It reads noisy batch means from the gradients topic (:class:`~streamer.scaleout.wire.GradientRecord`)
-and applies the public rule of :mod:`protocols.pan_acsa_scaleout` (synchronous versions): step v
+It reads noisy batch means from the gradients topic (:class:`~panpriv.streamer.scaleout.wire.GradientRecord`)
+and applies the public rule of :mod:`panpriv.protocols.pan_acsa_scaleout` (synchronous versions): step v
 waits for K means computed at version v, averages them, applies Cheu et al. 2022 Alg. 6 lines 10–12
 (:meth:`PanPrivateACSA.apply_noisy_gradient`) and publishes version v + 1 to the compacted model
 topic. Means tagged with another version are counted (``stale``) and dropped.
@@ -16,7 +16,7 @@ gradients topic there and re-reads the means of the step in progress: its steps 
 functions of the record and the topic, so a step interrupted by a crash is recomputed bit for bit,
 and republishing a version (same key, compacted) changes nothing.
 
-**Metrics** (``--metrics-port``; :class:`streamer.scaleout.metrics.CoordinatorMetrics`): steps,
+**Metrics** (``--metrics-port``; :class:`panpriv.streamer.scaleout.metrics.CoordinatorMetrics`): steps,
 means received, used, stale and rejected, the published version and when it was acknowledged.
 """
 
@@ -31,11 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from accounting.ledger import PrivacyReport
-from protocols.pan_acsa import PanPrivateACSA
-from protocols.pan_acsa_scaleout import combine, worker_batch
-from streamer.scaleout.metrics import CoordinatorMetrics
-from streamer.scaleout.wire import FETCH_WAIT_MS, GradientRecord, ModelReader, ModelRecord, WireError, decode_state, encode_state
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.pan_acsa_scaleout import combine, worker_batch
+from panpriv.streamer.scaleout.metrics import CoordinatorMetrics
+from panpriv.streamer.scaleout.wire import FETCH_WAIT_MS, GradientRecord, ModelReader, ModelRecord, WireError, decode_state, encode_state
 
 log = logging.getLogger("panpriv.coordinate")
 
@@ -161,7 +161,7 @@ def run(options: CoordinateOptions) -> Coordinator:
     """Serve until SIGTERM/SIGINT or the model is done; return the final state."""
     from kafka import TopicPartition
 
-    from streamer import kafka_client
+    from panpriv.streamer import kafka_client
 
     stopping = {"now": False}
 

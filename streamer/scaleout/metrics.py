@@ -1,6 +1,6 @@
 """Prometheus metrics of ``panpriv worker`` and ``panpriv coordinate`` (``--metrics-port``; served by
-:func:`streamer.metrics.serve_registry`, on an injected registry like :class:`streamer.metrics.ServiceMetrics`
-and :mod:`streamer.esa.metrics`).
+:func:`panpriv.streamer.metrics.serve_registry`, on an injected registry like :class:`panpriv.streamer.metrics.ServiceMetrics`
+and :mod:`panpriv.streamer.esa.metrics`).
 
 What may be exported is what may leave the process (docs/privacy.md, "Scale-out"): counts of
 batches, records, rejects, lost batches, version waits and noisy means — public quantities: the
@@ -8,7 +8,7 @@ worker batch w and the step's K come from the public plan, and rejects are publi
 service — the model's version, and the privacy numbers the worker reads from the budget store.
 Never a statistic of a record, of a partial sum or of a clean gradient: nothing here is computed
 from records. Every reason and outcome is exported at 0 from the start (a rate over a series that
-appears at its first event is lost). No ``_created`` series (:mod:`streamer.metrics` disables them
+appears at its first event is lost). No ``_created`` series (:mod:`panpriv.streamer.metrics` disables them
 for the process). Counters count this process's events: the roles keep cumulative totals (a
 restored coordinator starts from the model record's) and report them; increments are derived here.
 
@@ -19,14 +19,14 @@ Worker series
 ``panpriv_scaleout_worker_records_total``
     Valid records learned into published batches (w per batch).
 ``panpriv_scaleout_worker_records_rejected_total{reason}``
-    Records rejected by the codec, by reason (:class:`streamer.codec.Reason`; charged to the budget
+    Records rejected by the codec, by reason (:class:`panpriv.streamer.codec.Reason`; charged to the budget
     like valid ones, as in the service).
 ``panpriv_scaleout_worker_batches_lost_total{reason}``
     Batches that reached no output (:data:`LOST_REASONS`): ``revoked`` (partitions revoked by a
     rebalance mid-batch), ``stopped`` (SIGTERM/SIGINT or the model done mid-batch), ``budget`` (the
     next records would exceed ``--max-epsilon`` over all runs), ``crash`` (on a restart with the
     same ``--out``, what the last process charged and never published). Their records are charged
-    as an intrusion-only use (:mod:`streamer.scaleout.worker`).
+    as an intrusion-only use (:mod:`panpriv.streamer.scaleout.worker`).
 ``panpriv_scaleout_worker_version_waits_total{outcome}``
     Waits for version v + 1 after publishing at v (synchronous versions), by outcome
     (:data:`WAIT_OUTCOMES`): ``arrived`` (within ``--sync-wait``) or ``timed_out`` (the worker took
@@ -37,7 +37,7 @@ Worker series
     The newest model version the worker has read (−1 before the first).
 ``panpriv_privacy_epsilon{guarantee}``, ``panpriv_privacy_delta{guarantee}``
     The guarantee of the records this worker learned (and lost), composed over every run that used
-    them, from the budget store (:func:`accounting.budget.report_for`), for ``output`` and
+    them, from the budget store (:func:`panpriv.accounting.budget.report_for`), for ``output`` and
     ``intrusion``: the service's names, so deploy/'s ``PanprivPrivacyBudgetHigh`` covers workers.
     Refreshed at most every ``privacy_interval_s`` seconds (the store composes every use).
 ``panpriv_budget_epsilon{source, guarantee}``
@@ -75,8 +75,8 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.role_metrics import CumulativeCounts, CumulativeTotal, PrivacyGauges, RoleMetrics
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.role_metrics import CumulativeCounts, CumulativeTotal, PrivacyGauges, RoleMetrics
 
 LOST_REASONS = ("revoked", "stopped", "budget", "crash")
 WAIT_OUTCOMES = ("arrived", "timed_out")
@@ -94,7 +94,7 @@ class WorkerMetrics(_Role):
     def __init__(self, reject_reasons: Iterable[str] | None = None, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
         if reject_reasons is None:
-            from streamer.codec import Reason
+            from panpriv.streamer.codec import Reason
 
             reject_reasons = [reason.value for reason in Reason]
         r = self.registry
@@ -116,7 +116,7 @@ class WorkerMetrics(_Role):
 
     def observe_totals(self, published: int, records: int, rejected: Mapping[str, int], lost: Mapping[str, int],
                        waits: Mapping[str, int], wait_seconds: float, version: int) -> None:
-        """The worker's cumulative counts (:class:`streamer.scaleout.worker.WorkerStats`) and newest version."""
+        """The worker's cumulative counts (:class:`panpriv.streamer.scaleout.worker.WorkerStats`) and newest version."""
         self._published.update(published)
         self._records.update(records)
         self._rejected.update(rejected)

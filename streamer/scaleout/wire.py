@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from protocols.base import StateValue
+from panpriv.protocols.base import StateValue
 
 FETCH_WAIT_MS = 10
 """How long the broker may hold a fetch of the model or gradients topic open when it has no new
@@ -162,7 +162,7 @@ class ModelReader:
     def __init__(self, bootstrap: list[str], topic: str, deployment: str) -> None:
         from kafka import TopicPartition
 
-        from streamer import kafka_client
+        from panpriv.streamer import kafka_client
 
         self.deployment = deployment
         self.best: ModelRecord | None = None

@@ -12,15 +12,15 @@ partial sum, no clean gradient. An intruder who reads the worker once sees its i
 most ``sync_wait`` seconds; then it takes another batch at v, so K − 1 surviving workers still
 make progress) — one mean per worker per version in the normal case, so few means go stale.
 
-**Budget** (:mod:`streamer.budget`; one store per data source, shared with every run). A worker
+**Budget** (:mod:`panpriv.streamer.budget`; one store per data source, shared with every run). A worker
 is a run with its own instance; it charges each poll's positions *before* learning them, marks
 its published positions durable *before* publishing (so a crash can only over-count), and
 commits the group offsets after the publication is acknowledged. A batch that reaches no output —
 partitions revoked by a rebalance, a stop, or (on restart with the same ``--out``) a SIGKILL — is
-moved to an intrusion-only *lost* instance (:func:`accounting.budget.lost_state_report`); the new
+moved to an intrusion-only *lost* instance (:func:`panpriv.accounting.budget.lost_state_report`); the new
 owner of those records charges them again: a second use for intrusion, none for output.
 
-**Metrics** (``--metrics-port``; :class:`streamer.scaleout.metrics.WorkerMetrics`): the counts of
+**Metrics** (``--metrics-port``; :class:`panpriv.streamer.scaleout.metrics.WorkerMetrics`): the counts of
 :class:`WorkerStats`, the newest version, and the budget store's composed guarantee of the records
 this worker charged — nothing computed from a record.
 """
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accounting.budget import lost_state_report, per_source, report_for
-from protocols.pan_acsa import PanPrivateACSA
-from streamer.scaleout.metrics import WorkerMetrics
-from streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, query_state
+from panpriv.accounting.budget import lost_state_report, per_source, report_for
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.streamer.scaleout.metrics import WorkerMetrics
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, query_state
 
 log = logging.getLogger("panpriv.worker")
 
@@ -58,7 +58,7 @@ class WorkerOptions:
     model_topic: str
     deployment: str
     group: str
-    store: Any  # streamer.budget.BudgetStore or streamer.budget_kafka.KafkaBudgetStore
+    store: Any  # panpriv.streamer.budget.BudgetStore or panpriv.streamer.budget_kafka.KafkaBudgetStore
     out: Path | None = None
     sync_wait_s: float = 2.0
     max_epsilon: float | None = None
@@ -88,9 +88,9 @@ class WorkerStats:
     rejected: int = 0
     discarded: int = 0
     reason: str = ""
-    rejects: Counter[str] = field(default_factory=Counter)  # by streamer.codec.Reason
-    lost: Counter[str] = field(default_factory=Counter)  # by streamer.scaleout.metrics.LOST_REASONS
-    waits: Counter[str] = field(default_factory=Counter)  # by streamer.scaleout.metrics.WAIT_OUTCOMES
+    rejects: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.codec.Reason
+    lost: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.scaleout.metrics.LOST_REASONS
+    waits: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.scaleout.metrics.WAIT_OUTCOMES
     wait_s: float = 0.0
 
 
@@ -123,7 +123,7 @@ def _instance(out: Path | None, deployment: str) -> str:
         return str(json.loads((out / STATE_FILE).read_text())["instance"])
     instance = f"scaleout:{deployment}/worker-{uuid.uuid4().hex[:12]}"
     if out is not None:
-        from streamer.safefiles import write_atomically
+        from panpriv.streamer.safefiles import write_atomically
 
         out.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomically(out / STATE_FILE, json.dumps({"instance": instance}).encode(), "worker state")
@@ -136,7 +136,7 @@ class Worker:
     def __init__(self, options: WorkerOptions) -> None:
         from kafka.structs import TopicPartition  # noqa: F401 - imported early: fails fast without kafka-python
 
-        from streamer import kafka_client
+        from panpriv.streamer import kafka_client
 
         self.options = options
         self.stats = WorkerStats(_instance(options.out, options.deployment))
@@ -152,7 +152,7 @@ class Worker:
         self._consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
                                                auto_offset_reset="earliest")
         self._consumer.subscribe([options.data_topic], listener=_listener(self._revocations))
-        from streamer.identity import kafka_cluster_identity
+        from panpriv.streamer.identity import kafka_cluster_identity
 
         self._consumer.partitions_for_topic(options.data_topic)
         self._cluster = kafka_cluster_identity(self._consumer, options.bootstrap)
@@ -174,8 +174,8 @@ class Worker:
 
     def _setup(self, model: ModelRecord) -> None:
         """Build the learner from the model's public config; register the run; account a lost state."""
-        from streamer.codec import make_codec
-        from streamer.config import RecordsConfig
+        from panpriv.streamer.codec import make_codec
+        from panpriv.streamer.config import RecordsConfig
 
         learner = PanPrivateACSA.from_config(model.config)
         learner.plan_for_workers(model.workers)
@@ -220,7 +220,7 @@ class Worker:
         return bool(lost)
 
     def _discard(self, batch: _Batch | None, why: str, reason: str) -> None:
-        """Drop the open batch (``reason``: one of :data:`streamer.scaleout.metrics.LOST_REASONS`)."""
+        """Drop the open batch (``reason``: one of :data:`panpriv.streamer.scaleout.metrics.LOST_REASONS`)."""
         if batch is None:
             return
         assert self.learner is not None
@@ -240,7 +240,7 @@ class Worker:
 
     def _observe_privacy(self, force: bool = False) -> None:
         """The budget store's guarantee of the records this worker charged, composed over every run
-        that used them (the service's statement, :func:`accounting.budget.report_for`), and per data
+        that used them (the service's statement, :func:`panpriv.accounting.budget.report_for`), and per data
         source; at most every ``privacy_interval_s`` seconds unless ``force``."""
         metrics = self.options.metrics
         now = time.monotonic()

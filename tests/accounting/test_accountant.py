@@ -1,4 +1,4 @@
-"""accounting.accountant: composition answered both ways, pinned to closed forms and to
+"""panpriv.accounting.accountant: composition answered both ways, pinned to closed forms and to
 dp_accounting's PLD and RDP accountants (test-only oracles) on the exported events."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 import pytest
 from dp_accounting import pld, rdp
 
-from accounting.accountant import Accountant, ApproximateDpEvent, GaussianEvent
-from accounting.errors import AccountingError
-from accounting.gaussian import analytic_delta, analytic_epsilon
-from accounting.ledger import Guarantee, PrivacyReport
+from panpriv.accounting.accountant import Accountant, ApproximateDpEvent, GaussianEvent
+from panpriv.accounting.errors import AccountingError
+from panpriv.accounting.gaussian import analytic_delta, analytic_epsilon
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
 
 
 def test_gaussian_events_compose_to_one_gaussian_with_the_root_sum_of_inverse_squares() -> None:

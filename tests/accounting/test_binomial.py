@@ -1,7 +1,7 @@
-"""Tests of accounting.binomial: Cheu et al.'s P1D/PVEC parameters and the tight accountant.
+"""Tests of panpriv.accounting.binomial: Cheu et al.'s P1D/PVEC parameters and the tight accountant.
 
 Oracles: the inequalities of Cheu et al.'s own proofs (Lemma A.2, Thm A.6, Claim A.8), the heterogeneous
-composition of Cheu et al. 2022 Lemma 3.3 (accounting.composition), and brute force — the exact hockey-stick
+composition of Cheu et al. 2022 Lemma 3.3 (panpriv.accounting.composition), and brute force — the exact hockey-stick
 divergence between the full PMFs of the d = 1 and d = 2 protocol's views.
 """
 
@@ -14,15 +14,15 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution
 from scipy import stats
 
-from accounting.binomial import (
+from panpriv.accounting.binomial import (
     p1d_parameters,
     pvec_parameters,
     tight_delta,
     tight_parameters,
 )
-from accounting.composition import heterogeneous
-from accounting.errors import InvalidParameterError
-from accounting.gaussian import analytic_sigma
+from panpriv.accounting.composition import heterogeneous
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.gaussian import analytic_sigma
 
 # ------------------------------------------------------------------------------------------
 # Cheu et al. 2022, Lemma 3.1 (P1D)
@@ -93,7 +93,7 @@ def test_pvec_parameters_reproduce_thm_a6() -> None:
 
 @pytest.mark.parametrize("spread", [1, 3, 10])
 def test_pvec_parameters_compose_to_the_target_by_lemma_3_3(spread: int) -> None:
-    """Independent oracle: Cheu et al. 2022 Lemma 3.3 (accounting.composition.heterogeneous) applied to the
+    """Independent oracle: Cheu et al. 2022 Lemma 3.3 (panpriv.accounting.composition.heterogeneous) applied to the
     per-coordinate bounds εⱼ = ε̂(2/g + aⱼ/Δ) of Lemma 3.1 for a worst-case change ‖x − x′‖ = 2Δ₂
     spread evenly over ``spread`` coordinates."""
     n, d, epsilon, delta, l2 = 500, 10, 0.8, 1e-5, 2.0

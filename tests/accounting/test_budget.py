@@ -1,4 +1,4 @@
-"""accounting.budget: composition of uses across runs, lost states, budget checks.
+"""panpriv.accounting.budget: composition of uses across runs, lost states, budget checks.
 
 Expected values are worked by hand from the ledger's rule (outputs add, Dwork & Roth 2014,
 Thm 3.16; intrusion = max_j [intrusion(u_j) + Σ_{i≠j} output(u_i)]), independently of the code.
@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from accounting.budget import Charge, compose, exceeds, lost_state_report, per_source, report_for
-from accounting.errors import AccountingError
-from accounting.ledger import Guarantee, PrivacyReport
+from panpriv.accounting.budget import Charge, compose, exceeds, lost_state_report, per_source, report_for
+from panpriv.accounting.errors import AccountingError
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
 
 
 def report(out: float, intr: float, delta: float = 1e-6, name: str = "m") -> PrivacyReport:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from accounting import binomial, calibration_cache
+from panpriv.accounting import binomial, calibration_cache
 
 ARGUMENTS = (20_000, 20, 1.0, 1e-6, 1.0)
 

@@ -1,6 +1,6 @@
-"""Tests for accounting.checkin (Balle et al. 2020, random check-ins).
+"""Tests for panpriv.accounting.checkin (Balle et al. 2020, random check-ins).
 
-Balle et al.'s formulas were lost, so the amplified bound is derived in accounting.checkin and checked here
+Balle et al.'s formulas were lost, so the amplified bound is derived in panpriv.accounting.checkin and checked here
 against two independent oracles:
 
 * brute force: the exact per-slot conditional privacy loss of A_fix (Balle et al. 2020 Alg. 1) on small
@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
 
-from accounting.checkin import (
+from panpriv.accounting.checkin import (
     CheckinGuarantee,
     averaged_updates,
     erlingsson_shuffling,
@@ -34,7 +34,7 @@ from accounting.checkin import (
     sliding_window,
     unamplified,
 )
-from accounting.errors import InvalidParameterError
+from panpriv.accounting.errors import InvalidParameterError
 
 # --- brute force: exact per-slot conditional privacy loss of A_fix -------------------------------
 

@@ -1,4 +1,4 @@
-"""Tests for accounting.composition.
+"""Tests for panpriv.accounting.composition.
 
 Oracle: the exact privacy profile of composed binary randomized response, computed here by
 enumerating every output pattern. RR with parameter ε is the worst case among ε-DP mechanisms
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting.composition import advanced, basic, heterogeneous
-from accounting.errors import InvalidParameterError
+from panpriv.accounting.composition import advanced, basic, heterogeneous
+from panpriv.accounting.errors import InvalidParameterError
 
 
 def _rr_composed_delta(epsilons: list[float], target: float) -> float:

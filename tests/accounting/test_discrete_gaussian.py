@@ -1,4 +1,4 @@
-"""Tests for accounting.discrete_gaussian (Canonne, Kamath & Steinke 2020: Thm 7, Thm 14, Cor. 13).
+"""Tests for panpriv.accounting.discrete_gaussian (Canonne, Kamath & Steinke 2020: Thm 7, Thm 14, Cor. 13).
 
 Oracles: brute-force sums of the discrete Gaussian PMF with mpmath at 50 digits (1-D exact δ, the
 2-D hockey-stick divergence, the Cor. 13 minimisation), dp-accounting 0.6.0's discrete Gaussian
@@ -17,7 +17,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from accounting.discrete_gaussian import (
+from panpriv.accounting.discrete_gaussian import (
     DELTA_MARGIN,
     calibrate_sigma2,
     delta_one_dimensional,
@@ -27,8 +27,8 @@ from accounting.discrete_gaussian import (
     zcdp_epsilon,
     zcdp_rho,
 )
-from accounting.errors import InvalidParameterError
-from accounting.gaussian import analytic_sigma
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.gaussian import analytic_sigma
 
 
 def _mp_weights(sigma2: float, width: int) -> tuple[list[int], list[mpmath.mpf], mpmath.mpf]:

@@ -1,4 +1,4 @@
-"""Tests for accounting.gaussian: exact (analytic) Gaussian mechanism, Cheu et al. 2022 Lemma C.5, Gaussian RDP.
+"""Tests for panpriv.accounting.gaussian: exact (analytic) Gaussian mechanism, Cheu et al. 2022 Lemma C.5, Gaussian RDP.
 
 Oracles: mpmath at 60 digits (the defining formula of Balle & Wang 2018 / Sordello et al. 2021 Thm 1), dp-accounting
 0.6.0's analytic Gaussian and PLD accountants, and the reference values of formulas.md.
@@ -17,8 +17,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting.errors import InvalidParameterError
-from accounting.gaussian import (
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.gaussian import (
     analytic_delta,
     analytic_epsilon,
     analytic_sigma,

@@ -1,10 +1,10 @@
-"""Tests for accounting.iteration: amplification by iteration for PNSGD (Sordello et al. 2021).
+"""Tests for panpriv.accounting.iteration: amplification by iteration for PNSGD (Sordello et al. 2021).
 
 Oracles: mpmath at high precision for θ, Thm 2 and the online integrals (written here from the
 paper's formulas, independently of the module's log-space numerics); brute-force products over
 positions for Thm 1 / Sec. 5 and the average over positions of Thm 2's proof (Sordello et al. 2021, App. A);
 closed forms derived from Sordello et al. 2021, App. B for the Laplace setting of App. G; the second-order
-expansion of Sordello et al. 2021, Eq. (11) for the Gaussian rate; accounting.gaussian.analytic_delta for θ.
+expansion of Sordello et al. 2021, Eq. (11) for the Gaussian rate; panpriv.accounting.gaussian.analytic_delta for θ.
 
 Sordello et al. 2021 prints no δ values (its Figs 1–4 are plots); it prints the App. G parameters and the limits
 δ*_L, δ*_G, δ^{*,o} as formulas, which are pinned here, with the convergence toward them.
@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting.errors import InvalidParameterError
-from accounting.gaussian import analytic_delta
-from accounting.iteration import (
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.gaussian import analytic_delta
+from panpriv.accounting.iteration import (
     OnlineLimit,
     WorstRecord,
     contraction,

@@ -1,4 +1,4 @@
-"""Tests for accounting.ledger: re-use composes, coverage is exact, reports round-trip."""
+"""Tests for panpriv.accounting.ledger: re-use composes, coverage is exact, reports round-trip."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting.errors import AccountingError, InvalidParameterError
-from accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport, Segment
+from panpriv.accounting.errors import AccountingError, InvalidParameterError
+from panpriv.accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport, Segment
 
 
 def report(name: str, eps: float, delta: float, int_eps: float | None = None, int_delta: float | None = None) -> PrivacyReport:

@@ -1,4 +1,4 @@
-"""Tests for accounting.rdp: RDP curves, composition counted once, and Liew & Takahashi 2022 Lemma 2 conversion.
+"""Tests for panpriv.accounting.rdp: RDP curves, composition counted once, and Liew & Takahashi 2022 Lemma 2 conversion.
 
 Oracles: dp-accounting 0.6.0's RdpAccountant and its compute_epsilon / compute_delta (which use
 the same conversion, Canonne–Kamath–Steinke 2020 Prop. 12), the exact analytic Gaussian ε, and
@@ -17,9 +17,9 @@ from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting import gaussian
-from accounting.errors import InvalidParameterError
-from accounting.rdp import RdpCurve, compose, rdp_to_delta, rdp_to_dp
+from panpriv.accounting import gaussian
+from panpriv.accounting.errors import InvalidParameterError
+from panpriv.accounting.rdp import RdpCurve, compose, rdp_to_delta, rdp_to_dp
 
 ORDERS = tuple(float(a) for a in dpa_rdp.DEFAULT_RDP_ORDERS)
 

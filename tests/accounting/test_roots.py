@@ -1,6 +1,6 @@
-"""accounting.roots.brent_root against its oracle, scipy.optimize.brentq: the same double, bit for bit.
+"""panpriv.accounting.roots.brent_root against its oracle, scipy.optimize.brentq: the same double, bit for bit.
 
-The Gaussian calibration (accounting.gaussian) uses brent_root so that a run's start path needs no
+The Gaussian calibration (panpriv.accounting.gaussian) uses brent_root so that a run's start path needs no
 scipy.optimize; its σ and ε must therefore be exactly those of the scipy root search they replace,
 on the calibration's own functions and on generic brackets (secant, inverse-quadratic and bisection
 steps, roots at the ends, flat and steep functions).
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from accounting import gaussian
-from accounting.roots import brent_root
+from panpriv.accounting import gaussian
+from panpriv.accounting.roots import brent_root
 
 RTOL = 4.0 * float(np.finfo(float).eps)
 
@@ -58,7 +58,7 @@ def test_generic_brackets_are_bitwise_scipys() -> None:
 @pytest.mark.parametrize("delta", [1e-300, 1e-30, 1e-10, 1e-6, 1e-3, 0.3])
 @pytest.mark.parametrize("sensitivity", [1e-3, 1.0, 2.0 / 7.0, 250.0])
 def test_gaussian_calibration_roots_are_bitwise_scipys(epsilon: float, delta: float, sensitivity: float) -> None:
-    """The two root searches of accounting.gaussian, on their own functions and brackets."""
+    """The two root searches of panpriv.accounting.gaussian, on their own functions and brackets."""
     log_target = math.log(delta)
 
     def sigma_excess(log_sigma: float) -> float:

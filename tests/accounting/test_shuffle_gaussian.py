@@ -1,4 +1,4 @@
-"""Tests for accounting.shuffle_gaussian: Liew & Takahashi 2022 Thm 1 (Eq. 4), Cor. 1, Alg. 1, Thm 2, Thm 3, Table 1.
+"""Tests for panpriv.accounting.shuffle_gaussian: Liew & Takahashi 2022 Thm 1 (Eq. 4), Cor. 1, Alg. 1, Thm 2, Thm 3, Table 1.
 
 Oracles: the printed values of Liew & Takahashi 2022 Table 1; mpmath at 40 digits summing Eq. (4) over every vector
 (k₁, …, k_n) for tiny n; Gauss–Hermite quadrature of the Rényi divergence's definition (Liew & Takahashi 2022
@@ -19,8 +19,8 @@ from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_sample_wor_gau
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting import shuffle_gaussian as sg
-from accounting.errors import InvalidParameterError
+from panpriv.accounting import shuffle_gaussian as sg
+from panpriv.accounting.errors import InvalidParameterError
 
 
 def _mp_eq4(order: int, n: int, sigma: float) -> float:

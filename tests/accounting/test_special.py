@@ -1,4 +1,4 @@
-"""accounting.special (erfcx, ndtr from the C library's erf/erfc) against mpmath at 50 digits.
+"""panpriv.accounting.special (erfcx, ndtr from the C library's erf/erfc) against mpmath at 50 digits.
 
 The Gaussian accountant's δ is only as accurate as these; scipy.special's are the comparison
 (same tolerance), and the naive e^{t²}·erfc(t) is the positive control the tolerance rejects.
@@ -12,7 +12,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from accounting.special import erf, erfcx, ndtr
+from panpriv.accounting.special import erf, erfcx, ndtr
 
 EPS = 2.0**-52
 

@@ -17,7 +17,7 @@ Prometheus, with the alert rules and with the commands they run — no Docker ne
 - both roles serve metrics on the image's health-check port, which Prometheus scrapes under the
   compose service names; the budget alert's series are exported by the analyzer;
 - the analyzer's ``--max-epsilon`` admits one use of a round and refuses a second, and the budget
-  alert is quiet at one use (the ε the budget limits: finite ones, ``accounting.budget.exceeds``).
+  alert is quiet at one use (the ε the budget limits: finite ones, ``panpriv.accounting.budget.exceeds``).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import pytest
 from nacl.public import PrivateKey
 from prometheus_client import generate_latest
 
-from streamer.cli import build_parser
-from streamer.esa import commands, wire
-from streamer.esa.analyzer import REJECT_REASONS
-from streamer.esa.metrics import AnalyzerMetrics
-from streamer.esa.sum_analyzer import SumAnalyzer
-from streamer.esa.sum_client import SUM_LEARNERS
+from panpriv.streamer.cli import build_parser
+from panpriv.streamer.esa import commands, wire
+from panpriv.streamer.esa.analyzer import REJECT_REASONS
+from panpriv.streamer.esa.metrics import AnalyzerMetrics
+from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
+from panpriv.streamer.esa.sum_client import SUM_LEARNERS
 from tests.deploy.conftest import exported_names
 from tests.deploy.test_stack import PROMETHEUS_CONFIG, alert_rules, compose, dockerfile_instructions, load_yaml
 
@@ -189,7 +189,7 @@ def test_both_roles_are_scraped_on_the_health_check_port(stack: Stack) -> None:
 def test_the_budget_alert_covers_the_analyzer() -> None:
     """PanprivPrivacyBudgetHigh divides panpriv_privacy_epsilon by panpriv_privacy_epsilon_budget:
     the analyzer exports both (with --max-epsilon), so the rule watches it too."""
-    from accounting.ledger import Guarantee, PrivacyReport
+    from panpriv.accounting.ledger import Guarantee, PrivacyReport
 
     metrics = AnalyzerMetrics(REJECT_REASONS)
     metrics.set_epsilon_budget(12.0)
@@ -202,7 +202,7 @@ def test_the_budget_alert_covers_the_analyzer() -> None:
 
 @per_stack
 def test_max_epsilon_admits_one_use_of_a_round_and_not_a_second(stack: Stack) -> None:
-    """The budget limits finite ε (accounting.budget.exceeds): one use costs the larger finite ε of
+    """The budget limits finite ε (panpriv.accounting.budget.exceeds): one use costs the larger finite ε of
     the output and the intrusion guarantee, a second use adds the output's (basic composition)."""
     analyzer = parsed(stack.analyzer)
     report = analyzer_learner(stack).privacy()

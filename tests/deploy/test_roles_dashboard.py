@@ -12,9 +12,9 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.esa.metrics import AnalyzerMetrics, ShufflerMetrics
-from streamer.scaleout.metrics import CoordinatorMetrics, WorkerMetrics
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.esa.metrics import AnalyzerMetrics, ShufflerMetrics
+from panpriv.streamer.scaleout.metrics import CoordinatorMetrics, WorkerMetrics
 from tests.deploy.conftest import exported_names
 from tests.deploy.test_stack import (
     DEPLOY,

@@ -30,10 +30,10 @@ from typing import Any
 import pytest
 import yaml
 
-from streamer.cli import build_parser
-from streamer.config import load_config
-from streamer.produce import run_produce
-from streamer.source_url import parse_kafka_url
+from panpriv.streamer.cli import build_parser
+from panpriv.streamer.config import load_config
+from panpriv.streamer.produce import run_produce
+from panpriv.streamer.source_url import parse_kafka_url
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -282,7 +282,7 @@ def test_dockerfile_runs_as_non_root_through_the_panpriv_entry_point_with_a_heal
     users = [args for name, args in instructions if name == "USER"]
     assert users and users[-1].split(":")[0] not in {"root", "0"}
     assert json.loads(dict(instructions)["ENTRYPOINT"]) == ["panpriv"]
-    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["panpriv"] == "streamer.cli:main"
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["panpriv"] == "panpriv.streamer.cli:main"
     health = dict(instructions)["HEALTHCHECK"]
     assert "/metrics" in health and "PANPRIV_METRICS_PORT" in health
 
@@ -390,7 +390,7 @@ def test_scaleout_workers_and_coordinator_agree_on_topics_and_parse() -> None:
     `panpriv` commands, read the initialised records topic, and share the topics scaleout-init
     creates (gradients: one partition; model and budget: compacted); Prometheus scrapes both roles
     on the image's health-check port."""
-    from streamer.scaleout.commands import cmd_coordinate, cmd_worker
+    from panpriv.streamer.scaleout.commands import cmd_coordinate, cmd_worker
 
     services = compose()["services"]
     worker, coordinator, init = services["worker"], services["coordinator"], services["scaleout-init"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.esa import wire
+from panpriv.streamer.esa import wire
 from tests.realparts import KafkaBroker, ManagedProcess, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def env() -> dict[str, str]:
 
 def panpriv(args: list[str], log: Path) -> ManagedProcess:
     """``panpriv ARGS`` as a child process (so its memory can be read: tests/memscan.py)."""
-    return ManagedProcess([sys.executable, "-m", "streamer.cli", *args], log, env())
+    return ManagedProcess([sys.executable, "-m", "panpriv.streamer.cli", *args], log, env())
 
 
 def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey
 
-from streamer.budget import BudgetExceededError, BudgetStore, describe_store
-from streamer.esa import wire
-from streamer.esa.analyzer import Analyzer
-from streamer.esa.budget import AnalyzerBudget, data_key, new_instance
-from streamer.esa.client import Encoder
+from panpriv.streamer.budget import BudgetExceededError, BudgetStore, describe_store
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.analyzer import Analyzer
+from panpriv.streamer.esa.budget import AnalyzerBudget, data_key, new_instance
+from panpriv.streamer.esa.client import Encoder
 from tests.esa.test_roles import B, learner, records
 
 KEY = data_key("cluster=test", "messages")
@@ -63,7 +63,7 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
     broker (streamer/budget_kafka.py)."""
     if request.param == "sqlite":
         return lambda: BudgetStore(tmp_path)
-    from streamer.budget_kafka import KafkaBudgetStore
+    from panpriv.streamer.budget_kafka import KafkaBudgetStore
 
     broker = request.getfixturevalue("kafka_broker")
     topic = f"esa-budget-{uuid.uuid4().hex[:10]}"

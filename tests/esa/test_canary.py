@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.esa.keys import generate
+from panpriv.streamer.esa.keys import generate
 from tests.esa import parts
 from tests.memscan import Memory, read_memory
 from tests.realparts import KafkaBroker, wait_until
@@ -102,9 +102,9 @@ def test_the_shuffle_acsa_analyzer_process_and_files_hold_no_raw_record(
     kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     """shuffle-acsa over secure summation: m sealed shares of a PVEC count vector per user."""
-    from protocols.shuffle_acsa import ShuffleACSA
-    from streamer.esa.keys import load_private
-    from streamer.esa.sum_analyzer import SumAnalyzer
+    from panpriv.protocols.shuffle_acsa import ShuffleACSA
+    from panpriv.streamer.esa.keys import load_private
+    from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 
     learner = ShuffleACSA(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, horizon=B * ROUNDS, batch_size=B,
                           radius=math.sqrt(DIM))

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from nacl.public import SealedBox
 
-from protocols.checkin import RandomCheckinSGD
-from protocols.losses import LogisticLoss
-from streamer.esa import checkin_wire, wire
-from streamer.esa.checkin_analyzer import CheckinAnalyzer
-from streamer.esa.checkin_client import CheckinEncoder
-from streamer.esa.keys import generate, load_private, load_public
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.streamer.esa import checkin_wire, wire
+from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
+from panpriv.streamer.esa.checkin_client import CheckinEncoder
+from panpriv.streamer.esa.keys import generate, load_private, load_public
 from tests.esa import parts
 from tests.realparts import KafkaBroker, ManagedProcess
 
@@ -89,7 +89,7 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     state = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
     assert state["round"] == WAKES and state["rejected"] == {}
     assert "trusted shuffler, separate process" in json.dumps(state["privacy"])
-    from streamer.budget import BudgetStore
+    from panpriv.streamer.budget import BudgetStore
 
     store = BudgetStore(tmp_path / "state")
     (source,) = store.ledger().sources
@@ -215,7 +215,7 @@ def test_sigkill_of_the_checkin_analyzer_loses_and_duplicates_nothing(
     releases, and every wake slot is charged once in the budget store."""
     import signal
 
-    from streamer.budget import BudgetStore
+    from panpriv.streamer.budget import BudgetStore
     from tests.realparts import wait_until
 
     names = parts.topics(kafka_broker, unique_name)

@@ -1,4 +1,4 @@
-"""``checkin`` in three roles without a broker: clients (:mod:`streamer.esa.checkin_client`), the
+"""``checkin`` in three roles without a broker: clients (:mod:`panpriv.streamer.esa.checkin_client`), the
 slot shuffler's state machine and the analyzer against the in-process learner (Balle et al. 2020
 Algs 1–2; Bittau et al. 2017 §3)."""
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey, SealedBox
 
-from protocols.checkin import RandomCheckinSGD
-from streamer.esa import checkin_wire, wire
-from streamer.esa.checkin_analyzer import CheckinAnalyzer
-from streamer.esa.checkin_client import CheckinEncoder, local_randomizer
-from streamer.esa.keys import key_id
-from streamer.esa.slot_shuffler import SlotRules, SlotShuffler, dummy_sealer
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.streamer.esa import checkin_wire, wire
+from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
+from panpriv.streamer.esa.checkin_client import CheckinEncoder, local_randomizer
+from panpriv.streamer.esa.keys import key_id
+from panpriv.streamer.esa.slot_shuffler import SlotRules, SlotShuffler, dummy_sealer
 from tests.esa import parts
 
 DIM = 5
@@ -87,7 +87,7 @@ def test_averaged_gaussian_clients_shuffler_analyzer_are_the_in_process_learner_
     Single updates cannot be matched draw for draw (in process only the winner randomizes and the
     learner draws the dummies; here every client randomizes and the shuffler draws the dummies):
     they are compared in distribution below. The in-process learner draws per sub-block of
-    in-flight clients (check-ins, offsets, then their noise: protocols.randomness.NOISE_BLOCK_ROWS),
+    in-flight clients (check-ins, offsets, then their noise: panpriv.protocols.randomness.NOISE_BLOCK_ROWS),
     so the reference is fed one wake slot per micro-batch: each sub-block is then one wake slot's
     clients, whose draws come in a client's order. The draw-order-free test below checks the same
     without relying on that."""
@@ -354,8 +354,8 @@ def test_a_wake_slot_with_missing_clients_closes_at_the_public_deadline() -> Non
 
 
 def test_checkin_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("streamer.esa.checkin_client") == ["streamer", "streamer.esa", "streamer.esa.checkin_client", "streamer.esa.checkin_wire",
-                         "streamer.esa.client", "streamer.esa.keys", "streamer.esa.model", "streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.checkin_client") == ["streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.checkin_client", "panpriv.streamer.esa.checkin_wire",
+                         "panpriv.streamer.esa.client", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.wire"]
 
 
 @pytest.mark.parametrize("update", ["single", "averaged"])

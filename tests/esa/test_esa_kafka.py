@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from protocols.losses import LogisticLoss
-from protocols.shuffle_gaussian import ShuffleGaussianSGD
-from streamer.esa import wire
-from streamer.esa.keys import generate
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.keys import generate
 from tests.esa import parts
 from tests.realparts import KafkaBroker, wait_until
 
@@ -128,11 +128,11 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     """The analyzer (``shuffle-gaussian``, or ``shuffle-acsa`` over secure summation) is killed
     with SIGKILL mid-run and restarted on its --out: the run completes, and its model is the one an
     analyzer that never crashed computes from the same shuffled batches (each applied exactly once)."""
-    from protocols.catalogue import load_learner
-    from protocols.shuffle_acsa import ShuffleACSA
-    from streamer.esa.analyzer import Analyzer
-    from streamer.esa.keys import load_private
-    from streamer.esa.sum_analyzer import SumAnalyzer
+    from panpriv.protocols.catalogue import load_learner
+    from panpriv.protocols.shuffle_acsa import ShuffleACSA
+    from panpriv.streamer.esa.analyzer import Analyzer
+    from panpriv.streamer.esa.keys import load_private
+    from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 
     names = parts.topics(kafka_broker, unique_name)
     key = generate(tmp_path / "keys")
@@ -172,7 +172,7 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
     # The budget store: every round charged once, to the one analyzer instance (a round the killed
     # process charged but had not checkpointed is not charged again by the resumed one).
-    from streamer.budget import BudgetStore
+    from panpriv.streamer.budget import BudgetStore
 
     store = BudgetStore(tmp_path / "state")
     (source,) = store.ledger().sources

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from streamer.esa.analyzer import REJECT_REASONS
-from streamer.esa.keys import generate
-from streamer.esa.shuffler import DROP_REASONS
+from panpriv.streamer.esa.analyzer import REJECT_REASONS
+from panpriv.streamer.esa.keys import generate
+from panpriv.streamer.esa.shuffler import DROP_REASONS
 from tests.esa import parts
 from tests.realparts import KafkaBroker, free_loopback_port, wait_until
 
@@ -33,7 +33,7 @@ def analyzer_args(broker: KafkaBroker, names: dict[str, str], key: Path, out: Pa
 
 
 def cli(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "streamer.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "panpriv.streamer.cli", *args], capture_output=True, text=True, timeout=120,
                           env=parts.env())
 
 

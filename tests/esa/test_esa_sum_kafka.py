@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocols.losses import LogisticLoss
-from protocols.shuffle_acsa import ShuffleACSA
-from protocols.shuffle_base import SequentialLearner
-from protocols.shuffle_sgd import ShuffleSGD
-from streamer.esa import wire
-from streamer.esa.keys import generate, load_private
-from streamer.esa.sum_analyzer import SumAnalyzer
-from streamer.esa.sum_client import SUM_LEARNERS
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.shuffle_acsa import ShuffleACSA
+from panpriv.protocols.shuffle_base import SequentialLearner
+from panpriv.protocols.shuffle_sgd import ShuffleSGD
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.keys import generate, load_private
+from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
+from panpriv.streamer.esa.sum_client import SUM_LEARNERS
 from tests.esa import parts
 from tests.realparts import KafkaBroker
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocols.losses import LogisticLoss
-from protocols.shuffle_gd import ShuffleGD
-from streamer.budget import BudgetStore
-from streamer.esa import wire
-from streamer.esa.gd_analyzer import GDAnalyzer
-from streamer.esa.keys import generate, load_private
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.shuffle_gd import ShuffleGD
+from panpriv.streamer.budget import BudgetStore
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
+from panpriv.streamer.esa.keys import generate, load_private
 from tests.esa import parts
 from tests.realparts import KafkaBroker
 

@@ -15,18 +15,18 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey
 
-from protocols.secure_sum import added_delta
-from protocols.shuffle_gd import ShuffleGD, composed
-from streamer.budget import BudgetStore
-from streamer.esa import wire
-from streamer.esa.budget import data_key, new_instance
-from streamer.esa.client import RefusedModel
-from streamer.esa.deployment import DEPLOYMENT
-from streamer.esa.gd_analyzer import GDAnalyzer
-from streamer.esa.gd_budget import GDAnalyzerBudget
-from streamer.esa.gd_client import AnsweredRounds, GDClients
-from streamer.esa.model import ModelRecord
-from streamer.esa.shuffler import Shuffler
+from panpriv.protocols.secure_sum import added_delta
+from panpriv.protocols.shuffle_gd import ShuffleGD, composed
+from panpriv.streamer.budget import BudgetStore
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.budget import data_key, new_instance
+from panpriv.streamer.esa.client import RefusedModel
+from panpriv.streamer.esa.deployment import DEPLOYMENT
+from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
+from panpriv.streamer.esa.gd_budget import GDAnalyzerBudget
+from panpriv.streamer.esa.gd_client import AnsweredRounds, GDClients
+from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.esa.shuffler import Shuffler
 from tests.esa import parts
 
 DIM, N, T = 4, 16, 3
@@ -270,8 +270,8 @@ def test_a_round_that_fails_is_charged_and_counts_as_one_of_the_t_rounds(key: Pr
 
 
 def test_gd_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("streamer.esa.gd_client") == ["streamer", "streamer.esa", "streamer.esa.client", "streamer.esa.gd_client",
-                         "streamer.esa.keys", "streamer.esa.model", "streamer.esa.sum_client", "streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.gd_client") == ["streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.gd_client",
+                         "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]
 
 
 def test_the_default_plan_is_finite() -> None:
@@ -283,7 +283,7 @@ def test_serve_answers_each_round_once_until_t(key: PrivateKey, tmp_path: Path) 
     """The client loop (``panpriv encode`` for shuffle-gd): it answers the current round, waits for
     the next, skips a round it already answered (an analyzer that republishes after a restart),
     stops after T rounds, and a changed plan stops it with the refusal."""
-    from streamer.esa.gd_client import serve
+    from panpriv.streamer.esa.gd_client import serve
 
     X, y = records()
     analyzer = GDAnalyzer(learner(), [key], "t")

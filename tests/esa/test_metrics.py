@@ -7,10 +7,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.esa.analyzer import REJECT_REASONS
-from streamer.esa.metrics import AnalyzerMetrics, ShufflerMetrics
-from streamer.esa.shuffler import DROP_REASONS
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.esa.analyzer import REJECT_REASONS
+from panpriv.streamer.esa.metrics import AnalyzerMetrics, ShufflerMetrics
+from panpriv.streamer.esa.shuffler import DROP_REASONS
 from tests.realparts import free_loopback_port
 
 

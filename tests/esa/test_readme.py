@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from streamer.cli import build_parser
-from streamer.esa import commands
+from panpriv.streamer.cli import build_parser
+from panpriv.streamer.esa import commands
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -41,7 +41,7 @@ def test_readme_secure_sum_commands_parse_and_agree(kind: str) -> None:
     these settings."""
     from nacl.public import PrivateKey
 
-    from streamer.esa.sum_analyzer import SumAnalyzer
+    from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 
     parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands(f"#### `{kind}` in three roles")}
     assert set(parsed) == {"analyze", "shuffle", "encode"}
@@ -58,7 +58,7 @@ def test_readme_shuffle_gd_commands_parse_and_agree() -> None:
     encoder keeps a state file; the plan's T is the analyzer's --rounds."""
     from nacl.public import PrivateKey
 
-    from streamer.esa.gd_analyzer import GDAnalyzer
+    from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
 
     parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("#### `shuffle-gd` in three roles")}
     assert set(parsed) == {"analyze", "shuffle", "encode"}
@@ -75,7 +75,7 @@ def test_readme_checkin_commands_parse_and_agree() -> None:
     and parameter count (it refuses to start otherwise), and the example can start."""
     from nacl.public import PrivateKey
 
-    from streamer.esa.checkin_analyzer import CheckinAnalyzer
+    from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
 
     parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("#### `checkin` in three roles")}
     assert set(parsed) == {"keygen", "analyze", "shuffle", "encode"}

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey, SealedBox
 
-from protocols.shuffle_gaussian import ShuffleGaussianSGD
-from streamer.esa import keys, wire
-from streamer.esa.analyzer import Analyzer
-from streamer.esa.client import Encoder, RefusedModel
-from streamer.esa.deployment import DEPLOYMENT
-from streamer.esa.keys import key_id
-from streamer.esa.model import ModelRecord
-from streamer.esa.shuffler import Shuffler
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.streamer.esa import keys, wire
+from panpriv.streamer.esa.analyzer import Analyzer
+from panpriv.streamer.esa.client import Encoder, RefusedModel
+from panpriv.streamer.esa.deployment import DEPLOYMENT
+from panpriv.streamer.esa.keys import key_id
+from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.esa.shuffler import Shuffler
 from tests.esa import parts
 
 DIM, B = 5, 16
@@ -161,5 +161,5 @@ def test_shuffler_thresholds_drops_late_and_commits_safely() -> None:
 
 
 def test_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("streamer.esa.client") == ["streamer", "streamer.esa", "streamer.esa.client", "streamer.esa.keys", "streamer.esa.model",
-                         "streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.client") == ["streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model",
+                         "panpriv.streamer.esa.wire"]

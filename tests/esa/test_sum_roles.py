@@ -1,7 +1,7 @@
 """Encode–Shuffle–Analyze for ``shuffle-acsa`` and ``shuffle-sgd`` over secure summation, without a
 broker: the share wire format, the client against the in-process learner, the analyzer's
 rejections, the shuffler's unit release (Bittau et al. 2017 §3; Ishai et al. 2006;
-:mod:`protocols.secure_sum`; Cheu et al. 2022 Algs 3 and 4)."""
+:mod:`panpriv.protocols.secure_sum`; Cheu et al. 2022 Algs 3 and 4)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,20 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey, SealedBox
 
-from protocols.catalogue import learner_names, load_learner
-from protocols.errors import InvalidInputError
-from protocols.secure_sum import recombine
-from protocols.shuffle_acsa import ShuffleACSA
-from protocols.shuffle_base import SequentialLearner
-from protocols.shuffle_sgd import ShuffleSGD
-from streamer.esa import wire
-from streamer.esa.client import RefusedModel
-from streamer.esa.deployment import DEPLOYMENT
-from streamer.esa.keys import key_id
-from streamer.esa.model import ModelRecord
-from streamer.esa.shuffler import Shuffler
-from streamer.esa.sum_analyzer import SumAnalyzer
-from streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
+from panpriv.protocols.catalogue import learner_names, load_learner
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.secure_sum import recombine
+from panpriv.protocols.shuffle_acsa import ShuffleACSA
+from panpriv.protocols.shuffle_base import SequentialLearner
+from panpriv.protocols.shuffle_sgd import ShuffleSGD
+from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.client import RefusedModel
+from panpriv.streamer.esa.deployment import DEPLOYMENT
+from panpriv.streamer.esa.keys import key_id
+from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.esa.shuffler import Shuffler
+from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
+from panpriv.streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
 from tests.esa import parts
 
 DIM, B, ROUNDS = 4, 16, 5
@@ -224,5 +224,5 @@ def test_one_batch_size_is_required(key: PrivateKey) -> None:
 
 
 def test_sum_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("streamer.esa.sum_client") == ["streamer", "streamer.esa", "streamer.esa.client", "streamer.esa.keys", "streamer.esa.model",
-                         "streamer.esa.sum_client", "streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.sum_client") == ["streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model",
+                         "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]

@@ -15,8 +15,8 @@ from collections import Counter
 
 import pytest
 
-from streamer.checkpoint import read_manifest
-from streamer.errors import CheckpointError
+from panpriv.streamer.checkpoint import read_manifest
+from panpriv.streamer.errors import CheckpointError
 
 FAST_FLIPS = 300
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from streamer.checkpoint import CheckpointStore
-from streamer.cli import main
-from streamer.integrity import seal
+from panpriv.streamer.checkpoint import CheckpointStore
+from panpriv.streamer.cli import main
+from panpriv.streamer.integrity import seal
 from tests.faults.conftest import synthetic_args
 from tests.faults.harness import assert_no_traceback, run_panpriv, slow_synthetic_run, start_panpriv, wait_for
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accounting.ledger import PrivacyLedger
-from streamer.checkpoint import CheckpointStore
-from streamer.codec import encode_json
+from panpriv.accounting.ledger import PrivacyLedger
+from panpriv.streamer.checkpoint import CheckpointStore
+from panpriv.streamer.codec import encode_json
 from tests.faults.harness import assert_no_traceback, start_panpriv
 
 DIM = 4

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from streamer.errors import OutputBusyError
-from streamer.outlock import LOCK_NAME, OutputLock
+from panpriv.streamer.errors import OutputBusyError
+from panpriv.streamer.outlock import LOCK_NAME, OutputLock
 from tests.faults.harness import assert_no_traceback, run_panpriv, slow_synthetic_run, start_panpriv, wait_for
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from streamer.metrics import ServiceMetrics
+from panpriv.streamer.metrics import ServiceMetrics
 from tests.faults.conftest import synthetic_args
 from tests.faults.harness import ROOT, run_panpriv
 

@@ -1,4 +1,4 @@
-"""Tests of the AC-SA core (protocols.acsa): Lan's step sizes and updates, and the plans."""
+"""Tests of the AC-SA core (panpriv.protocols.acsa): Lan's step sizes and updates, and the plans."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from protocols.acsa import (
+from panpriv.protocols.acsa import (
     DEFAULT_TUNING,
     Iterate,
     Problem,
@@ -21,8 +21,8 @@ from protocols.acsa import (
     plan_runs,
     step,
 )
-from protocols.geometry import L2Ball
-from protocols.losses import SquaredLoss
+from panpriv.protocols.geometry import L2Ball
+from panpriv.protocols.losses import SquaredLoss
 
 PROBLEM = Problem(dim=21, lipschitz=1.0, smoothness=0.25, ridge=0.0, strong_convexity=0.0, radius=5.0, noise_multiplier=12.0)
 
@@ -177,7 +177,7 @@ def test_strongly_convex_phases():
 
 
 def _problem(dim: int) -> Problem:
-    from protocols.losses import LogisticLoss
+    from panpriv.protocols.losses import LogisticLoss
 
     return Problem.for_loss(LogisticLoss(), dim=dim, feature_bound=1.0, radius=3.0, strong_convexity=0.0,
                             noise_multiplier=8.0)
@@ -185,7 +185,7 @@ def _problem(dim: int) -> Problem:
 
 @pytest.mark.parametrize("dim", [1, 5, 20])
 def test_the_glm_rule_is_the_worst_case_rule_up_to_the_reference_dimension(dim: int) -> None:
-    from protocols.acsa import RESTART_TUNING, plan_runs
+    from panpriv.protocols.acsa import RESTART_TUNING, plan_runs
 
     problem = _problem(dim)
     for tuning in (DEFAULT_TUNING, RESTART_TUNING):
@@ -196,7 +196,7 @@ def test_the_glm_rule_is_the_worst_case_rule_up_to_the_reference_dimension(dim: 
 
 @pytest.mark.parametrize("dim", [100, 500, 1000])
 def test_above_it_the_glm_rule_stops_the_noise_term_growing_with_p(dim: int) -> None:
-    from protocols.acsa import GLM_REFERENCE_DIM, RESTART_TUNING, noise_dimension, plan_runs
+    from panpriv.protocols.acsa import GLM_REFERENCE_DIM, RESTART_TUNING, noise_dimension, plan_runs
 
     problem = _problem(dim)
     assert (noise_dimension(problem, "glm"), noise_dimension(problem, "worst-case")) == (GLM_REFERENCE_DIM, dim)

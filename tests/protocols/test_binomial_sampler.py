@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from protocols.binomial_sampler import MAX_TABLE_TRIALS, BinomialSampler, count_dtype
+from panpriv.protocols.binomial_sampler import MAX_TABLE_TRIALS, BinomialSampler, count_dtype
 
 
 def _chi_square_pvalue(draws: np.ndarray, b: int, p: float) -> float:

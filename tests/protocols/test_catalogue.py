@@ -1,5 +1,5 @@
-"""The conformance suite over every catalogued learner, discovered from :mod:`protocols.catalogue`
-with each learner's own :meth:`~protocols.base.Learner.unit_test_params` (River's pattern): a
+"""The conformance suite over every catalogued learner, discovered from :mod:`panpriv.protocols.catalogue`
+with each learner's own :meth:`~panpriv.protocols.base.Learner.unit_test_params` (River's pattern): a
 learner added to the catalogue is tested here without touching this file.
 
 The statistical micro-batch check runs in each learner's own test module, on configurations chosen
@@ -14,12 +14,12 @@ import json
 import numpy as np
 import pytest
 
-from protocols import checks
-from protocols.base import Learner, constructor_parameters
-from protocols.catalogue import CATALOGUE, load_learner
-from protocols.errors import InvalidInputError
-from protocols.losses import as_loss
-from protocols.recorded import RecordedLearner
+from panpriv.protocols import checks
+from panpriv.protocols.base import Learner, constructor_parameters
+from panpriv.protocols.catalogue import CATALOGUE, load_learner
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import as_loss
+from panpriv.protocols.recorded import RecordedLearner
 
 EXACT_CHECKS = tuple(c for c in checks.ALL_CHECKS if c is not checks.check_micro_batch_invariance)
 CASES = [

@@ -1,5 +1,5 @@
 """Tests of RandomCheckinSGD (Balle et al. 2020 Algs 1–2, §4.2) and the ℓ2-ball randomizer: conformance, the
-randomizer's ε₀ and unbiasedness, guarantees from accounting.checkin, time slots, inputs."""
+randomizer's ε₀ and unbiasedness, guarantees from panpriv.accounting.checkin, time slots, inputs."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import pytest
 from scipy import stats
 from scipy.special import gamma as gamma_function
 
-from accounting.checkin import averaged_updates, fixed_window, sliding_window
-from accounting.gaussian import analytic_sigma
-from accounting.ledger import Guarantee
-from protocols import checks
-from protocols.checkin import RandomCheckinSGD, amplified_epsilon0, check_in, window_start
-from protocols.errors import InvalidInputError
-from protocols.losses import LogisticLoss, clip_rows
-from protocols.randomizers import L2BallRandomizer
-from protocols.randomness import SEEDED_WARNING
+from panpriv.accounting.checkin import averaged_updates, fixed_window, sliding_window
+from panpriv.accounting.gaussian import analytic_sigma
+from panpriv.accounting.ledger import Guarantee
+from panpriv.protocols import checks
+from panpriv.protocols.checkin import RandomCheckinSGD, amplified_epsilon0, check_in, window_start
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import LogisticLoss, clip_rows
+from panpriv.protocols.randomizers import L2BallRandomizer
+from panpriv.protocols.randomness import SEEDED_WARNING
 
 X3, Y3 = checks.make_stream(3, 40, binary=True)
 DELTA = 1e-5
@@ -40,7 +40,7 @@ STATISTICAL = ("single-sliding-l2", "averaged-fixed-gaussian")
 @pytest.mark.parametrize("check", checks.ALL_CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_conformance(case, check):
-    """protocols.checks; the statistical micro-batch check (false failure ≤ 1e-3) runs on two
+    """panpriv.protocols.checks; the statistical micro-batch check (false failure ≤ 1e-3) runs on two
     configurations that together cover both updates, both windows and both randomizers."""
     if check is checks.check_micro_batch_invariance and case not in STATISTICAL:
         pytest.skip("statistical check run on the other configurations")
@@ -106,7 +106,7 @@ def test_l2_randomizer_is_unbiased_with_norm_b():
 
 @pytest.mark.parametrize("window, accountant", [("sliding", sliding_window), ("fixed", fixed_window)])
 def test_single_updates_use_the_largest_epsilon0_meeting_the_derived_bound(window, accountant):
-    """ε₀ is the largest for which accounting.checkin's bound (Balle et al. 2020 Thm 3.2 / Thm 4.3 setting) meets ε
+    """ε₀ is the largest for which panpriv.accounting.checkin's bound (Balle et al. 2020 Thm 3.2 / Thm 4.3 setting) meets ε
     at δ; the report prints that bound; the intrusion guarantee is the local (ε₀, 0)."""
     m, p0, epsilon = 2000, 0.5, 1.0
     learner = RandomCheckinSGD(4, LogisticLoss(), epsilon, DELTA, window=window, slots=m, checkin_probability=p0)

@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from accounting.ledger import Guarantee
-from protocols import checks
-from protocols.losses import LogisticLoss
-from protocols.pan_acsa import PanPrivateACSA
+from panpriv.accounting.ledger import Guarantee
+from panpriv.protocols import checks
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.pan_acsa import PanPrivateACSA
 
 X, Y = checks.make_stream(3, 40, binary=True)
 

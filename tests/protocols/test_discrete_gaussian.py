@@ -1,5 +1,5 @@
-"""Tests of the exact discrete Gaussian sampler (protocols.discrete_gaussian; CKS 2020, Algs. 1–3)
-and of the fixed-point rule of protocols.secure_noise.
+"""Tests of the exact discrete Gaussian sampler (panpriv.protocols.discrete_gaussian; CKS 2020, Algs. 1–3)
+and of the fixed-point rule of panpriv.protocols.secure_noise.
 
 Statistical tests against the exact PMF. Seeded tests (GeneratorUniform, exact uniform integers)
 are deterministic; their stated level is the false-failure probability over the choice of seed.
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from protocols import discrete_gaussian as dg
-from protocols import secure_noise
-from protocols.discrete_gaussian import (
+from panpriv.protocols import discrete_gaussian as dg
+from panpriv.protocols import secure_noise
+from panpriv.protocols.discrete_gaussian import (
     GeneratorUniform,
     OsUniform,
     bernoulli_exp,
@@ -25,7 +25,7 @@ from protocols.discrete_gaussian import (
     efficient_variance,
     sample_discrete_gaussian,
 )
-from protocols.errors import InvalidInputError
+from panpriv.protocols.errors import InvalidInputError
 
 VARIANCES = [Fraction(1, 4), 1, Fraction(7, 3), 10, 1000]
 
@@ -189,7 +189,7 @@ def test_no_float_is_involved_in_sampling():
         sample_discrete_gaussian(2.5, 10)
 
 
-# -- the fixed-point rule of protocols.secure_noise ----------------------------------------------
+# -- the fixed-point rule of panpriv.protocols.secure_noise ----------------------------------------------
 
 
 def test_grid_rows_never_exceed_the_integer_norm_bound():
@@ -236,7 +236,7 @@ def test_replacing_one_record_moves_the_sum_by_at_most_the_sensitivity():
 
 
 def test_draw_calibration_meets_the_target():
-    from accounting.discrete_gaussian import zcdp_delta
+    from panpriv.accounting.discrete_gaussian import zcdp_delta
 
     for epsilon in (0.5, 1.0, 4.0):
         calibration = secure_noise.calibrate_draw(epsilon, 1e-6)

@@ -1,4 +1,4 @@
-"""Tests of protocols.encoder.VectorSum (Cheu et al. 2022, Alg. 1 / Alg. 2).
+"""Tests of panpriv.protocols.encoder.VectorSum (Cheu et al. 2022, Alg. 1 / Alg. 2).
 
 Statistical tests use seeded generators; each states its false-failure probability. The exact
 privacy of the calibrations is tested in tests/accounting/test_binomial.py.
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from accounting.binomial import pvec_parameters, tight_parameters
-from protocols.encoder import (
+from panpriv.accounting.binomial import pvec_parameters, tight_parameters
+from panpriv.protocols.encoder import (
     _KEYED_SOURCES,
     VectorSum,
     _column_sums,
@@ -25,7 +25,7 @@ from protocols.encoder import (
     _largest,
     uniform_shrink,
 )
-from protocols.errors import InvalidInputError
+from panpriv.protocols.errors import InvalidInputError
 
 SMALL = dict(n=200, d=3, epsilon=1.0, delta=1e-5, l2_bound=1.0)
 TINY = dict(n=5, d=2, epsilon=4.0, delta=1e-3, l2_bound=1.0)  # few messages per user

@@ -1,12 +1,12 @@
-"""Tests of protocols.geometry.L2Ball."""
+"""Tests of panpriv.protocols.geometry.L2Ball."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from protocols.errors import InvalidInputError
-from protocols.geometry import L2Ball
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.geometry import L2Ball
 
 
 def test_projection_scales_outside_points_onto_the_sphere():

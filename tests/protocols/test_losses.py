@@ -1,4 +1,4 @@
-"""Tests of protocols.losses: gradients, constants L and β, prox/Moreau envelope, config."""
+"""Tests of panpriv.protocols.losses: gradients, constants L and β, prox/Moreau envelope, config."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from protocols.errors import InvalidInputError
-from protocols.losses import (
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import (
     LOSSES,
     AbsoluteLoss,
     HingeLoss,

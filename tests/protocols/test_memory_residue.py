@@ -36,16 +36,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from protocols import secure_noise
-from protocols.base import Learner
-from protocols.checkin import RandomCheckinSGD
-from protocols.losses import clip_rows
-from protocols.pan_acsa import PanPrivateACSA
-from protocols.pnsgd import OnlinePNSGD
-from protocols.shuffle_acsa import ShuffleACSA
-from protocols.shuffle_gaussian import ShuffleGaussianSGD
-from protocols.shuffle_gd import ShuffleGD
-from protocols.shuffle_sgd import ShuffleSGD
+from panpriv.protocols import secure_noise
+from panpriv.protocols.base import Learner
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.protocols.losses import clip_rows
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.pnsgd import OnlinePNSGD
+from panpriv.protocols.shuffle_acsa import ShuffleACSA
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.protocols.shuffle_gd import ShuffleGD
+from panpriv.protocols.shuffle_sgd import ShuffleSGD
 from tests.memscan import Memory, child_memory_words, read_memory
 
 LOSS = {"name": "logistic", "intercept": True}
@@ -306,7 +306,7 @@ _PCG64_MULTIPLIER = 0x2360ED051FC65DA44385DF649FCCF645
 def _known_key_child(conn: Any, name: str, dim: int, wipe: bool) -> None:
     """Learn one micro-batch with the OS key replaced by a known one, so that the parent can
     recompute every PCG64 state the draws went through."""
-    import protocols.randomness as randomness
+    import panpriv.protocols.randomness as randomness
 
     def known(view: memoryview) -> None:
         np.frombuffer(view, dtype=np.uint64)[:] = np.array(_KNOWN_KEY, dtype=np.uint64)

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from accounting.gaussian import analytic_delta, analytic_sigma
-from accounting.ledger import Guarantee
-from protocols import checks
-from protocols.acsa import DEFAULT_TUNING, RESTART_TUNING, RESTARTS, alpha, phase_count
-from protocols.errors import InvalidInputError
-from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss
-from protocols.pan_acsa import FIRST_EPOCH, SENSITIVITY_SLACK, PanPrivateACSA
-from protocols.randomness import SEEDED_WARNING
+from panpriv.accounting.gaussian import analytic_delta, analytic_sigma
+from panpriv.accounting.ledger import Guarantee
+from panpriv.protocols import checks
+from panpriv.protocols.acsa import DEFAULT_TUNING, RESTART_TUNING, RESTARTS, alpha, phase_count
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss
+from panpriv.protocols.pan_acsa import FIRST_EPOCH, SENSITIVITY_SLACK, PanPrivateACSA
+from panpriv.protocols.randomness import SEEDED_WARNING
 
 X3, Y3 = checks.make_stream(3, 60, binary=True)
 X3R, Y3R = checks.make_stream(3, 60, binary=False)
@@ -35,7 +35,7 @@ CHECKS = checks.ALL_CHECKS + (checks.check_seeded_split_determinism,)
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_conformance(case, check):
-    """protocols.checks on each case; the statistical check fails falsely with probability ≤ 1e-3."""
+    """panpriv.protocols.checks on each case; the statistical check fails falsely with probability ≤ 1e-3."""
     factory, X, y = CASES[case]
     check(factory, X, y)
 
@@ -291,7 +291,7 @@ SECURE_CASES = {
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", sorted(SECURE_CASES))
 def test_conformance_secure_noise(case, check):
-    """protocols.checks with noise="secure"; the statistical check fails falsely with probability ≤ 1e-3."""
+    """panpriv.protocols.checks with noise="secure"; the statistical check fails falsely with probability ≤ 1e-3."""
     factory, X, y = SECURE_CASES[case]
     check(factory, X, y)
 
@@ -300,9 +300,9 @@ def test_conformance_secure_noise(case, check):
 def test_secure_draws_are_the_calibrated_discrete_gaussian():
     """noise="secure": mid-batch, grad_units − Σ to_grid(∇) = Z_t exactly (integers); over 400
     seeded replicates its coordinates' sample second moment is compared with the σ² of
-    protocols.secure_noise.calibrate_draw by a two-sided χ² test at level 1e-4 (N_Z(0, σ²) has
+    panpriv.protocols.secure_noise.calibrate_draw by a two-sided χ² test at level 1e-4 (N_Z(0, σ²) has
     variance σ² to double precision at this σ)."""
-    from protocols import secure_noise
+    from panpriv.protocols import secure_noise
 
     X, y = X3[:4], Y3[:4]
     loss = LogisticLoss()
@@ -327,7 +327,7 @@ def test_secure_draws_are_the_calibrated_discrete_gaussian():
 def test_secure_sensitivity_of_the_integer_accumulator():
     """Replacing one record (even by one with enormous features) moves the integer sum by at most
     Δ = 2^(k+1) grid units in ℓ2 — the sensitivity the discrete Gaussian is calibrated to."""
-    from protocols import secure_noise
+    from panpriv.protocols import secure_noise
 
     rng = np.random.default_rng(0)
     for loss, X, y in ((SquaredLoss(label_bound=2.0), X3R, Y3R), (HingeLoss(), X3, Y3)):

@@ -1,6 +1,6 @@
 """Tests of OnlinePNSGD and ShuffledPNSGD (Sordello et al. 2021): conformance, accounting, App. G, refusals, noise.
 
-Oracles: the O(n) accountants of accounting.iteration (``worst_released_delta``,
+Oracles: the O(n) accountants of panpriv.accounting.iteration (``worst_released_delta``,
 ``record_log_deltas``), independent of the learners' O(1) accounting; the pinned App. G values of
 tests/accounting/test_iteration.py (themselves checked there against mpmath); closed forms derived
 from Sordello et al. 2021, App. B; KS tests for the noise.
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from accounting.gaussian import analytic_delta, analytic_sigma
-from accounting.iteration import (
+from panpriv.accounting.gaussian import analytic_delta, analytic_sigma
+from panpriv.accounting.iteration import (
     gaussian_delta_star,
     laplace_delta_star,
     record_log_deltas,
@@ -27,13 +27,13 @@ from accounting.iteration import (
     theta,
     worst_released_delta,
 )
-from protocols import checks
-from protocols.errors import InvalidInputError
-from protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss, clip_rows
-from protocols.pan_acsa import SENSITIVITY_SLACK
-from protocols.pnsgd import DELTA_ROUNDING, OnlinePNSGD, ShuffledPNSGD
-from protocols.randomness import SEEDED_WARNING
-from protocols.scratch import scalar_dphi
+from panpriv.protocols import checks
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import HingeLoss, HuberLoss, LogisticLoss, SquaredLoss, clip_rows
+from panpriv.protocols.pan_acsa import SENSITIVITY_SLACK
+from panpriv.protocols.pnsgd import DELTA_ROUNDING, OnlinePNSGD, ShuffledPNSGD
+from panpriv.protocols.randomness import SEEDED_WARNING
+from panpriv.protocols.scratch import scalar_dphi
 
 EPSILON = 1.0
 R_APP_G = 1 / math.sqrt(2)
@@ -117,7 +117,7 @@ SHUFFLED_CHECKS = tuple(c for c in CHECKS if c is not checks.check_state_round_t
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", sorted(ONLINE))
 def test_online_conformance(case, check):
-    """protocols.checks; the statistical check fails falsely with probability ≤ 1e-3."""
+    """panpriv.protocols.checks; the statistical check fails falsely with probability ≤ 1e-3."""
     factory, X, y = ONLINE[case]
     check(factory, X, y)
 
@@ -126,7 +126,7 @@ def test_online_conformance(case, check):
 @pytest.mark.parametrize("check", SHUFFLED_CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", sorted(SHUFFLED))
 def test_shuffled_conformance(case, check):
-    """protocols.checks except the mid-pass round trip; false failure ≤ 1e-3 for the statistical one."""
+    """panpriv.protocols.checks except the mid-pass round trip; false failure ≤ 1e-3 for the statistical one."""
     factory, X, y = SHUFFLED[case]
     check(factory, X, y)
 
@@ -172,7 +172,7 @@ def test_laplace_refusal_explains_the_theorem():
 )
 def test_online_output_is_the_worst_released_record(kwargs):
     """The O(1) report equals max_i A_i ∏_{t=i+1}^{s(i)} B_t over released records, computed in O(n)
-    by accounting.iteration.worst_released_delta from the learner's own noise levels."""
+    by panpriv.accounting.iteration.worst_released_delta from the learner's own noise levels."""
     rng = np.random.default_rng(5)
     X, y = checks.make_stream(1, 1500, binary=False)
     learner = OnlinePNSGD(1, HuberLoss(), EPSILON, 0.3, 1.0, C1=3.0, C2=2.0, rng=0, **kwargs)
@@ -530,7 +530,7 @@ def test_predictions_use_the_last_snapshot_only():
     np.testing.assert_allclose(learner.predict_proba_many(X3), 1 / (1 + np.exp(-X3 @ params)))
 
 
-# -- the planned guarantee (streamer.delta_target compares it with the requested delta) ----------
+# -- the planned guarantee (panpriv.streamer.delta_target compares it with the requested delta) ----------
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -625,7 +625,7 @@ def test_each_step_is_the_clipped_gradient_step_of_the_paper(loss):
 
 @pytest.mark.parametrize("loss", [LogisticLoss(), SquaredLoss(label_bound=2.0), HuberLoss(delta=0.7), HingeLoss()])
 def test_scalar_slopes_are_the_array_slopes(loss):
-    """The per-step φ′ on Python floats (protocols.scratch.scalar_dphi, used by pnsgd and checkin) is the loss's array ``_dphi`` to within
+    """The per-step φ′ on Python floats (panpriv.protocols.scratch.scalar_dphi, used by pnsgd and checkin) is the loss's array ``_dphi`` to within
     a few ulps (4), over margins from 1e-3 to 1e3 in size, both signs, and both labels."""
     rng = np.random.default_rng(5)
     s = np.concatenate([rng.normal(size=5000) * 10.0 ** rng.integers(-3, 4, size=5000), [0.0, 700.0, -700.0]])

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from protocols.encoder import VectorSum, _drawing
-from protocols.losses import clip_rows
-from protocols.randomizers import GaussianRandomizer, L2BallRandomizer, _l2_scale
+from panpriv.protocols.encoder import VectorSum, _drawing
+from panpriv.protocols.losses import clip_rows
+from panpriv.protocols.randomizers import GaussianRandomizer, L2BallRandomizer, _l2_scale
 from tests.memscan import child_memory_words
 from tests.protocols.test_scalar_residue import _distinctive, _present, needs_proc_mem
 

@@ -1,10 +1,10 @@
-"""Tests of protocols.rounds.round_slices: the pieces of a micro-batch cut at round boundaries."""
+"""Tests of panpriv.protocols.rounds.round_slices: the pieces of a micro-batch cut at round boundaries."""
 
 from __future__ import annotations
 
 import pytest
 
-from protocols.rounds import round_slices
+from panpriv.protocols.rounds import round_slices
 
 
 def test_slices_cover_the_rows_in_order_and_never_straddle_a_round():

@@ -5,7 +5,7 @@ partial sums, noise). A clean scalar per record — the feature row's norm ‖z_
 the margin ⟨θ, z_i⟩, the loss's slope φ′ — is just as much a record's data, and it travels by
 other roads: Python floats freed onto CPython's free list (pnsgd and checkin compute them per
 record), and numpy's ufunc iteration buffers, which hold broadcast copies of per-row factors
-(``M *= c[:, None]``). :mod:`protocols.scalar_residue` closes both; this test is the intruder.
+(``M *= c[:, None]``). :mod:`panpriv.protocols.scalar_residue` closes both; this test is the intruder.
 
 Each learner runs in a child in the replay mode (a fixed seed, so that a twin in the parent goes
 through exactly the same values; the scalar arithmetic is the same as with OS entropy). The child
@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from protocols import scratch
-from protocols.base import Learner
-from protocols.checkin import RandomCheckinSGD
-from protocols.pan_acsa import PanPrivateACSA
-from protocols.pnsgd import OnlinePNSGD
-from protocols.shuffle_acsa import ShuffleACSA
-from protocols.shuffle_gaussian import ShuffleGaussianSGD
-from protocols.shuffle_sgd import ShuffleSGD
+from panpriv.protocols import scratch
+from panpriv.protocols.base import Learner
+from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.pnsgd import OnlinePNSGD
+from panpriv.protocols.shuffle_acsa import ShuffleACSA
+from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.protocols.shuffle_sgd import ShuffleSGD
 from tests.memscan import child_memory_words
 
 LOSS = {"name": "logistic", "intercept": True}
@@ -80,7 +80,7 @@ def _records(m: int, seed: int, continuous: bool) -> tuple[np.ndarray, np.ndarra
 def _child(conn: Any, name: str, sabotage: str | None) -> None:
     """Warm up, learn the target micro-batch, zero the inputs, wait (``sabotage``: a control)."""
     if sabotage == "broadcast":  # the old product, through numpy's iteration buffer
-        import protocols.checkin as checkin
+        import panpriv.protocols.checkin as checkin
 
         def broadcast(rows: np.ndarray, factors: np.ndarray, work: np.ndarray) -> np.ndarray:
             rows *= factors[:, None]
@@ -88,7 +88,7 @@ def _child(conn: Any, name: str, sabotage: str | None) -> None:
 
         checkin.scale_rows = broadcast  # type: ignore[assignment]
     elif sabotage == "unscrubbed":  # the floats' values left on the free list
-        import protocols.pnsgd as pnsgd
+        import panpriv.protocols.pnsgd as pnsgd
 
         pnsgd.scrub_freed_floats = lambda: None  # type: ignore[assignment]
     learner = LEARNERS[name]()
@@ -198,14 +198,14 @@ def test_no_record_norm_margin_or_slope_left_in_memory(name: str) -> None:
 @needs_proc_mem
 def test_the_scan_finds_slopes_left_in_a_broadcast_buffer() -> None:
     """Control: checkin's messages formed by ``messages *= slopes[:, None]`` (the code before
-    :func:`protocols.scalar_residue.scale_rows`) leave the slopes in numpy's freed buffer."""
+    :func:`panpriv.protocols.scalar_residue.scale_rows`) leave the slopes in numpy's freed buffer."""
     assert "slope" in scan("checkin", sabotage="broadcast")
 
 
 @pytest.mark.slow
 @needs_proc_mem
 def test_the_scan_finds_margins_left_on_the_float_free_list() -> None:
-    """Control: pnsgd without :func:`protocols.scalar_residue.scrub_freed_floats` leaves its last
+    """Control: pnsgd without :func:`panpriv.protocols.scalar_residue.scrub_freed_floats` leaves its last
     steps' margins or slopes in freed Python floats."""
     found = scan("pnsgd", sabotage="unscrubbed")
     assert "margin" in found or "slope" in found

@@ -8,10 +8,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from protocols import scratch
-from protocols.losses import LOSSES, clip_rows
-from protocols.randomness import NoiseSource, _KeyedPCG64
-from protocols.scratch import Scratch
+from panpriv.protocols import scratch
+from panpriv.protocols.losses import LOSSES, clip_rows
+from panpriv.protocols.randomness import NoiseSource, _KeyedPCG64
+from panpriv.protocols.scratch import Scratch
 
 SMOOTHABLE = ("squared", "hinge", "absolute", "huber")
 

@@ -1,4 +1,4 @@
-"""protocols.secure_sum: split-and-mix shares (Ishai et al. 2006) and the proved distance bound."""
+"""panpriv.protocols.secure_sum: split-and-mix shares (Ishai et al. 2006) and the proved distance bound."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from protocols.errors import InvalidInputError
-from protocols.secure_sum import (
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.secure_sum import (
     SECURITY_BITS,
     added_delta,
     distance_bound,

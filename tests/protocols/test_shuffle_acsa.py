@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from accounting.binomial import pvec_parameters
-from accounting.ledger import Guarantee
-from protocols import checks, scratch
-from protocols.acsa import Problem, phase_count, plan_runs
-from protocols.errors import InvalidInputError
-from protocols.losses import AbsoluteLoss, HingeLoss, LogisticLoss, SquaredLoss
-from protocols.shuffle_acsa import ShuffleACSA
-from protocols.shuffle_base import NORM_SLACK, sum_variance_hint
+from panpriv.accounting.binomial import pvec_parameters
+from panpriv.accounting.ledger import Guarantee
+from panpriv.protocols import checks, scratch
+from panpriv.protocols.acsa import Problem, phase_count, plan_runs
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import AbsoluteLoss, HingeLoss, LogisticLoss, SquaredLoss
+from panpriv.protocols.shuffle_acsa import ShuffleACSA
+from panpriv.protocols.shuffle_base import NORM_SLACK, sum_variance_hint
 
 X3, Y3 = checks.make_stream(3, 40, binary=True)
 X3R, Y3R = checks.make_stream(3, 40, binary=False)
@@ -37,14 +37,14 @@ CASES = {
 @pytest.mark.parametrize("check", checks.ALL_CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_conformance(case, check):
-    """protocols.checks on each case; the statistical check fails falsely with probability ≤ 1e-3."""
+    """panpriv.protocols.checks on each case; the statistical check fails falsely with probability ≤ 1e-3."""
     factory, X, y = CASES[case]
     check(factory, X, y)
 
 
 def test_cases_use_the_shared_planner_with_the_pvec_noise_level():
     """Thm 4.3 (smooth: no smoothing), Thm 4.7 (non-smooth: Moreau), Thm 4.8 (strongly convex:
-    k phases), planned by protocols.acsa.plan_runs with ν = √v/L — v the PVEC variance."""
+    k phases), planned by panpriv.protocols.acsa.plan_runs with ν = √v/L — v the PVEC variance."""
     smooth, moreau, phases = (CASES[c][0](0) for c in ("smooth", "moreau", "phases"))
     assert len(smooth.plans) == 1 and smooth.plans[0].smoothing is None
     assert len(moreau.plans) == 1 and moreau.plans[0].smoothing is not None

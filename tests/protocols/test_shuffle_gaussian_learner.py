@@ -9,18 +9,18 @@ import pytest
 from dp_accounting import gaussian_mechanism as dpa_gaussian
 from scipy import stats
 
-from accounting import shuffle_gaussian as sg
-from accounting.gaussian import analytic_sigma
-from accounting.ledger import Guarantee
-from accounting.rdp import RdpCurve
 from benchmarks.synthetic import LogisticTask
-from protocols import checks
-from protocols.errors import InvalidInputError
-from protocols.losses import LogisticLoss, SquaredLoss, clip_rows
-from protocols.randomizers import GaussianRandomizer
-from protocols.randomness import SEEDED_WARNING
-from protocols.sgd import AveragedSGD, bound_sq
-from protocols.shuffle_gaussian import (
+from panpriv.accounting import shuffle_gaussian as sg
+from panpriv.accounting.gaussian import analytic_sigma
+from panpriv.accounting.ledger import Guarantee
+from panpriv.accounting.rdp import RdpCurve
+from panpriv.protocols import checks
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import LogisticLoss, SquaredLoss, clip_rows
+from panpriv.protocols.randomizers import GaussianRandomizer
+from panpriv.protocols.randomness import SEEDED_WARNING
+from panpriv.protocols.sgd import AveragedSGD, bound_sq
+from panpriv.protocols.shuffle_gaussian import (
     ORDERS,
     SLACKS,
     Round,
@@ -50,7 +50,7 @@ STATISTICAL = ("all", "checkin")
 @pytest.mark.parametrize("check", checks.ALL_CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_conformance(case, check):
-    """protocols.checks; the statistical micro-batch check (false failure ≤ 1e-3) runs on the
+    """panpriv.protocols.checks; the statistical micro-batch check (false failure ≤ 1e-3) runs on the
     participation rules whose state holds a random count ("all" and "checkin"); "subsampled"
     shares their code path except the hypergeometric split, tested below."""
     if check is checks.check_micro_batch_invariance and case not in STATISTICAL:

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from accounting.binomial import pvec_parameters
-from accounting.ledger import Guarantee, PrivacyLedger
-from protocols import checks
-from protocols.errors import InvalidInputError
-from protocols.losses import AbsoluteLoss, HingeLoss, LogisticLoss
-from protocols.shuffle_base import NORM_SLACK
-from protocols.shuffle_gd import (
+from panpriv.accounting.binomial import pvec_parameters
+from panpriv.accounting.ledger import Guarantee, PrivacyLedger
+from panpriv.protocols import checks
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.losses import AbsoluteLoss, HingeLoss, LogisticLoss
+from panpriv.protocols.shuffle_base import NORM_SLACK
+from panpriv.protocols.shuffle_gd import (
     ROUND_MARGIN,
     ShuffleGD,
     composed,
@@ -35,7 +35,7 @@ def factory(rng):
 @pytest.mark.statistical
 @pytest.mark.parametrize("check", checks.ALL_CHECKS, ids=lambda c: c.__name__)
 def test_conformance(check):
-    """protocols.checks; the statistical check fails falsely with probability ≤ 1e-3."""
+    """panpriv.protocols.checks; the statistical check fails falsely with probability ≤ 1e-3."""
     check(factory, X3, Y3)
 
 
@@ -99,7 +99,7 @@ def test_solved_budget_spends_all_of_epsilon():
 
 def test_ledger_shows_T_uses_and_counts_the_composition_once():
     """Each pass charged as its own instance registered with round_reports()'s increment (what
-    streamer.replay does): every position is used T times, and the ledger's total equals the
+    panpriv.streamer.replay does): every position is used T times, and the ledger's total equals the
     learner's composed figure (to the rounding margin, never below). Registering the cumulative
     report under one instance would count the composition T times."""
     T = 6

@@ -7,17 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from accounting.binomial import pvec_parameters, tight_delta, tight_parameters
-from accounting.ledger import Guarantee
-from protocols import checks
-from protocols.encoder import VectorSum
-from protocols.errors import InvalidInputError
-from protocols.geometry import L2Ball
-from protocols.losses import HingeLoss, LogisticLoss, SquaredLoss
-from protocols.randomness import SEEDED_WARNING
-from protocols.sgd import AveragedSGD
-from protocols.shuffle_base import LOCAL_GRID, NORM_SLACK, message_guarantee, sum_variance_hint
-from protocols.shuffle_sgd import ShuffleSGD, plan_batch_size
+from panpriv.accounting.binomial import pvec_parameters, tight_delta, tight_parameters
+from panpriv.accounting.ledger import Guarantee
+from panpriv.protocols import checks
+from panpriv.protocols.encoder import VectorSum
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.geometry import L2Ball
+from panpriv.protocols.losses import HingeLoss, LogisticLoss, SquaredLoss
+from panpriv.protocols.randomness import SEEDED_WARNING
+from panpriv.protocols.sgd import AveragedSGD
+from panpriv.protocols.shuffle_base import LOCAL_GRID, NORM_SLACK, message_guarantee, sum_variance_hint
+from panpriv.protocols.shuffle_sgd import ShuffleSGD, plan_batch_size
 
 X3, Y3 = checks.make_stream(3, 40, binary=True)
 
@@ -31,7 +31,7 @@ def factory(rng):
 @pytest.mark.statistical
 @pytest.mark.parametrize("check", checks.ALL_CHECKS, ids=lambda c: c.__name__)
 def test_conformance(check):
-    """protocols.checks; the statistical check fails falsely with probability ≤ 1e-3.
+    """panpriv.protocols.checks; the statistical check fails falsely with probability ≤ 1e-3.
     (Seeded split determinism does not apply: messages are drawn per micro-batch chunk.)"""
     check(factory, X3, Y3)
 

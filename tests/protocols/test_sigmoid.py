@@ -1,4 +1,4 @@
-"""protocols.sigmoid.expit: σ(s) = 1/(1 + e^{−s}) with numpy's exp, against mpmath and scipy."""
+"""panpriv.protocols.sigmoid.expit: σ(s) = 1/(1 + e^{−s}) with numpy's exp, against mpmath and scipy."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import mpmath
 import numpy as np
 from scipy.special import expit as scipy_expit
 
-from protocols.sigmoid import expit
+from panpriv.protocols.sigmoid import expit
 
 
 def _exact(s: float) -> float:

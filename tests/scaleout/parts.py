@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from protocols.losses import LogisticLoss
-from protocols.pan_acsa import PanPrivateACSA
-from streamer.codec import encode_json
-from streamer.scaleout.wire import GradientRecord, ModelRecord
+from panpriv.protocols.losses import LogisticLoss
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.streamer.codec import encode_json
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelRecord
 from tests.esa.parts import panpriv, synthetic
 from tests.realparts import KafkaBroker, ManagedProcess
 
@@ -108,7 +108,7 @@ def wait_all(coordinator: ManagedProcess, workers: list[ManagedProcess], timeout
 
 
 def worker_instance(out: Path) -> str:
-    """The budget instance a worker keeps in ``out`` (streamer.scaleout.worker)."""
+    """The budget instance a worker keeps in ``out`` (panpriv.streamer.scaleout.worker)."""
     import json
 
     return str(json.loads((out / "worker.json").read_text())["instance"])

@@ -3,9 +3,9 @@ endpoint ``--metrics-port`` starts; tests/scaleout/test_scaleout_metrics.py scra
 
 from __future__ import annotations
 
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.codec import Reason
-from streamer.scaleout.metrics import LOST_REASONS, MEAN_REJECT_REASONS, WAIT_OUTCOMES, CoordinatorMetrics, WorkerMetrics
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.codec import Reason
+from panpriv.streamer.scaleout.metrics import LOST_REASONS, MEAN_REJECT_REASONS, WAIT_OUTCOMES, CoordinatorMetrics, WorkerMetrics
 from tests.realparts import free_loopback_port
 from tests.scaleout import parts
 

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from protocols.pan_acsa import PanPrivateACSA
-from protocols.pan_acsa_scaleout import combine, simulate, split_noise_epsilon, step_noise_std, worker_batch
-from streamer.scaleout.coordinator import Coordinator
-from streamer.scaleout.wire import GradientRecord, ModelRecord
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.pan_acsa_scaleout import combine, simulate, split_noise_epsilon, step_noise_std, worker_batch
+from panpriv.streamer.scaleout.coordinator import Coordinator
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelRecord
 
 
 def _learner(dim: int = 5, n: int = 6000) -> PanPrivateACSA:
@@ -114,7 +114,7 @@ def test_split_noise_would_weaken_one_worker_to_the_stated_epsilon() -> None:
 def test_secure_noise_scales_out_too() -> None:
     """noise = "secure" (int64 grid-unit accumulator): the model record round-trips, a worker
     loads it, and its published mean is a float vector."""
-    from streamer.scaleout.wire import query_state
+    from panpriv.streamer.scaleout.wire import query_state
 
     coordinator = Coordinator(PanPrivateACSA(dim=4, loss="logistic", epsilon=1.0, delta=1e-6, horizon=4000, noise="secure"),
                               workers=2, deployment="d")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocols.pan_acsa_scaleout import simulate
+from panpriv.protocols.pan_acsa_scaleout import simulate
 from tests.realparts import KafkaBroker
 from tests.scaleout import parts
 
@@ -38,7 +38,7 @@ def test_three_workers_and_a_coordinator_learn_one_model(kafka_broker: KafkaBrok
     kafka_accuracy = parts.accuracy(model.theta_ag, Xt, yt)
     print(f"version {model.version}, {model.records} records, {model.stale} stale, {elapsed:.1f} s, accuracy {kafka_accuracy:.4f}")
     _published_means_are_noisy(kafka_broker, names, X, y)
-    # The same protocol in process (protocols.pan_acsa_scaleout.simulate: K workers, synchronous
+    # The same protocol in process (panpriv.protocols.pan_acsa_scaleout.simulate: K workers, synchronous
     # versions) — the single-process learner with the sqrt(K) noise penalty — and the
     # single-process learner itself (one accumulator, batches of K·w).
     simulated, single, steps = [], [], 0
@@ -64,7 +64,7 @@ def _published_means_are_noisy(broker: KafkaBroker, names: dict[str, str], X: np
     """Only noisy means left the workers: each published gradient minus the clean mean of the
     records it names (recomputed here at θ^md of its version, by the same gradient path) has
     per-coordinate standard deviation √2·ζ(w) — the two draws of Alg. 6 — over all of them."""
-    from streamer.scaleout.wire import ModelRecord, query_state
+    from panpriv.streamer.scaleout.wire import ModelRecord, query_state
 
     models = {m.version: m for m in (ModelRecord.from_json(v) for v in parts.read_all(broker.bootstrap, names["model"]) if v)}
     residuals, expected = [], None

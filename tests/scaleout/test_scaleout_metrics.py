@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from accounting.budget import per_source, report_for
-from accounting.ledger import PrivacyLedger
-from streamer.scaleout.wire import GradientRecord
+from panpriv.accounting.budget import per_source, report_for
+from panpriv.accounting.ledger import PrivacyLedger
+from panpriv.streamer.scaleout.wire import GradientRecord
 from tests.realparts import KafkaBroker, ManagedProcess, free_loopback_port
 from tests.scaleout import parts
 
@@ -124,7 +124,7 @@ def test_worker_and_coordinator_endpoints_count_the_runs_own_totals(
 
 def _store_now() -> tuple[PrivacyLedger, list[str]]:
     """The budget store's ledger (every use) and its lost instances."""
-    from streamer.budget import BudgetStore
+    from panpriv.streamer.budget import BudgetStore
 
     store = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"]))
     try:
@@ -175,7 +175,7 @@ def _stale(gradients: list[GradientRecord]) -> int:
 
 
 def _batch() -> int:
-    from protocols.pan_acsa_scaleout import worker_batch
+    from panpriv.protocols.pan_acsa_scaleout import worker_batch
 
     learner = parts.learner(PLANNED)
     learner.plan_for_workers(K)
@@ -193,6 +193,6 @@ def _summary(log: Path) -> dict[str, int]:
 
 
 def _version() -> str:
-    from streamer.cli import _version as version
+    from panpriv.streamer.cli import _version as version
 
     return version()

@@ -1,4 +1,4 @@
-"""streamer.datasets.adult: the public schema, the encoding, and the shipped files."""
+"""panpriv.streamer.datasets.adult: the public schema, the encoding, and the shipped files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from streamer.datasets import adult
+from panpriv.streamer.datasets import adult
 
 
 def test_schema_is_parsed_from_adult_names() -> None:

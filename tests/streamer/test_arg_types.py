@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.arg_types import json_object, port_or_zero, positive_float, positive_int
+from panpriv.streamer.arg_types import json_object, port_or_zero, positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parents[2]
 

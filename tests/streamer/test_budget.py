@@ -1,4 +1,4 @@
-"""streamer.budget: the store shared by every run, with real files and real processes.
+"""panpriv.streamer.budget: the store shared by every run, with real files and real processes.
 
 The store itself (durable across processes and ``kill -9``; compact; atomic check-and-charge;
 crash-loss reclassification), then the service on files: deleting or rolling back a checkpoint,
@@ -24,18 +24,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.budget import BudgetError, BudgetExceededError, BudgetStore
-from streamer.checkpoint import CheckpointStore
-from streamer.cli import main
-from streamer.codec import encode_json
-from streamer.config import load_config
-from streamer.errors import ConfigError
-from streamer.identity import file_digest
-from streamer.metrics import ServiceMetrics
-from streamer.processor import Processor
-from streamer.recording import RecordingWriter
-from streamer.stream_driver import StreamDriver
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.budget import BudgetError, BudgetExceededError, BudgetStore
+from panpriv.streamer.checkpoint import CheckpointStore
+from panpriv.streamer.cli import main
+from panpriv.streamer.codec import encode_json
+from panpriv.streamer.config import load_config
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.identity import file_digest
+from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.processor import Processor
+from panpriv.streamer.recording import RecordingWriter
+from panpriv.streamer.stream_driver import StreamDriver
 from tests.realparts import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_charges_persist_across_processes_and_extend_one_row(tmp_path) -> None:
     # Another process opens the same file: one compact row, the whole range, the report.
     code = textwrap.dedent(f"""
         import sqlite3, json
-        from streamer.budget import BudgetStore
+        from panpriv.streamer.budget import BudgetStore
         store = BudgetStore({str(tmp_path)!r})
         ledger = store.ledger()
         rows = sqlite3.connect({str(tmp_path / 'budget.sqlite')!r}).execute('SELECT * FROM charges').fetchall()
@@ -126,8 +126,8 @@ def test_reclassify_lost_moves_what_lies_beyond_the_durable_positions(tmp_path) 
 
 CHARGER = """
 import sys, time
-from accounting.ledger import Guarantee, PrivacyReport
-from streamer.budget import BudgetStore
+from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.budget import BudgetStore
 store = BudgetStore(sys.argv[1])
 store.register("r", "r", PrivacyReport("m", 0, Guarantee(1.0, 1e-6), Guarantee(1.0, 1e-6)), "out")
 position = 0
@@ -284,7 +284,7 @@ def test_a_seeded_run_refuses_to_resume(jsonl, tmp_path, monkeypatch) -> None:
 
 def panpriv(args: list[str], log: Path) -> subprocess.Popen:
     handle = open(log, "ab")  # noqa: SIM115 - inherited by the child
-    return subprocess.Popen([sys.executable, "-m", "streamer.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", "panpriv.streamer.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
                             cwd=ROOT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

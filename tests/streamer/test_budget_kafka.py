@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accounting.ledger import PrivacyReport
-from streamer.budget import BudgetStore
-from streamer.codec import encode_json
+from panpriv.accounting.ledger import PrivacyReport
+from panpriv.streamer.budget import BudgetStore
+from panpriv.streamer.codec import encode_json
 from tests.streamer.test_service_kafka import panpriv, produce
 
 pytestmark = pytest.mark.integration
@@ -90,11 +90,11 @@ def test_the_budget_store_on_a_compacted_topic_is_shared_by_runs_and_survives_re
     """[budget] kafka_topic: two runs over the same file (in two processes' worth of store objects)
     compose through the topic; a third store object reading the topic from the start sees every
     charge, the runs and the lost-state reclassification; a run past max_epsilon is refused."""
-    from streamer.budget import BudgetExceededError
-    from streamer.budget_kafka import KafkaBudgetStore
-    from streamer.config import load_config
-    from streamer.identity import file_digest
-    from streamer.processor import Processor
+    from panpriv.streamer.budget import BudgetExceededError
+    from panpriv.streamer.budget_kafka import KafkaBudgetStore
+    from panpriv.streamer.config import load_config
+    from panpriv.streamer.identity import file_digest
+    from panpriv.streamer.processor import Processor
 
     path = tmp_path / "data.jsonl"
     rng = np.random.default_rng(5)
@@ -122,7 +122,7 @@ def test_the_budget_store_on_a_compacted_topic_is_shared_by_runs_and_survives_re
         assert [(s.start, s.stop, s.uses) for s in coverage] == [(0, 1500, tuple(sorted((first.instance, second.instance))))]
         assert {run.out for run in reader.runs() if run.clean} == {str(tmp_path / "a"), str(tmp_path / "b")}
         # Reclassification is written to the topic too: another reader sees it.
-        from accounting.budget import lost_state_report
+        from panpriv.accounting.budget import lost_state_report
 
         reader.reclassify_lost(first.instance, {key: 1000}, f"{first.instance}/lost-001",
                                lost_state_report(first.report))

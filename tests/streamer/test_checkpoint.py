@@ -1,4 +1,4 @@
-"""streamer.checkpoint: exact round trip, atomic replacement, refusal of changed settings."""
+"""panpriv.streamer.checkpoint: exact round trip, atomic replacement, refusal of changed settings."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accounting.ledger import PrivacyLedger
-from protocols import checks
-from streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
-from streamer.cli import main
-from streamer.errors import CheckpointError, OutputError
-from streamer.learners import restore_learner
+from panpriv.accounting.ledger import PrivacyLedger
+from panpriv.protocols import checks
+from panpriv.streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
+from panpriv.streamer.cli import main
+from panpriv.streamer.errors import CheckpointError, OutputError
+from panpriv.streamer.learners import restore_learner
 
 
 def make(sequence: int = 1, **changes) -> Checkpoint:

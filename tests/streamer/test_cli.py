@@ -13,12 +13,12 @@ import types
 import numpy as np
 import pytest
 
-from accounting.gaussian import analytic_epsilon, analytic_sigma
-from streamer.cli import _after_command, _resume_args, build_parser, main
-from streamer.config import load_config
-from streamer.datasets import adult
-from streamer.learners import build_learner
-from streamer.serving import load_snapshot
+from panpriv.accounting.gaussian import analytic_epsilon, analytic_sigma
+from panpriv.streamer.cli import _after_command, _resume_args, build_parser, main
+from panpriv.streamer.config import load_config
+from panpriv.streamer.datasets import adult
+from panpriv.streamer.learners import build_learner
+from panpriv.streamer.serving import load_snapshot
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["record"], ["privacy"], ["inspect"]])

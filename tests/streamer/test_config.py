@@ -1,4 +1,4 @@
-"""streamer.config: defaults, validation messages, TOML + flags, privacy-relevant hashing."""
+"""panpriv.streamer.config: defaults, validation messages, TOML + flags, privacy-relevant hashing."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import math
 
 import pytest
 
-from streamer.config import (
+from panpriv.streamer.config import (
     ADULT_DEMO,
     describe_changes,
     load_config,
     privacy_hash,
     privacy_relevant,
 )
-from streamer.datasets import adult
-from streamer.errors import ConfigError
-from streamer.learners import constructor_arguments
+from panpriv.streamer.datasets import adult
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.learners import constructor_arguments
 
 KAFKA = {"source.url": "kafka://127.0.0.1:9092/t", "records.dim": 3, "records.feature_bound": 1.0}
 
@@ -132,7 +132,7 @@ def test_the_readme_configuration_example_is_valid() -> None:
     import tomllib
     from pathlib import Path
 
-    from streamer.config import ServiceConfig
+    from panpriv.streamer.config import ServiceConfig
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     block = re.search(r"## Configuring.*?```toml\n(.*?)```", readme, re.S).group(1)

@@ -1,4 +1,4 @@
-"""--holdout: each released snapshot scored on a public labelled file (streamer.holdout)."""
+"""--holdout: each released snapshot scored on a public labelled file (panpriv.streamer.holdout)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sklearn.metrics import log_loss, roc_auc_score
 
-from streamer.cli import main
-from streamer.codec import make_codec
-from streamer.config import load_config
-from streamer.errors import ConfigError
-from streamer.holdout import Holdout
-from streamer.metrics import ServiceMetrics
-from streamer.processor import Processor
-from streamer.serving import snapshot_from_record
+from panpriv.streamer.cli import main
+from panpriv.streamer.codec import make_codec
+from panpriv.streamer.config import load_config
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.holdout import Holdout
+from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.processor import Processor
+from panpriv.streamer.serving import snapshot_from_record
 
 
 def write_records(path: Path, n: int, seed: int, bad: int = 0) -> Path:

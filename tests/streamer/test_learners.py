@@ -1,18 +1,18 @@
-"""streamer.learners: the catalogue's names and classes, building from config sections, and clear failures."""
+"""panpriv.streamer.learners: the catalogue's names and classes, building from config sections, and clear failures."""
 
 from __future__ import annotations
 
 import pytest
 
-from accounting.ledger import PrivacyLedger
-from protocols.catalogue import CATALOGUE
-from streamer.checkpoint import CheckpointStore
-from streamer.config import LEARNER_NAMES, load_config
-from streamer.errors import ConfigError, LearnerUnavailableError
-from streamer.learners import build_learner, constructor_arguments, learner_class
-from streamer.processor import Processor
-from streamer.replay import reads_by_index
-from streamer.stream_driver import StreamDriver
+from panpriv.accounting.ledger import PrivacyLedger
+from panpriv.protocols.catalogue import CATALOGUE
+from panpriv.streamer.checkpoint import CheckpointStore
+from panpriv.streamer.config import LEARNER_NAMES, load_config
+from panpriv.streamer.errors import ConfigError, LearnerUnavailableError
+from panpriv.streamer.learners import build_learner, constructor_arguments, learner_class
+from panpriv.streamer.processor import Processor
+from panpriv.streamer.replay import reads_by_index
+from panpriv.streamer.stream_driver import StreamDriver
 
 SYNTHETIC = {"source.url": "synthetic:n=6000&dim=4&seed=2", "records.dim": 4, "records.feature_bound": 1.0}
 
@@ -26,13 +26,13 @@ def test_every_catalogued_name_is_a_cli_name_and_its_class_agrees() -> None:
 def test_unknown_and_broken_entries_fail_clearly(monkeypatch) -> None:
     with pytest.raises(LearnerUnavailableError, match="unknown learner 'nope'; choose one of pan-acsa"):
         learner_class("nope")
-    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "protocols.no_such_module:ShuffleGD")
-    with pytest.raises(LearnerUnavailableError, match="catalogued but its module protocols.no_such_module is missing"):
+    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "panpriv.protocols.no_such_module:ShuffleGD")
+    with pytest.raises(LearnerUnavailableError, match="catalogued but its module panpriv.protocols.no_such_module is missing"):
         learner_class("shuffle-gd")
-    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "protocols.shuffle_gd:NoSuchClass")
-    with pytest.raises(LearnerUnavailableError, match="protocols.shuffle_gd has no NoSuchClass"):
+    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "panpriv.protocols.shuffle_gd:NoSuchClass")
+    with pytest.raises(LearnerUnavailableError, match="panpriv.protocols.shuffle_gd has no NoSuchClass"):
         learner_class("shuffle-gd")
-    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "protocols.shuffle_sgd:ShuffleSGD")
+    monkeypatch.setitem(CATALOGUE, "shuffle-gd", "panpriv.protocols.shuffle_sgd:ShuffleSGD")
     with pytest.raises(LearnerUnavailableError, match="name is 'shuffle-sgd', catalogued as 'shuffle-gd'"):
         learner_class("shuffle-gd")
 

@@ -1,4 +1,4 @@
-"""streamer.processor in-process: exactly-once across stops and crashes, budgets, snapshot order.
+"""panpriv.streamer.processor in-process: exactly-once across stops and crashes, budgets, snapshot order.
 
 The kill -9 version against the real broker is tests/streamer/test_service_kafka.py; these tests
 use a JSONL file so that every interruption point can be chosen deterministically.
@@ -14,14 +14,14 @@ import time
 import numpy as np
 import pytest
 
-from accounting.ledger import PrivacyLedger
-from streamer.checkpoint import CheckpointStore
-from streamer.config import load_config
-from streamer.metrics import ServiceMetrics
-from streamer.processor import Processor
-from streamer.sinks import read_snapshots
-from streamer.sources import Batch
-from streamer.stream_driver import StreamDriver
+from panpriv.accounting.ledger import PrivacyLedger
+from panpriv.streamer.checkpoint import CheckpointStore
+from panpriv.streamer.config import load_config
+from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.processor import Processor
+from panpriv.streamer.sinks import read_snapshots
+from panpriv.streamer.sources import Batch
+from panpriv.streamer.stream_driver import StreamDriver
 
 N_LINES = 3000
 BAD = {7: b"\xff", 100: b'{"x": [1, 2], "y": 1}', 1500: b'{"x": [0, 0, NaN], "y": 1}', 2999: b'{"x": [0, 0, 0], "y": 5}'}
@@ -140,7 +140,7 @@ def test_changed_privacy_settings_are_refused_on_resume(stream, tmp_path, monkey
     stop_after(monkeypatch, 3, crash=False)
     Processor(configure(stream, out)).run()
     monkeypatch.undo()
-    from streamer.errors import CheckpointError
+    from panpriv.streamer.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="learner.epsilon: 1.0 in the checkpoint, 0.5 now"):
         Processor(configure(stream, out, **{"learner.epsilon": 0.5})).run()
@@ -167,7 +167,7 @@ def test_a_learner_refusing_validated_records_stops_without_quoting_them(stream,
     stops with a message that does not contain the offending value, and takes no checkpoint."""
     path = tmp_path / "labels.jsonl"
     path.write_text("".join(json.dumps({"x": [0.1, 0.2, 0.3], "y": 2.0}) + "\n" for _ in range(50)))
-    from streamer.cli import main
+    from panpriv.streamer.cli import main
 
     argv = ["run", "--source", f"file:{path}", "--dim", "3", "--feature-bound", "1", "--metrics-port", "0",
             "--out", str(tmp_path / "out"), "--config", str(tmp_path / "c.toml")]
@@ -224,7 +224,7 @@ class LaggingSource:
 
 def test_lag_is_refreshed_between_checkpoints_at_a_bounded_rate(stream, tmp_path, monkeypatch) -> None:
     source = LaggingSource(polls=60)
-    monkeypatch.setattr("streamer.processor.open_source", lambda *args, **kwargs: source)
+    monkeypatch.setattr("panpriv.streamer.processor.open_source", lambda *args, **kwargs: source)
     seen = []
 
     class Metrics(ServiceMetrics):

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from accounting.ledger import PrivacyLedger, PrivacyReport
-from streamer.sinks import read_snapshots
+from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
+from panpriv.streamer.sinks import read_snapshots
 from tests.panpriv_service import PanprivService, produce_json_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""streamer.serving and protocols.base.Snapshot as a model: the same clipping as training,
+"""panpriv.streamer.serving and panpriv.protocols.base.Snapshot as a model: the same clipping as training,
 records written before servable snapshots, torn files, and clear errors."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocols import checks
-from protocols.base import ModelSpec
-from protocols.errors import InvalidInputError
-from protocols.pan_acsa import PanPrivateACSA
-from streamer.codec import clip_rows
-from streamer.errors import ConfigError
-from streamer.serving import load_snapshot
-from streamer.sinks import snapshot_record
+from panpriv.protocols import checks
+from panpriv.protocols.base import ModelSpec
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.streamer.codec import clip_rows
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.serving import load_snapshot
+from panpriv.streamer.sinks import snapshot_record
 
 
 def write_snapshots(path: Path, count: int = 2, loss: object = "logistic") -> PanPrivateACSA:

@@ -1,7 +1,7 @@
 """What a `panpriv run` imports before it learns: no scipy on the default learner's path (issue 18).
 
 scipy.special alone cost 120–130 ms of a one-record run's ~0.46 s (its array-API layer imports
-numpy.f2py, numpy.ma and numpy.testing); accounting.special and protocols.sigmoid replace the
+numpy.f2py, numpy.ma and numpy.testing); panpriv.accounting.special and panpriv.protocols.sigmoid replace the
 four functions it served. The check runs the real CLI in a fresh interpreter and lists the scipy
 modules loaded by the time it exits. The positive control is the checkin learner, whose ℓ2
 randomizer's normaliser still uses scipy.special.gammaln.
@@ -18,7 +18,7 @@ _PROBE = """
 import json, runpy, sys
 sys.argv = ["panpriv", *json.loads(sys.argv[1])]
 try:
-    runpy.run_module("streamer.cli", run_name="__main__")
+    runpy.run_module("panpriv.streamer.cli", run_name="__main__")
 except SystemExit as stop:
     assert stop.code in (0, None), stop.code
 print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] == "scipy")))
