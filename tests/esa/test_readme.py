@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from panpriv.streamer.cli import build_parser
-from panpriv.streamer.esa import commands
+from panpriv.streamer.commands import esa as commands
+from panpriv.streamer.commands.cli import build_parser
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
