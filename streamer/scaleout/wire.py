@@ -157,46 +157,34 @@ class ModelRecord:
 
 
 class ModelReader:
-    """Reads the (compacted) model topic and keeps the newest record of one deployment."""
+    """The newest record of one deployment on the (compacted) model topic, by version
+    (:class:`panpriv.streamer.kafka.topic_reader.NewestRecord`: the caught-up rule; malformed
+    records are skipped)."""
 
     def __init__(self, bootstrap: list[str], topic: str, deployment: str) -> None:
-        from kafka import TopicPartition
-
         from panpriv.streamer.kafka import client as kafka_client
+        from panpriv.streamer.kafka.topic_reader import NewestRecord
 
         self.deployment = deployment
-        self.best: ModelRecord | None = None
         # fetch_max_wait_ms: a new version is latency on every step (kafka-python's default waits 500 ms).
-        self._consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
-        self._tps = [TopicPartition(topic, p) for p in sorted(self._consumer.partitions_for_topic(topic) or {0})]
-        self._consumer.assign(self._tps)
-        self._consumer.seek_to_beginning(*self._tps)
+        consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
+        self._newest = NewestRecord(consumer, topic, self._parse, lambda model: model.version)
+
+    def _parse(self, value: bytes) -> ModelRecord | None:
+        model = ModelRecord.from_json(value)
+        return model if model.deployment == self.deployment else None
+
+    @property
+    def best(self) -> ModelRecord | None:
+        return self._newest.newest
 
     def poll(self, timeout_ms: int = 0) -> ModelRecord | None:
         """Take what arrived (waiting at most ``timeout_ms``); the newest record so far."""
-        for records in self._consumer.poll(timeout_ms=timeout_ms).values():
-            for record in records:
-                if record.value is None:
-                    continue
-                try:
-                    model = ModelRecord.from_json(record.value)
-                except (WireError, ValueError, KeyError):
-                    continue
-                if model.deployment == self.deployment and (self.best is None or model.version >= self.best.version):
-                    self.best = model
-        return self.best
+        return self._newest.poll(timeout_ms)
 
     def read_to_end(self, timeout_s: float = 30.0) -> ModelRecord | None:
-        """The newest record once the topic is read to its end offset at the call."""
-        import time
-
-        ends = self._consumer.end_offsets(self._tps)
-        deadline = time.monotonic() + timeout_s
-        while any(self._consumer.position(tp) < ends[tp] for tp in self._tps):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read the model topic to its end within {timeout_s:g} s")
-            self.poll(100)
-        return self.best
+        """The newest record once the topic is read to its end."""
+        return self._newest.current(timeout_s)
 
     def close(self) -> None:
-        self._consumer.close()
+        self._newest.close()
