@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,96 +118,104 @@ def _load(options: AnalyzeOptions) -> AnyAnalyzer:
     return analyzer
 
 
-def run(options: AnalyzeOptions) -> AnalyzeResult:
-    """Serve until SIGTERM/SIGINT, ``max_rounds`` rounds, or a round the budget refuses."""
+def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> AnalyzeResult:
+    """Serve until SIGTERM/SIGINT (or ``stop``), ``max_rounds`` rounds, or a round the budget
+    refuses, in the role loop (:mod:`panpriv.streamer.runtime.role_loop`)."""
     from kafka import TopicPartition
 
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.runtime.role_loop import RoleLoop
     from panpriv.streamer.sources.identity import kafka_cluster_identity
     from panpriv.streamer.state.atomic_files import write_atomically
 
-    stopping = {"now": False}
+    holder: dict[str, AnyAnalyzer] = {}
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
+    def status() -> str:
+        analyzer = holder.get("analyzer")
+        return "setting up" if analyzer is None else (
+            f"round {analyzer.round}, shuffled offset {analyzer.offset}, rejected {dict(analyzer.rejected) or 'none'}")
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    analyzer = _load(options)
-    assert analyzer.instance is not None
-    path = checkpoint_path(options.out)
-    metrics = options.metrics or AnalyzerMetrics(sum_analyzer.REJECT_REASONS if isinstance(analyzer, SumAnalyzer)
-                                                 else checkin_analyzer.REJECT_REASONS
-                                                 if isinstance(analyzer, CheckinAnalyzer) else REJECT_REASONS)
-    metrics.set_epsilon_budget(options.budget.max_epsilon)
-    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
-    consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False,
-                                     max_partition_fetch_bytes=256 * 1024 * 1024, fetch_max_bytes=256 * 1024 * 1024)
-    budget: AnalyzerBudget | None = None
-    clean = False
-    try:
-        consumer.partitions_for_topic(options.shuffled_topic)  # metadata: the cluster id
-        key = data_key(kafka_cluster_identity(consumer, options.bootstrap), options.budget.messages_topic)
-        store = open_store(options.budget.state_dir, options.budget.kafka_url)
-        if isinstance(analyzer, GDAnalyzer):  # every user charged per round, one instance per round
-            budget = GDAnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon,
-                                      analyzer.users, analyzer.round_report)
-        else:
-            budget = AnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon)
-        budget.begin(analyzer.round, analyzer.report(),
-                     f"esa messages {options.budget.messages_topic} (deployment {analyzer.name})")
-        analyzer.gate = budget.charge
-        report = budget.report(analyzer.report())
-        metrics.observe_state(analyzer.round, analyzer.rejected)
-        metrics.observe_privacy(report, budget.per_source())
-
-        def publish() -> None:
-            producer.send(options.model_topic, key=analyzer.name.encode(),
-                          value=analyzer.model().to_json()).get(timeout=60)
-
-        tp = TopicPartition(options.shuffled_topic, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, analyzer.offset)
-        publish()
-        log.info("analyzer: round %d published; data source %s; %s", analyzer.round, key, report.statement())
-        def finished() -> bool:
-            return analyzer.stopped is not None or (options.max_rounds is not None
-                                                    and analyzer.round >= options.max_rounds) \
-                or (isinstance(analyzer, GDAnalyzer) and analyzer.finished)  # shuffle-gd: its T rounds are done
-
-        while not stopping["now"] and not finished():
-            for records in consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    if record.offset < analyzer.offset or finished():
-                        continue
-                    stepped = analyzer.handle(record.value)
-                    if analyzer.stopped is not None:
-                        log.warning("analyzer: %s", analyzer.stopped)
-                        break
-                    analyzer.offset = record.offset + 1
-                    if stepped:
-                        report = budget.report(analyzer.report())
-                    write_atomically(path, json.dumps(analyzer.checkpoint(report)).encode(), "analyzer checkpoint")
-                    budget.mark_durable(analyzer.round)
-                    metrics.observe_checkpoint(time.time())
-                    metrics.observe_state(analyzer.round, analyzer.rejected)
-                    if stepped:
-                        metrics.observe_round(analyzer.last_valid)
-                        metrics.observe_privacy(report, budget.per_source())
-                        publish()
-                        log.info("analyzer: round %d done, model of round %d published", analyzer.round - 1,
-                                 analyzer.round)
-                    else:
-                        log.info("analyzer: record %d not applied; rejected so far %s", record.offset,
-                                 dict(analyzer.rejected))
-        clean = True
-    finally:
-        producer.close()
-        consumer.close()
-        if budget is not None:
-            if clean:
-                budget.mark_durable(analyzer.round, clean=True)
+    with RoleLoop("analyzer", stop=stop, status=status) as loop:
+        analyzer = holder["analyzer"] = _load(options)
+        assert analyzer.instance is not None
+        path = checkpoint_path(options.out)
+        metrics = options.metrics or AnalyzerMetrics(sum_analyzer.REJECT_REASONS if isinstance(analyzer, SumAnalyzer)
+                                                     else checkin_analyzer.REJECT_REASONS
+                                                     if isinstance(analyzer, CheckinAnalyzer) else REJECT_REASONS)
+        metrics.set_epsilon_budget(options.budget.max_epsilon)
+        producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
+        loop.close_on_exit(producer.close, "model producer")
+        consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False,
+                                         max_partition_fetch_bytes=256 * 1024 * 1024, fetch_max_bytes=256 * 1024 * 1024)
+        loop.close_on_exit(consumer.close, "shuffled consumer")
+        budget: AnalyzerBudget | None = None
+        clean = False
+        try:
+            consumer.partitions_for_topic(options.shuffled_topic)  # metadata: the cluster id
+            key = data_key(kafka_cluster_identity(consumer, options.bootstrap), options.budget.messages_topic)
+            store = open_store(options.budget.state_dir, options.budget.kafka_url)
+            if isinstance(analyzer, GDAnalyzer):  # every user charged per round, one instance per round
+                budget = GDAnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon,
+                                          analyzer.users, analyzer.round_report)
+            else:
+                budget = AnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon)
+            budget.begin(analyzer.round, analyzer.report(),
+                         f"esa messages {options.budget.messages_topic} (deployment {analyzer.name})")
+            analyzer.gate = budget.charge
             report = budget.report(analyzer.report())
-            budget.close()
+            metrics.observe_state(analyzer.round, analyzer.rejected)
+            metrics.observe_privacy(report, budget.per_source())
+
+            def publish() -> None:
+                producer.send(options.model_topic, key=analyzer.name.encode(),
+                              value=analyzer.model().to_json()).get(timeout=60)
+
+            tp = TopicPartition(options.shuffled_topic, 0)
+            consumer.assign([tp])
+            consumer.seek(tp, analyzer.offset)
+            publish()
+            log.info("analyzer: round %d published; data source %s; %s", analyzer.round, key, report.statement())
+
+            def finished() -> bool:
+                return analyzer.stopped is not None or (options.max_rounds is not None
+                                                        and analyzer.round >= options.max_rounds) \
+                    or (isinstance(analyzer, GDAnalyzer) and analyzer.finished)  # shuffle-gd: its T rounds are done
+
+            def step() -> None:
+                nonlocal report
+                assert budget is not None
+                for records in consumer.poll(timeout_ms=200).values():
+                    for record in records:
+                        if record.offset < analyzer.offset or finished():
+                            continue
+                        stepped = analyzer.handle(record.value)
+                        if analyzer.stopped is not None:
+                            log.warning("analyzer: %s", analyzer.stopped)
+                            return
+                        analyzer.offset = record.offset + 1
+                        if stepped:
+                            report = budget.report(analyzer.report())
+                        write_atomically(path, json.dumps(analyzer.checkpoint(report)).encode(), "analyzer checkpoint")
+                        budget.mark_durable(analyzer.round)
+                        metrics.observe_checkpoint(time.time())
+                        metrics.observe_state(analyzer.round, analyzer.rejected)
+                        if stepped:
+                            metrics.observe_round(analyzer.last_valid)
+                            metrics.observe_privacy(report, budget.per_source())
+                            publish()
+                            log.info("analyzer: round %d done, model of round %d published", analyzer.round - 1,
+                                     analyzer.round)
+                        else:
+                            log.info("analyzer: record %d not applied; rejected so far %s", record.offset,
+                                     dict(analyzer.rejected))
+
+            loop.run(step, done=finished)
+            clean = True
+        finally:
+            if budget is not None:
+                if clean:
+                    budget.mark_durable(analyzer.round, clean=True)
+                report = budget.report(analyzer.report())
+                budget.close()
     log.info("analyzer stopped at round %d; rejected %s", analyzer.round, dict(analyzer.rejected) or "none")
     return AnalyzeResult(analyzer, report, analyzer.stopped)

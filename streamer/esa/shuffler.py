@@ -49,7 +49,7 @@ messages topic per shuffler/deployment.
 from __future__ import annotations
 
 import logging
-import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -207,78 +207,78 @@ class ShuffleOptions:
     (``checkin``: :class:`panpriv.streamer.esa.slot_shuffler.SlotShuffler`); ``None``: :class:`Shuffler`."""
 
 
-def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuffler:
-    """Serve until SIGTERM/SIGINT (or ``stop()``), ``max_rounds`` releases, or ``idle_exit_s`` without input."""
+def run(options: ShuffleOptions, stop: threading.Event | None = None) -> Shuffler:
+    """Serve until SIGTERM/SIGINT (or ``stop``), ``max_rounds`` releases, or ``idle_exit_s`` without
+    input, in the role loop (:mod:`panpriv.streamer.runtime.role_loop`)."""
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
     from panpriv.streamer.kafka import calls as kafka_calls
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.runtime.role_loop import RoleLoop
 
-    stopping = {"now": False}
+    def status() -> str:
+        return (f"last released round {state.last_released}, {state.waiting} messages waiting, "
+                f"dropped {dict(state.dropped) or 'none'}")
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
+    with RoleLoop("shuffler", stop=stop, status=status) as loop:
+        reader = kafka_client.consumer(options.bootstrap, enable_auto_commit=False, group_id=None)
+        try:
+            last = last_released_round(reader, options.shuffled_topic)
+        finally:
+            reader.close()
+        size = (wire.message_size(options.params) if options.shares is None
+                else wire.shares_message_size(options.params, options.shares))
+        state = (options.make_state(last) if options.make_state is not None else
+                 Shuffler(options.batch_size, size, last, options.drop_short_after_s, max_ahead=options.max_ahead,
+                          shares=options.shares))
+        consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
+                                         auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
+        loop.close_on_exit(consumer.close, "messages consumer")
+        producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,
+                                         retries=5)
+        loop.close_on_exit(producer.close, "shuffled producer")
+        partitions = consumer.partitions_for_topic(options.messages_topic)
+        if partitions is not None and len(partitions) > 1:
+            raise ValueError(f"the messages topic {options.messages_topic} has {len(partitions)} partitions; the shuffler "
+                             "needs one (one total order of the input makes its batches deterministic)")
+        tp = TopicPartition(options.messages_topic, 0)
+        consumer.assign([tp])
+        start = kafka_calls.committed(consumer, tp)
+        if start is not None:
+            consumer.seek(tp, start)
+        else:
+            consumer.seek_to_beginning(tp)
+        log.info("shuffler: batch size %d, last released round %d, reading %s from %s", options.batch_size, last,
+                 options.messages_topic, "the beginning" if start is None else f"the committed offset {start}")
+        if options.metrics is not None:
+            options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
+        committed = start
+        idle_since = time.monotonic()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    reader = kafka_client.consumer(options.bootstrap, enable_auto_commit=False, group_id=None)
-    try:
-        last = last_released_round(reader, options.shuffled_topic)
-    finally:
-        reader.close()
-    size = (wire.message_size(options.params) if options.shares is None
-            else wire.shares_message_size(options.params, options.shares))
-    state = (options.make_state(last) if options.make_state is not None else
-             Shuffler(options.batch_size, size, last, options.drop_short_after_s, max_ahead=options.max_ahead,
-                      shares=options.shares))
-    consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
-                                     auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
-    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,
-                                     retries=5)
-    partitions = consumer.partitions_for_topic(options.messages_topic)
-    if partitions is not None and len(partitions) > 1:
-        raise ValueError(f"the messages topic {options.messages_topic} has {len(partitions)} partitions; the shuffler "
-                         "needs one (one total order of the input makes its batches deterministic)")
-    tp = TopicPartition(options.messages_topic, 0)
-    consumer.assign([tp])
-    start = kafka_calls.committed(consumer, tp)
-    if start is not None:
-        consumer.seek(tp, start)
-    else:
-        consumer.seek_to_beginning(tp)
-    log.info("shuffler: batch size %d, last released round %d, reading %s from %s", options.batch_size, last,
-             options.messages_topic, "the beginning" if start is None else f"the committed offset {start}")
-    if options.metrics is not None:
-        options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
-    committed = start
+        def commit(safe: int) -> None:
+            """Commit ``safe`` (step 5 of the module docstring) unless it is already committed."""
+            nonlocal committed
+            if safe != committed:
+                kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})
+                committed = safe
 
-    def commit(safe: int, previous: int | None) -> int | None:
-        """Commit ``safe`` (step 5 of the module docstring) unless it is already committed."""
-        if safe == previous:
-            return previous
-        kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})
-        return safe
+        def release(released: list[tuple[int, list[bytes]]]) -> None:
+            for round_, messages in released:
+                producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
+                state.mark_released(round_)
+                if options.metrics is not None:
+                    options.metrics.observe_release(len(messages))
+                log.info("released round %d (%d messages)", round_, len(messages))
 
-    def release(released: list[tuple[int, list[bytes]]]) -> None:
-        for round_, messages in released:
-            producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
-            state.mark_released(round_)
-            if options.metrics is not None:
-                options.metrics.observe_release(len(messages))
-            log.info("released round %d (%d messages)", round_, len(messages))
-
-    idle_since = time.monotonic()
-    try:
-        while not stopping["now"] and not (stop is not None and stop()):
-            if options.max_rounds is not None and state.released >= options.max_rounds:
-                break
+        def step() -> None:
+            nonlocal idle_since
             polled = consumer.poll(timeout_ms=200)
             next_offset = consumer.position(tp)
             if not polled:
                 release(state.expire() or [])  # Shuffler.expire drops; SlotShuffler.expire may close a slot
                 if options.idle_exit_s is not None and time.monotonic() - idle_since > options.idle_exit_s:
-                    break
+                    loop.finish("idle")
             else:
                 idle_since = time.monotonic()
             for records in polled.values():
@@ -286,13 +286,12 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
                     released = state.offer(record.offset, record.value)
                     release(released)
                     if released:  # commit after every acknowledged release, not once per poll: a crash
-                        committed = commit(state.commit_offset(record.offset + 1), committed)  # re-sends less
+                        commit(state.commit_offset(record.offset + 1))  # re-sends less
             if options.metrics is not None:
                 options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
-            committed = commit(state.commit_offset(next_offset), committed)
-    finally:
-        producer.close()
-        consumer.close()
+            commit(state.commit_offset(next_offset))
+
+        loop.run(step, done=lambda: options.max_rounds is not None and state.released >= options.max_rounds)
     log.info("shuffler stopped: %d rounds released, %d messages waiting, dropped %s", state.released, state.waiting,
              dict(state.dropped) or "none")
     return state

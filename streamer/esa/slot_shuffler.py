@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -294,18 +295,33 @@ class CheckinShuffleOptions:
     expect: dict[str, int] = field(default_factory=dict)
 
 
-def run(options: Any, checkin: CheckinShuffleOptions, stop: Callable[[], bool] | None = None) -> SlotShuffler:
-    """Read the deployment's public configuration from the model topic (waiting for round 0), then
-    serve :class:`SlotShuffler` through :func:`panpriv.streamer.esa.shuffler.run`."""
+def run(options: Any, checkin: CheckinShuffleOptions, stop: threading.Event | None = None) -> SlotShuffler:
+    """Serve :class:`SlotShuffler` through :func:`panpriv.streamer.esa.shuffler.run`, built in its
+    set-up from the deployment's public configuration on the model topic (waiting for round 0)."""
     from panpriv.streamer.esa import shuffler
-    from panpriv.streamer.esa.checkin_client import local_randomizer
     from panpriv.streamer.esa.keys import load_private, load_public
-    from panpriv.streamer.esa.model import ModelWatcher
-    from panpriv.streamer.kafka.client import security_options
 
     private = load_private(checkin.shuffler_key)
     analyzer = load_public(checkin.analyzer_key)
-    watcher = ModelWatcher(options.bootstrap, checkin.model_topic, checkin.name, **security_options())
+
+    def make_state(last: int) -> SlotShuffler:
+        rules, dummy = _deployment(options.bootstrap, checkin, private, analyzer)
+        return SlotShuffler(private, rules, dummy, last, checkin.close_after_s)
+
+    options.make_state = make_state
+    state = shuffler.run(options, stop)
+    assert isinstance(state, SlotShuffler)
+    return state
+
+
+def _deployment(bootstrap: list[str], checkin: CheckinShuffleOptions, private: PrivateKey,
+                analyzer: PublicKey) -> tuple[SlotRules, Callable[[int], bytes]]:
+    """The rules and the dummy sealer of the deployment whose model topic ``checkin`` names."""
+    from panpriv.streamer.esa.checkin_client import local_randomizer
+    from panpriv.streamer.esa.model import ModelWatcher
+    from panpriv.streamer.kafka.client import security_options
+
+    watcher = ModelWatcher(bootstrap, checkin.model_topic, checkin.name, **security_options())
     try:
         model = watcher.current() or watcher.wait_for(0, checkin.model_timeout_s)
     finally:
@@ -322,11 +338,4 @@ def run(options: Any, checkin: CheckinShuffleOptions, stop: Callable[[], bool] |
     dummy = dummy_sealer(local_randomizer(model.calibration), analyzer, rules.params, bytes(private))
     log.info("checkin shuffler: %s, %d clients per wake slot, %s windows of %d slots, %s updates", key_id(
         private.public_key).hex(), rules.slot_length, rules.window, rules.slots, rules.update)
-
-    def make_state(last: int) -> SlotShuffler:
-        return SlotShuffler(private, rules, dummy, last, checkin.close_after_s)
-
-    options.make_state = make_state
-    state = shuffler.run(options, stop)
-    assert isinstance(state, SlotShuffler)
-    return state
+    return rules, dummy

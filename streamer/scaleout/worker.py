@@ -29,17 +29,17 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from panpriv.accounting.budget import lost_state_report, per_source, report_for
 from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.streamer.runtime.role_loop import RoleLoop
 from panpriv.streamer.scaleout.metrics import WorkerMetrics
 from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, query_state
 
@@ -133,12 +133,13 @@ def _instance(out: Path | None, deployment: str) -> str:
 class Worker:
     """The worker's loop and its dealings with the budget store (module docstring)."""
 
-    def __init__(self, options: WorkerOptions) -> None:
+    def __init__(self, options: WorkerOptions, loop: RoleLoop) -> None:
         from kafka.structs import TopicPartition  # noqa: F401 - imported early: fails fast without kafka-python
 
         from panpriv.streamer.kafka import client as kafka_client
 
         self.options = options
+        self.loop = loop
         self.stats = WorkerStats(_instance(options.out, options.deployment))
         self.store = options.store
         self.learner: PanPrivateACSA | None = None
@@ -148,25 +149,26 @@ class Worker:
         self._losses = 0
         self._revocations = _Revocations()
         self._reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
+        loop.close_on_exit(self._reader.close, "model reader")
         self._producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
+        loop.close_on_exit(self._producer.close, "gradients producer")
         self._consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
                                                auto_offset_reset="earliest")
+        loop.close_on_exit(self._consumer.close, "data consumer")
         self._consumer.subscribe([options.data_topic], listener=_listener(self._revocations))
         from panpriv.streamer.sources.identity import kafka_cluster_identity
 
         self._consumer.partitions_for_topic(options.data_topic)
         self._cluster = kafka_cluster_identity(self._consumer, options.bootstrap)
         self._codec: Any = None
-        self._paced = 0
-        self._paced_since: float | None = None
         self._newest = -1  # the newest model version read
         self._charged: set[str] = set()  # data keys this instance has charged
         self._privacy_at: float | None = None  # monotonic time of the last privacy refresh
 
     # -- the model --------------------------------------------------------------------------------
 
-    def _first_model(self, stopping: Mapping[str, bool]) -> ModelRecord | None:
-        while not stopping["now"]:
+    def _first_model(self) -> ModelRecord | None:
+        while not self.loop.stopping:
             model = self._reader.poll(200)
             if model is not None:
                 return model
@@ -194,7 +196,7 @@ class Worker:
             self._charged.update(previous.positions)
             if self._reclassify("restart after a crash"):
                 self.stats.lost["crash"] += 1
-        self._observe_privacy(force=True)
+        self._observe_privacy()
 
     def _load(self, model: ModelRecord) -> None:
         assert self.learner is not None
@@ -238,16 +240,13 @@ class Worker:
             s = self.stats
             metrics.observe_totals(s.published, s.records, s.rejects, s.lost, s.waits, s.wait_s, self._newest)
 
-    def _observe_privacy(self, force: bool = False) -> None:
+    def _observe_privacy(self) -> None:
         """The budget store's guarantee of the records this worker charged, composed over every run
         that used them (the service's statement, :func:`panpriv.accounting.budget.report_for`), and per data
-        source; at most every ``privacy_interval_s`` seconds unless ``force``."""
+        source (every ``privacy_interval_s`` seconds, from the role loop's heartbeat)."""
         metrics = self.options.metrics
-        now = time.monotonic()
-        if metrics is None or (not force and self._privacy_at is not None
-                               and now - self._privacy_at < self.options.privacy_interval_s):
+        if metrics is None:
             return
-        self._privacy_at = now
         ledger = self.store.ledger(sorted(self._charged))
         instance = self.stats.instance
         mine = [name for name in ledger.instances if name == instance or name.startswith(f"{instance}/lost-")]
@@ -255,80 +254,77 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def run(self, stopping: Mapping[str, bool]) -> WorkerStats:
-        model = self._first_model(stopping)
+    def run(self) -> WorkerStats:
+        """Wait for the first model, set up, then one :meth:`_step` per turn of the role loop."""
+        self.loop.ready()
+        model = self._first_model()
         if model is None:
             return self.stats
         self._setup(model)
-        batch: _Batch | None = None
-        published_at = -1
-        waiting_since = time.monotonic()
-        waiting = False  # after publishing at published_at, until the next version or --sync-wait
+        self._model = model
+        self._batch: _Batch | None = None
+        self._published_at = -1
+        self._waiting_since = time.monotonic()
+        self._waiting = False  # after publishing at _published_at, until the next version or --sync-wait
+        self.loop.every(self.options.privacy_interval_s, self._observe_privacy)
         try:
-            while not stopping["now"]:
-                self._observe()
-                model = self._reader.poll(0) or model
-                self._newest = max(self._newest, model.version)
-                if waiting and (model.version != published_at or time.monotonic() - waiting_since >= self.options.sync_wait_s):
-                    waiting = False
-                    self.stats.waits["arrived" if model.version != published_at else "timed_out"] += 1
-                    self.stats.wait_s += time.monotonic() - waiting_since
-                if model.done:
-                    self.stats.reason = "the model is done"
-                    break
-                if batch is None and model.version == published_at and time.monotonic() - waiting_since < self.options.sync_wait_s:
-                    model = self._reader.poll(50) or model  # synchronous versions: wait for the next one
-                    continue
-                want = model.worker_batch if batch is None else batch.size - batch.filled
-                if self.options.rate > 0:  # paced: polls of a tenth of a second's records
-                    want = min(want, max(1, int(self.options.rate / 10)))
-                polled = self._consumer.poll(timeout_ms=200, max_records=want)
-                if self._revocations.revoked:
-                    self._revocations.revoked = False
-                    self._discard(batch, "partitions revoked mid-batch", "revoked")
-                    batch = None
-                records = [r for rs in polled.values() for r in rs]
-                if not records:
-                    self._observe_privacy()
-                    continue
-                if batch is None:
-                    self._load(model)
-                    batch = _Batch(model.version, model.worker_batch)
-                    assert self.learner is not None
-                    self.learner.open_batch(batch.size)  # Alg. 6 lines 4–5
-                if not self._learn(batch, records):
-                    self._discard(batch, self.stats.reason, "budget")
-                    batch = None
-                    break
-                self._pace(len(records))
-                if batch.filled >= batch.size:
-                    self._publish(batch)
-                    published_at, waiting_since, waiting = batch.version, time.monotonic(), True
-                    batch = None
-                    self._observe_privacy()
+            self.loop.run(self._step)
         finally:
-            self._discard(batch, "stopped mid-batch", "stopped")
+            self._discard(self._batch, "stopped mid-batch", "stopped")
             self.store.mark_durable(self.stats.instance, self._sequence, self.durable, clean=True)
             try:
                 self._observe()
-                self._observe_privacy(force=True)
+                self._observe_privacy()
             except Exception as exc:  # noqa: BLE001 - the last refresh must not hide why the loop ended
                 log.warning("worker %s: final metrics refresh failed: %s", self.stats.instance, exc)
-            finally:
-                self._close()
         return self.stats
 
-    def _pace(self, count: int) -> None:
-        """Keep to ``rate`` records/s (0: unpaced), counted from the first record read."""
-        if self.options.rate <= 0:
-            return
+    def _step(self) -> None:
+        """Follow the model; wait for the next version after publishing (synchronous versions);
+        read, charge and learn the next records of the open batch; publish it when full."""
+        self._observe()
+        model = self._model = self._reader.poll(0) or self._model
+        self._newest = max(self._newest, model.version)
         now = time.monotonic()
-        if self._paced_since is None:
-            self._paced_since = now
-        self._paced += count
-        ahead = self._paced / self.options.rate - (now - self._paced_since)
-        if ahead > 0:
-            time.sleep(ahead)
+        if self._waiting and (model.version != self._published_at or now - self._waiting_since >= self.options.sync_wait_s):
+            self._waiting = False
+            self.stats.waits["arrived" if model.version != self._published_at else "timed_out"] += 1
+            self.stats.wait_s += now - self._waiting_since
+        if model.done:
+            self.stats.reason = "the model is done"
+            self.loop.finish("done")
+            return
+        batch = self._batch
+        if batch is None and model.version == self._published_at and now - self._waiting_since < self.options.sync_wait_s:
+            self._model = self._reader.poll(50) or model  # synchronous versions: wait for the next one
+            return
+        want = self.loop.pacer.allowance(model.worker_batch if batch is None else batch.size - batch.filled)
+        if want == 0:  # paced (--rate): not yet
+            self.loop.pacer.wait(0.2)
+            return
+        polled = self._consumer.poll(timeout_ms=200, max_records=want)
+        if self._revocations.revoked:
+            self._revocations.revoked = False
+            self._discard(batch, "partitions revoked mid-batch", "revoked")
+            batch = self._batch = None
+        records = [r for rs in polled.values() for r in rs]
+        if not records:
+            return
+        if batch is None:
+            self._load(model)
+            batch = self._batch = _Batch(model.version, model.worker_batch)
+            assert self.learner is not None
+            self.learner.open_batch(batch.size)  # Alg. 6 lines 4–5
+        if not self._learn(batch, records):
+            self._discard(batch, self.stats.reason, "budget")
+            self._batch = None
+            self.loop.finish("budget")
+            return
+        self.loop.pacer.consumed(len(records))
+        if batch.filled >= batch.size:
+            self._publish(batch)
+            self._published_at, self._waiting_since, self._waiting = batch.version, time.monotonic(), True
+            self._batch = None
 
     def _learn(self, batch: _Batch, records: list[Any]) -> bool:
         """Charge, then learn ``records`` into the open batch (Alg. 6 line 7); False if the budget refuses."""
@@ -379,21 +375,19 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a rebalance: the new owner re-reads (a second, charged use)
             log.warning("worker %s: offset commit failed after publishing (%s): the records may be read again", self.stats.instance, exc)
 
-    def _close(self) -> None:
-        for closer in (self._consumer.close, self._producer.close, self._reader.close):
-            try:
-                closer()
-            except Exception as exc:  # noqa: BLE001 - closing on the way out
-                log.debug("close failed: %s", exc)
 
+def run(options: WorkerOptions, stop: threading.Event | None = None) -> WorkerStats:
+    """Serve until SIGTERM/SIGINT (or ``stop``), the model is done, or the budget refuses, in the
+    role loop (:mod:`panpriv.streamer.runtime.role_loop`: signals, the clients closed, ``--rate``)."""
+    workers: list[Worker] = []
 
-def run(options: WorkerOptions) -> WorkerStats:
-    """Serve until SIGTERM/SIGINT or the model is done."""
-    stopping = {"now": False}
+    def status() -> str:
+        if not workers:
+            return "setting up"
+        stats = workers[0].stats
+        return (f"{stats.published} noisy means published ({stats.records:,} records), newest model version "
+                f"{workers[0]._newest}, {sum(stats.lost.values())} batches lost")
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    return Worker(options).run(stopping)
+    with RoleLoop("worker", stop=stop, rate=options.rate, status=status) as loop:
+        workers.append(Worker(options, loop))
+        return workers[0].run()
