@@ -26,6 +26,7 @@ from typing import Any
 
 import panpriv
 from panpriv.streamer.arg_types import positive_float
+from panpriv.streamer.commands.role_options import STATE_DIR_HELP
 from panpriv.streamer.errors import (
     CheckpointError,
     ConfigError,
@@ -397,12 +398,6 @@ def cmd_budget(args: argparse.Namespace) -> int:
 # -- parser -------------------------------------------------------------------------------------
 
 
-STATE_DIR_HELP = (
-    "directory of the budget store shared by every run (default $PANPRIV_STATE_DIR, else $XDG_STATE_HOME/panpriv, "
-    "else ~/.local/state/panpriv)"
-)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from panpriv.streamer.commands.logs import FORMATS as LOG_FORMATS
     from panpriv.streamer.commands.logs import LEVELS as LOG_LEVELS
@@ -509,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_produce_arguments(produce)
     produce.set_defaults(handler=load.run_produce)
 
-    from panpriv.streamer.kafka import dev_broker
+    from panpriv.streamer.commands import dev_broker
 
     broker = commands.add_parser("dev-broker", parents=[common], help=dev_broker.HELP, description=dev_broker.__doc__)
     dev_broker.add_arguments(broker)

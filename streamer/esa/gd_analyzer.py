@@ -12,7 +12,7 @@ in-process learner's own analysis and projected gradient step — and publishes 
 - **T rounds, then nothing.** Round t < T only (``horizon_reached`` beyond); after the T-th round
   the model record carries the released average iterate. Clients refuse a round ≥ T anyway.
 - **Every round is charged to every user, before anything of it is opened.** The gate (the budget
-  store, :class:`panpriv.streamer.esa.gd_budget.GDAnalyzerBudget`) is asked *before* the units are opened,
+  store, :class:`panpriv.streamer.budget.units.UsersPerRound`) is asked *before* the units are opened,
   with the round's increment of the composed guarantee (:meth:`GDAnalyzer.round_report`), and
   charges the whole data set — positions [0, n) — to the round's own instance
   ``<instance>/round-NNNNNN``, as ``panpriv run`` charges each pass of the in-process learner
@@ -27,7 +27,7 @@ in-process learner's own analysis and projected gradient step — and publishes 
 
 Checkpoints (``panpriv-esa-gd-analyzer/1``) name the learner; the step adds no noise, so a round
 re-analysed after a SIGKILL is the dead process's computation bit for bit and the round charged
-but not checkpointed is found in the store and not charged again (:mod:`panpriv.streamer.esa.budget`).
+but not checkpointed is found in the store and not charged again (:mod:`panpriv.streamer.esa.analyze_service`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from nacl.public import PrivateKey
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols.secure_sum import added_delta
 from panpriv.protocols.shuffle_gd import ROUND_MARGIN, ShuffleGD, composed
+from panpriv.streamer.budget.units import ChargeUnit, UsersPerRound
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import decode_state
 from panpriv.streamer.esa.deployment import DEPLOYMENT, REFERENCE, SECURE_SUM_REFERENCE, secure_sum_statement
@@ -130,6 +131,12 @@ class GDAnalyzer(SumAnalyzer):
         self.learner = learner
         self.rounds = learner.planned_rounds
         self.extra_delta = added_delta(learner.vector_sum.epsilon, self.tau)
+
+    CHECKPOINT_FORMAT = CHECKPOINT_FORMAT
+
+    def charge_unit(self, key: str) -> ChargeUnit:
+        """Every user per round, to the round's own instance with :meth:`round_report` (module docstring)."""
+        return UsersPerRound(key, self.users, self.round_report)
 
     @property
     def finished(self) -> bool:

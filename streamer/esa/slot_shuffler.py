@@ -77,7 +77,9 @@ from nacl.public import PrivateKey, PublicKey, SealedBox
 
 from panpriv.protocols.checkin import window_start
 from panpriv.protocols.randomizers import LocalRandomizer
+from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.esa import checkin_wire, wire
+from panpriv.streamer.esa.families import FAMILIES
 from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.permute import permuted
 
@@ -326,15 +328,15 @@ def _deployment(bootstrap: list[str], checkin: CheckinShuffleOptions, private: P
         model = watcher.current() or watcher.wait_for(0, checkin.model_timeout_s)
     finally:
         watcher.close()
-    if model.learner != "checkin":
-        raise SystemExit(f"panpriv shuffle --checkin: the model topic is for {model.learner!r}, not checkin")
+    if FAMILIES.get(model.learner) is None or FAMILIES[model.learner].shuffler != "checkin":
+        raise ConfigError(f"--checkin: the model topic {checkin.model_topic} is for {model.learner!r}, whose shuffler does "
+                          "not release check-in slots")
     if model.key_id != key_id(analyzer).hex():
-        raise SystemExit(f"panpriv shuffle --checkin: the analyzer reads key {model.key_id}, --analyzer-key is "
-                         f"{key_id(analyzer).hex()}")
+        raise ConfigError(f"--checkin: the analyzer reads key {model.key_id}, --analyzer-key is {key_id(analyzer).hex()}")
     rules = SlotRules.from_calibration(dict(model.calibration))
     for name, value in checkin.expect.items():
         if value != getattr(rules, name):
-            raise SystemExit(f"panpriv shuffle --checkin: the model's {name} is {getattr(rules, name)}, not {value}")
+            raise ConfigError(f"--checkin: the model's {name} is {getattr(rules, name)}, not {value}")
     dummy = dummy_sealer(local_randomizer(model.calibration), analyzer, rules.params, bytes(private))
     log.info("checkin shuffler: %s, %d clients per wake slot, %s windows of %d slots, %s updates", key_id(
         private.public_key).hex(), rules.slot_length, rules.window, rules.slots, rules.update)

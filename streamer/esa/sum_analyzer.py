@@ -94,6 +94,17 @@ class SumAnalyzer(AnalyzerCore):
         self.round = 0
         self.skipped = 0
 
+    REJECT_REASONS = REJECT_REASONS
+    CHECKPOINT_FORMAT = CHECKPOINT_FORMAT
+
+    def shuffler_arguments(self) -> str:
+        return f"--batch-size {self.users} --params {self.dim} --shares {self.shares}"
+
+    @property
+    def done(self) -> bool:
+        """The learner's horizon is reached (``shuffle-gd``: its T rounds): no round is left."""
+        return self.finished
+
     def handle(self, value: bytes | None) -> bool:
         """Analyse one record of the shuffled topic; True if it closed the current round (learned or
         skipped: either way round t + 1's model is to be published)."""

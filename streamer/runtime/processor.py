@@ -270,7 +270,7 @@ class Processor:
                     "as instance %s, and the ledger composes what the interrupted pass released", state.instance,
                 )
             driver.register_learner()
-        session = BudgetSession(self.config, source)
+        session = BudgetSession.for_run(self.config, source)
         self._session = session
         session.begin(state, source, saved)
         driver.session = session

@@ -23,13 +23,14 @@ from numpy.typing import NDArray
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols.errors import ProtocolError
 from panpriv.protocols.recorded import RecordedLearner
+from panpriv.streamer.budget.units import pass_instance
 from panpriv.streamer.config import ServiceConfig
 from panpriv.streamer.io.indexed import IndexedFile
 from panpriv.streamer.metrics.service import ServiceMetrics
 from panpriv.streamer.runtime.driver import STOPPED, Driver, Outcome, Resumable
 from panpriv.streamer.runtime.heartbeat import Heartbeat
 from panpriv.streamer.runtime.pacing import Pacer
-from panpriv.streamer.runtime.replay import Halt, pass_instance
+from panpriv.streamer.runtime.replay import Halt
 from panpriv.streamer.runtime.stream_driver import refused_records
 from panpriv.streamer.state.checkpoint import ReplayMarks
 from panpriv.streamer.state.training_state import TrainingState

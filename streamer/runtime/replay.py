@@ -10,7 +10,7 @@ instead of a sequential source. A learner takes part by subclassing
 ``resumes_mid_pass``, ``reports_per_round``/``round_reports()``, ``passes``), not by its name. The
 processor's ``fetch`` is where it takes control between micro-batches: it accounts, checkpoints and
 snapshots the batch just learned, and stops the run by raising :class:`Halt`. A learner that
-reports per round (``shuffle-gd``) has pass ``p`` as its own ledger instance :func:`pass_instance`,
+reports per round (``shuffle-gd``) has pass ``p`` as its own ledger instance :func:`panpriv.streamer.budget.units.pass_instance`,
 registered with the pass's *increment* of the learner's composed guarantee, so the ledger's
 composition of the T uses of a record telescopes to the learner's figure instead of composing the
 cumulative figure T times. Otherwise the learner's :meth:`~panpriv.protocols.base.Learner.privacy` covers
@@ -67,12 +67,6 @@ def reads_by_index(learner_cls: type[Learner]) -> bool:
 def has_round_reports(learner: Learner) -> bool:
     """Whether the learner accounts each pass as its own increment (``round_reports()``)."""
     return isinstance(learner, RecordedLearner) and learner.reports_per_round
-
-
-def pass_instance(instance: str, number: int) -> str:
-    """The ledger instance of pass ``number`` (1-based) of a learner reporting per round;
-    zero-padded so that the ledger's sorted order is the passes' order."""
-    return f"{instance}/round-{number:06d}"
 
 
 def open_indexed(config: SourceConfig, codec: Codec, learner: str) -> IndexedFile:

@@ -12,9 +12,13 @@
 version v — all of it post-processing of noisy means — so that a restarted coordinator resumes
 from it and workers load θ^md_v from it::
 
-    {"format": "panpriv-scaleout-model/1", "deployment": ..., "version": v, "workers": K,
-     "worker_batch": w, "config": {...}, "state": {...}, "theta_ag": [...], "gradients_offset": o,
-     "records": n, "stale": s, "done": bool, "privacy": "..."}
+    {"format": "panpriv-scaleout-model/1", "deployment": ..., "learner": "pan-acsa", "version": v,
+     "workers": K, "worker_batch": w, "config": {...}, "state": {...}, "theta_ag": [...],
+     "gradients_offset": o, "records": n, "stale": s, "done": bool, "privacy": "..."}
+
+``learner`` is the catalogue name of a :class:`~panpriv.protocols.batch_worker.BatchWorkerLearner`
+(records written before it existed are ``pan-acsa``'s); workers build it from ``config`` through
+the one factory (:func:`panpriv.streamer.runtime.learners.from_public_config`).
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def query_state(state: Mapping[str, Any]) -> dict[str, StateValue]:
 
 
 @dataclass(frozen=True)
-class ModelRecord:
+class ModelVersion:
     """The coordinator's public state after ``version`` steps (module docstring)."""
 
     deployment: str
@@ -135,10 +139,12 @@ class ModelRecord:
     done: bool = False
     privacy: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    learner: str = "pan-acsa"
 
     def to_json(self) -> bytes:
         return json.dumps({
-            "format": MODEL_FORMAT, "deployment": self.deployment, "version": self.version, "workers": self.workers,
+            "format": MODEL_FORMAT, "deployment": self.deployment, "learner": self.learner, "version": self.version,
+            "workers": self.workers,
             "worker_batch": self.worker_batch, "config": dict(self.config), "state": dict(self.state),
             "theta_ag": [float(v) for v in self.theta_ag], "gradients_offset": self.gradients_offset,
             "records": self.records, "stale": self.stale, "done": self.done, "privacy": self.privacy,
@@ -146,14 +152,15 @@ class ModelRecord:
         }, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> ModelRecord:
+    def from_json(cls, data: bytes) -> ModelVersion:
         value = json.loads(data)
         if value.get("format") != MODEL_FORMAT:
             raise WireError(f"not a {MODEL_FORMAT} record (format {value.get('format')!r})")
         return cls(str(value["deployment"]), int(value["version"]), int(value["workers"]), int(value["worker_batch"]),
                    value["config"], value["state"], np.asarray(value["theta_ag"], dtype=np.float64),
                    int(value["gradients_offset"]), int(value["records"]), int(value.get("stale", 0)),
-                   bool(value.get("done", False)), str(value.get("privacy", "")), value.get("extra", {}))
+                   bool(value.get("done", False)), str(value.get("privacy", "")), value.get("extra", {}),
+                   str(value.get("learner", "pan-acsa")))
 
 
 class ModelReader:
@@ -170,19 +177,19 @@ class ModelReader:
         consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
         self._newest = NewestRecord(consumer, topic, self._parse, lambda model: model.version)
 
-    def _parse(self, value: bytes) -> ModelRecord | None:
-        model = ModelRecord.from_json(value)
+    def _parse(self, value: bytes) -> ModelVersion | None:
+        model = ModelVersion.from_json(value)
         return model if model.deployment == self.deployment else None
 
     @property
-    def best(self) -> ModelRecord | None:
+    def best(self) -> ModelVersion | None:
         return self._newest.newest
 
-    def poll(self, timeout_ms: int = 0) -> ModelRecord | None:
+    def poll(self, timeout_ms: int = 0) -> ModelVersion | None:
         """Take what arrived (waiting at most ``timeout_ms``); the newest record so far."""
         return self._newest.poll(timeout_ms)
 
-    def read_to_end(self, timeout_s: float = 30.0) -> ModelRecord | None:
+    def read_to_end(self, timeout_s: float = 30.0) -> ModelVersion | None:
         """The newest record once the topic is read to its end."""
         return self._newest.current(timeout_s)
 

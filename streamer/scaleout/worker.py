@@ -1,6 +1,7 @@
 """``panpriv worker``: one consumer-group member of a scaled-out pan-private AC-SA model.
 
-Per batch (Cheu et al. 2022 Alg. 6 lines 4–9, through :class:`PanPrivateACSA`'s own methods): load
+Per batch (Cheu et al. 2022 Alg. 6 lines 4–9, through the learner's own methods: a
+:class:`~panpriv.protocols.batch_worker.BatchWorkerLearner` built from the model record's config): load
 θ^md of the newest model version from the model topic, and when the first records arrive draw
 g ← N(0, ζ(w)² I); charge the positions to the budget store, then add each record's clipped
 gradient /w (the fused path); at w records add the second draw and publish the **noisy mean**,
@@ -27,7 +28,6 @@ this worker charged — nothing computed from a record.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -37,11 +37,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from panpriv.accounting.budget import lost_state_report, per_source, report_for
-from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.accounting.budget import lost_state_report
+from panpriv.protocols.batch_worker import BatchWorkerLearner
+from panpriv.streamer.budget.open import BudgetSettings
+from panpriv.streamer.budget.session import BudgetSession
+from panpriv.streamer.budget.store import BudgetExceededError
+from panpriv.streamer.errors import CheckpointError
 from panpriv.streamer.runtime.role_loop import RoleLoop
+from panpriv.streamer.scaleout.coordinator import batch_worker_learner
 from panpriv.streamer.scaleout.metrics import WorkerMetrics
-from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, query_state
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelVersion, query_state
+from panpriv.streamer.state.role_state import RoleState
 
 log = logging.getLogger("panpriv.worker")
 
@@ -58,10 +64,9 @@ class WorkerOptions:
     model_topic: str
     deployment: str
     group: str
-    store: Any  # panpriv.streamer.budget.store.BudgetStore or panpriv.streamer.budget.kafka_store.KafkaBudgetStore
+    budget: BudgetSettings
     out: Path | None = None
     sync_wait_s: float = 2.0
-    max_epsilon: float | None = None
     record_format: str = "json"
     rate: float = 0.0
     metrics: WorkerMetrics | None = None
@@ -116,37 +121,48 @@ def _listener(revocations: _Revocations) -> Any:
     return Listener()
 
 
-def _instance(out: Path | None, deployment: str) -> str:
-    """The worker's budget instance: kept in ``out/worker.json`` so that a restart with the same
-    ``--out`` accounts the state a crash lost; otherwise fresh."""
-    if out is not None and (out / STATE_FILE).exists():
-        return str(json.loads((out / STATE_FILE).read_text())["instance"])
-    instance = f"scaleout:{deployment}/worker-{uuid.uuid4().hex[:12]}"
-    if out is not None:
-        from panpriv.streamer.state.atomic_files import write_atomically
+def worker_state(out: Path) -> RoleState:
+    """A worker's sealed state in ``out``: its budget instance (``{"instance": ...}``); a state written
+    before sealing (panpriv 0.1: that object alone) is recognised by its keys."""
+    return RoleState(out, STATE_FILE, "scaleout-worker", legacy=lambda body: set(body) == {"instance"},
+                     fix="restore it from a backup, or start the worker with another --out (a new budget instance)")
 
-        out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomically(out / STATE_FILE, json.dumps({"instance": instance}).encode(), "worker state")
-    return instance
+
+def worker_instance(state: RoleState | None, deployment: str) -> str:
+    """The worker's budget instance: kept in its state so that a restart with the same ``--out``
+    accounts the batch a crash lost; otherwise fresh."""
+    if state is None:
+        return f"scaleout:{deployment}/worker-{uuid.uuid4().hex[:12]}"
+    saved = state.load()
+    if saved is None:
+        instance = f"scaleout:{deployment}/worker-{uuid.uuid4().hex[:12]}"
+        state.save({"instance": instance})
+        return instance
+    kept = saved.get("instance")
+    if type(kept) is not str or not kept.startswith("scaleout:"):
+        raise CheckpointError(f"{state.path} holds no worker instance; {state.path.parent} is not a worker's --out")
+    if state.migrated:
+        state.save({"instance": kept})
+    return kept
 
 
 class Worker:
     """The worker's loop and its dealings with the budget store (module docstring)."""
 
-    def __init__(self, options: WorkerOptions, loop: RoleLoop) -> None:
+    def __init__(self, options: WorkerOptions, loop: RoleLoop, instance: str) -> None:
         from kafka.structs import TopicPartition  # noqa: F401 - imported early: fails fast without kafka-python
 
         from panpriv.streamer.kafka import client as kafka_client
 
         self.options = options
         self.loop = loop
-        self.stats = WorkerStats(_instance(options.out, options.deployment))
-        self.store = options.store
-        self.learner: PanPrivateACSA | None = None
+        self.stats = WorkerStats(instance)
+        self.budget = BudgetSession.for_role(options.budget, options.out or ".", instance)
+        loop.close_on_exit(self.budget.close, "budget store")
+        self.learner: BatchWorkerLearner | None = None
         self.version = -1  # the version loaded into the learner
         self.durable: dict[str, int] = {}
         self._sequence = 0
-        self._losses = 0
         self._revocations = _Revocations()
         self._reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
         loop.close_on_exit(self._reader.close, "model reader")
@@ -167,38 +183,38 @@ class Worker:
 
     # -- the model --------------------------------------------------------------------------------
 
-    def _first_model(self) -> ModelRecord | None:
+    def _first_model(self) -> ModelVersion | None:
         while not self.loop.stopping:
             model = self._reader.poll(200)
             if model is not None:
                 return model
         return None
 
-    def _setup(self, model: ModelRecord) -> None:
+    def _setup(self, model: ModelVersion) -> None:
         """Build the learner from the model's public config; register the run; account a lost state."""
         from panpriv.streamer.config import RecordsConfig
         from panpriv.streamer.io.codec import make_codec
 
-        learner = PanPrivateACSA.from_config(model.config)
+        learner = batch_worker_learner(model.learner, model.config)  # the one factory, from the public config
         learner.plan_for_workers(model.workers)
-        if self.options.max_epsilon is not None and learner.epsilon > self.options.max_epsilon:
-            raise ValueError(f"the model's epsilon {learner.epsilon:g} exceeds this worker's --max-epsilon")
+        limit, planned = self.options.budget.max_epsilon, learner.planned_privacy()
+        epsilon = max(planned.output.epsilon, planned.intrusion.epsilon)
+        if limit is not None and epsilon > limit:
+            raise BudgetExceededError(f"refusing to start: the model's epsilon {epsilon:g} per use exceeds --max-epsilon "
+                                      f"{limit:g}; nothing was learned")
         self.learner = learner
         self._codec = make_codec(RecordsConfig.model_validate(
             {"format": self.options.record_format, "dim": learner.dim, "feature_bound": learner.feature_bound}))
-        previous = self.store.run_state(self.stats.instance)
-        self.store.begin_run(self.stats.instance, self.options.out or ".", f"kafka:{self.options.data_topic}")
-        self.store.register(self.stats.instance, self.stats.instance, learner.privacy(), self.options.out or ".")
+        previous = self.budget.begin_role(f"kafka:{self.options.data_topic}", learner.privacy())
         if previous is not None:  # a restart with the same --out: what the last process left unpublished was lost
             self.durable = dict(previous.positions)
             self._sequence = previous.sequence
-            self._losses = previous.losses
             self._charged.update(previous.positions)
             if self._reclassify("restart after a crash"):
                 self.stats.lost["crash"] += 1
         self._observe_privacy()
 
-    def _load(self, model: ModelRecord) -> None:
+    def _load(self, model: ModelVersion) -> None:
         assert self.learner is not None
         if model.version != self.version:
             self.learner.load_state_dict(query_state(model.state))
@@ -213,10 +229,8 @@ class Worker:
         """Move this instance's charges beyond its published positions to a lost (intrusion-only)
         instance; True if there were any."""
         assert self.learner is not None
-        lost = self.store.reclassify_lost(self.stats.instance, self.durable, f"{self.stats.instance}/lost-{self._losses + 1:03d}",
-                                          lost_state_report(self.learner.privacy()))
+        lost = self.budget.reclassify_lost(self.durable, lost_state_report(self.learner.privacy()))
         if lost:
-            self._losses += 1
             log.warning("worker %s: %s; records read into the lost batch are charged as an intrusion-only use: %s",
                         self.stats.instance, why, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in sorted(lost.items())))
         return bool(lost)
@@ -245,12 +259,11 @@ class Worker:
         that used them (the service's statement, :func:`panpriv.accounting.budget.report_for`), and per data
         source (every ``privacy_interval_s`` seconds, from the role loop's heartbeat)."""
         metrics = self.options.metrics
-        if metrics is None:
+        if metrics is None or self.learner is None:
             return
-        ledger = self.store.ledger(sorted(self._charged))
-        instance = self.stats.instance
-        mine = [name for name in ledger.instances if name == instance or name.startswith(f"{instance}/lost-")]
-        metrics.observe_privacy(report_for(ledger, mine, self.stats.records), per_source(ledger))
+        keys = sorted(self._charged)
+        report = self.budget.composed(self.learner.privacy(), keys, self.stats.records)
+        metrics.observe_privacy(report, self.budget.per_source(keys))
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -271,7 +284,7 @@ class Worker:
             self.loop.run(self._step)
         finally:
             self._discard(self._batch, "stopped mid-batch", "stopped")
-            self.store.mark_durable(self.stats.instance, self._sequence, self.durable, clean=True)
+            self.budget.mark_durable(self.stats.instance, self._sequence, self.durable, clean=True)
             try:
                 self._observe()
                 self._observe_privacy()
@@ -334,11 +347,12 @@ class Worker:
             key = self._key(record.topic, record.partition)
             start, stop = ranges.get(key, (record.offset, record.offset + 1))
             ranges[key] = (min(start, record.offset), max(stop, record.offset + 1))
-        excess = self.store.charge(self.stats.instance, ranges, self.options.max_epsilon)
         self._charged.update(ranges)
-        if excess is not None:
-            self.stats.reason = "stopped before records that would exceed the budget over all runs"
+        refused = self.budget.charge(self.stats.instance, ranges, self.budget.own())
+        if refused is not None:
+            self.stats.reason = refused
             return False
+        self.budget.learned_here += len(records)
         for key, (start, stop) in ranges.items():
             a, b = batch.ranges.get(key, (start, stop))
             batch.ranges[key] = (min(a, start), max(b, stop))
@@ -362,7 +376,7 @@ class Worker:
             for key, (_, stop) in batch.ranges.items():
                 self.durable[key] = max(self.durable.get(key, 0), stop)
             self._sequence += 1
-            self.store.mark_durable(self.stats.instance, self._sequence, self.durable)
+            self.budget.mark_durable(self.stats.instance, self._sequence, self.durable, clean=False)
             record = GradientRecord(self.options.deployment, batch.version, self.stats.instance, batch.size, mean, batch.ranges)
             self._producer.send(self.options.gradients_topic, key=self.options.deployment.encode(),
                                 value=record.to_json()).get(timeout=60)
@@ -389,5 +403,8 @@ def run(options: WorkerOptions, stop: threading.Event | None = None) -> WorkerSt
                 f"{workers[0]._newest}, {sum(stats.lost.values())} batches lost")
 
     with RoleLoop("worker", stop=stop, rate=options.rate, status=status) as loop:
-        workers.append(Worker(options, loop))
+        state = worker_state(options.out) if options.out is not None else None
+        if state is not None:  # one process per --out: two workers there would be one budget instance
+            loop.close_on_exit(state.lock().release, "state directory lock")
+        workers.append(Worker(options, loop, worker_instance(state, options.deployment)))
         return workers[0].run()

@@ -64,9 +64,9 @@ def _published_means_are_noisy(broker: KafkaBroker, names: dict[str, str], X: np
     """Only noisy means left the workers: each published gradient minus the clean mean of the
     records it names (recomputed here at θ^md of its version, by the same gradient path) has
     per-coordinate standard deviation √2·ζ(w) — the two draws of Alg. 6 — over all of them."""
-    from panpriv.streamer.scaleout.wire import ModelRecord, query_state
+    from panpriv.streamer.scaleout.wire import ModelVersion, query_state
 
-    models = {m.version: m for m in (ModelRecord.from_json(v) for v in parts.read_all(broker.bootstrap, names["model"]) if v)}
+    models = {m.version: m for m in (ModelVersion.from_json(v) for v in parts.read_all(broker.bootstrap, names["model"]) if v)}
     residuals, expected = [], None
     for record in parts.gradients(broker.bootstrap, names["gradients"]):
         model = models.get(record.version)
