@@ -248,25 +248,9 @@ class KafkaBudgetStore:
 
 
 def _ensure_topic(bootstrap: list[str], topic: str) -> None:
-    """Create ``topic`` (one partition, compacted, replicated on up to 3 brokers) unless it exists.
-    An operator may create it beforehand with other settings; it must have one partition."""
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+    """Create ``topic`` (one partition, compacted, replicated on up to 3 brokers) unless it exists;
+    an existing topic with another partition count is refused (:mod:`panpriv.streamer.kafka.topics`).
+    An operator may create it beforehand with other settings, but with one partition."""
+    from panpriv.streamer.kafka.topics import TopicSpec, ensure_topics
 
-    from panpriv.streamer.kafka import client as kafka_client
-
-    probe = kafka_client.consumer(bootstrap, client_id="panpriv-budget")
-    try:
-        if topic in probe.topics():
-            return
-        brokers = len(probe._client.cluster.brokers()) or 1  # kafka-python's metadata, as in identity.py
-    finally:
-        probe.close()
-    admin = kafka_client.admin(bootstrap, client_id="panpriv-budget")
-    try:
-        admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=min(3, brokers),
-                                      topic_configs={"cleanup.policy": "compact"})])
-    except TopicAlreadyExistsError:
-        pass
-    finally:
-        admin.close()
+    ensure_topics(bootstrap, [TopicSpec(topic, "budget store", "its charges are one total order", compacted=True)])

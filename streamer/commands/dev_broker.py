@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from panpriv.streamer.commands.exit_codes import EXIT_OK
 from panpriv.streamer.errors import ConfigError, SourceError
 
 HELP = "start a local Kafka-protocol broker (Tansu, in memory) for trying panpriv, without Docker"
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         loop.ready()
         while process.poll() is None and not loop.stopping:
             time.sleep(0.2)
-    return 0
+    return EXIT_OK
 
 
 def cluster_id() -> str:

@@ -14,6 +14,7 @@ import numpy as np
 
 import panpriv
 from panpriv.streamer.arg_types import json_object, positive_float, positive_int
+from panpriv.streamer.commands.exit_codes import EXIT_OK, EXIT_USAGE, exit_code
 from panpriv.streamer.commands.role_options import budget_flags, budget_settings
 from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.metrics.roles import metrics_flags, serve_metrics
@@ -44,11 +45,11 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
     if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir, args.role)):
         print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
-        return 0
+        return EXIT_OK
     files = generate(args.dir, args.role)
     print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the {args.role} only)\n"
           f"  public  {files.public} (give it to clients)")
-    return 0
+    return EXIT_OK
 
 
 # -- encode -------------------------------------------------------------------------------------
@@ -129,11 +130,14 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from panpriv.streamer.esa.client import MessageSender, RefusedModel
     from panpriv.streamer.esa.keys import load_public
     from panpriv.streamer.esa.model import ModelWatcher
+    from panpriv.streamer.esa.shuffler import deployment_topics
     from panpriv.streamer.kafka.client import security_options
+    from panpriv.streamer.kafka.topics import ensure_topics
 
     public = load_public(args.analyzer_key)
     bootstrap = args.bootstrap.split(",")
     security = security_options()  # the [kafka] section of --config (TLS, SASL)
+    ensure_topics(bootstrap, deployment_topics(args.messages_topic, model=args.model_topic))  # before a producer could auto-create them
     watcher = ModelWatcher(bootstrap, args.model_topic, args.name, **security)
     sender = MessageSender(bootstrap, args.messages_topic, **security)
     sent = rounds = 0
@@ -152,14 +156,14 @@ def cmd_encode(args: argparse.Namespace) -> int:
             log.info("sent %d messages for round %d", len(y), model.round)
             if len(y) == per_round:
                 model = watcher.wait_for(model.round + 1, args.timeout)
-    except RefusedModel as exc:  # a model these clients must not answer (key, calibration, local epsilon)
+    except RefusedModel as exc:  # a model these clients must not answer (key, calibration: 2; local epsilon: 3)
         print(f"panpriv encode: refused the model: {exc} (sent {sent:,} messages over {rounds} rounds)")
-        return 2
+        return exit_code(exc) or EXIT_USAGE
     finally:
         sender.close()
         watcher.close()
     print(f"panpriv encode: sent {sent:,} messages over {rounds} rounds")
-    return 0
+    return EXIT_OK
 
 
 def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, sender: Any) -> int:
@@ -176,11 +180,11 @@ def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, 
         answered = serve(clients, lambda: model, lambda r: watcher.wait_for(r, args.timeout), sender.send, log.info)
     except RefusedModel as exc:  # the refusal rule: a plan other than the accepted one, or a round beyond it
         print(f"panpriv encode: refused: {exc} (rounds answered: {state.rounds})")
-        return 2
+        return exit_code(exc) or EXIT_USAGE
     per_user = 1000 * sum(clients.encode_seconds) / max(1, answered * len(y))
     print(f"panpriv encode: {len(y):,} shuffle-gd users answered {answered} rounds here (rounds answered in all: "
           f"{state.rounds}); encode {per_user:.3f} ms per user and round")
-    return 0
+    return EXIT_OK
 
 
 # -- shuffle ------------------------------------------------------------------------------------
@@ -244,7 +248,7 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
             stop_server()
     print(f"panpriv shuffle: released {state.released} rounds; {state.waiting} messages waiting; dropped "
           f"{dict(state.dropped) or 'none'}")
-    return 0
+    return EXIT_OK
 
 
 # -- analyze ------------------------------------------------------------------------------------
@@ -343,7 +347,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(f"panpriv analyze: {state.round} rounds done; rejected {dict(state.rejected) or 'none'}"
           + (f"\n  stopped  {result.stopped}" if result.stopped else "")
           + f"\n  privacy  {result.report.statement()}\n  budget   every use of this data source: panpriv budget")
-    return 0
+    return EXIT_OK
 
 
 def add_all(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

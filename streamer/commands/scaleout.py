@@ -11,6 +11,7 @@ from typing import Any
 
 import panpriv
 from panpriv.streamer.arg_types import json_object, positive_float, positive_int
+from panpriv.streamer.commands.exit_codes import EXIT_OK
 from panpriv.streamer.commands.role_options import budget_flags, budget_settings
 from panpriv.streamer.metrics.roles import RoleMetrics, metrics_flags, serve_metrics
 
@@ -65,7 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             stop_server()
     print(f"panpriv worker: {stats.instance}: published {stats.published} noisy batch means ({stats.records:,} records); "
           f"rejected {stats.rejected}; batches lost {stats.discarded}" + (f"; {stats.reason}" if stats.reason else ""))
-    return 0
+    return EXIT_OK
 
 
 def add_coordinate(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -126,7 +127,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
             stop_server()
     print(f"panpriv coordinate: version {state.version} ({state.records:,} records, {state.stale} stale means)"
           f"{' — done' if state.done else ''}\n  privacy  {state.report().statement()}")
-    return 0
+    return EXIT_OK
 
 
 def add_all(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

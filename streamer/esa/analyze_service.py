@@ -155,7 +155,9 @@ def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> Analyze
     from kafka import TopicPartition
 
     from panpriv.streamer.budget.session import BudgetSession
+    from panpriv.streamer.esa.shuffler import deployment_topics
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.kafka.topics import ensure_topics
     from panpriv.streamer.runtime.role_loop import RoleLoop
     from panpriv.streamer.sources.identity import kafka_cluster_identity
 
@@ -173,6 +175,8 @@ def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> Analyze
         analyzer = load_analyzer(state, options)
         holder.append(analyzer)
         assert analyzer.instance is not None
+        ensure_topics(options.bootstrap, deployment_topics(options.messages_topic, options.shuffled_topic,
+                                                           options.model_topic, analyzer.release_bytes()))
         metrics = options.metrics or AnalyzerMetrics(analyzer.REJECT_REASONS)
         metrics.set_epsilon_budget(options.budget.max_epsilon)
         producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)

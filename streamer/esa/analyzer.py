@@ -169,6 +169,10 @@ class AnalyzerCore:
         """The ``panpriv shuffle`` flags this deployment needs (logged at start-up)."""
         raise NotImplementedError
 
+    def release_bytes(self) -> int:
+        """The largest record the shuffler releases for this deployment (the shuffled topic must admit it)."""
+        raise NotImplementedError
+
     def _checkpoint_fields(self, privacy: PrivacyReport | None) -> dict[str, Any]:
         """Noisy state, counters and position only (no message, no key); ``privacy``: the statement
         to record (default :meth:`report`; the analyzer's service records the composed one)."""
@@ -259,6 +263,9 @@ class Analyzer(VectorAnalyzer):
 
     def shuffler_arguments(self) -> str:
         return f"--batch-size {self.learner.batch_size} --params {self._params}"
+
+    def release_bytes(self) -> int:
+        return wire.batch_bytes(int(self.learner.batch_size or 0), self._size)
 
     @property
     def round(self) -> int:  # type: ignore[override]

@@ -104,6 +104,9 @@ class CheckinAnalyzer(VectorAnalyzer):
     def shuffler_arguments(self) -> str:
         return f"--checkin --batch-size {int(self.learner.slot_length)} --params {self._params}"
 
+    def release_bytes(self) -> int:
+        return wire.batch_bytes(int(self.learner.slot_length), self._size)
+
     @property
     def round(self) -> int:  # type: ignore[override]
         """The next slot to close (the model record's round)."""

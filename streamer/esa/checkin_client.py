@@ -42,7 +42,7 @@ from panpriv.protocols.checkin import check_in_slots, window_start
 from panpriv.protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
 from panpriv.protocols.randomness import NoiseSource, RngLike
 from panpriv.streamer.esa import checkin_wire, wire
-from panpriv.streamer.esa.client import ModelClient, RefusedModel
+from panpriv.streamer.esa.client import ModelClient, PrivacyRefused, RefusedModel
 from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.model import ModelRecord
 
@@ -90,7 +90,7 @@ class CheckinEncoder(ModelClient):
         self.randomizer = local_randomizer(cal)
         self.local = self.randomizer.local_guarantee()
         if max_local_epsilon is not None and self.local.epsilon > max_local_epsilon:
-            raise RefusedModel(f"the model's local randomizer has epsilon {self.local.epsilon:.4g} > the "
+            raise PrivacyRefused(f"the model's local randomizer has epsilon {self.local.epsilon:.4g} > the "
                                f"{max_local_epsilon:g} this client accepts")
         if model.theta.shape != (self.params,):
             raise RefusedModel(f"theta has {model.theta.size} coordinates, the calibration {self.params}")

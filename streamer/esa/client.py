@@ -41,6 +41,11 @@ class RefusedModel(ValueError):
     """The model record cannot be answered by this client (wrong learner or key, too little noise)."""
 
 
+class PrivacyRefused(RefusedModel):
+    """The model would spend more of the users' privacy than this client accepts (its local ε, a
+    plan's composed ε, rounds beyond the plan): a budget refusal (exit code 3)."""
+
+
 class ModelClient:
     """What every E-S-A client checks and reads in a model record before encoding: that it is for
     a learner this client speaks and sealed to the key it holds, then the round and the public
@@ -105,7 +110,7 @@ class Encoder(ModelClient):
         self.params = self.loss.param_dim(self.dim)
         self.local_epsilon = gaussian_epsilon0(self.noise_multiplier, float(cal["delta"]))
         if max_local_epsilon is not None and self.local_epsilon > max_local_epsilon:
-            raise RefusedModel(f"the model's noise multiplier {self.noise_multiplier:.6g} gives messages with local "
+            raise PrivacyRefused(f"the model's noise multiplier {self.noise_multiplier:.6g} gives messages with local "
                                f"epsilon {self.local_epsilon:.4g} > the {max_local_epsilon:g} this client accepts")
         if model.theta.shape != (self.params,):
             raise RefusedModel(f"theta has {model.theta.size} coordinates, the calibration {self.params}")

@@ -143,6 +143,11 @@ class GDAnalyzer(SumAnalyzer):
         """The T rounds are analysed (learned or skipped)."""
         return self.round >= self.rounds
 
+    @property
+    def done(self) -> bool:
+        """The T rounds are analysed: the service stops (no client answers a round beyond T)."""
+        return self.finished
+
     def _learn(self, batch: wire.Batch) -> bool | None:
         """Charge the round (every user, its increment) before opening anything, then open, sum,
         check and learn: True if learned, False if skipped (charged, counted), ``None`` if the

@@ -54,7 +54,7 @@ from numpy.typing import NDArray
 
 from panpriv.protocols.randomness import RngLike
 from panpriv.protocols.shuffle_gd import composed
-from panpriv.streamer.esa.client import RefusedModel
+from panpriv.streamer.esa.client import PrivacyRefused, RefusedModel
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.esa.sum_client import SharesEncoder
 
@@ -102,7 +102,7 @@ class GDEncoder(SharesEncoder):
             raise RefusedModel(f"the plan promises (epsilon, delta) = ({total_epsilon:g}, {total_delta:g}) over T = "
                                f"{self.rounds} rounds, but its per-round budget composes to {self.composed}")
         if max_epsilon is not None and self.composed.epsilon > max_epsilon:
-            raise RefusedModel(f"the plan's T = {self.rounds} rounds compose to epsilon {self.composed.epsilon:.4g} > the "
+            raise PrivacyRefused(f"the plan's T = {self.rounds} rounds compose to epsilon {self.composed.epsilon:.4g} > the "
                                f"{max_epsilon:g} this client accepts")
 
 
@@ -135,11 +135,11 @@ class AnsweredRounds:
             raise RefusedModel("the model's plan (deployment, calibration, T) is not the one this user accepted with "
                                f"her first answer (round {self.rounds[0] if self.rounds else '?'}); refusing")
         if model.round >= rounds:
-            raise RefusedModel(f"round {model.round} is beyond the T = {rounds} rounds of the statement")
+            raise PrivacyRefused(f"round {model.round} is beyond the T = {rounds} rounds of the statement")
         if model.round in self.rounds:
             raise RefusedModel(f"round {model.round} was already answered")
         if len(self.rounds) >= rounds:
-            raise RefusedModel(f"already answered the T = {rounds} rounds of the statement")
+            raise PrivacyRefused(f"already answered the T = {rounds} rounds of the statement")
 
     def record(self, model: ModelRecord) -> None:
         """Note ``model``'s round as answered (durably when file-backed) — before answering it."""

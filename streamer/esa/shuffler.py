@@ -42,8 +42,10 @@ independent of the permutation), which the analyzer drops as ``duplicate_batch``
 SIGKILL (``tests/esa``).
 
 **Order.** Determinism of "the first b messages of a round" needs one total order of the input,
-so the messages topic must have one partition (the shuffler refuses more). Scaling out is one
-messages topic per shuffler/deployment.
+so the messages topic must have one partition, and so must the shuffled topic the analyzer reads
+in order. Every role of a deployment creates the topics it names with that layout when they are
+missing and refuses another partition count with one line (:func:`deployment_topics`,
+:mod:`panpriv.streamer.kafka.topics`). Scaling out is one messages topic per shuffler/deployment.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from panpriv.streamer.esa.permute import permuted
 
 if TYPE_CHECKING:
     from panpriv.streamer.esa.metrics import ShufflerMetrics
+    from panpriv.streamer.kafka.topics import TopicSpec
 
 log = logging.getLogger("panpriv.shuffle")
 
@@ -186,6 +189,26 @@ def last_released_round(consumer: Any, topic: str) -> int:
     raise TimeoutError(f"could not read the last batch of {topic}")
 
 
+def deployment_topics(messages: str | None = None, shuffled: str | None = None, model: str | None = None,
+                      release_bytes: int | None = None) -> list[TopicSpec]:
+    """The topics of an E-S-A deployment a role names, with the layout every role needs: the
+    messages and shuffled topics one partition each (one total order: module docstring), the
+    shuffled one admitting a release of ``release_bytes``; the model topic compacted (its newest
+    record per deployment is the public state; any partition count is read)."""
+    from panpriv.streamer.kafka.topics import TopicSpec
+
+    specs = []
+    if messages:
+        specs.append(TopicSpec(messages, "shuffler", "its batches are the first b messages of a round in one total order"))
+    if shuffled:
+        specs.append(TopicSpec(shuffled, "analyzer", "it reads the shuffler's batches in their order, from partition 0",
+                               max_message_bytes=release_bytes))
+    if model:
+        specs.append(TopicSpec(model, "analyzer", "its newest record per deployment is the public model", partitions=None,
+                               compacted=True))
+    return specs
+
+
 @dataclass
 class ShuffleOptions:
     """What ``panpriv shuffle`` needs."""
@@ -215,6 +238,7 @@ def run(options: ShuffleOptions, stop: threading.Event | None = None) -> Shuffle
 
     from panpriv.streamer.kafka import calls as kafka_calls
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.kafka.topics import ensure_topics
     from panpriv.streamer.runtime.role_loop import RoleLoop
 
     def status() -> str:
@@ -222,13 +246,16 @@ def run(options: ShuffleOptions, stop: threading.Event | None = None) -> Shuffle
                 f"dropped {dict(state.dropped) or 'none'}")
 
     with RoleLoop("shuffler", stop=stop, status=status) as loop:
+        size = (wire.message_size(options.params) if options.shares is None
+                else wire.shares_message_size(options.params, options.shares))
+        unit = size if options.shares is None else wire.unit_size(options.params)
+        ensure_topics(options.bootstrap, deployment_topics(options.messages_topic, options.shuffled_topic, release_bytes=(
+            wire.batch_bytes(options.batch_size * (options.shares or 1), unit))))
         reader = kafka_client.consumer(options.bootstrap, enable_auto_commit=False, group_id=None)
         try:
             last = last_released_round(reader, options.shuffled_topic)
         finally:
             reader.close()
-        size = (wire.message_size(options.params) if options.shares is None
-                else wire.shares_message_size(options.params, options.shares))
         state = (options.make_state(last) if options.make_state is not None else
                  Shuffler(options.batch_size, size, last, options.drop_short_after_s, max_ahead=options.max_ahead,
                           shares=options.shares))
@@ -238,10 +265,6 @@ def run(options: ShuffleOptions, stop: threading.Event | None = None) -> Shuffle
         producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,
                                          retries=5)
         loop.close_on_exit(producer.close, "shuffled producer")
-        partitions = consumer.partitions_for_topic(options.messages_topic)
-        if partitions is not None and len(partitions) > 1:
-            raise ValueError(f"the messages topic {options.messages_topic} has {len(partitions)} partitions; the shuffler "
-                             "needs one (one total order of the input makes its batches deterministic)")
         tp = TopicPartition(options.messages_topic, 0)
         consumer.assign([tp])
         start = kafka_calls.committed(consumer, tp)

@@ -100,10 +100,8 @@ class SumAnalyzer(AnalyzerCore):
     def shuffler_arguments(self) -> str:
         return f"--batch-size {self.users} --params {self.dim} --shares {self.shares}"
 
-    @property
-    def done(self) -> bool:
-        """The learner's horizon is reached (``shuffle-gd``: its T rounds): no round is left."""
-        return self.finished
+    def release_bytes(self) -> int:
+        return wire.batch_bytes(self.users * self.shares, self._unit_size)
 
     def handle(self, value: bytes | None) -> bool:
         """Analyse one record of the shuffled topic; True if it closed the current round (learned or

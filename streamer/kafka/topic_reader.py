@@ -65,6 +65,8 @@ class TopicReader:
         self.consumer = consumer
         self.partitions = list(partitions)
         self._on_record = on_record
+        self._unknown = {tp.topic for tp in self.partitions if not consumer.partitions_for_topic(tp.topic)}
+        self._next_lookup = 0.0
         consumer.assign(self.partitions)
         start = dict(start or {})
         rest = [tp for tp in self.partitions if tp not in start]
@@ -75,6 +77,7 @@ class TopicReader:
 
     def poll(self, timeout_ms: int = 0) -> int:
         """Hand over what arrived within ``timeout_ms``; the number of records."""
+        self._look_for_late_topics()
         count = 0
         for records in self.consumer.poll(timeout_ms=timeout_ms).values():
             for record in records:
@@ -92,6 +95,18 @@ class TopicReader:
             return True
         ends = calls.end_offsets(self.consumer, known)
         return all(self.consumer.position(tp) >= ends[tp] for tp in known)
+
+    def _look_for_late_topics(self) -> None:
+        """A topic the broker did not know when the reader started (a client started before the
+        role that creates it): ask the broker again, at most once a second, until it exists; its
+        partitions are then read from their beginning. (kafka-python refreshes the metadata of an
+        assigned but unknown topic only every ``metadata_max_age_ms``, 5 minutes by default.)"""
+        if not self._unknown or time.monotonic() < self._next_lookup:
+            return
+        self._next_lookup = time.monotonic() + 1.0
+        self.consumer.topics()  # a metadata request to the broker
+        self._known_partitions()
+        self._unknown = {topic for topic in self._unknown if not self.consumer.partitions_for_topic(topic)}
 
     def _known_partitions(self) -> list[Any]:
         from kafka import TopicPartition

@@ -37,7 +37,16 @@ from panpriv.protocols.pan_acsa_scaleout import combine, worker_batch
 from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.runtime.learners import from_public_config
 from panpriv.streamer.scaleout.metrics import CoordinatorMetrics
-from panpriv.streamer.scaleout.wire import FETCH_WAIT_MS, GradientRecord, ModelReader, ModelVersion, WireError, decode_state, encode_state
+from panpriv.streamer.scaleout.wire import (
+    FETCH_WAIT_MS,
+    GradientRecord,
+    ModelReader,
+    ModelVersion,
+    WireError,
+    decode_state,
+    encode_state,
+    scaleout_topics,
+)
 
 log = logging.getLogger("panpriv.coordinate")
 
@@ -182,6 +191,7 @@ def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coor
     from kafka import TopicPartition
 
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.kafka.topics import ensure_topics
     from panpriv.streamer.runtime.role_loop import RoleLoop
 
     holder: dict[str, Coordinator] = {}
@@ -195,6 +205,7 @@ def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coor
                 + (f" (from {', '.join(waiting)})" if waiting else "") + f"; {coordinator.stale} stale means so far")
 
     with RoleLoop("coordinator", stop=stop, status=status) as loop:
+        ensure_topics(options.bootstrap, scaleout_topics(options.gradients_topic, options.model_topic))
         reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
         try:
             saved = reader.read_to_end()

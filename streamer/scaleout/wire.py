@@ -163,6 +163,16 @@ class ModelVersion:
                    str(value.get("learner", "pan-acsa")))
 
 
+def scaleout_topics(gradients: str, model: str) -> list[Any]:
+    """The topics of a scale-out model both roles name, with the layout they need (created if
+    missing, another partition count of the gradients topic refused: :mod:`panpriv.streamer.kafka.topics`)."""
+    from panpriv.streamer.kafka.topics import TopicSpec
+
+    return [TopicSpec(gradients, "coordinator", "it reads the workers' noisy means in one order, from partition 0"),
+            TopicSpec(model, "coordinator", "its newest record per deployment is the model's whole state", partitions=None,
+                      compacted=True)]
+
+
 class ModelReader:
     """The newest record of one deployment on the (compacted) model topic, by version
     (:class:`panpriv.streamer.kafka.topic_reader.NewestRecord`: the caught-up rule; malformed

@@ -43,10 +43,11 @@ from panpriv.streamer.budget.open import BudgetSettings
 from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.budget.store import BudgetExceededError
 from panpriv.streamer.errors import CheckpointError
+from panpriv.streamer.kafka.topics import ensure_topics
 from panpriv.streamer.runtime.role_loop import RoleLoop
 from panpriv.streamer.scaleout.coordinator import batch_worker_learner
 from panpriv.streamer.scaleout.metrics import WorkerMetrics
-from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelVersion, query_state
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelVersion, query_state, scaleout_topics
 from panpriv.streamer.state.role_state import RoleState
 
 log = logging.getLogger("panpriv.worker")
@@ -406,5 +407,7 @@ def run(options: WorkerOptions, stop: threading.Event | None = None) -> WorkerSt
         state = worker_state(options.out) if options.out is not None else None
         if state is not None:  # one process per --out: two workers there would be one budget instance
             loop.close_on_exit(state.lock().release, "state directory lock")
-        workers.append(Worker(options, loop, worker_instance(state, options.deployment)))
+        instance = worker_instance(state, options.deployment)
+        ensure_topics(options.bootstrap, scaleout_topics(options.gradients_topic, options.model_topic))
+        workers.append(Worker(options, loop, instance))
         return workers[0].run()
