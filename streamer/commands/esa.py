@@ -106,7 +106,7 @@ def _chunks(path: Path, first: int, size: int | None) -> Iterator[tuple[np.ndarr
 def _encoder(args: argparse.Namespace, public: Any, model: Any) -> Any:
     """The client encoder of the model's learner (:mod:`panpriv.streamer.esa.families`)."""
     entry = _family_of(model)
-    if entry.client == "checkin":
+    if entry.client == "check-in":
         from panpriv.streamer.esa.keys import load_public
 
         if args.shuffler_key is None:

@@ -7,7 +7,8 @@ encrypted to it. Here, for the ``shuffle-gaussian`` learner (Liew & Takahashi 20
 - :mod:`panpriv.streamer.esa.client`: the user's encoder — reads the public model of the round, sends one
   fixed-size message (clipped gradient + Gaussian noise) sealed to the analyzer's key. It imports
   only ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and :mod:`panpriv.streamer.esa.wire`
-  / :mod:`panpriv.streamer.esa.keys` / :mod:`panpriv.streamer.esa.model` (nothing of the service);
+  / :mod:`panpriv.streamer.esa.keys` / :mod:`panpriv.streamer.esa.model` / :mod:`panpriv.streamer.esa.families`
+  (nothing of the service);
 - :mod:`panpriv.streamer.esa.shuffler`: ``panpriv shuffle`` — holds no key that can read a message;
 - :mod:`panpriv.streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model
   (its service loop, state and charges to the budget store shared by every run:

@@ -13,7 +13,7 @@ can refuse a model whose calibration gives a weaker local guarantee than she acc
 (``max_local_epsilon``), recomputed here from σ, not taken from the record.
 
 This module imports ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and its siblings
-``panpriv.streamer.esa.wire``/``keys``/``model`` only — none of the service (tested). Sending is
+``panpriv.streamer.esa.wire``/``keys``/``model``/``families`` only — none of the service (tested). Sending is
 :class:`MessageSender`; :class:`Encoder` is pure (no I/O).
 """
 
@@ -31,6 +31,7 @@ from panpriv.protocols.randomizers import gaussian_epsilon0
 from panpriv.protocols.randomness import NoiseSource, RngLike
 from panpriv.protocols.shuffle_gaussian import local_messages
 from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.model import ModelRecord
 
@@ -104,7 +105,7 @@ class Encoder(ModelClient):
 
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  rng: RngLike = None) -> None:
-        super().__init__(public_key, model, ("shuffle-gaussian",))
+        super().__init__(public_key, model, learners_with(shuffler="messages"))
         cal = model.calibration
         self.noise_multiplier = float(cal["noise_multiplier"])
         self.params = self.loss.param_dim(self.dim)

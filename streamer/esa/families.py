@@ -34,11 +34,11 @@ class Family:
         ``"module:Class"`` of the client's encoder (what ``panpriv encode`` and applications use).
     client
         How users take part: ``"per-round"`` (each user answers one round: one message, or m shares),
-        ``"every-round"`` (every user answers each of T rounds, keeping a state file), ``"checkin"``
+        ``"every-round"`` (every user answers each of T rounds, keeping a state file), ``"check-in"``
         (each user checks in once, sealing to the shuffler too: ``--shuffler-key``).
     shuffler
         What ``panpriv shuffle`` releases: ``"messages"``, ``"shares"`` (``--shares M``: units of M
-        shares) or ``"checkin"`` (``--checkin``: per-slot releases).
+        shares) or ``"slots"`` (``--checkin``: per-slot releases).
     batch_option
         The learner's constructor parameter that ``panpriv analyze --batch-size`` sets (the users of
         a round: ``batch_size``; ``n`` for ``shuffle-gd``, whose rounds ask every user;
@@ -48,8 +48,8 @@ class Family:
     learner: str
     analyzer: str
     encoder: str
-    client: Literal["per-round", "every-round", "checkin"]
-    shuffler: Literal["messages", "shares", "checkin"]
+    client: Literal["per-round", "every-round", "check-in"]
+    shuffler: Literal["messages", "shares", "slots"]
     batch_option: str = "batch_size"
 
     def analyzer_class(self) -> Any:
@@ -80,9 +80,16 @@ FAMILIES: dict[str, Family] = {
     "shuffle-gd": Family("shuffle-gd", "panpriv.streamer.esa.gd_analyzer:GDAnalyzer",
                          "panpriv.streamer.esa.gd_client:GDEncoder", "every-round", "shares", batch_option="n"),
     "checkin": Family("checkin", "panpriv.streamer.esa.checkin_analyzer:CheckinAnalyzer",
-                      "panpriv.streamer.esa.checkin_client:CheckinEncoder", "checkin", "checkin", batch_option="slot_length"),
+                      "panpriv.streamer.esa.checkin_client:CheckinEncoder", "check-in", "slots", batch_option="slot_length"),
 }
 """Learner name → its family, in the order ``panpriv analyze --help`` lists them."""
+
+
+def learners_with(**attributes: str) -> tuple[str, ...]:
+    """The learners whose family has every one of ``attributes`` (``shuffler="shares"``, …): what a
+    client or shuffler mode serves, derived from this one list."""
+    return tuple(name for name, entry in FAMILIES.items()
+                 if all(getattr(entry, key) == value for key, value in attributes.items()))
 
 
 class UnknownFamilyError(ValueError):

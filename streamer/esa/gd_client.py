@@ -33,7 +33,7 @@ deployment has one state per user (one device, one file). The state file holds o
 (public) and round numbers — no record, no gradient.
 
 Like :mod:`panpriv.streamer.esa.sum_client`, this module imports ``protocols``, ``accounting``, numpy,
-PyNaCl and its siblings ``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``sum_client`` only —
+PyNaCl and its siblings ``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``sum_client``/``families`` only —
 none of the service (tested).
 """
 
@@ -55,12 +55,12 @@ from numpy.typing import NDArray
 from panpriv.protocols.randomness import RngLike
 from panpriv.protocols.shuffle_gd import composed
 from panpriv.streamer.esa.client import PrivacyRefused, RefusedModel
+from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.esa.sum_client import SharesEncoder
 
 Array = NDArray[np.float64]
 
-GD_LEARNER = "shuffle-gd"
 STATE_FORMAT = "panpriv-esa-gd-client/1"
 COMPOSITION_SLACK = 1e-9
 """Relative tolerance when comparing the promised (ε, δ) with the client's own composition
@@ -82,7 +82,7 @@ class GDEncoder(SharesEncoder):
     checks of the T-round plan (module docstring). ``max_epsilon``: refuse a plan whose T rounds
     compose to more than this ε."""
 
-    learners: ClassVar[tuple[str, ...]] = (GD_LEARNER,)
+    learners: ClassVar[tuple[str, ...]] = learners_with(client="every-round")
 
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  max_epsilon: float | None = None, rng: RngLike = None) -> None:

@@ -328,7 +328,7 @@ def _deployment(bootstrap: list[str], checkin: CheckinShuffleOptions, private: P
         model = watcher.current() or watcher.wait_for(0, checkin.model_timeout_s)
     finally:
         watcher.close()
-    if FAMILIES.get(model.learner) is None or FAMILIES[model.learner].shuffler != "checkin":
+    if FAMILIES.get(model.learner) is None or FAMILIES[model.learner].shuffler != "slots":
         raise ConfigError(f"--checkin: the model topic {checkin.model_topic} is for {model.learner!r}, whose shuffler does "
                           "not release check-in slots")
     if model.key_id != key_id(analyzer).hex():

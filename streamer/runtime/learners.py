@@ -6,7 +6,7 @@ and a scale-out worker (from the model's public config) build their learners her
 The names and classes come from :mod:`panpriv.protocols.catalogue` (the one list); this module adds the
 service's defaults (:data:`DEFAULT_OPTIONS`) and builds the constructor arguments. A learner that
 reads a recording by record index (``learn_recorded``: ``shuffled-pnsgd``, ``shuffle-gd``) is
-catalogued the same way; the processor sees what it declares (:mod:`panpriv.streamer.runtime.replay`) and gives it
+catalogued the same way; the processor sees what it declares (:mod:`panpriv.streamer.runtime.recorded_driver`) and gives it
 a ``file:`` source by index.
 
 Building. The factory passes the common settings to the constructor parameters of the same name,

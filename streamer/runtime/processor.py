@@ -95,8 +95,7 @@ from panpriv.streamer.runtime.heartbeat import Heartbeat, LagReporter
 from panpriv.streamer.runtime.learners import build_learner, constructor_arguments, learner_class, restore_learner
 from panpriv.streamer.runtime.pacing import Cadence, Pacer
 from panpriv.streamer.runtime.progress import Progress
-from panpriv.streamer.runtime.recorded_driver import RecordedDriver
-from panpriv.streamer.runtime.replay import open_indexed, reads_by_index
+from panpriv.streamer.runtime.recorded_driver import RecordedDriver, open_indexed, reads_by_index
 from panpriv.streamer.runtime.role_loop import RoleLoop
 from panpriv.streamer.runtime.status import StatusLine
 from panpriv.streamer.runtime.stream_driver import StreamDriver

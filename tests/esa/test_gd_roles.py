@@ -270,8 +270,7 @@ def test_a_round_that_fails_is_charged_and_counts_as_one_of_the_t_rounds(key: Pr
 
 
 def test_gd_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("panpriv.streamer.esa.gd_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.gd_client",
-                         "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.gd_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.families", "panpriv.streamer.esa.gd_client", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]
 
 
 def test_the_default_plan_is_finite() -> None:
