@@ -297,10 +297,14 @@ def test_dockerfile_copies_everything_the_projects_own_install_needs() -> None:
     needed |= {Path(pattern.rstrip("*")) for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert needed <= copied
     assert all((REPO / path).exists() for path in copied)
-    # Package data (the bundled dataset) lives inside a copied package.
+    # Package data (the bundled dataset) lives inside a copied package: panpriv.<layer> is the
+    # top-level folder <layer>, reached through panpriv/'s link.
     for package in pyproject["tool"]["setuptools"]["package-data"]:
-        assert Path(package) in copied
+        assert Path(*package.split(".")[1:2] or [package]) in copied, package
     assert any(name == "RUN" and "pip wheel" in args and " ." in args for name, args in dockerfile_instructions())
+    # The build context sends only what the .dockerignore lets through (`*`, then `!path` lines).
+    allowed = {Path(line[1:].rstrip("/")) for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert copied <= allowed, f"copied but left out of the build context: {sorted(map(str, copied - allowed))}"
 
 
 # --- the service's config (deploy/panpriv.toml) agrees with the stack ----------------------------
