@@ -76,3 +76,16 @@ def test_no_page_points_users_at_internal_material(document: str) -> None:
     text = (ROOT / document).read_text(encoding="utf-8")
     assert "shared/" not in text
     assert not SEED.findall(text), [text[max(0, m.start() - 40): m.end() + 40] for m in SEED.finditer(text)]
+
+
+PATH = re.compile(r"`((?:accounting|protocols|streamer|tests|benchmarks|deploy|docs|panpriv)/[\w./-]*)`")
+"""A repository path written as code: ``streamer/runtime/processor.py``, ``tests/esa/``."""
+
+
+@pytest.mark.parametrize("document", PAGES + ["CHANGELOG.md", "deploy/README.md"])
+def test_every_repository_path_a_page_names_exists(document: str) -> None:
+    """Modules move (streamer/ was reorganised into folders): a page that names a file names one
+    that is there."""
+    text = (ROOT / document).read_text(encoding="utf-8")
+    missing = sorted({path for path in PATH.findall(text) if "<" not in path and not (ROOT / path.rstrip("/")).exists()})
+    assert not missing, missing

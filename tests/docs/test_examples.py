@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from panpriv.streamer.cli import build_parser
+from panpriv.streamer.commands.cli import build_parser
 from panpriv.streamer.config import ServiceConfig
 from tests.docs.pages import DOCS, ROOT, code_blocks, pages, panpriv_commands
 
@@ -66,7 +66,7 @@ def test_the_python_guide_runs_in_order(tmp_path: Path, monkeypatch: pytest.Monk
     """docs/how-to/python.md: its one ``panpriv run`` writes the snapshots its later blocks read."""
     guide = DOCS / "how-to" / "python.md"
     ((run,),) = [panpriv_commands(block) for block in code_blocks(guide, "sh")]
-    subprocess.run([sys.executable, "-m", "panpriv.streamer.cli", *run], cwd=tmp_path, check=True, capture_output=True,
+    subprocess.run([sys.executable, "-m", "panpriv", *run], cwd=tmp_path, check=True, capture_output=True,
                    env={**os.environ, "PANPRIV_STATE_DIR": str(tmp_path / "state")}, timeout=300)
     script = tmp_path / "guide.py"
     script.write_text("\n".join(code_blocks(guide, "python")), encoding="utf-8")

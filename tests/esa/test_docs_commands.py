@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from panpriv.streamer.cli import build_parser
-from panpriv.streamer.esa import commands
+from panpriv.streamer.commands import esa as commands
+from panpriv.streamer.commands.cli import build_parser
 from tests.docs.pages import DOCS, code_blocks, panpriv_commands
 
 GUIDE = DOCS / "how-to" / "esa.md"

@@ -165,7 +165,7 @@ def test_the_installed_wheel_runs_outside_the_source_tree(artefacts: dict[str, P
     def in_venv(*argv: str | Path, timeout: float = 120) -> str:
         return run(list(argv), cwd=work, env=env, timeout=timeout)
 
-    where = in_venv(python, "-c", "import panpriv, panpriv.streamer.cli as cli; print(panpriv.__file__); print(cli.__file__)")
+    where = in_venv(python, "-c", "import panpriv, panpriv.streamer.commands.cli as cli; print(panpriv.__file__); print(cli.__file__)")
     assert all(Path(line).is_relative_to(venv) for line in where.splitlines()), where
     assert in_venv(venv / "bin" / "panpriv", "--version").strip() == f"panpriv {VERSION}"
     assert "usage: panpriv" in in_venv(venv / "bin" / "panpriv", "--help")

@@ -1,4 +1,4 @@
-"""panpriv.streamer.checkpoint: exact round trip, atomic replacement, refusal of changed settings."""
+"""panpriv.streamer.state.checkpoint: exact round trip, atomic replacement, refusal of changed settings."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger
 from panpriv.protocols import checks
-from panpriv.streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
-from panpriv.streamer.cli import main
+from panpriv.streamer.commands.cli import main
 from panpriv.streamer.errors import CheckpointError, OutputError
-from panpriv.streamer.learners import restore_learner
+from panpriv.streamer.runtime.learners import restore_learner
+from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
 
 
 def make(sequence: int = 1, **changes) -> Checkpoint:

@@ -15,7 +15,7 @@ from panpriv.streamer.config import (
 )
 from panpriv.streamer.datasets import adult
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.learners import constructor_arguments
+from panpriv.streamer.runtime.learners import constructor_arguments
 
 KAFKA = {"source.url": "kafka://127.0.0.1:9092/t", "records.dim": 3, "records.feature_bound": 1.0}
 

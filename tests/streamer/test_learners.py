@@ -1,4 +1,4 @@
-"""panpriv.streamer.learners: the catalogue's names and classes, building from config sections, and clear failures."""
+"""panpriv.streamer.runtime.learners: the catalogue's names and classes, building from config sections, and clear failures."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger
 from panpriv.protocols.catalogue import CATALOGUE
-from panpriv.streamer.checkpoint import CheckpointStore
 from panpriv.streamer.config import LEARNER_NAMES, load_config
 from panpriv.streamer.errors import ConfigError, LearnerUnavailableError
-from panpriv.streamer.learners import build_learner, constructor_arguments, learner_class
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.replay import reads_by_index
-from panpriv.streamer.stream_driver import StreamDriver
+from panpriv.streamer.runtime.learners import build_learner, constructor_arguments, learner_class
+from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.runtime.replay import reads_by_index
+from panpriv.streamer.runtime.stream_driver import StreamDriver
+from panpriv.streamer.state.checkpoint import CheckpointStore
 
 SYNTHETIC = {"source.url": "synthetic:n=6000&dim=4&seed=2", "records.dim": 4, "records.feature_bound": 1.0}
 

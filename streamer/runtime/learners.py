@@ -1,0 +1,127 @@
+"""The service's side of the learner catalogue: ``--learner NAME`` → a learner built from the config.
+
+The names and classes come from :mod:`panpriv.protocols.catalogue` (the one list); this module adds the
+service's defaults (:data:`DEFAULT_OPTIONS`) and builds the constructor arguments. A learner that
+reads a recording by record index (``learn_recorded``: ``shuffled-pnsgd``, ``shuffle-gd``) is
+catalogued the same way; the processor sees what it declares (:mod:`panpriv.streamer.runtime.replay`) and gives it
+a ``file:`` source by index.
+
+Building. The service passes its common settings to the constructor parameters of the same name,
+when the constructor has them:
+
+==================  ================================================================
+parameter           value
+==================  ================================================================
+``dim``             ``records.dim``
+``feature_bound``   ``records.feature_bound`` (the bound records were clipped to)
+``epsilon``         ``learner.epsilon``
+``delta``           ``learner.delta``
+``horizon``/``n``   the public stream length (``learner.n``, or the finite source's count)
+``rng``             ``learner.seed`` (test/replay mode) or ``None`` (OS entropy per draw)
+``radius``          unless given: √d (:func:`default_radius`)
+``pan_delta``       PNSGD, unless given: ``learner.delta`` (:mod:`panpriv.streamer.runtime.delta_target`)
+==================  ================================================================
+
+Everything else comes from ``[learner.options]`` (over :data:`DEFAULT_OPTIONS`). An option the
+constructor does not accept is an error naming the option and the accepted ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from panpriv.protocols.base import Learner
+from panpriv.protocols.catalogue import UnknownLearnerError, load_learner
+from panpriv.protocols.errors import InvalidInputError
+from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.errors import ConfigError, LearnerUnavailableError
+from panpriv.streamer.runtime.option_hints import hint
+
+DEFAULT_OPTIONS: Mapping[str, Any] = {"loss": {"name": "logistic", "intercept": True}}
+"""Options every learner gets unless ``[learner.options]`` overrides them: the logistic loss with
+an intercept (a loss given in the options is merged over this one, so ``intercept = false`` turns
+the intercept off)."""
+
+
+def default_radius(dim: int) -> float:
+    """The radius of Θ when none is given: r = √d, by a rule that does not look at the data.
+
+    Θ = {‖θ‖ ≤ √d} contains every weight vector with |θ_j| ≤ 1 for each of the d features: for
+    features on a unit scale (in [0, 1] or [-1, 1], one-hot or scaled ranges) each may move the
+    log-odds by up to one e-fold, and a model can reach confident predictions, which radius 1 —
+    the constructors' default, |⟨θ, x⟩| ≤ ‖x‖ — cannot for more than a handful of features
+    (probabilities stay in [0.27, 0.73] at ‖x‖ ≤ 1). It is the Adult demo's rule
+    (:data:`panpriv.streamer.config.ADULT_RADIUS`), never below 1.
+    """
+    return max(1.0, dim**0.5)
+
+_STREAM_LENGTH_NAMES = ("horizon", "n")
+
+
+def learner_class(name: str) -> type[Learner]:
+    """The class catalogued under ``name`` (:func:`panpriv.protocols.catalogue.load_learner`)."""
+    try:
+        return load_learner(name)
+    except UnknownLearnerError as exc:
+        raise LearnerUnavailableError(str(exc)) from None
+
+
+def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
+    """The keyword arguments (without ``rng``) that :func:`build_learner` passes."""
+    cls = learner_class(config.learner.name)
+    parameters = inspect.signature(cls.__init__).parameters
+    common: dict[str, Any] = {
+        "dim": config.records.dim,
+        "feature_bound": config.records.feature_bound,
+        "epsilon": config.learner.epsilon,
+        "delta": config.learner.delta,
+    }
+    common.update({name: n for name in _STREAM_LENGTH_NAMES})
+    arguments = {k: v for k, v in common.items() if k in parameters}
+    options = {**DEFAULT_OPTIONS, **config.learner.options}
+    if isinstance(options.get("loss"), Mapping):
+        options["loss"] = {**DEFAULT_OPTIONS["loss"], **options["loss"]}
+    if "radius" in parameters and "radius" not in options:
+        options["radius"] = default_radius(config.records.dim or 1)
+    if "pan_delta" in parameters and "delta" not in parameters and "pan_delta" not in options:
+        options["pan_delta"] = config.learner.delta  # PNSGD: the requested delta is its pan floor (panpriv.streamer.runtime.delta_target)
+    accepted = set(parameters) - {"self", "rng"}
+    for key, value in options.items():
+        if key not in accepted:
+            raise ConfigError(
+                f"learner.options.{key}: {cls.__name__} has no parameter {key!r}; "
+                f"accepted: {', '.join(sorted(accepted - set(common)))}"
+            )
+        if key in arguments:
+            raise ConfigError(f"learner.options.{key}: set it through its own setting, not options")
+        arguments[key] = value
+    missing = [
+        p.name for p in parameters.values()
+        if p.default is inspect.Parameter.empty and p.name not in ("self", "rng") and p.name not in arguments
+    ]
+    if missing:
+        raise ConfigError(
+            f"learner {config.learner.name!r} needs " + ", ".join(f"learner.options.{m}{hint(m)}" for m in missing)
+            + f" (constructor arguments of {cls.__name__} without a default)"
+        )
+    return arguments
+
+
+def build_learner(config: ServiceConfig, n: int) -> Learner:
+    """A fresh learner for ``config`` and public stream length ``n``."""
+    cls = learner_class(config.learner.name)
+    try:
+        return cls.from_config(constructor_arguments(config, n), rng=config.learner.seed)
+    except InvalidInputError as exc:
+        raise ConfigError(f"learner {config.learner.name!r}: {exc}") from None
+
+
+def restore_learner(name: str, learner_config: Mapping[str, Any], state: Mapping[str, Any], seed: int | None) -> Learner:
+    """A learner rebuilt from a checkpoint's learner config and state."""
+    cls = learner_class(name)
+    try:
+        return cls.from_state_dict(learner_config, state, rng=seed)
+    except (InvalidInputError, TypeError) as exc:
+        raise ConfigError(f"cannot restore learner {name!r} from the checkpoint: {exc}") from None
