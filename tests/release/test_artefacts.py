@@ -52,7 +52,7 @@ def copy_sources(target: Path) -> Path:
     """The files a build reads, as a clean checkout has them: ``panpriv/`` with its links, the
     three layers, and the top-level files (everything but the folders that are not packaged)."""
     target.mkdir()
-    for name in tracked(".") + ["MANIFEST.in"]:
+    for name in tracked("."):
         if "/" in name or not (ROOT / name).is_file():
             continue
         shutil.copy2(ROOT / name, target / name)
