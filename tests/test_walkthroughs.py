@@ -1,5 +1,6 @@
-"""The README's E-S-A and scale-out walkthroughs work on ``panpriv dev-broker`` as written: the
-commands of the README's blocks, run in their order against a fresh dev broker, with no topic
+"""The E-S-A and scale-out walkthroughs (docs/how-to/esa.md, docs/how-to/scale-out.md, linked from
+the README) work on ``panpriv dev-broker`` as written: the commands of their first blocks, run in
+their order against a fresh dev broker, with no topic
 created beforehand — the roles create theirs (streamer/kafka/topics.py), where the broker's
 producers would auto-create topics with 4 partitions (0 of 7 worker means arrived and no E-S-A
 round was ever released when the roles read partition 0 of such topics). Only what a test must
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests.esa.parts import panpriv
-from tests.esa.test_readme import esa_commands
+from tests.docs.pages import DOCS, code_blocks, panpriv_commands
 from tests.realparts import ManagedProcess, free_loopback_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -42,6 +43,11 @@ def dev_broker(tmp_path: Path) -> Iterator[str]:
     finally:
         broker.send_signal(signal.SIGTERM)
         broker.wait(timeout=30)
+
+
+def walkthrough(page: str) -> list[list[str]]:
+    """The ``panpriv`` commands of the first shell block of ``docs/how-to/PAGE``."""
+    return panpriv_commands(code_blocks(DOCS / "how-to" / page, "sh")[0])
 
 
 def as_run_here(args: list[str], bootstrap: str, tmp_path: Path, keys: Path | None = None, i: int = 0) -> list[str]:
@@ -78,7 +84,7 @@ def stop(process: ManagedProcess) -> int:
 
 
 def test_the_esa_walkthrough_on_the_dev_broker(dev_broker: str, tmp_path: Path) -> None:
-    commands = esa_commands()
+    commands = walkthrough("esa.md")
     assert [c[0] for c in commands] == ["keygen", "analyze", "shuffle", "encode"]
     keygen, analyze, shuffle, encode = commands
     assert subprocess.run([sys.executable, "-m", "panpriv", *as_run_here(keygen, dev_broker, tmp_path)], cwd=ROOT,
@@ -101,7 +107,7 @@ def test_the_esa_walkthrough_on_the_dev_broker(dev_broker: str, tmp_path: Path) 
 
 
 def test_the_scaleout_walkthrough_on_the_dev_broker(dev_broker: str, tmp_path: Path) -> None:
-    commands = esa_commands("### One model on many workers")
+    commands = walkthrough("scale-out.md")
     assert [c[0] for c in commands] == ["coordinate", "worker"]
     coordinate, worker = commands
     produced = subprocess.run([sys.executable, "-m", "panpriv", "produce", "--bootstrap", dev_broker, "--topic", "events",
