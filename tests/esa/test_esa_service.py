@@ -102,11 +102,11 @@ def test_prometheus_scrapes_both_roles_and_the_budget_store_composes_analyzers(
 
         assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
         # A client whose --max-local-epsilon the model's messages would exceed sends nothing and
-        # says why (exit code 2, no traceback).
+        # says why (exit code 3, a budget refusal: streamer/commands/exit_codes.py; no traceback).
         refused_client = cli(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
                               "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--name", "first",
                               "--source", str(source), "--max-local-epsilon", "0.01", "--timeout", "30"])
-        assert refused_client.returncode == 2, refused_client.stdout + refused_client.stderr
+        assert refused_client.returncode == 3, refused_client.stdout + refused_client.stderr
         assert "refused the model" in refused_client.stdout and "local" in refused_client.stdout
         assert "Traceback" not in refused_client.stderr
         analyzer.process.terminate()
