@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.esa.parts import panpriv
 from tests.docs.pages import DOCS, code_blocks, panpriv_commands
+from tests.esa.parts import panpriv
 from tests.realparts import ManagedProcess, free_loopback_port, wait_until
 
 pytestmark = pytest.mark.integration
