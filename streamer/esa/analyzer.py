@@ -48,6 +48,7 @@ from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.deployment import DEPLOYMENT, esa_report
 from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.runtime.learners import restore_learner
 
 CHECKPOINT_FORMAT = "panpriv-esa-analyzer/1"
 APPLIED_KEPT = 1024
@@ -313,7 +314,8 @@ class Analyzer(VectorAnalyzer):
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> Analyzer:
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"not an analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        learner = ShuffleGaussianSGD.from_state_dict(data["config"], decode_state(data["state"]))
+        learner = restore_learner(ShuffleGaussianSGD.name, data["config"], decode_state(data["state"]), None)
+        assert isinstance(learner, ShuffleGaussianSGD)
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer._restore_fields(data)
         analyzer.min_valid = data["min_valid"]

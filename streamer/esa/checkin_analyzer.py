@@ -42,6 +42,7 @@ from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import VectorAnalyzer, decode_state
 from panpriv.streamer.esa.deployment import checkin_report
 from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.runtime.learners import restore_learner
 
 CHECKPOINT_FORMAT = "panpriv-esa-checkin-analyzer/1"
 
@@ -151,7 +152,8 @@ class CheckinAnalyzer(VectorAnalyzer):
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> CheckinAnalyzer:
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"not a checkin analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        learner = RandomCheckinSGD.from_state_dict(data["config"], decode_state(data["state"]))
+        learner = restore_learner(RandomCheckinSGD.name, data["config"], decode_state(data["state"]), None)
+        assert isinstance(learner, RandomCheckinSGD)
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer._restore_fields(data)
         return analyzer

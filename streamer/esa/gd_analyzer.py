@@ -45,6 +45,7 @@ from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import decode_state
 from panpriv.streamer.esa.deployment import DEPLOYMENT, REFERENCE, SECURE_SUM_REFERENCE, secure_sum_statement
 from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
+from panpriv.streamer.runtime.learners import restore_learner
 
 CHECKPOINT_FORMAT = "panpriv-esa-gd-analyzer/1"
 
@@ -210,7 +211,8 @@ class GDAnalyzer(SumAnalyzer):
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> GDAnalyzer:
         if data.get("format") != CHECKPOINT_FORMAT or data.get("learner") != ShuffleGD.name:
             raise ValueError(f"not a shuffle-gd analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        learner = ShuffleGD.from_state_dict(data["config"], decode_state(data["state"]))
+        learner = restore_learner(ShuffleGD.name, data["config"], decode_state(data["state"]), None)
+        assert isinstance(learner, ShuffleGD)
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer._restore_fields(data)
         analyzer.round = int(data["round"])

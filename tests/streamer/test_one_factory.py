@@ -115,9 +115,8 @@ ROLE_MODULES = ("streamer/esa", "streamer/scaleout", "streamer/commands")
 
 
 def test_no_role_calls_a_learner_constructor() -> None:
-    """Learners are built by the one factory: no module of the roles or commands names a learner
-    class and calls it, or calls ``from_config``/``from_state_dict`` on one (the analyzers restore
-    their own learner's state from the state file: that is the family's restore, not a build)."""
+    """Learners are built (and restored) by the one factory: no module of the roles or commands
+    names a learner class and calls it, or calls ``from_config``/``from_state_dict`` on one."""
     classes = {load_learner(name).__name__ for name in learner_names()}
     offenders = []
     for folder in ROLE_MODULES:
@@ -127,7 +126,7 @@ def test_no_role_calls_a_learner_constructor() -> None:
                     func = node.func
                     called = func.id if isinstance(func, ast.Name) else (
                         func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-                        and func.attr == "from_config" else None)
+                        and func.attr in ("from_config", "from_state_dict") else None)
                     if called in classes:
                         offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
