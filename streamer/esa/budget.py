@@ -19,9 +19,8 @@ whose positions are offsets.
 **Position.** A position is one round ``t``: the b messages of round t, one per user
 (``participation = "all"``: each user answers one round; for ``shuffle-sgd``/``shuffle-acsa`` the b users whose
 shares make round t's batch, each in one round: Cheu et al. 2022, Def. 2.7). A round the secure-sum
-analyzer skips (:mod:`panpriv.streamer.esa.sum_analyzer`) is not learned; it is charged when it is skipped
-for a total out of range (an output of the honest users' data), not when a unit failed to open. A
-round charged is the range
+analyzer skips (:mod:`panpriv.streamer.esa.sum_analyzer`) is not learned, but it is charged: the
+analyzer charges every round before it opens any of its units. A round charged is the range
 ``[t, t + 1)``; every message in it has the instance's guarantee, so composing per round is
 composing per record.
 
