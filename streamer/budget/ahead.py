@@ -6,8 +6,8 @@ session therefore charges a micro-batch's positions *and* the next ones, :data:`
 in all, and lets the following micro-batches that fall inside that window through without a
 write. Positions charged ahead but not learned are an over-count, never an under-count:
 
-- a clean stop gives them back (:meth:`Lookahead.unused`: the tail of the last charge, beyond
-  the final positions, which this process never learned);
+- a clean stop gives back whatever this process charged beyond its final positions (it never
+  learned those: :meth:`panpriv.streamer.budget.store.BudgetStore.uncharge`);
 - a crash leaves them beyond the process's durable marks, so the next process moves them to the
   intrusion-only lost instance with the rest (:mod:`panpriv.streamer.budget.rules`);
 - a batch that does not continue in order (a rewind after a rebalance, a replay) is charged as a
@@ -59,13 +59,3 @@ class Lookahead:
                 window = (stop, window[1])
             if window is not None:
                 self._windows[(instance, key)] = window
-
-    def unused(self) -> dict[str, dict[str, tuple[int, int]]]:
-        """Per instance, the windows charged ahead and never learned (data key → ``[low, high)``);
-        forgotten: what a clean stop gives back."""
-        unused: dict[str, dict[str, tuple[int, int]]] = {}
-        for (instance, key), (low, high) in self._windows.items():
-            if high > low:
-                unused.setdefault(instance, {})[key] = (low, high)
-        self._windows.clear()
-        return unused

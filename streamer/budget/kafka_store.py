@@ -521,18 +521,19 @@ class KafkaBudgetStore:
         return len(dead)
 
     @_guarded
-    def uncharge(self, instance: str, windows: Mapping[str, tuple[int, int]]) -> None:
+    def uncharge(self, instance: str, positions: Mapping[str, int]) -> None:
         """As :meth:`panpriv.streamer.budget.store.BudgetStore.uncharge`."""
         run = self._instances.get(instance, {}).get("run")
-        attempt = self._attempts.get(run, "") if run is not None else ""
+        attempt = self._attempts.get(run) if run is not None else None
+        if attempt is None:
+            return
         messages: list[tuple[str, dict[str, Any]]] = []
-        for source, (low, high) in windows.items():
-            row = next((key for key, value in self._charges.items()
-                        if key[0] == instance and key[1] == source and key[3] == attempt and value["stop"] == high), None)
-            if row is not None:
-                body: dict[str, Any] = ({"stop": low, "ord": self._charges[row]["ord"]} if row[2] < low
+        for key, value in self._charges.items():
+            position = positions.get(key[1])
+            if key[0] == instance and key[3] == attempt and position is not None and value["stop"] > position:
+                body: dict[str, Any] = ({"stop": int(position), "ord": value["ord"]} if key[2] < position
                                         else {"deleted": True})
-                messages.append((self._charge_key(*row), body))
+                messages.append((self._charge_key(*key), body))
         if messages:
             self._write(messages)
 

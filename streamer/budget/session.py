@@ -170,10 +170,10 @@ class BudgetSession:
     def mark_durable(self, run: str, sequence: int, positions: Mapping[str, int], clean: bool) -> None:
         """Note that the checkpoint ``sequence`` holding ``positions`` is durable (``clean``: the run
         stopped cleanly, and gives back what it charged ahead and never learned)."""
-        if clean and self._ahead is not None:
-            for instance, windows in self._ahead.unused().items():
-                self.store.uncharge(instance, windows)
-        self.store.mark_durable(run, sequence, self.keys.positions(positions), clean=clean)
+        durable = self.keys.positions(positions)
+        if clean and self._ahead is not None:  # a sequential source: nothing at or past the positions was learned
+            self.store.uncharge(run, durable)
+        self.store.mark_durable(run, sequence, durable, clean=clean)
 
     # -- reporting -------------------------------------------------------------------------------
 

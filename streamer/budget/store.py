@@ -843,16 +843,19 @@ class BudgetStore:
         return len(dead)
 
     @_guarded
-    def uncharge(self, instance: str, windows: Mapping[str, tuple[int, int]]) -> None:
-        """Give back ``[low, high)`` per data key: the tail of this process's last charge of
-        ``instance`` (charged ahead, never learned: :mod:`panpriv.streamer.budget.ahead`)."""
+    def uncharge(self, instance: str, positions: Mapping[str, int]) -> None:
+        """Give back this process's charges of ``instance`` at or beyond ``positions[key]``, for a
+        process that stops cleanly at those positions of a sequential source (whose positions only
+        grow): it never learned them (charged ahead, :mod:`panpriv.streamer.budget.ahead`)."""
         with self._transaction() as writer:
             attempt = self._attempt_of(writer.db, instance)
-            for source, (low, high) in windows.items():
-                for row in self._select(writer.db, "charges", "instance = ? AND source = ? AND stop = ? AND attempt = ?",
-                                        (instance, source, high, attempt))[:1]:
-                    if row.values["start"] < low:
-                        writer.replace("charges", row, {"stop": low})
+            if not attempt:
+                return
+            for source, position in positions.items():
+                for row in self._select(writer.db, "charges", "instance = ? AND source = ? AND attempt = ? AND stop > ?",
+                                        (instance, source, attempt, int(position))):
+                    if row.values["start"] < position:
+                        writer.replace("charges", row, {"stop": int(position)})
                     else:
                         writer.remove("charges", row)
 
