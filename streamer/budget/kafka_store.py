@@ -343,9 +343,6 @@ class KafkaBudgetStore:
                         {str(k): int(v) for k, v in data["positions"].items()}, bool(data.get("clean")),
                         int(data.get("losses", 0)))
 
-    def attempt(self, run: str) -> str | None:
-        return self._attempts.get(run)
-
     @_guarded
     def attempts(self, run: str | None = None) -> list[AttemptState]:
         self._refresh()
@@ -394,11 +391,6 @@ class KafkaBudgetStore:
         if messages:
             self._write(messages)
 
-    @_guarded
-    def note_loss(self, run: str) -> None:
-        state = dict(self._runs[run])
-        state["losses"] = int(state.get("losses", 0)) + 1
-        self._write([(f"r{SEP}{run}", state)])
 
     # -- charges -----------------------------------------------------------------------------------------
 

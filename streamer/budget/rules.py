@@ -57,19 +57,20 @@ def _boot_id() -> str:
         return ""
 
 
-def _start_time(pid: int) -> str:
-    """The start time of process ``pid`` in clock ticks since boot (/proc), '' if unknown."""
+def _stat(pid: int) -> tuple[str, str]:
+    """The state letter and start time (clock ticks since boot) of process ``pid`` from /proc,
+    ``("", "")`` if unknown."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return "", ""
+    return fields[0], fields[19]
 
 
 def process_identity() -> str:
     """``host/boot id/pid/start time`` of this process: unique on a machine across pid reuse."""
     pid = os.getpid()
-    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_time(pid)}"
+    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_stat(pid)[1]}"
 
 
 def describe_process(identity: str) -> str:
@@ -85,8 +86,9 @@ def is_live(identity: str, ended: bool, seen: float, now: float) -> bool:
     host, boot, pid, start = (identity.split("/") + ["", "", "", ""])[:4]
     if (host, boot) != (socket.gethostname(), _boot_id()) or not pid.isdigit():
         return now - seen < LEASE_S
-    if start and _start_time(int(pid)) and _start_time(int(pid)) != start:
-        return False  # the pid was reused
+    state, started = _stat(int(pid))
+    if state == "Z" or (start and started and started != start):
+        return False  # killed and not reaped yet, or the pid was reused
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
