@@ -32,17 +32,31 @@ exactly the composition of both uses for the intrusion guarantee, and no double 
 outputs, which only the re-learning run produced. (Basic composition is loose; e.g. for
 Gaussian noise a tighter figure exists, but the basic one is always valid.)
 
-Unit. The unit is a *data source position*: a Kafka ``(cluster, topic, partition, offset)`` or a
-file's ``(SHA-256 of its content, line)``. The store cannot know that two different positions hold
-the same person's data (the same people arriving through another pipeline, a re-encoded file);
-``max_records_per_user`` then bounds the damage only if it is true, and it is declared, not
-enforced.
+Unit. The unit is a *data source position*: a Kafka ``(cluster, topic, partition, offset)``, or a
+position in one serialisation of a file's records, whose data key names the records by content
+(``panpriv.streamer.sources.identity``). The store cannot know that two different data sources hold
+the same person's data (the same people arriving through another pipeline, an edited selection of
+records); ``max_records_per_user`` then bounds the damage only if it is true, and it is declared,
+not enforced.
+
+Orders (:func:`effective`). One data source can be read in several *orders*: a file's records
+re-serialised, shuffled or re-encoded keep their data key (their content) but not their
+positions. Each charge carries the order of the serialisation it was made in (a digest of the
+sequence of positions and records; ``""`` where a source has only one order, e.g. Kafka). Positions
+of different orders do not name the same records, so composition keeps the positions of one
+order, the *primary* one (that of the source's first charge), and widens the charges made in
+another order to every position charged so far, ``[0, max stop)``: per instance and order, as
+many widened uses as the most of its charges covering one position of that order (one, unless
+the instance re-learned some records there). Each record then carries, at its primary position,
+at least every use it had in another order — an over-count where those runs used only some
+records, never an under-count (a record no primary charge covers has only uses in other orders,
+all of which the widened positions carry too).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from panpriv.accounting.errors import AccountingError
@@ -62,6 +76,7 @@ class Charge:
     source: str
     start: int
     stop: int
+    order: str = ""
 
 
 @dataclass(frozen=True)
@@ -89,19 +104,74 @@ def lost_state_report(report: PrivacyReport) -> PrivacyReport:
     )
 
 
+def weakest(a: PrivacyReport, b: PrivacyReport) -> PrivacyReport:
+    """``b`` with output and intrusion guarantees no stronger than ``a``'s (componentwise maximum
+    of ε and δ, which both guarantees imply): what a store keeps when an instance registers again,
+    so that a stored report never shrinks below what an earlier release was promised."""
+    output = Guarantee(max(a.output.epsilon, b.output.epsilon), max(a.output.delta, b.output.delta))
+    intrusion = Guarantee(max(a.intrusion.epsilon, b.intrusion.epsilon), max(a.intrusion.delta, b.intrusion.delta))
+    if (output, intrusion) == (b.output, b.intrusion):
+        return b
+    return PrivacyReport(
+        mechanism=b.mechanism, records=b.records, output=output, intrusion=intrusion,
+        assumptions=tuple(dict.fromkeys([*b.assumptions, *a.assumptions])),
+        references=tuple(dict.fromkeys([*b.references, *a.references])),
+        unit=b.unit, max_records_per_user=b.max_records_per_user,
+    )
+
+
+def _primary(charges: Sequence[Charge]) -> tuple[dict[str, str], dict[str, int]]:
+    """Per source, the order of its first charge and the largest stop charged."""
+    primary: dict[str, str] = {}
+    extent: dict[str, int] = {}
+    for charge in charges:
+        primary.setdefault(charge.source, charge.order)
+        extent[charge.source] = max(extent.get(charge.source, 0), charge.stop)
+    return primary, extent
+
+
+def _depth(ranges: list[tuple[int, int]]) -> int:
+    """The most ranges covering one position."""
+    events = sorted([(a, 1) for a, _ in ranges] + [(b, -1) for _, b in ranges])
+    depth = worst = 0
+    for _, step in events:
+        depth += step
+        worst = max(worst, depth)
+    return worst
+
+
+def effective(charges: Sequence[Charge]) -> list[Charge]:
+    """``charges`` (in the order they were made) with those made in another order than their
+    source's primary one widened (module docstring, "Orders"): an instance's charges in one other
+    order become as many charges of ``[0, max stop)`` as the most of them covering one position
+    (charges at distinct positions of one order use distinct records)."""
+    primary, extent = _primary(charges)
+    kept: list[Charge] = []
+    others: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
+    for charge in charges:
+        if charge.order == primary[charge.source]:
+            kept.append(charge)
+        else:
+            others.setdefault((charge.source, charge.instance, charge.order), []).append((charge.start, charge.stop))
+    for (source, instance, order), ranges in others.items():
+        kept += [Charge(instance, source, 0, extent[source], order)] * _depth(ranges)
+    return kept
+
+
 def compose(
     reports: Mapping[str, PrivacyReport],
     charges: Iterable[Charge],
     max_records_per_user: int | None = None,
 ) -> PrivacyLedger:
-    """The ledger holding every charge (a position charged twice by one instance has two uses).
+    """The ledger holding every charge (a position charged twice by one instance has two uses),
+    charges made in another order than their source's first widened (:func:`effective`).
 
     Raises :class:`AccountingError` if a charge names an instance without a report.
     """
     ledger = PrivacyLedger(max_records_per_user=max_records_per_user)
     for instance, report in reports.items():
         ledger.register(instance, report)
-    for charge in charges:
+    for charge in effective(list(charges)):
         if charge.instance not in reports:
             raise AccountingError(f"budget charge to {charge.instance!r}, which has no registered report")
         ledger.charge(charge.instance, charge.source, charge.start, charge.stop)
@@ -153,6 +223,42 @@ def exceeds(
             if epsilon > limit * (1 + 1e-12) and (worst is None or epsilon > worst.epsilon):
                 spent = tuple((u, reports[u]) for u in dict.fromkeys(uses))
                 worst = Excess(epsilon, source, a, b, spent)
+    return worst
+
+
+def exceeds_after(
+    reports: Mapping[str, PrivacyReport],
+    charges: Sequence[Charge],
+    new: Sequence[Charge],
+    limit: float,
+    max_records_per_user: int | None = None,
+) -> Excess | None:
+    """What adding ``new`` (one instance's charges) to ``charges`` (in the order they were made)
+    would do, if it would raise some record it covers above ``limit``; ``None`` if it stays within.
+
+    Unlike :func:`exceeds`, the charges carry orders: the ledger is composed *with* the new
+    charges, so a new charge in another order than its source's first is checked over the
+    positions it is widened to, and positions that the new charge adds to the source reach the
+    charges widened to them (:func:`effective`)."""
+    if not new:
+        return None
+    instance = new[0].instance
+    every = [*charges, *new]
+    ledger = compose(reports, every, max_records_per_user)
+    primary, extent = _primary(every)
+    worst: Excess | None = None
+    for charge in new:
+        start, stop = (charge.start, charge.stop) if charge.order == primary[charge.source] else (0, extent[charge.source])
+        for segment in ledger.coverage(charge.source):
+            if segment.stop <= start or segment.start >= stop:
+                continue
+            epsilon = _largest_finite_epsilon(ledger, segment.uses)
+            if epsilon > limit * (1 + 1e-12) and (worst is None or epsilon > worst.epsilon):
+                others = list(segment.uses)
+                if instance in others:
+                    others.remove(instance)
+                spent = tuple((u, reports[u]) for u in dict.fromkeys(others))
+                worst = Excess(epsilon, charge.source, max(segment.start, start), min(segment.stop, stop), spent)
     return worst
 
 

@@ -5,19 +5,29 @@ Every process that learns from records charges the store through one :class:`Bud
 the E-S-A analyzer and the scale-out worker (:meth:`BudgetSession.for_role`). The session
 registers the run, accounts for state a crash destroyed, refuses to start when other runs have
 spent the records' budget, mirrors the ledger's registrations into the store, charges durably
-*before* anything is learned, and composes the report of every use of this run's records. What a
-charge covers is its unit (:mod:`panpriv.streamer.budget.units`): position ranges (``run``, a
-worker), a round (an analyzer), or every user per round (``shuffle-gd``'s analyzer).
+*before* anything is learned (several micro-batches per write for a source read in order,
+:mod:`panpriv.streamer.budget.ahead`), and composes the report of every use of this run's records.
+What a charge covers is its unit (:mod:`panpriv.streamer.budget.units`): position ranges (``run``,
+a worker), a round (an analyzer), or every user per round (``shuffle-gd``'s analyzer).
 
-Crash accounting (:mod:`panpriv.accounting.budget`). Sequential sources: every range the run charged at or
-beyond its last durable checkpoint's positions (the later of the store's mark and the
-checkpoint's own positions, per data key) was in a state that the crash destroyed; those charges
-become an intrusion-only *lost* instance, and the resumed run charges them again when it
-re-learns them. Learners that read a recording by index: the set of records learned since the
-checkpoint is not known (it is a function of the permutation), so a run that did not stop cleanly
-charges a lost instance with the whole recording — conservative. A pass restarted under a new
-instance (``resumes_mid_pass`` False) composes with the interrupted pass in full already and needs
-no lost instance.
+Every process is an *attempt* at its run (:mod:`panpriv.streamer.budget.rules`): the store refuses a
+second live process of one run, and each charge names the attempt that made it.
+
+Crash accounting (:mod:`panpriv.accounting.budget`). Sequential sources: the ranges that a *dead* attempt
+(one that did not stop cleanly) charged at or beyond its own durable marks — raised to the
+positions of the checkpoint resumed from, which it may have written just before dying — were in a
+state that the crash destroyed; those charges become an intrusion-only *lost* instance carrying the
+dead process's last stored report, and the resumed run charges them again when it re-learns them.
+Charges of attempts that stopped cleanly are never moved: after a rollback of the checkpoint the
+re-learned records are a second use. Learners that read a recording by index: the set of records
+learned since the checkpoint is not known (it is a function of the permutation), so each dead
+attempt charges a lost instance with the whole recording — conservative. A pass restarted under a
+new instance (``resumes_mid_pass`` False) composes with the interrupted pass in full already and
+needs no lost instance.
+
+Rollback of the store. The output directory records the store's id and generation in every
+checkpoint and snapshot (:meth:`BudgetSession.mark`); a run refuses a store that is another one or
+behind what its output directory recorded (:meth:`BudgetSession.begin`).
 """
 
 from __future__ import annotations
@@ -28,15 +38,18 @@ from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any
 
-from panpriv.accounting.budget import Excess, exceeds, lost_state_report, report_for
+from panpriv.accounting.budget import Excess, lost_state_report, report_for
 from panpriv.accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
+from panpriv.streamer.budget.ahead import Lookahead
 from panpriv.streamer.budget.open import BudgetSettings, open_budget, open_store
 from panpriv.streamer.budget.store import BudgetExceededError, RunState, describe_excess
 from panpriv.streamer.budget.units import ChargeUnit, owned_by
 from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.io.codec import make_codec
 from panpriv.streamer.io.indexed import IndexedFile
+from panpriv.streamer.io.sinks import last_budget_mark
 from panpriv.streamer.sources.base import Source, display_name
-from panpriv.streamer.sources.identity import DataKeys, data_keys_for
+from panpriv.streamer.sources.identity import IDENTIFICATION_RULE, DataKeys, data_keys_for
 from panpriv.streamer.sources.local import LineFileSource, RecordingSource, SyntheticSource
 from panpriv.streamer.state.checkpoint import Checkpoint
 from panpriv.streamer.state.training_state import TrainingState
@@ -85,7 +98,7 @@ class BudgetSession:
     """
 
     def __init__(self, store: Any, out: Path | str, limit: float | None = None, *, keys: DataKeys | None = None,
-                 run: str = "", unit: ChargeUnit | None = None, seeded: bool = False) -> None:
+                 run: str = "", unit: ChargeUnit | None = None, seeded: bool = False, ahead: bool = False) -> None:
         self.store = store
         self._out = Path(out)
         self._limit = limit
@@ -94,6 +107,8 @@ class BudgetSession:
         self.unit = unit
         self._seeded = seeded
         self._config: ServiceConfig | None = None
+        self._orders = keys.orders if keys is not None else {}
+        self._ahead = Lookahead() if ahead else None
         self._stored_reports: dict[str, PrivacyReport] = {}  # what the store holds for our instances
         self.learned_here = 0  # records or rounds learned by this process (0: a budget refusal is a refusal to start)
         self._precharged: int | None = None  # a step charged by a process that died before its checkpoint
@@ -102,8 +117,15 @@ class BudgetSession:
     def for_run(cls, config: ServiceConfig, source: Source | IndexedFile) -> BudgetSession:
         """``panpriv run``'s session: the store ``[budget]`` names, ``learner.max_epsilon``, the
         source's data keys."""
-        session = cls(open_budget(config), config.out or ".", config.learner.max_epsilon,
-                      keys=data_keys_for(config.source.url, source), seeded=config.learner.seed is not None)
+        store = open_budget(config)  # a BudgetStore or a KafkaBudgetStore: the same interface
+        try:
+            keys = data_keys_for(config.source.url, source, make_codec(config.records))
+        except BaseException:
+            store.close()
+            raise
+        # A pass of a learner reading a recording by index is charged whole; other sources are read in order.
+        session = cls(store, config.out or ".", config.learner.max_epsilon, keys=keys,
+                      seeded=config.learner.seed is not None, ahead=not isinstance(source, IndexedFile))
         session._config = config
         return session
 
@@ -113,28 +135,39 @@ class BudgetSession:
         return cls(open_store(settings), out, settings.max_epsilon, run=run, unit=unit)
 
     def begin(self, state: TrainingState, source: Source | IndexedFile, saved: Checkpoint | None) -> None:
-        """Register the run; on a resume first account the state a crash lost; refuse to start when
-        the records about to be read are spent by other runs; mirror the ledger's registrations."""
-        assert self._config is not None, "BudgetSession.for_run"
+        """Refuse a store behind what the output directory recorded; on a resume account the state
+        that dead processes lost (never a live one's); refuse to start when the records about to be
+        read are spent by other runs; register the run and this process's attempt (refused while
+        another process runs it); mirror the ledger's registrations."""
+        assert self._config is not None and self.keys is not None, "BudgetSession.for_run"
+        self._check_seen(saved)
+        self._adopt_legacy_key(self.keys)
         if saved is not None:
             self._account_lost_state(state, source, saved)
         self._precheck(state, source)
-        self.store.begin_run(state.instance, self._out, display_name(self._config.source.url))
+        resumed_at = self.keys.positions(saved.positions) if saved is not None else {}
+        self.store.begin_run(state.instance, self._out, display_name(self._config.source.url), positions=resumed_at)
         for instance, report in state.ledger.instances.items():
             if instance == state.instance or instance.startswith(state.instance + "/"):
                 self.register(instance, report, state.instance)
+
+    def mark(self) -> dict[str, Any]:
+        """What a checkpoint and a snapshot record of the store: its id and generation."""
+        return self.store.mark()
 
     def close(self) -> None:
         self.store.close()
 
     # -- registrations and charges ---------------------------------------------------------------
 
-    def register(self, instance: str, report: PrivacyReport, run: str) -> None:
+    def register(self, instance: str, report: PrivacyReport, run: str, provisional: bool = False) -> None:
         """Mirror a ledger registration of run ``run`` in the store, when its guarantees changed (a
-        write per change, not per micro-batch: the record count in the report is not composed)."""
+        write per change, not per micro-batch: the record count in the report is not composed).
+        ``provisional``: a placeholder the instance's own report will replace (the store keeps
+        every other report at least as weak as any it held)."""
         stored = self._stored_reports.get(instance)
         if stored is None or (stored.output, stored.intrusion) != (report.output, report.intrusion):
-            self.store.register(instance, run, report, self._out)
+            self.store.register(instance, run, report, self._out, provisional=provisional)
             self._stored_reports[instance] = report
 
     def is_registered(self, instance: str) -> bool:
@@ -147,7 +180,7 @@ class BudgetSession:
         Returns why not (the process then stops) if the records would exceed ``max_epsilon`` over
         all runs; raises :class:`BudgetExceededError` if this process has learned nothing yet and
         runs other than ``own_instances`` spent the budget (a refusal to start)."""
-        excess = self.store.charge(instance, self._data_ranges(ranges), self._limit)
+        excess = self._charge(instance, self._data_ranges(ranges))
         if excess is None:
             return None
         assert self._limit is not None
@@ -156,16 +189,44 @@ class BudgetSession:
             raise BudgetExceededError(f"refusing to start: {text}; nothing was learned")
         return f"stopped before learning {what} that would exceed the budget over all runs: {text}"
 
+    def _charge(self, instance: str, ranges: dict[str, tuple[int, int]]) -> Excess | None:
+        """Charge a micro-batch's data ranges, ahead when the source is read in order
+        (:mod:`panpriv.streamer.budget.ahead`): a window that would exceed the limit is not taken,
+        the batch alone is charged and checked."""
+        if self._ahead is None:
+            return self.store.charge(instance, ranges, self._limit, orders=self._orders)
+        needed = self._ahead.needed(instance, ranges)
+        charged: dict[str, tuple[int, int]] = {}
+        if needed:
+            charged = Lookahead.widened(needed, ranges)
+            if self.store.charge(instance, charged, self._limit, orders=self._orders) is not None:
+                charged = needed
+                excess = self.store.charge(instance, needed, self._limit, orders=self._orders)
+                if excess is not None:
+                    return excess
+        self._ahead.learned(instance, ranges, charged)
+        return None
+
     def mark_durable(self, run: str, sequence: int, positions: Mapping[str, int], clean: bool) -> None:
         """Note that the checkpoint ``sequence`` holding ``positions`` is durable (``clean``: the run
-        stopped cleanly)."""
-        self.store.mark_durable(run, sequence, self._data_positions(positions), clean=clean)
+        stopped cleanly, and gives back what it charged ahead and never learned)."""
+        durable = self._data_positions(positions)
+        if clean and self._ahead is not None:  # a sequential source: nothing at or past the positions was learned
+            self.store.uncharge(run, durable)
+        self.store.mark_durable(run, sequence, durable, clean=clean)
 
     def _data_ranges(self, ranges: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
         return self.keys.ranges(ranges) if self.keys else dict(ranges)
 
     def _data_positions(self, positions: Mapping[str, int]) -> dict[str, int]:
         return self.keys.positions(positions) if self.keys else dict(positions)
+
+    def check_seen(self, mark: Mapping[str, Any] | None, where: str) -> None:
+        """Refuse the store (:class:`~panpriv.streamer.budget.store.BudgetError`) if it is another
+        one than, or behind the generation of, the ``mark`` an output directory recorded at
+        ``where`` (a checkpoint, a snapshot, a role's state: :func:`panpriv.streamer.budget.rules.check_seen`)."""
+        if mark:
+            self.store.check_seen(mark, where)
 
     # -- a role's run: stepped units, lost batches ------------------------------------------------
 
@@ -185,9 +246,8 @@ class BudgetSession:
             ):
                 self._precharged = step
             elif self._limit is not None:
-                if instance not in ledger.instances:
-                    ledger.register(instance, unit.step_report(step, report))
-                excess = exceeds(ledger, instance, ranges, self._limit)
+                excess = self.store.check(instance, unit.step_report(step, report), ranges, self._limit,
+                                          orders=self._orders)
                 if excess is not None and _spent_by_others(excess, _Own(self.run)):
                     raise BudgetExceededError(
                         "refusing to start: " + describe_excess(excess, self._limit, self.store.instances())
@@ -224,7 +284,8 @@ class BudgetSession:
     def reclassify_lost(self, durable: Mapping[str, int], lost_report: PrivacyReport) -> dict[str, tuple[int, int]]:
         """Move the run's charges at or beyond ``durable`` (per data key) to its next intrusion-only
         lost instance ``<run>/lost-NNN`` with ``lost_report``: they were read into a state that no
-        output reflects (a batch revoked, stopped, or lost in a crash). Returns the lost ranges."""
+        output reflects (a batch revoked, stopped, or lost in a crash; the store's rules,
+        :mod:`panpriv.streamer.budget.rules`). Returns the lost ranges."""
         run = self.store.run_state(self.run)
         losses = run.losses if run is not None else 0
         return dict(self.store.reclassify_lost(self.run, durable, f"{self.run}/lost-{losses + 1:03d}", lost_report))
@@ -232,8 +293,13 @@ class BudgetSession:
     # -- reporting -------------------------------------------------------------------------------
 
     def store_ledger(self, ledger: PrivacyLedger) -> PrivacyLedger:
-        """Every use, by every run, of the data sources ``ledger`` (this run's) has charged."""
-        return self.store.ledger([self.keys.key(k) if self.keys else k for k in ledger.sources])
+        """Every use, by every run, of the data sources ``ledger`` (this run's) has charged (a
+        recording's content key included)."""
+        assert self.keys is not None, "BudgetSession.for_run"
+        keys = {self.keys.key(k) for k in ledger.sources}
+        if self.keys.content is not None and ledger.sources:
+            keys.add(self.keys.content.key)
+        return self.store.ledger(sorted(keys))
 
     def composed(self, own: PrivacyReport, keys: list[str], records: int | None = None) -> PrivacyReport:
         """A role's statement: the guarantee of the records its run charged on ``keys``, composed
@@ -275,6 +341,25 @@ class BudgetSession:
 
     # -- start-up --------------------------------------------------------------------------------
 
+    def _check_seen(self, saved: Checkpoint | None) -> None:
+        """Refuse the store if it is another one, or behind the generation, that this output
+        directory's checkpoint or last snapshot recorded (:func:`panpriv.streamer.budget.rules.check_seen`)."""
+        if saved is not None:
+            self.check_seen(saved.budget_mark, f"the checkpoint in {self._out / 'checkpoints'}")
+        snapshots = self._out / "snapshots.jsonl"
+        self.check_seen(last_budget_mark(snapshots), str(snapshots))
+
+    def _adopt_legacy_key(self, keys: DataKeys) -> None:
+        """A store written before files were identified by content holds this file's uses under the
+        SHA-256 of its bytes, with line positions: they become the content key's, in this file's order."""
+        content = keys.content
+        if content is None or not self.store.holds("sha256:"):
+            return
+        legacy = keys.legacy_key()
+        if legacy is not None and (moved := self.store.adopt(legacy, content.key, content.order)):
+            log.info("the budget store's %d charge(s) of %s (a file by its bytes) are now those of %s (by content)",
+                     moved, legacy, content.key)
+
     def _account_lost_state(self, state: TrainingState, source: Source | IndexedFile, saved: Checkpoint) -> None:
         run = self.store.run_state(saved.instance)
         if run is None:
@@ -286,18 +371,16 @@ class BudgetSession:
         lost_instance = f"{saved.instance}/lost-{run.losses + 1:03d}"
         lost_report = lost_state_report(state.learner.privacy())
         if isinstance(source, IndexedFile):
-            if run.clean or (saved.replay is not None and saved.replay.restart):
+            if saved.replay is not None and saved.replay.restart:
                 return
-            self.store.register(lost_instance, saved.instance, lost_report, self._out)
-            self.store.charge(lost_instance, self._data_ranges(source.extent))
-            self.store.note_loss(saved.instance)
-            log.warning("run %s did not stop cleanly: its state since the last checkpoint was lost; charged as %s",
-                        saved.instance, lost_instance)
+            dead = self.store.charge_lost(saved.instance, self._data_ranges(source.extent), lost_instance, lost_report,
+                                          orders=self._orders)
+            if dead:
+                log.warning("run %s did not stop cleanly (%d process(es)): its state since the last checkpoint was lost; "
+                            "charged as %s", saved.instance, dead, lost_instance)
             return
-        durable = dict(run.positions)
-        for key, position in self._data_positions(saved.positions).items():
-            durable[key] = max(durable.get(key, 0), position)
-        lost = self.store.reclassify_lost(saved.instance, durable, lost_instance, lost_report)
+        lost = self.store.reclassify_lost(saved.instance, self._data_positions(saved.positions), lost_instance,
+                                          lost_report)
         if lost:
             log.warning(
                 "records charged by run %s after its last durable checkpoint were in a state lost in a crash; they "
@@ -321,10 +404,7 @@ class BudgetSession:
         else:
             return
         data_ranges = self._data_ranges(ranges)
-        ledger = self.store.ledger(data_ranges)
-        if state.instance not in ledger.instances:  # the learner's whole guarantee stands for this run's use
-            ledger.register(state.instance, state.learner.privacy())
-        excess = exceeds(ledger, state.instance, data_ranges, self._limit)
+        excess = self.store.check(state.instance, state.learner.privacy(), data_ranges, self._limit, orders=self._orders)
         if excess is not None and _spent_by_others(excess, state.ledger.instances):
             raise BudgetExceededError(
                 "refusing to start: " + describe_excess(excess, self._limit, self.store.instances())
@@ -333,8 +413,9 @@ class BudgetSession:
 
 
 def with_public_assumptions(report: PrivacyReport, seeded: bool) -> PrivacyReport:
-    """``report`` with the public counts stated, and the seeded-noise caveat for a seeded run."""
-    assumptions = tuple(report.assumptions) + (PUBLIC_COUNTS,)
+    """``report`` with the public counts and the identification rule stated, and the seeded-noise
+    caveat for a seeded run."""
+    assumptions = tuple(a for a in report.assumptions if a != IDENTIFICATION_RULE) + (IDENTIFICATION_RULE, PUBLIC_COUNTS)
     if seeded:
         assumptions += (SEEDED_OUTPUT,)
     return dataclasses.replace(report, assumptions=assumptions)

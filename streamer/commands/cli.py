@@ -177,6 +177,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | None, args: argparse.Namespace) -> None:
+    from panpriv.streamer.sources.identity import IDENTIFICATION_RULE
+
     out = print
     rejected = sum(result.rejects.values())
     out("")
@@ -200,6 +202,7 @@ def _print_summary(config: Any, result: Any, seconds: float, endpoint: str | Non
             out(f"    {name:<52} {accuracy:7.2%}")
     out("  privacy         " + result.report.statement())
     out(f"  budget store    {_state_dir(config)} (every run's use of these records: panpriv budget)")
+    out(f"  identification  {IDENTIFICATION_RULE}")
     out(f"  checkpoint      {result.checkpoint_path}")
     if result.snapshot_path is not None:
         out(f"  snapshots       {result.snapshot_path} ({result.snapshots} emitted; last covers {result.last_snapshot['records']:,} records)" if result.last_snapshot else f"  snapshots       {result.snapshot_path}")

@@ -28,19 +28,19 @@ whose positions are offsets.
 **Position.** A position is one round ``t``: the b messages of round t, one per user
 (``participation = "all"``: each user answers one round; for ``shuffle-sgd``/``shuffle-acsa`` the b users whose
 shares make round t's batch, each in one round: Cheu et al. 2022, Def. 2.7). A round the secure-sum
-analyzer skips (:mod:`panpriv.streamer.esa.sum_analyzer`) is not learned; it is charged when it is skipped
-for a total out of range (an output of the honest users' data), not when a unit failed to open. A
-round charged is the range
+analyzer skips (:mod:`panpriv.streamer.esa.sum_analyzer`) is not learned, but it is charged: the
+analyzer charges every round before it opens any of its units. A round charged is the range
 ``[t, t + 1)``; every message in it has the instance's guarantee, so composing per round is
 composing per record.
 
 **Order.** The analyzer registers the deployment's report for the round it is about to learn
-(:func:`panpriv.streamer.esa.deployment.esa_report` with the round's valid count, which may lower the
-output guarantee) and charges ``[t, t + 1)`` — durably, with ``max_epsilon`` checked in the same
-transaction — *before* the step; a refused charge stops the analyzer before the step (and before
-it publishes anything); a refusal before it learned anything, because other runs spent the
-budget, is exit code 3, like ``panpriv run``. Before it publishes round t's model at start-up it
-checks round t the same way, so a deployment over a spent source never asks clients for messages.
+(:func:`panpriv.streamer.esa.deployment.esa_report` with the round's valid count; the store keeps,
+per instance, a report at least as weak as any it held) and charges ``[t, t + 1)`` — durably, with
+``max_epsilon`` checked in the same transaction — *before* the step; a refused charge stops the
+analyzer before the step (and before it publishes anything); a refusal before it learned anything,
+because other runs spent the budget, is exit code 3, like ``panpriv run``. Before it publishes
+round t's model at start-up it checks round t the same way, so a deployment over a spent source
+never asks clients for messages.
 
 **Crash.** The analyzer adds no noise: a round re-analysed after a crash gives bit for bit the
 model the dead process computed (tested with SIGKILL), so the dead process's state held nothing the

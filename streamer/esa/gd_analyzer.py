@@ -157,7 +157,7 @@ class GDAnalyzer(SumAnalyzer):
             self.stopped = self.gate(self.round, self.round_report(self.round))
             if self.stopped is not None:
                 return None
-        return self._sum_and_learn(batch, charge=None)
+        return self._sum_and_learn(batch)
 
     def composed_output(self, rounds: int) -> Guarantee:
         """The output guarantee of ``rounds`` rounds of this deployment (with the secure sum's τ)."""

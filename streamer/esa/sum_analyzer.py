@@ -24,10 +24,11 @@ outside [0, B(g + b)]: a malicious client shifted the sum, or a share was replac
 that stays in range is not detectable: a malicious client can bias a round's gradient (utility),
 never learn anything of the others. A round rejected as a whole is **skipped**: not learned, and
 the next round's model (same θ) is published so the deployment goes on; the learner then ends its
-horizon that many rounds later. An ``out_of_range`` round is charged to the budget first (whether
-a shifted sum leaves the range depends on the honest users' totals, so the skip is an output of
-their data); an ``invalid_units`` or ``mixed_keys`` round is not (whether a unit opens, or under
-which key, is the sender's doing alone).
+horizon that many rounds later. **Every round whose units the analyzer opens is charged to the
+budget first**, before any unit is opened: the analyzer sees the shares of a round it then skips
+(``invalid_units``, ``mixed_keys``, ``out_of_range``) as much as those of a round it learns, and
+whether a shifted sum leaves the range depends on the honest users' totals; a round the budget
+refuses is not opened at all.
 
 **One batch size.** The shuffler thresholds at one B, so the learner's plan must give every round
 the same number of users (``shuffle-sgd``: always; ``shuffle-acsa``: a ``batch_size`` that divides
@@ -39,7 +40,7 @@ checkpoint before publication, the round charged through ``gate`` before it is l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -130,9 +131,11 @@ class SumAnalyzer(AnalyzerCore):
         return self.learner.finished
 
     def _learn(self, batch: wire.Batch) -> bool | None:
-        """Open, sum, charge, check and learn the round: True if learned, False if skipped
-        (counted), ``None`` if the budget refused it (``stopped``)."""
-        return self._sum_and_learn(batch, charge=self._charge_round)
+        """Charge the round, then open, sum, check and learn it: True if learned, False if skipped
+        (charged, counted), ``None`` if the budget refused it (``stopped``; nothing was opened)."""
+        if not self._charge_round():
+            return None
+        return self._sum_and_learn(batch)
 
     def _charge_round(self) -> bool:
         """Charge the round through ``gate`` with this deployment's statement; False if refused."""
@@ -140,11 +143,9 @@ class SumAnalyzer(AnalyzerCore):
             self.stopped = self.gate(self.round, self.report())
         return self.stopped is None
 
-    def _sum_and_learn(self, batch: wire.Batch, charge: Callable[[], bool] | None) -> bool | None:
-        """Open and sum the round's shares, ``charge`` it (``None``: charged already), check the
-        totals' range and learn them. Shares and totals are zeroed after use. The charge comes
-        before the range check: whether an (adversarially shifted) sum stays in range depends on
-        the honest users' totals too, so a skip is an output of their data."""
+    def _sum_and_learn(self, batch: wire.Batch) -> bool:
+        """Open and sum the round's shares (charged already), check the totals' range and learn
+        them: True if learned, False if skipped (counted). Shares and totals are zeroed after use."""
         units = self._open(batch)
         if units is None:
             self.rejected["invalid_units"] += 1
@@ -154,8 +155,6 @@ class SumAnalyzer(AnalyzerCore):
         finally:
             units.fill(0)
         try:
-            if charge is not None and not charge():
-                return None
             if totals.max() > self.users * self.max_count:
                 self.rejected["out_of_range"] += 1
                 return False

@@ -102,6 +102,20 @@ class Decoded:
         return dict(counts)
 
 
+@dataclass(frozen=True)
+class Parsed:
+    """What a format reads from a micro-batch before values are validated: rows ``X`` (m, dim),
+    labels ``y``, the message of each row ``origin``, the messages already rejected by the format
+    (undecodable, missing fields, …) and whether ``X`` is the codec's own array (``owned``: it
+    may then be clipped in place)."""
+
+    X: NDArray[np.float64]
+    y: NDArray[np.float64]
+    origin: NDArray[np.int64]
+    rejects: tuple[Reject, ...]
+    owned: bool = False
+
+
 class Codec(abc.ABC):
     """Decode messages of one format and validate them against ``records``."""
 
@@ -114,8 +128,29 @@ class Codec(abc.ABC):
         self._labels = None if records.label_values is None else np.array(records.label_values)
 
     @abc.abstractmethod
+    def parse(self, payloads: Sequence[bytes]) -> Parsed:
+        """Read the numbers of one micro-batch of messages (the format's own rules), before any
+        validation of values."""
+
     def decode(self, payloads: Sequence[bytes]) -> Decoded:
         """Decode, validate and clip one micro-batch of messages."""
+        parsed = self.parse(payloads)
+        return self.validate(parsed.X, parsed.y, parsed.origin, parsed.rejects, owned=parsed.owned)
+
+    def values(self, payloads: Sequence[bytes]) -> Parsed:
+        """The records of one micro-batch as the data, independent of the run's settings: every
+        message the format reads as ``dim`` finite features and a finite label, neither clipped
+        nor checked against the label domain, with ``-0.0`` read as ``0.0`` (``X``, ``y`` and
+        ``origin`` of the kept rows; ``rejects`` and ``owned`` unused). What identifies a file's
+        records by content (:mod:`panpriv.streamer.sources.identity`): two encodings of the same
+        numbers give the same rows whatever the run's ``feature_bound`` or labels."""
+        parsed = self.parse(payloads)
+        X = np.asarray(parsed.X, dtype=np.float64).reshape(len(parsed.y), self.dim)
+        y = np.asarray(parsed.y, dtype=np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            finite = np.isfinite(X).all(axis=1) & np.isfinite(y)
+        X, y = X[finite] + 0.0, y[finite] + 0.0  # a copy; -0.0 + 0.0 == +0.0
+        return Parsed(X, y, np.asarray(parsed.origin, dtype=np.int64)[finite], (), True)
 
     def is_record_line(self, line: bytes) -> bool:
         """For line-based files: False for lines that are not records (blank lines)."""
@@ -134,7 +169,7 @@ class Codec(abc.ABC):
         X: NDArray[np.float64],
         y: NDArray[np.float64],
         origin: NDArray[np.int64],
-        rejects: list[Reject],
+        rejects: Sequence[Reject],
         owned: bool = False,
     ) -> Decoded:
         """Reject non-finite records and out-of-range labels, clip the rest; ``origin[i]`` is the
@@ -248,8 +283,8 @@ class JsonCodec(Codec):
             _announced.add(name)
             log.debug("JSON records decoded with %s", name)
 
-    def decode(self, payloads: Sequence[bytes]) -> Decoded:
-        """Decode, validate and clip one micro-batch.
+    def parse(self, payloads: Sequence[bytes]) -> Parsed:
+        """Read one micro-batch.
 
         With orjson, a message's record is taken from orjson's reading only when that cannot change
         the outcome; every other message is read by :func:`_read_record` (the standard library).
@@ -306,7 +341,7 @@ class JsonCodec(Codec):
             keep[[j for j, _ in bad]] = False
             labels = [v for v, k in zip(labels, keep) if k]
             origin = [o for o, k in zip(origin, keep) if k]
-        return self.validate(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), rejects, owned=True)
+        return Parsed(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), tuple(rejects), owned=True)
 
     def _stdlib_reason(self, payload: bytes, reason: Reason) -> Reason:
         """Why the standard-library path rejects ``payload`` (``reason``, found on orjson's reading,
@@ -417,7 +452,7 @@ def _numeric_row(row: list[object], dim: int) -> NDArray[np.float64] | Reason:
 class CsvCodec(Codec):
     """``x_1,…,x_d,y`` per message (label position from ``records.csv_label_column``)."""
 
-    def decode(self, payloads: Sequence[bytes]) -> Decoded:
+    def parse(self, payloads: Sequence[bytes]) -> Parsed:
         width = self.dim + 1
         label_column = self.records.csv_label_column % width
         rows: list[NDArray[np.float64]] = []
@@ -442,7 +477,7 @@ class CsvCodec(Codec):
         table = np.vstack(rows) if rows else np.empty((0, width))
         y = table[:, label_column]
         X = np.delete(table, label_column, axis=1)
-        return self.validate(X, y, np.array(origin, dtype=np.int64), rejects, owned=True)
+        return Parsed(X, y, np.array(origin, dtype=np.int64), tuple(rejects), owned=True)
 
 
 class AdultCodec(Codec):
@@ -452,12 +487,12 @@ class AdultCodec(Codec):
     def is_record_line(self, line: bytes) -> bool:
         return adult.is_record_line(line.decode("latin-1"))
 
-    def decode(self, payloads: Sequence[bytes]) -> Decoded:
+    def parse(self, payloads: Sequence[bytes]) -> Parsed:
         X, y, failed = adult.encode_lines(p.decode("latin-1") for p in payloads)
         rejects = [Reject(i, Reason(reason)) for i, reason in failed]
         failed_rows = {i for i, _ in failed}
         origin = np.array([i for i in range(len(payloads)) if i not in failed_rows], dtype=np.int64)
-        return self.validate(X, y, origin, rejects)
+        return Parsed(X, y, origin, tuple(rejects))
 
 
 BATCH_MAGIC = b"PPB1"
@@ -486,9 +521,9 @@ class BinaryBatchCodec(Codec):
             return 1
         return int(_BATCH_HEADER.unpack_from(prefix)[4])
 
-    def decode(self, payloads: Sequence[bytes]) -> Decoded:
+    def parse(self, payloads: Sequence[bytes]) -> Parsed:
         """Check every header, then copy the bodies straight into one float64 array (the cast
-        from float32 happens in that copy) and validate it in place."""
+        from float32 happens in that copy; :meth:`decode` validates it in place)."""
         rejects: list[Reject] = []
         bodies: list[tuple[int, np.dtype, int, bytes]] = []  # (message, dtype, records, payload)
         total = 0
@@ -519,7 +554,7 @@ class BinaryBatchCodec(Codec):
                 y[row : row + m] = body[m * dim :]
                 origin[row : row + m] = i
                 row += m
-        return self.validate(X, y, origin, rejects, owned=True)
+        return Parsed(X, y, origin, tuple(rejects), owned=True)
 
 
 def encode_json(x: Sequence[float], y: float, x_field: str = "x", y_field: str = "y") -> bytes:

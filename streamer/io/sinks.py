@@ -10,11 +10,14 @@ and the creation time. Fields::
      "model": {"loss": {"name": "logistic", ...}, "link": "logistic", "intercept": false, "dim": 20,
                "feature_bound": 1.0, "clipping": "l2-ball", "feature_names": null},
      "privacy": {... PrivacyReport.to_dict(), including "statement" ...},
+     "budget": {"store": "5f0c…", "generation": 1234},
      "created": "2026-11-22T10:00:00.000Z"}
 
 ``model`` (schema version 2; version-1 records lack it) is what serving the parameters needs
 (:class:`panpriv.protocols.base.ModelSpec`): ``panpriv.streamer.serving.snapshots.load_snapshot(path).predict_many(X)`` and
-``panpriv predict`` apply the same clipping as training.
+``panpriv predict`` apply the same clipping as training. ``budget`` (absent in records of earlier
+versions) is the budget store's id and generation when the snapshot was taken: a later run in the
+same output directory refuses a store behind it (:mod:`panpriv.streamer.budget.session`).
 
 Snapshots are emitted only after the checkpoint holding their records is durable (see
 :mod:`panpriv.streamer.runtime.processor`), so after a crash the next snapshot's ``records`` is never smaller than
@@ -54,9 +57,12 @@ def snapshot_record(
     positions: Mapping[str, int],
     privacy: Mapping[str, Any],
     feature_names: tuple[str, ...] | None = None,
+    budget: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready snapshot record (module docstring); ``privacy`` is the ledger's report,
-    ``feature_names`` the source's public feature names where it has them (Adult)."""
+    ``feature_names`` the source's public feature names where it has them (Adult), ``budget`` the
+    budget store's id and generation when the snapshot was taken (a later run refuses a store
+    behind it)."""
     model = None
     if snapshot.model is not None:
         model = {**snapshot.model.to_dict(), "feature_names": None if feature_names is None else list(feature_names)}
@@ -71,6 +77,7 @@ def snapshot_record(
         "params": [float(v) for v in snapshot.params],
         "model": model,
         "privacy": dict(privacy),
+        **({"budget": dict(budget)} if budget else {}),
         "created": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     }
 
@@ -124,6 +131,32 @@ def read_snapshots(path: Path) -> list[dict[str, Any]]:
             if line.endswith(b"\n"):
                 records.append(json.loads(line))
     return records
+
+
+def last_budget_mark(path: Path) -> dict[str, Any] | None:
+    """The ``budget`` mark of the last complete snapshot record in the JSONL file ``path`` (read
+    from the end: the file grows for weeks), or ``None`` (no file, no complete record, no mark)."""
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return None
+    complete: list[bytes] = []
+    with handle:
+        position, tail = handle.seek(0, 2), b""
+        while position > 0 and not complete:
+            step = min(position, 1 << 16)
+            position -= step
+            handle.seek(position)
+            tail = handle.read(step) + tail
+            pieces = tail.split(b"\n")[:-1]  # after the last newline: a partial line, or nothing
+            complete = [p for p in (pieces[1:] if position > 0 else pieces) if p.strip()]
+    if not complete:
+        return None
+    try:
+        mark = json.loads(complete[-1]).get("budget")
+    except (ValueError, AttributeError):
+        return None
+    return mark if isinstance(mark, dict) else None
 
 
 class KafkaSnapshotSink:

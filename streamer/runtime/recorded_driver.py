@@ -301,7 +301,7 @@ class RecordedDriver(Driver):
             session.register(instance, PrivacyReport(
                 self._learner.name, 0, Guarantee.none(), Guarantee.none(),
                 assumptions=("a round not begun yet: no guarantee is claimed until its own report is registered",),
-            ), self.state.instance)
+            ), self.state.instance, provisional=True)
         refused = session.charge(instance, self._source.extent, self.state.ledger.instances)
         if refused is None:
             self._store_pass = number

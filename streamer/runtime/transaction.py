@@ -102,6 +102,7 @@ class CheckpointTransaction:
             state.snapshot_records = released.records
         positions = dict(state.positions)
         resumable = self._driver.resumable()
+        budget_mark = self._session.mark()  # the store's id and generation, recorded by the checkpoint and snapshot
         checkpoint = Checkpoint(
             sequence=state.sequence,
             created=time.time(),
@@ -120,6 +121,7 @@ class CheckpointTransaction:
             snapshot_records=resumable.snapshot_records,
             replay=resumable.replay,
             source_marks=source_marks(self._source, positions),  # offset-regression check (kafka_calls)
+            budget_mark=budget_mark,
         )
         durable_at = self._store.save(checkpoint)  # (4)
         self._session.mark_durable(state.instance, state.sequence, positions, clean=final)
@@ -140,6 +142,7 @@ class CheckpointTransaction:
             positions=positions,
             privacy=report.to_dict(),
             feature_names=self._feature_names,
+            budget=budget_mark,
         )
         if self._holdout is not None:  # public data, released parameters: post-processing (panpriv.streamer.serving.holdout)
             record["holdout"] = self._holdout.score(released)

@@ -44,6 +44,8 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "checkpoint.json"
 SOURCE_MARKS_KEY = "source_marks"
 """The key of a Kafka source's marks in the manifest's ``extra`` object."""
+BUDGET_MARK_KEY = "budget"
+"""The key of the budget store's mark (id and generation) in the manifest's ``extra`` object."""
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,12 @@ class Checkpoint:
     Beyond the learner, positions, ledger and counters, a manifest holds what a resume needs to
     continue the run's bookkeeping: ``snapshot_records`` (records covered by the last snapshot;
     -1 before the first), ``replay`` (a recorded learner's pass marks, ``None`` for stream
-    learners) and ``source_marks`` (a Kafka source's timestamps of the last records before the
-    positions, for the offset-regression check of :mod:`panpriv.streamer.kafka.calls`). On disk these
-    three live in the manifest's ``extra`` object, under the same keys since schema version 1.
+    learners), ``source_marks`` (a Kafka source's timestamps of the last records before the
+    positions, for the offset-regression check of :mod:`panpriv.streamer.kafka.calls`) and
+    ``budget_mark`` (the budget store's id and generation when the checkpoint was taken: a resume
+    refuses a store behind it, :mod:`panpriv.streamer.budget.session`). On disk these live in the
+    manifest's ``extra`` object, under the same keys since schema version 1 (``budget`` since
+    content-keyed budgets; older manifests have none).
     """
 
     sequence: int
@@ -95,6 +100,7 @@ class Checkpoint:
     snapshot_records: int = -1
     replay: ReplayMarks | None = None
     source_marks: dict[str, int] = field(default_factory=dict)
+    budget_mark: dict[str, Any] = field(default_factory=dict)
 
     def extra(self) -> dict[str, Any]:
         """The manifest's ``extra`` object (the layout of schema version 1)."""
@@ -103,6 +109,8 @@ class Checkpoint:
             extra["replay"] = self.replay.to_dict()
         if self.source_marks:
             extra[SOURCE_MARKS_KEY] = dict(self.source_marks)
+        if self.budget_mark:
+            extra[BUDGET_MARK_KEY] = dict(self.budget_mark)
         return extra
 
     def to_json(self) -> str:
@@ -168,6 +176,9 @@ def _typed_extra(extra: dict[str, Any]) -> dict[str, Any]:
         fields["replay"] = ReplayMarks.from_dict(dict(extra["replay"]))
     if SOURCE_MARKS_KEY in extra:
         fields["source_marks"] = {str(k): int(v) for k, v in dict(extra[SOURCE_MARKS_KEY]).items()}
+    if BUDGET_MARK_KEY in extra:
+        mark = dict(extra[BUDGET_MARK_KEY])
+        fields["budget_mark"] = {"store": str(mark["store"]), "generation": int(mark["generation"])}
     return fields
 
 

@@ -82,3 +82,40 @@ def test_report_for_covers_only_the_records_the_run_used_and_names_the_others() 
     # c's records (another source) do not enter b's statement.
     assert (stated.output, stated.intrusion) == (Guarantee(1.25, 2e-6), Guarantee(1.25, 2e-6))
     assert stated.records == 10 and any("also used by a" in text for text in stated.assumptions)
+
+
+def test_charges_in_another_order_are_widened_to_every_charged_position() -> None:
+    """Positions of another serialisation name other records: each instance's charges there count,
+    on every position, as often as they overlap one position of their own order."""
+    from panpriv.accounting.budget import effective
+
+    charges = [Charge("a", "k", 0, 10, "o1"), Charge("b", "k", 0, 4, "o2"), Charge("b", "k", 4, 6, "o2"),
+               Charge("c", "k", 2, 5, "o2"), Charge("c", "k", 3, 4, "o2")]
+    widened = effective(charges)
+    assert widened[0] == charges[0]
+    assert sorted(c.instance for c in widened[1:]) == ["b", "c", "c"]  # b: disjoint ranges, once; c: twice at 3
+    assert {(c.start, c.stop) for c in widened[1:]} == {(0, 10)}
+    ledger = compose({n: report(1.0, 1.0) for n in "abc"}, charges)
+    assert [(s.start, s.stop, s.uses) for s in ledger.coverage("k")] == [(0, 10, ("a", "b", "c", "c"))]
+
+
+def test_exceeds_after_checks_a_new_charge_in_another_order_over_the_widened_positions() -> None:
+    from panpriv.accounting.budget import exceeds_after
+
+    reports = {"a": report(1.0, 1.0), "b": report(1.0, 1.0)}
+    existing = [Charge("a", "k", 0, 5, "o1"), Charge("a", "k", 5, 10, "o1"), Charge("a", "k", 8, 10, "o1")]
+    # b's positions [0, 2) in its own order may hold a's twice-used records [8, 10): 3 uses.
+    excess = exceeds_after(reports, existing, [Charge("b", "k", 0, 2, "o2")], limit=2.5)
+    assert excess is not None and excess.epsilon == 3.0 and (excess.start, excess.stop) == (8, 10)
+    assert [name for name, _ in excess.spent_by] == ["a"]
+    assert exceeds_after(reports, existing, [Charge("b", "k", 0, 2, "o1")], limit=2.5) is None  # the same order: exact
+
+
+def test_weakest_keeps_each_guarantee_at_least_as_weak_as_before() -> None:
+    from panpriv.accounting.budget import weakest
+
+    old = PrivacyReport("m", 5, Guarantee(1.0, 2e-6), Guarantee(2.0, 1e-6))
+    new = PrivacyReport("m", 9, Guarantee(1.5, 1e-6), Guarantee(1.0, 3e-6))
+    kept = weakest(old, new)
+    assert (kept.output, kept.intrusion, kept.records) == (Guarantee(1.5, 2e-6), Guarantee(2.0, 3e-6), 9)
+    assert weakest(new, old).output == kept.output and weakest(old, old) is old

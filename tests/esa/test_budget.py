@@ -139,6 +139,7 @@ def test_a_round_charged_by_a_process_that_died_is_not_charged_twice(tmp_path: P
     saved = analyzer.checkpoint()
     assert analyzer.handle(BATCHES[1])  # charged [1, 2), then the "crash": the checkpoint is the old one
     theta = analyzer.learner.release().copy()
+    budget.close()  # the dead process's store: its attempt is no longer live
     restored = Analyzer.restore(saved, [KEYPAIR])
     assert restored.instance == analyzer.instance and restored.round == 1
     again = BudgetSession(stores(), tmp_path / "first", run=str(restored.instance), unit=Rounds(KEY))

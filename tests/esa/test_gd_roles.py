@@ -229,6 +229,7 @@ def test_every_round_charges_every_user_and_the_ledger_telescopes(key: PrivateKe
     assert analyzer.handle(values[0])
     # SIGKILL after charging round 1 but before the checkpoint: the restart finds the charge.
     assert analyzer.gate is not None and analyzer.gate(1, analyzer.round_report(1)) is None
+    budget.close()  # the killed process's store: its attempt is no longer live
     restarted, budget = gated(tmp_path, key, "gd", instance=analyzer.instance)
     restarted = GDAnalyzer.restore({**analyzer.checkpoint(), "instance": analyzer.instance}, [key])
     restarted.gate = budget.charge_step

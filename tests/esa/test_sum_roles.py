@@ -125,8 +125,9 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
 
 
 def test_analyzer_rejects_by_reason_and_skips_bad_rounds(key: PrivateKey) -> None:
-    """Bad rounds are skipped; the budget gate sees the out-of-range one (an output of the honest
-    users' totals) and the learned one, never a round whose units did not open."""
+    """Bad rounds are skipped; the budget gate is asked for every round whose units the analyzer
+    opens, before it opens any — the skipped ones too (it saw their shares) — and a round the gate
+    refuses is not opened at all."""
     other = PrivateKey.generate()
     analyzer = SumAnalyzer(learner(), [key], "t")
     charged: list[int] = []
@@ -173,7 +174,13 @@ def test_analyzer_rejects_by_reason_and_skips_bad_rounds(key: PrivateKey) -> Non
     # Round 2: honest, learned (the learner's first round).
     assert analyzer.handle(wire.encode_batch(2, units_of(2, slice(2 * B, 3 * B))))
     assert analyzer.round == 3 and analyzer.skipped == 2 and analyzer.learner.records_seen == B
-    assert charged == [1, 2], "charged: the out-of-range round 1 and the learned round 2; not round 0"
+    assert charged == [0, 1, 2], "charged: the invalid round 0, the out-of-range round 1 and the learned round 2"
+    # Round 3, refused by the budget: stopped before any unit is opened (the garbage unit is not even counted).
+    analyzer.gate = lambda round_, report: "refused"
+    refused = [*units_of(3, slice(0, B))[:-1], b"\0" * len(good[0])]
+    before = dict(analyzer.rejected)
+    assert not analyzer.handle(wire.encode_batch(3, refused))
+    assert analyzer.stopped == "refused" and analyzer.rejected == before and analyzer.round == 3
 
 
 def test_encoder_refuses_a_foreign_or_doctored_model(key: PrivateKey) -> None:

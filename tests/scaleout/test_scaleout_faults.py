@@ -5,6 +5,7 @@ charge of a worker either published or moved to an intrusion-only lost instance.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import time
@@ -177,3 +178,52 @@ def _composed_guarantees_are_as_stated(killed_lost: Ranges, per_position: dict[t
                 elif published == 1 and len(segment.uses) == 1:
                     assert (output.epsilon, intrusion.epsilon) == pytest.approx((1.0, 1.0)), (source, position)
     assert checked_lost > 0
+
+
+def test_two_workers_sharing_one_out_are_refused(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Two ``panpriv worker`` processes of one budget instance (its ``worker.json``): on main (before
+    issues 31 and 33) both ran, and a restart of either moved the other's published charges to a
+    lost instance (output ε 0 for records that went out in noisy means). A second process on the
+    same ``--out`` is refused by the directory lock; a second process on a *copy* of the ``--out``
+    (the same instance, another directory) by the budget store (one live process per instance).
+    Each is refused with one line while the first lives, and charges nothing."""
+    names = parts.topics(kafka_broker, unique_name)
+    X, y = parts.synthetic(4000, parts.DIM, seed=5)
+    parts.produce(kafka_broker.bootstrap, names["data"], X, y)
+    coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, 4000, 2)
+    first = parts.start_worker(tmp_path, kafka_broker, names, 0, more=("--rate", "500"))
+    processes = [coordinator, first]
+    database = Path(os.environ["PANPRIV_STATE_DIR"]) / "budget.sqlite"
+
+    def charged() -> int:
+        if not (tmp_path / "worker0" / "worker.json").exists() or not database.exists():
+            return 0
+        with sqlite3.connect(database) as db:
+            return int(db.execute("SELECT COUNT(*) FROM charges WHERE instance = ?",
+                                  (parts.worker_instance(tmp_path / "worker0"),)).fetchone()[0])
+
+    try:
+        wait_until(lambda: charged() > 0, 120, "the first worker charging its records")
+        before = charged()
+        second = parts.start_worker(tmp_path, kafka_broker, names, 0, log="worker0-second.log")
+        processes.append(second)
+        assert second.process.wait(timeout=90) == 1, second.log_path.read_text()[-2000:]
+        (tmp_path / "worker7").mkdir()
+        shutil.copy2(tmp_path / "worker0" / "worker.json", tmp_path / "worker7" / "worker.json")
+        copy = parts.start_worker(tmp_path, kafka_broker, names, 7, log="worker0-copy.log")
+        processes.append(copy)
+        assert copy.process.wait(timeout=90) == 1, copy.log_path.read_text()[-2000:]
+        first.check_alive()
+    finally:
+        for process in processes:
+            process.stop()
+    for managed, refusal in ((second, "is in use by another panpriv process"), (copy, "is in use by another live process")):
+        log = managed.log_path.read_text()
+        lines = [line for line in log.splitlines() if line.startswith("panpriv worker")]
+        assert len(lines) == 1 and refusal in lines[0] and "Traceback" not in log, log[-2000:]
+    with sqlite3.connect(database) as db:
+        attempts = db.execute("SELECT COUNT(DISTINCT attempt) FROM charges WHERE instance = ?",
+                              (parts.worker_instance(tmp_path / "worker0"),)).fetchone()[0]
+    assert attempts == 1 and charged() >= before  # every charge of the instance is the first process's

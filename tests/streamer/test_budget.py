@@ -29,12 +29,12 @@ from panpriv.streamer.budget.store import BudgetError, BudgetExceededError, Budg
 from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.io.codec import encode_json
+from panpriv.streamer.io.codec import encode_json, make_codec
 from panpriv.streamer.io.recording import RecordingWriter
 from panpriv.streamer.metrics.service import ServiceMetrics
 from panpriv.streamer.runtime.processor import Processor
 from panpriv.streamer.runtime.stream_driver import StreamDriver
-from panpriv.streamer.sources.identity import file_digest
+from panpriv.streamer.sources.identity import line_file_identity
 from panpriv.streamer.state.checkpoint import CheckpointStore
 from tests.realparts import wait_until
 
@@ -60,9 +60,10 @@ def jsonl(tmp_path) -> Path:
     return path
 
 
-def recording(path: Path, cluster: str | None = "cluster=test-cluster") -> Path:
+def recording(path: Path, cluster: str | None = "cluster=test-cluster", seed: int = 7) -> Path:
+    """A recording of topic ``t`` holding ``rows(seed=seed)`` (other records than :func:`jsonl`'s)."""
     writer = RecordingWriter(path, "kafka://127.0.0.1:1/t?group=g", ["t/0"], {"t/0": 0}, "2026-01-01T00:00:00", cluster=cluster)
-    for offset, value in enumerate(rows()):
+    for offset, value in enumerate(rows(seed=seed)):
         writer.write("t/0", offset, 0, value)
     writer.close()
     return path
@@ -75,6 +76,11 @@ def configure(source: Path, out: Path, **extra):
         "metrics.port": None, "out": str(out), **extra,
     }
     return load_config(None, overrides)
+
+
+def data_key(path: Path) -> str:
+    """The budget store's data key of a JSONL file of this module (its records by content)."""
+    return line_file_identity(path, make_codec(configure(path, path.parent / "unused").records)).key
 
 
 # -- the store -------------------------------------------------------------------------------------
@@ -93,7 +99,7 @@ def test_charges_persist_across_processes_and_extend_one_row(tmp_path) -> None:
         from panpriv.streamer.budget.store import BudgetStore
         store = BudgetStore({str(tmp_path)!r})
         ledger = store.ledger()
-        rows = sqlite3.connect({str(tmp_path / 'budget.sqlite')!r}).execute('SELECT * FROM charges').fetchall()
+        rows = sqlite3.connect({str(tmp_path / 'budget.sqlite')!r}).execute('SELECT instance, source, start, stop FROM charges').fetchall()
         print(json.dumps([[(s.start, s.stop, list(s.uses)) for s in ledger.coverage('k')], rows,
                           ledger.instances['r'].output.epsilon]))
     """)
@@ -199,7 +205,7 @@ def test_deleting_the_checkpoint_does_not_reset_the_budget(jsonl, tmp_path) -> N
     assert (second.report.output.epsilon, second.report.intrusion.epsilon) == (2.0, 2.0)
     assert any(first.instance in text for text in second.report.assumptions)
     ledger = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"])).ledger()
-    assert [(s.start, s.stop, len(s.uses)) for s in ledger.coverage(f"sha256:{file_digest(jsonl)}")] == [(0, N, 2)]
+    assert [(s.start, s.stop, len(s.uses)) for s in ledger.coverage(data_key(jsonl))] == [(0, N, 2)]
 
 
 def test_restoring_an_old_checkpoint_charges_the_relearned_records_again(jsonl, tmp_path, monkeypatch) -> None:
@@ -223,7 +229,7 @@ def test_restoring_an_old_checkpoint_charges_the_relearned_records_again(jsonl, 
     (out / "checkpoints" / "checkpoint.json").write_bytes(backup)  # restore the backup
     result = Processor(configure(jsonl, out)).run()
     assert result.resumed and result.records == N
-    coverage = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"])).ledger().coverage(f"sha256:{file_digest(jsonl)}")
+    coverage = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"])).ledger().coverage(data_key(jsonl))
     assert [(s.start, s.stop, s.uses) for s in coverage] == [
         (0, old_position, (result.instance,)), (old_position, N, (result.instance, result.instance))
     ]
@@ -256,9 +262,9 @@ def test_a_run_refused_by_the_shared_budget_exits_3_naming_the_runs(jsonl, tmp_p
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "refusing to start" in error and str(tmp_path / "a") in error
     assert not (tmp_path / "b" / "snapshots.jsonl").exists()
-    assert main(["budget", "--source", "sha256"]) == 0
+    assert main(["budget", "--source", "records:"]) == 0
     listing = capsys.readouterr().out
-    assert f"sha256:{file_digest(jsonl)}" in listing and str(tmp_path / "a") in listing
+    assert data_key(jsonl) in listing and str(tmp_path / "a") in listing
 
 
 def test_a_seeded_run_refuses_to_resume(jsonl, tmp_path, monkeypatch) -> None:
@@ -303,7 +309,7 @@ def test_kill_9_then_restart_reports_the_composition_of_both_uses(tmp_path) -> N
     process = panpriv([*args, "--rate", "8000"], log)
     checkpoints = CheckpointStore(out / "checkpoints")
     state = Path(os.environ["PANPRIV_STATE_DIR"])
-    key = f"sha256:{file_digest(path)}"
+    key = data_key(path)
     try:
         def charged_past_checkpoint() -> bool:
             saved = checkpoints.load()
@@ -338,7 +344,7 @@ def test_metrics_export_the_budget_composed_over_all_runs_per_data_source(jsonl,
     Processor(configure(jsonl, tmp_path / "a")).run()
     metrics = ServiceMetrics()
     result = Processor(configure(jsonl, tmp_path / "b"), metrics=metrics).run()
-    source = f"sha256:{file_digest(jsonl)}"
+    source = data_key(jsonl)
     for guarantee in ("output", "intrusion"):
         assert metrics.registry.get_sample_value("panpriv_budget_epsilon", {"source": source, "guarantee": guarantee}) == 2.0
         assert metrics.registry.get_sample_value("panpriv_privacy_epsilon", {"guarantee": guarantee}) == 2.0

@@ -66,7 +66,8 @@ def test_runs_over_one_topic_and_a_replay_of_its_recording_compose_and_the_budge
     store = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"]))
     ledger = store.ledger()
     keys = [key for key in ledger.sources if key.endswith(tuple(f"/{topic}/{p}" for p in range(PARTITIONS)))]
-    assert len(keys) == PARTITIONS and len(ledger.sources) == PARTITIONS  # live runs and the replay: the same keys
+    content = [key for key in ledger.sources if key.startswith("records:")]  # the recording's messages, by content
+    assert len(keys) == PARTITIONS and len(ledger.sources) == PARTITIONS + len(content) == PARTITIONS + 1
     cluster = keys[0].removeprefix("kafka:").split("/")[0]
     assert cluster.startswith(("cluster=", "bootstrap="))
     print(f"data keys: {keys}")
@@ -89,25 +90,17 @@ def test_runs_over_one_topic_and_a_replay_of_its_recording_compose_and_the_budge
 def test_the_budget_store_on_a_compacted_topic_is_shared_by_runs_and_survives_reopening(kafka_broker, tmp_path) -> None:
     """[budget] kafka_topic: two runs over the same file (in two processes' worth of store objects)
     compose through the topic; a third store object reading the topic from the start sees every
-    charge, the runs and the lost-state reclassification; a run past max_epsilon is refused."""
+    charge and the runs; a run past max_epsilon is refused; a cleanly stopped run's charges are
+    never moved to a lost instance, whoever asks."""
     from panpriv.streamer.budget.kafka_store import KafkaBudgetStore
     from panpriv.streamer.budget.store import BudgetExceededError
-    from panpriv.streamer.config import load_config
     from panpriv.streamer.runtime.processor import Processor
-    from panpriv.streamer.sources.identity import file_digest
 
     path = tmp_path / "data.jsonl"
     rng = np.random.default_rng(5)
     path.write_bytes(b"\n".join(encode_json(x, 1 if x[0] > 0 else -1) for x in rng.standard_normal((1500, DIM)) / 2) + b"\n")
     store_topic = f"panpriv-budget-{uuid.uuid4().hex[:8]}"
-
-    def configure(out: Path, **extra):
-        return load_config(None, {
-            "source.url": f"file:{path}", "records.format": "json", "records.dim": DIM, "records.feature_bound": 1.0,
-            "source.batch_records": 200, "checkpoint.every_records": 500, "snapshots.every_records": 500,
-            "metrics.port": None, "out": str(out), "budget.kafka_topic": store_topic,
-            "budget.kafka_bootstrap": kafka_broker.bootstrap, **extra,
-        })
+    configure = kafka_configure(kafka_broker, path, store_topic)
 
     first = Processor(configure(tmp_path / "a")).run()
     second = Processor(configure(tmp_path / "b")).run()
@@ -117,25 +110,95 @@ def test_the_budget_store_on_a_compacted_topic_is_shared_by_runs_and_survives_re
 
     reader = KafkaBudgetStore([kafka_broker.bootstrap], store_topic)
     try:
-        key = f"sha256:{file_digest(path)}"
+        (key,) = reader.ledger().sources
+        assert key.startswith("records:")  # the file's records, by content
         coverage = reader.ledger().coverage(key)
         assert [(s.start, s.stop, s.uses) for s in coverage] == [(0, 1500, tuple(sorted((first.instance, second.instance))))]
         assert {run.out for run in reader.runs() if run.clean} == {str(tmp_path / "a"), str(tmp_path / "b")}
-        # Reclassification is written to the topic too: another reader sees it.
         from panpriv.accounting.budget import lost_state_report
 
-        reader.reclassify_lost(first.instance, {key: 1000}, f"{first.instance}/lost-001",
-                               lost_state_report(first.report))
+        assert reader.reclassify_lost(first.instance, {key: 1000}, f"{first.instance}/lost-001",
+                                      lost_state_report(first.report)) == {}  # main moved [1000, 1500): released uses
     finally:
         reader.close()
     again = KafkaBudgetStore([kafka_broker.bootstrap], store_topic)
     try:
-        segments = [(s.start, s.stop, s.uses) for s in again.ledger().coverage(key)]
-        lost = f"{first.instance}/lost-001"
-        assert segments == [
-            (0, 1000, tuple(sorted((first.instance, second.instance)))),
-            (1000, 1500, tuple(sorted((lost, second.instance)))),
-        ]
-        assert again.run_state(first.instance).losses == 1
+        assert [(s.start, s.stop, len(s.uses)) for s in again.ledger().coverage(key)] == [(0, 1500, 2)]
+        assert again.generation > 0 and len(again.attempts()) == 2
     finally:
         again.close()
+
+
+def kafka_configure(kafka_broker, path: Path, store_topic: str):
+    from panpriv.streamer.config import load_config
+
+    def configure(out: Path, **extra):
+        return load_config(None, {
+            "source.url": f"file:{path}", "records.format": "json", "records.dim": DIM, "records.feature_bound": 1.0,
+            "source.batch_records": 200, "checkpoint.every_records": 500, "snapshots.every_records": 500,
+            "metrics.port": None, "out": str(out), "budget.kafka_topic": store_topic,
+            "budget.kafka_bootstrap": kafka_broker.bootstrap, **extra,
+        })
+
+    return configure
+
+
+def test_the_kafka_store_has_the_rules_of_the_sqlite_store(kafka_broker, tmp_path, monkeypatch) -> None:
+    """Issue 33 on the compacted topic: a rollback, a clean stop and a resume keep every released
+    use; a second live process of one instance is refused; a stored report never shrinks; a forged
+    message, a foreign topic and a store that is not the one an output directory used are refused
+    with one line."""
+    import threading
+
+    from kafka import KafkaProducer
+
+    from panpriv.accounting.ledger import Guarantee
+    from panpriv.streamer.budget.kafka_store import KafkaBudgetStore
+    from panpriv.streamer.budget.store import BudgetError
+    from panpriv.streamer.runtime.processor import Processor
+    from tests.streamer.test_budget_truth import stop_after
+
+    path = tmp_path / "data.jsonl"
+    rng = np.random.default_rng(6)
+    path.write_bytes(b"\n".join(encode_json(x, 1 if x[0] > 0 else -1) for x in rng.standard_normal((1000, DIM)) / 2) + b"\n")
+    store_topic = f"panpriv-budget-{uuid.uuid4().hex[:8]}"
+    configure = kafka_configure(kafka_broker, path, store_topic)
+    out = tmp_path / "out"
+    stop_after(monkeypatch, 3)
+    Processor(configure(out)).run()  # stopped at 600 (batches of 200)
+    monkeypatch.undo()
+    backup = (out / "checkpoints" / "checkpoint.json").read_bytes()
+    Processor(configure(out)).run()
+    (out / "checkpoints" / "checkpoint.json").write_bytes(backup)
+    stopped = threading.Event()
+    stopped.set()
+    Processor(configure(out), stop=stopped).run()  # resumed at 500 and stopped cleanly before learning
+    final = Processor(configure(out)).run()
+    assert final.report.output.epsilon == 2.0  # main: 1 (the first pass's [500, 1000) relabelled "lost")
+
+    one = KafkaBudgetStore([kafka_broker.bootstrap], store_topic)
+    two = KafkaBudgetStore([kafka_broker.bootstrap], store_topic)
+    try:
+        one.begin_run("r", "x", "s")
+        with pytest.raises(BudgetError, match="in use by another live process"):
+            two.begin_run("r", "x", "s")
+        big = PrivacyReport("m", 0, Guarantee(1.0, 1e-6), Guarantee(2.0, 2e-6))
+        one.register("i", "r", big, "x")
+        one.register("i", "r", PrivacyReport("m", 0, Guarantee(1.0, 0.0), Guarantee(1.0, 0.0)), "x")
+        assert two.instances()["i"].report.intrusion == big.intrusion
+    finally:
+        one.close()
+        two.close()
+
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+    producer.send(store_topic, key="r\x1fforged".encode(), value=b'{"out": "x", "chk": "00"}', partition=0).get(timeout=30)
+    with pytest.raises(BudgetError, match="fails its integrity check"):
+        KafkaBudgetStore([kafka_broker.bootstrap], store_topic)
+    foreign = kafka_broker.create_topic(f"foreign-{uuid.uuid4().hex[:8]}")
+    producer.send(foreign, key=b"hello", value=b"world", partition=0).get(timeout=30)
+    producer.close()
+    with pytest.raises(BudgetError, match="is not a budget store"):
+        KafkaBudgetStore([kafka_broker.bootstrap], foreign)
+    other = kafka_configure(kafka_broker, path, f"panpriv-budget-{uuid.uuid4().hex[:8]}")  # a recreated, empty topic
+    with pytest.raises(BudgetError, match="was written with the budget store"):
+        Processor(other(out)).run()

@@ -267,3 +267,23 @@ def test_json_edge_numbers_that_are_finite_are_accepted_as_their_float64() -> No
     assert decoded.X[0].tolist() == [5e-324, 0.0, 0.0] and np.signbit(decoded.X[0, 1])
     np.testing.assert_allclose(decoded.X[2], [1.0, 0.0, 0.0], rtol=1e-15)  # 1e30 clipped to the bound 1
     assert decoded.y.tolist() == [1.0, -1.0, 1.0, -1e300]
+
+
+@pytest.mark.parametrize("fast", [False, True] if codec_module.FAST_JSON_AVAILABLE else [False])
+def test_values_are_the_records_as_numbers_whatever_the_encoding_and_settings(fast) -> None:
+    """What identifies a file's records (panpriv.streamer.sources.identity): JSON, CSV and binary
+    batches of the same numbers give the same rows, unclipped, whatever the label domain, with
+    -0 read as 0; messages that are not dim finite numbers and a finite label are left out."""
+    X = np.array([[3.0, 4.0, -0.0], [0.1, 0.2, 0.3], [1e300, 1e300, 0.0]])
+    y = np.array([1.0, 7.0, -1.0])  # 7 is outside the default labels {-1, 1}
+    json_rows = [encode_json(x, v) for x, v in zip(X, y)] + [b'{"x": [1, 2], "y": 1}', b'{"x": [NaN, 0, 0], "y": 1}']
+    csv_rows = [",".join(repr(float(v)) for v in [*x, label]).encode() for x, label in zip(X, y)] + [b"1,2,1", b"nan,0,0,1"]
+    readings = [JsonCodec(records(), fast=fast).values(json_rows), CsvCodec(records()).values(csv_rows),
+                BinaryBatchCodec(records()).values([encode_batch(X, y, "float64")])]
+    for read in readings:
+        np.testing.assert_array_equal(read.X, np.array([[3.0, 4.0, 0.0], [0.1, 0.2, 0.3], [1e300, 1e300, 0.0]]))
+        np.testing.assert_array_equal(read.y, y)
+        assert not np.signbit(read.X).any()
+    assert list(readings[0].origin) == [0, 1, 2]
+    decoded = JsonCodec(records(), fast=fast).decode(json_rows)  # the run itself: clipped, label 7 rejected
+    assert len(decoded.y) == 2 and np.all(np.linalg.norm(decoded.X, axis=1) <= 1.0 + 1e-12)

@@ -11,8 +11,9 @@ import pytest
 from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
+from panpriv.streamer.io.codec import make_codec
 from panpriv.streamer.runtime.learners import build_learner, constructor_arguments
-from panpriv.streamer.sources.identity import file_digest
+from panpriv.streamer.sources.identity import line_file_identity
 from tests.streamer.test_cli_options import run_args
 
 
@@ -27,8 +28,10 @@ def test_shuffled_pnsgd_is_refused_before_anything_is_learned_or_charged(tmp_pat
     assert "learner.delta: shuffled-pnsgd would report delta = " in error and "above the requested 1e-06" in error
     assert "--accept-larger-delta" in error and "Nothing was learned" in error
     assert not (tmp_path / "out" / "checkpoints" / "checkpoint.json").exists()
-    charged = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"])).ledger().sources  # shared by this worker's tests
-    assert f"sha256:{file_digest(tmp_path / 'd.jsonl')}" not in charged
+    records = load_config(None, {"source.url": f"file:{tmp_path / 'd.jsonl'}", "records.dim": 4,
+                                 "records.feature_bound": 1.0}).records
+    charged = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"])).ledger().sources
+    assert line_file_identity(tmp_path / "d.jsonl", make_codec(records)).key not in charged
 
 
 def test_an_accepted_larger_delta_runs_and_reports_at_most_the_planned_figure(tmp_path: Path, capsys) -> None:

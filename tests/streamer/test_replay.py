@@ -34,6 +34,7 @@ from panpriv.streamer.io.sinks import read_snapshots
 from panpriv.streamer.runtime.heartbeat import Heartbeat
 from panpriv.streamer.runtime.processor import Processor
 from panpriv.streamer.sources.base import iter_batches
+from panpriv.streamer.sources.identity import IDENTIFICATION_RULE
 from panpriv.streamer.sources.open import open_source
 from panpriv.streamer.state.checkpoint import CheckpointStore, ReplayMarks
 from tests.realparts import wait_until
@@ -246,8 +247,9 @@ def test_a_pass_stopped_midway_restarts_as_a_new_instance_composed_in_the_ledger
     assert saved.records == saved.learner_state["records"] == 0
     interrupted = PrivacyLedger.from_dict(saved.ledger).instances[first.instance]
     stated = PrivacyReport.from_dict(first.last_snapshot["privacy"])
-    assert stated.assumptions[-1] == PUBLIC_COUNTS  # the service adds which counts are public
-    assert interrupted.output.delta > 0 and interrupted == dataclasses.replace(stated, assumptions=stated.assumptions[:-1])
+    # The service adds how records are identified and which counts are public.
+    assert stated.assumptions[-2:] == (IDENTIFICATION_RULE, PUBLIC_COUNTS)
+    assert interrupted.output.delta > 0 and interrupted == dataclasses.replace(stated, assumptions=stated.assumptions[:-2])
     # A budget below the composition stops before the new pass uses anything.
     capped = Processor(config(path, tmp_path / "out", **settings, **{"learner.max_epsilon": 1.5})).run()
     assert capped.outcome == "budget_exhausted" and "raise ε to 2" in capped.message and capped.records == 0
@@ -340,10 +342,13 @@ def test_shuffle_learners_run_through_the_service_on_a_recording(name, tmp_path,
     uses = {key: [(s.start, s.stop, len(s.uses)) for s in ledger.coverage(key)] for key in ledger.sources}
     assert uses == {key: [(start, stop, rounds)] for key, (start, stop) in extent.items()}
     # The budget store saw the same uses under the data keys (the recording's declared source), and
-    # the stated guarantee composed over it is the ledger's: no round is left with its provisional report.
+    # under its content key (frames in file order: all 600 of them, each used as often); the stated
+    # guarantee composed over it is the ledger's: no round is left with its provisional report.
     shared = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"])).ledger()
+    content = [key for key in shared.sources if key.startswith("records:")]
+    assert len(content) == 1 and [(s.start, s.stop, len(s.uses)) for s in shared.coverage(content[0])] == [(0, 600, rounds)]
     assert {key.removeprefix("kafka:source=test/"): [(s.start, s.stop, len(s.uses)) for s in shared.coverage(key)]
-            for key in shared.sources} == uses
+            for key in shared.sources if key not in content} == uses
     assert (final.report.output, final.report.intrusion) == (ledger.report().output, ledger.report().intrusion)
     if name == "shuffle-gd":
         assert ledger.report().output.epsilon == pytest.approx(final.learner.privacy().output.epsilon, rel=1e-8)

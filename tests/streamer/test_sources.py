@@ -234,3 +234,31 @@ def test_source_urls_parse_once_into_their_kind() -> None:
         with pytest.raises(SourceError, match=message) as info:
             parse_source_url(url)
         assert "secret" not in str(info.value)
+
+
+def test_a_content_key_names_the_multiset_of_records_and_the_order_names_the_sequence() -> None:
+    """ContentDigest (panpriv.streamer.sources.identity): the key does not depend on the order of
+    the records, the order digest does; multiplicity counts (a record twice is another multiset)."""
+    import numpy as np
+
+    from panpriv.streamer.sources.identity import ContentDigest
+
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((50, 4)), np.where(rng.random(50) > 0.5, 1.0, -1.0)
+
+    def identity(order: np.ndarray, chunks: int = 1):
+        digest, position = ContentDigest(), 0
+        for part in np.array_split(order, chunks):
+            digest.add(np.arange(position, position + len(part), dtype=np.int64), X[part].copy(), y[part].copy())
+            position += len(part)
+        return digest.identity()
+
+    forward = identity(np.arange(50))
+    shuffled = identity(rng.permutation(50), chunks=3)
+    assert forward.key == shuffled.key and forward.records == shuffled.records == 50
+    assert forward.order != shuffled.order
+    assert identity(np.arange(49)).key != forward.key
+    assert identity(np.r_[np.arange(50), [7]]).key != forward.key  # record 7 twice
+    copy = X.copy()
+    ContentDigest().add(np.arange(50, dtype=np.int64), copy, y.copy())
+    assert not copy.any()  # the records are wiped once digested

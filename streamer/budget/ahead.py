@@ -1,0 +1,61 @@
+"""Charging ahead: one durable budget write for several micro-batches of a sequential source.
+
+A charge must be durable before its records are learned, and the SQLite store's durable commit
+costs about four fsyncs (a rollback journal, :mod:`panpriv.streamer.budget.store` says why). A
+session therefore charges a micro-batch's positions *and* the next ones, :data:`BATCHES` batches
+in all, and lets the following micro-batches that fall inside that window through without a
+write. Positions charged ahead but not learned are an over-count, never an under-count:
+
+- a clean stop gives back whatever this process charged beyond its final positions (it never
+  learned those: :meth:`panpriv.streamer.budget.store.BudgetStore.uncharge`);
+- a crash leaves them beyond the process's durable marks, so the next process moves them to the
+  intrusion-only lost instance with the rest (:mod:`panpriv.streamer.budget.rules`);
+- a batch that does not continue in order (a rewind after a rebalance, a replay) is charged as a
+  new use from its own start, and the window it leaves stays charged.
+
+Against ``max_epsilon`` a window that would exceed the limit is not taken: the micro-batch alone is
+charged and checked, so a run stops at exactly the batch it stopped at before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+BATCHES = 8
+"""Micro-batches charged by one write."""
+
+
+class Lookahead:
+    """Per (instance, data key), the positions charged but not learned yet: ``[low, high)``."""
+
+    def __init__(self) -> None:
+        self._windows: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def needed(self, instance: str, ranges: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """The part of ``ranges`` (a micro-batch, data keys) not charged yet: per key, from the end
+        of its window when the batch continues in order inside or at the end of it, else from the
+        batch's own start; keys whose batch lies inside their window are left out."""
+        needed: dict[str, tuple[int, int]] = {}
+        for key, (start, stop) in ranges.items():
+            low, high = self._windows.get((instance, key), (-1, -1))
+            first = high if low <= start <= high else start
+            if first < stop:
+                needed[key] = (first, stop)
+        return needed
+
+    @staticmethod
+    def widened(needed: Mapping[str, tuple[int, int]], ranges: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """``needed`` extended to :data:`BATCHES` micro-batches of the size of ``ranges``."""
+        return {key: (first, max(stop, ranges[key][0] + BATCHES * (ranges[key][1] - ranges[key][0])))
+                for key, (first, stop) in needed.items()}
+
+    def learned(self, instance: str, ranges: Mapping[str, tuple[int, int]], charged: Mapping[str, tuple[int, int]]) -> None:
+        """The micro-batch ``ranges`` goes on to be learned; ``charged`` is what was just charged for it."""
+        for key, (_, stop) in ranges.items():
+            window = self._windows.get((instance, key))
+            if key in charged:
+                window = (stop, charged[key][1])
+            elif window is not None:
+                window = (stop, window[1])
+            if window is not None:
+                self._windows[(instance, key)] = window
