@@ -18,8 +18,9 @@ out. On a 2-core machine the K workers, the coordinator and the broker share two
 * ``c_msg``: the coordinator's cost per noisy mean (parse + combine; the step amortised), in process;
 * ``c_fixed``: what every step pays once whatever w — two trips through the broker (the model
   version out to the workers, the last mean in: produce with acks=all, then a fetch that waits at
-  most 10 ms), measured on the broker, plus the worker's two durable budget writes (charge and
-  mark; SQLite fsyncs), measured in process;
+  most 10 ms), measured on the broker, plus the worker's durable budget write at the end of its
+  batch (the mark; its polls are charged ahead, one write per eight, so those are left to c_w) and
+  its state save (``worker.json`` with the store's mark: an atomic file write), measured in process;
 * ``c_w``: the worker's cost per record *including the fetch* — fitted (least squares through the
   origin) to the three measured runs after subtracting c_fixed and K·c_msg; the in-process cost
   of JSON decode + the fused gradient path alone is printed for comparison.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import tempfile
 import time
 import uuid
@@ -108,6 +110,17 @@ def budget_write_cost(workdir: Path, repeats: int = 20) -> float:
         store.close()
 
 
+def state_write_cost(workdir: Path, repeats: int = 20) -> float:
+    """Seconds for one save of a worker's sealed state (``worker.json`` with the store's mark)."""
+    from panpriv.streamer.scaleout.worker import worker_state
+
+    state = worker_state(workdir / "state-bench")
+    start = time.perf_counter()
+    for i in range(repeats):
+        state.save({"instance": "scaleout:bench/worker-0"}, budget_mark={"store": "00" * 16, "generation": i})
+    return (time.perf_counter() - start) / repeats
+
+
 def broker_trip(broker: KafkaBroker, repeats: int = 20) -> float:
     """Seconds from a produce (acks=all) to a consumer (fetch_max_wait_ms = 10) holding the record."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -170,7 +183,18 @@ def measure(broker: KafkaBroker, n: int, workers: int, workdir: Path) -> dict[st
     last = max(stamps)
     (t1, r1), (t2, r2) = stamps[1], stamps[last]
     return {"records/s": (r2 - r1) / (t2 - t1), "versions": float(last), "step_s": (t2 - t1) / (last - 1),
-            "b": float(r2 - r1) / (last - 1)}
+            "b": float(r2 - r1) / (last - 1), "records": float(stamps[last][1])}
+
+
+def store_writes() -> int:
+    """Write transactions of the budget store in ``$PANPRIV_STATE_DIR`` so far (its generation)."""
+    from panpriv.streamer.budget.store import BudgetStore, default_state_dir
+
+    store = BudgetStore(default_state_dir())
+    try:
+        return store.generation
+    finally:
+        store.close()
 
 
 def main() -> None:
@@ -185,19 +209,22 @@ def main() -> None:
 
     measured: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as workdir:
-        fsync = budget_write_cost(Path(workdir))
+        os.environ["PANPRIV_STATE_DIR"] = str(Path(workdir) / "state")  # the workers' budget store: not the user's
+        fsync = budget_write_cost(Path(workdir)) + state_write_cost(Path(workdir))
         broker = KafkaBroker(Path(workdir))
         try:
             trip = broker_trip(broker)
-            print(f"durable budget write {fsync * 1e3:.2f} ms; broker trip (produce acks=all -> fetched) {trip * 1e3:.2f} ms")
+            print(f"durable budget write and state save {fsync * 1e3:.2f} ms; broker trip (produce acks=all -> fetched) {trip * 1e3:.2f} ms")
             for workers in (1, 2, 3):
+                writes = store_writes()
                 measured[workers] = measure(broker, n, workers, Path(workdir))
                 m = measured[workers]
                 print(f"K = {workers}: {m['records/s']:,.0f} records/s ({m['versions']:.0f} versions, "
-                      f"{m['step_s'] * 1e3:.0f} ms per step of {m['b']:,.0f} records)")
+                      f"{m['step_s'] * 1e3:.0f} ms per step of {m['b']:,.0f} records); budget store writes "
+                      f"{(store_writes() - writes) / m['records']:.4f} per record")
         finally:
             broker.stop()
-    c_fixed = 2 * trip + 2 * fsync
+    c_fixed = 2 * trip + fsync
     points = [(m["b"] / k, m["step_s"] - c_fixed - k * c_msg) for k, m in measured.items()]
     c_w = sum(w * t for w, t in points) / sum(w * w for w, _ in points)
     print(f"c_fixed = {c_fixed * 1e3:.1f} ms per step; fitted c_w = {c_w * 1e6:.1f} µs per record "

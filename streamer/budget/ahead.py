@@ -2,12 +2,16 @@
 
 A charge must be durable before its records are learned, and the SQLite store's durable commit
 costs about four fsyncs (a rollback journal, :mod:`panpriv.streamer.budget.store` says why). A
-session therefore charges a micro-batch's positions *and* the next ones, :data:`BATCHES` batches
-in all, and lets the following micro-batches that fall inside that window through without a
-write. Positions charged ahead but not learned are an over-count, never an under-count:
+session (``panpriv run`` over a source read in order, a scale-out worker over its partitions)
+therefore charges a micro-batch's positions *and* the next ones, :data:`BATCHES` batches in all,
+and lets the following micro-batches that fall inside that window through without a write.
+Positions charged ahead but not learned are an over-count, never an under-count:
 
-- a clean stop gives back whatever this process charged beyond its final positions (it never
-  learned those: :meth:`panpriv.streamer.budget.store.BudgetStore.uncharge`);
+- a clean stop gives back whatever this process charged beyond the furthest position it learned
+  and its final positions (it never learned those, even after a rewind:
+  :meth:`panpriv.streamer.budget.store.BudgetStore.uncharge`); so does a worker whose partitions
+  are revoked, or whose open batch is lost (before its records move to the lost instance: a
+  window moved with them would let later records through uncharged);
 - a crash leaves them beyond the process's durable marks, so the next process moves them to the
   intrusion-only lost instance with the rest (:mod:`panpriv.streamer.budget.rules`);
 - a batch that does not continue in order (a rewind after a rebalance, a replay) is charged as a
@@ -30,6 +34,7 @@ class Lookahead:
 
     def __init__(self) -> None:
         self._windows: dict[tuple[str, str], tuple[int, int]] = {}
+        self._reached: dict[tuple[str, str], int] = {}  # the furthest position learned, per (instance, key)
 
     def needed(self, instance: str, ranges: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
         """The part of ``ranges`` (a micro-batch, data keys) not charged yet: per key, from the end
@@ -52,6 +57,7 @@ class Lookahead:
     def learned(self, instance: str, ranges: Mapping[str, tuple[int, int]], charged: Mapping[str, tuple[int, int]]) -> None:
         """The micro-batch ``ranges`` goes on to be learned; ``charged`` is what was just charged for it."""
         for key, (_, stop) in ranges.items():
+            self._reached[(instance, key)] = max(self._reached.get((instance, key), 0), stop)
             window = self._windows.get((instance, key))
             if key in charged:
                 window = (stop, charged[key][1])
@@ -59,3 +65,13 @@ class Lookahead:
                 window = (stop, window[1])
             if window is not None:
                 self._windows[(instance, key)] = window
+
+    def reached(self, instance: str) -> dict[str, int]:
+        """Per data key, the furthest position of ``instance`` learned by this process: nothing at
+        or beyond it was learned here, even after a rewind (what may be given back)."""
+        return {key: stop for (name, key), stop in self._reached.items() if name == instance}
+
+    def forget(self, instance: str) -> None:
+        """Drop ``instance``'s windows (given back): its next micro-batch is charged afresh."""
+        for name, key in [k for k in self._windows if k[0] == instance]:
+            del self._windows[(name, key)]

@@ -505,6 +505,13 @@ class KafkaBudgetStore:
         return len(dead)
 
     @_guarded
+    def attempts_charging(self, instance: str, ranges: Mapping[str, tuple[int, int]]) -> set[str]:
+        """As :meth:`panpriv.streamer.budget.store.BudgetStore.attempts_charging`."""
+        self._refresh()
+        return {attempt for (name, source, start, attempt), value in self._charges.items()
+                if name == instance and source in ranges and start < ranges[source][1] and ranges[source][0] < value["stop"]}
+
+    @_guarded
     def uncharge(self, instance: str, positions: Mapping[str, int]) -> None:
         """As :meth:`panpriv.streamer.budget.store.BudgetStore.uncharge`."""
         run = self._instances.get(instance, {}).get("run")

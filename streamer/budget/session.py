@@ -11,7 +11,8 @@ What a charge covers is its unit (:mod:`panpriv.streamer.budget.units`): positio
 a worker), a round (an analyzer), or every user per round (``shuffle-gd``'s analyzer).
 
 Every process is an *attempt* at its run (:mod:`panpriv.streamer.budget.rules`): the store refuses a
-second live process of one run, and each charge names the attempt that made it.
+second live process of one run, and each charge names the attempt that made it. The same rules
+hold for every role: the session is the one place that applies them.
 
 Crash accounting (:mod:`panpriv.accounting.budget`). Sequential sources: the ranges that a *dead* attempt
 (one that did not stop cleanly) charged at or beyond its own durable marks — raised to the
@@ -25,15 +26,21 @@ attempt charges a lost instance with the whole recording — conservative. A pas
 new instance (``resumes_mid_pass`` False) composes with the interrupted pass in full already and
 needs no lost instance.
 
+A scale-out worker's Kafka positions follow the same rule (:meth:`BudgetSession.reclassify_lost`);
+an E-S-A analyzer adds no noise, so a round a dead attempt charged but did not checkpoint is
+learned again without a second charge (:meth:`BudgetSession.begin_role`).
+
 Rollback of the store. The output directory records the store's id and generation in every
-checkpoint and snapshot (:meth:`BudgetSession.mark`); a run refuses a store that is another one or
-behind what its output directory recorded (:meth:`BudgetSession.begin`).
+checkpoint and snapshot (:meth:`BudgetSession.mark`), a role in its sealed state
+(:mod:`panpriv.streamer.state.role_state`); a process refuses a store that is another one or behind
+what its output directory recorded (:meth:`BudgetSession.begin`, :meth:`BudgetSession.begin_role`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any
@@ -131,8 +138,10 @@ class BudgetSession:
 
     @classmethod
     def for_role(cls, settings: BudgetSettings, out: Path | str, run: str, unit: ChargeUnit | None = None) -> BudgetSession:
-        """A role's session: the store ``settings`` name (:func:`panpriv.streamer.budget.open.open_store`)."""
-        return cls(open_store(settings), out, settings.max_epsilon, run=run, unit=unit)
+        """A role's session: the store ``settings`` name (:func:`panpriv.streamer.budget.open.open_store`).
+        Position ranges (``unit`` ``None``: a scale-out worker's Kafka partitions, read in order) are
+        charged ahead (:mod:`panpriv.streamer.budget.ahead`); a stepped unit charges one step a write."""
+        return cls(open_store(settings), out, settings.max_epsilon, run=run, unit=unit, ahead=unit is None)
 
     def begin(self, state: TrainingState, source: Source | IndexedFile, saved: Checkpoint | None) -> None:
         """Refuse a store behind what the output directory recorded; on a resume account the state
@@ -211,9 +220,23 @@ class BudgetSession:
         """Note that the checkpoint ``sequence`` holding ``positions`` is durable (``clean``: the run
         stopped cleanly, and gives back what it charged ahead and never learned)."""
         durable = self._data_positions(positions)
-        if clean and self._ahead is not None:  # a sequential source: nothing at or past the positions was learned
-            self.store.uncharge(run, durable)
+        if clean:
+            self.give_back(run, durable)
         self.store.mark_durable(run, sequence, durable, clean=clean)
+
+    def give_back(self, instance: str, positions: Mapping[str, int] | None = None) -> None:
+        """Give back what this process charged ahead to ``instance`` and never learned: its charges
+        at or beyond, per data key, the furthest position it learned (and ``positions``, data keys),
+        and forget the windows (the next micro-batch is charged afresh). For a process that stops
+        cleanly, or drops what it read (a scale-out worker whose partitions are revoked)."""
+        if self._ahead is None:
+            return
+        reached = self._ahead.reached(instance)
+        self._ahead.forget(instance)
+        for key, position in (positions or {}).items():
+            reached[key] = max(reached.get(key, 0), int(position))
+        if reached:
+            self.store.uncharge(instance, reached)
 
     def _data_ranges(self, ranges: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
         return self.keys.ranges(ranges) if self.keys else dict(ranges)
@@ -230,20 +253,25 @@ class BudgetSession:
 
     # -- a role's run: stepped units, lost batches ------------------------------------------------
 
-    def begin_role(self, source: str, report: PrivacyReport, step: int | None = None) -> RunState | None:
-        """Register the role's run with ``report`` and return what the store knew of it before (a
-        restart). With a stepped unit and ``step``, the next step it would learn: note it if a
-        process that died before its checkpoint charged it already (it is not charged again),
-        else refuse (:class:`BudgetExceededError`) when other runs spent its records beyond the
-        limit — before anything is learned or published."""
+    def begin_role(self, source: str, report: PrivacyReport, step: int | None = None,
+                   seen: Mapping[str, Any] | None = None, where: str = "") -> RunState | None:
+        """Register the role's run with ``report`` and this process's attempt at it, and return what
+        the store knew of the run before (a restart).
+
+        First the store is refused if it is behind the ``seen`` mark the role's state recorded at
+        ``where`` (:meth:`check_seen`). With a stepped unit and ``step``, the next step it would
+        learn: if a *dead* attempt of the run that did not stop cleanly charged it — beyond its
+        durable marks, it died before its checkpoint — it is not charged again (the analyzer adds
+        no noise: re-learning it releases the same model); a charge by an attempt that stopped
+        cleanly is a use (a rolled-back state learns it again) and the step is charged again.
+        Otherwise refuse (:class:`BudgetExceededError`) when other runs spent its records beyond
+        the limit — before anything is learned or published. The attempt's durable marks start at
+        the run's highest (a second live process of the run is refused)."""
+        self.check_seen(seen, where)
         unit = self.unit
         if unit is not None and step is not None:
             instance, ranges = unit.instance(self.run, step), unit.ranges(step)
-            ledger = self.store.ledger(list(ranges))
-            if instance in ledger.instances and any(
-                instance in segment.uses for key, (start, stop) in ranges.items() for segment in ledger.coverage(key)
-                if segment.start < stop and start < segment.stop
-            ):
+            if self._charged_by_dead_attempt(instance, ranges):
                 self._precharged = step
             elif self._limit is not None:
                 excess = self.store.check(instance, unit.step_report(step, report), ranges, self._limit,
@@ -257,10 +285,20 @@ class BudgetSession:
         self.register(self.run, report, self.run)
         return previous
 
+    def _charged_by_dead_attempt(self, instance: str, ranges: Mapping[str, tuple[int, int]]) -> bool:
+        """Whether ``instance`` holds charges on ``ranges``, all made by attempts of the run that
+        ended without a clean stop (:mod:`panpriv.streamer.budget.rules`)."""
+        chargers = self.store.attempts_charging(instance, ranges)
+        if not chargers:
+            return False
+        now = time.time()
+        attempts = {a.attempt: a for a in self.store.attempts(self.run)}
+        return all(a in attempts and not attempts[a].clean and not attempts[a].live(now) for a in chargers)
+
     def charge_step(self, step: int, report: PrivacyReport) -> str | None:
         """Register ``report`` (the guarantee once step ``step`` is learned) for the step's instance
         and charge the step's ranges, durably, before it is learned (:meth:`charge`). A step found
-        charged at :meth:`begin_role` is not charged again."""
+        charged by a dead attempt at :meth:`begin_role` is not charged again."""
         assert self.unit is not None
         instance = self.unit.instance(self.run, step)
         self.register(instance, self.unit.step_report(step, report), self.run)
@@ -282,10 +320,14 @@ class BudgetSession:
         self.mark_durable(self.run, step, {key: step for key in self.unit.ranges(step)}, clean)
 
     def reclassify_lost(self, durable: Mapping[str, int], lost_report: PrivacyReport) -> dict[str, tuple[int, int]]:
-        """Move the run's charges at or beyond ``durable`` (per data key) to its next intrusion-only
-        lost instance ``<run>/lost-NNN`` with ``lost_report``: they were read into a state that no
-        output reflects (a batch revoked, stopped, or lost in a crash; the store's rules,
-        :mod:`panpriv.streamer.budget.rules`). Returns the lost ranges."""
+        """Move to the run's next intrusion-only lost instance ``<run>/lost-NNN`` what no output
+        reflects (:func:`panpriv.streamer.budget.rules.relabel`): this process's charges at or
+        beyond ``durable`` (per data key: a batch revoked or stopped), after giving back what it
+        charged ahead and never read (:meth:`give_back`), and the charges of every dead attempt
+        of the run that did not stop cleanly, beyond its own durable marks (raised to
+        ``durable``: a crash). The lost instance carries ``lost_report``, weakened by each dead
+        process's last stored report. Returns the lost ranges."""
+        self.give_back(self.run)
         run = self.store.run_state(self.run)
         losses = run.losses if run is not None else 0
         return dict(self.store.reclassify_lost(self.run, durable, f"{self.run}/lost-{losses + 1:03d}", lost_report))

@@ -840,6 +840,17 @@ class BudgetStore:
         return len(dead)
 
     @_guarded
+    def attempts_charging(self, instance: str, ranges: Mapping[str, tuple[int, int]]) -> set[str]:
+        """The attempts whose charges of ``instance`` overlap ``ranges`` (data key → ``[start, stop)``)."""
+        found: set[str] = set()
+        with self._read() as db:
+            for source, (start, stop) in ranges.items():
+                rows = self._select(db, "charges", "instance = ? AND source = ? AND start < ? AND stop > ?",
+                                    (instance, source, int(stop), int(start)))
+                found.update(row.values["attempt"] for row in rows)
+        return found
+
+    @_guarded
     def uncharge(self, instance: str, positions: Mapping[str, int]) -> None:
         """Give back this process's charges of ``instance`` at or beyond ``positions[key]``, for a
         process that stops cleanly at those positions of a sequential source (whose positions only

@@ -44,9 +44,15 @@ never asks clients for messages.
 
 **Crash.** The analyzer adds no noise: a round re-analysed after a crash gives bit for bit the
 model the dead process computed (tested with SIGKILL), so the dead process's state held nothing the
-resumed run does not recompute and publish — no lost-state instance is needed. A round the dead
-process charged but did not checkpoint is found in the store at restart and not charged again
-(a second charge by one instance would count as a second use).
+resumed run does not recompute and publish — no lost-state instance is needed. A round that a dead
+process (an attempt that did not stop cleanly, :mod:`panpriv.streamer.budget.rules`) charged but did not
+checkpoint is found in the store at restart and not charged again; a round charged by a process
+that stopped cleanly is charged again when a rolled-back ``analyzer.json`` learns it a second time.
+
+**One process, one store.** Each process is an attempt at the analyzer's instance: a second live
+process of it (a copy of ``--out`` elsewhere) is refused by the store, as a second process on the
+same ``--out`` is by the directory lock. ``analyzer.json`` records the store's id and generation
+at every save; a store behind it (restored from a backup) or another store is refused with one line.
 """
 
 from __future__ import annotations
@@ -190,7 +196,7 @@ def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> Analyze
         clean = False
         try:
             budget.begin_role(f"esa messages {options.messages_topic} (deployment {analyzer.name})", analyzer.report(),
-                              step=analyzer.round)
+                              step=analyzer.round, seen=state.budget_mark, where=str(state.path))
             analyzer.gate = budget.charge_step
             report = budget.composed(analyzer.report(), [key])
             metrics.observe_state(analyzer.round, analyzer.rejected)
@@ -223,7 +229,7 @@ def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> Analyze
                         analyzer.offset = record.offset + 1
                         if stepped:
                             report = budget.composed(analyzer.report(), [key])
-                        state.save(analyzer.checkpoint(report))
+                        state.save(analyzer.checkpoint(report), budget_mark=budget.mark())
                         budget.mark_step_durable(analyzer.round)
                         metrics.observe_checkpoint(time.time())
                         metrics.observe_state(analyzer.round, analyzer.rejected)

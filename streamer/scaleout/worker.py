@@ -13,13 +13,20 @@ partial sum, no clean gradient. An intruder who reads the worker once sees its i
 most ``sync_wait`` seconds; then it takes another batch at v, so K − 1 surviving workers still
 make progress) — one mean per worker per version in the normal case, so few means go stale.
 
-**Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run). A worker
-is a run with its own instance; it charges each poll's positions *before* learning them, marks
-its published positions durable *before* publishing (so a crash can only over-count), and
-commits the group offsets after the publication is acknowledged. A batch that reaches no output —
-partitions revoked by a rebalance, a stop, or (on restart with the same ``--out``) a SIGKILL — is
-moved to an intrusion-only *lost* instance (:func:`panpriv.accounting.budget.lost_state_report`); the new
-owner of those records charges them again: a second use for intrusion, none for output.
+**Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run), through
+the one :class:`~panpriv.streamer.budget.session.BudgetSession` and its rules. A worker is a run with
+its own instance, and each worker process an *attempt* at it (a second live process of one instance
+is refused). It charges each poll's positions *before* learning them — several polls per durable
+write, charged ahead per partition (:mod:`panpriv.streamer.budget.ahead`) — marks its published
+positions durable *before* publishing (so a crash can only over-count), records the store's id and
+generation in its sealed state (``worker.json``: a store behind it is refused at the next start),
+and commits the group offsets after the publication is acknowledged. A batch that reaches no output
+— partitions revoked by a rebalance, a stop, or (on restart with the same ``--out``) a SIGKILL — is
+moved to an intrusion-only *lost* instance (:func:`panpriv.accounting.budget.lost_state_report`); after a
+SIGKILL only the dead process's charges beyond its own durable marks move, with its last stored
+report. What was charged ahead and never read is given back first (on a revocation, a lost batch,
+a clean stop). The new owner of those records charges them again: a second use for intrusion, none
+for output.
 
 **Metrics** (``--metrics-port``; :class:`panpriv.streamer.scaleout.metrics.WorkerMetrics`): the counts of
 :class:`WorkerStats`, the newest version, and the budget store's composed guarantee of the records
@@ -150,7 +157,7 @@ def worker_instance(state: RoleState | None, deployment: str) -> str:
 class Worker:
     """The worker's loop and its dealings with the budget store (module docstring)."""
 
-    def __init__(self, options: WorkerOptions, loop: RoleLoop, instance: str) -> None:
+    def __init__(self, options: WorkerOptions, loop: RoleLoop, instance: str, state: RoleState | None = None) -> None:
         from kafka.structs import TopicPartition  # noqa: F401 - imported early: fails fast without kafka-python
 
         from panpriv.streamer.kafka import client as kafka_client
@@ -158,6 +165,7 @@ class Worker:
         self.options = options
         self.loop = loop
         self.stats = WorkerStats(instance)
+        self._state = state  # the sealed worker.json: it records the budget store's mark at every publication
         self.budget = BudgetSession.for_role(options.budget, options.out or ".", instance)
         loop.close_on_exit(self.budget.close, "budget store")
         self.learner: BatchWorkerLearner | None = None
@@ -206,7 +214,10 @@ class Worker:
         self.learner = learner
         self._codec = make_codec(RecordsConfig.model_validate(
             {"format": self.options.record_format, "dim": learner.dim, "feature_bound": learner.feature_bound}))
-        previous = self.budget.begin_role(f"kafka:{self.options.data_topic}", learner.privacy())
+        state = self._state
+        previous = self.budget.begin_role(f"kafka:{self.options.data_topic}", learner.privacy(),
+                                          seen=state.budget_mark if state is not None else None,
+                                          where=str(state.path) if state is not None else "")
         if previous is not None:  # a restart with the same --out: what the last process left unpublished was lost
             self.durable = dict(previous.positions)
             self._sequence = previous.sequence
@@ -286,6 +297,8 @@ class Worker:
         finally:
             self._discard(self._batch, "stopped mid-batch", "stopped")
             self.budget.mark_durable(self.stats.instance, self._sequence, self.durable, clean=True)
+            if self._state is not None:
+                self._state.save({"instance": self.stats.instance}, budget_mark=self.budget.mark())
             try:
                 self._observe()
                 self._observe_privacy()
@@ -319,6 +332,7 @@ class Worker:
         polled = self._consumer.poll(timeout_ms=200, max_records=want)
         if self._revocations.revoked:
             self._revocations.revoked = False
+            self.budget.give_back(self.stats.instance)  # a revoked partition's next offsets are its new owner's
             self._discard(batch, "partitions revoked mid-batch", "revoked")
             batch = self._batch = None
         records = [r for rs in polled.values() for r in rs]
@@ -378,6 +392,8 @@ class Worker:
                 self.durable[key] = max(self.durable.get(key, 0), stop)
             self._sequence += 1
             self.budget.mark_durable(self.stats.instance, self._sequence, self.durable, clean=False)
+            if self._state is not None:  # the store's mark, as the service's checkpoint records it
+                self._state.save({"instance": self.stats.instance}, budget_mark=self.budget.mark())
             record = GradientRecord(self.options.deployment, batch.version, self.stats.instance, batch.size, mean, batch.ranges)
             self._producer.send(self.options.gradients_topic, key=self.options.deployment.encode(),
                                 value=record.to_json()).get(timeout=60)
@@ -409,5 +425,5 @@ def run(options: WorkerOptions, stop: threading.Event | None = None) -> WorkerSt
             loop.close_on_exit(state.lock().release, "state directory lock")
         instance = worker_instance(state, options.deployment)
         ensure_topics(options.bootstrap, scaleout_topics(options.gradients_topic, options.model_topic))
-        workers.append(Worker(options, loop, instance))
+        workers.append(Worker(options, loop, instance, state))
         return workers[0].run()

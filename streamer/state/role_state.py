@@ -14,6 +14,11 @@ way, through :class:`RoleState`:
   any change to the content — a flipped bit, a truncation, an edit, another role's file — is
   refused with one line naming the file and the fix, before anything in it is used. (As for the
   checkpoint: the digest detects corruption, not an attacker who can rewrite the file.)
+* **The budget store's mark.** Like the service's checkpoint (``extra.budget``), the envelope
+  records the budget store's id and generation when the state was saved (``budget``, optional:
+  :attr:`RoleState.budget_mark`); the role refuses a store that is another one or behind it
+  (:meth:`panpriv.streamer.budget.session.BudgetSession.begin_role`). A save without a new mark keeps
+  the one the file held, so a mark, once recorded, is never dropped.
 * **Migrated.** A state written before sealing (panpriv 0.1: a bare JSON object) is recognised by
   the role's ``legacy`` rule (its ``format`` string, its exact keys), loaded with a warning and
   sealed at its next save; anything else without an envelope is refused, and so is an envelope of
@@ -40,6 +45,8 @@ VERSION = 1
 """The envelope's version."""
 
 ENVELOPE_KEYS = frozenset({"kind", "version", "state", DIGEST_KEY})
+BUDGET_MARK_KEY = "budget"
+"""The optional envelope field holding the budget store's mark (module docstring)."""
 
 
 class RoleState:
@@ -68,6 +75,7 @@ class RoleState:
         self._legacy = legacy
         self._fix = fix
         self.migrated = False  # the last load found a state written before sealing
+        self.budget_mark: dict[str, Any] | None = None  # the budget store's mark the file holds (last load or save)
 
     def lock(self) -> OutputLock:
         """The directory's lock, acquired (release it when the role exits)."""
@@ -93,21 +101,35 @@ class RoleState:
                 return body
             raise CheckpointError(f"{self.path} is not a panpriv {self.kind} state (no seal, and not a state of an "
                                   f"earlier version); {self._fix}")
-        if set(body) != ENVELOPE_KEYS or not digest_matches(body):
+        if set(body) - {BUDGET_MARK_KEY} != ENVELOPE_KEYS or not digest_matches(body):
             raise CheckpointError(f"{self.path} is corrupted: its content does not match its SHA-256 checksum; {self._fix}")
         if body["kind"] != self.kind:
             raise CheckpointError(f"{self.path} holds a {body['kind']!r} state, not a {self.kind!r} one; {self._fix}")
         if body["version"] != VERSION:
             raise CheckpointError(f"{self.path} is a {self.kind} state of version {body['version']!r}, written by another "
                                   f"panpriv; this one reads version {VERSION}: run the panpriv that wrote it, or {self._fix}")
-        state = body["state"]
-        if type(state) is not dict:
-            raise CheckpointError(f"{self.path} is not a panpriv {self.kind} state (its state is not an object); {self._fix}")
+        state, mark = body["state"], body.get(BUDGET_MARK_KEY)
+        if type(state) is not dict or not (mark is None or _is_mark(mark)):
+            raise CheckpointError(f"{self.path} is not a panpriv {self.kind} state (its state is not an object, or its "
+                                  f"budget mark is malformed); {self._fix}")
+        self.budget_mark = mark
         return state
 
-    def save(self, state: Mapping[str, Any]) -> None:
-        """Replace the file by ``state`` sealed, atomically (0600)."""
+    def save(self, state: Mapping[str, Any], budget_mark: Mapping[str, Any] | None = None) -> None:
+        """Replace the file by ``state`` sealed, atomically (0600), with ``budget_mark`` (the budget
+        store's :meth:`~panpriv.streamer.budget.session.BudgetSession.mark`; default: the mark the
+        file held)."""
         prepare_output_directory(self.directory)
+        if budget_mark is not None:
+            self.budget_mark = {"store": str(budget_mark["store"]), "generation": int(budget_mark["generation"])}
         envelope: dict[str, Any] = {"kind": self.kind, "version": VERSION, "state": dict(state)}
+        if self.budget_mark is not None:
+            envelope[BUDGET_MARK_KEY] = dict(self.budget_mark)
         envelope[DIGEST_KEY] = hashlib.sha256(canonical(envelope)).hexdigest()
         write_atomically(self.path, json.dumps(envelope, sort_keys=True, allow_nan=False).encode(), f"{self.kind} state")
+
+
+def _is_mark(mark: Any) -> bool:
+    """A budget store's mark: ``{"store": <hex id>, "generation": <int ≥ 0>}``."""
+    return (type(mark) is dict and set(mark) == {"store", "generation"} and type(mark["store"]) is str
+            and type(mark["generation"]) is int and mark["generation"] >= 0)

@@ -149,3 +149,68 @@ def test_a_round_charged_by_a_process_that_died_is_not_charged_twice(tmp_path: P
     np.testing.assert_array_equal(restored.learner.release(), theta)  # no noise: the same model
     assert restored.handle(BATCHES[2])
     assert uses(tmp_path, stores) == [(0, 3, (analyzer.instance,))]
+
+
+def test_a_round_a_cleanly_stopped_process_charged_is_charged_again_after_a_rollback(tmp_path: Path) -> None:
+    """The per-attempt rule of begin_role (streamer/budget/rules.py): only a round charged by a dead
+    process, beyond its checkpoint, is learned again without a charge. A process that stopped
+    cleanly after round 1 released it; an analyzer.json rolled back to round 1 learns it a second
+    time, and the store counts two uses of round 1."""
+    analyzer, budget = charged(tmp_path, "first")
+    assert analyzer.handle(BATCHES[0])
+    saved = analyzer.checkpoint()  # the state at round 1: the "backup"
+    assert analyzer.handle(BATCHES[1])
+    budget.mark_step_durable(analyzer.round, clean=True)
+    budget.close()
+    restored = Analyzer.restore(saved, [KEYPAIR])
+    again = BudgetSession(BudgetStore(tmp_path), tmp_path / "first", run=str(restored.instance), unit=Rounds(KEY))
+    again.begin_role("esa", restored.report(), step=restored.round)
+    restored.gate = again.charge_step
+    assert restored.handle(BATCHES[1])
+    again.close()
+    instance = str(analyzer.instance)
+    assert uses(tmp_path) == [(0, 1, (instance,)), (1, 2, (instance, instance))]
+
+
+def test_a_second_live_process_of_an_analyzer_instance_is_refused(tmp_path: Path, stores: Callable[[], Any]) -> None:
+    """Two processes of one analyzer instance (a copy of its --out: the directory lock cannot see it)
+    would be one budget instance; the store refuses the second while the first lives, with one line."""
+    from panpriv.streamer.budget.store import BudgetError
+
+    analyzer, budget = charged(tmp_path, "first", store=stores)
+    assert analyzer.handle(BATCHES[0])
+    copy = BudgetSession(stores(), tmp_path / "copy", run=str(analyzer.instance), unit=Rounds(KEY))
+    with pytest.raises(BudgetError, match="is in use by another live process") as refused:
+        copy.begin_role("esa", analyzer.report(), step=analyzer.round)
+    assert "\n" not in str(refused.value)
+    copy.close()
+    budget.close()
+
+
+def test_an_analyzer_refuses_a_store_behind_its_state(tmp_path: Path) -> None:
+    """analyzer.json records the store's id and generation at every save (as the service's
+    checkpoint does); a store restored from an older backup, or another store, is refused with one
+    line before anything is charged or published."""
+    from shutil import copy2
+
+    from panpriv.streamer.budget.store import DATABASE_NAME, BudgetError
+    from panpriv.streamer.esa.analyze_service import state_file
+
+    state = state_file(tmp_path / "first")
+    analyzer, budget = charged(tmp_path, "first")
+    copy2(tmp_path / DATABASE_NAME, tmp_path / "backup.sqlite")
+    for value in BATCHES[:2]:
+        assert analyzer.handle(value)
+        state.save(analyzer.checkpoint(), budget_mark=budget.mark())
+        budget.mark_step_durable(analyzer.round)
+    budget.close()
+    seen = state_file(tmp_path / "first")
+    assert seen.load() is not None and seen.budget_mark == {"store": budget.store.store_id,
+                                                             "generation": seen.budget_mark["generation"]}
+    copy2(tmp_path / "backup.sqlite", tmp_path / DATABASE_NAME)  # the store rolled back to before both rounds
+    for directory in (tmp_path, tmp_path / "elsewhere"):  # the old store, then another (empty) one
+        again = BudgetSession(BudgetStore(directory), tmp_path / "first", run=str(analyzer.instance), unit=Rounds(KEY))
+        with pytest.raises(BudgetError, match="behind generation|is store") as refused:
+            again.begin_role("esa", analyzer.report(), step=analyzer.round, seen=seen.budget_mark, where=str(seen.path))
+        assert "\n" not in str(refused.value) and str(seen.path) in str(refused.value)
+        again.close()

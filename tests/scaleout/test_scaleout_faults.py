@@ -227,3 +227,40 @@ def test_two_workers_sharing_one_out_are_refused(
         attempts = db.execute("SELECT COUNT(DISTINCT attempt) FROM charges WHERE instance = ?",
                               (parts.worker_instance(tmp_path / "worker0"),)).fetchone()[0]
     assert attempts == 1 and charged() >= before  # every charge of the instance is the first process's
+
+
+def test_a_worker_refuses_a_budget_store_behind_its_state(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """worker.json records the budget store's id and generation at every publication (as the
+    service's checkpoint does). A store restored from a backup taken mid-run forgets the charges
+    made since: a worker restarted on that --out refuses it with one line (exit 1) before it
+    charges or learns anything."""
+    names = parts.topics(kafka_broker, unique_name)
+    X, y = parts.synthetic(4000, parts.DIM, seed=6)
+    parts.produce(kafka_broker.bootstrap, names["data"], X, y)
+    database = Path(os.environ["PANPRIV_STATE_DIR"]) / "budget.sqlite"
+    coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, 4000, 1)
+    worker = parts.start_worker(tmp_path, kafka_broker, names, 0, more=("--rate", "2000"))
+    backup = tmp_path / "backup.sqlite"
+    try:
+        wait_until(lambda: '"budget"' in (tmp_path / "worker0" / "worker.json").read_text(errors="replace")
+                   if (tmp_path / "worker0" / "worker.json").exists() else False, 120, "the worker's first publication")
+        with sqlite3.connect(database) as live, sqlite3.connect(backup) as copy:
+            live.backup(copy)  # a consistent copy while the worker writes
+        parts.wait_all(coordinator, [worker], 300)
+    finally:
+        for process in (coordinator, worker):
+            process.stop()
+    shutil.copy2(backup, database)
+    before = sqlite3.connect(database).execute("SELECT COUNT(*), MAX(stop) FROM charges").fetchone()
+    again = parts.start_worker(tmp_path, kafka_broker, names, 0, log="worker0-again.log")
+    try:
+        assert again.process.wait(timeout=120) == 1, again.log_path.read_text()[-2000:]
+    finally:
+        again.stop()
+    log = again.log_path.read_text()
+    lines = [line for line in log.splitlines() if line.startswith("panpriv worker")]
+    assert len(lines) == 1 and "behind generation" in lines[0] and "worker.json" in lines[0], log[-2000:]
+    assert "Traceback" not in log
+    assert sqlite3.connect(database).execute("SELECT COUNT(*), MAX(stop) FROM charges").fetchone() == before

@@ -81,7 +81,7 @@ def refused_or_identical(state: RoleState, original: dict, damaged: bytes) -> bo
 
 def test_every_bit_flip_of_a_worker_state_is_refused(tmp_path: Path) -> None:
     state = worker_state(tmp_path)
-    state.save({"instance": "scaleout:default/worker-0123456789ab"})
+    state.save({"instance": "scaleout:default/worker-0123456789ab"}, budget_mark={"store": "ab" * 16, "generation": 42})
     raw = state.path.read_bytes()
     original = state.load()
     assert original is not None
@@ -98,6 +98,35 @@ def test_bit_flips_of_an_analyzer_state_are_refused(learner: str, tmp_path: Path
     assert original is not None
     positions = random.Random(learner).sample(range(8 * len(raw)), 3000)
     assert all(refused_or_identical(state, original, damaged) for damaged in flips(raw, positions))
+
+
+def test_the_budget_store_mark_is_sealed_with_the_state_and_never_dropped(tmp_path: Path) -> None:
+    """Like the service's checkpoint (extra.budget), a role's state records the budget store's id and
+    generation (streamer/budget/session.py refuses a store behind it); a save without a new mark
+    keeps the one the file held, and a malformed mark, even sealed, is refused."""
+    import hashlib
+
+    from panpriv.streamer.state.integrity import canonical
+
+    state = worker_state(tmp_path)
+    state.save({"instance": "scaleout:default/worker-0123456789ab"})
+    assert "budget" not in json.loads(state.path.read_bytes())
+    mark = {"store": "0f" * 16, "generation": 7}
+    state.save({"instance": "scaleout:default/worker-0123456789ab"}, budget_mark=mark)
+    again = worker_state(tmp_path)
+    assert again.load() == {"instance": "scaleout:default/worker-0123456789ab"} and again.budget_mark == mark
+    again.save({"instance": "scaleout:default/worker-0123456789ab"})  # no new mark: the old one stays
+    third = worker_state(tmp_path)
+    third.load()
+    assert third.budget_mark == mark
+    envelope = json.loads(state.path.read_bytes())
+    for bad in ({"store": "0f" * 16}, {"store": 3, "generation": 1}, {"store": "x", "generation": -1}, [1, 2]):
+        forged = {**envelope, "budget": bad}
+        del forged["sha256"]
+        forged["sha256"] = hashlib.sha256(canonical(forged)).hexdigest()
+        state.path.write_text(json.dumps(forged))
+        with pytest.raises(CheckpointError, match="budget mark is malformed"):
+            worker_state(tmp_path).load()
 
 
 def test_other_files_and_other_versions_are_refused_with_one_line(tmp_path: Path) -> None:
