@@ -72,7 +72,7 @@ from panpriv.accounting.budget import Charge, Excess, compose, exceeds_after, lo
 from panpriv.accounting.errors import AccountingError
 from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
 from panpriv.streamer.budget import rules
-from panpriv.streamer.errors import StreamerError
+from panpriv.streamer.errors import ConfigError, StreamerError
 from panpriv.streamer.state.atomic_files import fsync_directory
 
 DATABASE_NAME = "budget.sqlite"
@@ -130,6 +130,14 @@ def default_state_dir() -> Path:
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
     return base / "panpriv"
+
+
+def refuse_non_directory(directory: Path) -> None:
+    """A state directory that exists but is not a directory (a file given as ``--state-dir``) is a
+    configuration error (:class:`~panpriv.streamer.errors.ConfigError`, one line), not an empty store."""
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"the budget state directory {directory} is not a directory; give --state-dir (or [budget] "
+                          "state_dir) a directory")
 
 
 @dataclass(frozen=True)
@@ -374,6 +382,7 @@ class BudgetStore:
         self._seen_at: dict[str, float] = {}  # attempt -> when its "seen" was last written
         self._generation = -1
         self._db: sqlite3.Connection | None = None
+        refuse_non_directory(self.directory)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             _create(self.path)
@@ -979,6 +988,7 @@ def describe_store(directory: Path, contains: str | None = None) -> str:
     """``panpriv budget``: per data source, its ranges and uses with the composed guarantee; then
     every run (output directory, start, last durable checkpoint, its attempts) and its instances'
     reports; the identification rule."""
+    refuse_non_directory(Path(directory))
     path = Path(directory) / DATABASE_NAME
     if not path.exists():
         return f"budget store {path}: empty (no run has used this state directory)"

@@ -64,6 +64,10 @@ SCENARIOS: list[tuple[str, Callable[[Path], list[str]], int, str]] = [
     ("predict", lambda tmp: ["predict", "--snapshot", str(tmp / "s.jsonl"), "--source", "adult:test"], EXIT_USAGE, "no such file"),
     ("keygen", lambda tmp: ["keygen", str(tmp / "a-file")], EXIT_FAILURE, "a-file"),
     ("budget", lambda tmp: ["budget", "--state-dir", str(tmp / "garbage")], EXIT_FAILURE, "budget store"),
+    # A file given as the state directory is a configuration error, not an empty store (it printed "empty", exit 0).
+    ("budget", lambda tmp: ["budget", "--state-dir", str(tmp / "a-file")], EXIT_USAGE, "is not a directory"),
+    ("run", lambda tmp: ["run", "--source", "synthetic:n=100&dim=3", "--dim", "3", "--feature-bound", "1",
+                         "--state-dir", str(tmp / "a-file"), "--out", str(tmp / "o")], EXIT_USAGE, "is not a directory"),
     ("analyze", lambda tmp: ["analyze", "--bootstrap", "127.0.0.1:1", "--shuffled-topic", "s", "--model-topic", "m",
                              "--messages-topic", "g", "--analyzer-key", "k", "--out", str(tmp / "o"), "--dim", "3",
                              "--learner", "shuffle-acsa"], EXIT_USAGE, "horizon"),
