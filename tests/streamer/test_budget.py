@@ -274,10 +274,10 @@ def test_a_seeded_run_refuses_to_resume(jsonl, tmp_path, monkeypatch) -> None:
 
     def stop_after_3(self, batch):  # noqa: ANN001
         calls["n"] += 1
-        if calls["n"] > 3:
-            self._stop.set()
-            return 0, 0
-        return original(self, batch)
+        learned = original(self, batch)
+        if calls["n"] == 3:
+            self._stop.set()  # a stop request: the driver sees it before it polls (and charges) another batch
+        return learned
 
     monkeypatch.setattr(StreamDriver, "_process", stop_after_3)
     assert Processor(configure(jsonl, out, **{"learner.seed": 5})).run().outcome == "stopped"

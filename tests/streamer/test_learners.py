@@ -72,10 +72,10 @@ def test_pnsgd_runs_resumes_and_accounts_its_releases(tmp_path, monkeypatch, cap
 
     def stop_after_five(self, batch):
         calls["n"] += 1
-        if calls["n"] > 5:
-            self._stop.set()
-            return 0, 0
-        return original(self, batch)
+        learned = original(self, batch)
+        if calls["n"] == 5:
+            self._stop.set()  # a stop request: the driver sees it before it polls (and charges) another batch
+        return learned
 
     monkeypatch.setattr(StreamDriver, "_process", stop_after_five)
     first = Processor(load_config(None, overrides)).run()
@@ -112,10 +112,10 @@ def test_every_registered_learner_streams_stops_and_resumes_exactly_once(name, t
 
     def stop_after_seven(self, batch):
         calls["n"] += 1
-        if calls["n"] > 7:
-            self._stop.set()
-            return 0, 0
-        return original(self, batch)
+        learned = original(self, batch)
+        if calls["n"] == 7:
+            self._stop.set()  # a stop request: the driver sees it before it polls (and charges) another batch
+        return learned
 
     monkeypatch.setattr(StreamDriver, "_process", stop_after_seven)
     assert Processor(load_config(None, overrides)).run().records == 2100

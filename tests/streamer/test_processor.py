@@ -61,12 +61,12 @@ def stop_after(monkeypatch, batches: int, crash: bool) -> None:
 
     def process(self, batch):
         seen["n"] += 1
-        if seen["n"] > batches:
-            if crash:
-                raise RuntimeError("simulated crash")
-            self._stop.set()
-            return 0, 0
-        return original(self, batch)
+        if seen["n"] > batches:  # a crash after the batch was charged, before it is learned
+            raise RuntimeError("simulated crash")
+        learned = original(self, batch)
+        if seen["n"] == batches and not crash:
+            self._stop.set()  # a stop request: the driver sees it before it polls (and charges) another batch
+        return learned
 
     monkeypatch.setattr(StreamDriver, "_process", process)
 
