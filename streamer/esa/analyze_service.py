@@ -2,7 +2,9 @@
 checkpoint, the budget store (:mod:`panpriv.streamer.esa.budget`) and its metrics
 (:mod:`panpriv.streamer.esa.metrics`).
 
-Per record of the shuffled topic, in order: the analyzer opens the batch; for the current round it
+Per record of the shuffled topic, in order: the analyzer checks the batch's signature, deployment
+and round (:mod:`panpriv.streamer.esa.batches`: the shuffler's verify keys and the deployment id —
+the data key — are bound before the first record) and opens it; for the current round it
 registers the statement and charges the round in the budget store (durably, ``max_epsilon``
 checked in the same transaction), then steps; the checkpoint is written atomically, the store
 notes it durable, and only then is round t + 1's model published. A refused charge stops the
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nacl.public import PrivateKey
+from nacl.signing import VerifyKey
 
 from panpriv.accounting.ledger import PrivacyReport
 from panpriv.protocols.checkin import RandomCheckinSGD
@@ -28,6 +31,7 @@ from panpriv.protocols.shuffle_base import SequentialLearner
 from panpriv.protocols.shuffle_gd import ShuffleGD
 from panpriv.streamer.esa import checkin_analyzer, gd_analyzer, sum_analyzer
 from panpriv.streamer.esa.analyzer import REJECT_REASONS, Analyzer
+from panpriv.streamer.esa.batches import BatchVerifier
 from panpriv.streamer.esa.budget import AnalyzerBudget, data_key, new_instance, open_store
 from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
 from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
@@ -59,6 +63,8 @@ class AnalyzeOptions:
     shuffled_topic: str
     model_topic: str
     keys: list[PrivateKey]
+    shuffler_keys: list[VerifyKey]
+    """The shuffler's verify keys: batches signed by another key are refused."""
     out: Path
     learner: Any  # Callable[[], ShuffleGaussianSGD | SequentialLearner]
     budget: BudgetOptions
@@ -148,6 +154,9 @@ def run(options: AnalyzeOptions) -> AnalyzeResult:
     try:
         consumer.partitions_for_topic(options.shuffled_topic)  # metadata: the cluster id
         key = data_key(kafka_cluster_identity(consumer, options.bootstrap), options.budget.messages_topic)
+        verifier = BatchVerifier(options.shuffler_keys, key)
+        analyzer.bind(verifier)
+        log.info("analyzer: deployment %s, batches signed by %s", key, ", ".join(verifier.signer_ids))
         store = open_store(options.budget.state_dir, options.budget.kafka_url)
         if isinstance(analyzer, GDAnalyzer):  # every user charged per round, one instance per round
             budget = GDAnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon,

@@ -4,13 +4,18 @@ round t's users answer at the model θ_t).
 
 One JSON value per round, keyed ``<deployment>`` so that compaction keeps the latest::
 
-    {"format": "panpriv-esa-model/1", "learner": "shuffle-gaussian", "deployment": "...",
+    {"format": "panpriv-esa-model/2", "learner": "shuffle-gaussian", "deployment": "...",
      "round": t, "theta": [...], "calibration": {...}, "key_id": "<hex>",
      "local_guarantee": [eps0, delta]}
 
 Everything in it is public: θ_t is post-processing of earlier rounds' shuffled messages, the
 calibration is configuration. Clients read the topic to its end and use the record with the
 highest round (:func:`latest`).
+
+Format 2 is that of onion-sealed messages (:mod:`panpriv.streamer.esa.wire`): a client of the format
+before refuses it (so it never sends a message sealed to the analyzer alone to a deployment whose
+statement counts on onion sealing), and a client of this format refuses a record of format 1
+(:class:`UnknownModelFormat`, naming the upgrade).
 """
 
 from __future__ import annotations
@@ -24,7 +29,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-FORMAT = "panpriv-esa-model/1"
+FORMAT = "panpriv-esa-model/2"
+LEGACY_FORMAT = "panpriv-esa-model/1"
+
+
+class UnknownModelFormat(ValueError):
+    """A model record of another format (one written before onion sealing: the analyzer needs upgrading)."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,12 @@ class ModelRecord:
     @classmethod
     def from_json(cls, data: bytes) -> ModelRecord:
         value = json.loads(data)
+        if value.get("format") == LEGACY_FORMAT:
+            raise UnknownModelFormat(f"the model topic holds {LEGACY_FORMAT} records, written by an analyzer from before "
+                                     "onion-sealed messages and signed batches: it must be upgraded (and the deployment "
+                                     "migrated) before this client answers")
         if value.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} record (format {value.get('format')!r})")
+            raise UnknownModelFormat(f"not a {FORMAT} record (format {value.get('format')!r})")
         theta = np.asarray(value["theta"], dtype=np.float64)
         if theta.shape != (int(value["calibration"]["params"]),):
             raise ValueError("model record: theta does not have the calibration's parameter count")

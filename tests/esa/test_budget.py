@@ -13,23 +13,23 @@ import pytest
 from nacl.public import PrivateKey
 
 from panpriv.streamer.budget.store import BudgetExceededError, BudgetStore, describe_store
-from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import Analyzer
 from panpriv.streamer.esa.budget import AnalyzerBudget, data_key, new_instance
-from panpriv.streamer.esa.client import Encoder
-from tests.esa.test_roles import B, learner, records
+from tests.esa import parts
+from tests.esa.test_roles import SHUFFLER, B, encoder, learner, records, shuffled
 
 KEY = data_key("cluster=test", "messages")
 
 
 def batches(key: PrivateKey, rounds: int) -> list[bytes]:
     """The shuffled batches of ``rounds`` rounds, encoded against a reference analyzer's models."""
-    reference = Analyzer(learner(), [key], "ref")
+    reference = parts.bound(Analyzer(learner(), [key], "ref"), SHUFFLER)
     X, y = records(B * rounds)
     out = []
     for t in range(rounds):
         rows = slice(t * B, (t + 1) * B)
-        value = wire.encode_batch(t, Encoder(key.public_key, reference.model()).encode(X[rows], y[rows]))
+        messages = encoder(key, reference.model()).encode(X[rows], y[rows])
+        value = parts.signed(SHUFFLER, t, shuffled(messages, t))
         assert reference.handle(value)
         out.append(value)
     return out
@@ -39,7 +39,7 @@ def charged(directory: Path, name: str, limit: float | None = None,
             store: Callable[[], Any] | None = None) -> tuple[Analyzer, AnalyzerBudget]:
     """An analyzer of deployment ``name`` gated by the store in ``directory`` (or ``store()``),
     begun at round 0."""
-    analyzer = Analyzer(learner(), [KEYPAIR], name, new_instance(name))
+    analyzer = parts.bound(Analyzer(learner(), [KEYPAIR], name, new_instance(name)), SHUFFLER)
     assert analyzer.instance is not None
     opened = store() if store is not None else BudgetStore(directory)
     budget = AnalyzerBudget(opened, KEY, analyzer.instance, directory / name, limit)
@@ -136,7 +136,7 @@ def test_a_round_charged_by_a_process_that_died_is_not_charged_twice(tmp_path: P
     saved = analyzer.checkpoint()
     assert analyzer.handle(BATCHES[1])  # charged [1, 2), then the "crash": the checkpoint is the old one
     theta = analyzer.learner.release().copy()
-    restored = Analyzer.restore(saved, [KEYPAIR])
+    restored = parts.bound(Analyzer.restore(saved, [KEYPAIR]), SHUFFLER)
     assert restored.instance == analyzer.instance and restored.round == 1
     again = AnalyzerBudget(stores(), KEY, str(restored.instance), tmp_path / "first")
     again.begin(restored.round, restored.report(), "esa")
