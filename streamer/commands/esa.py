@@ -35,6 +35,9 @@ def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--if-missing", action="store_true",
                         help="do nothing if DIR already holds a private key of the role (a one-shot init container); "
                         "shuffler: write a missing shuffler-<id>.verify beside an existing key")
+    parser.add_argument("--public-dir", type=Path, metavar="DIR",
+                        help="also copy the public files (.pub, .verify) into DIR, for the roles that must not see the "
+                        "private directory (the deploy/ stack's public volume)")
     parser.add_argument("--role", choices=("analyzer", "shuffler"), default="analyzer",
                         help="shuffler: the shuffler's pair (shuffler-<id>.key opens the outer layer of messages and signs "
                         "batches; clients get .pub, the analyzer .verify)")
@@ -42,19 +45,22 @@ def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from panpriv.streamer.esa.keys import generate, private_files, verify_path, write_verify_key
+    from panpriv.streamer.esa.keys import generate, private_files, publish, verify_path, write_verify_key
 
     if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir, args.role)):
         print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
-        if args.role == "shuffler":
-            for path in existing:
-                if not verify_path(path).exists():
-                    print(f"  wrote {write_verify_key(path)} (the verify key of {path.name}: give it to the analyzer)")
+        for path in existing:
+            if args.role == "shuffler" and not verify_path(path).exists():
+                print(f"  wrote {write_verify_key(path)} (the verify key of {path.name}: give it to the analyzer)")
+            if args.public_dir is not None:
+                publish(path, args.public_dir)
         return 0
     files = generate(args.dir, args.role)
     print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the {args.role} only)\n"
           f"  public  {files.public} (give it to clients)"
           + (f"\n  verify  {files.verify} (give it to the analyzer: --shuffler-verify-key)" if files.verify else ""))
+    if args.public_dir is not None:
+        print(f"  copied to {args.public_dir}: {', '.join(p.name for p in publish(files.private, args.public_dir))}")
     return 0
 
 
@@ -195,8 +201,8 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--messages-topic", required=True)
     parser.add_argument("--shuffled-topic", required=True)
     parser.add_argument("--shuffler-key", type=Path, required=True,
-                        help="the shuffler's private key file (panpriv keygen DIR --role shuffler): opens the outer layer "
-                        "of messages and signs batches")
+                        help="the shuffler's private key file (panpriv keygen DIR --role shuffler), or DIR (its newest "
+                        "shuffler-*.key): opens the outer layer of messages and signs batches")
     parser.add_argument("--batch-size", type=positive_int, required=True, help="b: messages per released round")
     parser.add_argument("--params", type=positive_int, required=True,
                         help="coordinates per message (dim + 1 with an intercept): fixes the message size")

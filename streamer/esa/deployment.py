@@ -48,16 +48,36 @@ REFERENCE = "Bittau et al. 2017, §3 (Encode-Shuffle-Analyze)"
 SECURE_SUM_REFERENCE = "Ishai et al. 2006 (split and mix; message count: panpriv.protocols.secure_sum)"
 
 
+def topic_access(checkin: bool = False) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Which topics each role reads and writes — the one table the statement prints, docs/privacy.md
+    shows and the deploy/ Kafka ACLs grant (tested against both). The shuffler reads the shuffled
+    topic back for its last released round; the ``checkin`` shuffler reads the model topic for the
+    deployment's configuration and each slot's analyzer key."""
+    return {
+        "client": {"read": ("model",), "write": ("messages",)},
+        "shuffler": {"read": ("messages", "shuffled", *(("model",) if checkin else ())), "write": ("shuffled",)},
+        "analyzer": {"read": ("shuffled",), "write": ("model",)},
+    }
+
+
+def _topics(names: tuple[str, ...]) -> str:
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"the {listed} topic{'s' if len(names) > 1 else ''}"
+
+
+def _access_line(checkin: bool) -> str:
+    parts = [f"the {role} reads {_topics(access['read'])} and writes {_topics(access['write'])}"
+             for role, access in topic_access(checkin).items()]
+    return "readable topics (deploy/ Kafka ACLs): " + "; ".join(parts) + "; nobody reads a topic beyond these"
+
+
 def parties(output: Guarantee, local: Guarantee, checkin: bool = False) -> list[str]:
-    """The statement's lines on who reads which topic and holds which key, what a broker operator
-    colluding with the analyzer learns, and each role's guarantee (module docstring)."""
-    model_reader = ", and reads the model topic (the public configuration and the analyzer key each slot names)" \
-        if checkin else ""
+    """The statement's lines on who reads which topic (:func:`topic_access`) and holds which key,
+    what a broker operator colluding with the analyzer learns, and each role's guarantee (module
+    docstring)."""
     dummy_keys = " and the analyzer's public keys (it seals the dummies of empty slots)" if checkin else ""
     return [
-        "readable topics (deploy/ Kafka ACLs): clients write the messages topic and read the model topic; the "
-        f"shuffler reads the messages topic and writes the shuffled topic{model_reader}; the analyzer reads the "
-        "shuffled topic and writes the model topic; nobody reads a topic beyond these",
+        _access_line(checkin),
         "keys: clients hold the analyzer's and the shuffler's public keys and seal each message to the analyzer, "
         "then the result to the shuffler (onion sealing); the shuffler holds its private key, which opens the outer "
         f"layer only and signs every batch{dummy_keys}; the analyzer holds its private keys, which open released "

@@ -154,8 +154,27 @@ def load_private(path: Path) -> PrivateKey:
 
 
 def load_shuffler(path: Path) -> ShufflerKeys:
-    """The shuffler's key material from its private file (``shuffler-<id>.key``)."""
+    """The shuffler's key material from its private file (``shuffler-<id>.key``), or from the newest
+    such file in a directory (the deploy/ stack mounts the directory keygen wrote)."""
+    if path.is_dir():
+        files = private_files(path, "shuffler")
+        if not files:
+            raise FileNotFoundError(f"no shuffler-*.key in {path} (create one with `panpriv keygen {path} --role shuffler`)")
+        path = files[0]
     return ShufflerKeys.from_private(load_private(path))
+
+
+def publish(private_path: Path, directory: Path) -> list[Path]:
+    """Copy the public files of the key in ``private_path`` (``.pub``, and ``.verify`` for a
+    shuffler key) into ``directory``, the one other roles and clients may read."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for source in (private_path.with_suffix(".pub"), verify_path(private_path)):
+        if source.exists():
+            target = directory / source.name
+            target.write_bytes(source.read_bytes())
+            written.append(target)
+    return written
 
 
 def load_verify_keys(paths: list[Path]) -> list[VerifyKey]:

@@ -271,3 +271,28 @@ def test_client_imports_nothing_of_the_service() -> None:
     assert parts.streamer_modules_after_import("panpriv.streamer.esa.client") == [
         "panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.keys",
         "panpriv.streamer.esa.model", "panpriv.streamer.esa.wire"]
+
+
+def test_keygen_migrates_a_shuffler_key_and_publishes_the_public_files(tmp_path: Path) -> None:
+    """``keygen --role shuffler --if-missing`` writes the verify key of a shuffler key made before
+    batches were signed; ``--public-dir`` copies the public files (never the private one) where the
+    other roles read them; a shuffler reads its key from the directory keygen wrote."""
+    from panpriv.streamer.commands.cli import build_parser
+
+    files = keys.generate(tmp_path / "s", "shuffler")
+    assert files.verify is not None
+    files.verify.unlink()
+    args = build_parser().parse_args(["keygen", str(tmp_path / "s"), "--role", "shuffler", "--if-missing",
+                                      "--public-dir", str(tmp_path / "public")])
+    assert args.handler(args) == 0 and keys.verify_path(files.private).exists()
+    assert sorted(p.name for p in (tmp_path / "public").iterdir()) == sorted([files.public.name, files.verify.name])
+    assert keys.load_shuffler(tmp_path / "s").key_id.hex() == files.key_id
+    assert bytes(keys.load_verify_keys([tmp_path / "public"])[0]) == bytes(keys.load_shuffler(files.private).verify_key)
+
+
+def test_a_client_refuses_a_model_record_of_the_format_before_onion_sealing() -> None:
+    from panpriv.streamer.esa.model import UnknownModelFormat
+
+    record = analyzer_for(PrivateKey.generate()).model().to_json().replace(b"panpriv-esa-model/2", b"panpriv-esa-model/1")
+    with pytest.raises(UnknownModelFormat, match="upgraded"):
+        ModelRecord.from_json(record)
