@@ -52,7 +52,7 @@ form for G = Z_q: m = O(1 + (σ + log q)/log n) messages give distance 2^−σ. 
 statements (constants and side conditions) were not available to this implementation in a form
 that could be checked, so it does **not** use their constants: it uses the bound above, proved
 here and evaluated exactly (in log space) at the deployment's (n, m, |G|). For comparison only,
-:func:`recalled_published_shares` evaluates the closed forms as we recall them,
+``tests/protocols/test_secure_sum.py`` evaluates the closed forms as we recall them,
 ⌈(2σ + log₂|G|)/(log₂ n − log₂ e)⌉ + 1 (BBGN) and ⌈(2σ + log₂|G|)/log₂ n⌉ + 2 (GMPV): at the
 deployed sizes they ask for *more* shares than the bound here (n = 256, d = 20, q = 2^16: 70 and
 58 against 50; d = 100, q = 2^17: 280 and 231 against 214; tested), so nothing would be gained
@@ -201,16 +201,6 @@ def round_plan(users: int, honest: int, dim: int, max_value: int, sigma: int = S
     log2_group = dim * bits
     shares = shares_needed(honest, log2_group, sigma)
     return SumPlan(users, honest, dim, bits, shares, distance_bound(honest, shares, log2_group))
-
-
-def recalled_published_shares(users: int, log2_group: float, sigma: int = SECURITY_BITS) -> dict[str, int]:
-    """**Comparison only, never used for a guarantee**: the message counts of Balle, Bell, Gascón &
-    Nissim 2020 and Ghazi, Manurangsi, Pagh & Velingker 2020 in the closed forms we recall
-    (⌈(2σ + log₂|G|)/(log₂ n − log₂ e)⌉ + 1 and ⌈(2σ + log₂|G|)/log₂ n⌉ + 2); their statements could
-    not be checked here (module docstring)."""
-    top = 2 * sigma + log2_group
-    return {"bbgn": math.ceil(top / (math.log2(users) - math.log2(math.e))) + 1,
-            "gmpv": math.ceil(top / math.log2(users)) + 2}
 
 
 def added_delta(epsilon: float, tau: float) -> float:

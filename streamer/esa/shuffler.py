@@ -37,7 +37,7 @@ their b·m units, all permuted together, so no unit's position says which user, 
 units, it came with. A message with another m is ``malformed``.
 
 **Exactly once with respect to its input.** *No loss*: an offset is committed only once every
-message below it is in an acknowledged batch or was dropped by a rule above (step 5). *No
+message below it is in an acknowledged batch or was dropped by a rule above (step 6). *No
 duplicate*: rounds are released in increasing order (round t + 1 cannot exist before the analyzer
 has the batch of round t and publishes its model), so the shuffler's release state is one number,
 the last released round, which it reads back from the last record of the shuffled topic when it
@@ -310,7 +310,7 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
     committed = start
 
     def commit(safe: int, previous: int | None) -> int | None:
-        """Commit ``safe`` (step 5 of the module docstring) unless it is already committed."""
+        """Commit ``safe`` (step 6 of the module docstring) unless it is already committed."""
         if safe == previous:
             return previous
         kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})

@@ -161,11 +161,6 @@ def seal_message(box: SealedBox, shuffler_key_id: bytes, round_: int, body: byte
     return _MESSAGE_HEAD.pack(MESSAGE_MAGIC, round_, shuffler_key_id) + box.encrypt(_ROUND.pack(round_) + body)
 
 
-def message(round_: int, shuffler_key_id: bytes, sealed: bytes) -> bytes:
-    """A message from its parts (``sealed``: the shuffler's box of round ‖ body)."""
-    return _MESSAGE_HEAD.pack(MESSAGE_MAGIC, round_, shuffler_key_id) + sealed
-
-
 def message_header(data: bytes, size: int) -> tuple[int, bytes, bytes]:
     """(clear round, shuffler key id, sealed box) of a message of exactly ``size`` bytes;
     :class:`WireError` ``old_format`` for a message of the format before onion sealing, else

@@ -193,3 +193,33 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     np.testing.assert_array_equal(np.asarray(state["released"]), replay.learner.release())
     print(f"{kind}: killed at round {killed_at}; resumed and finished {rounds} rounds, model identical to a "
           "crash-free replay")
+
+
+def test_state_of_the_format_before_onion_sealing_is_refused_naming_the_migration(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """An analyzer checkpoint and a shuffled topic written by the version before onion sealing and
+    signed batches are refused with one line naming the migration (exit code 2, no traceback)."""
+    import subprocess
+    import sys
+
+    names = parts.topics(kafka_broker, unique_name)
+    keys = parts.key_pairs(tmp_path)
+    out = tmp_path / "analyzer"
+    out.mkdir()
+    (out / "analyzer.json").write_text(json.dumps({"format": "panpriv-esa-analyzer/1", "round": 3, "offset": 3}))
+    analyze = subprocess.run(
+        [sys.executable, "-m", "panpriv", "analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic",
+         names["shuffled"], "--model-topic", names["model"], "--messages-topic", names["messages"], "--analyzer-key",
+         str(keys[0].private), "--shuffler-verify-key", str(keys[1].verify), "--out", str(out), "--dim", "5"],
+        capture_output=True, text=True, timeout=120, env=parts.env())
+    assert analyze.returncode == 2 and "Traceback" not in analyze.stderr, analyze.stderr
+    assert "panpriv-esa-analyzer/1" in analyze.stderr and "--role shuffler" in analyze.stderr
+    parts.send(kafka_broker.bootstrap, names["shuffled"], [b"PPB1" + (4).to_bytes(8, "big") + bytes(48)])
+    shuffle = subprocess.run(
+        [sys.executable, "-m", "panpriv", "shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic",
+         names["messages"], "--shuffled-topic", names["shuffled"], "--batch-size", "4", "--params", "5",
+         "--shuffler-key", str(keys[1].private), "--max-rounds", "1"],
+        capture_output=True, text=True, timeout=120, env=parts.env())
+    assert shuffle.returncode == 2 and "Traceback" not in shuffle.stderr, shuffle.stderr
+    assert "PPB1" in shuffle.stderr and "new deployment" in shuffle.stderr

@@ -18,7 +18,6 @@ from panpriv.protocols.secure_sum import (
     distance_bound,
     log2_chi_square,
     modulus_bits,
-    recalled_published_shares,
     recombine,
     round_plan,
     shares_needed,
@@ -170,6 +169,16 @@ def test_one_honest_count_suffices_with_a_colluder_on_exact_enumeration() -> Non
     for colluder in range(q):
         laws = [_view_with_colluder(honest, colluder, m, q) for honest in ((0, 0), (1, 2), (2, 1))]
         assert all(_tv(a, b) <= 2 * tau for a in laws for b in laws)
+
+
+def recalled_published_shares(users: int, log2_group: float, sigma: int = SECURITY_BITS) -> dict[str, int]:
+    """**Comparison only**: the message counts of Balle, Bell, Gascón & Nissim 2020 and Ghazi,
+    Manurangsi, Pagh & Velingker 2020 in the closed forms we recall,
+    ⌈(2σ + log₂|G|)/(log₂ n − log₂ e)⌉ + 1 and ⌈(2σ + log₂|G|)/log₂ n⌉ + 2 — their statements could
+    not be checked here, so the library does not use them (panpriv.protocols.secure_sum)."""
+    top = 2 * sigma + log2_group
+    return {"bbgn": math.ceil(top / (math.log2(users) - math.log2(math.e))) + 1,
+            "gmpv": math.ceil(top / math.log2(users)) + 2}
 
 
 def test_the_proved_bound_asks_for_fewer_shares_than_the_recalled_published_forms() -> None:
