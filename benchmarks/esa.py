@@ -85,6 +85,18 @@ def best(run_once: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
+def paired(after: Callable[[], object], floor: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Best times of ``after`` and of its ``floor``, measured alternately (a loaded machine's drift
+    then falls on both alike)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for run_once, into in ((after, times[0]), (floor, times[1])):
+            start = time.perf_counter()
+            run_once()
+            into.append(time.perf_counter() - start)
+    return min(times[0]), min(times[1])
+
+
 def encode_costs(dim: int, n: int, repeats: int) -> dict[str, float]:
     key = PrivateKey.generate()
     learner = ShuffleGaussianSGD(dim=dim, loss="logistic", epsilon=1.0, delta=1e-6, batch_size=B, radius=np.sqrt(dim))
@@ -93,7 +105,6 @@ def encode_costs(dim: int, n: int, repeats: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(n, dim)) / np.sqrt(dim)
     y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
-    block = best(lambda: encoder.encode(X, y), repeats) / n
     one_user = Encoder(key.public_key, SHUFFLER.box.public_key, model)  # scratch sized for one record
     single = best(lambda: [one_user.encode(X[i : i + 1], y[i : i + 1]) for i in range(min(n, 1000))], repeats) / min(n, 1000)
     work, noise = scratch.Scratch(), NoiseSource()
@@ -107,7 +118,7 @@ def encode_costs(dim: int, n: int, repeats: int) -> dict[str, float]:
         [wire.seal_unit(box, ident, wire.plaintext(0, row)) for row in rows]
         work.wipe()
 
-    floor = best(inner_only, repeats) / n
+    block, floor = (t / n for t in paired(lambda: encoder.encode(X, y), inner_only, repeats))
     text = wire.plaintext(0, np.zeros(learner.calibration()["params"]))
     seal = best(lambda: [box.encrypt(text) for _ in range(1000)], repeats) / 1000
     params = learner.calibration()["params"]
@@ -129,19 +140,24 @@ def share_messages(dim: int, shares: int) -> Callable[[int, int], bytes]:
     return lambda round_, user: wire.seal_message(box, SHUFFLER.key_id, round_, unit * shares)
 
 
-def shuffle_in_process(machine: type[Shuffler], messages: list[bytes], users: int, dim: int,
-                       shares: int | None, repeats: int) -> float:
-    """Units/s of ``machine`` over ``messages`` (rounds of ``users``), signing each release."""
+def shuffle_in_process(messages: list[bytes], users: int, dim: int, shares: int | None,
+                       repeats: int) -> tuple[float, float]:
+    """Units/s of the shuffler's state machine over ``messages`` (rounds of ``users``), signing each
+    release, and of its floor (:class:`Unopened`), measured alternately."""
     signer = BatchSigner(SHUFFLER, DEPLOYMENT)
 
-    def once() -> None:
-        state = machine(SHUFFLER.box, users, dim, shares=shares)
-        for offset, item in enumerate(messages):
-            for round_, units in state.offer(offset, item):
-                signer.record(round_, units)
-                state.mark_released(round_)
+    def once(machine: type[Shuffler]) -> Callable[[], None]:
+        def run_once() -> None:
+            state = machine(SHUFFLER.box, users, dim, shares=shares)
+            for offset, item in enumerate(messages):
+                for round_, units in state.offer(offset, item):
+                    signer.record(round_, units)
+                    state.mark_released(round_)
+        return run_once
 
-    return len(messages) * (shares or 1) / best(once, repeats)
+    after, floor = paired(once(Shuffler), once(Unopened), repeats)
+    count = len(messages) * (shares or 1)
+    return count / after, count / floor
 
 
 def sign_and_verify(units: int, size: int, repeats: int) -> tuple[float, float]:
@@ -222,8 +238,7 @@ def main() -> None:
     for dim in (20, 100):
         cost = encode_costs(dim, n, repeats)
         messages = envelopes(vector_messages(dim), rounds, B)
-        opened = shuffle_in_process(Shuffler, messages, B, dim, None, repeats)
-        floor = shuffle_in_process(Unopened, messages, B, dim, None, repeats)
+        opened, floor = shuffle_in_process(messages, B, dim, None, repeats)
         sign, verify = sign_and_verify(B, int(cost["unit_bytes"]), repeats)
         through = float("nan") if args.no_broker else shuffler_broker(dim, rounds)
         print(f"| {dim} | {cost['message_bytes']:.0f} ({cost['unit_bytes']:.0f}) | {cost['block']:.1f} "
@@ -241,8 +256,7 @@ def main() -> None:
         acsa = acsa_encode_costs(dim, records, repeats)
         shares = int(acsa["shares"])
         messages = envelopes(share_messages(dim, shares), 2, B)
-        units = shuffle_in_process(Shuffler, messages, B, dim, shares, repeats)
-        floor = shuffle_in_process(Unopened, messages, B, dim, shares, repeats)
+        units, floor = shuffle_in_process(messages, B, dim, shares, repeats)
         small = sum_shares(dim, SUM_BROKER_USERS)
         release = SUM_BROKER_USERS * small * wire.share_unit_size(dim)
         through = float("nan") if args.no_broker else shuffler_broker(dim, rounds, SUM_BROKER_USERS, small)

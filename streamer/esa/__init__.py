@@ -5,10 +5,13 @@ metadata, thresholds and permutes, and an analyzer that sees only shuffled batch
 encrypted to it. Here, for the ``shuffle-gaussian`` learner (Liew & Takahashi 2022 §5.2):
 
 - :mod:`panpriv.streamer.esa.client`: the user's encoder — reads the public model of the round, sends one
-  fixed-size message (clipped gradient + Gaussian noise) sealed to the analyzer's key. It imports
-  only ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and :mod:`panpriv.streamer.esa.wire`
-  / :mod:`panpriv.streamer.esa.keys` / :mod:`panpriv.streamer.esa.model` (nothing of the service);
-- :mod:`panpriv.streamer.esa.shuffler`: ``panpriv shuffle`` — holds no key that can read a message;
+  fixed-size message (clipped gradient + Gaussian noise) sealed to the analyzer's key and then to
+  the shuffler's (onion sealing, :mod:`panpriv.streamer.esa.wire`). It imports only ``protocols``,
+  ``accounting``, numpy, PyNaCl, kafka-python and :mod:`panpriv.streamer.esa.wire` /
+  :mod:`panpriv.streamer.esa.keys` / :mod:`panpriv.streamer.esa.model` (nothing of the service);
+- :mod:`panpriv.streamer.esa.shuffler`: ``panpriv shuffle`` — removes its own layer of each message
+  (it holds no key that opens a unit), thresholds, permutes and signs each batch
+  (:mod:`panpriv.streamer.esa.batches`, which the analyzer checks before anything else);
 - :mod:`panpriv.streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model
   (its service loop: :mod:`panpriv.streamer.esa.analyze_service`; its charges to the budget store shared
   by every run: :mod:`panpriv.streamer.esa.budget`);
@@ -17,7 +20,9 @@ encrypted to it. Here, for the ``shuffle-gaussian`` learner (Liew & Takahashi 20
   split-and-mix shares, each sealed: Ishai et al. 2006, :mod:`panpriv.protocols.secure_sum`), the same
   shuffler releasing units (``--shares``) and :mod:`panpriv.streamer.esa.sum_analyzer`;
 - :mod:`panpriv.streamer.esa.metrics`: the Prometheus series of the shuffler and the analyzer;
-- :mod:`panpriv.streamer.esa.keys`: ``panpriv keygen``.
+- :mod:`panpriv.streamer.esa.keys`: ``panpriv keygen`` (the analyzer's and the shuffler's key pairs);
+- :mod:`panpriv.streamer.esa.deployment`: the statements, and who reads which topic
+  (:func:`panpriv.streamer.esa.deployment.topic_access`, the table the deploy/ ACLs grant).
 
 This package's ``__init__`` imports nothing, so the client's imports stay as listed.
 """
