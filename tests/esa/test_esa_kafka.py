@@ -223,3 +223,48 @@ def test_state_of_the_format_before_onion_sealing_is_refused_naming_the_migratio
         capture_output=True, text=True, timeout=120, env=parts.env())
     assert shuffle.returncode == 2 and "Traceback" not in shuffle.stderr, shuffle.stderr
     assert "PPB1" in shuffle.stderr and "new deployment" in shuffle.stderr
+
+
+def test_a_client_refuses_a_deployment_whose_models_are_all_of_the_format_before(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """A model record of the format before onion sealing is skipped on the topic like any record
+    that does not parse; a client that finds only such records for its deployment refuses, naming
+    the upgrade (exit code 2), instead of waiting for a model; once the upgraded analyzer publishes,
+    its record is the one used."""
+    import subprocess
+    import sys
+
+    from nacl.public import PrivateKey
+
+    from panpriv.streamer.esa.analyzer import Analyzer
+    from panpriv.streamer.esa.model import ModelWatcher
+
+    names = parts.topics(kafka_broker, unique_name)
+    keys = parts.key_pairs(tmp_path)
+    learner = ShuffleGaussianSGD(dim=3, loss="logistic", epsilon=4.0, delta=1e-5, batch_size=8, radius=2.0)
+    current = Analyzer(learner, [load_private(keys[0].private)], "default").model().to_json()
+    old = current.replace(b"panpriv-esa-model/2", b"panpriv-esa-model/1")
+    other = Analyzer(learner, [PrivateKey.generate()], "other").model().to_json().replace(
+        b"panpriv-esa-model/2", b"panpriv-esa-model/1")
+    parts.send(kafka_broker.bootstrap, names["model"], [other])
+    watcher = ModelWatcher(kafka_broker.bootstrap, names["model"], "default")
+    try:
+        with pytest.raises(TimeoutError):  # another deployment's old record is not this deployment's refusal
+            watcher.wait_for(0, 3)
+    finally:
+        watcher.close()
+    parts.send(kafka_broker.bootstrap, names["model"], [old])
+    source = tmp_path / "records.jsonl"
+    source.write_text("".join(json.dumps({"x": [0.1, 0.2, 0.3], "y": 1}) + "\n" for _ in range(8)))
+    encode = subprocess.run([sys.executable, "-m", "panpriv", *parts.encode_args(kafka_broker, names, keys, source),
+                             "--timeout", "10"], capture_output=True, text=True, timeout=120, env=parts.env())
+    assert encode.returncode == 2 and "Traceback" not in encode.stderr, encode.stdout + encode.stderr
+    assert "refused the model" in encode.stdout and "panpriv-esa-model/1" in encode.stdout and "upgraded" in encode.stdout
+    parts.send(kafka_broker.bootstrap, names["model"], [current])
+    watcher = ModelWatcher(kafka_broker.bootstrap, names["model"], "default")
+    try:
+        model = watcher.current()
+        assert model is not None and model.to_json() == current and watcher.refused is not None
+    finally:
+        watcher.close()
