@@ -130,13 +130,17 @@ def write_verify_key(private_path: Path) -> Path:
     return path
 
 
+class KeyFileError(ValueError):
+    """A file given as a key that does not hold one (a usage error: exit code 2, one line)."""
+
+
 def _hex_key(path: Path, what: str) -> bytes:
     try:
         raw = bytes.fromhex(path.read_text().strip())
     except ValueError:
-        raise ValueError(f"{path} is not a {what} file (64 hex digits)") from None
+        raise KeyFileError(f"{path} is not a {what} file (64 hex digits)") from None
     if len(raw) != 32:
-        raise ValueError(f"{path} is not a {what} file (64 hex digits)")
+        raise KeyFileError(f"{path} is not a {what} file (64 hex digits)")
     return raw
 
 
