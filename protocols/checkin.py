@@ -203,7 +203,9 @@ class RandomCheckinSGD(MessageSGDLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings).
     epsilon, delta
         Target output guarantee per record; the local randomizer is calibrated to meet it (module
         docstring).
@@ -226,7 +228,8 @@ class RandomCheckinSGD(MessageSGDLearner):
     clip
         C, the norm gradients are clipped to; ``None``: the loss's Lipschitz constant over Θ.
     radius
-        Radius r of Θ (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         Features are clipped to this norm.
     rng
@@ -262,7 +265,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         origin: float = 0.0,
         randomizer: RandomizerName = "l2",
         clip: float | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         rng: RngLike = None,
     ) -> None:

@@ -464,6 +464,28 @@ def loss_from_config(config: Mapping[str, Any]) -> Loss:
         raise InvalidInputError(f"invalid loss config {dict(config)!r}: {exc}") from None
 
 
+DEFAULT_LOSS = "logistic"
+"""The loss a learner learns when none is named (the service's ``learner.options.loss`` unset)."""
+
+
+def learner_loss(loss: Loss | Mapping[str, Any] | str, owner: str) -> Loss:
+    """The loss a learner's constructor means by its ``loss`` argument: the learners' defaults.
+
+    A :class:`Loss` object is taken as it is (every option explicit). A loss *name* or a config
+    dict is completed with the learners' defaults first: an intercept unless the dict says
+    ``"intercept": False``, and the :data:`DEFAULT_LOSS` when the dict names no loss (so
+    ``{"intercept": False}`` is the logistic loss without one). ``loss="logistic"`` is therefore
+    the model ``panpriv run`` learns by default: a linear model cannot put the decision boundary
+    anywhere but through the origin without an intercept, and on imbalanced data (a few per cent
+    positives) every score then sits near the wrong prior. The rule looks at no data.
+    """
+    if isinstance(loss, str):
+        loss = {"name": loss}
+    if isinstance(loss, Mapping):
+        loss = {"name": DEFAULT_LOSS, "intercept": True, **loss}
+    return as_loss(loss, owner)
+
+
 def as_loss(loss: Loss | Mapping[str, Any] | str, owner: str) -> Loss:
     """A loss object from a loss, its name (``"logistic"``: default options) or its config dict
     (``{"name": "logistic", "ridge": 0.1}``): what learners' constructors accept."""

@@ -147,7 +147,9 @@ class PanPrivateACSA(Learner):
     dim
         Number of raw features d (the model has d + 1 parameters with an intercept).
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings).
     epsilon, delta
         The per-record guarantee, for outputs and for one intrusion plus outputs.
     horizon
@@ -155,7 +157,8 @@ class PanPrivateACSA(Learner):
     batch_size
         Override of the planned batch size b (Cheu et al. 2022, proof of Thm 4.3); ``None`` plans it.
     radius
-        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         R: features are clipped to norm R (an intercept feature is added after clipping).
     strong_convexity
@@ -232,7 +235,7 @@ class PanPrivateACSA(Learner):
         delta: float,
         horizon: int | None = None,
         batch_size: int | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         strong_convexity: float = 0.0,
         smoothing: Smoothing = "auto",

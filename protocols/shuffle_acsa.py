@@ -94,7 +94,9 @@ class ShuffleACSA(SequentialLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings).
     epsilon, delta
         The (ε, δ) of every round, hence of everything released, per record.
     horizon
@@ -103,7 +105,8 @@ class ShuffleACSA(SequentialLearner):
     batch_size
         Override of the planned batch size b; ``None`` plans it (Cheu et al. 2022, proof of Thm 4.3).
     radius
-        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         R: features are clipped to norm R.
     strong_convexity
@@ -163,7 +166,7 @@ class ShuffleACSA(SequentialLearner):
         delta: float,
         horizon: int,
         batch_size: int | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         strong_convexity: float = 0.0,
         smoothing: Smoothing = "auto",

@@ -220,7 +220,9 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings).
     epsilon, delta
         Target output guarantee per record (shuffle model; see ``accounting``).
     batch_size
@@ -235,7 +237,8 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     clip
         C, the norm gradients are clipped to; ``None``: the loss's Lipschitz constant L over Θ.
     radius
-        Radius r of Θ (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         Features are clipped to this norm (the loss's R).
     accounting
@@ -277,7 +280,7 @@ class ShuffleGaussianSGD(MessageSGDLearner):
         window: int | None = None,
         checkin_rate: float | None = None,
         clip: float | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         accounting: Accounting = "shuffle",
         horizon: int | None = None,

@@ -76,13 +76,16 @@ class ShuffleSGD(SequentialLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict (any convex loss: SGD uses subgradients).
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict (any convex loss: SGD uses subgradients); a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings).
     epsilon, delta
         The (ε, δ) of every round, hence of every released model, per record.
     batch_size
         Users per round b; ``None``: :func:`plan_batch_size`.
     radius
-        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         R: features are clipped to norm R.
     calibration
@@ -131,7 +134,7 @@ class ShuffleSGD(SequentialLearner):
         epsilon: float,
         delta: float,
         batch_size: int | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         calibration: Calibration = "tight",
         honest_fraction: float = 1.0,

@@ -297,7 +297,9 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
     from panpriv.protocols.shuffle_sgd import ShuffleSGD
 
     options = dict(args.options)
-    options.setdefault("loss", "logistic")
+    # The roles' model as before the learners owned their defaults: no intercept (issue 31 unifies
+    # the roles with `panpriv run`; a bare "logistic" would now mean the learner's default, with one).
+    options.setdefault("loss", {"name": "logistic", "intercept": False})
     options.setdefault("radius", math.sqrt(args.dim))
     if args.learner == "shuffle-acsa":
         if args.horizon is None:
@@ -314,6 +316,9 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
 
         if args.batch_size is None:
             raise SystemExit("panpriv analyze: --learner shuffle-gd needs --batch-size (n, the users of every round)")
+
+        options.setdefault("budget", "lemma-b6")  # the three-role plan the clients verify (gd_client)
+        options.setdefault("fit_intrusion", False)
 
         def gd() -> ShuffleGD:
             return ShuffleGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, n=args.batch_size, rounds=args.rounds,

@@ -89,7 +89,7 @@ def gd_report(learner: ShuffleGD, users: int, shares: int, bits: int, tau: float
         f"same); each round is (eps0, delta0 + (1 + e^eps0) tau) = ({epsilon0:.6g}, "
         f"{learner.vector_sum.delta:.3g} + {extra:.3g})-DP given the earlier rounds (secure summation: tau = "
         f"{tau:.3g}, the bound proved in panpriv.protocols.secure_sum); the rounds compose adaptively (the better of basic "
-        f"and advanced composition with slack delta/(T + 1) = {learner.slack:.3g})",
+        f"and advanced composition with slack {learner.slack:.3g})",
         f"client: each user answers each round at most once and at most T = {rounds} rounds (her client refuses "
         "others, and any change of the plan), so her T count vectors are together "
         f"{local}-locally private (PVEC's randomizer, composed over T) against anyone, including a shuffler and "

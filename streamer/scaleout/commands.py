@@ -104,7 +104,9 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     from panpriv.streamer.scaleout import coordinator
 
     options = dict(args.options)
-    options.setdefault("loss", "logistic")
+    # The roles' model as before the learners owned their defaults: no intercept (issue 31 unifies
+    # the roles with `panpriv run`; a bare "logistic" would now mean the learner's default, with one).
+    options.setdefault("loss", {"name": "logistic", "intercept": False})
     options.setdefault("radius", math.sqrt(args.dim))
 
     def learner() -> PanPrivateACSA:

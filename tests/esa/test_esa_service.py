@@ -29,7 +29,7 @@ def analyzer_args(broker: KafkaBroker, names: dict[str, str], key: Path, out: Pa
     return ["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"], "--model-topic",
             names["model"], "--messages-topic", names["messages"], "--analyzer-key", str(key), "--out", str(out),
             "--state-dir", str(state), "--name", name, "--dim", str(DIM), "--batch-size", str(B), "--epsilon",
-            str(EPSILON), "--delta", str(DELTA), "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)})]
+            str(EPSILON), "--delta", str(DELTA), "--options", json.dumps({"loss": {"name": "logistic", "intercept": False}, "radius": math.sqrt(DIM)})]
 
 
 def cli(args: list[str]) -> subprocess.CompletedProcess[str]:

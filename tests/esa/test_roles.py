@@ -24,7 +24,7 @@ DIM, B = 5, 16
 
 
 def learner(seed: int | None = None) -> ShuffleGaussianSGD:
-    return ShuffleGaussianSGD(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, batch_size=B, radius=3.0, rng=seed)
+    return ShuffleGaussianSGD(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=2.0, delta=1e-5, batch_size=B, radius=3.0, rng=seed)
 
 
 P = learner().calibration()["params"]

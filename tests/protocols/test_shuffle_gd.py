@@ -140,7 +140,7 @@ def test_passes_and_moreau_smoothing():
     """learn_recorded runs the remaining passes; the protocol then refuses records. A non-smooth
     loss is optimised through its Moreau envelope with Thm 4.9's β."""
     recording = np.vstack([PASS_X, PASS_X[:2]]), np.concatenate([PASS_Y, PASS_Y[:2]])
-    learner = ShuffleGD(3, HingeLoss(), 1.0, 1e-6, n=10, rounds=3, calibration="paper", rng=1)
+    learner = ShuffleGD(3, HingeLoss(), 1.0, 1e-6, n=10, rounds=3, radius=1.0, calibration="paper", rng=1)
     L = HingeLoss().lipschitz(1.0, 1.0)
     assert learner.smoothing_parameter == pytest.approx(theorem_smoothing(10, 3, 1.0, 1e-6, L, 2.0))
     learner.learn_many(recording[0][:4], recording[1][:4])

@@ -42,7 +42,7 @@ def produce(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray, partitions
 
 def learner(n: int) -> PanPrivateACSA:
     """The learner both the coordinator (`--options` defaults) and the in-process references use."""
-    return PanPrivateACSA(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=n, radius=math.sqrt(DIM))
+    return PanPrivateACSA(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=EPSILON, delta=DELTA, horizon=n, radius=math.sqrt(DIM))
 
 
 def accuracy(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
