@@ -3,7 +3,7 @@
 The service's :class:`~panpriv.accounting.ledger.PrivacyLedger` in a checkpoint knows one run. The same
 records can be learned by many runs (another ``--out``, another consumer group, a replay of a
 recording of the topic, a run whose checkpoint was deleted or rolled back). A *budget store*
-(``panpriv.streamer.budget``) keeps, keyed by the data rather than by the run, every *use*: an instance
+(``panpriv.streamer.budget.store``) keeps, keyed by the data rather than by the run, every *use*: an instance
 (one run's learner, one pass of a multi-pass learner, or one lost state, below), its current
 :class:`~panpriv.accounting.ledger.PrivacyReport`, and the position ranges of each data source it charged.
 This module turns those rows into a ledger and answers the questions the service asks:

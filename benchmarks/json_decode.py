@@ -1,13 +1,13 @@
 """The JSON decoder, side by side: the standard library's path against the orjson path (issue 18).
 
-For d in {20, 100, 1000}, on the same seeded synthetic records (:mod:`panpriv.streamer.produce`), one
+For d in {20, 100, 1000}, on the same seeded synthetic records (:mod:`panpriv.streamer.commands.produce`), one
 record per message, measured in one run with the rounds interleaved (best of ``--rounds``):
 
-- **decode**: :meth:`panpriv.streamer.codec.JsonCodec.decode` on micro-batches of 1,024 messages, with
+- **decode**: :meth:`panpriv.streamer.io.codec.JsonCodec.decode` on micro-batches of 1,024 messages, with
   ``fast=False`` (``json``'s scanner, the fallback) and ``fast=True`` (orjson) — parse, check,
   stack, validate and clip; process CPU time. Next to them the floor the issue measured:
   ``orjson.loads`` of every message and the ``x`` rows stacked into an array, nothing checked.
-- **replay**: the real processing loop (:class:`panpriv.streamer.processor.Processor`, pan-acsa at
+- **replay**: the real processing loop (:class:`panpriv.streamer.runtime.processor.Processor`, pan-acsa at
   ε = 1, δ = 1e-6, checkpoints and snapshots as in ``benchmarks.service``) replaying a JSONL file
   of the same records, once with each decoder; steady-state records/s (wall time after the first
   micro-batch, as ``benchmarks.service`` measures it).
@@ -29,10 +29,10 @@ import numpy as np
 import orjson
 
 from benchmarks.service import SteadyRate, service_config
-from panpriv.streamer.codec import JsonCodec
-from panpriv.streamer.metrics import ServiceMetrics
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.produce import synthetic_messages
+from panpriv.streamer.commands.produce import synthetic_messages
+from panpriv.streamer.io.codec import JsonCodec
+from panpriv.streamer.metrics.service import ServiceMetrics
+from panpriv.streamer.runtime.processor import Processor
 
 MICRO_BATCH = 1024
 SEED = 2026

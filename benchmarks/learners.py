@@ -35,7 +35,7 @@ from benchmarks.glm_fast_path import MICRO_BATCH, _cases, _stream
 from panpriv.protocols.catalogue import learner_names
 from panpriv.protocols.recorded import RecordedLearner
 from panpriv.streamer.config import load_config
-from panpriv.streamer.learners import build_learner, learner_class
+from panpriv.streamer.runtime.learners import build_learner, learner_class
 
 _OPTIONS = {"pnsgd": {"eta": 0.5}}
 

@@ -3,7 +3,7 @@
 The learners leave no clean per-record value behind (tests/protocols/test_memory_residue.py), but
 the service's input path — file/Kafka read buffers, the payload ``bytes`` objects, the codec's
 parsed Python floats and decoded arrays — is outside them. This measures it on the file replay
-path the service uses (``panpriv.streamer.sources.open_source`` on a JSON-lines file, ``JsonCodec.decode``,
+path the service uses (``panpriv.streamer.sources.open.open_source`` on a JSON-lines file, ``JsonCodec.decode``,
 ``PanPrivateACSA.learn_many``): a child process learns N micro-batches and stops; the parent reads
 its writable memory (:mod:`tests.memscan`) and counts, per record read so far,
 
@@ -49,9 +49,9 @@ def _write_records(path: Path, n: int, dim: int) -> np.ndarray:
 
 def _child(conn: Any, path: str, dim: int, batches: int, batch_records: int, zero_decoded: bool) -> None:
     from panpriv.protocols.pan_acsa import PanPrivateACSA
-    from panpriv.streamer.codec import make_codec
     from panpriv.streamer.config import RecordsConfig, SourceConfig
-    from panpriv.streamer.sources import open_source
+    from panpriv.streamer.io.codec import make_codec
+    from panpriv.streamer.sources.open import open_source
 
     codec = make_codec(RecordsConfig(format="json", dim=dim, feature_bound=1.0))
     source = open_source(SourceConfig(url=f"file:{path}", batch_records=batch_records), codec, {})

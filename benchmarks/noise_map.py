@@ -18,7 +18,7 @@ shared by every learner and cell (common random numbers). Grid: n ∈ {10⁴, 10
 by that of θ = 0 (the same for every learner of a d): below 1 the learner beats θ = 0, and the
 number says by how much. Mean over repetitions (stream and noise seeds).
 
-Learners, each built by the service's own builder (:func:`panpriv.streamer.learners.build_learner`, as
+Learners, each built by the service's own builder (:func:`panpriv.streamer.runtime.learners.build_learner`, as
 ``panpriv run`` and ``panpriv privacy`` build them: its defaults, its planned parameters), with
 the options ``loss = logistic without intercept`` (the streams have none) and ``radius = r``:
 
@@ -63,7 +63,7 @@ from panpriv.protocols.pnsgd import ShuffledPNSGD
 from panpriv.protocols.sgd import MessageSGDLearner
 from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
 from panpriv.streamer.config import load_config
-from panpriv.streamer.learners import build_learner
+from panpriv.streamer.runtime.learners import build_learner
 
 DELTA = 1e-6
 NORM = 4.0

@@ -44,8 +44,8 @@ import numpy as np
 
 from panpriv.protocols.pan_acsa import PanPrivateACSA
 from panpriv.protocols.pan_acsa_scaleout import step_noise_std, worker_batch
-from panpriv.streamer.codec import encode_json, make_codec
 from panpriv.streamer.config import RecordsConfig
+from panpriv.streamer.io.codec import encode_json, make_codec
 from panpriv.streamer.scaleout.coordinator import Coordinator
 from panpriv.streamer.scaleout.wire import GradientRecord, ModelRecord
 
@@ -96,7 +96,7 @@ def per_message_cost(repeats: int = 3) -> float:
 
 def budget_write_cost(workdir: Path, repeats: int = 20) -> float:
     """Seconds for one durable budget write (a charge extending a range: one SQLite commit + fsync)."""
-    from panpriv.streamer.budget import BudgetStore
+    from panpriv.streamer.budget.store import BudgetStore
 
     store = BudgetStore(workdir / "budget-bench")
     try:

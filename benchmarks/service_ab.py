@@ -69,8 +69,8 @@ def export(revision: str, where: Path) -> Path:
 def write_json_recording(path: Path, n: int, dim: int) -> None:
     """A recording of ``n`` synthetic records, one JSON message each (one key)."""
     from benchmarks.service import SEED
-    from panpriv.streamer.produce import synthetic_messages
-    from panpriv.streamer.recording import RecordingWriter
+    from panpriv.streamer.commands.produce import synthetic_messages
+    from panpriv.streamer.io.recording import RecordingWriter
 
     writer = RecordingWriter(path, "bench", ["bench/0"], {"bench/0": 0}, "bench")
     for offset, (_, message) in enumerate(synthetic_messages(n, dim, SEED, "json", 1)):
@@ -109,7 +109,7 @@ def main() -> None:
                 cases.append((f"replay {fmt} d={dim}", f"file:{path}", fmt, dim, n, False))
         broker = None
         if args.kafka:
-            from panpriv.streamer.produce import produce
+            from panpriv.streamer.commands.produce import produce
             from tests.realparts import KafkaBroker
 
             (work / "kafka").mkdir()

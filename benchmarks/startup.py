@@ -34,14 +34,14 @@ RUN_ARGS = ["run", "--source", "synthetic:n=1&dim=20", "--dim", "20", "--feature
 
 
 def wall_times(argv: list[str], repeats: int, fresh_out: bool) -> list[float]:
-    """Seconds of ``repeats`` fresh ``python -m panpriv.streamer.cli`` processes (a new --out each when asked)."""
+    """Seconds of ``repeats`` fresh ``python -m panpriv`` processes (a new --out each when asked)."""
     times = []
     with tempfile.TemporaryDirectory() as work:
         env = {**os.environ, "PANPRIV_STATE_DIR": str(Path(work) / "state")}
         for repeat in range(repeats):
             extra = ["--out", str(Path(work) / f"out{repeat}")] if fresh_out else []
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "panpriv.streamer.cli", *argv, *extra], env=env, check=True,
+            subprocess.run([sys.executable, "-m", "panpriv", *argv, *extra], env=env, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             times.append(time.perf_counter() - start)
     return times
@@ -74,7 +74,7 @@ class _Probe(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _Probe())
 sys.argv = ["panpriv", *sys.argv[1:]]
-runpy.run_module("panpriv.streamer.cli", run_name="__main__")
+runpy.run_module("panpriv.streamer.commands.cli", run_name="__main__")
 """
 
 
@@ -96,7 +96,7 @@ def slowest_imports(count: int) -> list[tuple[int, str]]:
     """The ``count`` largest cumulative import times (µs, module) of a one-record run."""
     with tempfile.TemporaryDirectory() as work:
         env = {**os.environ, "PANPRIV_STATE_DIR": str(Path(work) / "state")}
-        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "panpriv.streamer.cli", *RUN_ARGS, "--out", str(Path(work) / "out")],
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "panpriv", *RUN_ARGS, "--out", str(Path(work) / "out")],
                               env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rows = []
     for line in done.stderr.splitlines():

@@ -50,7 +50,7 @@ from panpriv.protocols.base import Learner
 from panpriv.protocols.losses import AbsoluteLoss, LogisticLoss, Loss, SquaredLoss
 from panpriv.protocols.pan_acsa import FIRST_EPOCH, PanPrivateACSA
 from panpriv.streamer.config import ADULT_DEMO, load_config
-from panpriv.streamer.learners import build_learner
+from panpriv.streamer.runtime.learners import build_learner
 
 DELTA = 1e-6
 MICRO_BATCH = 4096

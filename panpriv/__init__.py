@@ -18,7 +18,6 @@ it does not use.
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
     from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
     from panpriv.protocols.shuffle_gd import ShuffleGD
     from panpriv.protocols.shuffle_sgd import ShuffleSGD
-    from panpriv.streamer.serving import load_snapshot
+    from panpriv.streamer.serving.snapshots import load_snapshot
 
 _EXPORTS: dict[str, str] = {
     "PanPrivateACSA": "panpriv.protocols.pan_acsa",
@@ -44,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "RandomCheckinSGD": "panpriv.protocols.checkin",
     "Snapshot": "panpriv.protocols.base",
     "Accountant": "panpriv.accounting.accountant",
-    "load_snapshot": "panpriv.streamer.serving",
+    "load_snapshot": "panpriv.streamer.serving.snapshots",
 }
 """Re-exported name → the module that defines it."""
 
@@ -57,6 +56,8 @@ __all__ = [
 
 def _installed_version() -> str:
     """The version of the installed distribution (pyproject.toml's ``version``, the one place it is set)."""
+    from importlib import metadata
+
     try:
         return metadata.version("panpriv")
     except metadata.PackageNotFoundError:

@@ -112,7 +112,7 @@ class Snapshot:
         if self.model is None:
             raise InvalidInputError(
                 f"this {self.learner} snapshot carries no model description (written before servable snapshots); "
-                "load it with its loss and feature bound (panpriv.streamer.serving.load_snapshot(..., loss=..., feature_bound=...))"
+                "load it with its loss and feature bound (panpriv.streamer.serving.snapshots.load_snapshot(..., loss=..., feature_bound=...))"
             )
         return self.model
 
@@ -319,7 +319,7 @@ class Learner(abc.ABC):
         The default is :meth:`privacy`, right for learners whose guarantee is fixed when they are
         built (it is the calibration target); a learner whose guarantee grows with records,
         rounds or releases overrides it. The service compares it with the requested δ before it
-        learns anything (:mod:`panpriv.streamer.delta_target`).
+        learns anything (:mod:`panpriv.streamer.runtime.delta_target`).
         """
         return self.privacy()
 

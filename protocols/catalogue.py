@@ -1,7 +1,7 @@
 """The catalogue of learners: ``--learner NAME`` → the class that implements it, imported on use.
 
 This is the one list of learner names. The service's choices (:data:`panpriv.streamer.config.LEARNER_NAMES`),
-its registry (:mod:`panpriv.streamer.learners`) and the conformance test every learner must pass
+its registry (:mod:`panpriv.streamer.runtime.learners`) and the conformance test every learner must pass
 (``tests/protocols/test_catalogue.py``) all derive from it. Adding a learner means writing its
 module (with ``unit_test_params()``: the parameters the conformance test builds it with), adding
 one line here, and writing its own tests.

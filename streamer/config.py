@@ -15,7 +15,7 @@ Sections (TOML tables) and what they decide:
   ``record``), secrets from the environment.
 - ``[budget]`` — ``state_dir``, the directory of the budget store shared by every run, or
   ``kafka_topic``/``kafka_bootstrap`` to keep it on a compacted Kafka topic
-  (:mod:`panpriv.streamer.budget`).
+  (:mod:`panpriv.streamer.budget.store`).
 - top level: ``out`` (directory of checkpoints and snapshots), ``progress`` and ``status_interval_s``.
 
 Privacy-relevant settings are those that change what the learner's noise protects or how it is
@@ -43,8 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from panpriv.protocols.catalogue import learner_names
 from panpriv.streamer.datasets import adult
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.source_url import SCHEMES, scheme_of
-from panpriv.streamer.urls import redact
+from panpriv.streamer.io.source_url import SCHEMES, scheme_of
+from panpriv.streamer.io.urls import redact
 
 LEARNER_NAMES = learner_names()
 """Every learner name the CLI accepts, from :mod:`panpriv.protocols.catalogue`."""
@@ -78,7 +78,7 @@ class SourceConfig(_Section):
     start: Literal["earliest", "latest"] = "earliest"
     dead_letter_topic: str | None = None
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
-    accept_offset_reset: bool = Field(default=False, description="Kafka: read on after a partition's offsets went back (panpriv.streamer.kafka_calls)")
+    accept_offset_reset: bool = Field(default=False, description="Kafka: read on after a partition's offsets went back (panpriv.streamer.kafka.calls)")
 
     @field_validator("url")
     @classmethod
@@ -112,7 +112,7 @@ class RecordsConfig(_Section):
     label_min: float = -math.inf
     label_max: float = math.inf
     guard_records: int = Field(
-        default=1000, ge=0, description="stop if the first this-many records are nearly all rejected (0: off; panpriv.streamer.reject_guard)"
+        default=1000, ge=0, description="stop if the first this-many records are nearly all rejected (0: off; panpriv.streamer.runtime.reject_guard)"
     )
     guard_ratio: float = Field(default=0.99, gt=0, le=1, description="the rejected share that stops the run")
 
@@ -156,7 +156,7 @@ class LearnerConfig(_Section):
     accept_larger_delta: bool = Field(
         default=False,
         description="let a learner whose guarantee can exceed 'delta' (PNSGD, shuffle-gd's intrusion) run; "
-        "otherwise it is refused at start (panpriv.streamer.delta_target)",
+        "otherwise it is refused at start (panpriv.streamer.runtime.delta_target)",
     )
     seed: int | None = Field(default=None, ge=0, description="TEST/REPLAY ONLY: seeded noise is not pan-private")
     options: Options = Field(default_factory=dict, description="learner-specific constructor arguments")
@@ -268,7 +268,7 @@ class KafkaConfig(_Section):
 
 
 class BudgetConfig(_Section):
-    """Where the privacy budget shared by every run lives (:mod:`panpriv.streamer.budget`)."""
+    """Where the privacy budget shared by every run lives (:mod:`panpriv.streamer.budget.store`)."""
 
     state_dir: Path | None = Field(
         default=None,
@@ -287,7 +287,7 @@ class ServiceConfig(_Section):
     out: Path | None = Field(default=None, description="checkpoints and snapshots; None: out/<learner>-<time>")
     progress: Literal["auto", "on", "off"] = "auto"
     status_interval_s: float = Field(
-        default=30.0, ge=0, le=86_400, description="without the progress bar, log a status line this often (0: never; panpriv.streamer.status)"
+        default=30.0, ge=0, le=86_400, description="without the progress bar, log a status line this often (0: never; panpriv.streamer.runtime.status)"
     )
     source: SourceConfig = SourceConfig()
     records: RecordsConfig = RecordsConfig()
@@ -353,7 +353,7 @@ ADULT_DEMO: dict[str, Any] = {
 }
 """The embedded default of ``panpriv run`` with neither ``--config`` nor ``--source``: replay the
 UCI Adult training set through pan-private AC-SA at ε = 1, δ = 1e-6, radius :data:`ADULT_RADIUS`,
-each snapshot scored on the public test split (``--holdout``, :mod:`panpriv.streamer.holdout`).
+each snapshot scored on the public test split (``--holdout``, :mod:`panpriv.streamer.serving.holdout`).
 
 The replay is paced at 2,000 records/s (about 16 s for 32,561 records) so that the progress line
 and the live metrics can be watched; ``--rate 0`` replays as fast as possible.
@@ -453,7 +453,7 @@ def privacy_relevant(config: ServiceConfig, learner_arguments: Mapping[str, Any]
     """The settings that define the mechanism and its accounting, flat and JSON-ready.
 
     ``learner_arguments`` are the learner's effective constructor arguments (defaults included,
-    :func:`panpriv.streamer.learners.constructor_arguments`), so a changed default is caught too. Keys are
+    :func:`panpriv.streamer.runtime.learners.constructor_arguments`), so a changed default is caught too. Keys are
     dotted names (``"learner.epsilon"``, ``"learner.loss.ridge"``, ``"records.feature_bound"``) so
     that a change is named precisely.
     """

@@ -39,7 +39,7 @@ class OutputError(StreamerError):
 
 
 class OutputBusyError(OutputError):
-    """Another process holds the output directory's lock (:mod:`panpriv.streamer.outlock`)."""
+    """Another process holds the output directory's lock (:mod:`panpriv.streamer.state.lock`)."""
 
 
 class StoppedDuringSetUp(BaseException):

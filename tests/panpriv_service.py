@@ -1,7 +1,7 @@
 """The real ``panpriv run`` as a subprocess, for tests that watch the running service from outside.
 
 :class:`PanprivService` writes a TOML config (the service's own schema, streamer/config.py),
-starts ``python -m panpriv.streamer.cli run --config …`` with its output in a log file, waits for its
+starts ``python -m panpriv run --config …`` with its output in a log file, waits for its
 ``/metrics`` endpoint, and stops it with SIGTERM (the service's clean stop) returning the exit code.
 :func:`produce_json_records` fills a topic with JSON records, plus malformed messages by reason.
 """
@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from panpriv.streamer.checkpoint import Checkpoint, CheckpointStore
-from panpriv.streamer.codec import encode_json
+from panpriv.streamer.io.codec import encode_json
+from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore
 from tests.realparts import STARTUP_TIMEOUT_S, ManagedProcess, free_loopback_port, wait_until
 
-# Malformed messages, one per rejection reason the codec names (panpriv.streamer.codec.Reason).
+# Malformed messages, one per rejection reason the codec names (panpriv.streamer.io.codec.Reason).
 MALFORMED: dict[str, bytes] = {
     "undecodable": b"\xff not json",
     "missing_field": b'{"x": [0.1, 0.2]}',
@@ -86,7 +86,7 @@ class PanprivService:
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
         self.log_path = workdir / "panpriv.log"
         self._process = ManagedProcess(
-            [sys.executable, "-m", "panpriv.streamer.cli", "run", "--config", str(self.config_path)], self.log_path
+            [sys.executable, "-m", "panpriv", "run", "--config", str(self.config_path)], self.log_path
         )
         wait_until(self._serves_metrics, STARTUP_TIMEOUT_S, f"panpriv metrics at {self.metrics_url}")
 

@@ -44,7 +44,7 @@ def test_no_module_imports_a_higher_layer(layer: str) -> None:
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from panpriv.streamer.cli import main\n    import panpriv.protocols.base\n")
+    module.write_text("def f():\n    from panpriv.streamer.commands.cli import main\n    import panpriv.protocols.base\n")
     assert imported_packages(module) == {"streamer", "protocols"}
 
 
@@ -58,3 +58,89 @@ def test_nothing_imports_the_layers_by_their_folder_names() -> None:
         if not (ROOT / folder).is_symlink() and any(n.split(".")[0] in LAYERS for n in imported_modules(path))
     }
     assert offenders == {}
+
+
+def streamer_import_graph() -> dict[str, set[str]]:
+    """Module → the ``panpriv.streamer`` modules it imports (anywhere in it), by dotted name
+    relative to ``panpriv.streamer`` (a package is named by its folder)."""
+    folder = ROOT / "streamer"
+    modules = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = list(path.relative_to(folder).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("panpriv.streamer"):
+                base = node.module.removeprefix("panpriv.streamer").lstrip(".")  # type: ignore[union-attr]
+                targets = [f"{base}.{a.name}".lstrip(".") for a in node.names]
+                targets = [t if t in modules else base for t in targets]
+            elif isinstance(node, ast.Import):
+                targets = [a.name.removeprefix("panpriv.streamer.") for a in node.names if a.name.startswith("panpriv.streamer.")]
+            else:
+                continue
+            graph[name].update(t for t in map(known, targets) if t and t != name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while (top := stack.pop()) != node:
+                component.append(top)
+            component.append(node)
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_between_streamer_modules() -> None:
+    assert circles(streamer_import_graph()) == []
+
+
+FOUNDATIONS = {"config", "errors", "ioerrors", "arg_types", "datasets", "datasets.adult"}
+"""Root modules every folder may use; they import no folder above ``io``."""
+
+
+def test_streamer_folders_import_one_way() -> None:
+    """The folders (``runtime``, ``budget``, ``sources``, ``io``, …) form a graph without circles,
+    so a folder tells a reader which lines can depend on it."""
+    folders: dict[str, set[str]] = {}
+    for module, targets in streamer_import_graph().items():
+        if module in FOUNDATIONS or "." not in module and module not in {"esa", "scaleout"}:
+            continue
+        folder = module.split(".")[0]
+        folders.setdefault(folder, set()).update(
+            t.split(".")[0] for t in targets if t not in FOUNDATIONS and t.split(".")[0] != folder
+        )
+    assert circles(folders) == [], folders
+
+
+def test_the_circle_check_finds_circles() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -82,7 +82,7 @@ def checkpoint_path(out: Path) -> Path:
 
 
 def _load(options: AnalyzeOptions) -> AnyAnalyzer:
-    from panpriv.streamer.safefiles import write_atomically
+    from panpriv.streamer.state.atomic_files import write_atomically
 
     options.out.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = checkpoint_path(options.out)
@@ -122,9 +122,9 @@ def run(options: AnalyzeOptions) -> AnalyzeResult:
     """Serve until SIGTERM/SIGINT, ``max_rounds`` rounds, or a round the budget refuses."""
     from kafka import TopicPartition
 
-    from panpriv.streamer import kafka_client
-    from panpriv.streamer.identity import kafka_cluster_identity
-    from panpriv.streamer.safefiles import write_atomically
+    from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.sources.identity import kafka_cluster_identity
+    from panpriv.streamer.state.atomic_files import write_atomically
 
     stopping = {"now": False}
 

@@ -1,13 +1,13 @@
-"""The ESA analyzer's dealings with the budget store shared by every run (:mod:`panpriv.streamer.budget`).
+"""The ESA analyzer's dealings with the budget store shared by every run (:mod:`panpriv.streamer.budget.store`).
 
-``panpriv run`` charges the store through :class:`panpriv.streamer.budget_session.BudgetSession`; the
+``panpriv run`` charges the store through :class:`panpriv.streamer.budget.session.BudgetSession`; the
 analyzer of an Encode–Shuffle–Analyze deployment (:mod:`panpriv.streamer.esa.analyzer`) charges the same
 store, with the same rules, through :class:`AnalyzerBudget`.
 
 **Data source.** The users' records enter an ESA deployment as messages on the *messages* topic;
 the analyzer reads them, shuffled, from another topic. The data key is the messages topic:
 ``esa:<cluster>/<messages topic>``, where ``<cluster>`` is the broker's cluster id
-(:func:`panpriv.streamer.identity.kafka_cluster_identity`, the bootstrap servers when the broker reports
+(:func:`panpriv.streamer.sources.identity.kafka_cluster_identity`, the bootstrap servers when the broker reports
 none). Not the shuffled topic: two shufflers over one messages topic release the same messages
 (the first b of each round). Not the deployment name either: a second analyzer under another
 ``--name`` that reads the same batches learns from the same users and must compose with the
@@ -49,8 +49,8 @@ from typing import Any
 
 from panpriv.accounting.budget import exceeds, report_for
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.streamer.budget import BudgetExceededError, BudgetStore, default_state_dir, describe_excess
-from panpriv.streamer.budget_session import with_public_assumptions
+from panpriv.streamer.budget.session import with_public_assumptions
+from panpriv.streamer.budget.store import BudgetExceededError, BudgetStore, default_state_dir, describe_excess
 
 KEY_PREFIX = "esa:"
 
@@ -66,11 +66,11 @@ def new_instance(name: str, learner: str = "shuffle-gaussian") -> str:
 
 
 def open_store(state_dir: Path | None, kafka_url: str | None) -> Any:
-    """The SQLite store in ``state_dir`` (default :func:`panpriv.streamer.budget.default_state_dir`), or
+    """The SQLite store in ``state_dir`` (default :func:`panpriv.streamer.budget.store.default_state_dir`), or
     the store on the Kafka topic ``kafka_url`` (``kafka://host:port/topic``)."""
     if kafka_url:
-        from panpriv.streamer.budget_kafka import KafkaBudgetStore
-        from panpriv.streamer.source_url import parse_kafka_url
+        from panpriv.streamer.budget.kafka_store import KafkaBudgetStore
+        from panpriv.streamer.io.source_url import parse_kafka_url
 
         spec = parse_kafka_url(kafka_url)
         return KafkaBudgetStore(spec.bootstrap, spec.topics[0])
@@ -83,7 +83,7 @@ class AnalyzerBudget:
     Parameters
     ----------
     store
-        A :class:`panpriv.streamer.budget.BudgetStore` or :class:`panpriv.streamer.budget_kafka.KafkaBudgetStore`.
+        A :class:`panpriv.streamer.budget.store.BudgetStore` or :class:`panpriv.streamer.budget.kafka_store.KafkaBudgetStore`.
     key
         The deployment's data key (:func:`data_key`).
     instance
@@ -158,7 +158,7 @@ class AnalyzerBudget:
     def report(self, own: PrivacyReport) -> PrivacyReport:
         """The guarantee of the rounds this analyzer learned, composed over every run that used
         them; componentwise the worse of that and ``own`` (the deployment's statement), as
-        :meth:`panpriv.streamer.budget_session.BudgetSession.report` does."""
+        :meth:`panpriv.streamer.budget.session.BudgetSession.report` does."""
         ledger = self.store.ledger([self.key])
         composed = report_for(ledger, self.instances(ledger), own.records)
         composed = dataclasses.replace(

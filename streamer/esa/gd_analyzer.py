@@ -16,7 +16,7 @@ in-process learner's own analysis and projected gradient step — and publishes 
   with the round's increment of the composed guarantee (:meth:`GDAnalyzer.round_report`), and
   charges the whole data set — positions [0, n) — to the round's own instance
   ``<instance>/round-NNNNNN``, as ``panpriv run`` charges each pass of the in-process learner
-  (:mod:`panpriv.streamer.replay`). The ledger's basic composition of the T increments telescopes to the
+  (:mod:`panpriv.streamer.runtime.replay`). The ledger's basic composition of the T increments telescopes to the
   composed guarantee of :func:`gd_report`.
 - **A failed round is charged and counted, not learned.** A round with a unit that does not open
   (``invalid_units``) or a total out of range (``out_of_range``) is skipped as for the other

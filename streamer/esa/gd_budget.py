@@ -5,7 +5,7 @@ before learning, ``max_epsilon`` checked in the same transaction, crash without 
 with the unit changed: in ``shuffle-gd`` every user answers every round, so a round is not a
 position. **A position is a user** — the n users of the deployment are positions [0, n) of the
 data key — and **round t charges all of them** to its own instance ``<instance>/round-NNNNNN``
-(:func:`panpriv.streamer.replay.pass_instance`, the name ``panpriv run`` gives each pass of the in-process
+(:func:`panpriv.streamer.runtime.replay.pass_instance`, the name ``panpriv run`` gives each pass of the in-process
 learner), registered with the round's increment of the composed guarantee
 (:meth:`panpriv.streamer.esa.gd_analyzer.GDAnalyzer.round_report`). The ledger then shows every user used
 once per round, and its basic composition of the increments telescopes to the deployment's
@@ -22,9 +22,9 @@ from typing import Any
 
 from panpriv.accounting.budget import exceeds
 from panpriv.accounting.ledger import PrivacyReport
-from panpriv.streamer.budget import BudgetExceededError, describe_excess
+from panpriv.streamer.budget.store import BudgetExceededError, describe_excess
 from panpriv.streamer.esa.budget import AnalyzerBudget
-from panpriv.streamer.replay import pass_instance
+from panpriv.streamer.runtime.replay import pass_instance
 
 
 class GDAnalyzerBudget(AnalyzerBudget):

@@ -1,12 +1,12 @@
 """Prometheus metrics of the ESA shuffler and analyzer (``--metrics-port``; served by
-:func:`panpriv.streamer.metrics.serve_registry`, on an injected registry like
-:class:`panpriv.streamer.metrics.ServiceMetrics`).
+:func:`panpriv.streamer.metrics.service.serve_registry`, on an injected registry like
+:class:`panpriv.streamer.metrics.service.ServiceMetrics`).
 
 What may be exported is what may leave the process (docs/privacy.md): counts of rounds and
 messages, reject and drop counts by reason (public quantities: the statements say so), and the
 privacy numbers of the analyzer's *report* — never a statistic of a message or of the model.
 Every reason is exported at 0 from the start (a rate over a series that appears at its first event
-is lost). No ``_created`` series (:mod:`panpriv.streamer.metrics` disables them for the process).
+is lost). No ``_created`` series (:mod:`panpriv.streamer.metrics.service` disables them for the process).
 
 Analyzer series
 ---------------
@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.streamer.role_metrics import CumulativeCounts, PrivacyGauges, RoleMetrics
+from panpriv.streamer.metrics.roles import CumulativeCounts, PrivacyGauges, RoleMetrics
 
 
 class _Role(RoleMetrics):

@@ -169,7 +169,7 @@ def last_released_round(consumer: Any, topic: str) -> int:
     """The round of the last batch on ``topic`` (one partition), −1 if it is empty."""
     from kafka import TopicPartition
 
-    from panpriv.streamer.kafka_calls import beginning_offsets, end_offsets
+    from panpriv.streamer.kafka.calls import beginning_offsets, end_offsets
 
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
@@ -212,7 +212,8 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    from panpriv.streamer import kafka_calls, kafka_client
+    from panpriv.streamer.kafka import calls as kafka_calls
+    from panpriv.streamer.kafka import client as kafka_client
 
     stopping = {"now": False}
 

@@ -301,7 +301,7 @@ def run(options: Any, checkin: CheckinShuffleOptions, stop: Callable[[], bool] |
     from panpriv.streamer.esa.checkin_client import local_randomizer
     from panpriv.streamer.esa.keys import load_private, load_public
     from panpriv.streamer.esa.model import ModelWatcher
-    from panpriv.streamer.kafka_client import security_options
+    from panpriv.streamer.kafka.client import security_options
 
     private = load_private(checkin.shuffler_key)
     analyzer = load_public(checkin.analyzer_key)

@@ -6,5 +6,5 @@
 - :mod:`panpriv.streamer.scaleout.coordinator` — ``panpriv coordinate``: combines K means per step
   (synchronous versions, :mod:`panpriv.protocols.pan_acsa_scaleout`) and publishes the model;
 - :mod:`panpriv.streamer.scaleout.metrics` — both roles' Prometheus series (``--metrics-port``);
-- :mod:`panpriv.streamer.scaleout.commands` — the command-line wiring.
+- :mod:`panpriv.streamer.commands.scaleout` — the command-line wiring.
 """

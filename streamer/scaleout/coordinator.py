@@ -161,7 +161,7 @@ def run(options: CoordinateOptions) -> Coordinator:
     """Serve until SIGTERM/SIGINT or the model is done; return the final state."""
     from kafka import TopicPartition
 
-    from panpriv.streamer import kafka_client
+    from panpriv.streamer.kafka import client as kafka_client
 
     stopping = {"now": False}
 

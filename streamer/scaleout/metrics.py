@@ -1,5 +1,5 @@
 """Prometheus metrics of ``panpriv worker`` and ``panpriv coordinate`` (``--metrics-port``; served by
-:func:`panpriv.streamer.metrics.serve_registry`, on an injected registry like :class:`panpriv.streamer.metrics.ServiceMetrics`
+:func:`panpriv.streamer.metrics.service.serve_registry`, on an injected registry like :class:`panpriv.streamer.metrics.service.ServiceMetrics`
 and :mod:`panpriv.streamer.esa.metrics`).
 
 What may be exported is what may leave the process (docs/privacy.md, "Scale-out"): counts of
@@ -8,7 +8,7 @@ worker batch w and the step's K come from the public plan, and rejects are publi
 service — the model's version, and the privacy numbers the worker reads from the budget store.
 Never a statistic of a record, of a partial sum or of a clean gradient: nothing here is computed
 from records. Every reason and outcome is exported at 0 from the start (a rate over a series that
-appears at its first event is lost). No ``_created`` series (:mod:`panpriv.streamer.metrics` disables them
+appears at its first event is lost). No ``_created`` series (:mod:`panpriv.streamer.metrics.service` disables them
 for the process). Counters count this process's events: the roles keep cumulative totals (a
 restored coordinator starts from the model record's) and report them; increments are derived here.
 
@@ -19,7 +19,7 @@ Worker series
 ``panpriv_scaleout_worker_records_total``
     Valid records learned into published batches (w per batch).
 ``panpriv_scaleout_worker_records_rejected_total{reason}``
-    Records rejected by the codec, by reason (:class:`panpriv.streamer.codec.Reason`; charged to the budget
+    Records rejected by the codec, by reason (:class:`panpriv.streamer.io.codec.Reason`; charged to the budget
     like valid ones, as in the service).
 ``panpriv_scaleout_worker_batches_lost_total{reason}``
     Batches that reached no output (:data:`LOST_REASONS`): ``revoked`` (partitions revoked by a
@@ -76,7 +76,7 @@ from collections.abc import Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.streamer.role_metrics import CumulativeCounts, CumulativeTotal, PrivacyGauges, RoleMetrics
+from panpriv.streamer.metrics.roles import CumulativeCounts, CumulativeTotal, PrivacyGauges, RoleMetrics
 
 LOST_REASONS = ("revoked", "stopped", "budget", "crash")
 WAIT_OUTCOMES = ("arrived", "timed_out")
@@ -94,7 +94,7 @@ class WorkerMetrics(_Role):
     def __init__(self, reject_reasons: Iterable[str] | None = None, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
         if reject_reasons is None:
-            from panpriv.streamer.codec import Reason
+            from panpriv.streamer.io.codec import Reason
 
             reject_reasons = [reason.value for reason in Reason]
         r = self.registry

@@ -162,7 +162,7 @@ class ModelReader:
     def __init__(self, bootstrap: list[str], topic: str, deployment: str) -> None:
         from kafka import TopicPartition
 
-        from panpriv.streamer import kafka_client
+        from panpriv.streamer.kafka import client as kafka_client
 
         self.deployment = deployment
         self.best: ModelRecord | None = None

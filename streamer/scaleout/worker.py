@@ -12,7 +12,7 @@ partial sum, no clean gradient. An intruder who reads the worker once sees its i
 most ``sync_wait`` seconds; then it takes another batch at v, so K − 1 surviving workers still
 make progress) — one mean per worker per version in the normal case, so few means go stale.
 
-**Budget** (:mod:`panpriv.streamer.budget`; one store per data source, shared with every run). A worker
+**Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run). A worker
 is a run with its own instance; it charges each poll's positions *before* learning them, marks
 its published positions durable *before* publishing (so a crash can only over-count), and
 commits the group offsets after the publication is acknowledged. A batch that reaches no output —
@@ -58,7 +58,7 @@ class WorkerOptions:
     model_topic: str
     deployment: str
     group: str
-    store: Any  # panpriv.streamer.budget.BudgetStore or panpriv.streamer.budget_kafka.KafkaBudgetStore
+    store: Any  # panpriv.streamer.budget.store.BudgetStore or panpriv.streamer.budget.kafka_store.KafkaBudgetStore
     out: Path | None = None
     sync_wait_s: float = 2.0
     max_epsilon: float | None = None
@@ -88,7 +88,7 @@ class WorkerStats:
     rejected: int = 0
     discarded: int = 0
     reason: str = ""
-    rejects: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.codec.Reason
+    rejects: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.io.codec.Reason
     lost: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.scaleout.metrics.LOST_REASONS
     waits: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.scaleout.metrics.WAIT_OUTCOMES
     wait_s: float = 0.0
@@ -123,7 +123,7 @@ def _instance(out: Path | None, deployment: str) -> str:
         return str(json.loads((out / STATE_FILE).read_text())["instance"])
     instance = f"scaleout:{deployment}/worker-{uuid.uuid4().hex[:12]}"
     if out is not None:
-        from panpriv.streamer.safefiles import write_atomically
+        from panpriv.streamer.state.atomic_files import write_atomically
 
         out.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomically(out / STATE_FILE, json.dumps({"instance": instance}).encode(), "worker state")
@@ -136,7 +136,7 @@ class Worker:
     def __init__(self, options: WorkerOptions) -> None:
         from kafka.structs import TopicPartition  # noqa: F401 - imported early: fails fast without kafka-python
 
-        from panpriv.streamer import kafka_client
+        from panpriv.streamer.kafka import client as kafka_client
 
         self.options = options
         self.stats = WorkerStats(_instance(options.out, options.deployment))
@@ -152,7 +152,7 @@ class Worker:
         self._consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
                                                auto_offset_reset="earliest")
         self._consumer.subscribe([options.data_topic], listener=_listener(self._revocations))
-        from panpriv.streamer.identity import kafka_cluster_identity
+        from panpriv.streamer.sources.identity import kafka_cluster_identity
 
         self._consumer.partitions_for_topic(options.data_topic)
         self._cluster = kafka_cluster_identity(self._consumer, options.bootstrap)
@@ -174,8 +174,8 @@ class Worker:
 
     def _setup(self, model: ModelRecord) -> None:
         """Build the learner from the model's public config; register the run; account a lost state."""
-        from panpriv.streamer.codec import make_codec
         from panpriv.streamer.config import RecordsConfig
+        from panpriv.streamer.io.codec import make_codec
 
         learner = PanPrivateACSA.from_config(model.config)
         learner.plan_for_workers(model.workers)

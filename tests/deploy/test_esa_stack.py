@@ -33,8 +33,9 @@ import pytest
 from nacl.public import PrivateKey
 from prometheus_client import generate_latest
 
-from panpriv.streamer.cli import build_parser
-from panpriv.streamer.esa import commands, wire
+from panpriv.streamer.commands import esa as commands
+from panpriv.streamer.commands.cli import build_parser
+from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import REJECT_REASONS
 from panpriv.streamer.esa.metrics import AnalyzerMetrics
 from panpriv.streamer.esa.sum_analyzer import SumAnalyzer

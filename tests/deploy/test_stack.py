@@ -30,10 +30,10 @@ from typing import Any
 import pytest
 import yaml
 
-from panpriv.streamer.cli import build_parser
+from panpriv.streamer.commands.cli import build_parser
+from panpriv.streamer.commands.produce import run_produce
 from panpriv.streamer.config import load_config
-from panpriv.streamer.produce import run_produce
-from panpriv.streamer.source_url import parse_kafka_url
+from panpriv.streamer.io.source_url import parse_kafka_url
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -282,7 +282,7 @@ def test_dockerfile_runs_as_non_root_through_the_panpriv_entry_point_with_a_heal
     users = [args for name, args in instructions if name == "USER"]
     assert users and users[-1].split(":")[0] not in {"root", "0"}
     assert json.loads(dict(instructions)["ENTRYPOINT"]) == ["panpriv"]
-    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["panpriv"] == "panpriv.streamer.cli:main"
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["panpriv"] == "panpriv.streamer.commands.cli:main"
     health = dict(instructions)["HEALTHCHECK"]
     assert "/metrics" in health and "PANPRIV_METRICS_PORT" in health
 
@@ -293,14 +293,22 @@ def test_dockerfile_copies_everything_the_projects_own_install_needs() -> None:
               and not args.startswith("--from") for src in args.split()[:-1]}
     needed = {Path("pyproject.toml"), Path(pyproject["project"]["readme"])}
     needed |= {Path(name) for name in pyproject["project"].get("license-files", [])}
-    # Package discovery: `include = ["accounting*", ...]` names each top-level package.
-    needed |= {Path(pattern.rstrip("*")) for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    # Package discovery: `include = ["panpriv*"]` names the top-level package; its parts are links
+    # to top-level folders (panpriv/accounting -> ../accounting), and the link targets must be copied too.
+    packages = {Path(pattern.rstrip("*")) for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    needed |= packages
+    needed |= {link.resolve().relative_to(REPO) for package in packages
+               for link in (REPO / package).iterdir() if link.is_symlink()}
     assert needed <= copied
     assert all((REPO / path).exists() for path in copied)
-    # Package data (the bundled dataset) lives inside a copied package.
+    # Package data (the bundled dataset) lives inside a copied package: panpriv.streamer -> streamer/.
     for package in pyproject["tool"]["setuptools"]["package-data"]:
-        assert Path(package) in copied
+        folder = (REPO / package.replace(".", "/")).resolve().relative_to(REPO)
+        assert folder in copied or folder.parts[0] in {str(c) for c in copied}
     assert any(name == "RUN" and "pip wheel" in args and " ." in args for name, args in dockerfile_instructions())
+    # The build context sends only what the .dockerignore lets through (`*`, then `!path` lines).
+    allowed = {Path(line[1:].rstrip("/")) for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert copied <= allowed, f"copied but left out of the build context: {sorted(map(str, copied - allowed))}"
 
 
 # --- the service's config (deploy/panpriv.toml) agrees with the stack ----------------------------
@@ -390,7 +398,7 @@ def test_scaleout_workers_and_coordinator_agree_on_topics_and_parse() -> None:
     `panpriv` commands, read the initialised records topic, and share the topics scaleout-init
     creates (gradients: one partition; model and budget: compacted); Prometheus scrapes both roles
     on the image's health-check port."""
-    from panpriv.streamer.scaleout.commands import cmd_coordinate, cmd_worker
+    from panpriv.streamer.commands.scaleout import cmd_coordinate, cmd_worker
 
     services = compose()["services"]
     worker, coordinator, init = services["worker"], services["coordinator"], services["scaleout-init"]

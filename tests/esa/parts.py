@@ -25,7 +25,7 @@ def env() -> dict[str, str]:
 
 def panpriv(args: list[str], log: Path) -> ManagedProcess:
     """``panpriv ARGS`` as a child process (so its memory can be read: tests/memscan.py)."""
-    return ManagedProcess([sys.executable, "-m", "panpriv.streamer.cli", *args], log, env())
+    return ManagedProcess([sys.executable, "-m", "panpriv", *args], log, env())
 
 
 def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
@@ -128,7 +128,7 @@ def send(bootstrap: str, topic: str, values: list[bytes]) -> None:
 def streamer_modules_after_import(module: str) -> list[str]:
     """The ``streamer`` modules a fresh interpreter holds after importing ``module`` alone (a
     client must not pull in the service)."""
-    code = f"import json, sys, {module}; print(json.dumps(sorted(m for m in sys.modules if m.startswith('streamer'))))"
+    code = f"import json, sys, {module}; print(json.dumps(sorted(m for m in sys.modules if m.startswith('panpriv.streamer'))))"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     return list(json.loads(out))
@@ -192,6 +192,8 @@ def kill_the_shuffler_twice(broker: KafkaBroker, names: dict[str, str], tmp_path
             shuffler.process.wait(timeout=10)
             shuffler.stop()
             shuffler = panpriv(argv, tmp_path / f"shuffler{kill + 1}.log")
+            log = tmp_path / f"shuffler{kill + 1}.log"  # started: on a loaded machine the rounds may all be out first
+            wait_until(lambda: "reading" in (log.read_text() if log.exists() else ""), 120, f"restart {kill + 1} started")
         producer.join(timeout=120)
         wait_until(lambda: count_records(broker.bootstrap, names["shuffled"]) >= rounds, 120, "every round")
         time.sleep(1.0)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey
 
-from panpriv.streamer.budget import BudgetExceededError, BudgetStore, describe_store
+from panpriv.streamer.budget.store import BudgetExceededError, BudgetStore, describe_store
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import Analyzer
 from panpriv.streamer.esa.budget import AnalyzerBudget, data_key, new_instance
@@ -60,10 +60,10 @@ def uses(directory: Path, store: Callable[[], Any] | None = None) -> list[tuple[
 @pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.integration)])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
     """Opens the same store again at every call: SQLite in tmp_path, or a fresh topic of the real
-    broker (streamer/budget_kafka.py)."""
+    broker (streamer/budget/kafka_store.py)."""
     if request.param == "sqlite":
         return lambda: BudgetStore(tmp_path)
-    from panpriv.streamer.budget_kafka import KafkaBudgetStore
+    from panpriv.streamer.budget.kafka_store import KafkaBudgetStore
 
     broker = request.getfixturevalue("kafka_broker")
     topic = f"esa-budget-{uuid.uuid4().hex[:10]}"

@@ -89,7 +89,7 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     state = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
     assert state["round"] == WAKES and state["rejected"] == {}
     assert "trusted shuffler, separate process" in json.dumps(state["privacy"])
-    from panpriv.streamer.budget import BudgetStore
+    from panpriv.streamer.budget.store import BudgetStore
 
     store = BudgetStore(tmp_path / "state")
     (source,) = store.ledger().sources
@@ -215,7 +215,7 @@ def test_sigkill_of_the_checkin_analyzer_loses_and_duplicates_nothing(
     releases, and every wake slot is charged once in the budget store."""
     import signal
 
-    from panpriv.streamer.budget import BudgetStore
+    from panpriv.streamer.budget.store import BudgetStore
     from tests.realparts import wait_until
 
     names = parts.topics(kafka_broker, unique_name)

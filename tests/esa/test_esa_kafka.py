@@ -172,7 +172,7 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
     # The budget store: every round charged once, to the one analyzer instance (a round the killed
     # process charged but had not checkpointed is not charged again by the resumed one).
-    from panpriv.streamer.budget import BudgetStore
+    from panpriv.streamer.budget.store import BudgetStore
 
     store = BudgetStore(tmp_path / "state")
     (source,) = store.ledger().sources

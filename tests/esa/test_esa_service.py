@@ -33,7 +33,7 @@ def analyzer_args(broker: KafkaBroker, names: dict[str, str], key: Path, out: Pa
 
 
 def cli(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "panpriv.streamer.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "panpriv", *args], capture_output=True, text=True, timeout=120,
                           env=parts.env())
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from panpriv.protocols.losses import LogisticLoss
 from panpriv.protocols.shuffle_gd import ShuffleGD
-from panpriv.streamer.budget import BudgetStore
+from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
 from panpriv.streamer.esa.keys import generate, load_private

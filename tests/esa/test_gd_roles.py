@@ -17,7 +17,7 @@ from nacl.public import PrivateKey
 
 from panpriv.protocols.secure_sum import added_delta
 from panpriv.protocols.shuffle_gd import ShuffleGD, composed
-from panpriv.streamer.budget import BudgetStore
+from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.budget import data_key, new_instance
 from panpriv.streamer.esa.client import RefusedModel
@@ -271,7 +271,7 @@ def test_a_round_that_fails_is_charged_and_counts_as_one_of_the_t_rounds(key: Pr
 
 
 def test_gd_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("panpriv.streamer.esa.gd_client") == ["streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.gd_client",
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.gd_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.gd_client",
                          "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]
 
 

@@ -1,6 +1,6 @@
 """Helpers shared by the fault-injection tests: the real ``panpriv`` as a child process.
 
-A child runs ``python -m panpriv.streamer.cli`` from the repository root (so this checkout's code runs)
+A child runs ``python -m panpriv`` from the repository root (so this checkout's code runs)
 in its own session, with stdout and stderr in files the test reads afterwards. Every child is
 stopped by its own PID.
 """
@@ -53,7 +53,7 @@ def start_panpriv(args: list[str], logs: Path, name: str = "panpriv") -> Child:
     stdout, stderr = logs / f"{name}.out", logs / f"{name}.err"
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "panpriv.streamer.cli", *args], stdout=out, stderr=err, cwd=ROOT,
+            [sys.executable, "-m", "panpriv", *args], stdout=out, stderr=err, cwd=ROOT,
             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     return Child(process, stdout, stderr)

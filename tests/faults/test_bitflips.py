@@ -15,8 +15,8 @@ from collections import Counter
 
 import pytest
 
-from panpriv.streamer.checkpoint import read_manifest
 from panpriv.streamer.errors import CheckpointError
+from panpriv.streamer.state.checkpoint import read_manifest
 
 FAST_FLIPS = 300
 

@@ -8,7 +8,7 @@ message the records it accepted plus those it rejected equal the records the mes
 accepted row is finite, within the feature bound, with a declared label.
 
 The JSON corpus also runs through both JSON decoders (orjson and the standard library's, see
-:func:`panpriv.streamer.codec._loads_fast`), which must return identical :class:`~panpriv.streamer.codec.Decoded`
+:func:`panpriv.streamer.io.codec._loads_fast`), which must return identical :class:`~panpriv.streamer.io.codec.Decoded`
 results: the same rows bit for bit, labels, origins and rejects. For that it adds the inputs where
 the two parsers differ: BOMs, UTF-16, surrounding whitespace, duplicate keys, lone surrogates,
 nesting near the recursion limit, and integers and decimals exactly halfway between two floats.
@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from panpriv.streamer.codec import BATCH_MAGIC, Codec, Decoded, JsonCodec, make_codec
 from panpriv.streamer.config import load_config
+from panpriv.streamer.io.codec import BATCH_MAGIC, Codec, Decoded, JsonCodec, make_codec
 
 DIM = 3
 BOUND = 1.0

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from panpriv.streamer.checkpoint import CheckpointStore
-from panpriv.streamer.cli import main
-from panpriv.streamer.integrity import seal
+from panpriv.streamer.commands.cli import main
+from panpriv.streamer.state.checkpoint import CheckpointStore
+from panpriv.streamer.state.integrity import seal
 from tests.faults.conftest import synthetic_args
 from tests.faults.harness import assert_no_traceback, run_panpriv, slow_synthetic_run, start_panpriv, wait_for
 

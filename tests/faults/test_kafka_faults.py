@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger
-from panpriv.streamer.checkpoint import CheckpointStore
+from panpriv.streamer.state.checkpoint import CheckpointStore
 from tests.faults.harness import assert_no_traceback, start_panpriv, wait_for
 from tests.panpriv_service import produce_json_records
 
@@ -164,7 +164,7 @@ def test_stop_at_end_waits_for_partitions_held_by_another_member(kafka_broker, t
 @pytest.mark.soak  # 15 s of group joins: in `make soak`
 def test_stop_during_the_group_join_does_not_wedge_the_group(kafka_broker, tmp_path) -> None:
     """Issue 15, failure 10: a process stopped while joining cancelled its join and the LeaveGroup
-    queued behind it, and the group kept waiting for it (panpriv.streamer.kafka_calls.close)."""
+    queued behind it, and the group kept waiting for it (panpriv.streamer.kafka.calls.close)."""
     topic = kafka_broker.create_topic(f"join-{uuid.uuid4().hex[:8]}", 2)
     produce_json_records(kafka_broker.bootstrap, topic, 100, DIM, 2, seed=5)
     group = f"g-{uuid.uuid4().hex[:6]}"

@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger
-from panpriv.streamer.checkpoint import CheckpointStore
-from panpriv.streamer.codec import encode_json
+from panpriv.streamer.io.codec import encode_json
+from panpriv.streamer.state.checkpoint import CheckpointStore
 from tests.faults.harness import assert_no_traceback, start_panpriv
 
 DIM = 4

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from panpriv.streamer.errors import OutputBusyError
-from panpriv.streamer.outlock import LOCK_NAME, OutputLock
+from panpriv.streamer.state.lock import LOCK_NAME, OutputLock
 from tests.faults.harness import assert_no_traceback, run_panpriv, slow_synthetic_run, start_panpriv, wait_for
 
 

@@ -9,10 +9,10 @@ import stat
 
 import pytest
 
-from panpriv.streamer.checkpoint import CheckpointStore
-from panpriv.streamer.cli import _resume_args
-from panpriv.streamer.recording import RecordingWriter
-from panpriv.streamer.urls import redact
+from panpriv.streamer.commands.cli import _resume_args
+from panpriv.streamer.io.recording import RecordingWriter
+from panpriv.streamer.io.urls import redact
+from panpriv.streamer.state.checkpoint import CheckpointStore
 from tests.faults.harness import assert_no_traceback, run_panpriv
 from tests.streamer.test_checkpoint import make
 

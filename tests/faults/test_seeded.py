@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.metrics.service import ServiceMetrics
 from tests.faults.conftest import synthetic_args
 from tests.faults.harness import ROOT, run_panpriv
 

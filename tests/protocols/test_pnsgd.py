@@ -537,7 +537,7 @@ def test_predictions_use_the_last_snapshot_only():
     np.testing.assert_allclose(learner.predict_proba_many(X3), 1 / (1 + np.exp(-X3 @ params)))
 
 
-# -- the planned guarantee (panpriv.streamer.delta_target compares it with the requested delta) ----------
+# -- the planned guarantee (panpriv.streamer.runtime.delta_target compares it with the requested delta) ----------
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -10,7 +10,7 @@ import numpy as np
 
 from panpriv.protocols.losses import LogisticLoss
 from panpriv.protocols.pan_acsa import PanPrivateACSA
-from panpriv.streamer.codec import encode_json
+from panpriv.streamer.io.codec import encode_json
 from panpriv.streamer.scaleout.wire import GradientRecord, ModelRecord
 from tests.esa.parts import panpriv, synthetic
 from tests.realparts import KafkaBroker, ManagedProcess

@@ -4,7 +4,7 @@ endpoint ``--metrics-port`` starts; tests/scaleout/test_scaleout_metrics.py scra
 from __future__ import annotations
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.streamer.codec import Reason
+from panpriv.streamer.io.codec import Reason
 from panpriv.streamer.scaleout.metrics import LOST_REASONS, MEAN_REJECT_REASONS, WAIT_OUTCOMES, CoordinatorMetrics, WorkerMetrics
 from tests.realparts import free_loopback_port
 from tests.scaleout import parts

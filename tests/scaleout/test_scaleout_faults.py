@@ -153,7 +153,7 @@ def _composed_guarantees_are_as_stated(killed_lost: Ranges, per_position: dict[t
     """The store's composition (what `panpriv budget` states): a record published once has output
     ε = 1; one of the killed worker's lost batch, re-read and published, output ε = 1 and
     intrusion ε = 2 (the lost state's intrusion plus the new use's output, basic composition)."""
-    from panpriv.streamer.budget import BudgetStore
+    from panpriv.streamer.budget.store import BudgetStore
 
     store = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"]))
     try:

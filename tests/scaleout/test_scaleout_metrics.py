@@ -124,7 +124,7 @@ def test_worker_and_coordinator_endpoints_count_the_runs_own_totals(
 
 def _store_now() -> tuple[PrivacyLedger, list[str]]:
     """The budget store's ledger (every use) and its lost instances."""
-    from panpriv.streamer.budget import BudgetStore
+    from panpriv.streamer.budget.store import BudgetStore
 
     store = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"]))
     try:
@@ -183,7 +183,7 @@ def _batch() -> int:
 
 
 def _summary(log: Path) -> dict[str, int]:
-    """The counts of the worker's exit line (streamer/scaleout/commands.py)."""
+    """The counts of the worker's exit line (streamer/commands/scaleout.py)."""
     text = log.read_text()
     match = re.search(r"published (\d+) noisy batch means \(([\d,]+) records\); rejected (\d+); batches lost (\d+)", text)
     assert match is not None, text[-2000:]
@@ -193,6 +193,6 @@ def _summary(log: Path) -> dict[str, int]:
 
 
 def _version() -> str:
-    from panpriv.streamer.cli import _version as version
+    import panpriv
 
-    return version()
+    return str(panpriv.__version__)

@@ -1,4 +1,4 @@
-"""panpriv.streamer.budget: the store shared by every run, with real files and real processes.
+"""panpriv.streamer.budget.store: the store shared by every run, with real files and real processes.
 
 The store itself (durable across processes and ``kill -9``; compact; atomic check-and-charge;
 crash-loss reclassification), then the service on files: deleting or rolling back a checkpoint,
@@ -25,17 +25,17 @@ import numpy as np
 import pytest
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.streamer.budget import BudgetError, BudgetExceededError, BudgetStore
-from panpriv.streamer.checkpoint import CheckpointStore
-from panpriv.streamer.cli import main
-from panpriv.streamer.codec import encode_json
+from panpriv.streamer.budget.store import BudgetError, BudgetExceededError, BudgetStore
+from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.identity import file_digest
-from panpriv.streamer.metrics import ServiceMetrics
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.recording import RecordingWriter
-from panpriv.streamer.stream_driver import StreamDriver
+from panpriv.streamer.io.codec import encode_json
+from panpriv.streamer.io.recording import RecordingWriter
+from panpriv.streamer.metrics.service import ServiceMetrics
+from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.runtime.stream_driver import StreamDriver
+from panpriv.streamer.sources.identity import file_digest
+from panpriv.streamer.state.checkpoint import CheckpointStore
 from tests.realparts import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_charges_persist_across_processes_and_extend_one_row(tmp_path) -> None:
     # Another process opens the same file: one compact row, the whole range, the report.
     code = textwrap.dedent(f"""
         import sqlite3, json
-        from panpriv.streamer.budget import BudgetStore
+        from panpriv.streamer.budget.store import BudgetStore
         store = BudgetStore({str(tmp_path)!r})
         ledger = store.ledger()
         rows = sqlite3.connect({str(tmp_path / 'budget.sqlite')!r}).execute('SELECT * FROM charges').fetchall()
@@ -127,7 +127,7 @@ def test_reclassify_lost_moves_what_lies_beyond_the_durable_positions(tmp_path) 
 CHARGER = """
 import sys, time
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.streamer.budget import BudgetStore
+from panpriv.streamer.budget.store import BudgetStore
 store = BudgetStore(sys.argv[1])
 store.register("r", "r", PrivacyReport("m", 0, Guarantee(1.0, 1e-6), Guarantee(1.0, 1e-6)), "out")
 position = 0
@@ -284,7 +284,7 @@ def test_a_seeded_run_refuses_to_resume(jsonl, tmp_path, monkeypatch) -> None:
 
 def panpriv(args: list[str], log: Path) -> subprocess.Popen:
     handle = open(log, "ab")  # noqa: SIM115 - inherited by the child
-    return subprocess.Popen([sys.executable, "-m", "panpriv.streamer.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", "panpriv", *args], stdout=handle, stderr=subprocess.STDOUT,
                             cwd=ROOT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from panpriv.accounting.ledger import PrivacyReport
-from panpriv.streamer.budget import BudgetStore
-from panpriv.streamer.codec import encode_json
+from panpriv.streamer.budget.store import BudgetStore
+from panpriv.streamer.io.codec import encode_json
 from tests.streamer.test_service_kafka import panpriv, produce
 
 pytestmark = pytest.mark.integration
@@ -90,11 +90,11 @@ def test_the_budget_store_on_a_compacted_topic_is_shared_by_runs_and_survives_re
     """[budget] kafka_topic: two runs over the same file (in two processes' worth of store objects)
     compose through the topic; a third store object reading the topic from the start sees every
     charge, the runs and the lost-state reclassification; a run past max_epsilon is refused."""
-    from panpriv.streamer.budget import BudgetExceededError
-    from panpriv.streamer.budget_kafka import KafkaBudgetStore
+    from panpriv.streamer.budget.kafka_store import KafkaBudgetStore
+    from panpriv.streamer.budget.store import BudgetExceededError
     from panpriv.streamer.config import load_config
-    from panpriv.streamer.identity import file_digest
-    from panpriv.streamer.processor import Processor
+    from panpriv.streamer.runtime.processor import Processor
+    from panpriv.streamer.sources.identity import file_digest
 
     path = tmp_path / "data.jsonl"
     rng = np.random.default_rng(5)

@@ -1,4 +1,4 @@
-"""panpriv.streamer.checkpoint: exact round trip, atomic replacement, refusal of changed settings."""
+"""panpriv.streamer.state.checkpoint: exact round trip, atomic replacement, refusal of changed settings."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger
 from panpriv.protocols import checks
-from panpriv.streamer.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
-from panpriv.streamer.cli import main
+from panpriv.streamer.commands.cli import main
 from panpriv.streamer.errors import CheckpointError, OutputError
-from panpriv.streamer.learners import restore_learner
+from panpriv.streamer.runtime.learners import restore_learner
+from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
 
 
 def make(sequence: int = 1, **changes) -> Checkpoint:
@@ -133,7 +133,7 @@ def test_checkpoints_written_before_the_learner_catalogue_still_load_and_continu
 
 CURRENT_MAIN_CHECKPOINTS = Path(__file__).parent / "fixtures" / "checkpoints_v1_c2fd030"
 """One checkpoint per learner, written by commit c2fd030 (the service's defaults then lived in
-panpriv.streamer.learners; ``tests/streamer/fixtures/checkpoints_v1_c2fd030`` holds the script's
+panpriv.streamer.runtime.learners (then panpriv.streamer.learners); ``tests/streamer/fixtures/checkpoints_v1_c2fd030`` holds the script's
 settings: 400 records of d = 4 from a file, ``learner.n`` 800 for the streaming learners, pnsgd
 and shuffled-pnsgd with ``eta = 0.5``, shuffle-gd with 3 rounds)."""
 

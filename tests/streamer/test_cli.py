@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from panpriv.accounting.gaussian import analytic_epsilon, analytic_sigma
-from panpriv.streamer.cli import _after_command, _resume_args, build_parser, main
+from panpriv.streamer.commands.cli import _after_command, _resume_args, build_parser, main
 from panpriv.streamer.config import load_config
 from panpriv.streamer.datasets import adult
-from panpriv.streamer.learners import build_learner
-from panpriv.streamer.serving import load_snapshot
+from panpriv.streamer.runtime.learners import build_learner
+from panpriv.streamer.serving.snapshots import load_snapshot
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["record"], ["privacy"], ["inspect"]])

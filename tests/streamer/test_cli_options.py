@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from panpriv.streamer.cli import build_parser, main
+from panpriv.streamer.commands.cli import build_parser, main
 
 
 def write_records(path: Path, n: int, dim: int) -> Path:

@@ -1,4 +1,4 @@
-"""panpriv.streamer.codec: every reject reason, clipping, and batching invariance of validation."""
+"""panpriv.streamer.io.codec: every reject reason, clipping, and batching invariance of validation."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import warnings
 import numpy as np
 import pytest
 
-from panpriv.streamer import codec as codec_module
-from panpriv.streamer.codec import AdultCodec, BinaryBatchCodec, CsvCodec, JsonCodec, Reason, clip_rows, encode_batch, encode_json
 from panpriv.streamer.config import load_config
+from panpriv.streamer.io import codec as codec_module
+from panpriv.streamer.io.codec import AdultCodec, BinaryBatchCodec, CsvCodec, JsonCodec, Reason, clip_rows, encode_batch, encode_json
 
 JSON_DECODERS = pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
 
@@ -160,7 +160,7 @@ def test_adult_lines() -> None:
     ],
 )
 def test_the_fast_json_path_reads_exactly_what_json_loads_reads(payload) -> None:
-    """panpriv.streamer.codec._loads: same value, or the same kind of error, as json.loads on the bytes."""
+    """panpriv.streamer.io.codec._loads: same value, or the same kind of error, as json.loads on the bytes."""
     try:
         expected = json.loads(payload)
     except ValueError as error:

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from panpriv.protocols.catalogue import CATALOGUE
-from panpriv.streamer.cli import main
+from panpriv.streamer.commands.cli import main
 
 EPSILON_TOLERANCE = 1e-5
 """Relative: the accountants round their figures up by at most 1e-9 (shuffle-gd's per-round

@@ -1,4 +1,4 @@
-"""The requested δ is a promise (panpriv.streamer.delta_target): refused at start unless accepted, never exceeded silently."""
+"""The requested δ is a promise (panpriv.streamer.runtime.delta_target): refused at start unless accepted, never exceeded silently."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from panpriv.streamer.budget import BudgetStore
-from panpriv.streamer.cli import main
+from panpriv.streamer.budget.store import BudgetStore
+from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
-from panpriv.streamer.identity import file_digest
-from panpriv.streamer.learners import build_learner, constructor_arguments
+from panpriv.streamer.runtime.learners import build_learner, constructor_arguments
+from panpriv.streamer.sources.identity import file_digest
 from tests.streamer.test_cli_options import run_args
 
 

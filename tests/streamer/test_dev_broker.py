@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from panpriv.streamer.produce import produce
+from panpriv.streamer.commands.produce import produce
 from tests.realparts import free_loopback_port, wait_until
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -17,13 +17,13 @@ def test_dev_broker_serves_produce_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_loopback_port()
     out = tmp_path / "broker.out"
     with open(out, "w") as handle:
-        broker = subprocess.Popen([sys.executable, "-m", "panpriv.streamer.cli", "dev-broker", "--port", str(port)],
+        broker = subprocess.Popen([sys.executable, "-m", "panpriv", "dev-broker", "--port", str(port)],
                                   stdout=handle, stderr=subprocess.STDOUT, cwd=REPOSITORY)
     try:
         wait_until(lambda: "Kafka protocol on" in out.read_text(), 30, "panpriv dev-broker")
         assert f"--bootstrap 127.0.0.1:{port}" in out.read_text()
         assert produce(f"127.0.0.1:{port}", "events", 1000, dim=5) == 1000
-        second = subprocess.run([sys.executable, "-m", "panpriv.streamer.cli", "dev-broker", "--port", str(port)],
+        second = subprocess.run([sys.executable, "-m", "panpriv", "dev-broker", "--port", str(port)],
                                 capture_output=True, text=True, cwd=REPOSITORY, timeout=30)
         assert second.returncode == 2 and "already in use" in second.stderr
     finally:

@@ -1,4 +1,4 @@
-"""--holdout: each released snapshot scored on a public labelled file (panpriv.streamer.holdout)."""
+"""--holdout: each released snapshot scored on a public labelled file (panpriv.streamer.serving.holdout)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sklearn.metrics import balanced_accuracy_score, log_loss, roc_auc_score
 
-from panpriv.streamer.cli import main
-from panpriv.streamer.codec import make_codec
+from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.holdout import Holdout
-from panpriv.streamer.metrics import ServiceMetrics
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.serving import snapshot_from_record
+from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.metrics.service import ServiceMetrics
+from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.serving.holdout import Holdout
+from panpriv.streamer.serving.snapshots import snapshot_from_record
 
 
 def write_records(path: Path, n: int, seed: int, bad: int = 0) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from panpriv.streamer.cli import main
+from panpriv.streamer.commands.cli import main
 
 
 def test_inspect_json_of_an_output_directory(tmp_path: Path, capsys) -> None:

@@ -1,5 +1,5 @@
 """Every kafka-python consumer panpriv makes accepts the largest response its own fetch settings
-allow (``panpriv.streamer.kafka_client.receive_limit``): kafka-python's default frame limit (1 MB) is far
+allow (``panpriv.streamer.kafka.client.receive_limit``): kafka-python's default frame limit (1 MB) is far
 below its default ``fetch_max_bytes`` (50 MB), and a consumer starting behind a full multi-partition
 topic then failed every fetch with "Invalid frame length" (seen in the scale-out workers)."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from panpriv.streamer import kafka_client
+from panpriv.streamer.kafka import client as kafka_client
 from tests.realparts import KafkaBroker
 
 pytestmark = [pytest.mark.integration]

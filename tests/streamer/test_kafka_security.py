@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from panpriv.streamer import kafka_client
 from panpriv.streamer.config import KafkaConfig, load_config, load_kafka_config
 from panpriv.streamer.errors import ConfigError, SourceError
+from panpriv.streamer.kafka import client as kafka_client
 from tests.kafka_proxy import TlsSaslProxy, make_certificates
 from tests.panpriv_service import write_toml
 from tests.realparts import ManagedProcess, free_loopback_port, wait_until
@@ -77,7 +77,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 def panpriv(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``panpriv ARGS`` as a child process of this checkout, in ``cwd``, with ``env`` added."""
     env = {**os.environ, "PYTHONPATH": str(REPOSITORY), **env}
-    return subprocess.run([sys.executable, "-m", "panpriv.streamer.cli", *args], env=env, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "panpriv", *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -198,7 +198,7 @@ def test_password_never_in_a_config_error(tmp_path: Path) -> None:
 
 
 def test_librdkafka_properties_follow_the_kafka_section(tmp_path: Path) -> None:
-    from panpriv.streamer.source_confluent import librdkafka_settings
+    from panpriv.streamer.sources.confluent import librdkafka_settings
 
     ca = tmp_path / "ca.pem"
     ca.write_text("not read here")

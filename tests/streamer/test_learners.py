@@ -1,4 +1,4 @@
-"""panpriv.streamer.learners: the catalogue's names and classes, building from config sections, and clear failures."""
+"""panpriv.streamer.runtime.learners: the catalogue's names and classes, building from config sections, and clear failures."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger
 from panpriv.protocols.catalogue import CATALOGUE
-from panpriv.streamer.checkpoint import CheckpointStore
 from panpriv.streamer.config import LEARNER_NAMES, load_config
 from panpriv.streamer.errors import ConfigError, LearnerUnavailableError
-from panpriv.streamer.learners import build_learner, constructor_arguments, learner_class
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.replay import reads_by_index
-from panpriv.streamer.stream_driver import StreamDriver
+from panpriv.streamer.runtime.learners import build_learner, constructor_arguments, learner_class
+from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.runtime.replay import reads_by_index
+from panpriv.streamer.runtime.stream_driver import StreamDriver
+from panpriv.streamer.state.checkpoint import CheckpointStore
 
 SYNTHETIC = {"source.url": "synthetic:n=6000&dim=4&seed=2", "records.dim": 4, "records.feature_bound": 1.0}
 
@@ -200,7 +200,7 @@ def test_pan_acsa_secure_noise_streams_checkpoints_and_resumes(tmp_path) -> None
 def test_option_errors_of_a_recorded_learner_come_before_the_scan(tmp_path, monkeypatch) -> None:
     """Issue 38: a learner that reads a recording by index used to scan the whole file before the
     options were checked; now the scan is not even started."""
-    import panpriv.streamer.processor as processor
+    import panpriv.streamer.runtime.processor as processor
 
     def no_scan(*args, **kwargs):
         raise AssertionError("the recording was scanned before the options were checked")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from panpriv.streamer.cli import _after_command, build_parser
+from panpriv.streamer.commands.cli import _after_command, build_parser
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def write_records(path: Path, n: int, dim: int, bad: int = 0) -> Path:
 
 def panpriv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """A child process whose stdout and stderr are pipes (not a terminal)."""
-    return subprocess.run([sys.executable, "-m", "panpriv.streamer.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "panpriv", *args], capture_output=True, text=True, timeout=120,
                           cwd=cwd, env={"PYTHONPATH": str(REPOSITORY), "PANPRIV_STATE_DIR": str(cwd / "state"),
                                         "PATH": "/usr/bin:/bin"})
 

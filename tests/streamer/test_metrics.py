@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.streamer.metrics import ServiceMetrics
+from panpriv.streamer.metrics.service import ServiceMetrics
 from tests.realparts import free_loopback_port
 
 
@@ -115,7 +115,7 @@ def test_lag_in_records_counts_the_records_per_message_read(metrics: ServiceMetr
 
 
 def test_every_reject_reason_is_exported_at_zero_from_the_start(metrics: ServiceMetrics) -> None:
-    from panpriv.streamer.codec import Reason
+    from panpriv.streamer.io.codec import Reason
 
     for reason in Reason:
         assert value(metrics, "panpriv_records_rejected_total", reason=reason.value) == 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from panpriv.streamer.cli import main
+from panpriv.streamer.commands.cli import main
 
 
 def test_busy_port_is_an_error_in_service_mode(tmp_path: Path, capsys) -> None:

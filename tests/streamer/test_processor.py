@@ -1,4 +1,4 @@
-"""panpriv.streamer.processor in-process: exactly-once across stops and crashes, budgets, snapshot order.
+"""panpriv.streamer.runtime.processor in-process: exactly-once across stops and crashes, budgets, snapshot order.
 
 The kill -9 version against the real broker is tests/streamer/test_service_kafka.py; these tests
 use a JSONL file so that every interruption point can be chosen deterministically.
@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger
-from panpriv.streamer.checkpoint import CheckpointStore
 from panpriv.streamer.config import load_config
-from panpriv.streamer.metrics import ServiceMetrics
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.sinks import read_snapshots
-from panpriv.streamer.sources import Batch
-from panpriv.streamer.stream_driver import StreamDriver
+from panpriv.streamer.io.sinks import read_snapshots
+from panpriv.streamer.metrics.service import ServiceMetrics
+from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.runtime.stream_driver import StreamDriver
+from panpriv.streamer.sources.base import Batch
+from panpriv.streamer.state.checkpoint import CheckpointStore
 
 N_LINES = 3000
 BAD = {7: b"\xff", 100: b'{"x": [1, 2], "y": 1}', 1500: b'{"x": [0, 0, NaN], "y": 1}', 2999: b'{"x": [0, 0, 0], "y": 5}'}
@@ -167,7 +167,7 @@ def test_a_learner_refusing_validated_records_stops_without_quoting_them(stream,
     stops with a message that does not contain the offending value, and takes no checkpoint."""
     path = tmp_path / "labels.jsonl"
     path.write_text("".join(json.dumps({"x": [0.1, 0.2, 0.3], "y": 2.0}) + "\n" for _ in range(50)))
-    from panpriv.streamer.cli import main
+    from panpriv.streamer.commands.cli import main
 
     argv = ["run", "--source", f"file:{path}", "--dim", "3", "--feature-bound", "1", "--metrics-port", "0",
             "--out", str(tmp_path / "out"), "--config", str(tmp_path / "c.toml")]
@@ -224,7 +224,7 @@ class LaggingSource:
 
 def test_lag_is_refreshed_between_checkpoints_at_a_bounded_rate(stream, tmp_path, monkeypatch) -> None:
     source = LaggingSource(polls=60)
-    monkeypatch.setattr("panpriv.streamer.processor.open_source", lambda *args, **kwargs: source)
+    monkeypatch.setattr("panpriv.streamer.runtime.processor.open_source", lambda *args, **kwargs: source)
     seen = []
 
     class Metrics(ServiceMetrics):

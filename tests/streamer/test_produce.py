@@ -1,4 +1,4 @@
-"""``panpriv produce`` (panpriv.streamer.produce): the synthetic stream, encoded as the service decodes it."""
+"""``panpriv produce`` (panpriv.streamer.commands.produce): the synthetic stream, encoded as the service decodes it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from panpriv.streamer.codec import make_codec
+from panpriv.streamer.commands.produce import Pacer, add_produce_arguments, produce, synthetic_messages
 from panpriv.streamer.config import load_config
-from panpriv.streamer.produce import Pacer, add_produce_arguments, produce, synthetic_messages
-from panpriv.streamer.sources import SyntheticSource
+from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.sources.local import SyntheticSource
 
 
 def codec_for(fmt: str, dim: int):

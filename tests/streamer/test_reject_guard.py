@@ -1,4 +1,4 @@
-"""The reject-ratio guard (panpriv.streamer.reject_guard): a misconfigured run stops loudly before it
+"""The reject-ratio guard (panpriv.streamer.runtime.reject_guard): a misconfigured run stops loudly before it
 charges the budget, checkpoints or commits offsets; a healthy or tolerated one is not stopped."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from panpriv.streamer.budget import describe_store
-from panpriv.streamer.cli import main
+from panpriv.streamer.budget.store import describe_store
+from panpriv.streamer.commands.cli import main
+from panpriv.streamer.commands.produce import produce
 from panpriv.streamer.config import load_config
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.produce import produce
-from panpriv.streamer.reject_guard import RejectRatioError
+from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.runtime.reject_guard import RejectRatioError
 
 
 def write_records(path: Path, n: int, dim: int, bad_labels: int = 0) -> Path:

@@ -1,4 +1,4 @@
-"""Learners that read a recording by record index (panpriv.streamer.indexed, panpriv.streamer.replay, the processor).
+"""Learners that read a recording by record index (panpriv.streamer.io.indexed, panpriv.streamer.runtime.replay, the processor).
 
 What is pinned: the index returns exactly the records (validated and clipped) that the sequential
 path learns, for every file format; one pass charges the same ledger ranges and counts the same
@@ -23,18 +23,19 @@ import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
 from panpriv.protocols.pnsgd import ShuffledPNSGD
-from panpriv.streamer.budget import BudgetStore
-from panpriv.streamer.budget_session import PUBLIC_COUNTS
-from panpriv.streamer.checkpoint import CheckpointStore, ReplayMarks
-from panpriv.streamer.codec import encode_batch, encode_json, make_codec
+from panpriv.streamer.budget.session import PUBLIC_COUNTS
+from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import ConfigError, SourceError
-from panpriv.streamer.heartbeat import Heartbeat
-from panpriv.streamer.indexed import IndexedFile
-from panpriv.streamer.processor import Processor
-from panpriv.streamer.recording import RecordingWriter
-from panpriv.streamer.sinks import read_snapshots
-from panpriv.streamer.sources import iter_batches, open_source
+from panpriv.streamer.io.codec import encode_batch, encode_json, make_codec
+from panpriv.streamer.io.indexed import IndexedFile
+from panpriv.streamer.io.recording import RecordingWriter
+from panpriv.streamer.io.sinks import read_snapshots
+from panpriv.streamer.runtime.heartbeat import Heartbeat
+from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.sources.base import iter_batches
+from panpriv.streamer.sources.open import open_source
+from panpriv.streamer.state.checkpoint import CheckpointStore, ReplayMarks
 from tests.realparts import wait_until
 
 DIM = 3
@@ -118,7 +119,7 @@ def config(path: Path, out: Path | None = None, **extra):
     return load_config(None, {
         "source.url": f"file:{path}", "records.dim": DIM, "records.feature_bound": 1.0, "metrics.port": None,
         "out": str(out) if out else None, "learner.name": "shuffled-pnsgd", "learner.options": PNSGD,
-        "learner.accept_larger_delta": True, **extra,  # PNSGD's delta is its schedule's (panpriv.streamer.delta_target)
+        "learner.accept_larger_delta": True, **extra,  # PNSGD's delta is its schedule's (panpriv.streamer.runtime.delta_target)
     })
 
 
@@ -142,7 +143,7 @@ def sequential(path: Path, cfg) -> tuple[np.ndarray, np.ndarray, dict[str, tuple
 @pytest.mark.parametrize("decode_rows", [16_384, 5])
 @pytest.mark.parametrize("kind", sorted(FILES))
 def test_the_index_gives_the_records_charges_and_rejects_of_a_sequential_pass(kind, decode_rows, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("panpriv.streamer.indexed._DECODE_ROWS", decode_rows)  # 5: a fetch decodes in many groups
+    monkeypatch.setattr("panpriv.streamer.io.indexed._DECODE_ROWS", decode_rows)  # 5: a fetch decodes in many groups
     make, name, extra = FILES[kind]
     path = make(tmp_path / name)
     cfg = config(path, **extra)
@@ -269,7 +270,7 @@ def test_a_pass_stopped_midway_restarts_as_a_new_instance_composed_in_the_ledger
 
 def panpriv(args: list[str], log: Path) -> subprocess.Popen:
     handle = open(log, "ab")  # noqa: SIM115 - inherited by the child
-    return subprocess.Popen([sys.executable, "-m", "panpriv.streamer.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", "panpriv", *args], stdout=handle, stderr=subprocess.STDOUT,
                             cwd=ROOT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from panpriv.streamer.cli import main
-from panpriv.streamer.processor import Processor
+from panpriv.streamer.commands.cli import main
+from panpriv.streamer.runtime.processor import Processor
 from tests.streamer.test_holdout import configure, write_records
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
-from panpriv.streamer.checkpoint import CheckpointStore
-from panpriv.streamer.codec import encode_json
+from panpriv.streamer.io.codec import encode_json
+from panpriv.streamer.state.checkpoint import CheckpointStore
 from tests.realparts import free_loopback_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -94,7 +94,7 @@ def panpriv(*args: str, log: Path, client: str = "kafka-python", state_dir: Path
     if state_dir is not None:
         env["PANPRIV_STATE_DIR"] = str(state_dir)
     return subprocess.Popen(
-        [sys.executable, "-m", "panpriv.streamer.cli", *args], stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
+        [sys.executable, "-m", "panpriv", *args], stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
         start_new_session=True, env=env,
     )
 
@@ -115,7 +115,7 @@ def checkpoint_records(out: Path) -> int:
 def charged_beyond_checkpoint(out: Path, state_dir: Path, topic: str) -> bool:
     """Whether the budget store holds a charge past the durable checkpoint's position on some
     partition: a kill now leaves a lost state (records charged and learned, never made durable)."""
-    from panpriv.streamer.budget import BudgetStore
+    from panpriv.streamer.budget.store import BudgetStore
 
     checkpoint = CheckpointStore(out / "checkpoints").load()
     if checkpoint is None:
@@ -227,7 +227,7 @@ def test_kill_9_cycles_charge_the_lost_states_as_a_second_use(kafka_run, topic) 
     a kill have output ε = 1 (one release) and intrusion ε = 2, the composition of both uses, and
     the final snapshot states exactly that."""
     from panpriv.accounting.budget import report_for
-    from panpriv.streamer.budget import BudgetStore
+    from panpriv.streamer.budget.store import BudgetStore
 
     checkpoint = CheckpointStore(kafka_run.out / "checkpoints").load()
     store = BudgetStore(kafka_run.state_dir)

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
-from panpriv.streamer.sinks import read_snapshots
+from panpriv.streamer.io.sinks import read_snapshots
 from tests.panpriv_service import PanprivService, produce_json_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

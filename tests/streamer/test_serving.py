@@ -1,4 +1,4 @@
-"""panpriv.streamer.serving and panpriv.protocols.base.Snapshot as a model: the same clipping as training,
+"""panpriv.streamer.serving.snapshots and panpriv.protocols.base.Snapshot as a model: the same clipping as training,
 records written before servable snapshots, torn files, and clear errors."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from panpriv.protocols import checks
 from panpriv.protocols.base import ModelSpec
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.pan_acsa import PanPrivateACSA
-from panpriv.streamer.codec import clip_rows
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.serving import load_snapshot
-from panpriv.streamer.sinks import snapshot_record
+from panpriv.streamer.io.codec import clip_rows
+from panpriv.streamer.io.sinks import snapshot_record
+from panpriv.streamer.serving.snapshots import load_snapshot
 
 
 def write_snapshots(path: Path, count: int = 2, loss: object = None) -> PanPrivateACSA:

@@ -38,7 +38,7 @@ def test_sigterm_during_set_up_stops_within_seconds_with_nothing_learned(tmp_pat
     out, log = tmp_path / "out", tmp_path / "run.log"
     with open(log, "wb") as handle:
         process = subprocess.Popen(
-            [sys.executable, "-m", "panpriv.streamer.cli", "run", "--learner", "shuffle-gd", "--accept-larger-delta",
+            [sys.executable, "-m", "panpriv", "run", "--learner", "shuffle-gd", "--accept-larger-delta",
              "--source", f"file:{data}", "--dim", "4", "--feature-bound", "1", "--metrics-port", "0",
              "--out", str(out), "--progress", "off"],
             stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},

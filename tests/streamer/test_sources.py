@@ -1,4 +1,4 @@
-"""panpriv.streamer.sources and panpriv.streamer.recording: positions, resumption, contiguous ranges."""
+"""panpriv.streamer.sources and panpriv.streamer.io.recording: positions, resumption, contiguous ranges."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from panpriv.streamer.codec import make_codec
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import SourceError
-from panpriv.streamer.recording import RecordingReader, RecordingWriter
-from panpriv.streamer.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_kafka_url, parse_source_url, parse_synthetic_url
-from panpriv.streamer.sources import Batch, iter_batches, open_source
+from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.io.recording import RecordingReader, RecordingWriter
+from panpriv.streamer.io.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_kafka_url, parse_source_url, parse_synthetic_url
+from panpriv.streamer.sources.base import Batch, iter_batches
+from panpriv.streamer.sources.open import open_source
 
 
 def config(url: str, **extra):
@@ -147,7 +148,7 @@ def test_kafka_lag_comes_from_the_fetched_high_watermark(kafka_broker, unique_na
     once the partition has been fetched (so the processor can refresh it every few seconds)."""
     from kafka import KafkaProducer
 
-    from panpriv.streamer.sources import KafkaSource
+    from panpriv.streamer.sources.kafka import KafkaSource
 
     topic = kafka_broker.create_topic(unique_name("lag"), partitions=1)
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
@@ -178,7 +179,7 @@ def test_kafka_lag_comes_from_the_fetched_high_watermark(kafka_broker, unique_na
 def test_a_recording_of_binary_batches_counts_records_not_messages(tmp_path) -> None:
     """The public n of a recorded stream is its number of records: a binary batch message holds
     many (its header says how many), a malformed message counts as one."""
-    from panpriv.streamer.codec import encode_batch
+    from panpriv.streamer.io.codec import encode_batch
 
     path = tmp_path / "b.pprec"
     writer = RecordingWriter(path, "test", ["b/0"], {"b/0": 0}, "now")
@@ -197,7 +198,7 @@ def test_local_sources_bound_a_poll_in_payload_bytes(tmp_path) -> None:
     """A poll stops once it has read max_bytes payload bytes (so it exceeds them by less than one
     message, and holds at least one), so a micro-batch of large messages stays small; the
     positions stay contiguous."""
-    from panpriv.streamer.codec import encode_batch
+    from panpriv.streamer.io.codec import encode_batch
 
     lines = tmp_path / "r.jsonl"
     lines.write_text("".join(json.dumps({"x": [i / 10, 0], "y": 1}) + "\n" for i in range(10)))  # 25 bytes

@@ -18,7 +18,7 @@ _PROBE = """
 import json, runpy, sys
 sys.argv = ["panpriv", *json.loads(sys.argv[1])]
 try:
-    runpy.run_module("panpriv.streamer.cli", run_name="__main__")
+    runpy.run_module("panpriv.streamer.commands.cli", run_name="__main__")
 except SystemExit as stop:
     assert stop.code in (0, None), stop.code
 print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] == "scipy")))

@@ -1,0 +1,1 @@
+"""The subcommands of ``panpriv``, one module per command or group (parsed and dispatched by :mod:`panpriv.streamer.commands.cli`)."""

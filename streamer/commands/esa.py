@@ -1,0 +1,384 @@
+"""The command-line roles of Encode–Shuffle–Analyze: ``panpriv keygen``, ``encode``, ``shuffle``,
+``analyze`` (:mod:`panpriv.streamer.esa`; Bittau et al. 2017 §3). Wired into :mod:`panpriv.streamer.commands.cli`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import panpriv
+from panpriv.streamer.arg_types import json_object, positive_float, positive_int
+from panpriv.streamer.metrics.roles import metrics_flags, serve_metrics
+
+log = logging.getLogger("panpriv.esa")
+
+
+def _kafka(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
+
+
+# -- keygen -------------------------------------------------------------------------------------
+
+
+def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("keygen", parents=parents, help="ESA: create an analyzer key pair (private file 0600)",
+                                 description="Write analyzer-<id>.key (0600) and analyzer-<id>.pub into DIR.")
+    parser.add_argument("dir", type=Path, help="directory for the key files (created 0700)")
+    parser.add_argument("--if-missing", action="store_true",
+                        help="do nothing if DIR already holds a private key (a one-shot init container)")
+    parser.add_argument("--role", choices=("analyzer", "shuffler"), default="analyzer",
+                        help="shuffler: the checkin shuffler's pair (shuffler-<id>.key opens the outer layer only)")
+    parser.set_defaults(handler=cmd_keygen)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from panpriv.streamer.esa.keys import generate, private_files
+
+    if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir, args.role)):
+        print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
+        return 0
+    files = generate(args.dir, args.role)
+    print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the {args.role} only)\n"
+          f"  public  {files.public} (give it to clients)")
+    return 0
+
+
+# -- encode -------------------------------------------------------------------------------------
+
+
+def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "encode", parents=parents, help="ESA client: encode records as sealed messages for the current round",
+        description="Simulate users: for each round, read the public model, encode the next --per-round records "
+        "(one message per record, sealed to the analyzer's public key) and send them to the messages topic; then "
+        "wait for the next round's model. One user, one record: each record is encoded once.")
+    _kafka(parser)
+    parser.add_argument("--model-topic", required=True)
+    parser.add_argument("--messages-topic", required=True)
+    parser.add_argument("--analyzer-key", type=Path, required=True, help="the analyzer's public key file (.pub)")
+    parser.add_argument("--source", type=Path, required=True, help="JSONL records {\"x\": [...], \"y\": ±1}")
+    parser.add_argument("--per-round", type=positive_int, help="records per round (default: the model's batch size)")
+    parser.add_argument("--name", default="default", help="deployment name on the model topic (default 'default')")
+    parser.add_argument("--max-local-epsilon", type=positive_float, help="refuse a model with weaker local privacy")
+    parser.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for a round's model")
+    parser.add_argument("--state", type=Path,
+                        help="shuffle-gd: the file of the rounds these users answered and the plan they accepted (they "
+                        "answer each round once, at most T rounds; default SOURCE.gd-rounds.json)")
+    parser.add_argument("--max-epsilon", type=positive_float,
+                        help="shuffle-gd: refuse a plan whose T rounds compose to a larger epsilon")
+    parser.add_argument("--shuffler-key", type=Path,
+                        help="checkin: the shuffler's public key file (shuffler-<id>.pub); each round is a wake slot")
+    parser.set_defaults(handler=cmd_encode)
+
+
+def _jsonl(path: Path) -> Iterator[tuple[list[float], float]]:
+    with path.open() as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                yield record["x"], float(record["y"])
+
+
+def _chunks(path: Path, first: int, size: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    rows: list[list[float]] = []
+    labels: list[float] = []
+    want = first
+    for x, y in _jsonl(path):
+        rows.append(x)
+        labels.append(y)
+        if len(rows) == want:
+            yield np.asarray(rows, dtype=np.float64), np.asarray(labels)
+            rows, labels = [], []
+            want = size or first
+    if rows:
+        yield np.asarray(rows, dtype=np.float64), np.asarray(labels)
+
+
+def _encoder(args: argparse.Namespace, public: Any, model: Any) -> Any:
+    """The client encoder for the model's learner."""
+    from panpriv.streamer.esa.client import Encoder
+    from panpriv.streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
+
+    if model.learner == "checkin":
+        from panpriv.streamer.esa.checkin_client import CheckinEncoder
+        from panpriv.streamer.esa.keys import load_public
+
+        if args.shuffler_key is None:
+            raise SystemExit("panpriv encode: the model is for checkin, which needs --shuffler-key (shuffler-<id>.pub)")
+        return CheckinEncoder(public, load_public(args.shuffler_key), model, args.max_local_epsilon)
+    make = SharesEncoder if model.learner in SUM_LEARNERS else Encoder
+    return make(public, model, args.max_local_epsilon)
+
+
+def cmd_encode(args: argparse.Namespace) -> int:
+    from panpriv.streamer.esa.client import MessageSender, RefusedModel
+    from panpriv.streamer.esa.keys import load_public
+    from panpriv.streamer.esa.model import ModelWatcher
+    from panpriv.streamer.kafka.client import security_options
+
+    public = load_public(args.analyzer_key)
+    bootstrap = args.bootstrap.split(",")
+    security = security_options()  # the [kafka] section of --config (TLS, SASL)
+    watcher = ModelWatcher(bootstrap, args.model_topic, args.name, **security)
+    sender = MessageSender(bootstrap, args.messages_topic, **security)
+    sent = rounds = 0
+    try:
+        model = watcher.current()
+        if model is None:
+            model = watcher.wait_for(0, args.timeout)
+        if model.learner == "shuffle-gd":
+            return _encode_gd(args, public, model, watcher, sender)
+        per_round = args.per_round or int(model.calibration["batch_size"])
+        for X, y in _chunks(args.source, per_round, per_round):
+            encoder = _encoder(args, public, model)
+            sender.send(encoder.encode(X, y))
+            sent += len(y)
+            rounds += 1
+            log.info("sent %d messages for round %d", len(y), model.round)
+            if len(y) == per_round:
+                model = watcher.wait_for(model.round + 1, args.timeout)
+    except RefusedModel as exc:  # a model these clients must not answer (key, calibration, local epsilon)
+        print(f"panpriv encode: refused the model: {exc} (sent {sent:,} messages over {rounds} rounds)")
+        return 2
+    finally:
+        sender.close()
+        watcher.close()
+    print(f"panpriv encode: sent {sent:,} messages over {rounds} rounds")
+    return 0
+
+
+def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, sender: Any) -> int:
+    """shuffle-gd: every record of --source is a user who answers every round once (panpriv.streamer.esa.gd_client)."""
+    from panpriv.streamer.esa.client import RefusedModel
+    from panpriv.streamer.esa.gd_client import AnsweredRounds, GDClients, serve
+
+    rows = list(_jsonl(args.source))
+    X = np.asarray([x for x, _ in rows], dtype=np.float64)
+    y = np.asarray([label for _, label in rows])
+    state = AnsweredRounds(args.state or args.source.with_name(args.source.name + ".gd-rounds.json"))
+    clients = GDClients(public, X, y, state, args.max_local_epsilon, args.max_epsilon)
+    try:
+        answered = serve(clients, lambda: model, lambda r: watcher.wait_for(r, args.timeout), sender.send, log.info)
+    except RefusedModel as exc:  # the refusal rule: a plan other than the accepted one, or a round beyond it
+        print(f"panpriv encode: refused: {exc} (rounds answered: {state.rounds})")
+        return 2
+    per_user = 1000 * sum(clients.encode_seconds) / max(1, answered * len(y))
+    print(f"panpriv encode: {len(y):,} shuffle-gd users answered {answered} rounds here (rounds answered in all: "
+          f"{state.rounds}); encode {per_user:.3f} ms per user and round")
+    return 0
+
+
+# -- shuffle ------------------------------------------------------------------------------------
+
+
+def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "shuffle", parents=parents, help="ESA shuffler: strip metadata, threshold at b, permute (holds no key)",
+        description="Consume the messages topic (one partition), keep values only, release each round at exactly "
+        "--batch-size messages as one permuted batch (OS entropy) on the shuffled topic; exactly once w.r.t. its input.")
+    _kafka(parser)
+    parser.add_argument("--messages-topic", required=True)
+    parser.add_argument("--shuffled-topic", required=True)
+    parser.add_argument("--batch-size", type=positive_int, required=True, help="b: messages per released round")
+    parser.add_argument("--params", type=positive_int, required=True,
+                        help="coordinates per message (dim + 1 with an intercept): fixes the message size")
+    parser.add_argument("--group", default="panpriv-shuffler", help="consumer group for the input offsets")
+    parser.add_argument("--drop-short-after", type=positive_float, metavar="SECONDS",
+                        help="drop a round still short of b this long after its first message (default: wait)")
+    parser.add_argument("--max-rounds", type=positive_int, help="exit after releasing this many rounds")
+    parser.add_argument("--max-ahead", type=positive_int, default=1,
+                        help="drop messages for rounds more than this past the last released (default 1)")
+    parser.add_argument("--shares", type=positive_int, metavar="M",
+                        help="shuffle-acsa, shuffle-sgd, shuffle-gd: each message is one user's M sealed shares; release "
+                        "their units (M as `panpriv analyze --learner shuffle-acsa|shuffle-sgd|shuffle-gd` logs it)")
+    checkin = parser.add_argument_group("checkin (random check-ins: per-slot releases; --batch-size is slot_length)")
+    checkin.add_argument("--checkin", action="store_true",
+                         help="each message is a check-in sealed to this shuffler; release per slot (rules from the model)")
+    checkin.add_argument("--shuffler-key", type=Path, help="the shuffler's private key file (panpriv keygen --role shuffler)")
+    checkin.add_argument("--analyzer-key", type=Path, help="the analyzer's public key (.pub): seals the dummy of an empty slot")
+    checkin.add_argument("--model-topic", help="where the analyzer publishes the deployment's public configuration")
+    checkin.add_argument("--name", default="default", help="deployment name on the model topic")
+    checkin.add_argument("--close-after", type=positive_float, metavar="SECONDS",
+                         help="close a wake slot still incomplete this long after the previous release (default: wait)")
+    metrics_flags(parser)
+    parser.set_defaults(handler=cmd_shuffle)
+
+
+def cmd_shuffle(args: argparse.Namespace) -> int:
+    from panpriv.streamer.esa import shuffler, slot_shuffler
+    from panpriv.streamer.esa.metrics import ShufflerMetrics
+
+    if args.checkin and not (args.shuffler_key and args.analyzer_key and args.model_topic):
+        raise SystemExit("panpriv shuffle --checkin needs --shuffler-key, --analyzer-key and --model-topic")
+    metrics = ShufflerMetrics(slot_shuffler.DROP_REASONS if args.checkin else shuffler.DROP_REASONS)
+    metrics.set_info("shuffler", args.messages_topic, panpriv.__version__)
+    stop_server = serve_metrics(metrics, args)
+    options = shuffler.ShuffleOptions(
+        args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params,
+        args.group, args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead, metrics=metrics,
+        shares=args.shares)
+    try:
+        if args.checkin:
+            state: Any = slot_shuffler.run(options, slot_shuffler.CheckinShuffleOptions(
+                args.shuffler_key, args.analyzer_key, args.model_topic, args.name, args.close_after,
+                expect={"slot_length": args.batch_size, "params": args.params}))
+        else:
+            state = shuffler.run(options)
+    finally:
+        if stop_server is not None:
+            stop_server()
+    print(f"panpriv shuffle: released {state.released} rounds; {state.waiting} messages waiting; dropped "
+          f"{dict(state.dropped) or 'none'}")
+    return 0
+
+
+# -- analyze ------------------------------------------------------------------------------------
+
+
+def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "analyze", parents=parents, help="ESA analyzer (shuffle-gaussian, shuffle-acsa, shuffle-sgd): decrypt shuffled batches, "
+        "step, publish",
+        description="Read shuffled batches, open the messages with the private key(s), step the learner on the round "
+        "(shuffle-gaussian: its valid messages; shuffle-acsa, shuffle-sgd: the sum of its users' shares), checkpoint to --out and "
+        "publish the next round's model. Resumes from --out.")
+    _kafka(parser)
+    parser.add_argument("--shuffled-topic", required=True)
+    parser.add_argument("--model-topic", required=True)
+    parser.add_argument("--messages-topic", required=True,
+                        help="the clients' messages topic: names the data source in the budget store (not read)")
+    keys = parser.add_mutually_exclusive_group(required=True)
+    keys.add_argument("--analyzer-key", type=Path, action="append",
+                      help="private key file (repeatable: the first is current, the others still accepted)")
+    keys.add_argument("--analyzer-keys", type=Path, metavar="DIR",
+                      help="every analyzer-*.key in DIR; the newest is current (rotation: keygen DIR, restart)")
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
+    parser.add_argument("--name", default="default", help="deployment name on the model topic")
+    parser.add_argument("--learner", choices=("shuffle-gaussian", "shuffle-acsa", "shuffle-sgd", "shuffle-gd", "checkin"),
+                        default="shuffle-gaussian",
+                        help="shuffle-acsa, shuffle-sgd, shuffle-gd: PVEC counts summed by split-and-mix shares (the "
+                        "shuffler needs --shares); shuffle-gd: --batch-size is n, every user answers each of --rounds rounds; "
+                        "checkin: random check-ins, --batch-size is slot_length (the shuffler needs --checkin)")
+    parser.add_argument("--rounds", type=positive_int, help="shuffle-gd: T (default: Cheu et al. 2022 Thm 4.9's, capped)")
+    parser.add_argument("--horizon", type=positive_int,
+                        help="shuffle-acsa: n, the records of the whole protocol; shuffle-sgd: caps a planned batch size")
+    parser.add_argument("--dim", type=positive_int, required=True)
+    parser.add_argument("--batch-size", type=positive_int, help="b (default: planned for (epsilon, delta))")
+    parser.add_argument("--epsilon", type=positive_float, default=1.0)
+    parser.add_argument("--delta", type=positive_float, default=1e-6)
+    parser.add_argument("--feature-bound", type=positive_float, default=1.0)
+    parser.add_argument("--options", type=json_object, default="{}", help="more learner options as JSON, e.g. '{\"radius\": 4}'")
+    parser.add_argument("--max-rounds", type=positive_int, help="exit once this many rounds are done")
+    parser.add_argument("--max-epsilon", type=positive_float,
+                        help="stop before a round whose records' epsilon, composed over all runs, would exceed this")
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--state-dir", type=Path, help="directory of the budget store (default as for `panpriv run`)")
+    store.add_argument("--budget-kafka", metavar="URL", help="the budget store on a Kafka topic: kafka://host:port/topic")
+    metrics_flags(parser)
+    parser.set_defaults(handler=cmd_analyze)
+
+
+def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
+    """The learner ``panpriv analyze ARGS`` builds when it starts afresh."""
+    from panpriv.protocols.shuffle_acsa import ShuffleACSA
+    from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+    from panpriv.protocols.shuffle_sgd import ShuffleSGD
+
+    options = dict(args.options)
+    # The roles' model as before the learners owned their defaults: no intercept (issue 31 unifies
+    # the roles with `panpriv run`; a bare "logistic" would now mean the learner's default, with one).
+    options.setdefault("loss", {"name": "logistic", "intercept": False})
+    options.setdefault("radius", math.sqrt(args.dim))
+    if args.learner == "shuffle-acsa":
+        if args.horizon is None:
+            raise SystemExit("panpriv analyze: --learner shuffle-acsa needs --horizon (the records of the protocol)")
+
+        def acsa() -> ShuffleACSA:
+            return ShuffleACSA(dim=args.dim, epsilon=args.epsilon, delta=args.delta, horizon=args.horizon,
+                               batch_size=args.batch_size, feature_bound=args.feature_bound, **options)
+
+        return acsa
+
+    if args.learner == "shuffle-gd":
+        from panpriv.protocols.shuffle_gd import ShuffleGD
+
+        if args.batch_size is None:
+            raise SystemExit("panpriv analyze: --learner shuffle-gd needs --batch-size (n, the users of every round)")
+
+        options.setdefault("budget", "lemma-b6")  # the three-role plan the clients verify (gd_client)
+        options.setdefault("fit_intrusion", False)
+
+        def gd() -> ShuffleGD:
+            return ShuffleGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, n=args.batch_size, rounds=args.rounds,
+                             feature_bound=args.feature_bound, **options)
+
+        return gd
+    if args.learner == "checkin":
+        from panpriv.protocols.checkin import RandomCheckinSGD
+
+        if options.get("time", "position") != "position":
+            raise SystemExit("panpriv analyze: checkin in three roles needs position slots (time = 'position'): with "
+                             "timestamps the shuffler cannot know when a wake slot is complete; run it in process")
+        options.setdefault("slot_length", args.batch_size or 1)
+
+        def checkin() -> RandomCheckinSGD:
+            return RandomCheckinSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta,
+                                    feature_bound=args.feature_bound, **options)
+
+        return checkin
+
+    if args.learner == "shuffle-sgd":
+
+        def sgd() -> ShuffleSGD:
+            return ShuffleSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
+                              horizon=args.horizon, feature_bound=args.feature_bound, **options)
+
+        return sgd
+
+    def learner() -> ShuffleGaussianSGD:
+        return ShuffleGaussianSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
+                                  feature_bound=args.feature_bound, **options)
+
+    return learner
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from panpriv.streamer.esa import analyze_service as service
+    from panpriv.streamer.esa import analyzer, checkin_analyzer, sum_analyzer
+    from panpriv.streamer.esa.keys import load_directory, load_private
+    from panpriv.streamer.esa.metrics import AnalyzerMetrics
+    from panpriv.streamer.esa.sum_client import SUM_LEARNERS
+
+    learner = analyzer_learner(args)
+    keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
+    metrics = AnalyzerMetrics(sum_analyzer.REJECT_REASONS if args.learner in (*SUM_LEARNERS, "shuffle-gd")
+                              else checkin_analyzer.REJECT_REASONS if args.learner == "checkin" else analyzer.REJECT_REASONS)
+    metrics.set_info("analyzer", args.name, panpriv.__version__)
+    stop_server = serve_metrics(metrics, args)
+    budget = service.BudgetOptions(args.messages_topic, args.state_dir, args.budget_kafka, args.max_epsilon)
+    try:
+        result = service.run(service.AnalyzeOptions(args.bootstrap.split(","), args.shuffled_topic, args.model_topic,
+                                                    keys, args.out, learner, budget, args.name, args.max_rounds, metrics))
+    finally:
+        if stop_server is not None:
+            stop_server()
+    state = result.analyzer
+    print(f"panpriv analyze: {state.round} rounds done; rejected {dict(state.rejected) or 'none'}"
+          + (f"\n  stopped  {result.stopped}" if result.stopped else "")
+          + f"\n  privacy  {result.report.statement()}\n  budget   every use of this data source: panpriv budget")
+    return 0
+
+
+def add_all(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Add the four ESA commands to the ``panpriv`` parser."""
+    add_keygen(commands, parents)
+    add_encode(commands, parents)
+    add_shuffle(commands, parents)
+    add_analyze(commands, parents)

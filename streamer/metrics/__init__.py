@@ -1,0 +1,1 @@
+"""Prometheus metrics of the service and the building blocks of every role's metrics, served over HTTP."""

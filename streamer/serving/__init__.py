@@ -1,0 +1,1 @@
+"""Released models at work: loading snapshots and scoring records, hold-out evaluation."""

@@ -1,0 +1,344 @@
+"""The Kafka source on kafka-python, and what both Kafka sources share.
+
+Kafka specifics (exactly-once for the state that survives a crash; the full argument is in
+:mod:`panpriv.streamer.runtime.processor`): a consumer group with auto-commit off; when partitions are assigned,
+each is ``seek``-ed to the position in OUR checkpoint — or further, to the group's committed offset
+or the partition's first retained offset when those are ahead; before partitions are revoked, the
+``on_revoke`` hook (the processor's checkpoint) runs; :meth:`KafkaSource.acknowledge` commits
+offsets only after a checkpoint holding them is durable (for lag monitoring, never read back as the
+source of truth except as a lower bound). A message whose offset is below the key's position is
+dropped, so a redelivery can never be learned twice.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from panpriv.streamer.config import SourceConfig
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.io.source_url import KafkaUrl
+from panpriv.streamer.kafka import calls as kafka_calls
+from panpriv.streamer.kafka import client as kafka_client
+from panpriv.streamer.kafka.calls import CAUGHT_UP_POLLS
+from panpriv.streamer.sources.base import Batch, FatalSourceError
+
+log = logging.getLogger("panpriv.sources")
+
+REBALANCE_TIMEOUT_MS = 30_000
+"""kafka-python's ``max_poll_interval_ms``, which is also the rebalance timeout it sends with a
+group join: how long the group waits for a member to rejoin. Its default (5 minutes) made a
+process stopped during a join hold the group that long (issue 15). The processing loop polls
+every few seconds at most (a micro-batch, a checkpoint), far within 30 s."""
+
+ASSIGNMENT_LOG_EVERY_S = 10.0
+"""While no partition is assigned, say so this often (a silent wait looks like a hang)."""
+
+
+# -- Kafka --------------------------------------------------------------------------------------
+
+
+class KafkaConsumerSource(abc.ABC):
+    """What the two Kafka consumer sources share (:class:`KafkaSource` on kafka-python,
+    :class:`panpriv.streamer.sources.confluent.ConfluentKafkaSource` on librdkafka): the offset-regression
+    marks and their verdicts, the deferred rebalance failure, the wait for an assignment and the
+    end-of-topic rule. Subclasses call this constructor, then open their consumer and set
+    ``_assigned`` (the client's own collection of assigned partitions)."""
+
+    _assigned: Any
+
+    def __init__(
+        self,
+        url: KafkaUrl,
+        config: SourceConfig,
+        positions: Mapping[str, int],
+        on_revoke: Callable[[], None] | None,
+        marks: Mapping[str, int] | None,
+    ) -> None:
+        self.url = url
+        self.name = url.display()
+        self._config = config
+        self._positions: dict[str, int] = {k: int(v) for k, v in positions.items()}
+        # key -> (position, timestamp of the record at position - 1): kafka_calls' regression check
+        self._marks: dict[str, tuple[int, int]] = {k: (self._positions[k], int(t)) for k, t in (marks or {}).items() if k in self._positions}
+        self._on_revoke = on_revoke
+        self._failure: BaseException | None = None
+        self._empty_polls = 0
+        self._waiting_since = self._waiting_logged = time.monotonic()  # "waiting for an assignment" log line
+
+    def marks(self, positions: Mapping[str, int]) -> dict[str, int]:
+        """The timestamps of the last records before ``positions`` (for the checkpoint)."""
+        return {key: ts for key, (position, ts) in self._marks.items() if positions.get(key) == position}
+
+    def _replaced_partitions(self, changed: Mapping[Any, Any]) -> set[str]:
+        """The verdict on partitions whose record before our position changed
+        (:func:`kafka_calls.changed_partitions`): refuse, or with ``accept_offset_reset`` return
+        their keys to be read anew from their beginning."""
+        reset = set()
+        for tp, found in changed.items():
+            key = f"{tp.topic}/{tp.partition}"
+            if not self._config.accept_offset_reset:
+                raise kafka_calls.replaced(key, self._positions[key], found)
+            log.warning("partition %s no longer holds the records before offset %d; reading it from its beginning "
+                        "(accept_offset_reset)", key, self._positions[key])
+            self._marks.pop(key, None)
+            reset.add(key)
+        return reset
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            if isinstance(failure, kafka_calls.OffsetRegressionError):
+                raise failure
+            raise FatalSourceError(f"Kafka rebalance failed: {failure!r}") from failure
+
+    def _log_waiting(self) -> None:
+        """Log every :data:`ASSIGNMENT_LOG_EVERY_S` while the group has assigned us nothing."""
+        now = time.monotonic()
+        if self._assigned:
+            self._waiting_since = self._waiting_logged = now
+        elif now - self._waiting_logged >= ASSIGNMENT_LOG_EVERY_S:
+            log.info("no partition assigned yet by consumer group %r after %.0f s; waiting (another member may be "
+                     "holding the group until its session or rebalance timeout)", self.url.group, now - self._waiting_since)
+            self._waiting_logged = now
+
+    def _offset_reset(self, key: str, position: int, offset: int) -> int:
+        """A record below our position: refuse (:mod:`panpriv.streamer.kafka.calls`), or with
+        ``accept_offset_reset`` continue from ``offset``."""
+        if not self._config.accept_offset_reset:
+            raise kafka_calls.regression(key, position, offset)
+        log.warning("partition %s was reset from offset %d to %d; reading on from there (accept_offset_reset)", key, position, offset)
+        return offset
+
+    def _batch(self, by_key: Mapping[str, list[tuple[int, bytes, int]]]) -> Batch | None:
+        """The batch of one poll, from each partition's ``(offset, value, timestamp ms)`` in
+        offset order: records below our position are dropped (a redelivery is never learned
+        twice), a partition reset below it is refused or accepted (:meth:`_offset_reset`), and
+        positions and marks advance. ``None`` when nothing new arrived; with ``stop_at_end``,
+        empty polls count towards :attr:`exhausted` only while every partition is caught up."""
+        batch = Batch({})
+        for key, messages in by_key.items():
+            first = messages[0][0]
+            start = self._positions.get(key, first)
+            if first < start:  # the broker reset the consumer below our position
+                start = self._offset_reset(key, start, first)
+            fresh = [m for m in messages if m[0] >= start]
+            if not fresh:
+                continue
+            for offset, value, _ in fresh:
+                batch.payloads.append(value)
+                batch.keys.append(key)
+                batch.positions.append(offset)
+            stop = fresh[-1][0] + 1
+            batch.ranges[key] = (start, stop)
+            self._positions[key] = stop
+            self._marks[key] = (stop, fresh[-1][2])
+        if not batch.ranges:
+            if self._config.stop_at_end:
+                self._empty_polls = self._empty_polls + 1 if self._check_caught_up() else 0
+            return None
+        self._empty_polls = 0
+        return batch
+
+    @abc.abstractmethod
+    def _check_caught_up(self) -> bool:
+        """Whether every partition of the consumed topics is read to its end (ours or the group's)."""
+
+    @property
+    def exhausted(self) -> bool:
+        return self._empty_polls >= CAUGHT_UP_POLLS
+
+
+class KafkaSource(KafkaConsumerSource):
+    """A kafka-python consumer group whose positions come from our checkpoint (module docstring)."""
+
+    def __init__(
+        self,
+        url: KafkaUrl,
+        config: SourceConfig,
+        positions: Mapping[str, int],
+        on_revoke: Callable[[], None] | None = None,
+        marks: Mapping[str, int] | None = None,
+    ) -> None:
+        from kafka import ConsumerRebalanceListener
+        from kafka.errors import KafkaError
+
+        super().__init__(url, config, positions, on_revoke, marks)
+        self._assigned: set = set()
+        source = self
+
+        class Listener(ConsumerRebalanceListener):  # kafka-python requires a subclass
+            def on_partitions_revoked(self, revoked):  # noqa: ANN001 - kafka-python's signature
+                source._revoked(revoked)
+
+            def on_partitions_assigned(self, assigned):  # noqa: ANN001
+                source._assigned_partitions(assigned)
+
+        try:
+            self._consumer = kafka_client.consumer(
+                url.bootstrap,
+                group_id=url.group,
+                client_id="panpriv",
+                enable_auto_commit=False,
+                auto_offset_reset=config.start,
+                session_timeout_ms=config.session_timeout_ms,
+                heartbeat_interval_ms=max(100, config.session_timeout_ms // 4),
+                max_poll_records=config.batch_records,
+                max_poll_interval_ms=max(REBALANCE_TIMEOUT_MS, config.session_timeout_ms),
+            )
+        except KafkaError as exc:
+            raise SourceError(f"cannot connect to Kafka at {kafka_client.describe(url.bootstrap)}: {exc}") from None
+        self._consumer.subscribe(topics=url.topics, listener=Listener())
+
+    def cluster_identity(self) -> str:
+        """The cluster part of this topic's data keys (:mod:`panpriv.streamer.sources.identity`): the broker's
+        cluster id (asked for through a metadata request), else the bootstrap servers."""
+        from kafka.errors import KafkaError
+
+        from panpriv.streamer.sources.identity import kafka_cluster_identity
+
+        try:
+            for topic in self.url.topics:
+                self._consumer.partitions_for_topic(topic)
+        except KafkaError as exc:
+            raise SourceError(f"cannot read metadata from Kafka at {','.join(self.url.bootstrap)}: {exc}") from None
+        return kafka_cluster_identity(self._consumer, self.url.bootstrap)
+
+    # The rebalance callbacks run inside ``poll``; kafka-python logs and swallows their exceptions,
+    # so a failure is stored and raised from ``poll`` as fatal.
+
+    def _revoked(self, revoked: object) -> None:
+        try:
+            if revoked and self._on_revoke is not None:
+                self._on_revoke()  # checkpoint first: the next owner starts from our committed offsets
+        except BaseException as exc:  # noqa: BLE001 - re-raised from poll()
+            self._failure = exc
+        self._assigned = set()
+
+    def _assigned_partitions(self, assigned: object) -> None:
+        try:
+            partitions = list(assigned)  # type: ignore[call-overload]
+            self._assigned = set(partitions)
+            if not partitions:
+                return
+            consumer = self._consumer
+            beginning = kafka_calls.beginning_offsets(consumer, partitions)
+            end = kafka_calls.end_offsets(consumer, partitions) if self._config.start == "latest" else {}
+            reset = self._verify_marks(partitions, beginning)
+            for tp in partitions:
+                key = f"{tp.topic}/{tp.partition}"
+                committed = kafka_calls.committed(consumer, tp)
+                ours = self._positions.get(key)
+                if key in reset:  # accepted offset reset: the partition is a new log, read it from its start
+                    target = beginning[tp]
+                elif ours is None and committed is None:
+                    target = end.get(tp, beginning[tp])
+                else:
+                    # Never go back: below our position would learn records twice; below the
+                    # group's committed offset would re-learn records another process has
+                    # durably consumed; below the first retained offset there is nothing.
+                    target = max(ours or 0, committed or 0, beginning[tp])
+                consumer.seek(tp, target)
+                self._positions[key] = target
+            log.info("assigned %d partition(s); resuming at the checkpointed positions", len(partitions))
+        except BaseException as exc:  # noqa: BLE001 - re-raised from poll()
+            self._failure = exc
+
+    def _verify_marks(self, partitions: list, beginning: Mapping) -> set[str]:
+        """Check that the record before each resumed position is still the one we learned last
+        (:func:`kafka_calls.changed_partitions`); refuse, or return the keys to read anew."""
+        wanted = {
+            tp: mark for tp in partitions
+            if (mark := self._marks.get(f"{tp.topic}/{tp.partition}")) is not None
+            and mark[0] == self._positions.get(f"{tp.topic}/{tp.partition}") and mark[0] - 1 >= beginning[tp]
+        }
+        return self._replaced_partitions(kafka_calls.changed_partitions(self.url.bootstrap, wanted))
+
+    def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
+        records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        self._raise_failure()
+        self._log_waiting()
+        return self._batch({
+            f"{tp.topic}/{tp.partition}": [(m.offset, m.value if m.value is not None else b"", m.timestamp) for m in messages]
+            for tp, messages in records.items()
+        })
+
+    def _check_caught_up(self) -> bool:
+        """Every partition of the topics consumed (ours or the group's), not only the assigned ones."""
+        from kafka.errors import KafkaError
+
+        if not self._assigned:
+            return False
+        try:
+            return kafka_calls.topic_caught_up(self._consumer, self.url.topics, self._positions, self._assigned)
+        except KafkaError as exc:
+            log.debug("caught-up check failed (%s); polling on", type(exc).__name__)
+            return False
+
+    def total_positions(self) -> int | None:
+        if not self._assigned:
+            return None
+        end = kafka_calls.end_offsets(self._consumer, self._assigned)
+        return sum(end.values())
+
+    def count_records(self) -> None:
+        return None
+
+    def acknowledge(self, positions: Mapping[str, int], strict: bool = False) -> None:
+        """Commit ``positions`` of the assigned partitions to the group.
+
+        After a checkpoint (``strict=False``) the commit is for monitoring and as the next owner's
+        lower bound; a failure is logged and retried at the next checkpoint. Before a revocation
+        (``strict=True``) the next owner will start from it, so a failure raises
+        :class:`FatalSourceError`.
+        """
+        from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        offsets = {
+            tp: OffsetAndMetadata(positions[key], "", -1)
+            for tp in self._assigned
+            if (key := f"{tp.topic}/{tp.partition}") in positions
+        }
+        if not offsets:
+            return
+        try:
+            kafka_calls.commit(self._consumer, offsets)
+        except KafkaError as exc:
+            if strict:
+                raise FatalSourceError(f"offset commit before a revocation failed: {type(exc).__name__}") from exc
+            log.warning("offset commit failed (%s); offsets are committed again after the next checkpoint", type(exc).__name__)
+
+    def lag(self) -> dict[str, int] | None:
+        """Records between our position and the partition's high watermark, per assigned partition.
+
+        The high watermark comes with every fetch response (``KafkaConsumer.highwater``), so this
+        sends no request: it is as fresh as the last fetch, which the consumer repeats while it
+        consumes or waits. Only a partition not fetched yet (just assigned) costs one
+        ``end_offsets`` request; if that fails the lag is unknown this time (``None``).
+        """
+        from kafka.errors import KafkaError
+
+        if not self._assigned:
+            return {}
+        ends = {tp: self._consumer.highwater(tp) for tp in self._assigned}
+        unfetched = [tp for tp, end in ends.items() if end is None]
+        if unfetched:
+            try:
+                ends.update(kafka_calls.end_offsets(self._consumer, unfetched))
+            except KafkaError as exc:
+                log.debug("lag unknown: end_offsets failed (%s)", type(exc).__name__)
+                return None
+        lags = {}
+        for tp, end in ends.items():
+            key = f"{tp.topic}/{tp.partition}"
+            lags[key] = max(0, end - self._positions.get(key, 0))
+        return lags
+
+    def close(self) -> None:
+        kafka_calls.close(self._consumer)
+
+

@@ -1,0 +1,58 @@
+"""A source URL → the source that reads it, resuming at a position."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from panpriv.streamer.config import SourceConfig
+from panpriv.streamer.errors import SourceError
+from panpriv.streamer.io.codec import Codec
+from panpriv.streamer.io.recording import is_recording
+from panpriv.streamer.io.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_source_url
+from panpriv.streamer.kafka import client as kafka_client
+from panpriv.streamer.sources.base import Source
+from panpriv.streamer.sources.kafka import KafkaConsumerSource, KafkaSource
+from panpriv.streamer.sources.local import LineFileSource, RecordingSource, SyntheticSource
+
+# -- construction -------------------------------------------------------------------------------
+
+
+def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, int]:
+    """A Kafka source's marks for a checkpoint at ``positions`` (:mod:`panpriv.streamer.kafka.calls`);
+    empty for sources without marks."""
+    return source.marks(positions) if isinstance(source, KafkaConsumerSource) else {}
+
+
+def open_source(
+    config: SourceConfig,
+    codec: Codec,
+    positions: Mapping[str, int],
+    on_revoke: Callable[[], None] | None = None,
+    marks: Mapping[str, int] | None = None,
+) -> Source:
+    """Build the source named by ``config.url``, resuming at ``positions`` (``marks``: the
+    timestamps of the last records before them, for Kafka's regression check)."""
+    parsed = parse_source_url(config.url)
+    if config.recorded_pace and not (isinstance(parsed, FileUrl) and is_recording(parsed.path)):
+        raise SourceError("source.recorded_pace needs a file: source holding a panpriv recording")
+    match parsed:
+        case KafkaUrl():
+            if kafka_client.settings().client == "confluent":
+                from panpriv.streamer.sources.confluent import ConfluentKafkaSource
+
+                return ConfluentKafkaSource(parsed, config, positions, on_revoke, marks)
+            return KafkaSource(parsed, config, positions, on_revoke, marks)
+        case SyntheticUrl(n=n, dim=dim, seed=seed):
+            if dim != codec.dim:
+                raise SourceError(f"synthetic source dim={dim} but records.dim={codec.dim}")
+            return SyntheticSource(n, dim, seed, positions)
+        case AdultUrl(split=split):
+            from panpriv.streamer.datasets import adult
+
+            path = adult.TRAIN_PATH if split == "train" else adult.TEST_PATH
+            return LineFileSource(path, config.url, codec, positions, skip_header=False)
+        case FileUrl(path=path):
+            if is_recording(path):
+                return RecordingSource(path, positions, config.recorded_pace, codec)
+            skip_header = codec.records.csv_header and codec.records.format == "csv"
+            return LineFileSource(path, f"file:{path.resolve()}", codec, positions, skip_header)
