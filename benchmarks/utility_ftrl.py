@@ -6,6 +6,7 @@ Run (from the repository root; the real data sets need ``pip install -e '.[reald
     .venv/bin/python -m benchmarks.utility_ftrl --synthetic                 # synthetic d = 20/100/1000, one-hot, Adult
     .venv/bin/python -m benchmarks.utility_ftrl --real --plot docs/img/utility_ftrl_real.png
     .venv/bin/python -m benchmarks.utility_ftrl --quick --synthetic         # smaller n, one repetition
+    .venv/bin/python -m benchmarks.utility_ftrl --real --checkpoint-cost    # the price of the checkpoint rule
 
 Per stream and ε ∈ {0.5, 1, 4} (δ = 1e-6, logistic loss with an intercept where the stream has
 one, radius √d: the service's defaults), mean over repetitions (stream order and noise seeds):
@@ -21,6 +22,11 @@ one, radius √d: the service's defaults), mean over repetitions (stream order a
   the second draw;
 - **central DP-SGD, one pass**: disjoint batches of b = ⌈2√p·s⌉, one Gaussian draw per batch (no
   intrusion guarantee); **non-private one-pass SGD** (b = 1).
+
+``--checkpoint-cost`` instead compares pan-ftrl fed as above with the same learner persisted every
+10,000 records (``checkpoint_state()``, the service's default cadence ``checkpoint.every_records``;
+``--checkpoint-every N`` for another):
+each persisted state adds two draws to every open node, the rule that keeps persisted states safe.
 
 Metric: test AUC on the held-out part (real sets, Adult, one-hot; higher is better) or excess
 population logistic loss (synthetic, :mod:`benchmarks.synthetic`; lower is better). The closing
@@ -94,6 +100,29 @@ def scores(stream: Stream, epsilon: float, seed: int) -> dict[str, float]:
     return out
 
 
+CHECKPOINT_EVERY = 10_000
+"""The service's default ``checkpoint.every_records``."""
+
+
+def checkpoint_cost(stream: Stream, epsilon: float, seed: int, every: int = CHECKPOINT_EVERY) -> tuple[float, float, int]:
+    """(score without checkpoints, score persisted every ``every`` records, checkpoints)."""
+    order = np.random.default_rng(1000 + seed).permutation(len(stream.y))
+    X, y = stream.X[order], stream.y[order]
+    d = X.shape[1]
+    loss = LogisticLoss(intercept=stream.intercept)
+    scored = []
+    for interval in (None, every):
+        learner = PanPrivateFTRL(d, loss, epsilon, DELTA, horizon=len(y), radius=math.sqrt(d),
+                                 feature_bound=feature_bound(stream), rng=seed)
+        step = interval or MICRO_BATCH
+        for start in range(0, len(y), step):
+            learner.learn_many(X[start : start + step], y[start : start + step])
+            if interval is not None:
+                learner.checkpoint_state()
+        scored.append(stream.score(learner.release()))
+    return scored[0], scored[1], -(-len(y) // every)
+
+
 def nonprivate(stream: Stream, seed: int) -> float:
     order = np.random.default_rng(1000 + seed).permutation(len(stream.y))
     d = stream.X.shape[1]
@@ -110,6 +139,8 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=None)
     parser.add_argument("--only", default=None, help="comma-separated stream name prefixes to run")
     parser.add_argument("--plot", type=Path, default=None, help="also draw the table (needs matplotlib)")
+    parser.add_argument("--checkpoint-cost", action="store_true", help="pan-ftrl with and without a checkpoint every N records")
+    parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="N for --checkpoint-cost")
     args = parser.parse_args()
     repetitions = args.repetitions or (1 if args.quick else 3)
     n = 30_000 if args.quick else 100_000
@@ -122,6 +153,19 @@ def main() -> None:
                      lambda: one_hot(2 * n, rng), lambda: adult_stream(rng)]
     if not builders:
         parser.error("choose --real and/or --synthetic")
+    if args.checkpoint_cost:
+        print(f"pan-ftrl without checkpoints and persisted every {args.checkpoint_every:,} records; mean of {repetitions}\n")
+        print(f"| stream | eps | no checkpoint | checkpoint every {args.checkpoint_every:,} | checkpoints |")
+        print("|---|---|---|---|---|")
+        for build in builders:
+            stream = build()
+            if args.only and not any(stream.name.startswith(prefix) for prefix in args.only.split(",")):
+                continue
+            for epsilon in EPSILONS:
+                costs = [checkpoint_cost(stream, epsilon, seed, args.checkpoint_every) for seed in range(repetitions)]
+                print(f"| {stream.name} | {epsilon:g} | {np.mean([c[0] for c in costs]):.4f} | "
+                      f"{np.mean([c[1] for c in costs]):.4f} | {costs[0][2]} |", flush=True)
+        return
     results: list[tuple[str, int, float, dict[str, float]]] = []
     print(f"delta = {DELTA:g}, radius sqrt(d), logistic loss; mean of {repetitions} repetition(s) (stream orders and noise)\n")
     print("| stream | n | eps | " + " | ".join(METHODS) + " |")

@@ -214,6 +214,7 @@ class PanPrivateFTRL(Learner):
         self._lipschitz = effective_gradient_bound(self.loss, self.feature_bound, self.radius, self.gradient_bound)
         self._unit_sigma = analytic_sigma(self.epsilon, self.delta)
         self._plans: dict[int, Plan] = {}
+        self._output_epsilons: dict[int, float] = {}
         self._epoch = 0
         self._start_epoch(np.zeros(self._params))
 
@@ -373,11 +374,7 @@ class PanPrivateFTRL(Learner):
         at δ with two draws per node (:func:`panpriv.accounting.tree.tree_epsilon`), the largest over
         the epochs begun (each epoch's tree is calibrated to (ε, δ) with its own h)."""
         plan = self.plan()
-        sensitivity = 2.0 * self._lipschitz
-        output = Guarantee(max(
-            tree_epsilon(self.plan(e).sigma, self.delta, self.plan(e).leaves, sensitivity, draws=2)
-            for e in range(self._epoch + 1)
-        ), self.delta)
+        output = Guarantee(max(self._output_epsilon(e) for e in range(self._epoch + 1)), self.delta)
         assumptions = [
             "neighbouring streams differ in one record (replacement); stream positions, counts and the horizon "
             "are public",
@@ -397,6 +394,15 @@ class PanPrivateFTRL(Learner):
             "Dwork, Naor, Pitassi & Rothblum 2010", "Cheu et al. 2022, Def. C.2", "Balle & Wang 2018, Thm 8",
         ]
         return self._report(output, Guarantee(self.epsilon, self.delta), assumptions, references)
+
+    def _output_epsilon(self, epoch: int) -> float:
+        """The releases' ε of epoch ``epoch`` (two draws per node), computed once (a root search)."""
+        cached = self._output_epsilons.get(epoch)
+        if cached is None:
+            plan = self.plan(epoch)
+            cached = tree_epsilon(plan.sigma, self.delta, plan.leaves, 2.0 * self._lipschitz, draws=2)
+            self._output_epsilons[epoch] = cached
+        return cached
 
     # -- persistence ---------------------------------------------------------------------------
 

@@ -117,7 +117,7 @@ SHUFFLED = {
 }
 CHECKS = checks.ALL_CHECKS + (checks.check_seeded_split_determinism,)
 # Mid-pass resumption of ShuffledPNSGD is refused by design (test_shuffled_resume_*).
-SHUFFLED_CHECKS = tuple(c for c in CHECKS if c is not checks.check_state_round_trip)
+SHUFFLED_CHECKS = tuple(c for c in CHECKS if c not in (checks.check_state_round_trip, checks.check_checkpoint_restores))
 
 
 @pytest.mark.statistical
