@@ -46,7 +46,7 @@ import numpy as np
 
 from benchmarks import real_data
 from benchmarks.baselines import acsa_with_plans, dp_sgd_batch, ftrl_with_plan, sgd_one_pass
-from benchmarks.utility_shapes import Stream, adult_stream, feature_bound, one_hot, real_stream, synthetic
+from benchmarks.utility_shapes import Stream, adult_stream, epsilon_panels, feature_bound, one_hot, real_stream, synthetic
 from panpriv.accounting.gaussian import analytic_sigma
 from panpriv.accounting.tree import tree_sigma
 from panpriv.protocols.base import Learner
@@ -221,39 +221,12 @@ STYLES = {
 
 
 def plot(results: list[tuple[str, int, float, dict[str, float]]], repetitions: int, path: Path) -> None:
-    """One panel per stream: each method's score against ε (log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """One panel per stream: each method's score against ε (log scale; excess loss on a log axis)."""
     streams = list(dict.fromkeys(name for name, _, _, _ in results))
-    columns = min(len(streams), 2)
-    rows = math.ceil(len(streams) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5.4 * columns, 3.7 * rows), squeeze=False)
-    for panel, name in zip(axes.flat, streams):
-        points = [(epsilon, row) for stream, _, epsilon, row in results if stream == name]
-        epsilons = [epsilon for epsilon, _ in points]
-        for method in METHODS:
-            panel.plot(epsilons, [row[method] for _, row in points], label=method, **STYLES[method])
-        panel.set_xscale("log")
-        panel.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
-        panel.minorticks_off()
-        panel.set_xlabel("ε (δ = 1e-6)")
-        panel.set_ylabel(name.split(" (")[1].rstrip(")") if " (" in name else "score")
-        if "excess" in name:
-            panel.set_yscale("log")
-        panel.set_title(name.split(" (")[0], fontsize=10)
-        panel.grid(alpha=0.3)
-    for panel in list(axes.flat)[len(streams):]:
-        panel.set_visible(False)
-    axes.flat[0].legend(fontsize=7)
-    figure.suptitle(f"pan-ftrl, pan-acsa, their noiseless twins and one-pass baselines (mean of {repetitions})", fontsize=11)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
+    panels = [(name, [(epsilon, row) for stream, _, epsilon, row in results if stream == name]) for name in streams]
+    epsilon_panels(panels, [(method, method, STYLES[method]) for method in METHODS],
+                   f"pan-ftrl, pan-acsa, their noiseless twins and one-pass baselines (mean of {repetitions})", path,
+                   log_excess=True)
 
 if __name__ == "__main__":
     main()
