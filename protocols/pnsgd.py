@@ -224,7 +224,9 @@ class _PNSGD(Learner):
         e.g. Bubeck 2015, Thm 6.1); it reads only public quantities (radius, L, the floor, p, the
         planned T). With the floor the step's noise moves the iterate by about r/√T·√p s/G ≤ r/√T
         per step, so the T steps' noise, a random walk, stays near the radius, and the gradients'
-        drift decides where the iterate goes. Measured: ``benchmarks/utility_pnsgd.py``."""
+        drift decides where the iterate goes. Measured at d = 5, n = 12,000, ε = 1 (12 runs each;
+        docs/privacy.md, "pnsgd"): hold-out log-loss 0.51–0.83 against θ = 0's 0.69, the best median
+        of this η, η/3.3 and η/10 (the smallest never worse than θ = 0, never much better)."""
         std = self._floor if self.noise == "gaussian" else math.sqrt(2.0) * self._floor
         squared = self._lipschitz**2 + self._params * std**2
         return min(self.radius / math.sqrt(steps * squared), 2.0 / self._beta)

@@ -139,9 +139,10 @@ def test_one_intrusion_at_any_time_plus_every_release_is_behind_one_draw_per_nod
 @pytest.mark.parametrize("leaves", [5, 8, 11])
 def test_every_checkpoint_plus_one_intrusion_plus_every_release_with_the_renoising_rule(leaves: int) -> None:
     """Any set of checkpoints (persisted forever, old copies included) with one intrusion at any
-    time: still one draw of σ per node between the adversary and each leaf."""
+    time: still one draw of σ per node between the adversary and each leaf (every pair and, for 5
+    leaves, every triple of checkpoint times)."""
     h = tree_levels(leaves)
-    for count in (1, 2, 3):
+    for count in (1, 2, 3) if leaves <= 5 else (1, 2):
         for checkpoints in itertools.combinations(range(1, 2 * leaves), count):
             for intrusion in (None, *range(2 * leaves + 1)):
                 mu2 = Views(leaves, intrusion, checkpoints).worst_mu_squared()
