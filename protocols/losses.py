@@ -50,6 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from panpriv.protocols import validation as check
+from panpriv.protocols.defaults import DEFAULT_LOSS
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.sigmoid import expit
 
@@ -462,10 +463,6 @@ def loss_from_config(config: Mapping[str, Any]) -> Loss:
         return LOSSES[config["name"]](**arguments)
     except TypeError as exc:  # an unknown or misspelt argument
         raise InvalidInputError(f"invalid loss config {dict(config)!r}: {exc}") from None
-
-
-DEFAULT_LOSS = "logistic"
-"""The loss a learner learns when none is named (the service's ``learner.options.loss`` unset)."""
 
 
 def learner_loss(loss: Loss | Mapping[str, Any] | str, owner: str) -> Loss:

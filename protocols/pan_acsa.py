@@ -84,7 +84,9 @@ from panpriv.protocols.acsa import (
     step,
     uses_moreau,
 )
-from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.base import StateValue, check_batch
+from panpriv.protocols.batch_worker import BatchWorkerLearner
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -139,7 +141,7 @@ def _unit_sigma(calibration: str, epsilon: float, delta: float) -> float:
     return _CALIBRATIONS[calibration].sigma(epsilon, delta, 1.0)
 
 
-class PanPrivateACSA(Learner):
+class PanPrivateACSA(BatchWorkerLearner):
     """Pan-private accelerated stochastic approximation (Cheu et al. 2022, Alg. 6 and Thm C.3).
 
     Parameters
@@ -149,9 +151,10 @@ class PanPrivateACSA(Learner):
     loss
         A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
         without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
-        learns from the same settings).
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         The per-record guarantee, for outputs and for one intrusion plus outputs.
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     horizon
         Records in the first epoch (the planned stream length n); ``None``: :data:`FIRST_EPOCH`.
     batch_size
@@ -230,9 +233,9 @@ class PanPrivateACSA(Learner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
         horizon: int | None = None,
         batch_size: int | None = None,
         radius: float | None = None,
@@ -458,6 +461,15 @@ class PanPrivateACSA(Learner):
     # path, the same sensitivity 2L/b. Only the noisy mean leaves :meth:`close_batch`. The
     # coordinator's learner never touches records: it applies lines 10–12 to a combination of
     # noisy means (:meth:`apply_noisy_gradient`), which is post-processing.
+
+    def step_batch_size(self) -> int:
+        """b_t of the step in progress (:class:`panpriv.protocols.batch_worker.BatchWorkerLearner`)."""
+        return self._current_batch()
+
+    @property
+    def plan_complete(self) -> bool:
+        """The first planned epoch is over (a scale-out model publishes its last version then)."""
+        return self._epoch > 0
 
     def plan_for_workers(self, workers: int) -> None:
         """Plan the runs for a step gradient that averages ``workers`` noisy batch means of b/K

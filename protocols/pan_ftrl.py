@@ -80,6 +80,7 @@ from panpriv.protocols import scratch
 from panpriv.protocols import validation as check
 from panpriv.protocols.acsa import effective_gradient_bound
 from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
 from panpriv.protocols.pan_acsa import FIRST_EPOCH, SENSITIVITY_SLACK
@@ -152,10 +153,12 @@ class PanPrivateFTRL(Learner):
         A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``)
         or a config dict without ``intercept`` learns an intercept
         (:func:`panpriv.protocols.losses.learner_loss`). Any convex loss: FTRL linearises it
-        (subgradients for the non-smooth ones); a ridge term is kept exact.
+        (subgradients for the non-smooth ones); a ridge term is kept exact. Default:
+        ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         The per-record guarantee for one intrusion plus all outputs; the outputs alone get a
         smaller ε at the same δ (two draws per node).
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     horizon
         Records in the first epoch (the planned stream length n); ``None``: :data:`FIRST_EPOCH`.
     leaf_size
@@ -191,9 +194,9 @@ class PanPrivateFTRL(Learner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
         horizon: int | None = None,
         leaf_size: int | None = None,
         eta: float | None = None,

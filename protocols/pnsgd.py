@@ -72,6 +72,7 @@ from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols import scratch
 from panpriv.protocols import validation as check
 from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
 from panpriv.protocols.pan_acsa import SENSITIVITY_SLACK
@@ -495,9 +496,9 @@ class OnlinePNSGD(_PNSGD):
     loss
         A smooth :class:`panpriv.protocols.losses.Loss` (logistic, squared, huber), its name or its config dict; a name (``"logistic"``) or a config dict
         without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
-        learns from the same settings).
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon
-        ε > 0 at which δ is reported.
+        ε > 0 at which δ is reported; default 1 (:mod:`panpriv.protocols.defaults`).
     eta
         Learning rate η ∈ (0, 2/β], β the smoothness of the loss (data term plus ridge). ``None``
         (default): r/(G√T) for T = ``horizon`` steps (:data:`PLANNING_STEPS` without one), G² = L² + p s²
@@ -572,15 +573,15 @@ class OnlinePNSGD(_PNSGD):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
         eta: float | None = None,
         radius: float | None = None,
         noise: Noise = "gaussian",
         alpha: float = 1.5,
         C1: float = 100.0,
         C2: float = 100.0,
-        pan_delta: float | None = 1e-6,
+        pan_delta: float | None = DEFAULT_DELTA,
         feature_bound: float = 1.0,
         horizon: int | None = None,
         schedule: Schedule = "floor",
@@ -793,8 +794,8 @@ class ShuffledPNSGD(_PNSGD, RecordedLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
         eta: float | None = None,
         radius: float | None = None,
         *,
@@ -803,7 +804,7 @@ class ShuffledPNSGD(_PNSGD, RecordedLearner):
         C1: float = 1e5,
         C2: float = 100.0,
         feature_bound: float = 1.0,
-        pan_delta: float | None = 1e-6,
+        pan_delta: float | None = DEFAULT_DELTA,
         schedule: Schedule = "floor",
         rng: RngLike = None,
     ) -> None:

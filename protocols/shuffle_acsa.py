@@ -74,6 +74,7 @@ from panpriv.protocols.acsa import (
     uses_moreau,
 )
 from panpriv.protocols.base import StateValue
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.encoder import VectorSum
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -96,9 +97,10 @@ class ShuffleACSA(SequentialLearner):
     loss
         A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
         without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
-        learns from the same settings).
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         The (ε, δ) of every round, hence of everything released, per record.
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     horizon
         n, the number of records (users) of the protocol (public). Cheu et al. 2022 Alg. 4 fixes the number of
         rounds in advance; records beyond n are refused.
@@ -161,9 +163,10 @@ class ShuffleACSA(SequentialLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
+        *,
         horizon: int,
         batch_size: int | None = None,
         radius: float | None = None,

@@ -31,7 +31,7 @@ The service charges consumed positions to ledger instances, and the ledger compo
 of a position by *basic* composition of the instances' registered guarantees. Charging T passes of
 the recording to one instance registered with this learner's (cumulative) report would therefore
 count the composition twice: T uses × the T-round guarantee. Instead each pass is its own ledger
-instance (the service's replay driver, ``panpriv.streamer.runtime.replay``: ``<instance>/round-000001``, …),
+instance (the service's replay driver, ``panpriv.streamer.runtime.recorded_driver``: ``<instance>/round-000001``, …),
 registered with the round's *increment* of the composed guarantee (:meth:`ShuffleGD.round_reports`).
 The ledger then shows each position used T times (one use per round), and its basic composition
 of the increments telescopes back to exactly this learner's advanced-composition figure
@@ -64,6 +64,7 @@ from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols import validation as check
 from panpriv.protocols.acsa import Smoothing, uses_moreau
 from panpriv.protocols.base import StateValue
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.encoder import VectorSum
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -153,9 +154,10 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     loss
         A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
         without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
-        learns from the same settings).
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         The guarantee after all T rounds, per record.
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     n
         Number of records (users) in the recording; every round queries all of them.
     rounds
@@ -216,9 +218,10 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
+        *,
         n: int,
         rounds: int | None = None,
         budget: Budget = "solved",
@@ -272,7 +275,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
 
     @property
     def passes(self) -> int:
-        """T, the passes over the recording the protocol makes (``panpriv.streamer.runtime.replay``'s progress)."""
+        """T, the passes over the recording the protocol makes (``panpriv.streamer.runtime.recorded_driver``'s progress)."""
         return self.planned_rounds
 
     @property
@@ -403,7 +406,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         in every round, the local message guarantee — the ledger takes, for a record used by
         rounds 1…T, max_j [intrusion_j + Σ_{i≠j} output_i], which is then out(T) ⊕ local, this
         learner's intrusion figure. See the module docstring for how the service uses them
-        (``panpriv.streamer.runtime.replay``).
+        (``panpriv.streamer.runtime.recorded_driver``).
         """
         reports = []
         message = self._message()

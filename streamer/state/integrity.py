@@ -56,21 +56,32 @@ def open_sealed(raw: bytes, where: str) -> dict[str, Any]:
     Raises :class:`CheckpointError` naming ``where`` and the problem for anything else: not
     UTF-8, not JSON, not an object, a digest mismatch, a schema violation.
     """
-    try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{where} is not a panpriv checkpoint (not UTF-8 text); {_FIX}") from None
-    except (ValueError, RecursionError) as exc:
-        raise CheckpointError(f"{where} is not a panpriv checkpoint (not valid JSON: {exc}); {_FIX}") from None
-    if type(body) is not dict:
-        raise CheckpointError(f"{where} is not a panpriv checkpoint (a JSON {type(body).__name__}, not an object); {_FIX}")
-    digest = body.get(DIGEST_KEY)
-    if digest is None:
+    body = parse_object(raw, where, "a panpriv checkpoint", _FIX)
+    if body.get(DIGEST_KEY) is None:
         log.warning("%s has no checksum (written by an older panpriv); its content cannot be verified", where)
-    elif digest != hashlib.sha256(canonical(body)).hexdigest():
+    elif not digest_matches(body):
         raise CheckpointError(f"{where} is corrupted: its content does not match its SHA-256 checksum; {_FIX}")
     check_schema(body, where)
     body.pop(DIGEST_KEY, None)
+    return body
+
+
+def digest_matches(body: dict[str, Any]) -> bool:
+    """``body``'s ``sha256`` is the digest of the rest of it."""
+    return body.get(DIGEST_KEY) == hashlib.sha256(canonical(body)).hexdigest()
+
+
+def parse_object(raw: bytes, where: str, what: str, fix: str) -> dict[str, Any]:
+    """``raw`` as a JSON object (no NaN or infinity), or :class:`CheckpointError` saying that
+    ``where`` is not ``what`` and why, then ``fix``."""
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{where} is not {what} (not UTF-8 text); {fix}") from None
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{where} is not {what} (not valid JSON: {exc}); {fix}") from None
+    if type(body) is not dict:
+        raise CheckpointError(f"{where} is not {what} (a JSON {type(body).__name__}, not an object); {fix}")
     return body
 
 

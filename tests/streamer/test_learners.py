@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import pytest
@@ -13,7 +12,7 @@ from panpriv.streamer.config import LEARNER_NAMES, load_config
 from panpriv.streamer.errors import ConfigError, LearnerUnavailableError
 from panpriv.streamer.runtime.learners import build_learner, constructor_arguments, learner_class
 from panpriv.streamer.runtime.processor import Processor
-from panpriv.streamer.runtime.replay import reads_by_index
+from panpriv.streamer.runtime.recorded_driver import reads_by_index
 from panpriv.streamer.runtime.stream_driver import StreamDriver
 from panpriv.streamer.state.checkpoint import CheckpointStore
 
@@ -43,29 +42,9 @@ def test_unknown_and_broken_entries_fail_clearly(monkeypatch) -> None:
 def test_common_settings_reach_the_constructor() -> None:
     config = load_config(None, {**SYNTHETIC, "learner.epsilon": 0.5, "learner.options": {"radius": 3.0}})
     arguments = constructor_arguments(config, 6000)
-    assert arguments == {"dim": 4, "feature_bound": 1.0, "epsilon": 0.5, "delta": 1e-6, "horizon": 6000,
-                         "loss": "logistic", "radius": 3.0}
+    assert arguments == {"dim": 4, "feature_bound": 1.0, "epsilon": 0.5, "delta": 1e-6, "horizon": 6000, "radius": 3.0}
     learner = build_learner(config, 6000)
     assert learner.config()["horizon"] == 6000 and learner.config()["radius"] == 3.0
-
-
-PYTHON_SETTINGS = {"dim": 4, "loss": "logistic", "epsilon": 1.0, "delta": 1e-6, "feature_bound": 1.0}
-"""The service's defaults as a Python user writes them (README, "From Python"): the same dimension,
-bound, epsilon and delta, the loss by name; the stream length goes to ``horizon`` or ``n``."""
-
-
-@pytest.mark.parametrize("name", list(CATALOGUE))
-def test_the_service_and_the_python_constructor_build_equal_learners_from_equal_settings(name: str) -> None:
-    """Issue 31: the learner owns its defaults (radius √d, an intercept, PNSGD's step size and pan
-    floor), so ``panpriv run`` with data settings only and the constructor called with the same
-    settings give equal ``config()`` — for every catalogued learner."""
-    cls = learner_class(name)
-    service = build_learner(load_config(None, {**SYNTHETIC, "learner.name": name}), 6000)
-    parameters = inspect.signature(cls.__init__).parameters
-    python = {k: v for k, v in PYTHON_SETTINGS.items() if k in parameters}
-    python.update({k: 6000 for k in ("horizon", "n") if k in parameters})
-    assert service.config() == cls(**python).config()
-    assert service.config()["radius"] == 2.0 and service.config()["loss"]["intercept"] is True
 
 
 def test_the_readme_python_example_is_the_cli_default_learner() -> None:
