@@ -236,6 +236,13 @@ def theta(gamma: float, r: float) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
+BOUND_TOLERANCE = 1e-12
+"""Relative slack of the η ≤ 2/β check: β = R_z²/4 is computed with rounding (R_z² = 1 + 1 comes
+out as 2.0000000000000004), so 2/β for an exact 4 reads 3.999999999999999. An η within a few
+ulps above the computed bound is the bound itself; :func:`contraction` then returns the M of the
+η given (ηβ − 1, a hair above 1), which is what the accounting uses: still an upper bound."""
+
+
 def contraction(eta: float, beta: float, rho: float) -> float:
     """Lipschitz constant M of the gradient step w ↦ w − η∇ℓ(w) (Sordello et al. 2021, Thm 1).
 
@@ -288,9 +295,9 @@ def contraction(eta: float, beta: float, rho: float) -> float:
     rho = nonnegative(owner, "rho", rho)
     if rho > beta:
         raise InvalidParameterError(owner, "rho", f"a float in [0, beta] = [0, {beta}]", rho)
-    if eta > 2.0 / beta:
+    if eta > 2.0 / beta * (1.0 + BOUND_TOLERANCE):
         raise InvalidParameterError(
-            owner, "eta", f"a float in (0, 2/beta] = (0, {2.0 / beta}] (Sordello et al. 2021, Thm 1)", eta
+            owner, "eta", f"a float in (0, 2/beta] = (0, {2.0 / beta:.12g}] (Sordello et al. 2021, Thm 1)", eta
         )
     if eta * (beta + rho) <= 2.0:
         return math.sqrt(max(1.0 - 2.0 * eta * beta * rho / (beta + rho), 0.0))  # Sordello et al. 2021, Thm 1

@@ -5,6 +5,9 @@
   With ``noise_std = 0`` and a pan-private learner's plans it is "the same learner without noise";
   with one draw of the calibrated ζ per batch it is the central-DP counterpart of Cheu et al. 2022 Alg. 6 (only
   outputs are protected, so one draw suffices: Gaussian mechanism per batch, disjoint batches).
+- :func:`ftrl_with_plan`: DP-FTRL (Kairouz et al. 2021 Alg. 1) on a :class:`panpriv.protocols.pan_ftrl.Plan`'s
+  leaves, with one Gaussian draw per tree node (``node_std``): with 0 it is pan-ftrl's noiseless twin,
+  with the central calibration (one draw per node protects the outputs) central DP-FTRL.
 - :func:`sgd_one_pass`: one-pass projected mini-batch SGD with iterate averaging (Cheu et al. 2022 Alg. 3 with
   a central Gaussian sum instead of PVEC; Lemma 4.2's step η = D/√(T L_G)). :func:`dp_sgd_batch`
   gives its central-DP batch size, and ``batch=1, noise_std=0`` is non-private one-pass SGD.
@@ -21,6 +24,7 @@ from numpy.typing import NDArray
 from panpriv.protocols.acsa import Iterate, RunPlan, effective_gradient_bound, record_gradients, step
 from panpriv.protocols.geometry import L2Ball
 from panpriv.protocols.losses import Loss, clip_rows
+from panpriv.protocols.pan_ftrl import Plan as FTRLPlan
 
 Array = NDArray[np.float64]
 
@@ -100,3 +104,49 @@ def sgd_one_pass(
         total += theta
         theta = ball.project(theta - eta * g)
     return total / steps
+
+
+def ftrl_with_plan(
+    loss: Loss,
+    plan: FTRLPlan,
+    X: Array,
+    y: Array,
+    *,
+    feature_bound: float,
+    radius: float,
+    node_std: float,
+    rng: np.random.Generator,
+    eta: float | None = None,
+    gradient_bound: float | None = None,
+    average: bool = True,
+) -> Array:
+    """DP-FTRL over one epoch of ``plan``'s leaves, written from Kairouz et al. 2021 Alg. 1 without the
+    learner's pan-private bookkeeping: the binary tree's nodes (the left children the prefix sums
+    use) each get one draw N(0, node_std² I); the step is the learner's, θ = Π((−S̃)/(1/η)) from
+    θ₀ = 0 (no ridge). ``node_std = 0`` is the noiseless twin of :class:`panpriv.protocols.pan_ftrl.PanPrivateFTRL`
+    (same leaves, same η); ``node_std = σ_c`` with one draw per node is central DP-FTRL (only the
+    outputs are protected). ``eta``: the step size (default: the plan's)."""
+    Z, labels = loss.features(X, feature_bound), loss.labels(y)
+    ball = L2Ball(radius)
+    L = effective_gradient_bound(loss, feature_bound, radius, gradient_bound)
+    eta = plan.eta if eta is None else eta
+    p = Z.shape[1]
+    clean = np.zeros(p)
+    levels: dict[int, Array] = {}
+    noise = np.zeros(p)
+    theta = np.zeros(p)
+    mean = np.zeros(p)
+    start = 0
+    for leaf in range(plan.leaves):
+        rows = slice(start, start + plan.leaf_size(leaf))
+        start = rows.stop
+        clean += clip_rows(loss.gradient(theta, Z[rows], labels[rows]), L).sum(axis=0)
+        level = plan.closing_level(leaf + 1)
+        for lower in range(level):
+            noise -= levels.pop(lower, 0.0)
+        if node_std > 0.0:
+            levels[level] = rng.normal(0.0, node_std, size=p)
+            noise += levels[level]
+        theta = ball.project(-eta * (clean + noise))
+        mean += (theta - mean) / (leaf + 1)
+    return mean if average else theta

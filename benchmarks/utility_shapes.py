@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy.special import expit
@@ -188,38 +189,55 @@ PLOTTED = ("worst-case", "glm", "noiseless twin", "central DP-SGD", "non-private
 
 def plot(results: list[tuple[str, float, dict[str, float]]], repetitions: int, path: Path) -> None:
     """One panel per stream: each method's score against ε (log scale), the SGD line flat."""
+    labels = {"worst-case": "pan-acsa (default)", "glm": "pan-acsa, batch_rule = glm", "noiseless twin": "noiseless twin (glm plan)"}
+    series = [(column, labels.get(column, column),
+               {"linestyle": "--"} if column in ("noiseless twin", "non-private SGD") else {"marker": "o"})
+              for column in PLOTTED]
+    streams = list(dict.fromkeys(name for name, _, _ in results))
+    panels = [(name, [(epsilon, scores) for stream, epsilon, scores in results if stream == name]) for name in streams]
+    epsilon_panels(panels, series, f"pan-acsa against its noiseless twin and one-pass baselines (mean of {repetitions})", path)
+
+
+def epsilon_panels(
+    panels: list[tuple[str, list[tuple[float, dict[str, float]]]]],
+    series: list[tuple[str, str, dict[str, Any]]],
+    title: str,
+    path: Path,
+    *,
+    log_excess: bool = False,
+) -> None:
+    """A PNG of one panel per stream — ``(name, [(ε, {column: score})])`` — with one line per
+    ``(column, label, matplotlib style)`` against ε on a log axis; ``log_excess`` draws the excess
+    loss streams' scores on a log axis too. Needs matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    streams = list(dict.fromkeys(name for name, _, _ in results))
-    columns = min(len(streams), 2)
-    rows = math.ceil(len(streams) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.6 * rows), squeeze=False)
-    labels = {"worst-case": "pan-acsa (default)", "glm": "pan-acsa, batch_rule = glm", "noiseless twin": "noiseless twin (glm plan)"}
-    for panel, name in zip(axes.flat, streams):
-        points = [(epsilon, scores) for stream, epsilon, scores in results if stream == name]
+    columns = min(len(panels), 2)
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.3 * columns, 3.6 * rows), squeeze=False)
+    for panel, (name, points) in zip(axes.flat, panels):
         epsilons = [epsilon for epsilon, _ in points]
-        for column in PLOTTED:
-            style = {"linestyle": "--"} if column in ("noiseless twin", "non-private SGD") else {"marker": "o"}
-            panel.plot(epsilons, [scores[column] for _, scores in points], label=labels.get(column, column), **style)
+        for column, label, style in series:
+            panel.plot(epsilons, [scores[column] for _, scores in points], label=label, **style)
         panel.set_xscale("log")
         panel.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
         panel.minorticks_off()
         panel.set_xlabel("ε (δ = 1e-6)")
         panel.set_ylabel(name.split(" (")[1].rstrip(")") if " (" in name else "score")
+        if log_excess and "excess" in name:
+            panel.set_yscale("log")
         panel.set_title(name.split(" (")[0], fontsize=10)
         panel.grid(alpha=0.3)
-    for panel in list(axes.flat)[len(streams):]:
+    for panel in list(axes.flat)[len(panels):]:
         panel.set_visible(False)
-    axes.flat[0].legend(fontsize=8)
-    figure.suptitle(f"pan-acsa against its noiseless twin and one-pass baselines (mean of {repetitions})", fontsize=11)
+    axes.flat[0].legend(fontsize=7)
+    figure.suptitle(title, fontsize=11)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
-
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from panpriv.protocols.base import Snapshot
     from panpriv.protocols.checkin import RandomCheckinSGD
     from panpriv.protocols.pan_acsa import PanPrivateACSA
+    from panpriv.protocols.pan_ftrl import PanPrivateFTRL
     from panpriv.protocols.pnsgd import OnlinePNSGD, ShuffledPNSGD
     from panpriv.protocols.shuffle_acsa import ShuffleACSA
     from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 _EXPORTS: dict[str, str] = {
     "PanPrivateACSA": "panpriv.protocols.pan_acsa",
+    "PanPrivateFTRL": "panpriv.protocols.pan_ftrl",
     "OnlinePNSGD": "panpriv.protocols.pnsgd",
     "ShuffledPNSGD": "panpriv.protocols.pnsgd",
     "ShuffleSGD": "panpriv.protocols.shuffle_sgd",
@@ -49,7 +51,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "__version__",
-    "PanPrivateACSA", "OnlinePNSGD", "ShuffledPNSGD", "ShuffleSGD", "ShuffleACSA", "ShuffleGD",
+    "PanPrivateACSA", "PanPrivateFTRL", "OnlinePNSGD", "ShuffledPNSGD", "ShuffleSGD", "ShuffleACSA", "ShuffleGD",
     "ShuffleGaussianSGD", "RandomCheckinSGD", "Snapshot", "Accountant", "load_snapshot",
 ]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import inspect
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, overload
@@ -27,7 +28,7 @@ from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols import validation as check
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.geometry import L2Ball
-from panpriv.protocols.losses import Loss, as_loss
+from panpriv.protocols.losses import Loss, learner_loss
 from panpriv.protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
 from panpriv.protocols.scratch import Scratch
 from panpriv.protocols.sigmoid import expit
@@ -188,6 +189,18 @@ def probabilities(loss: Loss, scores: NDArray[np.float64], owner: str) -> NDArra
     return np.asarray(expit(scores), dtype=np.float64)
 
 
+def default_radius(dim: int) -> float:
+    """The radius r of Θ when none is given: r = √d, by a rule that does not look at the data.
+
+    Θ = {‖θ‖ ≤ √d} contains every weight vector with |θ_j| ≤ 1 for each of the d features: for
+    features on a unit scale (in [0, 1] or [-1, 1], one-hot or scaled ranges) each may move the
+    log-odds by up to one e-fold, and a model can reach confident predictions, which radius 1
+    (|⟨θ, x⟩| ≤ ‖x‖) cannot for more than a handful of features (probabilities stay in
+    [0.27, 0.73] at ‖x‖ ≤ 1). Never below 1. Every learner's ``radius=None`` means this.
+    """
+    return max(1.0, math.sqrt(dim))
+
+
 class Learner(abc.ABC):
     """Base class of the online learners.
 
@@ -201,6 +214,11 @@ class Learner(abc.ABC):
     """Integer entries of :meth:`state_dict` that depend on the noise (e.g. ``pan-acsa``'s AC-SA step
     index, reset by noise-driven restarts); the conformance suite compares their distribution
     across micro-batch splits instead of requiring equality. Other integers are public counters."""
+    legacy_defaults: ClassVar[Mapping[str, Any]] = {}
+    """Constructor arguments added after checkpoints were written without them, each with the value
+    that rebuilds the learner such a checkpoint holds (the behaviour before the argument existed)
+    when it differs from today's default; :meth:`from_state_dict` fills them in. An argument whose
+    default reproduces the old behaviour needs no entry."""
     dim: int
     loss: Loss
     feature_bound: float
@@ -208,17 +226,27 @@ class Learner(abc.ABC):
     _noise: NoiseSource
 
     def _setup_common(
-        self, owner: str, dim: int, loss: Loss | Mapping[str, Any] | str, radius: float, feature_bound: float, rng: RngLike
+        self,
+        owner: str,
+        dim: int,
+        loss: Loss | Mapping[str, Any] | str,
+        radius: float | None,
+        feature_bound: float,
+        rng: RngLike,
     ) -> None:
         """The constructor header every learner root shares: validate and store ``dim``, ``loss``
-        (a :class:`~panpriv.protocols.losses.Loss`, its config dict or its name), ``radius`` and
-        ``feature_bound`` under their names (errors name ``owner``), and set up what each learner
-        holds: the parameter count ``_params`` (with the intercept), the domain ``_ball`` of that
-        radius, the ``_noise`` source (OS entropy unless ``rng`` is given: the loudly labelled
-        replay/testing mode), the wiped ``_scratch`` buffers and the ``_records`` counter."""
+        (a :class:`~panpriv.protocols.losses.Loss`, or its name or config dict completed with the
+        learners' defaults by :func:`~panpriv.protocols.losses.learner_loss`: an intercept),
+        ``radius`` (``None``: :func:`default_radius`) and ``feature_bound`` under their names
+        (errors name ``owner``), and set up what each learner holds: the parameter count
+        ``_params`` (with the intercept), the domain ``_ball`` of that radius, the ``_noise``
+        source (OS entropy unless ``rng`` is given: the loudly labelled replay/testing mode), the
+        wiped ``_scratch`` buffers and the ``_records`` counter. The resolved values are what
+        :meth:`config` records, so a configuration rebuilds the same learner whatever the
+        defaults of a later version."""
         self.dim = check.positive_int(owner, "dim", dim)
-        self.loss = as_loss(loss, owner)
-        self.radius = check.positive(owner, "radius", radius)
+        self.loss = learner_loss(loss, owner)
+        self.radius = default_radius(self.dim) if radius is None else check.positive(owner, "radius", radius)
         self.feature_bound = check.positive(owner, "feature_bound", feature_bound)
         self._params = self.loss.param_dim(self.dim)
         self._ball = L2Ball(self.radius)
@@ -328,6 +356,18 @@ class Learner(abc.ABC):
     def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
         """Restore what :meth:`state_dict` returned."""
 
+    def checkpoint_state(self) -> dict[str, StateValue]:
+        """The state to *persist* (a checkpoint): :meth:`state_dict`, unless a learner must change
+        its noisy accumulators around a persisted copy so that two persisted states, or one and a
+        later intrusion, never differ by a clean sum of records (pan-ftrl's open tree nodes). The
+        service persists this and nothing else; :meth:`state_dict` stays the exact state (the
+        conformance suite's round trips, what an intrusion reads)."""
+        return self.state_dict()
+
+    def resumed(self) -> None:
+        """Hook: called once on a learner rebuilt from a persisted state, before it learns (see
+        :meth:`checkpoint_state`). Default: nothing."""
+
     @property
     @abc.abstractmethod
     def records_seen(self) -> int:
@@ -385,9 +425,10 @@ class Learner(abc.ABC):
     def from_state_dict(cls, config: Mapping[str, Any], state: Mapping[str, StateValue], **kwargs: Any) -> Self:
         """Rebuild a learner from :meth:`config` and :meth:`state_dict` output.
 
-        ``kwargs`` (e.g. ``rng``) are passed to the constructor; they are not part of the config.
+        ``kwargs`` (e.g. ``rng``) are passed to the constructor; they are not part of the config. A
+        config saved before an argument existed gets its :attr:`legacy_defaults` value.
         """
-        learner = cls.from_config(config, **kwargs)
+        learner = cls.from_config({**cls.legacy_defaults, **config}, **kwargs)
         learner.load_state_dict(state)
         return learner
 

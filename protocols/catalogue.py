@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 CATALOGUE: dict[str, str] = {
     "pan-acsa": "panpriv.protocols.pan_acsa:PanPrivateACSA",
+    "pan-ftrl": "panpriv.protocols.pan_ftrl:PanPrivateFTRL",
     "pnsgd": "panpriv.protocols.pnsgd:OnlinePNSGD",
     "shuffled-pnsgd": "panpriv.protocols.pnsgd:ShuffledPNSGD",
     "shuffle-sgd": "panpriv.protocols.shuffle_sgd:ShuffleSGD",

@@ -75,6 +75,7 @@ from panpriv.protocols import scratch
 from panpriv.protocols import validation as check
 from panpriv.protocols.base import StateValue, check_batch
 from panpriv.protocols.calibration import smallest_feasible
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
 from panpriv.protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer, normalise_rows
@@ -203,10 +204,13 @@ class RandomCheckinSGD(MessageSGDLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         Target output guarantee per record; the local randomizer is calibrated to meet it (module
         docstring).
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     update
         ``"single"`` (Alg. 1: one client or a dummy per slot) or ``"averaged"`` (Alg. 2).
     window
@@ -226,7 +230,8 @@ class RandomCheckinSGD(MessageSGDLearner):
     clip
         C, the norm gradients are clipped to; ``None``: the loss's Lipschitz constant over Θ.
     radius
-        Radius r of Θ (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         Features are clipped to this norm.
     rng
@@ -250,9 +255,9 @@ class RandomCheckinSGD(MessageSGDLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
         update: Update = "single",
         window: Window = "sliding",
         slots: int = 1000,
@@ -262,7 +267,7 @@ class RandomCheckinSGD(MessageSGDLearner):
         origin: float = 0.0,
         randomizer: RandomizerName = "l2",
         clip: float | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         rng: RngLike = None,
     ) -> None:

@@ -189,6 +189,36 @@ def check_state_round_trip(factory: Factory, X: Array, y: Array) -> None:
     _assert_states_equal(learner.state_dict(), restored.state_dict(), "continuing after restore")
 
 
+def check_checkpoint_restores(factory: Factory, X: Array, y: Array) -> None:
+    """What the service persists, ``checkpoint_state()``, survives JSON and rebuilds a learner that,
+    after ``resumed()``, learns the rest of the stream with the same counters as the original.
+
+    A learner may change its noisy accumulators around a persisted copy (pan-ftrl re-noises its open
+    nodes), so only the structure is compared: the same keys, dtypes and shapes, the same integer
+    counters except the learner's ``noisy_counters``, and finite releases."""
+    half = X.shape[0] // 2 + 1
+    learner = factory(np.random.default_rng(2024))
+    learner.learn_many(X[:half], y[:half])
+    persisted = learner.checkpoint_state()
+    reference = learner.state_dict()
+    assert set(persisted) == set(reference), "checkpoint_state() and state_dict() hold different keys"
+    noisy = type(learner).noisy_counters
+    assert _counters(persisted, noisy) == _counters(reference, noisy), "checkpoint_state() changed a counter"
+    restored = type(learner).from_state_dict(
+        json.loads(json.dumps(learner.config())), state_from_json(state_to_json(persisted)), rng=7
+    )
+    restored.resumed()
+    assert restored.records_seen == learner.records_seen
+    learner.learn_many(X[half:], y[half:])
+    restored.learn_many(X[half:], y[half:])
+    after, original = restored.state_dict(), learner.state_dict()
+    assert _counters(after, noisy) == _counters(original, noisy), "a restored learner's counters diverge"
+    for key, value in after.items():
+        if isinstance(value, np.ndarray):
+            assert value.shape == np.shape(original[key]) and value.dtype == np.asarray(original[key]).dtype, key
+    assert np.all(np.isfinite(restored.release())), "a restored learner releases non-finite parameters"
+
+
 def _copy_generator(generator: np.random.Generator) -> np.random.Generator:
     copy = np.random.default_rng()
     copy.bit_generator.state = generator.bit_generator.state
@@ -349,6 +379,7 @@ ALL_CHECKS: tuple[Callable[[Factory, Array, Array], None], ...] = (
     check_inputs_not_mutated,
     check_config_round_trip,
     check_state_round_trip,
+    check_checkpoint_restores,
     check_state_contents,
     check_report_consistency,
     check_micro_batch_invariance,

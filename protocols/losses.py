@@ -50,6 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from panpriv.protocols import validation as check
+from panpriv.protocols.defaults import DEFAULT_LOSS
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.sigmoid import expit
 
@@ -462,6 +463,24 @@ def loss_from_config(config: Mapping[str, Any]) -> Loss:
         return LOSSES[config["name"]](**arguments)
     except TypeError as exc:  # an unknown or misspelt argument
         raise InvalidInputError(f"invalid loss config {dict(config)!r}: {exc}") from None
+
+
+def learner_loss(loss: Loss | Mapping[str, Any] | str, owner: str) -> Loss:
+    """The loss a learner's constructor means by its ``loss`` argument: the learners' defaults.
+
+    A :class:`Loss` object is taken as it is (every option explicit). A loss *name* or a config
+    dict is completed with the learners' defaults first: an intercept unless the dict says
+    ``"intercept": False``, and the :data:`DEFAULT_LOSS` when the dict names no loss (so
+    ``{"intercept": False}`` is the logistic loss without one). ``loss="logistic"`` is therefore
+    the model ``panpriv run`` learns by default: a linear model cannot put the decision boundary
+    anywhere but through the origin without an intercept, and on imbalanced data (a few per cent
+    positives) every score then sits near the wrong prior. The rule looks at no data.
+    """
+    if isinstance(loss, str):
+        loss = {"name": loss}
+    if isinstance(loss, Mapping):
+        loss = {"name": DEFAULT_LOSS, "intercept": True, **loss}
+    return as_loss(loss, owner)
 
 
 def as_loss(loss: Loss | Mapping[str, Any] | str, owner: str) -> Loss:

@@ -86,6 +86,7 @@ from panpriv.protocols.acsa import (
 )
 from panpriv.protocols.base import StateValue, check_batch
 from panpriv.protocols.batch_worker import BatchWorkerLearner
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -148,15 +149,19 @@ class PanPrivateACSA(BatchWorkerLearner):
     dim
         Number of raw features d (the model has d + 1 parameters with an intercept).
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         The per-record guarantee, for outputs and for one intrusion plus outputs.
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     horizon
         Records in the first epoch (the planned stream length n); ``None``: :data:`FIRST_EPOCH`.
     batch_size
         Override of the planned batch size b (Cheu et al. 2022, proof of Thm 4.3); ``None`` plans it.
     radius
-        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         R: features are clipped to norm R (an intercept feature is added after clipping).
     strong_convexity
@@ -228,12 +233,12 @@ class PanPrivateACSA(BatchWorkerLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
         horizon: int | None = None,
         batch_size: int | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         strong_convexity: float = 0.0,
         smoothing: Smoothing = "auto",

@@ -156,7 +156,7 @@ class MessageSGDLearner(Learner):
         epsilon: float,
         delta: float,
         clip: float | None,
-        radius: float,
+        radius: float | None,
         feature_bound: float,
         rng: RngLike,
     ) -> None:

@@ -74,6 +74,7 @@ from panpriv.protocols.acsa import (
     uses_moreau,
 )
 from panpriv.protocols.base import StateValue
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.encoder import VectorSum
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -94,16 +95,20 @@ class ShuffleACSA(SequentialLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         The (ε, δ) of every round, hence of everything released, per record.
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     horizon
         n, the number of records (users) of the protocol (public). Cheu et al. 2022 Alg. 4 fixes the number of
         rounds in advance; records beyond n are refused.
     batch_size
         Override of the planned batch size b; ``None`` plans it (Cheu et al. 2022, proof of Thm 4.3).
     radius
-        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         R: features are clipped to norm R.
     strong_convexity
@@ -158,12 +163,13 @@ class ShuffleACSA(SequentialLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
+        *,
         horizon: int,
         batch_size: int | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         strong_convexity: float = 0.0,
         smoothing: Smoothing = "auto",

@@ -211,7 +211,7 @@ class EncodedLearner(Learner):
         loss: Loss | Mapping[str, Any] | str,
         epsilon: float,
         delta: float,
-        radius: float,
+        radius: float | None,
         feature_bound: float,
         calibration: Calibration,
         honest_fraction: float,

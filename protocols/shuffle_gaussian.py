@@ -71,6 +71,7 @@ from panpriv.protocols import scratch
 from panpriv.protocols import validation as check
 from panpriv.protocols.base import StateValue, check_batch
 from panpriv.protocols.calibration import smallest_feasible
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
 from panpriv.protocols.randomizers import GaussianRandomizer, gaussian_epsilon0
@@ -220,9 +221,12 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         Target output guarantee per record (shuffle model; see ``accounting``).
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     batch_size
         ``"all"``: records per round b (``None``: :func:`plan_batch_size`). ``"subsampled"``: users
         sampled per window, 1 ≤ b ≤ ``window``. ``"checkin"``: must be ``None``.
@@ -235,7 +239,8 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     clip
         C, the norm gradients are clipped to; ``None``: the loss's Lipschitz constant L over Θ.
     radius
-        Radius r of Θ (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         Features are clipped to this norm (the loss's R).
     accounting
@@ -269,15 +274,15 @@ class ShuffleGaussianSGD(MessageSGDLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
         batch_size: int | None = None,
         participation: Participation = "all",
         window: int | None = None,
         checkin_rate: float | None = None,
         clip: float | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         accounting: Accounting = "shuffle",
         horizon: int | None = None,

@@ -64,13 +64,14 @@ from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols import validation as check
 from panpriv.protocols.acsa import Smoothing, uses_moreau
 from panpriv.protocols.base import StateValue
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.encoder import VectorSum
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
 from panpriv.protocols.randomness import RngLike
 from panpriv.protocols.recorded import Fetch, RecordedLearner
 from panpriv.protocols.sgd import AveragedSGD, bound_sq
-from panpriv.protocols.shuffle_base import Calibration, EncodedLearner, pvec_noise_lines, read_round
+from panpriv.protocols.shuffle_base import Calibration, EncodedLearner, message_guarantee, pvec_noise_lines, read_round
 
 Array = NDArray[np.float64]
 
@@ -101,17 +102,20 @@ def default_rounds(n: int, d: int, epsilon: float, delta: float) -> int:
     return min(theorem_rounds(n, d, epsilon, delta), DEFAULT_ROUND_CAP)
 
 
-def round_budget(epsilon: float, delta: float, rounds: int) -> tuple[float, float]:
+def round_budget(epsilon: float, delta: float, rounds: int, shares: int | None = None) -> tuple[float, float]:
     """(ε₀, δ₀) = (ε/(2√(2T log(1/δ))), δ/(T + 1)): each round's PVEC budget (Cheu et al. 2022, Alg. 5 line 3,
-    Lemma B.6)."""
-    return epsilon / (2.0 * math.sqrt(2.0 * rounds * math.log(1.0 / delta))), delta / (rounds + 1)
+    Lemma B.6). ``shares``: δ is cut into this many equal shares instead of T + 1 (one per round,
+    one for the composition's slack, and here possibly one for an intrusion's message)."""
+    shares = rounds + 1 if shares is None else shares
+    return epsilon / (2.0 * math.sqrt(2.0 * rounds * math.log(1.0 / delta))), delta / shares
 
 
-def solved_round_epsilon(epsilon: float, delta: float, rounds: int) -> float:
+def solved_round_epsilon(epsilon: float, delta: float, rounds: int, shares: int | None = None) -> float:
     """The largest ε₀ (bisection, to ~1e-12 relative, feasible end) whose T-round composition
     :func:`composed` at δ₀ = δ/(T + 1), slack δ/(T + 1) is at most ε: the whole budget, where
-    Lemma B.6's split leaves part of it unused (for small T, most of it)."""
-    delta0 = slack = delta / (rounds + 1)
+    Lemma B.6's split leaves part of it unused (for small T, most of it). ``shares`` as for
+    :func:`round_budget`."""
+    delta0 = slack = delta / (rounds + 1 if shares is None else shares)
     low, high = 0.0, epsilon
     if composed(high, delta0, rounds, slack).epsilon <= epsilon:
         return high
@@ -148,20 +152,30 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict.
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict; a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         The guarantee after all T rounds, per record.
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     n
         Number of records (users) in the recording; every round queries all of them.
     rounds
         T; ``None``: :func:`default_rounds`, Cheu et al. 2022 Thm 4.9's T capped at
         :data:`DEFAULT_ROUND_CAP` (each round is a whole pass over the recording).
     budget
-        How (ε, δ) is split over the rounds: ``"lemma-b6"`` (default) the per-round
-        (ε/(2√(2T log(1/δ))), δ/(T + 1)) of Cheu et al. 2022 Lemma B.6; ``"solved"`` the largest ε₀ whose
-        composition is still (ε, δ) (:func:`solved_round_epsilon`), same δ₀.
+        How ε is split over the rounds: ``"solved"`` (default) the largest ε₀ whose composition is
+        still ε (:func:`solved_round_epsilon`), so the run spends the ε it is given;
+        ``"lemma-b6"`` the per-round ε/(2√(2T log(1/δ))) of Cheu et al. 2022 Lemma B.6, which for
+        the default T spends well under half of it (0.43 of ε = 1 at T = 20, δ = 1e-6).
+    fit_intrusion
+        ``True`` (default): δ is cut into T + 2 equal shares — one per round, one for the
+        composition's slack and one for the message an intrusion adds (its local guarantee is
+        taken at that share) — so one intrusion plus all outputs stays within δ as well.
+        ``False``: T + 1 shares (Lemma B.6), and the intrusion's δ is δ plus the message's δ.
     radius
-        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         R: features are clipped to norm R.
     smoothing
@@ -192,6 +206,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     name = "shuffle-gd"
     _owner = _OWNER
     reports_per_round = True
+    legacy_defaults = {"fit_intrusion": False}
 
     @classmethod
     def unit_test_params(cls) -> list[dict[str, Any]]:
@@ -203,32 +218,37 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
+        *,
         n: int,
         rounds: int | None = None,
-        budget: Budget = "lemma-b6",
-        radius: float = 1.0,
+        budget: Budget = "solved",
+        radius: float | None = None,
         feature_bound: float = 1.0,
         smoothing: Smoothing = "auto",
         calibration: Calibration = "tight",
         honest_fraction: float = 1.0,
+        fit_intrusion: bool = True,
         rng: RngLike = None,
     ) -> None:
         self._setup(dim, loss, epsilon, delta, radius, feature_bound, calibration, honest_fraction, rng)
         self.n = check.positive_int(_OWNER, "n", n)
+        self.fit_intrusion = check.boolean(_OWNER, "fit_intrusion", fit_intrusion)
         self.rounds = None if rounds is None else check.positive_int(_OWNER, "rounds", rounds)
         self.budget = check.choice(_OWNER, "budget", budget, BUDGETS)
         self.smoothing = smoothing
         moreau = uses_moreau(_OWNER, self.loss, smoothing)
         T = default_rounds(self.n, self._params, self.epsilon, self.delta) if self.rounds is None else self.rounds
         self.planned_rounds = T
-        epsilon0, delta0 = round_budget(self.epsilon, self.delta, T)
+        shares = T + 2 if self.fit_intrusion else T + 1
+        epsilon0, delta0 = round_budget(self.epsilon, self.delta, T, shares)
         if self.budget == "solved":
-            epsilon0 = solved_round_epsilon(self.epsilon, self.delta, T)
+            epsilon0 = solved_round_epsilon(self.epsilon, self.delta, T, shares)
         self._sum = self._vector_sum(self.n, epsilon0, delta0)
-        self._slack = self.delta / (T + 1)
+        self._slack = self.delta / shares
+        self._message_delta = self.delta / shares if self.fit_intrusion else self.delta
         total = self._composed(T)
         if total.epsilon > self.epsilon or total.delta > self.delta:
             raise InvalidInputError(
@@ -271,7 +291,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
 
     @property
     def slack(self) -> float:
-        """δ′ = δ/(T + 1), the slack of the advanced composition (public)."""
+        """δ′ = δ/(T + 2) (δ/(T + 1) without ``fit_intrusion``), the slack of the advanced composition (public)."""
         return self._slack
 
     def composed_guarantee(self, rounds: int, extra_delta: float = 0.0) -> Guarantee:
@@ -342,8 +362,11 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         return self._sgd.release()
 
     def _message(self) -> Guarantee:
-        """Local guarantee of one user's per-round PVEC message (at δ); none when seeded."""
-        return self._local(self._sum, self._sum.parameters.epsilon)
+        """Local guarantee of one user's per-round PVEC message (at its share of δ with
+        ``fit_intrusion``, else at δ); none when seeded."""
+        if self._noise.is_seeded:
+            return Guarantee.none()
+        return message_guarantee(self._sum, self._message_delta, self._sum.parameters.epsilon)
 
     def privacy(self) -> PrivacyReport:
         """Output: the composition over the rounds started (module docstring). Intrusion: that
@@ -358,7 +381,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
             f"recording of n = {self.n} records per round); {t} rounds started so far",
             f"each round is one PVEC release at (ε₀, δ₀) = ({parameters.epsilon:.6g}, {parameters.delta:.3g}) "
             f"({split}); the rounds compose adaptively: the better of basic and advanced composition "
-            f"with slack δ/(T + 1) = {self._slack:.3g}",
+            f"with slack {self._slack:.3g}",
             "this figure already counts every round: a ledger must charge each pass as its own instance "
             "with the increment from round_reports(), not compose this report again",
             "pan-privacy: the state holds the model and the one-bit totals of the round in progress; an "

@@ -43,6 +43,7 @@ from numpy.typing import NDArray
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols import validation as check
 from panpriv.protocols.base import StateValue
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.encoder import VectorSum
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -76,13 +77,17 @@ class ShuffleSGD(SequentialLearner):
     dim
         Number of raw features d.
     loss
-        A :class:`panpriv.protocols.losses.Loss` or its config dict (any convex loss: SGD uses subgradients).
+        A :class:`panpriv.protocols.losses.Loss`, its name or its config dict (any convex loss: SGD uses subgradients); a name (``"logistic"``) or a config dict
+        without ``intercept`` learns an intercept (:func:`panpriv.protocols.losses.learner_loss`: the model ``panpriv run``
+        learns from the same settings). Default: ``"logistic"`` (:mod:`panpriv.protocols.defaults`).
     epsilon, delta
         The (ε, δ) of every round, hence of every released model, per record.
+        Defaults: ε = 1, δ = 1e-6 (:mod:`panpriv.protocols.defaults`, the service's too).
     batch_size
         Users per round b; ``None``: :func:`plan_batch_size`.
     radius
-        Radius r of Θ, the ℓ2 ball of parameters (D = 2r).
+        Radius r of Θ, the ℓ2 ball of parameters (D = 2r); ``None`` (default): r = √d, never below 1
+        (:func:`panpriv.protocols.base.default_radius`, a rule that looks at no data).
     feature_bound
         R: features are clipped to norm R.
     calibration
@@ -127,11 +132,11 @@ class ShuffleSGD(SequentialLearner):
     def __init__(
         self,
         dim: int,
-        loss: Loss | Mapping[str, Any] | str,
-        epsilon: float,
-        delta: float,
+        loss: Loss | Mapping[str, Any] | str = DEFAULT_LOSS,
+        epsilon: float = DEFAULT_EPSILON,
+        delta: float = DEFAULT_DELTA,
         batch_size: int | None = None,
-        radius: float = 1.0,
+        radius: float | None = None,
         feature_bound: float = 1.0,
         calibration: Calibration = "tight",
         honest_fraction: float = 1.0,

@@ -41,6 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from panpriv.protocols.catalogue import learner_names
+from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON
 from panpriv.streamer.datasets import adult
 from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.io.source_url import SCHEMES, scheme_of
@@ -143,8 +144,8 @@ class LearnerConfig(_Section):
     """The learner and its privacy target."""
 
     name: str = "pan-acsa"
-    epsilon: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    delta: float = Field(default=1e-6, gt=0, lt=1)
+    epsilon: float = Field(default=DEFAULT_EPSILON, gt=0, allow_inf_nan=False)
+    delta: float = Field(default=DEFAULT_DELTA, gt=0, lt=1)
     n: int | None = Field(default=None, ge=1, description="public stream length; None = from a finite source")
     max_epsilon: float | None = Field(
         default=None, gt=0, allow_inf_nan=False,

@@ -91,8 +91,6 @@ def _learner_option_flags(args: argparse.Namespace) -> dict[str, Any]:
     """``[learner.options]`` from the flags: ``--options JSON``, then each ``--set key=value``
     (a dotted key reaches into a table: ``loss.name=ridge``; the value is read as JSON, else kept
     as a string), then ``--radius`` and ``--intercept``/``--no-intercept`` (later flags win)."""
-    from panpriv.streamer.runtime.learners import DEFAULT_OPTIONS
-
     options: dict[str, Any] = {}
     if args.options:
         try:
@@ -119,8 +117,6 @@ def _learner_option_flags(args: argparse.Namespace) -> dict[str, Any]:
         options["radius"] = args.radius
     if args.intercept is not None:
         options.setdefault("loss", {})["intercept"] = args.intercept
-    if isinstance(options.get("loss"), dict):
-        options["loss"] = {**DEFAULT_OPTIONS["loss"], **options["loss"]}
     return options
 
 
@@ -349,6 +345,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     snapshot = load_snapshot(args.snapshot, args.sequence)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115 - closed below
     scored = rejected = correct = 0
+    hits = [0, 0]  # correct among the labels' negatives, positives: the balanced accuracy
+    counts = [0, 0]
     try:
         for part in predict_source(snapshot, args.source, args.format):
             probabilities = part.probabilities
@@ -360,6 +358,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             scored += len(part.predictions)
             rejected += part.rejected
             correct += int(np.sum((part.predictions > 0) == (part.labels > 0)))
+            for cls, members in enumerate((part.labels <= 0, part.labels > 0)):
+                counts[cls] += int(members.sum())
+                hits[cls] += int(np.sum((part.predictions[members] > 0) == bool(cls)))
     finally:
         if out is not sys.stdout:
             out.close()
@@ -367,6 +368,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     summary = f"scored {scored:,} records ({rejected:,} rejected) with the {snapshot.learner} snapshot of {snapshot.records:,} records"
     if snapshot.model.loss.binary_labels and scored:
         summary += f"; accuracy against the source's own labels: {correct / scored:.2%}"
+        if all(counts):  # both classes present: the mean of the two classes' accuracies (threshold P = 1/2)
+            summary += f", balanced accuracy {0.5 * (hits[0] / counts[0] + hits[1] / counts[1]):.2%}"
     if not args.quiet:
         print(summary, file=sys.stderr)
     return EXIT_OK

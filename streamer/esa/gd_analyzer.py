@@ -100,7 +100,7 @@ def gd_report(learner: ShuffleGD, plan: SumPlan, answered: int, skipped: int = 0
         f"same); each round is (eps0, delta0 + (1 + e^eps0) tau) = ({epsilon0:.6g}, "
         f"{learner.vector_sum.delta:.3g} + {extra:.3g})-DP given the earlier rounds (secure summation: tau = "
         f"{plan.tau:.3g}, the bound proved in panpriv.protocols.secure_sum); the rounds compose adaptively (the better "
-        f"of basic and advanced composition with slack delta/(T + 1) = {learner.slack:.3g})",
+        f"of basic and advanced composition with slack {learner.slack:.3g})",
         *parties(output, local),
         f"client refusal rule: each user answers each round at most once and at most T = {rounds} rounds (her client "
         "refuses others, and any change of the plan), so the local guarantee above is of her T count vectors together "

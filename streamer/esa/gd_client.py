@@ -13,7 +13,7 @@ the analyzer does not ask her more often than the statement she was given says.
 plan: the deployment, the learner and the whole calibration — n, d, the loss and clips, the
 per-round PVEC instance (ε₀, δ₀, g, b, p, which :class:`SharesEncoder` recomputes), the secure sum
 (m, k), and T with the composed guarantee (ε, δ) it promises. The client recomputes the T-round
-composition from (ε₀, δ₀, T, δ/(T + 1)) (:func:`panpriv.protocols.shuffle_gd.composed`, the learner's own
+composition from (ε₀, δ₀, T, δ/(T + 1) or δ/(T + 2)) (:func:`panpriv.protocols.shuffle_gd.composed`, the learner's own
 function) and refuses a plan that promises less than that composition, or more ε than the user
 accepts (``max_epsilon``).
 
@@ -93,9 +93,13 @@ class GDEncoder(SharesEncoder):
         if self.rounds < 1:
             raise RefusedModel(f"the plan has T = {self.rounds} rounds")
         total_epsilon, total_delta = float(cal["total_epsilon"]), float(cal["total_delta"])
-        slack = total_delta / (self.rounds + 1)
-        if abs(float(cal["slack"]) - slack) > COMPOSITION_SLACK * slack:
-            raise RefusedModel(f"the plan's composition slack {cal['slack']} is not delta/(T + 1) = {slack}")
+        # δ is cut into T + 1 shares (Lemma B.6), or T + 2 with a share for an intrusion's message
+        # (panpriv.protocols.shuffle_gd, fit_intrusion): the slack is one share either way.
+        slack = next((total_delta / shares for shares in (self.rounds + 1, self.rounds + 2)
+                      if abs(float(cal["slack"]) - total_delta / shares) <= COMPOSITION_SLACK * total_delta / shares), None)
+        if slack is None:
+            raise RefusedModel(f"the plan's composition slack {cal['slack']} is not delta/(T + 1) = "
+                               f"{total_delta / (self.rounds + 1)} or delta/(T + 2) = {total_delta / (self.rounds + 2)}")
         self.composed = composed(self.vector_sum.epsilon, self.vector_sum.delta, self.rounds, slack)
         if (self.composed.epsilon > total_epsilon * (1 + COMPOSITION_SLACK)
                 or self.composed.delta > total_delta * (1 + COMPOSITION_SLACK)):

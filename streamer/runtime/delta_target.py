@@ -23,8 +23,9 @@ RELATIVE_TOLERANCE = 1e-9
 
 _FIXES = {
     "pnsgd": "set learner.options.pan_delta to the target (the default when pan_delta is not given)",
-    "shuffled-pnsgd": "a smaller radius, a smaller eta or a larger n lowers it (`panpriv privacy` shows the figure)",
-    "shuffle-gd": "its intrusion guarantee composes the rounds' outputs with one message's local guarantee",
+    "shuffled-pnsgd": "set learner.options.pan_delta to the target (the default when pan_delta is not given)",
+    "shuffle-gd": "its intrusion guarantee composes the rounds' outputs with one message's local guarantee; "
+                  "learner.options.fit_intrusion = true (the default) plans both within the target",
 }
 
 

@@ -3,9 +3,10 @@
 ``panpriv run`` (from its config), ``panpriv analyze`` and ``panpriv coordinate`` (from their flags)
 and a scale-out worker (from the model's public config) build their learners here, from
 :class:`LearnerSettings`, so equal settings give equal learners whichever process builds them.
-The names and classes come from :mod:`panpriv.protocols.catalogue` (the one list); this module adds the
-service's defaults (:data:`DEFAULT_OPTIONS`) and builds the constructor arguments. A learner that
-reads a recording by record index (``learn_recorded``: ``shuffled-pnsgd``, ``shuffle-gd``) is
+The names and classes come from :mod:`panpriv.protocols.catalogue` (the one list); the defaults are
+the constructors' own (radius √d, an intercept, PNSGD's step size and pan floor: each learner's
+docstring states the rule), so this module only maps the settings to constructor parameters. A
+learner that reads a recording by record index (``learn_recorded``: ``shuffled-pnsgd``, ``shuffle-gd``) is
 catalogued the same way; the processor sees what it declares (:mod:`panpriv.streamer.runtime.recorded_driver`) and gives it
 a ``file:`` source by index.
 
@@ -19,14 +20,15 @@ parameter           value
 ``feature_bound``   ``records.feature_bound`` (the bound records were clipped to)
 ``epsilon``         ``learner.epsilon``
 ``delta``           ``learner.delta``
+``pan_delta``       ``learner.delta`` for a learner without ``delta`` (PNSGD: the requested δ is
+                    its pan floor, :mod:`panpriv.streamer.runtime.delta_target`)
 ``horizon``/``n``   the public stream length (``learner.n``, or the finite source's count)
 ``rng``             ``learner.seed`` (test/replay mode) or ``None`` (OS entropy per draw)
-``radius``          unless given: √d (:func:`default_radius`)
-``pan_delta``       PNSGD, unless given: ``learner.delta`` (:mod:`panpriv.streamer.runtime.delta_target`)
 ==================  ================================================================
 
-Everything else comes from ``[learner.options]`` (over :data:`DEFAULT_OPTIONS`). An option the
-constructor does not accept is an error naming the option and the accepted ones.
+Everything else comes from ``[learner.options]``, passed as given. An option the constructor does
+not accept is an error naming the option and the accepted ones; so is a constructor argument
+without a default that no setting gives (reported before any scan of the source).
 """
 
 from __future__ import annotations
@@ -42,24 +44,6 @@ from panpriv.protocols.errors import InvalidInputError
 from panpriv.streamer.config import ServiceConfig
 from panpriv.streamer.errors import ConfigError, LearnerUnavailableError
 from panpriv.streamer.runtime.option_hints import hint
-
-DEFAULT_OPTIONS: Mapping[str, Any] = {"loss": {"name": "logistic", "intercept": True}}
-"""Options every learner gets unless ``[learner.options]`` overrides them: the logistic loss with
-an intercept (a loss given in the options is merged over this one, so ``intercept = false`` turns
-the intercept off)."""
-
-
-def default_radius(dim: int) -> float:
-    """The radius of Θ when none is given: r = √d, by a rule that does not look at the data.
-
-    Θ = {‖θ‖ ≤ √d} contains every weight vector with |θ_j| ≤ 1 for each of the d features: for
-    features on a unit scale (in [0, 1] or [-1, 1], one-hot or scaled ranges) each may move the
-    log-odds by up to one e-fold, and a model can reach confident predictions, which radius 1 —
-    the constructors' default, |⟨θ, x⟩| ≤ ‖x‖ — cannot for more than a handful of features
-    (probabilities stay in [0.27, 0.73] at ‖x‖ ≤ 1). It is the Adult demo's rule
-    (:data:`panpriv.streamer.config.ADULT_RADIUS`), never below 1.
-    """
-    return max(1.0, dim**0.5)
 
 _STREAM_LENGTH_NAMES = ("horizon", "n")
 
@@ -114,14 +98,12 @@ def arguments_for(settings: LearnerSettings) -> dict[str, Any]:
     }
     if settings.n is not None:
         common.update({name: settings.n for name in _STREAM_LENGTH_NAMES})
+    if "delta" not in parameters:
+        common["pan_delta"] = settings.delta  # PNSGD: the requested delta is its pan floor
     arguments = {k: v for k, v in common.items() if k in parameters}
-    options = {**DEFAULT_OPTIONS, **settings.options}
-    if isinstance(options.get("loss"), Mapping):
-        options["loss"] = {**DEFAULT_OPTIONS["loss"], **options["loss"]}
-    if "radius" in parameters and "radius" not in options:
-        options["radius"] = default_radius(settings.dim or 1)
-    if "pan_delta" in parameters and "delta" not in parameters and "pan_delta" not in options:
-        options["pan_delta"] = settings.delta  # PNSGD: the requested delta is its pan floor (panpriv.streamer.runtime.delta_target)
+    options = dict(settings.options)
+    if "pan_delta" in options:  # the one setting a learner option may override
+        arguments.pop("pan_delta", None)
     accepted = set(parameters) - {"self", "rng"}
     for key, value in options.items():
         if key not in accepted:
@@ -164,15 +146,18 @@ def from_public_config(name: str, learner_config: Mapping[str, Any]) -> Learner:
     defaults."""
     cls = learner_class(name)
     try:
-        return cls.from_config(dict(learner_config))
+        return cls.from_config({**cls.legacy_defaults, **learner_config})
     except (InvalidInputError, TypeError) as exc:
         raise ConfigError(f"cannot build learner {name!r} from the published config: {exc}") from None
 
 
 def restore_learner(name: str, learner_config: Mapping[str, Any], state: Mapping[str, Any], seed: int | None) -> Learner:
-    """A learner rebuilt from a checkpoint's learner config and state."""
+    """A learner rebuilt from a checkpoint's learner config and state, ready to learn on
+    (:meth:`panpriv.protocols.base.Learner.resumed`)."""
     cls = learner_class(name)
     try:
-        return cls.from_state_dict(learner_config, state, rng=seed)
+        learner = cls.from_state_dict(learner_config, state, rng=seed)
+        learner.resumed()
+        return learner
     except (InvalidInputError, TypeError) as exc:
         raise ConfigError(f"cannot restore learner {name!r} from the checkpoint: {exc}") from None

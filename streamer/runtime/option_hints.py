@@ -10,8 +10,8 @@ from __future__ import annotations
 HINTS: dict[str, str] = {
     "radius": "--radius R: a PUBLIC bound on the weights' norm chosen before seeing the data, e.g. R = sqrt(dim) "
               "for features scaled to [0, 1] (|theta_j| <= 1 per feature)",
-    "eta": "--set eta=0.1: the step size; the guarantee needs eta <= 2/beta for the loss's smoothness beta "
-           "(logistic: beta = feature_bound^2 / 4, plus 1/4 with --intercept)",
+    "eta": "--set eta=ETA: the step size, at most 2/beta for the loss's smoothness beta (logistic: "
+           "beta = feature_bound^2 / 4, plus 1/4 with the intercept); unset, the learner plans r / (G sqrt(n))",
     "n": "--n N: the PUBLIC number of records the run will read",
     "horizon": "--n N: the PUBLIC number of records the run will read",
     "batch_size": "--set batch_size=B: records per noisy step",

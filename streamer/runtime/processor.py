@@ -199,6 +199,7 @@ class Processor:
         with RoleLoop("run", stop=self.stop_event) as loop:  # signals: panpriv.streamer.runtime.role_loop
             source: Source | IndexedFile
             if reads_by_index(learner_class(self.config.learner.name)):
+                constructor_arguments(self.config, self.config.learner.n or 1)  # option errors before the scan
                 source = open_indexed(self.config.source, self.codec, self.config.learner.name)
             else:
                 source = open_source(self.config.source, self.codec, positions, on_revoke=self._checkpoint_on_revoke,

@@ -181,14 +181,14 @@ class RecordedDriver(Driver):
         if boundary is not None and self._learner.records_seen != boundary.records:
             return Resumable(boundary.state, boundary.records, boundary.snapshot_records,
                              ReplayMarks(boundary.passes_charged, restart=True))
-        return Resumable(self._learner.state_dict(), self._learner.records_seen, self.state.snapshot_records,
+        return Resumable(self._learner.checkpoint_state(), self._learner.records_seen, self.state.snapshot_records,
                          ReplayMarks(self._passes_charged))
 
     def note_boundary(self) -> None:
         """At a pass boundary of a learner that cannot resume mid-pass, keep what a resume restarts from."""
         learner = self._learner
         if not learner.resumes_mid_pass and learner.records_seen % learner.n == 0:
-            self._boundary = _Boundary(learner.state_dict(), learner.records_seen, self.state.snapshot_records,
+            self._boundary = _Boundary(learner.checkpoint_state(), learner.records_seen, self.state.snapshot_records,
                                        self._passes_charged)
 
     def progress_span(self) -> tuple[int | None, int]:

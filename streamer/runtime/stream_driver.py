@@ -73,7 +73,7 @@ class StreamDriver(Driver):
 
     def resumable(self) -> Resumable:
         learner = self.state.learner
-        return Resumable(learner.state_dict(), learner.records_seen, self.state.snapshot_records, replay=None)
+        return Resumable(learner.checkpoint_state(), learner.records_seen, self.state.snapshot_records, replay=None)
 
     def progress_span(self) -> tuple[int | None, int]:
         try:

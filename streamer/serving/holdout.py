@@ -10,9 +10,19 @@ The file is read once at start-up with the run's own codec (same format, dimensi
 and label domain); its rejects are counted and logged, never fatal. Metrics:
 
 - binary labels (two label values, or 0/1, ±1): ``auc`` (Mann–Whitney, ties one half),
-  ``accuracy`` (the sign of the score against the label's), and for the logistic link
-  ``log_loss`` (probabilities clipped to [1e-15, 1 − 1e-15]);
+  ``accuracy`` (the sign of the score against the label's: threshold P = 1/2) and
+  ``balanced_accuracy`` (the mean of the two classes' accuracies at that threshold), and for the
+  logistic link ``log_loss`` (probabilities clipped to [1e-15, 1 − 1e-15]) and the accuracies at
+  the model's own prior: ``prior_threshold`` π̂, the mean predicted P(y = 1) over the hold-out
+  rows — read off the released model and the rows' features, never their labels — and
+  ``accuracy_at_prior``/``balanced_accuracy_at_prior``, positive when P > π̂;
 - other labels: ``rmse`` of the predicted values.
+
+Why the prior threshold: on imbalanced data (a few per cent positives) a useful logistic model
+rarely predicts P > 1/2, so its accuracy at 1/2 equals the majority rate and its balanced accuracy
+is about 1/2 — it looks like "nothing learned" although its AUC is high. A calibrated model's
+probabilities average to the positive rate; classifying against that average is the threshold
+the model itself implies, and it is chosen without the labels.
 """
 
 from __future__ import annotations
@@ -86,10 +96,21 @@ class Holdout:
         area = auc(decision, positive)
         if math.isfinite(area):  # one class only: no AUC (and JSON has no NaN)
             scores["auc"] = area
+            scores["balanced_accuracy"] = balanced_accuracy(decision > 0.0, positive)
         if snapshot.model is not None and snapshot.model.link == "logistic":
             probability = np.clip(snapshot.predict_proba_many(self.X), 1e-15, 1.0 - 1e-15)
             scores["log_loss"] = float(-np.mean(np.where(positive, np.log(probability), np.log1p(-probability))))
+            prior = float(np.mean(probability))
+            scores["prior_threshold"] = prior
+            scores["accuracy_at_prior"] = float(np.mean((probability > prior) == positive))
+            if math.isfinite(area):
+                scores["balanced_accuracy_at_prior"] = balanced_accuracy(probability > prior, positive)
         return scores
+
+
+def balanced_accuracy(predicted: NDArray[np.bool_], positive: NDArray[np.bool_]) -> float:
+    """(TPR + TNR)/2 of ``predicted`` against ``positive`` (both classes present)."""
+    return float(0.5 * (np.mean(predicted[positive]) + np.mean(~predicted[~positive])))
 
 
 def auc(scores: Array, positive: NDArray[np.bool_]) -> float:

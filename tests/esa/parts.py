@@ -79,7 +79,7 @@ def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], k
                     "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(analyzer.private), "--out",
                     str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
                     str(epsilon), "--delta", str(delta), "--max-rounds", str(rounds), *learner,
-                    "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)})], tmp_path / log)
+                    "--options", json.dumps({"loss": {"name": "logistic", "intercept": False}, "radius": math.sqrt(dim)})], tmp_path / log)
 
 
 def roles(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keys: tuple[KeyFiles, KeyFiles], dim: int,

@@ -54,7 +54,7 @@ def scan_an_esa_run(broker: KafkaBroker, names: dict[str, str], tmp_path: Path, 
                               "--state-dir", str(out / "budget"), "--analyzer-key", str(keys[0].private), "--out", str(out),
                               "--shuffler-verify-key", str(keys[1].verify),
                               "--dim", str(DIM), "--batch-size", str(B), "--epsilon", "2", "--delta", "1e-5",
-                              "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)}), *analyzer_args],
+                              "--options", json.dumps({"loss": {"name": "logistic", "intercept": False}, "radius": math.sqrt(DIM)}), *analyzer_args],
                              tmp_path / "analyzer.log")
     client = parts.panpriv(parts.encode_args(broker, names, keys, source), tmp_path / "client.log")
     holder = subprocess.Popen([sys.executable, "-c", "import json, time, numpy as np, sys; "
@@ -105,7 +105,7 @@ def test_the_shuffle_acsa_analyzer_process_and_files_hold_no_raw_record(
     from panpriv.streamer.esa.keys import load_private
     from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 
-    learner = ShuffleACSA(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, horizon=B * ROUNDS, batch_size=B,
+    learner = ShuffleACSA(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=2.0, delta=1e-5, horizon=B * ROUNDS, batch_size=B,
                           radius=math.sqrt(DIM))
     shares = SumAnalyzer(learner, [load_private(generate(tmp_path / "plan-keys").private)], "plan").shares
     scan_an_esa_run(kafka_broker, parts.topics(kafka_broker, unique_name), tmp_path,

@@ -28,7 +28,7 @@ from tests.realparts import KafkaBroker, ManagedProcess
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DIM, L, SLOTS, WAKES, EPSILON, DELTA = 5, 16, 20, 120, 4.0, 1e-5
-OPTIONS: dict[str, Any] = {"loss": "logistic", "radius": math.sqrt(DIM), "update": "single", "slots": SLOTS,
+OPTIONS: dict[str, Any] = {"loss": {"name": "logistic", "intercept": False}, "radius": math.sqrt(DIM), "update": "single", "slots": SLOTS,
                            "slot_length": L}
 
 
@@ -201,7 +201,7 @@ def test_the_checkin_analyzer_process_and_files_hold_no_raw_record(
     X, y = parts.synthetic(slot_length * wakes, dim, seed=5)
     source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
     out = tmp_path / "analyzer"
-    options = {"loss": "logistic", "radius": math.sqrt(dim), "slots": 4, "slot_length": slot_length}
+    options = {"loss": {"name": "logistic", "intercept": False}, "radius": math.sqrt(dim), "slots": 4, "slot_length": slot_length}
     analyzer = parts.panpriv(["analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic", names["shuffled"],
                               "--model-topic", names["model"], "--messages-topic", names["messages"],
                               "--state-dir", str(out / "budget"), "--analyzer-key", str(keys[0].private),

@@ -24,7 +24,7 @@ DIM = 5
 
 
 def learner(seed: Any = None, **options: Any) -> RandomCheckinSGD:
-    config = {"dim": DIM, "loss": "logistic", "epsilon": 2.0, "delta": 1e-5, "slots": 8, "slot_length": 4,
+    config = {"dim": DIM, "loss": {"name": "logistic", "intercept": False}, "epsilon": 2.0, "delta": 1e-5, "slots": 8, "slot_length": 4,
               "radius": math.sqrt(DIM), "rng": seed, **options}
     return RandomCheckinSGD(**config)
 

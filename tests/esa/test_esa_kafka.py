@@ -59,7 +59,7 @@ def test_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     esa_accuracy = float(np.mean(np.where(LogisticLoss().features(Xt, 1.0) @ theta >= 0, 1.0, -1.0) == yt))
     accuracies = []
     for _ in range(30):
-        learner = ShuffleGaussianSGD(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, batch_size=B,
+        learner = ShuffleGaussianSGD(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=EPSILON, delta=DELTA, batch_size=B,
                                      radius=math.sqrt(DIM), feature_bound=1.0)
         learner.learn_many(X, y)
         accuracies.append(float(np.mean(learner.predict_many(Xt) == yt)))
@@ -153,7 +153,7 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     params, shares = dim, None
     if kind == "shuffle-acsa":
         learner = ["--learner", kind, "--horizon", str(b * rounds)]
-        plan = SumAnalyzer(ShuffleACSA(dim=dim, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=b * rounds,
+        plan = SumAnalyzer(ShuffleACSA(dim=dim, loss={"name": "logistic", "intercept": False}, epsilon=EPSILON, delta=DELTA, horizon=b * rounds,
                                        batch_size=b, radius=math.sqrt(dim)), keys, "plan")
         params, shares = plan.dim, plan.shares
     shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key_files, dim, b, rounds, params, learner, shares,

@@ -32,7 +32,7 @@ def analyzer_args(broker: KafkaBroker, names: dict[str, str], keys: tuple[KeyFil
             names["model"], "--messages-topic", names["messages"], "--analyzer-key", str(keys[0].private),
             "--shuffler-verify-key", str(keys[1].verify), "--out", str(out),
             "--state-dir", str(state), "--name", name, "--dim", str(DIM), "--batch-size", str(B), "--epsilon",
-            str(EPSILON), "--delta", str(DELTA), "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)})]
+            str(EPSILON), "--delta", str(DELTA), "--options", json.dumps({"loss": {"name": "logistic", "intercept": False}, "radius": math.sqrt(DIM)})]
 
 
 def cli(args: list[str]) -> subprocess.CompletedProcess[str]:

@@ -33,9 +33,9 @@ DIM, B, ROUNDS, EPSILON, DELTA = 10, 128, 12, 4.0, 1e-5
 def planned(kind: str) -> SequentialLearner:
     """The learner ``panpriv analyze --learner KIND`` builds in the test below."""
     if kind == "shuffle-sgd":
-        return ShuffleSGD(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=B * ROUNDS, batch_size=B,
+        return ShuffleSGD(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=EPSILON, delta=DELTA, horizon=B * ROUNDS, batch_size=B,
                           radius=math.sqrt(DIM), feature_bound=1.0)
-    return ShuffleACSA(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=B * ROUNDS, batch_size=B,
+    return ShuffleACSA(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=EPSILON, delta=DELTA, horizon=B * ROUNDS, batch_size=B,
                        radius=math.sqrt(DIM), feature_bound=1.0)
 
 

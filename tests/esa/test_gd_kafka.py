@@ -31,7 +31,7 @@ DIM, N, T, EPSILON, DELTA = 5, 128, 3, 4.0, 1e-5
 
 def planned() -> ShuffleGD:
     """The learner ``panpriv analyze --learner shuffle-gd`` builds in the test below."""
-    return ShuffleGD(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, n=N, rounds=T, radius=math.sqrt(DIM),
+    return ShuffleGD(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=EPSILON, delta=DELTA, n=N, rounds=T, radius=math.sqrt(DIM),
                      feature_bound=1.0)
 
 
@@ -146,7 +146,7 @@ def test_sigkill_of_the_analyzer_charges_each_round_once(
     n, rounds = 32, 8
 
     def gd() -> ShuffleGD:
-        return ShuffleGD(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, n=n, rounds=rounds,
+        return ShuffleGD(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=EPSILON, delta=DELTA, n=n, rounds=rounds,
                          radius=math.sqrt(DIM), feature_bound=1.0)
 
     plan = GDAnalyzer(gd(), keys, "plan")

@@ -39,7 +39,8 @@ def inside(message: bytes, shares: int) -> list[bytes]:
 
 
 def learner(seed: int | None = None, loss: str = "logistic", rounds: int = T) -> ShuffleGD:
-    return ShuffleGD(dim=DIM, loss=loss, epsilon=4.0, delta=1e-5, n=N, rounds=rounds, radius=2.0, rng=seed)
+    return ShuffleGD(dim=DIM, loss={"name": loss, "intercept": False}, epsilon=4.0, delta=1e-5, n=N, rounds=rounds,
+                     radius=2.0, rng=seed)
 
 
 def records(n: int = N, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ SHUFFLER = ShufflerKeys.from_private(PrivateKey.generate())
 
 
 def learner(seed: int | None = None) -> ShuffleGaussianSGD:
-    return ShuffleGaussianSGD(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, batch_size=B, radius=3.0, rng=seed)
+    return ShuffleGaussianSGD(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=2.0, delta=1e-5, batch_size=B, radius=3.0, rng=seed)
 
 
 P = learner().calibration()["params"]

@@ -34,9 +34,9 @@ SHUFFLER = parts.shuffler_keys()
 def learner(seed: int | None = None, rounds: int = ROUNDS, kind: str = "shuffle-acsa",
             honest_fraction: float = 1.0) -> SequentialLearner:
     if kind == "shuffle-sgd":
-        return ShuffleSGD(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, batch_size=B, radius=2.0, rng=seed,
+        return ShuffleSGD(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=2.0, delta=1e-5, batch_size=B, radius=2.0, rng=seed,
                           honest_fraction=honest_fraction)
-    return ShuffleACSA(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, horizon=rounds * B, batch_size=B, radius=2.0,
+    return ShuffleACSA(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=2.0, delta=1e-5, horizon=rounds * B, batch_size=B, radius=2.0,
                        rng=seed, honest_fraction=honest_fraction)
 
 
@@ -284,7 +284,7 @@ def test_learn_totals_refuses_what_no_round_can_sum() -> None:
 
 
 def test_one_batch_size_is_required(key: PrivateKey) -> None:
-    uneven = ShuffleACSA(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, horizon=5 * B + 3, batch_size=B, radius=2.0)
+    uneven = ShuffleACSA(dim=DIM, loss={"name": "logistic", "intercept": False}, epsilon=2.0, delta=1e-5, horizon=5 * B + 3, batch_size=B, radius=2.0)
     with pytest.raises(ValueError, match="one size"):
         SumAnalyzer(uneven, [key], "t")
 

@@ -18,7 +18,7 @@ from panpriv.protocols import checks
 from panpriv.protocols.base import Learner, constructor_parameters
 from panpriv.protocols.catalogue import CATALOGUE, load_learner
 from panpriv.protocols.errors import InvalidInputError
-from panpriv.protocols.losses import as_loss
+from panpriv.protocols.losses import learner_loss
 from panpriv.protocols.recorded import RecordedLearner
 
 EXACT_CHECKS = tuple(c for c in checks.ALL_CHECKS if c is not checks.check_micro_batch_invariance)
@@ -30,7 +30,7 @@ CASES = [
 
 
 def _stream(params: dict) -> tuple:
-    binary = as_loss(params["loss"], "test").name in ("logistic", "hinge")
+    binary = learner_loss(params["loss"], "test").name in ("logistic", "hinge")
     return checks.make_stream(params["dim"], 40, binary=binary)
 
 
@@ -42,7 +42,7 @@ def test_every_catalogued_learner_declares_test_parameters() -> None:
 @pytest.mark.parametrize(("name", "index", "params"), CASES, ids=[f"{n}-{i}" for n, i, _ in CASES])
 def test_conformance(name: str, index: int, params: dict, check) -> None:
     cls = load_learner(name)
-    if check is checks.check_state_round_trip and issubclass(cls, RecordedLearner) and not cls.resumes_mid_pass:
+    if check in (checks.check_state_round_trip, checks.check_checkpoint_restores) and issubclass(cls, RecordedLearner) and not cls.resumes_mid_pass:
         pytest.skip(f"{name} declares that a state saved mid-pass cannot be resumed (its own tests check the refusal)")
     X, y = _stream(params)
     check(lambda rng: cls(**params, rng=rng), X, y)
@@ -57,7 +57,7 @@ def test_config_records_every_constructor_argument(name: str, index: int, params
     config = cls(**params, rng=0).config()
     assert tuple(config) == constructor_parameters(cls)
     for key, value in params.items():
-        expected = as_loss(value, "test").config() if key == "loss" else value
+        expected = learner_loss(value, "test").config() if key == "loss" else value
         assert config[key] == expected, key
     rebuilt = cls(**json.loads(json.dumps(config)), rng=0)
     assert rebuilt.config() == config
@@ -85,7 +85,7 @@ def test_one_record_api_is_the_micro_batch_api_on_one_row(name: str, index: int,
     one.snapshot()
     scores = one.decision_many(X)
     predicted = one.predict_many(X)
-    if as_loss(params["loss"], "test").binary_labels:
+    if learner_loss(params["loss"], "test").binary_labels:
         np.testing.assert_array_equal(predicted, np.where(scores >= 0.0, 1.0, -1.0))
     else:
         np.testing.assert_array_equal(predicted, scores)

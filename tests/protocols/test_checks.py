@@ -79,6 +79,13 @@ class ForgetsAccumulator(_Base):
         super().load_state_dict({**state, "grad": np.zeros_like(state["grad"])})
 
 
+class PersistsAnotherState(_Base):
+    """Persists what it does not hold: a checkpoint that would restore another learner."""
+
+    def checkpoint_state(self):
+        return {**super().state_dict(), "filled": 0}
+
+
 class Strengthening(_Base):
     def privacy(self):
         report = super().privacy()
@@ -95,6 +102,7 @@ class Strengthening(_Base):
         (KeepsGenerator, checks.check_state_contents),
         (TupleConfig, checks.check_config_round_trip),
         (ForgetsAccumulator, checks.check_state_round_trip),
+        (PersistsAnotherState, checks.check_checkpoint_restores),
         (Strengthening, checks.check_report_consistency),
         (NoisePerCall, checks.check_seeded_split_determinism),
     ],

@@ -10,9 +10,9 @@ same records and the query point the child reported *before* learning, and fails
 - a clean per-record gradient row (clipped, as the learner adds it) or a raw feature row (the
   child zeroes its own input arrays in place first);
 - pan-acsa: the clean partial batch sum or mean (``Σ g_i`` and ``Σ g_i / b``); with
-  ``noise="secure"``, the clean integer sum in grid units;
+  ``noise="secure"``, the clean integer sum in grid units; pan-ftrl: the clean partial leaf sum;
 - the pure noise: a vector V such that another vector W in memory satisfies W − V = the clean
-  contribution (pan-acsa: Z_t and Z_t + Σ g_i/b; PNSGD: the step's draw and gradient + draw;
+  contribution (pan-acsa: Z_t and Z_t + Σ g_i/b; pan-ftrl: an open node's Z and Z + Σ g_i; PNSGD: the step's draw and gradient + draw;
   shuffle-gaussian/checkin: one user's noise and her message) — found without knowing the noise;
 - PVEC learners (shuffle-sgd/acsa/gd): a user's fixed-point encoding s = (x + Δ₂)g/Δ or its
   randomized rounding ⌊s + U⌋ (float64 or int64) — her message minus the binomial noise, which
@@ -41,6 +41,7 @@ from panpriv.protocols.base import Learner
 from panpriv.protocols.checkin import RandomCheckinSGD
 from panpriv.protocols.losses import clip_rows
 from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.pan_ftrl import PanPrivateFTRL
 from panpriv.protocols.pnsgd import OnlinePNSGD
 from panpriv.protocols.shuffle_acsa import ShuffleACSA
 from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
@@ -77,7 +78,7 @@ class Case:
     query: Callable[[Any], np.ndarray]
     records: Callable[[Any, str], int]
     clip: Callable[[Any], float]
-    kind: str  # "accumulator" (pan-acsa), "grid" (secure pan-acsa), "step" (pnsgd), "pvec",
+    kind: str  # "accumulator" (pan-acsa), "grid" (secure pan-acsa), "tree" (pan-ftrl), "step" (pnsgd), "pvec",
     # "additive" (Gaussian messages), "rows" (rows only)
     modes: tuple[str, ...] = ("mid", "end")
 
@@ -108,6 +109,13 @@ CASES: dict[str, Case] = {
         records=_acsa_batch,
         clip=lambda learner: learner.gradient_norm_bound,
         kind="grid",
+    ),
+    "pan-ftrl": Case(
+        make=lambda d, rng: PanPrivateFTRL(d, LOSS, 1.0, 1e-6, horizon=20_000, leaf_size=BATCH, rng=rng),
+        query=lambda learner: learner._theta,
+        records=lambda learner, mode: BATCH // 2 if mode == "mid" else BATCH,
+        clip=lambda learner: learner.gradient_norm_bound,
+        kind="tree",
     ),
     "pnsgd": Case(
         make=lambda d, rng: OnlinePNSGD(d, LOSS, 1.0, eta=0.1, radius=1.0, rng=rng),
@@ -205,6 +213,10 @@ def _findings(name: str, dim: int, m: int, theta: np.ndarray, memory: Memory) ->
         look("clean batch sum", memory.find_vector(total, _tolerance(total)))
         look("clean batch mean", memory.find_vector(total / batch, _tolerance(total)))
         look("pure noise (V, V + clean mean)", memory.find_difference(total / batch, _tolerance(total / batch)))
+    elif case.kind == "tree":  # pan-ftrl: every open node holds its draw Z plus the leaf's records
+        total = G.sum(axis=0)
+        look("clean leaf sum", memory.find_vector(total, _tolerance(total)))
+        look("pure noise (Z, Z + clean leaf sum)", memory.find_difference(total, _tolerance(total)))
     elif case.kind == "grid":  # secure pan-acsa: the clean batch sum in integer grid units
         total = secure_noise.grid_sum(G, case.clip(twin))
         look("clean batch sum (grid units, int64)", memory.find_int_rows(total, total))
@@ -248,10 +260,10 @@ def _can_read_child_memory() -> bool:
     return sys.platform == "linux" and os.path.exists("/proc/self/mem")
 
 
-LARGE_IN_MAKE_TEST = ("pan-acsa", "pan-acsa-secure")
+LARGE_IN_MAKE_TEST = ("pan-acsa", "pan-acsa-secure", "pan-ftrl")
 """Learners whose d = 300 scans run in ``make test``; the others' (4-35 s each) run in ``make soak``.
 Every learner's own buffers are scanned at d = 20 here; d = 300 adds numpy's large-buffer
-allocation path (no small-block cache), which pan-acsa exercises in both noise modes."""
+allocation path (no small-block cache), which pan-acsa exercises in both noise modes, and pan-ftrl."""
 
 PARAMETERS = [
     pytest.param(

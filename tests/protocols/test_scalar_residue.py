@@ -31,6 +31,7 @@ from panpriv.protocols import scratch
 from panpriv.protocols.base import Learner
 from panpriv.protocols.checkin import RandomCheckinSGD
 from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.pan_ftrl import PanPrivateFTRL
 from panpriv.protocols.pnsgd import OnlinePNSGD
 from panpriv.protocols.shuffle_acsa import ShuffleACSA
 from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
@@ -49,6 +50,7 @@ LEARNERS: dict[str, Callable[[], Learner]] = {
     "checkin": lambda: RandomCheckinSGD(DIM, LOSS, 1.0, 1e-6, randomizer="gaussian", slots=50, rng=SEED),
     "checkin-l2": lambda: RandomCheckinSGD(DIM, LOSS, 1.0, 1e-6, randomizer="l2", slots=50, rng=SEED),
     "pan-acsa": lambda: PanPrivateACSA(DIM, LOSS, 1.0, 1e-6, horizon=20_000, batch_size=64, rng=SEED),
+    "pan-ftrl": lambda: PanPrivateFTRL(DIM, LOSS, 1.0, 1e-6, horizon=20_000, leaf_size=64, rng=SEED),
     "shuffle-sgd": lambda: ShuffleSGD(DIM, LOSS, 1.0, 1e-6, batch_size=64, rng=SEED),
     "shuffle-acsa": lambda: ShuffleACSA(DIM, LOSS, 1.0, 1e-6, horizon=20_000, batch_size=64, rng=SEED),
     "shuffle-gaussian": lambda: ShuffleGaussianSGD(DIM, LOSS, 1.0, 1e-6, batch_size=64, rng=SEED),

@@ -50,7 +50,7 @@ def test_cases_use_the_shared_planner_with_the_pvec_noise_level():
     assert len(moreau.plans) == 1 and moreau.plans[0].smoothing is not None
     assert len(phases.plans) == phase_count(80) == 3 and all(p.smoothing is not None for p in phases.plans)
     loss = LogisticLoss()
-    learner = ShuffleACSA(3, loss, 0.5, 1e-6, horizon=10_000, calibration="paper", rng=0)
+    learner = ShuffleACSA(3, loss, 0.5, 1e-6, horizon=10_000, radius=1.0, calibration="paper", rng=0)
     v = sum_variance_hint("paper", 3, 0.5, 1e-6, 1.0, 1.0)
     problem = Problem(3, 1.0, 0.25, 0.0, 0.0, 1.0, math.sqrt(v))
     assert learner.plans == plan_runs(problem, 10_000, moreau=False)

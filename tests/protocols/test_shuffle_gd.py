@@ -62,8 +62,10 @@ def test_theorem_parameters():
 def test_noise_level_and_composed_guarantee():
     """Each round is PVEC (Thm 3.2, paper calibration) over all n users at (ε₀, δ₀); after t rounds
     the report is the better of basic and advanced composition with slack δ/(T + 1), and after T it
-    is within (ε, δ) as Lemma B.6 claims."""
-    learner = ShuffleGD(3, LogisticLoss(), 1.0, 1e-6, n=8, rounds=200, calibration="paper", rng=0)
+    is within (ε, δ) as Lemma B.6 claims (its split: ``budget="lemma-b6"``, ``fit_intrusion=False``,
+    no longer the defaults)."""
+    learner = ShuffleGD(3, LogisticLoss(), 1.0, 1e-6, n=8, rounds=200, calibration="paper", budget="lemma-b6",
+                        fit_intrusion=False, rng=0)
     epsilon0, delta0 = round_budget(1.0, 1e-6, 200)
     expected = pvec_parameters(8, 3, epsilon0, delta0, 1.0 * (1 + NORM_SLACK))
     parameters = learner.vector_sum.parameters
@@ -125,7 +127,7 @@ def test_ledger_shows_T_uses_and_counts_the_composition_once():
 
 
 def test_intrusion_is_outputs_plus_one_message():
-    learner = ShuffleGD(3, LogisticLoss(), 4.0, 1e-5, n=8, rounds=6, radius=20.0)
+    learner = ShuffleGD(3, LogisticLoss(), 4.0, 1e-5, n=8, rounds=6, radius=20.0, fit_intrusion=False)
     learner.learn_many(X3, Y3)
     report = learner.privacy()
     local = learner._message()
@@ -140,7 +142,7 @@ def test_passes_and_moreau_smoothing():
     """learn_recorded runs the remaining passes; the protocol then refuses records. A non-smooth
     loss is optimised through its Moreau envelope with Thm 4.9's β."""
     recording = np.vstack([PASS_X, PASS_X[:2]]), np.concatenate([PASS_Y, PASS_Y[:2]])
-    learner = ShuffleGD(3, HingeLoss(), 1.0, 1e-6, n=10, rounds=3, calibration="paper", rng=1)
+    learner = ShuffleGD(3, HingeLoss(), 1.0, 1e-6, n=10, rounds=3, radius=1.0, calibration="paper", rng=1)
     L = HingeLoss().lipschitz(1.0, 1.0)
     assert learner.smoothing_parameter == pytest.approx(theorem_smoothing(10, 3, 1.0, 1e-6, L, 2.0))
     learner.learn_many(recording[0][:4], recording[1][:4])
@@ -167,7 +169,7 @@ def test_passes_and_moreau_smoothing():
         ({"budget": "all"}, "'budget' parameter of ShuffleGD"),
         ({"smoothing": "none"}, "'smoothing' parameter of ShuffleGD .* non-smooth absolute"),
         ({"loss": LogisticLoss(), "smoothing": "moreau"}, "'smoothing' parameter .*no closed-form prox"),
-        ({"epsilon": 200.0, "delta": 0.1, "rounds": 100}, "composes over T = 100 rounds .* smaller 'epsilon'"),
+        ({"epsilon": 200.0, "delta": 0.1, "rounds": 100, "budget": "lemma-b6"}, "composes over T = 100 rounds .* smaller 'epsilon'"),
         ({"epsilon": 0.0}, "'epsilon' parameter of ShuffleGD"),
     ],
 )
@@ -196,3 +198,16 @@ def test_planned_privacy_is_the_report_after_every_round():
     learner.learn_recorded(lambda indices: (X3[indices], Y3[indices]), micro_batch=7)
     final = learner.privacy()
     assert (final.output, final.intrusion) == (planned.output, planned.intrusion)
+
+
+def test_the_defaults_spend_epsilon_and_fit_one_intrusion_within_delta():
+    """Issue 38: budget="solved" composes to the requested ε over the T rounds (Lemma B.6's split spent
+    0.43 of ε = 1 at T = 20), and fit_intrusion takes the message an intrusion adds at its own share
+    of δ, so outputs and one intrusion both plan within δ."""
+    learner = ShuffleGD(20, LogisticLoss(intercept=True), 1.0, 1e-6, n=100_000)
+    planned = learner.planned_privacy()
+    assert learner.planned_rounds == 20 and learner.slack == pytest.approx(1e-6 / 22)
+    assert planned.output.epsilon == pytest.approx(1.0, rel=1e-9) and planned.output.delta <= 1e-6
+    assert planned.intrusion.delta <= 1e-6
+    split = ShuffleGD(20, LogisticLoss(intercept=True), 1.0, 1e-6, n=100_000, budget="lemma-b6", fit_intrusion=False)
+    assert split.planned_privacy().output.epsilon < 0.45 and split.planned_privacy().intrusion.delta > 1e-6

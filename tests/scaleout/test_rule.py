@@ -15,14 +15,14 @@ from panpriv.streamer.scaleout.wire import GradientRecord, ModelVersion
 
 
 def _learner(dim: int = 5, n: int = 6000) -> PanPrivateACSA:
-    return PanPrivateACSA(dim=dim, loss="logistic", epsilon=1.0, delta=1e-6, horizon=n, radius=2.0)
+    return PanPrivateACSA(dim=dim, loss={"name": "logistic", "intercept": False}, epsilon=1.0, delta=1e-6, horizon=n, radius=2.0)
 
 
 def test_a_published_mean_is_the_clean_mean_plus_two_draws_of_zeta() -> None:
     """close_batch − the clean batch mean at θ^md has per-coordinate std √2·ζ(w) (Alg. 6 lines 4–9)."""
     dim, w, batches = 200, 50, 40
-    learner = PanPrivateACSA(dim=dim, loss="logistic", epsilon=1.0, delta=1e-6, horizon=10_000, radius=2.0)
-    clean = PanPrivateACSA(dim=dim, loss="logistic", epsilon=1.0, delta=1e-6, horizon=10_000, radius=2.0)
+    learner = PanPrivateACSA(dim=dim, loss={"name": "logistic", "intercept": False}, epsilon=1.0, delta=1e-6, horizon=10_000, radius=2.0)
+    clean = PanPrivateACSA(dim=dim, loss={"name": "logistic", "intercept": False}, epsilon=1.0, delta=1e-6, horizon=10_000, radius=2.0)
     rng = np.random.default_rng(1)
     residuals = []
     for _ in range(batches):
@@ -116,7 +116,7 @@ def test_secure_noise_scales_out_too() -> None:
     loads it, and its published mean is a float vector."""
     from panpriv.streamer.scaleout.wire import query_state
 
-    coordinator = Coordinator(PanPrivateACSA(dim=4, loss="logistic", epsilon=1.0, delta=1e-6, horizon=4000, noise="secure"),
+    coordinator = Coordinator(PanPrivateACSA(dim=4, loss={"name": "logistic", "intercept": False}, epsilon=1.0, delta=1e-6, horizon=4000, noise="secure"),
                               workers=2, deployment="d")
     record = ModelVersion.from_json(coordinator.model().to_json())
     worker = PanPrivateACSA.from_config(record.config)

@@ -129,3 +129,38 @@ def test_checkpoints_written_before_the_learner_catalogue_still_load_and_continu
     out.mkdir(parents=True)
     shutil.copy(OLD_CHECKPOINTS / f"{name}.json", out / "checkpoint.json")
     assert main(["inspect", str(tmp_path / "out")]) == 0
+
+
+CURRENT_MAIN_CHECKPOINTS = Path(__file__).parent / "fixtures" / "checkpoints_v1_c2fd030"
+"""One checkpoint per learner, written by commit c2fd030 (the service's defaults then lived in
+panpriv.streamer.runtime.learners (then panpriv.streamer.learners); ``tests/streamer/fixtures/checkpoints_v1_c2fd030`` holds the script's
+settings: 400 records of d = 4 from a file, ``learner.n`` 800 for the streaming learners, pnsgd
+and shuffled-pnsgd with ``eta = 0.5``, shuffle-gd with 3 rounds)."""
+
+ADDED_SINCE_C2FD030 = {
+    "pnsgd": {"horizon": None, "schedule": "sordello"},  # the paper's schedule, as then
+    "shuffled-pnsgd": {"pan_delta": None, "schedule": "sordello"},
+    "shuffle-gd": {"fit_intrusion": False},  # Lemma B.6's split of delta, as then
+}
+"""Constructor arguments added after c2fd030, with the value that rebuilds the learner of then
+(``Learner.legacy_defaults``)."""
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CURRENT_MAIN_CHECKPOINTS.glob("*.json")))
+def test_checkpoints_written_by_c2fd030_restore_the_same_learner_and_continue(name: str) -> None:
+    """The defaults moved from the service into the constructors; a checkpoint stores the resolved
+    configuration, so it restores the learner it was written by — the same config (plus arguments
+    added since, at their old behaviour), the same state, the same report — and learns on."""
+    checkpoint = read_manifest(CURRENT_MAIN_CHECKPOINTS / f"{name}.json")
+    learner = restore_learner(name, checkpoint.learner_config, checkpoint.learner_state, None)
+    assert learner.config() == {**checkpoint.learner_config, **ADDED_SINCE_C2FD030.get(name, {})}
+    assert learner.records_seen == checkpoint.records
+    checks._assert_states_equal(learner.state_dict(), checkpoint.learner_state, "restored")
+    registered = checkpoint.ledger["instances"].get(checkpoint.instance)  # shuffle-gd registers per round
+    if registered is not None:
+        assert learner.privacy().to_dict()["output"] == registered["output"]
+    if name in ("shuffled-pnsgd", "shuffle-gd"):
+        return  # their passes are complete: nothing more to learn
+    X, y = checks.make_stream(4, 100, binary=True)
+    learner.learn_many(X, 2.0 * y - 1.0)
+    assert learner.records_seen == checkpoint.records + 100 and np.all(np.isfinite(learner.snapshot().params))

@@ -126,7 +126,10 @@ def test_embedded_default_run_and_inspect(tmp_path, capsys) -> None:
     assert float(np.mean(labels == y_test)) * 100 == pytest.approx(accuracy["pan-acsa"], abs=0.005)
     predictions = tmp_path / "predictions.jsonl"
     assert main(["predict", "--snapshot", str(out / "snapshots.jsonl"), "--source", "adult:test", "--out", str(predictions)]) == 0
-    assert "scored 16,281 records (0 rejected)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "scored 16,281 records (0 rejected)" in err
+    balanced = 0.5 * (np.mean(labels[y_test > 0] > 0) + np.mean(labels[y_test < 0] < 0))
+    assert f"balanced accuracy {balanced:.2%}" in err
     lines = [json.loads(line) for line in predictions.read_text().splitlines()]
     np.testing.assert_array_equal([line["prediction"] for line in lines], labels)
     np.testing.assert_allclose([line["probability"] for line in lines], served.predict_proba_many(X_test), rtol=1e-15)

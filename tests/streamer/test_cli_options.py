@@ -33,10 +33,15 @@ def test_every_way_of_setting_options_reaches_the_learner_and_the_summary(tmp_pa
     assert '"intercept": true' in line and '"ridge": 0.01' in line and '"name": "logistic"' in line
 
 
-def test_missing_options_name_a_sensible_value(tmp_path: Path, capsys) -> None:
-    assert main(run_args(tmp_path, "--learner", "pnsgd")) == 2
-    error = capsys.readouterr().err
-    assert "learner.options.eta (--set eta=0.1" in error and "learner.options.radius" not in error  # radius: √d by default
+def test_pnsgd_runs_with_data_settings_only_and_accepts_eta_at_two_over_beta(tmp_path: Path, capsys) -> None:
+    """Issue 38: pnsgd needs no option (its step size and pan floor are its own defaults), and
+    eta = 2/beta is accepted although beta = (1 + 1)/4 computes to 0.5000000000000001."""
+    assert main(run_args(tmp_path, "--learner", "pnsgd")) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.strip().startswith("options"))
+    assert 'schedule="floor"' in line and "pan_delta=1e-06" in line and "radius=2.0" in line
+    assert main(run_args(tmp_path, "--learner", "pnsgd", "--set", "eta=4", "--out", str(tmp_path / "out2"))) == 0
+    assert "eta=4" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("flags", "message"), [

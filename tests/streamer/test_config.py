@@ -67,7 +67,7 @@ ridge = 0.01
     [
         ({"learner.epsilon": -1}, "learner.epsilon: Input should be greater than 0 (got -1)"),
         ({"learner.delta": 1.5}, "learner.delta: Input should be less than 1 (got 1.5)"),
-        ({"learner.name": "nope"}, "learner.name: unknown learner 'nope'; choose one of pan-acsa, pnsgd"),
+        ({"learner.name": "nope"}, "learner.name: unknown learner 'nope'; choose one of pan-acsa, pan-ftrl, pnsgd"),
         ({"records.dimm": 3}, "records.dimm: unknown setting"),
         ({"source.url": "http://x"}, "source.url: must start with kafka://, file:, synthetic: or adult:"),
         ({"source.url": "kafka://h:1/t"}, "records.dim is required for format 'json'"),

@@ -21,8 +21,13 @@ def final_privacy(out: Path) -> dict:
     return json.loads((out / "snapshots.jsonl").read_text().splitlines()[-1])["privacy"]
 
 
-def test_shuffled_pnsgd_is_refused_before_anything_is_learned_or_charged(tmp_path: Path, capsys) -> None:
-    code = main(run_args(tmp_path, "--learner", "shuffled-pnsgd", "--set", "eta=0.5"))
+LOOSE_FLOOR = ("--set", "eta=0.5", "--set", "pan_delta=0.001")
+"""shuffled-pnsgd with a pan floor above the requested delta (its default floor is the request:
+with Thm 5's noise alone, Sordello et al. 2021's schedule, the service can no longer build it)."""
+
+
+def test_a_learner_above_the_requested_delta_is_refused_before_anything_is_learned_or_charged(tmp_path: Path, capsys) -> None:
+    code = main(run_args(tmp_path, "--learner", "shuffled-pnsgd", *LOOSE_FLOOR))
     error = capsys.readouterr().err
     assert code == 2, error
     assert "learner.delta: shuffled-pnsgd would report delta = " in error and "above the requested 1e-06" in error
@@ -35,10 +40,10 @@ def test_shuffled_pnsgd_is_refused_before_anything_is_learned_or_charged(tmp_pat
 
 
 def test_an_accepted_larger_delta_runs_and_reports_at_most_the_planned_figure(tmp_path: Path, capsys) -> None:
-    assert main(run_args(tmp_path, "--learner", "shuffled-pnsgd", "--set", "eta=0.5", "--accept-larger-delta")) == 0
+    assert main(run_args(tmp_path, "--learner", "shuffled-pnsgd", *LOOSE_FLOOR, "--accept-larger-delta")) == 0
     capsys.readouterr()
     config = load_config(None, {"source.url": "synthetic:n=1&dim=4", "records.dim": 4, "records.feature_bound": 1.0,
-                                "learner.name": "shuffled-pnsgd", "learner.options": {"eta": 0.5}})
+                                "learner.name": "shuffled-pnsgd", "learner.options": {"eta": 0.5, "pan_delta": 0.001}})
     planned = build_learner(config, 300).planned_privacy()
     reported = final_privacy(tmp_path / "out")
     assert 1e-6 < reported["output"]["delta"] <= planned.output.delta
@@ -62,7 +67,8 @@ def test_a_pan_floor_above_the_request_is_refused_naming_the_option(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("learner", "options", "warned"), [
-    ("shuffled-pnsgd", '{"eta": 0.5}', True),
+    ("shuffled-pnsgd", '{"eta": 0.5, "pan_delta": 0.001}', True),
+    ("shuffled-pnsgd", "{}", False),
     ("pnsgd", '{"eta": 0.5}', False),
     ("pan-acsa", "{}", False),
 ])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
-from sklearn.metrics import log_loss, roc_auc_score
+from sklearn.metrics import balanced_accuracy_score, log_loss, roc_auc_score
 
 from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
@@ -59,6 +59,12 @@ def test_every_snapshot_carries_its_scores_on_the_holdout_computed_by_independen
         assert scores["auc"] == pytest.approx(roc_auc_score(positive, decision), abs=1e-12)
         assert scores["accuracy"] == pytest.approx(np.mean((decision > 0) == positive), abs=1e-12)
         assert scores["log_loss"] == pytest.approx(log_loss(positive, snapshot.predict_proba_many(X)), rel=1e-9)
+        assert scores["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(positive, decision > 0), abs=1e-12)
+        probability = snapshot.predict_proba_many(X)
+        assert scores["prior_threshold"] == pytest.approx(np.mean(probability), rel=1e-12)
+        at_prior = probability > scores["prior_threshold"]
+        assert scores["accuracy_at_prior"] == pytest.approx(np.mean(at_prior == positive), abs=1e-12)
+        assert scores["balanced_accuracy_at_prior"] == pytest.approx(balanced_accuracy_score(positive, at_prior), abs=1e-12)
     assert records[-1]["holdout"]["auc"] > 0.7  # the model learned something the hold-out can see
     for metric in ("auc", "accuracy", "log_loss", "records"):
         assert registry.get_sample_value("panpriv_holdout", {"metric": metric}) == pytest.approx(records[-1]["holdout"][metric])
@@ -87,3 +93,27 @@ def test_a_holdout_without_valid_records_or_missing_is_a_clear_error(tmp_path: P
             "--out", str(tmp_path / "out2"), "--holdout", str(tmp_path / "missing.jsonl")]
     assert main(argv) == 2
     assert "holdout: " in capsys.readouterr().err and not (tmp_path / "out2").exists()
+
+
+def test_on_imbalanced_data_the_prior_threshold_shows_what_accuracy_hides(tmp_path: Path) -> None:
+    """Issue 38: with ~5 % positives a useful model predicts no positive at P > 1/2, so its accuracy is
+    the majority rate and its balanced accuracy 1/2; at the model's own prior (chosen without the
+    labels) its balanced accuracy shows what it learned."""
+    rng = np.random.default_rng(5)
+
+    def write(path: Path, n: int) -> Path:
+        with open(path, "w") as handle:
+            for _ in range(n):
+                x = rng.uniform(-0.5, 0.5, size=4)
+                y = 1 if rng.uniform() < 1 / (1 + np.exp(-(4 * x[0] - 3.5))) else -1
+                handle.write(json.dumps({"x": x.tolist(), "y": y}) + "\n")
+        return path
+
+    config = load_config(None, {
+        "source.url": f"file:{write(tmp_path / 'train.jsonl', 20_000)}", "records.dim": 4, "records.feature_bound": 1.0,
+        "metrics.port": None, "out": str(tmp_path / "out"), "snapshots.holdout": str(write(tmp_path / "h.jsonl", 4000)),
+    })
+    Processor(config).run()
+    scores = json.loads((tmp_path / "out" / "snapshots.jsonl").read_text().splitlines()[-1])["holdout"]
+    assert scores["auc"] > 0.7 and scores["prior_threshold"] < 0.2
+    assert scores["balanced_accuracy"] < 0.55 < 0.6 < scores["balanced_accuracy_at_prior"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from panpriv.accounting.ledger import PrivacyLedger
@@ -40,10 +42,35 @@ def test_unknown_and_broken_entries_fail_clearly(monkeypatch) -> None:
 def test_common_settings_reach_the_constructor() -> None:
     config = load_config(None, {**SYNTHETIC, "learner.epsilon": 0.5, "learner.options": {"radius": 3.0}})
     arguments = constructor_arguments(config, 6000)
-    assert arguments == {"dim": 4, "feature_bound": 1.0, "epsilon": 0.5, "delta": 1e-6, "horizon": 6000,
-                         "loss": {"name": "logistic", "intercept": True}, "radius": 3.0}
+    assert arguments == {"dim": 4, "feature_bound": 1.0, "epsilon": 0.5, "delta": 1e-6, "horizon": 6000, "radius": 3.0}
     learner = build_learner(config, 6000)
     assert learner.config()["horizon"] == 6000 and learner.config()["radius"] == 3.0
+
+
+def test_the_readme_python_example_is_the_cli_default_learner() -> None:
+    """The README's snippet, ``PanPrivateACSA(dim=20, loss="logistic", epsilon=1.0, delta=1e-6,
+    horizon=100_000)``, and ``panpriv run --dim 20 --n 100000``: the same learner."""
+    from panpriv.protocols.pan_acsa import PanPrivateACSA
+
+    python = PanPrivateACSA(dim=20, loss="logistic", epsilon=1.0, delta=1e-6, horizon=100_000)
+    config = load_config(None, {"source.url": "synthetic:n=100000&dim=20", "records.dim": 20,
+                                "records.feature_bound": 1.0, "learner.n": 100_000})
+    assert build_learner(config, 100_000).config() == python.config()
+    assert python.radius == math.sqrt(20) and python.loss.intercept and python.param_count == 21
+
+
+@pytest.mark.parametrize(
+    ("options", "loss"),
+    [({"loss": {"intercept": False}}, {"name": "logistic", "intercept": False}),
+     ({"loss": "hinge"}, {"name": "hinge", "intercept": True}),
+     ({"loss": {"name": "squared", "label_bound": 2.0}}, {"name": "squared", "intercept": True, "label_bound": 2.0})],
+)
+def test_a_loss_option_is_completed_by_the_learners_defaults(options, loss) -> None:
+    """A loss named, or a loss table without ``intercept`` or ``name``, gets the learners' defaults
+    (panpriv.protocols.losses.learner_loss): what ``--no-intercept`` and ``--set loss.name=…`` give."""
+    learner = build_learner(load_config(None, {**SYNTHETIC, "learner.options": options}), 6000)
+    config = learner.config()["loss"]
+    assert {k: config[k] for k in loss} == loss
 
 
 @pytest.mark.parametrize(
@@ -52,7 +79,6 @@ def test_common_settings_reach_the_constructor() -> None:
         ({"learner.options": {"radiuss": 1.0}}, "learner.options.radiuss: PanPrivateACSA has no parameter 'radiuss'"),
         ({"learner.options": {"epsilon": 1.0}}, "learner.options.epsilon: set it through its own setting"),
         ({"learner.options": {"radius": -1.0}}, "The 'radius' parameter of PanPrivateACSA must be"),
-        ({"learner.name": "pnsgd"}, "learner 'pnsgd' needs learner.options.eta (--set eta=0.1: the step size"),
     ],
 )
 def test_bad_options_are_named(overrides, message) -> None:
@@ -148,3 +174,21 @@ def test_pan_acsa_secure_noise_streams_checkpoints_and_resumes(tmp_path) -> None
     assert rebuilt.records_seen == 6000 and rebuilt.state_dict()["grad_units"].dtype == "int64"
     assert any(a.startswith("secure noise") for a in result.report.assumptions)
     assert any("Canonne" in r for r in result.report.references)
+
+
+def test_option_errors_of_a_recorded_learner_come_before_the_scan(tmp_path, monkeypatch) -> None:
+    """Issue 38: a learner that reads a recording by index used to scan the whole file before the
+    options were checked; now the scan is not even started."""
+    import panpriv.streamer.runtime.processor as processor
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("the recording was scanned before the options were checked")
+
+    monkeypatch.setattr(processor, "open_indexed", no_scan)
+    data = tmp_path / "records.jsonl"
+    data.write_text('{"x": [0.1, 0.2, 0.3, 0.4], "y": 1}\n')
+    config = load_config(None, {"source.url": f"file:{data}", "records.dim": 4, "records.feature_bound": 1.0,
+                                "learner.name": "shuffled-pnsgd", "learner.options": {"etaa": 0.1},
+                                "metrics.port": None, "out": str(tmp_path / "out")})
+    with pytest.raises(ConfigError, match="learner.options.etaa: ShuffledPNSGD has no parameter 'etaa'"):
+        Processor(config).run()

@@ -3,11 +3,9 @@
 give equal learners — equal ``config()`` — from equal settings, for every catalogued learner a
 role can run; a role refuses, with one line, a learner it cannot run.
 
-The Python constructor matches once the learners own their defaults (radius √d, the intercept,
-PNSGD's pan floor: the constructors' defaults in ``protocols/``). Until then the factory adds them
-(:data:`panpriv.streamer.runtime.learners.DEFAULT_OPTIONS`) and that comparison is an expected
-failure: it turns into a failure of its own (XPASS, strict) the moment the defaults move, so the
-marker cannot outlive the move."""
+The Python constructor matches because the learners own their defaults (radius √d, the
+intercept, the loss, ε and δ, PNSGD's step size and pan floor: the constructors' defaults in
+``protocols/``); the factory only maps settings to constructor parameters."""
 
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ from panpriv.streamer.esa.families import FAMILIES
 from panpriv.streamer.runtime import learners
 
 DIM, EPSILON, DELTA, BOUND, N = 5, 1.0, 1e-6, 1.0, 1024
-OPTIONS = {"eta": 0.1}  # pnsgd and shuffled-pnsgd need a step size (no default: it bounds the guarantee)
+OPTIONS: dict[str, Any] = {}  # every learner runs on the settings alone
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -94,11 +92,6 @@ def test_run_and_analyze_and_coordinate_build_equal_learners(name: str) -> None:
             scaleout_commands.coordinator_learner(coordinate_args(name))
 
 
-DEFAULTS_IN_THE_SERVICE = bool(getattr(learners, "DEFAULT_OPTIONS", None))
-
-
-@pytest.mark.xfail(DEFAULTS_IN_THE_SERVICE, strict=True, raises=(AssertionError, TypeError),
-                   reason="the defaults (radius, intercept, pan_delta) still live in runtime/learners.DEFAULT_OPTIONS")
 @pytest.mark.parametrize("name", learner_names())
 def test_the_python_constructor_builds_the_learner_run_builds(name: str) -> None:
     assert python_learner(name).config() == run_learner(name).config()

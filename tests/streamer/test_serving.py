@@ -19,7 +19,8 @@ from panpriv.streamer.io.sinks import snapshot_record
 from panpriv.streamer.serving.snapshots import load_snapshot
 
 
-def write_snapshots(path: Path, count: int = 2, loss: object = "logistic") -> PanPrivateACSA:
+def write_snapshots(path: Path, count: int = 2, loss: object = None) -> PanPrivateACSA:
+    loss = {"name": "logistic", "intercept": False} if loss is None else loss  # what load_snapshot(loss="logistic") means
     learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=200, radius=5.0, feature_bound=1.5, rng=4)
     X, y = checks.make_stream(3, 200, binary=True)
     with path.open("w") as handle:
