@@ -119,7 +119,9 @@ def build_learner(config: ServiceConfig, n: int) -> Learner:
 
 
 def restore_learner(name: str, learner_config: Mapping[str, Any], state: Mapping[str, Any], seed: int | None) -> Learner:
-    """A learner rebuilt from a checkpoint's learner config and state."""
+    """A learner rebuilt from a checkpoint's learner config and state. A ``seed`` with a state that
+    has learned records is refused (:meth:`panpriv.protocols.base.Learner.from_state_dict`): the seed
+    would restart the noise stream and repeat the draws already released."""
     cls = learner_class(name)
     try:
         return cls.from_state_dict(learner_config, state, rng=seed)

@@ -69,6 +69,7 @@ class LineFileSource(_LocalSource):
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         start = self._position
         payloads: list[bytes] = []
+        lines: list[int] = []
         readline = self._handle.readline
         is_record = self._codec.is_record_line
         size, budget = 0, max_bytes or _UNBOUNDED
@@ -77,18 +78,14 @@ class LineFileSource(_LocalSource):
             if not line:
                 self._eof = True
                 break
-            self._position += 1
             if is_record(line):
                 payloads.append(line.rstrip(b"\r\n"))
+                lines.append(self._position)
                 size += len(line)
+            self._position += 1
         if self._position == start:
             return None
-        return Batch(
-            {self.key: (start, self._position)},
-            payloads,
-            [self.key] * len(payloads),
-            [],  # line positions are not needed downstream (no dead-letter topic for files)
-        )
+        return Batch({self.key: (start, self._position)}, payloads, [self.key] * len(payloads), lines)
 
     @property
     def exhausted(self) -> bool:

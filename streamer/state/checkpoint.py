@@ -44,6 +44,8 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "checkpoint.json"
 SOURCE_MARKS_KEY = "source_marks"
 """The key of a Kafka source's marks in the manifest's ``extra`` object."""
+PARTIAL_KEY = "partial_rows"
+"""The key, in ``extra``, of the rows of a message already in the learner state (see :class:`Checkpoint`)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,12 @@ class Checkpoint:
     learners) and ``source_marks`` (a Kafka source's timestamps of the last records before the
     positions, for the offset-regression check of :mod:`panpriv.streamer.kafka.calls`). On disk these
     three live in the manifest's ``extra`` object, under the same keys since schema version 1.
+
+    ``partial`` (``extra["partial_rows"]``): for a source key whose position points into a
+    message that holds several records (a binary batch) of which the learner state already has
+    the first ``partial[key]`` valid rows — a batch boundary of ``pan-acsa`` fell inside that
+    message (:meth:`panpriv.protocols.base.Learner.records_to_boundary`). A resumed run re-reads the
+    message and skips those rows (:mod:`panpriv.streamer.runtime.stream_driver`).
     """
 
     sequence: int
@@ -95,6 +103,7 @@ class Checkpoint:
     snapshot_records: int = -1
     replay: ReplayMarks | None = None
     source_marks: dict[str, int] = field(default_factory=dict)
+    partial: dict[str, int] = field(default_factory=dict)
 
     def extra(self) -> dict[str, Any]:
         """The manifest's ``extra`` object (the layout of schema version 1)."""
@@ -103,6 +112,8 @@ class Checkpoint:
             extra["replay"] = self.replay.to_dict()
         if self.source_marks:
             extra[SOURCE_MARKS_KEY] = dict(self.source_marks)
+        if self.partial:
+            extra[PARTIAL_KEY] = dict(self.partial)
         return extra
 
     def to_json(self) -> str:
@@ -168,6 +179,8 @@ def _typed_extra(extra: dict[str, Any]) -> dict[str, Any]:
         fields["replay"] = ReplayMarks.from_dict(dict(extra["replay"]))
     if SOURCE_MARKS_KEY in extra:
         fields["source_marks"] = {str(k): int(v) for k, v in dict(extra[SOURCE_MARKS_KEY]).items()}
+    if PARTIAL_KEY in extra:
+        fields["partial"] = {str(k): int(v) for k, v in dict(extra[PARTIAL_KEY]).items() if int(v) > 0}
     return fields
 
 

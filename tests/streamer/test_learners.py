@@ -143,8 +143,8 @@ def test_pan_acsa_secure_noise_streams_checkpoints_and_resumes(tmp_path) -> None
     assert (result.outcome, result.records) == ("finished", 6000)
     checkpoint = CheckpointStore(tmp_path / "out" / "checkpoints").load()
     assert checkpoint.learner_config["noise"] == "secure"
-    assert checkpoint.learner_state["grad_units"].dtype.kind == "i" and "grad" not in checkpoint.learner_state
+    assert not {"grad", "grad_units", "filled"} & set(checkpoint.learner_state)  # a batch boundary: no accumulator
     rebuilt = learner_class("pan-acsa").from_state_dict(checkpoint.learner_config, checkpoint.learner_state)
-    assert rebuilt.records_seen == 6000 and rebuilt.state_dict()["grad_units"].dtype == "int64"
+    assert rebuilt.records_seen == checkpoint.records and rebuilt._grad.dtype == "int64"
     assert any(a.startswith("secure noise") for a in result.report.assumptions)
     assert any("Canonne" in r for r in result.report.references)
