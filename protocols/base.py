@@ -324,7 +324,9 @@ class Learner(abc.ABC):
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, StateValue]:
-        """Noisy internal state and counters only (never raw records, never generator state)."""
+        """Noisy internal state and counters only (never raw records, never generator state). Its
+        arrays are copies the caller owns: a writer zeroes them once written (the service's
+        checkpoint does), which must not touch the learner."""
 
     @abc.abstractmethod
     def load_state_dict(self, state: Mapping[str, StateValue]) -> None:

@@ -31,7 +31,7 @@ from panpriv.streamer.runtime.heartbeat import Heartbeat
 from panpriv.streamer.runtime.pacing import Pacer
 from panpriv.streamer.runtime.replay import Halt, pass_instance
 from panpriv.streamer.runtime.stream_driver import refused_records
-from panpriv.streamer.state.checkpoint import ReplayMarks
+from panpriv.streamer.state.checkpoint import ReplayMarks, copied_state
 from panpriv.streamer.state.training_state import TrainingState
 
 
@@ -103,7 +103,7 @@ class RecordedDriver(Driver):
         boundary, state = self._boundary, self.state
         bookkeeping = {"positions": dict(state.positions), "ledger": state.ledger.to_dict(), "rejects": dict(state.rejects)}
         if boundary is not None and self._learner.records_seen != boundary.records:
-            return Resumable(boundary.state, boundary.records, boundary.snapshot_records,
+            return Resumable(copied_state(boundary.state), boundary.records, boundary.snapshot_records,
                              ReplayMarks(boundary.passes_charged, restart=True), **bookkeeping)
         return Resumable(self._learner.state_dict(), self._learner.records_seen, state.snapshot_records,
                          ReplayMarks(self._passes_charged), **bookkeeping)

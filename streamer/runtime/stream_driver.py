@@ -56,6 +56,7 @@ from panpriv.streamer.runtime.pacing import Pacer
 from panpriv.streamer.runtime.reject_guard import RejectGuard
 from panpriv.streamer.runtime.status import RejectLog
 from panpriv.streamer.sources.base import Batch, Source
+from panpriv.streamer.state.checkpoint import copied_state, wipe_state
 from panpriv.streamer.state.training_state import TrainingState
 
 log = logging.getLogger("panpriv.processor")
@@ -140,8 +141,8 @@ class StreamDriver(Driver):
                 return Resumable(learner.state_dict(), learner.state_records, state.snapshot_records, None,
                                  dict(state.positions), state.ledger.to_dict(), dict(state.rejects))
             b = self._boundary
-            return Resumable(b.learner_state, b.records, state.snapshot_records, None, dict(b.positions), b.ledger,
-                             dict(b.rejects), dict(b.partial))
+            return Resumable(copied_state(b.learner_state), b.records, state.snapshot_records, None, dict(b.positions),
+                             b.ledger, dict(b.rejects), dict(b.partial))
         return Resumable(learner.state_dict(), learner.records_seen, state.snapshot_records, None,
                          dict(state.positions), state.ledger.to_dict(), dict(state.rejects))
 
@@ -200,7 +201,11 @@ class StreamDriver(Driver):
                 decoded = self._skip_rows(decoded, first, skip)
             if len(decoded.y):
                 try:
-                    cut = self._learn(decoded, first, skip) or cut
+                    learned_cut = self._learn(decoded, first, skip)
+                    if learned_cut is not None:
+                        if cut is not None:
+                            wipe_state(cut.learner_state)
+                        cut = learned_cut
                 except ProtocolError:
                     raise refused_records(state.learner.name) from None
             learned += len(decoded.y)
@@ -236,6 +241,8 @@ class StreamDriver(Driver):
             stop = len(y) if room is None else min(len(y), start + room)
             learner.learn_many(X[start:stop], y[start:stop])
             if room is not None and stop - start == room:
+                if cut is not None:
+                    wipe_state(cut.learner_state)  # superseded by this boundary
                 message = int(origin[stop - 1])
                 rows = stop - int(np.searchsorted(origin, message))  # its valid rows learned so far
                 if stop == len(y) or int(origin[stop]) != message:
@@ -256,6 +263,7 @@ class StreamDriver(Driver):
         for message, reason, count in rejects:
             if message < cut.message:
                 rejected[reason] += count
+        wipe_state(self._boundary.learner_state)
         self._boundary = Boundary(cut.learner_state, cut.records, {**state.positions, **positions},
                                   state.ledger.to_dict(), dict(rejected), partial)
         return positions

@@ -33,7 +33,7 @@ from panpriv.streamer.runtime.heartbeat import LagReporter
 from panpriv.streamer.serving.holdout import Holdout
 from panpriv.streamer.sources.base import Source
 from panpriv.streamer.sources.open import source_marks
-from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore
+from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore, wipe_state
 
 
 class CheckpointTransaction:
@@ -123,7 +123,10 @@ class CheckpointTransaction:
             source_marks=source_marks(self._source, positions),  # offset-regression check (kafka_calls)
             partial=resumable.partial,
         )
-        durable_at = self._store.save(checkpoint)  # (4)
+        try:
+            durable_at = self._store.save(checkpoint)  # (4)
+        finally:
+            wipe_state(checkpoint.learner_state)  # copies made for this write (panpriv.streamer.state.checkpoint)
         self._session.mark_durable(state.instance, state.sequence, positions, clean=final)
         store_ledger = self._session.store_ledger(state.ledger)
         report = self._session.report(state, store_ledger)

@@ -18,13 +18,21 @@ Integrity (:mod:`panpriv.streamer.state.integrity`): the manifest carries the SH
 verified on load with a strict schema check, so a corrupted manifest is refused, never resumed.
 
 Arrays are stored exactly (raw little-endian bytes, base64) so a resumed learner continues from
-bit-identical state.
+bit-identical state. Neither writing nor reading makes a Python string or bytes copy of them: the
+manifest is assembled in, and read into, a buffer that is zeroed once written or parsed
+(:func:`panpriv.streamer.state.integrity.seal_document`), and the learner-state arrays handed to the
+writer are zeroed after the write. The previous manifest's file, replaced by ``os.replace``, is
+overwritten with zeros once the new one is durable (:func:`panpriv.streamer.state.atomic_files.write_atomically`),
+so its blocks do not stay on a disk that overwrites in place.
+
+What a manifest can hold is a function of what was released: the learner's ``state_dict`` —
+for ``pan-acsa`` the state at its last batch boundary, never the open batch's accumulator
+(:meth:`panpriv.protocols.base.Learner.records_to_boundary`) — and public positions and counts
+(docs/privacy.md, "Checkpoints on disk").
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import math
 import time
 from collections.abc import Mapping
@@ -37,8 +45,9 @@ import numpy as np
 from panpriv.streamer.config import describe_changes
 from panpriv.streamer.errors import CheckpointError
 from panpriv.streamer.state.atomic_files import write_atomically
-from panpriv.streamer.state.integrity import check_ledger, open_sealed, seal
+from panpriv.streamer.state.integrity import check_ledger, check_schema, open_document, seal_document
 from panpriv.streamer.state.lock import prepare_output_directory
+from panpriv.streamer.state.owned_bytes import read_owned
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "checkpoint.json"
@@ -116,8 +125,10 @@ class Checkpoint:
             extra[PARTIAL_KEY] = dict(self.partial)
         return extra
 
-    def to_json(self) -> str:
-        body = {
+    def to_body(self) -> dict[str, Any]:
+        """The manifest's content, learner-state arrays as numpy arrays (sealed and serialised by
+        :func:`panpriv.streamer.state.integrity.seal_document`)."""
+        return {
             "schema_version": self.schema_version,
             "sequence": self.sequence,
             "created": self.created,
@@ -137,12 +148,11 @@ class Checkpoint:
             "snapshots": self.snapshots,
             "extra": self.extra(),
         }
-        return json.dumps(body, sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str, where: str = "checkpoint") -> Checkpoint:
+    def from_body(cls, body: dict[str, Any], where: str = "checkpoint") -> Checkpoint:
+        """The checkpoint of a manifest's content (arrays already decoded)."""
         try:
-            body = json.loads(text)
             version = body.get("schema_version")
             if version != SCHEMA_VERSION:
                 raise CheckpointError(
@@ -168,7 +178,7 @@ class Checkpoint:
             )
         except CheckpointError:
             raise
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{where} is not a valid panpriv checkpoint: {exc!r}") from None
 
 
@@ -185,20 +195,13 @@ def _typed_extra(extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def encode_value(value: Any) -> Any:
-    """A state value as JSON: arrays as ``{"ndarray": {dtype, shape, base64}}`` (little-endian raw
-    bytes, so floats round-trip exactly), numpy scalars as Python numbers, non-finite floats as
-    ``{"float": "inf"}``; anything else must already be JSON-ready."""
+    """A learner-state value as the manifest holds it: numeric arrays as they are (the seal
+    serialises them, :func:`panpriv.streamer.state.integrity.seal_document`), numpy scalars as
+    Python numbers, non-finite floats as ``{"float": "inf"}``; anything else must be JSON-ready."""
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise CheckpointError("learner state holds an object array; only numeric arrays can be checkpointed")
-        little = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
-        return {
-            "ndarray": {
-                "dtype": little.dtype.str,
-                "shape": list(little.shape),
-                "base64": base64.b64encode(little.tobytes()).decode("ascii"),
-            }
-        }
+        return value
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -207,15 +210,24 @@ def encode_value(value: Any) -> Any:
 
 
 def decode_value(value: Any) -> Any:
-    """Inverse of :func:`encode_value` (arrays come back in native byte order, writeable)."""
-    if isinstance(value, dict) and "ndarray" in value:
-        spec = value["ndarray"]
-        dtype = np.dtype(spec["dtype"])
-        array = np.frombuffer(base64.b64decode(spec["base64"]), dtype=dtype).reshape(spec["shape"])
-        return array.astype(dtype.newbyteorder("="), copy=True)
+    """Inverse of :func:`encode_value` (arrays arrive decoded by the seal, in native byte order,
+    writeable)."""
     if isinstance(value, dict) and "float" in value:
         return float(value["float"])
     return value
+
+
+def copied_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A learner-state dict with its arrays copied (for a writer that wipes them, :func:`wipe_state`)."""
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in state.items()}
+
+
+def wipe_state(state: Mapping[str, Any]) -> None:
+    """Zero the arrays of a learner-state dict once it is written (a serialised copy of a state is
+    never left to the allocator: module docstring)."""
+    for value in state.values():
+        if isinstance(value, np.ndarray) and value.flags.writeable:
+            value.fill(0)
 
 
 class CheckpointStore:
@@ -233,9 +245,11 @@ class CheckpointStore:
 
     def save(self, checkpoint: Checkpoint) -> float:
         """Write ``checkpoint`` durably (sealed with its checksum, :mod:`panpriv.streamer.state.integrity`;
-        :func:`~panpriv.streamer.state.atomic_files.write_atomically`); return the Unix time it became durable."""
+        :func:`~panpriv.streamer.state.atomic_files.write_atomically`, the replaced manifest zeroed);
+        return the Unix time it became durable. The sealed bytes are zeroed once written."""
         prepare_output_directory(self.directory)
-        write_atomically(self.path, seal(checkpoint.to_json()).encode("utf-8"), what="checkpoint")
+        with seal_document(checkpoint.to_body()) as sealed:
+            write_atomically(self.path, sealed.view(), what="checkpoint", wipe_replaced=True)
         return time.time()
 
 
@@ -243,13 +257,15 @@ def read_manifest(path: Path) -> Checkpoint:
     """The checkpoint in ``path``, its checksum and schema verified (:mod:`panpriv.streamer.state.integrity`);
     :class:`CheckpointError` for anything that is not a valid, intact manifest."""
     try:
-        raw = path.read_bytes()
+        raw = read_owned(path)
     except IsADirectoryError:
         raise CheckpointError(f"{path} is a directory, not a checkpoint file") from None
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
-    body = open_sealed(raw, str(path))
-    checkpoint = Checkpoint.from_json(json.dumps(body), where=str(path))
+    with raw:
+        body = open_document(raw, str(path))
+    check_schema(body, str(path))
+    checkpoint = Checkpoint.from_body(body, where=str(path))
     check_ledger(checkpoint.ledger, str(path))
     return checkpoint
 

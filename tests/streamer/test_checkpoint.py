@@ -16,6 +16,7 @@ from panpriv.streamer.commands.cli import main
 from panpriv.streamer.errors import CheckpointError, OutputError
 from panpriv.streamer.runtime.learners import restore_learner
 from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
+from panpriv.streamer.state.integrity import open_document, seal_document
 
 
 def make(sequence: int = 1, **changes) -> Checkpoint:
@@ -52,7 +53,8 @@ def test_state_arrays_round_trip_bit_exactly(tmp_path) -> None:
 
 @pytest.mark.parametrize("value", [np.arange(6, dtype=">i4").reshape(2, 3), np.array([True, False]), np.float32(1.5), float("-inf"), 7, "phase"])
 def test_value_encoding(value) -> None:
-    decoded = decode_value(json.loads(json.dumps(encode_value(value))))
+    with seal_document({"value": encode_value(value)}) as sealed:
+        decoded = decode_value(open_document(sealed, "test")["value"])
     if isinstance(value, np.ndarray):
         np.testing.assert_array_equal(decoded, value)
         assert decoded.dtype.isnative
