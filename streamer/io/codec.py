@@ -198,15 +198,17 @@ def clip_rows(X: NDArray[np.float64], bound: float) -> NDArray[np.float64]:
 
 def _clip(X: NDArray[np.float64], norms: NDArray[np.float64], bound: float, in_place: bool) -> NDArray[np.float64]:
     """:func:`clip_rows` given the rows' norms: rows with norm > ``bound`` are multiplied by
-    ``bound/norm``, the others by exactly 1 (unchanged); in place or into a copy."""
-    over = norms > bound
-    if not over.any():
-        return X
-    scale = np.divide(bound, norms, out=np.ones_like(norms), where=over)[:, None]
-    if in_place:
-        X *= scale
-        return X
-    return X * scale
+    ``bound/norm``, the others by exactly 1 (unchanged); in place or into a copy. Every row is
+    multiplied, clipped or not, so a micro-batch's decoding time does not depend on whether a
+    record needed clipping (docs/privacy.md, "Timing"); the factors and the norms are zeroed."""
+    scale = np.divide(bound, norms, out=np.ones_like(norms), where=norms > bound)
+    factors = np.empty_like(X)
+    np.copyto(factors, scale[:, None])  # a plain assignment: no iteration buffer keeps the factors
+    clipped = X if in_place else np.empty_like(X)
+    np.multiply(X, factors, out=clipped)
+    for array in (factors, scale, norms):
+        array.fill(0.0)
+    return clipped
 
 
 def _onto_sphere(X: NDArray[np.float64], bound: float) -> NDArray[np.float64]:
