@@ -34,6 +34,7 @@ for ``pan-acsa`` the state at its last batch boundary, never the open batch's ac
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -255,19 +256,37 @@ class CheckpointStore:
 
 def read_manifest(path: Path) -> Checkpoint:
     """The checkpoint in ``path``, its checksum and schema verified (:mod:`panpriv.streamer.state.integrity`);
-    :class:`CheckpointError` for anything that is not a valid, intact manifest."""
-    try:
-        raw = read_owned(path)
-    except IsADirectoryError:
-        raise CheckpointError(f"{path} is a directory, not a checkpoint file") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
-    with raw:
-        body = open_document(raw, str(path))
+    :class:`CheckpointError` for anything that is not a valid, intact manifest.
+
+    A reader racing the running service (``panpriv inspect``, a monitor) may open the manifest just
+    before it is replaced, and then read the zeros the service writes over the replaced file: a
+    manifest that fails to parse is read again if the path names another file by then."""
+    for attempt in range(3):
+        try:
+            inode = os.stat(path).st_ino
+            raw = read_owned(path)
+        except IsADirectoryError:
+            raise CheckpointError(f"{path} is a directory, not a checkpoint file") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
+        try:
+            with raw:
+                body = open_document(raw, str(path))
+            break
+        except CheckpointError:
+            if attempt == 2 or _inode(path) == inode:
+                raise
     check_schema(body, str(path))
     checkpoint = Checkpoint.from_body(body, where=str(path))
     check_ledger(checkpoint.ledger, str(path))
     return checkpoint
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 def check_resumable(checkpoint: Checkpoint, config_hash: str, privacy_config: Mapping[str, Any], where: Path) -> None:
