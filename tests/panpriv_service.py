@@ -31,7 +31,10 @@ MALFORMED: dict[str, bytes] = {
 
 
 def toml_value(value: Any) -> str:
-    """A Python scalar or list as a TOML value (JSON's syntax is TOML's for these)."""
+    """A Python scalar, list or mapping as a TOML value (JSON's syntax is TOML's for scalars and
+    lists; a mapping is an inline table)."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
     return json.dumps(str(value) if isinstance(value, Path) else value)
 
 
@@ -73,10 +76,10 @@ class PanprivService:
     """``panpriv run --config <workdir>/panpriv.toml`` with metrics on a free loopback port.
 
     ``config`` holds the settings of the test (source, records, learner, …); ``out``, ``progress``
-    and ``[metrics]`` are filled in here.
+    and ``[metrics]`` are filled in here. ``env``: the process's environment (default: this one's).
     """
 
-    def __init__(self, workdir: Path, config: Mapping[str, Any]) -> None:
+    def __init__(self, workdir: Path, config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_loopback_port()
         self.out = workdir / "out"
@@ -86,9 +89,14 @@ class PanprivService:
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
         self.log_path = workdir / "panpriv.log"
         self._process = ManagedProcess(
-            [sys.executable, "-m", "panpriv", "run", "--config", str(self.config_path)], self.log_path
+            [sys.executable, "-m", "panpriv", "run", "--config", str(self.config_path)], self.log_path,
+            None if env is None else dict(env),
         )
         wait_until(self._serves_metrics, STARTUP_TIMEOUT_S, f"panpriv metrics at {self.metrics_url}")
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     @property
     def target(self) -> str:

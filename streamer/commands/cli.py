@@ -579,12 +579,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``panpriv`` console script."""
+    program = argv is None  # started as the program (not called from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    if program:
+        from panpriv.streamer.runtime import allocator
+
+        allocator.ensure(args.command)  # a long-running command restarts with an allocator that erases (docstring)
     args.argv = _after_command(argv) if args.command == "run" else []
     from panpriv.streamer.commands import logs
 

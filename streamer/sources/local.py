@@ -39,10 +39,16 @@ class _LocalSource:
 # -- line files (JSONL, CSV, Adult) --------------------------------------------------------------
 
 
+READ_BUFFER = 1 << 16
+"""Bytes of a file read at a time: the read buffer holds raw records around the position read
+(about 180 JSON records of 20 features), overwritten as reading moves on — a part of the input
+path's bound (docs/privacy.md, "The input path")."""
+
+
 def _open_binary(path: Path) -> IO[bytes]:
     if path.suffix == ".gz":
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb", buffering=1 << 20)
+    return open(path, "rb", buffering=READ_BUFFER)
 
 
 class LineFileSource(_LocalSource):
