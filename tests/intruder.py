@@ -141,25 +141,13 @@ def canary_stream(n: int, fmt: str, seed: int = 0) -> CanaryStream:
         bits = (np.uint32(0x3D000000) + np.arange(n * DIM, dtype=np.uint32)).reshape(n, DIM)
         return CanaryStream(bits.view(np.float32).astype(np.float64) * signs, y, fmt)
     digits = rng.integers(5, 20, size=(n, DIM))
-    X = np.array([[float(f"0.{digits[i, j]:02d}{i:07d}{j:02d}7") for j in range(DIM)] for i in range(n)]) * signs
-    return CanaryStream(X, y, fmt, digits)
+    # 0.AA<i:07d><j:02d>7 as the integer AA<i><j>7 over 10^12: an exact integer below 2^53 divided
+    # by an exact power of ten, correctly rounded — the very double float() reads from the text.
+    numerators = digits * 10**10 + np.arange(n)[:, None] * 1000 + np.arange(DIM)[None, :] * 10 + 7
+    return CanaryStream(numerators / 1e12 * signs, y, fmt, digits)
 
 
 # -- reading the service ----------------------------------------------------------------------------
-
-
-def dump(pid: int) -> bytes:
-    """Every writable mapping of process ``pid``, read while it is stopped (SIGSTOP, then SIGCONT)."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        deadline = time.monotonic() + 10.0
-        while _state(pid) not in ("T", "t"):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"process {pid} did not stop")
-            time.sleep(0.002)
-        return read_memory(pid)
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def _state(pid: int) -> str:
@@ -170,11 +158,10 @@ def _state(pid: int) -> str:
 KNOWN_ENTROPY = Path(__file__).parent / "known_entropy"
 
 
-def known_entropy_env(seed: int, state_dir: Path) -> dict[str, str]:
-    """The environment of a service whose OS entropy is the seeded stream (module docstring), with
-    its budget store in ``state_dir``."""
+def known_entropy_env(seed: int) -> dict[str, str]:
+    """The environment of a service whose OS entropy is the seeded stream (module docstring)."""
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PANPRIV_TEST_ENTROPY_SEED": str(seed), "PANPRIV_STATE_DIR": str(state_dir),
+    return {**os.environ, "PANPRIV_TEST_ENTROPY_SEED": str(seed),
             "PYTHONPATH": (path + os.pathsep if path else "") + str(KNOWN_ENTROPY)}
 
 
@@ -311,32 +298,49 @@ def _rows_among(targets: NDArray[Any], vectors: NDArray[Any], tolerance: float) 
     return rows
 
 
-_BASE64_RUN = re.compile(rb"[A-Za-z0-9+/]{40,}={0,2}")
+_BASE64_CHARACTERS = np.zeros(256, dtype=bool)
+_BASE64_CHARACTERS[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=", dtype=np.uint8)] = True
 
 
 def base64_vectors(raw: bytes, p: int, dtype: str) -> NDArray[Any]:
-    """Every base64 text in ``raw`` (quad-aligned within a run) that decodes to exactly p float64 or
-    int64 values: what serialised states look like to an intruder who knows only p (blind)."""
+    """Every base64 text in ``raw`` that is exactly the encoding of p float64 or int64 values — a
+    run of that many base64 characters between two others — decoded: what a serialised state
+    looks like to an intruder who knows only p (blind)."""
     want = 4 * -(-8 * p // 3)
+    data = np.frombuffer(raw, dtype=np.uint8)
+    stride = want // 2  # a run of ``want`` characters covers two consecutive samples
+    sampled = _BASE64_CHARACTERS[data[::stride]]
     found = []
-    for match in _BASE64_RUN.finditer(raw):
-        text = match[0]
-        for start in range(0, len(text) - want + 1, 4):
-            try:
-                decoded = binascii.a2b_base64(text[start : start + want], strict_mode=True)
-            except binascii.Error:
-                continue
-            if len(decoded) == 8 * p:
-                found.append(np.frombuffer(decoded, dtype=dtype))
+    seen = -1
+    for k in np.flatnonzero(sampled[:-1] & sampled[1:]).tolist():
+        a = k * stride
+        if a < seen:
+            continue
+        while a > 0 and _BASE64_CHARACTERS[data[a - 1]]:
+            a -= 1
+        b = k * stride
+        while b < data.size and _BASE64_CHARACTERS[data[b]]:
+            b += 1
+        seen = b
+        if b - a != want:
+            continue
+        try:
+            decoded = binascii.a2b_base64(raw[a:b], strict_mode=True)
+        except binascii.Error:
+            continue
+        if len(decoded) == 8 * p:
+            found.append(np.frombuffer(decoded, dtype=dtype))
     return np.array(found) if found else np.zeros((0, p), dtype=dtype)
 
 
-def draw_coordinates_found(words: NDArray[np.uint64], draw: NDArray[Any]) -> int:
-    """How many coordinates of ``draw`` (for integers: of ±draw) are among ``words``."""
-    values = draw.view(np.uint64)
-    wanted = np.concatenate([values, (-draw).view(np.uint64)]) if draw.dtype == np.int64 else values
-    present = np.isin(wanted, words)
-    return int(np.count_nonzero(present[: draw.size] | present[draw.size :] if draw.dtype == np.int64 else present))
+def draw_coordinates_found(memory: Memory, draw: NDArray[Any]) -> int:
+    """How many coordinates of ``draw`` (for integers: of ±draw) are 8-byte words of ``memory``."""
+    if draw.dtype == np.int64:
+        ordered = memory.sorted_ints()
+        wanted = np.stack([draw, -draw])
+        where = np.minimum(np.searchsorted(ordered, wanted), ordered.size - 1)
+        return int(np.count_nonzero((ordered[where] == wanted).any(axis=0)))
+    return sum(1 for value in draw.tolist() if memory.find_vectors(np.array([[value]]), 0.0))
 
 
 def guess_label(memory: Memory, encoded: NDArray[Any], batch: OpenBatch, target: int,
@@ -370,3 +374,98 @@ def audit_epsilon(correct: int, guesses: int, confidence: float = 0.95) -> float
         middle = (low + high) / 2
         low, high = (middle, high) if tail(middle) <= 1.0 - confidence else (low, middle)
     return low
+
+
+# -- one run of the service under attack ------------------------------------------------------------
+
+
+@dataclass
+class Exposure:
+    """What one dump held of the input: the records found (by kind) and their ages in records
+    behind the position the service had reached (``position``: records learned just before the
+    dump, read from its metrics; the service may have learned up to one more micro-batch since)."""
+
+    position: int
+    found: dict[str, NDArray[np.int64]]
+
+    def oldest_age(self) -> int:
+        """How far behind ``position`` the oldest record found is (negative: none behind)."""
+        ids = np.concatenate([v for v in self.found.values()] or [np.zeros(0, dtype=np.int64)])
+        behind = ids[ids < self.position]
+        return int(self.position - behind.min()) if behind.size else -1
+
+
+class Service:
+    """``panpriv run`` on a canary stream, paced so that a dump can be taken where wanted."""
+
+    def __init__(self, workdir: Path, stream: CanaryStream, source_url: str, learner: dict[str, Any],
+                 source: dict[str, Any] | None = None, kafka: dict[str, Any] | None = None,
+                 entropy_seed: int | None = None, checkpoint_every: int = 300) -> None:
+        from tests.panpriv_service import PanprivService
+
+        config: dict[str, Any] = {
+            "source": {"url": source_url, "rate": 4000.0, "batch_records": 256, **(source or {})},
+            "records": {"format": stream.fmt, "dim": DIM, "feature_bound": 1.0, "label_values": [-1.0, 1.0]},
+            "learner": {"epsilon": 1.0, "delta": 1e-6, **learner},
+            "checkpoint": {"every_records": checkpoint_every, "every_seconds": 60.0},
+            "snapshots": {"every_records": 10**9},
+        }
+        if kafka:
+            config["kafka"] = kafka
+        self.stream = stream
+        self.position_before_pause = 0
+        self.process = PanprivService(workdir, config, env=None if entropy_seed is None else known_entropy_env(entropy_seed))
+
+    @property
+    def step(self) -> int:
+        """Records per paced micro-batch: the rate's 50 ms step (panpriv.streamer.runtime.pacing)."""
+        return 200
+
+    def position(self) -> int:
+        text = self.process.scrape()
+        match = re.search(r"^panpriv_records_total ([0-9.e+]+)$", text, re.M)
+        return int(float(match[1])) if match else 0
+
+    def wait_for(self, position: int, timeout_s: float = 120.0) -> int:
+        """Wait until ``position`` records are learned; return the position read."""
+        deadline = time.monotonic() + timeout_s
+        while (now := self.position()) < position:
+            self.process._process.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the service did not reach record {position} (at {now})")
+            time.sleep(0.005)
+        return now
+
+    def paused(self) -> _Paused:
+        """A ``with`` block in which the service is stopped; its value is the memory read then.
+        :attr:`position_before_pause` is the position read from the metrics just before."""
+        self.position_before_pause = self.position()
+        return _Paused(self.process.pid)
+
+    def manifest(self) -> Any:
+        from panpriv.streamer.state.checkpoint import read_manifest
+
+        return read_manifest(self.process.out / "checkpoints" / "checkpoint.json")
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class _Paused:
+    """SIGSTOP on entry (once the process is stopped), SIGCONT on exit: the memory read and its
+    analysis happen while the service does nothing."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def __enter__(self) -> bytes:
+        os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10.0
+        while _state(self.pid) not in ("T", "t"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"process {self.pid} did not stop")
+            time.sleep(0.002)
+        return read_memory(self.pid)
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.kill(self.pid, signal.SIGCONT)

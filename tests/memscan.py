@@ -214,11 +214,16 @@ class Memory:
             rows, starts = rows[close], starts[close]
         return list(zip(rows.tolist(), starts.tolist(), strict=True))
 
-    def find_int_vectors(self, targets: NDArray[np.int64]) -> list[tuple[int, int]]:
-        """:meth:`find_vectors` for exact int64 rows."""
+    def sorted_ints(self) -> NDArray[np.int64]:
+        """Every word as an int64, sorted (computed once)."""
         if not hasattr(self, "_int_order"):
             self._int_order = np.argsort(self.ints, kind="stable")
             self._int_sorted = self.ints[self._int_order]
+        return self._int_sorted
+
+    def find_int_vectors(self, targets: NDArray[np.int64]) -> list[tuple[int, int]]:
+        """:meth:`find_vectors` for exact int64 rows."""
+        self.sorted_ints()
         p = targets.shape[1]
         lo = np.searchsorted(self._int_sorted, targets[:, 0], side="left")
         hi = np.searchsorted(self._int_sorted, targets[:, 0], side="right")
