@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test soak bench utility report clean
+.PHONY: run test docs release soak bench utility report clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ $(VENV)/.installed-report: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[report]'
 	touch $@
 
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
+$(VENV)/.installed-release: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[release]'
+	touch $@
+
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $@
@@ -31,7 +39,8 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/panpriv run
 
-## test: the whole suite, integration tests included (real Kafka-protocol broker and Prometheus),
+## test: the whole suite, integration tests included (real Kafka-protocol broker and Prometheus,
+## the documentation site built with --strict, the wheel built and installed into a fresh venv),
 ## after ruff (pyflakes, import order) and mypy (accounting, protocols, streamer: zero errors), on
 ## TEST_WORKERS processes (pytest-xdist; each test file stays on one worker, so module fixtures
 ## are built once; each worker starts its own broker). TEST_WORKERS=0 runs in this process.
@@ -41,6 +50,18 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+## docs: the documentation site (mkdocs.yml: docs/ and the API reference from the docstrings) into
+## site/, every warning an error. (NO_MKDOCS_2_WARNING: the theme's banner about its successor.)
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+## release: the sdist and the wheel built from it into dist/, checked by twine --strict (the
+## version is pyproject.toml's; docs/development.md, "Releasing").
+release: $(VENV)/.installed-release
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
 
 ## soak: the long fault-injection campaign (tests/faults, marker `soak`; about 10 minutes): >= 100
 ## kill -9 on files and on the real broker, every bit of a checkpoint flipped, >= 10^4 fuzzed
@@ -70,4 +91,4 @@ report: $(VENV)/.installed-report
 	$(BIN)/panpriv report out/report-demo --to docs/img
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build dist site *.egg-info

@@ -306,6 +306,9 @@ def test_dockerfile_copies_everything_the_projects_own_install_needs() -> None:
         folder = (REPO / package.replace(".", "/")).resolve().relative_to(REPO)
         assert folder in copied or folder.parts[0] in {str(c) for c in copied}
     assert any(name == "RUN" and "pip wheel" in args and " ." in args for name, args in dockerfile_instructions())
+    # The build context sends only what the .dockerignore lets through (`*`, then `!path` lines).
+    allowed = {Path(line[1:].rstrip("/")) for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert copied <= allowed, f"copied but left out of the build context: {sorted(map(str, copied - allowed))}"
 
 
 # --- the service's config (deploy/panpriv.toml) agrees with the stack ----------------------------

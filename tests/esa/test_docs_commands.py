@@ -1,29 +1,23 @@
-"""The README's three-role commands are accepted by ``panpriv``'s parser as written."""
+"""The three-role commands of docs/how-to/esa.md are accepted by ``panpriv``'s parser as written, and
+agree with each other (the shuffler's settings are the analyzer's)."""
 
 from __future__ import annotations
-
-import re
-import shlex
-from pathlib import Path
 
 import pytest
 
 from panpriv.streamer.commands import esa as commands
 from panpriv.streamer.commands.cli import build_parser
+from tests.docs.pages import DOCS, code_blocks, panpriv_commands
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def esa_commands(heading: str = "### The shuffle model for real") -> list[list[str]]:
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index(heading):]
-    block = section[section.index("```sh") + 5: section.index("```", section.index("```sh") + 5)]
-    joined = re.sub(r"\\\n\s*", " ", block)
-    lines = [line.split("#")[0].strip().rstrip("&").strip() for line in joined.splitlines()]
-    return [shlex.split(line.replace("<id>", "0123"))[1:] for line in lines if line.startswith("panpriv ")]
+GUIDE = DOCS / "how-to" / "esa.md"
 
 
-def test_readme_esa_commands_parse() -> None:
+def esa_commands(heading: str = "# Encode–Shuffle–Analyze") -> list[list[str]]:
+    """The commands of the first shell block after ``heading``."""
+    return panpriv_commands(code_blocks(GUIDE, "sh", after=heading)[0])
+
+
+def test_guide_esa_commands_parse() -> None:
     parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands()}
     assert set(parsed) == {"keygen", "analyze", "shuffle", "encode"}
     analyze, shuffle = parsed["analyze"], parsed["shuffle"]
@@ -36,14 +30,14 @@ def test_readme_esa_commands_parse() -> None:
 
 
 @pytest.mark.parametrize("kind", ["shuffle-acsa", "shuffle-sgd"])
-def test_readme_secure_sum_commands_parse_and_agree(kind: str) -> None:
+def test_guide_secure_sum_commands_parse_and_agree(kind: str) -> None:
     """The shuffle-acsa and shuffle-sgd blocks: the shuffler's --shares is the analyzer's m for
     these settings."""
     from nacl.public import PrivateKey
 
     from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 
-    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands(f"#### `{kind}` in three roles")}
+    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands(f"## `{kind}` in three roles")}
     assert set(parsed) == {"analyze", "shuffle", "encode"}
     analyze, shuffle = parsed["analyze"], parsed["shuffle"]
     assert analyze.learner == kind
@@ -53,14 +47,14 @@ def test_readme_secure_sum_commands_parse_and_agree(kind: str) -> None:
     assert report.output.epsilon <= analyze.max_epsilon, "the example could not start"
 
 
-def test_readme_shuffle_gd_commands_parse_and_agree() -> None:
+def test_guide_shuffle_gd_commands_parse_and_agree() -> None:
     """The shuffle-gd block: the shuffler's threshold is n and its --shares the analyzer's m; the
     encoder keeps a state file; the plan's T is the analyzer's --rounds."""
     from nacl.public import PrivateKey
 
     from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
 
-    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("#### `shuffle-gd` in three roles")}
+    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("## `shuffle-gd` in three roles")}
     assert set(parsed) == {"analyze", "shuffle", "encode"}
     analyze, shuffle, encode = parsed["analyze"], parsed["shuffle"], parsed["encode"]
     assert analyze.learner == "shuffle-gd" and encode.state is not None
@@ -70,14 +64,14 @@ def test_readme_shuffle_gd_commands_parse_and_agree() -> None:
     assert analyzer.rounds == analyze.rounds
 
 
-def test_readme_checkin_commands_parse_and_agree() -> None:
+def test_guide_checkin_commands_parse_and_agree() -> None:
     """The checkin block: the shuffler's --batch-size and --params are the analyzer's slot_length
     and parameter count (it refuses to start otherwise), and the example can start."""
     from nacl.public import PrivateKey
 
     from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
 
-    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("#### `checkin` in three roles")}
+    parsed = {args[0]: build_parser().parse_args(args) for args in esa_commands("## `checkin` in three roles")}
     assert set(parsed) == {"keygen", "analyze", "shuffle", "encode"}
     keygen, analyze, shuffle, encode = parsed["keygen"], parsed["analyze"], parsed["shuffle"], parsed["encode"]
     assert keygen.role == "shuffler" and analyze.learner == "checkin" and shuffle.checkin
