@@ -171,6 +171,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             log.warning("metrics endpoint not started (port %d: %s); continuing without it", config.metrics.port, exc.strerror)
     progress = config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty())
     log.info("output directory: %s", config.out)
+    from panpriv.streamer.runtime import allocator
+
+    if allocator.wiping():
+        log.info("memory: freed memory is overwritten (wiping allocator, panpriv.streamer.runtime.allocator)")
+    else:
+        log.warning("memory: the wiping allocator is off (%s): raw records read earlier may remain in freed memory",
+                    "PANPRIV_ALLOCATOR=default" if allocator.supported() else "not Linux with glibc")
     started = time.monotonic()
     try:
         result = Processor(config, metrics=metrics, progress=progress).run()

@@ -92,6 +92,7 @@ from panpriv.streamer.io.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSn
 from panpriv.streamer.io.source_url import KafkaUrl, parse_source_url
 from panpriv.streamer.kafka import client as kafka_client
 from panpriv.streamer.metrics.service import ServiceMetrics
+from panpriv.streamer.runtime import allocator, exposure
 from panpriv.streamer.runtime.delta_target import check_delta_target
 from panpriv.streamer.runtime.driver import Driver, Outcome
 from panpriv.streamer.runtime.heartbeat import Heartbeat, LagReporter
@@ -275,6 +276,7 @@ class Processor:
                 )
             driver.register_learner()
         session = BudgetSession(self.config, source)
+        session.exposure = exposure.sentences(state.learner, source, allocator.wiping())
         self._session = session
         session.begin(state, source, saved)
         driver.session = session
