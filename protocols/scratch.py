@@ -74,7 +74,7 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array
     multiplied, whether or not any needs clipping: the block then takes the same operations
     whatever its values, so its duration does not tell whether a record was over the bound
     (skipping the multiply when none was made a 1024 × 21 block 26 µs instead of 37 µs, issue 32;
-    ``benchmarks/hygiene_cost.py`` measures what the multiply costs). The rows are scaled through
+    ``benchmarks/memory_hygiene.py`` measures what the multiply costs). The rows are scaled through
     ``work`` (:func:`panpriv.protocols.scalar_residue.scale_rows`): ``X * norms[:, None]`` would
     leave every row's factor — its norm, for a clipped row — in numpy's freed iteration buffer.
 

@@ -25,7 +25,7 @@ freed floats; containers of pointers), numpy's cache of small freed data buffers
 size below 1 KiB), the last 8 bytes of freed C buffers, a library's own long-lived buffers
 (measured and named in docs/privacy.md, "The input path"), and what the operating system holds
 (socket buffers, the page cache). The cost: about 1.3–1.6 × the CPU time of a JSON stream
-(``benchmarks/hygiene_cost.py``).
+(``benchmarks/memory_hygiene.py``).
 
 ``PANPRIV_ALLOCATOR=default`` turns this off (then the input path's bound does not hold); only
 glibc on Linux is handled (elsewhere the command runs as it is and says so at start). A program

@@ -132,3 +132,37 @@ def test_checkpoints_written_before_the_learner_catalogue_still_load_and_continu
     out.mkdir(parents=True)
     shutil.copy(OLD_CHECKPOINTS / f"{name}.json", out / "checkpoint.json")
     assert main(["inspect", str(tmp_path / "out")]) == 0
+
+
+def test_a_replaced_manifest_is_overwritten_with_zeros_unless_another_name_keeps_it(tmp_path) -> None:
+    """os.replace leaves the old manifest's blocks on the disk: the store zeroes the replaced file once
+    the new one is durable (read here through a descriptor opened before the replacement), but
+    not a file that a hard link (a user's backup) still names."""
+    store = CheckpointStore(tmp_path)
+    store.save(make(sequence=1))
+    held = os.open(store.path, os.O_RDONLY)
+    try:
+        store.save(make(sequence=2))
+        replaced = os.pread(held, 1 << 20, 0)
+        assert replaced and not replaced.strip(b"\0")
+    finally:
+        os.close(held)
+    backup = tmp_path / "backup.json"
+    os.link(store.path, backup)
+    store.save(make(sequence=3))
+    assert read_manifest(backup).sequence == 2  # the backup is intact
+    assert store.load().sequence == 3
+
+
+def test_sealing_leaves_no_copy_of_the_state_in_python_strings(tmp_path) -> None:
+    """The manifest's arrays never become Python text: seal_document encodes them straight into the
+    buffer it returns, and open_document decodes them from it (the base64 matches base64.b64encode)."""
+    import base64
+
+    state = {"theta": np.array([0.1, -2.5, np.pi]), "units": np.array([3, -7], dtype=np.int64)}
+    with seal_document({"learner": {"state": state}, "n": 3}) as sealed:
+        text = bytes(sealed.view())
+        assert base64.b64encode(state["theta"].tobytes()) in text
+        body = open_document(sealed, "test")
+    np.testing.assert_array_equal(body["learner"]["state"]["theta"], state["theta"])
+    assert body["learner"]["state"]["units"].dtype == np.int64 and body["n"] == 3
