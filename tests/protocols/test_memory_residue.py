@@ -18,6 +18,10 @@ same records and the query point the child reported *before* learning, and fails
   randomized rounding ⌊s + U⌋ (float64 or int64) — her message minus the binomial noise, which
   reveals x to within Δ/g per coordinate.
 
+A last test looks for the noise draw itself (pan-acsa, float and secure): the child's OS entropy
+is a seeded stream the parent replays, so the parent knows the batch's first draw and counts its
+coordinates in the child's memory, against plain draw buffers as the control.
+
 Modes: ``mid`` stops inside a batch/round, ``end`` right after one completes. Dimensions: d = 20
 (p = 21: buffers of ≤ 128 floats, which numpy caches and hands to the next same-size allocation)
 and d = 300 (malloc'd buffers). The child sends only Python ints/bytes after learning, never a
