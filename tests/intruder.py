@@ -62,6 +62,9 @@ from tests.memscan import Memory, read_memory
 
 DIM = 20
 RECORDS_PER_BINARY_MESSAGE = 8
+RATE = 2000.0
+"""Records per second the attacked service is paced at: a dump can then be taken inside a batch
+even on a loaded machine."""
 _TEXT = re.compile(rb"0\.(\d\d)(\d{7})(\d\d)7")
 
 
@@ -400,11 +403,11 @@ class Service:
 
     def __init__(self, workdir: Path, stream: CanaryStream, source_url: str, learner: dict[str, Any],
                  source: dict[str, Any] | None = None, kafka: dict[str, Any] | None = None,
-                 entropy_seed: int | None = None, checkpoint_every: int = 300) -> None:
+                 entropy_seed: int | None = None, checkpoint_every: int = 100) -> None:
         from tests.panpriv_service import PanprivService
 
         config: dict[str, Any] = {
-            "source": {"url": source_url, "rate": 4000.0, "batch_records": 256, **(source or {})},
+            "source": {"url": source_url, "rate": RATE, "batch_records": 256, **(source or {})},
             "records": {"format": stream.fmt, "dim": DIM, "feature_bound": 1.0, "label_values": [-1.0, 1.0]},
             "learner": {"epsilon": 1.0, "delta": 1e-6, **learner},
             "checkpoint": {"every_records": checkpoint_every, "every_seconds": 60.0},
@@ -419,7 +422,7 @@ class Service:
     @property
     def step(self) -> int:
         """Records per paced micro-batch: the rate's 50 ms step (panpriv.streamer.runtime.pacing)."""
-        return 200
+        return int(RATE * 0.05)
 
     def position(self) -> int:
         text = self.process.scrape()

@@ -9,8 +9,10 @@ starts ``python -m panpriv run --config …`` with its output in a log file, wai
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
+import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -117,16 +119,31 @@ class PanprivService:
         """The last durable checkpoint (the manifest is replaced atomically, so always whole)."""
         return CheckpointStore(self.out / "checkpoints").load()
 
-    def wait_for_checkpoint(self, records: int, timeout_s: float = 60.0) -> Checkpoint:
-        """Wait until a durable checkpoint covers ``records`` learned records; return it."""
-        def covered() -> bool:
-            self._process.check_alive()
-            saved = self.checkpoint()
-            return saved is not None and saved.records >= records
+    def learned(self) -> int:
+        """Records learned so far (``panpriv_records_total``)."""
+        match = re.search(r"^panpriv_records_total ([0-9.e+]+)$", self.scrape(), re.M)
+        return int(float(match[1])) if match else 0
 
-        wait_until(covered, timeout_s, f"a checkpoint covering {records} records (log: {self.log_path})")
+    def wait_for_checkpoint(self, records: int, timeout_s: float = 60.0, settle_s: float = 5.0) -> Checkpoint:
+        """Wait until ``records`` records are learned and a checkpoint holds what they left; return
+        it. (pan-acsa's checkpoint holds its last batch boundary, which may cover fewer.) The service
+        checkpoints within ``checkpoint.every_seconds`` of learning anything, so the checkpoint that
+        follows the last record is the newest one once ``settle_s`` (above that interval) passes
+        without another."""
+        def learned() -> bool:
+            self._process.check_alive()
+            return self.learned() >= records
+
+        wait_until(learned, timeout_s, f"{records} records learned (log: {self.log_path})")
+        deadline = time.monotonic() + settle_s
         saved = self.checkpoint()
-        assert saved is not None
+        while time.monotonic() < deadline:
+            self._process.check_alive()
+            time.sleep(0.1)
+            newer = self.checkpoint()
+            if newer is not None and (saved is None or newer.sequence > saved.sequence):
+                saved, deadline = newer, time.monotonic() + settle_s
+        assert saved is not None, f"no checkpoint after {records} records (log: {self.log_path})"
         return saved
 
     def terminate(self, timeout_s: float = 30.0) -> int:

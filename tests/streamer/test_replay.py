@@ -247,7 +247,8 @@ def test_a_pass_stopped_midway_restarts_as_a_new_instance_composed_in_the_ledger
     interrupted = PrivacyLedger.from_dict(saved.ledger).instances[first.instance]
     stated = PrivacyReport.from_dict(first.last_snapshot["privacy"])
     assert stated.assumptions[-1] == PUBLIC_COUNTS  # the service adds which counts are public
-    assert interrupted.output.delta > 0 and interrupted == dataclasses.replace(stated, assumptions=stated.assumptions[:-1])
+    assert stated.assumptions[-2].startswith("memory and disk: ")  # and what memory and disk hold
+    assert interrupted.output.delta > 0 and interrupted == dataclasses.replace(stated, assumptions=stated.assumptions[:-2])
     # A budget below the composition stops before the new pass uses anything.
     capped = Processor(config(path, tmp_path / "out", **settings, **{"learner.max_epsilon": 1.5})).run()
     assert capped.outcome == "budget_exhausted" and "raise ε to 2" in capped.message and capped.records == 0
