@@ -44,6 +44,9 @@ class Resumable:
     ledger: dict[str, Any]
     rejects: dict[str, int]
     partial: dict[str, int] = field(default_factory=dict)
+    marks: dict[str, int] | None = None
+    """Kafka's offset-regression marks at these positions, when they are not the live ones
+    (``None``: the source's own, :func:`panpriv.streamer.sources.open.source_marks`)."""
 
 
 class Driver(ABC):

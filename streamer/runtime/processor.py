@@ -265,7 +265,7 @@ class Processor:
                                     saved.replay if saved is not None else None)
         else:
             driver = StreamDriver(self.config, state, source, self.codec, self.metrics, self.stop_event,
-                                  (saved.learner_state, saved.partial) if saved is not None else None)
+                                  (saved.learner_state, saved.partial, saved.source_marks) if saved is not None else None)
         self._driver = driver
         if saved is None or (saved.replay is not None and saved.replay.restart):
             if saved is not None:

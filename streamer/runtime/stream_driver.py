@@ -73,6 +73,7 @@ class Boundary:
     ledger: dict[str, Any]
     rejects: dict[str, int]
     partial: dict[str, int] = field(default_factory=dict)
+    marks: dict[str, int] | None = None  # Kafka: timestamps of the records before the positions
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,8 @@ class _Cut:
 class StreamDriver(Driver):
     """Feeds ``learn_many`` from a sequential source (module docstring).
 
-    ``resumed``: the learner state and partly learned messages of the checkpoint the run resumed
-    from (``None``: a new run).
+    ``resumed``: the learner state, partly learned messages and Kafka marks of the checkpoint the
+    run resumed from (``None``: a new run).
     """
 
     def __init__(
@@ -101,7 +102,7 @@ class StreamDriver(Driver):
         codec: Codec,
         metrics: ServiceMetrics,
         stop: threading.Event,
-        resumed: tuple[Mapping[str, Any], Mapping[str, int]] | None = None,
+        resumed: tuple[Mapping[str, Any], Mapping[str, int], Mapping[str, int]] | None = None,
     ) -> None:
         super().__init__(state)
         self._config = config
@@ -113,12 +114,12 @@ class StreamDriver(Driver):
         self._reject_guard = RejectGuard(codec, config.records.guard_records, config.records.guard_ratio)
         self._reject_log = RejectLog()
         learner = state.learner
-        saved_state, partial = resumed if resumed is not None else (learner.state_dict(), {})
+        saved_state, partial, marks = resumed if resumed is not None else (learner.state_dict(), {}, {})
         # The rows of a partly learned message to skip when it is read again, by key and position.
         self._skip = {key: (state.positions[key], rows) for key, rows in partial.items() if key in state.positions}
         self._boundary = Boundary(
             dict(saved_state), learner.state_records, dict(state.positions), state.ledger.to_dict(),
-            dict(state.rejects), dict(partial),
+            dict(state.rejects), dict(partial), dict(marks),
         )
 
     def register_learner(self) -> None:
@@ -142,7 +143,7 @@ class StreamDriver(Driver):
                                  dict(state.positions), state.ledger.to_dict(), dict(state.rejects))
             b = self._boundary
             return Resumable(copied_state(b.learner_state), b.records, state.snapshot_records, None, dict(b.positions),
-                             b.ledger, dict(b.rejects), dict(b.partial))
+                             b.ledger, dict(b.rejects), dict(b.partial), b.marks)
         return Resumable(learner.state_dict(), learner.records_seen, state.snapshot_records, None,
                          dict(state.positions), state.ledger.to_dict(), dict(state.rejects))
 
@@ -264,8 +265,9 @@ class StreamDriver(Driver):
             if message < cut.message:
                 rejected[reason] += count
         wipe_state(self._boundary.learner_state)
+        marks = cut_marks(batch, cut.message, positions) if batch.timestamps else None
         self._boundary = Boundary(cut.learner_state, cut.records, {**state.positions, **positions},
-                                  state.ledger.to_dict(), dict(rejected), partial)
+                                  state.ledger.to_dict(), dict(rejected), partial, marks)
         return positions
 
     def _rows_to_skip(self, batch: Batch) -> dict[int, int]:
@@ -348,6 +350,18 @@ def cut_positions(batch: Batch, message: int, rows: int) -> tuple[dict[str, int]
             positions[key] = stop if key in before or message >= len(batch.keys) else start
     partial = {batch.keys[message]: rows} if rows and message < len(batch.keys) else {}
     return positions, partial
+
+
+def cut_marks(batch: Batch, message: int, positions: dict[str, int]) -> dict[str, int]:
+    """For a Kafka batch: the timestamp of the record just before each key's position at a cut
+    before message ``message`` (the offset-regression mark, :mod:`panpriv.streamer.kafka.calls`),
+    for the keys whose last message before the cut is that record."""
+    marks = {}
+    for index in range(min(message, len(batch.keys))):
+        key = batch.keys[index]
+        if batch.positions[index] + 1 == positions.get(key):
+            marks[key] = batch.timestamps[index]
+    return marks
 
 
 def wipe_records(decoded: Decoded) -> None:
