@@ -1,7 +1,8 @@
 """The intruder of the threat model against the running service: what reads of ``panpriv run``'s
 memory give an attacker who knows the stream (canaries) or knows nothing of it (blind).
 
-Used by tests/streamer/test_service_intruder.py and ``benchmarks/memory_residue.py``. The service
+Used by tests/streamer/test_service_intruder.py and tests/streamer/test_persisted_states.py (and
+``benchmarks/memory_hygiene.py`` for its canary stream). The service
 is the real ``python -m panpriv run`` (:class:`tests.panpriv_service.PanprivService`), paused with
 SIGSTOP while :func:`dump` reads every writable mapping through ``/proc/<pid>/mem``
 (:mod:`tests.memscan`).

@@ -126,3 +126,21 @@ def test_a_checkpoint_inside_a_batch_holds_its_start(noiseless, tmp_path, monkey
     assert not saved.partial
     ledger = PrivacyLedger.from_dict(saved.ledger)
     assert {key: ledger.coverage(key)[-1].stop for key in saved.positions} == saved.positions
+
+
+def test_cut_positions_and_marks_of_a_kafka_batch() -> None:
+    """A cut in a batch of two partitions (keys interleaved, a gap in one): each key's position is
+    its first message at or after the cut, a partly learned message keeps its own position, and the
+    offset-regression mark is the timestamp of the record just before a position (none across a gap)."""
+    from panpriv.streamer.runtime.stream_driver import cut_marks, cut_positions
+    from panpriv.streamer.sources.base import Batch
+
+    batch = Batch({"t/0": (10, 14), "t/1": (20, 25)}, [b""] * 6, ["t/0", "t/1", "t/0", "t/1", "t/0", "t/1"],
+                  [10, 20, 11, 21, 13, 24], timestamps=[100, 200, 101, 201, 103, 204])
+    positions, partial = cut_positions(batch, 4, 0)  # before the fifth message (t/0 offset 13)
+    assert (positions, partial) == ({"t/0": 13, "t/1": 24}, {})
+    assert cut_marks(batch, 4, positions) == {}  # 13 − 1 = 12 is a gap; 24 − 1 = 23 too
+    positions, partial = cut_positions(batch, 2, 3)  # three rows into t/0's offset 11
+    assert (positions, partial) == ({"t/0": 11, "t/1": 21}, {"t/0": 3})
+    assert cut_marks(batch, 2, positions) == {"t/0": 100, "t/1": 200}
+    assert cut_positions(batch, 6, 0) == ({"t/0": 14, "t/1": 25}, {})  # after the last message: the range ends
