@@ -166,9 +166,15 @@ class Codec(abc.ABC):
                 rejects.extend(Reject(int(i), reason, int(c)) for i, c in zip(indices, counts))
         keep = finite & in_range
         if not keep.all():
-            X, y, origin, squares, overflowed = X[keep], y[keep], origin[keep], squares[keep], overflowed[keep]
+            kept = X[keep], y[keep], origin[keep], squares[keep], overflowed[keep]
+            if owned:  # the codec's own arrays of the rejected and accepted rows: zeroed, not just dropped
+                X.fill(0.0)
+                y.fill(0.0)
+            squares.fill(0.0)
+            X, y, origin, squares, overflowed = kept
             owned = True
         norms = np.sqrt(squares)
+        squares.fill(0.0)  # per-record squared norms: clean data (docs/privacy.md, "The input path")
         if overflowed.any():
             if not owned:
                 X, owned = X.copy(), True
@@ -442,8 +448,11 @@ class CsvCodec(Codec):
                 continue
             origin.append(i)
         table = np.vstack(rows) if rows else np.empty((0, width))
-        y = table[:, label_column]
+        for row in rows:  # each record's parsed row: zeroed, not left to numpy's cache of small buffers
+            row.fill(0.0)
+        y = table[:, label_column].copy()
         X = np.delete(table, label_column, axis=1)
+        table.fill(0.0)
         return self.validate(X, y, np.array(origin, dtype=np.int64), rejects, owned=True)
 
 
