@@ -47,7 +47,7 @@ from panpriv.protocols.pan_acsa_scaleout import step_noise_std, worker_batch
 from panpriv.streamer.config import RecordsConfig
 from panpriv.streamer.io.codec import encode_json, make_codec
 from panpriv.streamer.scaleout.coordinator import Coordinator
-from panpriv.streamer.scaleout.wire import GradientRecord, ModelRecord
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelVersion
 
 if TYPE_CHECKING:
     from tests.realparts import KafkaBroker
@@ -164,7 +164,7 @@ def measure(broker: KafkaBroker, n: int, workers: int, workdir: Path) -> dict[st
     while consumer.position(tp) < end:
         for records in consumer.poll(timeout_ms=500).values():
             for record in records:
-                model = ModelRecord.from_json(record.value)
+                model = ModelVersion.from_json(record.value)
                 stamps.setdefault(model.version, (record.timestamp / 1000.0, model.records))
     consumer.close()
     last = max(stamps)

@@ -92,7 +92,8 @@ from panpriv.protocols.acsa import (
     step,
     uses_moreau,
 )
-from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.base import StateValue, check_batch
+from panpriv.protocols.batch_worker import BatchWorkerLearner
 from panpriv.protocols.discrete_gaussian import GeneratorUniform, UniformSource
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -149,7 +150,7 @@ def _unit_sigma(calibration: str, epsilon: float, delta: float) -> float:
     return _CALIBRATIONS[calibration].sigma(epsilon, delta, 1.0)
 
 
-class PanPrivateACSA(Learner):
+class PanPrivateACSA(BatchWorkerLearner):
     """Pan-private accelerated stochastic approximation (Cheu et al. 2022, Alg. 6 and Thm C.3).
 
     Parameters
@@ -464,6 +465,15 @@ class PanPrivateACSA(Learner):
     # path, the same sensitivity 2L/b. Only the noisy mean leaves :meth:`close_batch`. The
     # coordinator's learner never touches records: it applies lines 10–12 to a combination of
     # noisy means (:meth:`apply_noisy_gradient`), which is post-processing.
+
+    def step_batch_size(self) -> int:
+        """b_t of the step in progress (:class:`panpriv.protocols.batch_worker.BatchWorkerLearner`)."""
+        return self._current_batch()
+
+    @property
+    def plan_complete(self) -> bool:
+        """The first planned epoch is over (a scale-out model publishes its last version then)."""
+        return self._epoch > 0
 
     def plan_for_workers(self, workers: int) -> None:
         """Plan the runs for a step gradient that averages ``workers`` noisy batch means of b/K

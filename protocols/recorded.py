@@ -1,5 +1,5 @@
 """Learners that read a recording by record index: the typed half of the learner contract that
-the service's record-index driver (``panpriv.streamer.runtime.replay``) relies on.
+the service's record-index driver (``panpriv.streamer.runtime.recorded_driver``) relies on.
 
 Most learners take a stream in arrival order (:meth:`~panpriv.protocols.base.Learner.learn_many`). A
 :class:`RecordedLearner` needs the whole recording at hand and chooses which record comes next:

@@ -31,7 +31,7 @@ The service charges consumed positions to ledger instances, and the ledger compo
 of a position by *basic* composition of the instances' registered guarantees. Charging T passes of
 the recording to one instance registered with this learner's (cumulative) report would therefore
 count the composition twice: T uses × the T-round guarantee. Instead each pass is its own ledger
-instance (the service's replay driver, ``panpriv.streamer.runtime.replay``: ``<instance>/round-000001``, …),
+instance (the service's replay driver, ``panpriv.streamer.runtime.recorded_driver``: ``<instance>/round-000001``, …),
 registered with the round's *increment* of the composed guarantee (:meth:`ShuffleGD.round_reports`).
 The ledger then shows each position used T times (one use per round), and its basic composition
 of the increments telescopes back to exactly this learner's advanced-composition figure
@@ -255,7 +255,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
 
     @property
     def passes(self) -> int:
-        """T, the passes over the recording the protocol makes (``panpriv.streamer.runtime.replay``'s progress)."""
+        """T, the passes over the recording the protocol makes (``panpriv.streamer.runtime.recorded_driver``'s progress)."""
         return self.planned_rounds
 
     @property
@@ -383,7 +383,7 @@ class ShuffleGD(EncodedLearner, RecordedLearner):
         in every round, the local message guarantee — the ledger takes, for a record used by
         rounds 1…T, max_j [intrusion_j + Σ_{i≠j} output_i], which is then out(T) ⊕ local, this
         learner's intrusion figure. See the module docstring for how the service uses them
-        (``panpriv.streamer.runtime.replay``).
+        (``panpriv.streamer.runtime.recorded_driver``).
         """
         reports = []
         message = self._message()

@@ -41,7 +41,7 @@ from typing import Any
 from panpriv.accounting.budget import Charge, Excess, compose, exceeds
 from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
 from panpriv.streamer.budget.store import BudgetError, InstanceInfo, RunState
-from panpriv.streamer.kafka.calls import CAUGHT_UP_POLLS
+from panpriv.streamer.kafka.topic_reader import TopicReader
 
 SEP = "\x1f"
 _PARTITION = 0
@@ -77,35 +77,26 @@ class KafkaBudgetStore:
             self._producer = kafka_client.producer(bootstrap, acks="all", client_id="panpriv-budget", retries=5)
             # fetch_max_wait_ms: an empty fetch at the end of the topic returns at once instead of after
             # the default 500 ms (a refresh before every charge ends with two empty polls).
-            self._consumer = kafka_client.consumer(bootstrap, group_id=None, enable_auto_commit=False,
-                                                   client_id="panpriv-budget", fetch_max_wait_ms=5)
-            self._tp = TopicPartition(topic, _PARTITION)
-            self._consumer.assign([self._tp])
-            self._consumer.seek_to_beginning(self._tp)
+            consumer = kafka_client.consumer(bootstrap, group_id=None, enable_auto_commit=False,
+                                             client_id="panpriv-budget", fetch_max_wait_ms=5)
+            self._reader = TopicReader(consumer, [TopicPartition(topic, _PARTITION)], self._take)
             self._refresh()
         except KafkaError as exc:
             raise BudgetError(f"cannot open the budget store {self.path}: {exc}") from None
 
     def close(self) -> None:
         self._producer.close()
-        self._consumer.close(autocommit=False)
+        self._reader.close()
 
     # -- the log ---------------------------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Apply every message up to the end of the topic (two empty polls at the end: some
-        brokers report an end offset below the last record, see :data:`panpriv.streamer.kafka.calls.CAUGHT_UP_POLLS`)."""
-        empty = 0
-        while empty < CAUGHT_UP_POLLS:
-            batches = self._consumer.poll(timeout_ms=10)
-            for messages in batches.values():
-                for message in messages:
-                    self._apply(message.key.decode("utf-8"), message.value)
-            if batches:
-                empty = 0
-                continue
-            end = self._consumer.end_offsets([self._tp])[self._tp]
-            empty = empty + 1 if self._consumer.position(self._tp) >= end else 0
+        """Apply every message up to the end of the topic (the caught-up rule of
+        :mod:`panpriv.streamer.kafka.topic_reader`: some brokers report an end offset below the last record)."""
+        self._reader.catch_up(poll_ms=10)
+
+    def _take(self, message: Any) -> None:
+        self._apply(message.key.decode("utf-8"), message.value)
 
     def _apply(self, key: str, value: bytes | None) -> None:
         kind, *parts = key.split(SEP)
@@ -257,25 +248,9 @@ class KafkaBudgetStore:
 
 
 def _ensure_topic(bootstrap: list[str], topic: str) -> None:
-    """Create ``topic`` (one partition, compacted, replicated on up to 3 brokers) unless it exists.
-    An operator may create it beforehand with other settings; it must have one partition."""
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+    """Create ``topic`` (one partition, compacted, replicated on up to 3 brokers) unless it exists;
+    an existing topic with another partition count is refused (:mod:`panpriv.streamer.kafka.topics`).
+    An operator may create it beforehand with other settings, but with one partition."""
+    from panpriv.streamer.kafka.topics import TopicSpec, ensure_topics
 
-    from panpriv.streamer.kafka import client as kafka_client
-
-    probe = kafka_client.consumer(bootstrap, client_id="panpriv-budget")
-    try:
-        if topic in probe.topics():
-            return
-        brokers = len(probe._client.cluster.brokers()) or 1  # kafka-python's metadata, as in identity.py
-    finally:
-        probe.close()
-    admin = kafka_client.admin(bootstrap, client_id="panpriv-budget")
-    try:
-        admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=min(3, brokers),
-                                      topic_configs={"cleanup.policy": "compact"})])
-    except TopicAlreadyExistsError:
-        pass
-    finally:
-        admin.close()
+    ensure_topics(bootstrap, [TopicSpec(topic, "budget store", "its charges are one total order", compacted=True)])

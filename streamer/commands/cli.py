@@ -4,10 +4,8 @@ Commands: ``run`` (the service), ``record`` (Kafka topic → replayable file), `
 calculator), ``inspect`` (checkpoint or snapshot summary), ``budget`` (what every run spent, per
 data source: :mod:`panpriv.streamer.budget.store`), ``produce`` (synthetic load generator,
 :mod:`panpriv.streamer.commands.produce`), and the Encode–Shuffle–Analyze roles ``keygen``, ``encode``, ``shuffle``,
-``analyze`` (:mod:`panpriv.streamer.esa`). Exit codes: 0 success (including a stop by signal and a budget exhausted
-mid-run, which are outcomes), 1 a runtime failure (broker unreachable, I/O error), 2 a usage or
-configuration error (including a refused resume), 3 a run refused before learning anything
-because other runs already spent the records' budget (``max_epsilon``).
+``analyze`` (:mod:`panpriv.streamer.esa`), the scale-out roles ``worker``, ``coordinate``, ``topics`` and
+``dev-broker``. Exit codes: the one table of :mod:`panpriv.streamer.commands.exit_codes`.
 """
 
 from __future__ import annotations
@@ -26,19 +24,13 @@ from typing import Any
 
 import panpriv
 from panpriv.streamer.arg_types import positive_float
-from panpriv.streamer.errors import (
-    CheckpointError,
-    ConfigError,
-    LearnerInputError,
-    LearnerUnavailableError,
-    StoppedDuringSetUp,
-    StreamerError,
-)
+from panpriv.streamer.commands.exit_codes import EXIT_OK, EXIT_USAGE, exit_code
+from panpriv.streamer.commands.role_options import STATE_DIR_HELP
+from panpriv.streamer.errors import ConfigError, StoppedDuringSetUp, StreamerError
 from panpriv.streamer.io.urls import redact
 
 log = logging.getLogger("panpriv")
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 
 
 # -- run ----------------------------------------------------------------------------------------
@@ -404,12 +396,6 @@ def cmd_budget(args: argparse.Namespace) -> int:
 # -- parser -------------------------------------------------------------------------------------
 
 
-STATE_DIR_HELP = (
-    "directory of the budget store shared by every run (default $PANPRIV_STATE_DIR, else $XDG_STATE_HOME/panpriv, "
-    "else ~/.local/state/panpriv)"
-)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from panpriv.streamer.commands.logs import FORMATS as LOG_FORMATS
     from panpriv.streamer.commands.logs import LEVELS as LOG_LEVELS
@@ -516,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_produce_arguments(produce)
     produce.set_defaults(handler=load.run_produce)
 
-    from panpriv.streamer.kafka import dev_broker
+    from panpriv.streamer.commands import dev_broker
 
     broker = commands.add_parser("dev-broker", parents=[common], help=dev_broker.HELP, description=dev_broker.__doc__)
     dev_broker.add_arguments(broker)
@@ -525,6 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
     from panpriv.streamer.commands import esa
 
     esa.add_all(commands, [common, kafka_only])
+
+    from panpriv.streamer.commands import topics
+
+    topics.add_topics(commands, [common, kafka_only])
 
     from panpriv.streamer.commands import scaleout
 
@@ -585,7 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``panpriv`` console script."""
+    """Entry point of the ``panpriv`` console script: one line per error, the exit codes of
+    :mod:`panpriv.streamer.commands.exit_codes`."""
     program = argv is None  # started as the program (not called from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -601,8 +592,6 @@ def main(argv: list[str] | None = None) -> int:
     from panpriv.streamer.commands import logs
 
     logs.setup(args.log_level or ("WARNING" if args.quiet else "INFO"), args.log_format or "text")
-    from panpriv.streamer.budget.store import BudgetExceededError
-
     try:
         if hasattr(args, "kafka_config"):
             from panpriv.streamer.config import load_kafka_config
@@ -610,40 +599,42 @@ def main(argv: list[str] | None = None) -> int:
 
             kafka_client.configure(load_kafka_config(args.kafka_config))
         return int(args.handler(args))
-    except BudgetExceededError as exc:
-        print(f"panpriv {args.command}: {exc}", file=sys.stderr)
-        return EXIT_BUDGET
-    except (ConfigError, CheckpointError, LearnerUnavailableError, LearnerInputError) as exc:
-        print(f"panpriv {args.command}: error: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_USAGE
-    except StreamerError as exc:
-        print(f"panpriv {args.command}: error: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_FAILURE
-    except StoppedDuringSetUp:
-        print(f"panpriv {args.command}: stopped during set-up; nothing was learned", file=sys.stderr)
-        return EXIT_OK
-    except KeyboardInterrupt:
-        return 130
-    except sqlite3.Error as exc:  # the budget store failed (full disk, locked or damaged file)
-        print(
-            f"panpriv {args.command}: error: the privacy budget store failed ({exc}); nothing was learned "
-            "past its last charge. Check free space and permissions of the state directory (--state-dir), "
-            "then run the same command again",
-            file=sys.stderr,
-        )
-        return EXIT_FAILURE
-    except OSError as exc:  # a file error not raised as a StreamerError: one line, no traceback
+    except BaseException as exc:  # noqa: BLE001 - every error is one line and a code of the table; a bug is re-raised
+        code = exit_code(exc)
+        if code is None:  # a bug (or argparse's own SystemExit): the traceback is the report
+            raise
+        line = error_line(exc)
+        if line:
+            print(f"panpriv {args.command}: {line}", file=sys.stderr)
+        return code
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line printed for ``exc`` (redacted: no credentials of a URL)."""
+    from panpriv.streamer.budget.store import BudgetExceededError
+
+    if isinstance(exc, BudgetExceededError):
+        return str(exc)
+    if isinstance(exc, StoppedDuringSetUp):
+        return "stopped during set-up; nothing was learned"
+    if isinstance(exc, KeyboardInterrupt):
+        return ""
+    if isinstance(exc, sqlite3.Error):  # the budget store failed (full disk, locked or damaged file)
+        return (f"error: the privacy budget store failed ({exc}); nothing was learned past its last charge. Check free "
+                "space and permissions of the state directory (--state-dir), then run the same command again")
+    if isinstance(exc, TimeoutError):  # a wait with a deadline (a model that never came): its own words
+        return f"error: {exc}"
+    if isinstance(exc, OSError) and not isinstance(exc, StreamerError):  # a file error: one line, no traceback
         from panpriv.streamer.ioerrors import describe
 
-        print(f"panpriv {args.command}: error: {redact(describe(exc))}", file=sys.stderr)
-        return EXIT_FAILURE
-    except Exception as exc:  # noqa: BLE001 - a last resort: one line, never record contents
-        from kafka.errors import KafkaError
+        return f"error: {redact(describe(exc))}"
+    from kafka.errors import KafkaError
 
-        if isinstance(exc, KafkaError):
-            print(f"panpriv {args.command}: Kafka error: {redact(str(exc))}", file=sys.stderr)
-            return EXIT_FAILURE
-        raise
+    if isinstance(exc, KafkaError):
+        return f"Kafka error: {redact(str(exc))}"
+    if isinstance(exc, StreamerError) or exit_code(exc) is not None:
+        return f"error: {redact(str(exc))}"
+    return ""
 
 
 if __name__ == "__main__":

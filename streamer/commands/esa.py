@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,9 @@ import numpy as np
 
 import panpriv
 from panpriv.streamer.arg_types import json_object, positive_float, positive_int
+from panpriv.streamer.commands.exit_codes import EXIT_OK, EXIT_USAGE, exit_code
+from panpriv.streamer.commands.role_options import budget_flags, budget_settings
+from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.metrics.roles import metrics_flags, serve_metrics
 
 log = logging.getLogger("panpriv.esa")
@@ -43,11 +45,11 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
     if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir, args.role)):
         print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
-        return 0
+        return EXIT_OK
     files = generate(args.dir, args.role)
     print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the {args.role} only)\n"
           f"  public  {files.public} (give it to clients)")
-    return 0
+    return EXIT_OK
 
 
 # -- encode -------------------------------------------------------------------------------------
@@ -102,30 +104,40 @@ def _chunks(path: Path, first: int, size: int | None) -> Iterator[tuple[np.ndarr
 
 
 def _encoder(args: argparse.Namespace, public: Any, model: Any) -> Any:
-    """The client encoder for the model's learner."""
-    from panpriv.streamer.esa.client import Encoder
-    from panpriv.streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
-
-    if model.learner == "checkin":
-        from panpriv.streamer.esa.checkin_client import CheckinEncoder
+    """The client encoder of the model's learner (:mod:`panpriv.streamer.esa.families`)."""
+    entry = _family_of(model)
+    if entry.client == "check-in":
         from panpriv.streamer.esa.keys import load_public
 
         if args.shuffler_key is None:
-            raise SystemExit("panpriv encode: the model is for checkin, which needs --shuffler-key (shuffler-<id>.pub)")
-        return CheckinEncoder(public, load_public(args.shuffler_key), model, args.max_local_epsilon)
-    make = SharesEncoder if model.learner in SUM_LEARNERS else Encoder
-    return make(public, model, args.max_local_epsilon)
+            raise ConfigError(f"the model is for {model.learner}, whose clients seal to the shuffler too: give "
+                              "--shuffler-key (shuffler-<id>.pub)")
+        return entry.encoder_class()(public, load_public(args.shuffler_key), model, args.max_local_epsilon)
+    return entry.encoder_class()(public, model, args.max_local_epsilon)
+
+
+def _family_of(model: Any) -> Any:
+    from panpriv.streamer.esa.client import RefusedModel
+    from panpriv.streamer.esa.families import UnknownFamilyError, family
+
+    try:
+        return family(model.learner)
+    except UnknownFamilyError as exc:
+        raise RefusedModel(str(exc)) from None
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
     from panpriv.streamer.esa.client import MessageSender, RefusedModel
     from panpriv.streamer.esa.keys import load_public
     from panpriv.streamer.esa.model import ModelWatcher
+    from panpriv.streamer.esa.shuffler import deployment_topics
     from panpriv.streamer.kafka.client import security_options
+    from panpriv.streamer.kafka.topics import ensure_topics
 
     public = load_public(args.analyzer_key)
     bootstrap = args.bootstrap.split(",")
     security = security_options()  # the [kafka] section of --config (TLS, SASL)
+    ensure_topics(bootstrap, deployment_topics(args.messages_topic, model=args.model_topic))  # before a producer could auto-create them
     watcher = ModelWatcher(bootstrap, args.model_topic, args.name, **security)
     sender = MessageSender(bootstrap, args.messages_topic, **security)
     sent = rounds = 0
@@ -133,7 +145,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
         model = watcher.current()
         if model is None:
             model = watcher.wait_for(0, args.timeout)
-        if model.learner == "shuffle-gd":
+        if _family_of(model).client == "every-round":  # every user answers each of T rounds
             return _encode_gd(args, public, model, watcher, sender)
         per_round = args.per_round or int(model.calibration["batch_size"])
         for X, y in _chunks(args.source, per_round, per_round):
@@ -144,14 +156,14 @@ def cmd_encode(args: argparse.Namespace) -> int:
             log.info("sent %d messages for round %d", len(y), model.round)
             if len(y) == per_round:
                 model = watcher.wait_for(model.round + 1, args.timeout)
-    except RefusedModel as exc:  # a model these clients must not answer (key, calibration, local epsilon)
+    except RefusedModel as exc:  # a model these clients must not answer (key, calibration: 2; local epsilon: 3)
         print(f"panpriv encode: refused the model: {exc} (sent {sent:,} messages over {rounds} rounds)")
-        return 2
+        return exit_code(exc) or EXIT_USAGE
     finally:
         sender.close()
         watcher.close()
     print(f"panpriv encode: sent {sent:,} messages over {rounds} rounds")
-    return 0
+    return EXIT_OK
 
 
 def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, sender: Any) -> int:
@@ -168,11 +180,11 @@ def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, 
         answered = serve(clients, lambda: model, lambda r: watcher.wait_for(r, args.timeout), sender.send, log.info)
     except RefusedModel as exc:  # the refusal rule: a plan other than the accepted one, or a round beyond it
         print(f"panpriv encode: refused: {exc} (rounds answered: {state.rounds})")
-        return 2
+        return exit_code(exc) or EXIT_USAGE
     per_user = 1000 * sum(clients.encode_seconds) / max(1, answered * len(y))
     print(f"panpriv encode: {len(y):,} shuffle-gd users answered {answered} rounds here (rounds answered in all: "
           f"{state.rounds}); encode {per_user:.3f} ms per user and round")
-    return 0
+    return EXIT_OK
 
 
 # -- shuffle ------------------------------------------------------------------------------------
@@ -216,7 +228,7 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
     from panpriv.streamer.esa.metrics import ShufflerMetrics
 
     if args.checkin and not (args.shuffler_key and args.analyzer_key and args.model_topic):
-        raise SystemExit("panpriv shuffle --checkin needs --shuffler-key, --analyzer-key and --model-topic")
+        raise ConfigError("--checkin needs --shuffler-key, --analyzer-key and --model-topic")
     metrics = ShufflerMetrics(slot_shuffler.DROP_REASONS if args.checkin else shuffler.DROP_REASONS)
     metrics.set_info("shuffler", args.messages_topic, panpriv.__version__)
     stop_server = serve_metrics(metrics, args)
@@ -236,19 +248,22 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
             stop_server()
     print(f"panpriv shuffle: released {state.released} rounds; {state.waiting} messages waiting; dropped "
           f"{dict(state.dropped) or 'none'}")
-    return 0
+    return EXIT_OK
 
 
 # -- analyze ------------------------------------------------------------------------------------
 
 
 def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    from panpriv.streamer.esa.families import FAMILIES
+
+    names = ", ".join(FAMILIES)
     parser = commands.add_parser(
-        "analyze", parents=parents, help="ESA analyzer (shuffle-gaussian, shuffle-acsa, shuffle-sgd): decrypt shuffled batches, "
-        "step, publish",
+        "analyze", parents=parents, help=f"ESA analyzer ({names}): decrypt shuffled batches, step, publish",
         description="Read shuffled batches, open the messages with the private key(s), step the learner on the round "
-        "(shuffle-gaussian: its valid messages; shuffle-acsa, shuffle-sgd: the sum of its users' shares), checkpoint to --out and "
-        "publish the next round's model. Resumes from --out.")
+        "(shuffle-gaussian: its valid messages; shuffle-acsa, shuffle-sgd, shuffle-gd: the sum of its users' shares; checkin: "
+        "the slot's updates), checkpoint to --out and publish the next round's model. Resumes from --out. The learner is "
+        "built as `panpriv run --learner` builds it from the same settings (the intercept, radius sqrt(dim)).")
     _kafka(parser)
     parser.add_argument("--shuffled-topic", required=True)
     parser.add_argument("--model-topic", required=True)
@@ -259,10 +274,9 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                       help="private key file (repeatable: the first is current, the others still accepted)")
     keys.add_argument("--analyzer-keys", type=Path, metavar="DIR",
                       help="every analyzer-*.key in DIR; the newest is current (rotation: keygen DIR, restart)")
-    parser.add_argument("--out", type=Path, required=True, help="checkpoint directory")
+    parser.add_argument("--out", type=Path, required=True, help="state directory (sealed analyzer.json; one process at a time)")
     parser.add_argument("--name", default="default", help="deployment name on the model topic")
-    parser.add_argument("--learner", choices=("shuffle-gaussian", "shuffle-acsa", "shuffle-sgd", "shuffle-gd", "checkin"),
-                        default="shuffle-gaussian",
+    parser.add_argument("--learner", choices=tuple(FAMILIES), default="shuffle-gaussian",
                         help="shuffle-acsa, shuffle-sgd, shuffle-gd: PVEC counts summed by split-and-mix shares (the "
                         "shuffler needs --shares); shuffle-gd: --batch-size is n, every user answers each of --rounds rounds; "
                         "checkin: random check-ins, --batch-size is slot_length (the shuffler needs --checkin)")
@@ -276,91 +290,56 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--feature-bound", type=positive_float, default=1.0)
     parser.add_argument("--options", type=json_object, default="{}", help="more learner options as JSON, e.g. '{\"radius\": 4}'")
     parser.add_argument("--max-rounds", type=positive_int, help="exit once this many rounds are done")
-    parser.add_argument("--max-epsilon", type=positive_float,
-                        help="stop before a round whose records' epsilon, composed over all runs, would exceed this")
-    store = parser.add_mutually_exclusive_group()
-    store.add_argument("--state-dir", type=Path, help="directory of the budget store (default as for `panpriv run`)")
-    store.add_argument("--budget-kafka", metavar="URL", help="the budget store on a Kafka topic: kafka://host:port/topic")
+    budget_flags(parser, "stop before a round whose records' epsilon, composed over all runs, would exceed this")
     metrics_flags(parser)
     parser.set_defaults(handler=cmd_analyze)
 
 
-def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
-    """The learner ``panpriv analyze ARGS`` builds when it starts afresh."""
-    from panpriv.protocols.shuffle_acsa import ShuffleACSA
-    from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
-    from panpriv.protocols.shuffle_sgd import ShuffleSGD
+def analyzer_settings(args: argparse.Namespace) -> Any:
+    """The :class:`~panpriv.streamer.runtime.learners.LearnerSettings` of ``panpriv analyze ARGS``:
+    ``--batch-size`` is the constructor parameter the learner's family names (the stream length n
+    for ``shuffle-gd``), ``--horizon`` the stream length, ``--rounds`` an option."""
+    from panpriv.streamer.esa.families import family
+    from panpriv.streamer.runtime.learners import LearnerSettings
 
+    entry = family(args.learner)
     options = dict(args.options)
-    options.setdefault("loss", "logistic")
-    options.setdefault("radius", math.sqrt(args.dim))
-    if args.learner == "shuffle-acsa":
-        if args.horizon is None:
-            raise SystemExit("panpriv analyze: --learner shuffle-acsa needs --horizon (the records of the protocol)")
+    n = args.horizon
+    if args.batch_size is not None:
+        if entry.batch_option in ("n", "horizon"):
+            n = args.batch_size
+        else:
+            options.setdefault(entry.batch_option, args.batch_size)
+    if args.rounds is not None:
+        options.setdefault("rounds", args.rounds)
+    return LearnerSettings(args.learner, args.dim, args.epsilon, args.delta, args.feature_bound, n, options)
 
-        def acsa() -> ShuffleACSA:
-            return ShuffleACSA(dim=args.dim, epsilon=args.epsilon, delta=args.delta, horizon=args.horizon,
-                               batch_size=args.batch_size, feature_bound=args.feature_bound, **options)
 
-        return acsa
+def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
+    """The learner ``panpriv analyze ARGS`` builds when it starts afresh (the one factory,
+    :func:`panpriv.streamer.runtime.learners.build`)."""
+    from panpriv.streamer.runtime.learners import arguments_for, build
 
-    if args.learner == "shuffle-gd":
-        from panpriv.protocols.shuffle_gd import ShuffleGD
-
-        if args.batch_size is None:
-            raise SystemExit("panpriv analyze: --learner shuffle-gd needs --batch-size (n, the users of every round)")
-
-        def gd() -> ShuffleGD:
-            return ShuffleGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, n=args.batch_size, rounds=args.rounds,
-                             feature_bound=args.feature_bound, **options)
-
-        return gd
-    if args.learner == "checkin":
-        from panpriv.protocols.checkin import RandomCheckinSGD
-
-        if options.get("time", "position") != "position":
-            raise SystemExit("panpriv analyze: checkin in three roles needs position slots (time = 'position'): with "
-                             "timestamps the shuffler cannot know when a wake slot is complete; run it in process")
-        options.setdefault("slot_length", args.batch_size or 1)
-
-        def checkin() -> RandomCheckinSGD:
-            return RandomCheckinSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta,
-                                    feature_bound=args.feature_bound, **options)
-
-        return checkin
-
-    if args.learner == "shuffle-sgd":
-
-        def sgd() -> ShuffleSGD:
-            return ShuffleSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
-                              horizon=args.horizon, feature_bound=args.feature_bound, **options)
-
-        return sgd
-
-    def learner() -> ShuffleGaussianSGD:
-        return ShuffleGaussianSGD(dim=args.dim, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
-                                  feature_bound=args.feature_bound, **options)
-
-    return learner
+    settings = analyzer_settings(args)
+    arguments_for(settings)  # the flags are checked now, even when --out holds a state to resume
+    return lambda: build(settings)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from panpriv.streamer.esa import analyze_service as service
-    from panpriv.streamer.esa import analyzer, checkin_analyzer, sum_analyzer
+    from panpriv.streamer.esa.families import family
     from panpriv.streamer.esa.keys import load_directory, load_private
     from panpriv.streamer.esa.metrics import AnalyzerMetrics
-    from panpriv.streamer.esa.sum_client import SUM_LEARNERS
 
     learner = analyzer_learner(args)
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
-    metrics = AnalyzerMetrics(sum_analyzer.REJECT_REASONS if args.learner in (*SUM_LEARNERS, "shuffle-gd")
-                              else checkin_analyzer.REJECT_REASONS if args.learner == "checkin" else analyzer.REJECT_REASONS)
+    metrics = AnalyzerMetrics(family(args.learner).reject_reasons)
     metrics.set_info("analyzer", args.name, panpriv.__version__)
     stop_server = serve_metrics(metrics, args)
-    budget = service.BudgetOptions(args.messages_topic, args.state_dir, args.budget_kafka, args.max_epsilon)
     try:
-        result = service.run(service.AnalyzeOptions(args.bootstrap.split(","), args.shuffled_topic, args.model_topic,
-                                                    keys, args.out, learner, budget, args.name, args.max_rounds, metrics))
+        result = service.run(service.AnalyzeOptions(
+            args.bootstrap.split(","), args.shuffled_topic, args.model_topic, args.messages_topic, keys, args.out, learner,
+            budget_settings(args), args.name, args.max_rounds, metrics))
     finally:
         if stop_server is not None:
             stop_server()
@@ -368,7 +347,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(f"panpriv analyze: {state.round} rounds done; rejected {dict(state.rejected) or 'none'}"
           + (f"\n  stopped  {result.stopped}" if result.stopped else "")
           + f"\n  privacy  {result.report.statement()}\n  budget   every use of this data source: panpriv budget")
-    return 0
+    return EXIT_OK
 
 
 def add_all(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

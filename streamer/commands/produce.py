@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Literal
 
 from panpriv.streamer.arg_types import positive_float, positive_int
+from panpriv.streamer.commands.exit_codes import EXIT_OK
 from panpriv.streamer.errors import SourceError
 from panpriv.streamer.io.codec import encode_batch, encode_json
 from panpriv.streamer.sources.local import SyntheticSource
@@ -120,4 +121,4 @@ def run_produce(args: argparse.Namespace) -> int:
     sent = produce(args.bootstrap, args.topic, args.n, args.dim, args.seed, args.format,
                    args.batch_records, args.rate)
     print(f"panpriv produce: wrote {sent:,} records to {args.topic}")
-    return 0
+    return EXIT_OK

@@ -1,8 +1,7 @@
 """``panpriv record``: copy Kafka topics to a replayable recording (see :mod:`panpriv.streamer.io.recording`).
 
 Every partition is assigned directly (no consumer group, nothing committed), read from its first
-retained offset until the consumer is caught up (positions at the end offsets and nothing more
-arriving), and written frame by frame with its
+retained offset until caught up (:class:`panpriv.streamer.kafka.topic_reader.TopicReader`), and written frame by frame with its
 ``topic/partition`` key, offset and timestamp. The header names the cluster the topic lives on
 (:func:`panpriv.streamer.sources.identity.kafka_cluster_identity`), so a replay of the recording charges the
 topic's own data keys in the budget store. Values are copied as they are — malformed messages
@@ -12,15 +11,15 @@ included — so a replay decodes and rejects exactly what the live service would
 from __future__ import annotations
 
 import logging
-import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from panpriv.streamer.errors import SourceError
 from panpriv.streamer.io.recording import RecordingWriter
 from panpriv.streamer.io.source_url import parse_kafka_url
 from panpriv.streamer.kafka import calls as kafka_calls
-from panpriv.streamer.kafka.calls import CAUGHT_UP_POLLS
+from panpriv.streamer.kafka.topic_reader import TopicReader
 from panpriv.streamer.sources.identity import kafka_cluster_identity
 
 log = logging.getLogger("panpriv.recorder")
@@ -51,32 +50,20 @@ def record_topics(url: str, path: Path, timeout_s: float = 60.0) -> int:
             if not ids:
                 raise SourceError(f"topic {topic!r} does not exist on {','.join(spec.bootstrap)}")
             partitions += [TopicPartition(topic, p) for p in sorted(ids)]
-        consumer.assign(partitions)
         start = kafka_calls.beginning_offsets(consumer, partitions)
-        for tp in partitions:
-            consumer.seek(tp, start[tp])
         created = datetime.now(UTC).isoformat(timespec="seconds")
         cluster = kafka_cluster_identity(consumer, spec.bootstrap)
         writer = RecordingWriter(
             path, spec.display(), [_key(tp) for tp in partitions], {_key(tp): start[tp] for tp in partitions}, created,
             cluster=cluster,
         )
-        empty_polls = 0
-        last_progress = time.monotonic()
-        while empty_polls < CAUGHT_UP_POLLS:
-            batches = consumer.poll(timeout_ms=500)
-            for tp, messages in batches.items():
-                for message in messages:
-                    writer.write(_key(tp), message.offset, message.timestamp, message.value or b"")
-            if batches:
-                empty_polls = 0
-                last_progress = time.monotonic()
-                continue
-            end = kafka_calls.end_offsets(consumer, partitions)  # bounded: a silent broker is a one-line Kafka error
-            caught_up = all(consumer.position(tp) >= end[tp] for tp in partitions)
-            empty_polls = empty_polls + 1 if caught_up else 0
-            if not caught_up and time.monotonic() - last_progress > timeout_s:
-                raise SourceError(f"no progress for {timeout_s:.0f} s while recording {url}")
+
+        def write(message: Any) -> None:
+            writer.write(f"{message.topic}/{message.partition}", message.offset, message.timestamp, message.value or b"")
+
+        reader = TopicReader(consumer, partitions, write, start)
+        reader.catch_up(poll_ms=500, stalled_after_s=timeout_s,
+                        on_stall=lambda: SourceError(f"no progress for {timeout_s:.0f} s while recording {url}"))
         writer.close()
         log.info("recorded %d messages from %d partitions", writer.frames, len(partitions))
         return writer.frames

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import panpriv
 from panpriv.streamer.arg_types import json_object, positive_float, positive_int
+from panpriv.streamer.commands.exit_codes import EXIT_OK
+from panpriv.streamer.commands.role_options import budget_flags, budget_settings
 from panpriv.streamer.metrics.roles import RoleMetrics, metrics_flags, serve_metrics
 
 log = logging.getLogger("panpriv.scaleout")
@@ -43,75 +44,78 @@ def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--format", choices=("json", "csv"), default="json", help="one record per message")
     parser.add_argument("--out", type=Path, help="the worker's state (its budget instance): a restart with the same "
                         "--out accounts a batch lost in a crash as intrusion-only")
-    parser.add_argument("--state-dir", type=Path, help="budget store directory (default $PANPRIV_STATE_DIR or ~/.local/state/panpriv)")
-    parser.add_argument("--budget-topic", help="keep the budget store on this compacted Kafka topic instead (several machines)")
-    parser.add_argument("--max-epsilon", type=positive_float, help="refuse a model whose epsilon, or records whose budget, exceed this")
+    budget_flags(parser, "refuse a model whose epsilon, or records whose budget over all runs, exceed this")
     parser.add_argument("--sync-wait", type=float, default=2.0, help="seconds to wait for the next version after publishing (default 2)")
     parser.add_argument("--rate", type=float, default=0.0, help="at most this many records/s (default 0: unpaced)")
     parser.set_defaults(handler=cmd_worker)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from panpriv.streamer.budget.store import BudgetStore, default_state_dir
     from panpriv.streamer.scaleout import worker
     from panpriv.streamer.scaleout.metrics import WorkerMetrics
 
-    bootstrap = args.bootstrap.split(",")
     metrics = WorkerMetrics()
     metrics.set_epsilon_budget(args.max_epsilon)
     stop_server = _serve_metrics(metrics, "worker", args)
-    store: Any = None
     try:
-        if args.budget_topic:
-            from panpriv.streamer.budget.kafka_store import KafkaBudgetStore
-
-            store = KafkaBudgetStore(bootstrap, args.budget_topic)
-        else:
-            store = BudgetStore(args.state_dir or default_state_dir())
         stats = worker.run(worker.WorkerOptions(
-            bootstrap, args.data_topic, args.gradients_topic, args.model_topic, args.deployment, args.group, store,
-            args.out, args.sync_wait, args.max_epsilon, args.format, args.rate, metrics if stop_server else None))
+            args.bootstrap.split(","), args.data_topic, args.gradients_topic, args.model_topic, args.deployment, args.group,
+            budget_settings(args), args.out, args.sync_wait, args.format, args.rate, metrics if stop_server else None))
     finally:
-        if store is not None:
-            store.close()
         if stop_server is not None:
             stop_server()
     print(f"panpriv worker: {stats.instance}: published {stats.published} noisy batch means ({stats.records:,} records); "
           f"rejected {stats.rejected}; batches lost {stats.discarded}" + (f"; {stats.reason}" if stats.reason else ""))
-    return 0
+    return EXIT_OK
 
 
 def add_coordinate(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "coordinate", parents=parents, help="scale-out: combine K noisy means per AC-SA step, publish the model",
-        description="Read noisy batch means, step pan-private AC-SA once K means of the current version are in "
-        "(synchronous versions), publish each version to the compacted model topic. Resumes from the model topic.")
+        "coordinate", parents=parents, help="scale-out: combine K noisy means per step, publish the model",
+        description="Read noisy batch means, step the model once K means of the current version are in (synchronous "
+        "versions), publish each version to the compacted model topic. Resumes from the model topic. The learner is "
+        "built as `panpriv run --learner` builds it from the same settings (the intercept, radius sqrt(dim)).")
     _topics(parser)
     parser.add_argument("--workers", type=positive_int, required=True, help="K: means per step")
+    parser.add_argument("--learner", default="pan-acsa", help="a learner that runs on many workers (default pan-acsa)")
     parser.add_argument("--dim", type=positive_int, required=True)
     parser.add_argument("--n", type=positive_int, required=True, help="the planned stream length (records)")
     parser.add_argument("--epsilon", type=positive_float, default=1.0)
     parser.add_argument("--delta", type=positive_float, default=1e-6)
     parser.add_argument("--feature-bound", type=positive_float, default=1.0)
-    parser.add_argument("--options", type=json_object, default="{}", help="more pan-acsa options as JSON, e.g. '{\"loss\": \"hinge\"}'")
+    parser.add_argument("--options", type=json_object, default="{}", help="more learner options as JSON, e.g. '{\"loss\": \"hinge\"}'")
     parser.add_argument("--max-steps", type=positive_int, help="stop after this many steps (default: the planned epoch)")
     parser.set_defaults(handler=cmd_coordinate)
 
 
+def coordinator_settings(args: argparse.Namespace) -> Any:
+    """The :class:`~panpriv.streamer.runtime.learners.LearnerSettings` of ``panpriv coordinate ARGS``."""
+    from panpriv.streamer.runtime.learners import LearnerSettings
+
+    return LearnerSettings(args.learner, args.dim, args.epsilon, args.delta, args.feature_bound, args.n, dict(args.options))
+
+
+def coordinator_learner(args: argparse.Namespace) -> Callable[[], Any]:
+    """The learner ``panpriv coordinate ARGS`` builds when the model topic is empty (the one factory,
+    :func:`panpriv.streamer.runtime.learners.build`), checked now: it must run on many workers."""
+    from panpriv.protocols.batch_worker import supports_batch_workers
+    from panpriv.streamer.errors import ConfigError
+    from panpriv.streamer.runtime.learners import arguments_for, build, learner_class
+    from panpriv.streamer.scaleout.coordinator import batch_worker_names
+
+    settings = coordinator_settings(args)
+    if not supports_batch_workers(learner_class(settings.name)):
+        raise ConfigError(f"--learner {settings.name}: it cannot run on many workers; these can: "
+                          f"{', '.join(batch_worker_names())}")
+    arguments_for(settings)
+    return lambda: build(settings)
+
+
 def cmd_coordinate(args: argparse.Namespace) -> int:
-    from panpriv.protocols.pan_acsa import PanPrivateACSA
     from panpriv.streamer.scaleout import coordinator
-
-    options = dict(args.options)
-    options.setdefault("loss", "logistic")
-    options.setdefault("radius", math.sqrt(args.dim))
-
-    def learner() -> PanPrivateACSA:
-        return PanPrivateACSA(dim=args.dim, epsilon=args.epsilon, delta=args.delta, horizon=args.n,
-                              feature_bound=args.feature_bound, **options)
-
     from panpriv.streamer.scaleout.metrics import CoordinatorMetrics
 
+    learner = coordinator_learner(args)
     metrics = CoordinatorMetrics()
     stop_server = _serve_metrics(metrics, "coordinator", args)
     try:
@@ -123,7 +127,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
             stop_server()
     print(f"panpriv coordinate: version {state.version} ({state.records:,} records, {state.stale} stale means)"
           f"{' — done' if state.done else ''}\n  privacy  {state.report().statement()}")
-    return 0
+    return EXIT_OK
 
 
 def add_all(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

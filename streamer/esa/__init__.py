@@ -7,15 +7,21 @@ encrypted to it. Here, for the ``shuffle-gaussian`` learner (Liew & Takahashi 20
 - :mod:`panpriv.streamer.esa.client`: the user's encoder — reads the public model of the round, sends one
   fixed-size message (clipped gradient + Gaussian noise) sealed to the analyzer's key. It imports
   only ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and :mod:`panpriv.streamer.esa.wire`
-  / :mod:`panpriv.streamer.esa.keys` / :mod:`panpriv.streamer.esa.model` (nothing of the service);
+  / :mod:`panpriv.streamer.esa.keys` / :mod:`panpriv.streamer.esa.model` / :mod:`panpriv.streamer.esa.families`
+  (nothing of the service);
 - :mod:`panpriv.streamer.esa.shuffler`: ``panpriv shuffle`` — holds no key that can read a message;
 - :mod:`panpriv.streamer.esa.analyzer`: ``panpriv analyze`` — decrypts, steps, publishes the next model
-  (its service loop: :mod:`panpriv.streamer.esa.analyze_service`; its charges to the budget store shared
-  by every run: :mod:`panpriv.streamer.esa.budget`);
+  (its service loop, state and charges to the budget store shared by every run:
+  :mod:`panpriv.streamer.esa.analyze_service`);
 - for ``shuffle-sgd`` and ``shuffle-acsa`` (Cheu et al. 2022 Algs 3 and 4), whose PVEC counts must reach the analyzer only
   as per-coordinate totals: :mod:`panpriv.streamer.esa.sum_client` (each user's count vector as m
   split-and-mix shares, each sealed: Ishai et al. 2006, :mod:`panpriv.protocols.secure_sum`), the same
   shuffler releasing units (``--shares``) and :mod:`panpriv.streamer.esa.sum_analyzer`;
+- ``shuffle-gd`` (every user answers each round: :mod:`panpriv.streamer.esa.gd_client`,
+  :mod:`panpriv.streamer.esa.gd_analyzer`) and ``checkin`` (:mod:`panpriv.streamer.esa.checkin_client`,
+  :mod:`panpriv.streamer.esa.slot_shuffler`, :mod:`panpriv.streamer.esa.checkin_analyzer`);
+- :mod:`panpriv.streamer.esa.families`: the one list of these learners and how each runs (analyzer,
+  encoder, shuffler mode, reject reasons, state format);
 - :mod:`panpriv.streamer.esa.metrics`: the Prometheus series of the shuffler and the analyzer;
 - :mod:`panpriv.streamer.esa.keys`: ``panpriv keygen``.
 

@@ -1,21 +1,61 @@
-"""``panpriv analyze`` as a service: the analyzer (:mod:`panpriv.streamer.esa.analyzer`) between Kafka, its
-checkpoint, the budget store (:mod:`panpriv.streamer.esa.budget`) and its metrics
-(:mod:`panpriv.streamer.esa.metrics`).
+"""``panpriv analyze`` as a service: an analyzer of :mod:`panpriv.streamer.esa.families` between Kafka,
+its sealed and locked state (``analyzer.json``, :mod:`panpriv.streamer.state.role_state`), the
+budget store shared by every run (one :class:`panpriv.streamer.budget.session.BudgetSession`) and
+its metrics (:mod:`panpriv.streamer.esa.metrics`), in the role loop
+(:mod:`panpriv.streamer.runtime.role_loop`).
 
 Per record of the shuffled topic, in order: the analyzer opens the batch; for the current round it
 registers the statement and charges the round in the budget store (durably, ``max_epsilon``
-checked in the same transaction), then steps; the checkpoint is written atomically, the store
-notes it durable, and only then is round t + 1's model published. A refused charge stops the
-analyzer before the step, without advancing its input offset, so a restart with a larger budget
-analyses that batch. Metrics are updated from the analyzer's counters and its composed statement.
+checked in the same transaction), then steps; the state is written atomically, the store notes it
+durable, and only then is round t + 1's model published. A refused charge stops the analyzer
+before the step, without advancing its input offset, so a restart with a larger budget analyses
+that batch. Metrics are updated from the analyzer's counters and its composed statement.
+
+The budget (:mod:`panpriv.streamer.budget.store`; the charge units of :mod:`panpriv.streamer.budget.units`).
+
+**Data source.** The users' records enter an ESA deployment as messages on the *messages* topic;
+the analyzer reads them, shuffled, from another topic. The data key is the messages topic:
+``esa:<cluster>/<messages topic>``, where ``<cluster>`` is the broker's cluster id
+(:func:`panpriv.streamer.sources.identity.kafka_cluster_identity`, the bootstrap servers when the broker reports
+none). Not the shuffled topic: two shufflers over one messages topic release the same messages
+(the first b of each round). Not the deployment name either: a second analyzer under another
+``--name`` that reads the same batches learns from the same users and must compose with the
+first; keying by name would let it claim a fresh ε. (The converse — a messages topic reused for a
+new deployment whose rounds restart at 0 — is charged as a second use of the same positions:
+conservative.) The prefix ``esa:`` keeps these positions apart from a ``panpriv run`` over a topic,
+whose positions are offsets.
+
+**Position.** A position is one round ``t``: the b messages of round t, one per user
+(``participation = "all"``: each user answers one round; for ``shuffle-sgd``/``shuffle-acsa`` the b users whose
+shares make round t's batch, each in one round: Cheu et al. 2022, Def. 2.7). A round the secure-sum
+analyzer skips (:mod:`panpriv.streamer.esa.sum_analyzer`) is not learned; it is charged when it is skipped
+for a total out of range (an output of the honest users' data), not when a unit failed to open. A
+round charged is the range
+``[t, t + 1)``; every message in it has the instance's guarantee, so composing per round is
+composing per record.
+
+**Order.** The analyzer registers the deployment's report for the round it is about to learn
+(:func:`panpriv.streamer.esa.deployment.esa_report` with the round's valid count, which may lower the
+output guarantee) and charges ``[t, t + 1)`` — durably, with ``max_epsilon`` checked in the same
+transaction — *before* the step; a refused charge stops the analyzer before the step (and before
+it publishes anything); a refusal before it learned anything, because other runs spent the
+budget, is exit code 3, like ``panpriv run``. Before it publishes round t's model at start-up it
+checks round t the same way, so a deployment over a spent source never asks clients for messages.
+
+**Crash.** The analyzer adds no noise: a round re-analysed after a crash gives bit for bit the
+model the dead process computed (tested with SIGKILL), so the dead process's state held nothing the
+resumed run does not recompute and publish — no lost-state instance is needed. A round the dead
+process charged but did not checkpoint is found in the store at restart and not charged again
+(a second charge by one instance would count as a second use).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import signal
+import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,45 +63,43 @@ from typing import Any
 from nacl.public import PrivateKey
 
 from panpriv.accounting.ledger import PrivacyReport
-from panpriv.protocols.checkin import RandomCheckinSGD
-from panpriv.protocols.shuffle_base import SequentialLearner
-from panpriv.protocols.shuffle_gd import ShuffleGD
-from panpriv.streamer.esa import checkin_analyzer, gd_analyzer, sum_analyzer
-from panpriv.streamer.esa.analyzer import REJECT_REASONS, Analyzer
-from panpriv.streamer.esa.budget import AnalyzerBudget, data_key, new_instance, open_store
-from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
-from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
-from panpriv.streamer.esa.gd_budget import GDAnalyzerBudget
+from panpriv.streamer.budget.open import BudgetSettings
+from panpriv.streamer.errors import CheckpointError, ConfigError
+from panpriv.streamer.esa.analyzer import AnalyzerCore
+from panpriv.streamer.esa.families import FAMILIES, UnknownFamilyError, analyzer_for_format, family
 from panpriv.streamer.esa.metrics import AnalyzerMetrics
-from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
-
-AnyAnalyzer = Analyzer | SumAnalyzer | CheckinAnalyzer
+from panpriv.streamer.state.role_state import RoleState
 
 log = logging.getLogger("panpriv.analyze")
 
+KEY_PREFIX = "esa:"
 
-@dataclass
-class BudgetOptions:
-    """Where the analyzer charges: the SQLite store in ``state_dir`` (default: the usual state
-    directory) or the store on ``kafka_url``; ``max_epsilon`` as ``panpriv run``'s."""
+STATE_FILE = "analyzer.json"
 
-    messages_topic: str
-    state_dir: Path | None = None
-    kafka_url: str | None = None
-    max_epsilon: float | None = None
+
+def data_key(cluster: str, messages_topic: str) -> str:
+    """The data key of an E-S-A deployment's records (module docstring)."""
+    return f"{KEY_PREFIX}{cluster}/{messages_topic}"
+
+
+def new_instance(name: str, learner: str) -> str:
+    """A fresh instance id for an analyzer of ``learner`` in deployment ``name``."""
+    return f"{learner}-esa-{name}-{uuid.uuid4().hex[:12]}"
 
 
 @dataclass
 class AnalyzeOptions:
-    """What ``panpriv analyze`` needs (``learner`` is used only when ``out`` holds no checkpoint)."""
+    """What ``panpriv analyze`` needs (``learner`` is called only when ``out`` holds no state)."""
 
     bootstrap: list[str]
     shuffled_topic: str
     model_topic: str
+    messages_topic: str
+    """The clients' messages topic: it names the data source in the budget store (not read)."""
     keys: list[PrivateKey]
     out: Path
-    learner: Any  # Callable[[], ShuffleGaussianSGD | SequentialLearner]
-    budget: BudgetOptions
+    learner: Callable[[], Any]
+    budget: BudgetSettings
     name: str = "default"
     max_rounds: int | None = None
     metrics: AnalyzerMetrics | None = None
@@ -72,142 +110,139 @@ class AnalyzeResult:
     """How the analyzer ended: its state, its statement (composed over every run on the data
     source) and ``stopped`` (why it stopped before a round, or ``None``)."""
 
-    analyzer: AnyAnalyzer
+    analyzer: AnalyzerCore
     report: PrivacyReport
     stopped: str | None
 
 
-def checkpoint_path(out: Path) -> Path:
-    return out / "analyzer.json"
+def state_file(out: Path) -> RoleState:
+    """The analyzer's sealed state in ``out``; a state written before sealing (panpriv 0.1) is
+    recognised by its format."""
+    formats = {entry.checkpoint_format for entry in FAMILIES.values()}
+    return RoleState(out, STATE_FILE, "esa-analyzer", legacy=lambda body: body.get("format") in formats,
+                     fix="restore it from a backup, or start a new deployment with another --out and --name")
 
 
-def _load(options: AnalyzeOptions) -> AnyAnalyzer:
-    from panpriv.streamer.state.atomic_files import write_atomically
-
-    options.out.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = checkpoint_path(options.out)
-    analyzer: AnyAnalyzer
-    if path.exists():
-        data = json.loads(path.read_bytes())
-        if data.get("format") == gd_analyzer.CHECKPOINT_FORMAT:
-            analyzer = GDAnalyzer.restore(data, options.keys)
-        elif data.get("format") == sum_analyzer.CHECKPOINT_FORMAT:
-            analyzer = SumAnalyzer.restore(data, options.keys)
-        elif data.get("format") == checkin_analyzer.CHECKPOINT_FORMAT:
-            analyzer = CheckinAnalyzer.restore(data, options.keys)
-        else:
-            analyzer = Analyzer.restore(data, options.keys)
+def load_analyzer(state: RoleState, options: AnalyzeOptions) -> AnalyzerCore:
+    """The analyzer restored from ``state``, or a new one of the learner's family (its instance
+    saved at once)."""
+    data = state.load()
+    analyzer: AnalyzerCore
+    if data is not None:
+        try:
+            analyzer = analyzer_for_format(data.get("format")).restore(data, options.keys)
+        except (UnknownFamilyError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{state.path}: cannot restore the analyzer ({type(exc).__name__}: {exc}); restore it "
+                                  "from a backup, or start a new deployment with another --out and --name") from None
         log.info("analyzer: resumed at round %d, shuffled offset %d", analyzer.round, analyzer.offset)
     else:
         learner = options.learner()
-        if isinstance(learner, ShuffleGD):
-            analyzer = GDAnalyzer(learner, options.keys, options.name)
-        elif isinstance(learner, SequentialLearner):
-            analyzer = SumAnalyzer(learner, options.keys, options.name)
-        elif isinstance(learner, RandomCheckinSGD):
-            analyzer = CheckinAnalyzer(learner, options.keys, options.name)
-        else:
-            analyzer = Analyzer(learner, options.keys, options.name)
-    if isinstance(analyzer, SumAnalyzer):
-        log.info("analyzer: secure sum of %d users x %d shares mod 2^%d (tau %.3g); run the shuffler with "
-                 "--batch-size %d --params %d --shares %d", analyzer.users, analyzer.shares, analyzer.bits, analyzer.tau,
-                 analyzer.users, analyzer.dim, analyzer.shares)
-    if analyzer.instance is None:  # a new analyzer, or a checkpoint written before the budget store
-        analyzer.instance = new_instance(analyzer.name, analyzer.learner.name)
-        write_atomically(path, json.dumps(analyzer.checkpoint()).encode(), "analyzer checkpoint")
+        try:
+            analyzer = family(learner.name).analyzer_class()(learner, options.keys, options.name)
+        except ValueError as exc:  # a plan the three roles cannot run (rounds of several sizes, timestamp slots)
+            raise ConfigError(f"learner {learner.name!r} in three roles: {exc}") from None
+    log.info("analyzer: %s, deployment %s; run the shuffler with %s", analyzer.learner.name, analyzer.name,
+             analyzer.shuffler_arguments())
+    if analyzer.instance is None or state.migrated:  # new, or a state written before the budget store or the seal
+        analyzer.instance = analyzer.instance or new_instance(analyzer.name, analyzer.learner.name)
+        state.save(analyzer.checkpoint())
     return analyzer
 
 
-def run(options: AnalyzeOptions) -> AnalyzeResult:
-    """Serve until SIGTERM/SIGINT, ``max_rounds`` rounds, or a round the budget refuses."""
+def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> AnalyzeResult:
+    """Serve until SIGTERM/SIGINT (or ``stop``), ``max_rounds`` rounds, the last round, or a round
+    the budget refuses, in the role loop (:mod:`panpriv.streamer.runtime.role_loop`)."""
     from kafka import TopicPartition
 
+    from panpriv.streamer.budget.session import BudgetSession
+    from panpriv.streamer.esa.shuffler import deployment_topics
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.kafka.topics import ensure_topics
+    from panpriv.streamer.runtime.role_loop import RoleLoop
     from panpriv.streamer.sources.identity import kafka_cluster_identity
-    from panpriv.streamer.state.atomic_files import write_atomically
 
-    stopping = {"now": False}
+    holder: list[AnalyzerCore] = []
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
+    def status() -> str:
+        if not holder:
+            return "setting up"
+        analyzer = holder[0]
+        return f"round {analyzer.round}, shuffled offset {analyzer.offset}, rejected {dict(analyzer.rejected) or 'none'}"
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    analyzer = _load(options)
-    assert analyzer.instance is not None
-    path = checkpoint_path(options.out)
-    metrics = options.metrics or AnalyzerMetrics(sum_analyzer.REJECT_REASONS if isinstance(analyzer, SumAnalyzer)
-                                                 else checkin_analyzer.REJECT_REASONS
-                                                 if isinstance(analyzer, CheckinAnalyzer) else REJECT_REASONS)
-    metrics.set_epsilon_budget(options.budget.max_epsilon)
-    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
-    consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False,
-                                     max_partition_fetch_bytes=256 * 1024 * 1024, fetch_max_bytes=256 * 1024 * 1024)
-    budget: AnalyzerBudget | None = None
-    clean = False
-    try:
+    with RoleLoop("analyzer", stop=stop, status=status) as loop:
+        state = state_file(options.out)
+        loop.close_on_exit(state.lock().release, "state directory lock")
+        analyzer = load_analyzer(state, options)
+        holder.append(analyzer)
+        assert analyzer.instance is not None
+        ensure_topics(options.bootstrap, deployment_topics(options.messages_topic, options.shuffled_topic,
+                                                           options.model_topic, analyzer.release_bytes()))
+        metrics = options.metrics or AnalyzerMetrics(analyzer.REJECT_REASONS)
+        metrics.set_epsilon_budget(options.budget.max_epsilon)
+        producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
+        loop.close_on_exit(producer.close, "model producer")
+        consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False,
+                                         max_partition_fetch_bytes=256 * 1024 * 1024, fetch_max_bytes=256 * 1024 * 1024)
+        loop.close_on_exit(consumer.close, "shuffled consumer")
         consumer.partitions_for_topic(options.shuffled_topic)  # metadata: the cluster id
-        key = data_key(kafka_cluster_identity(consumer, options.bootstrap), options.budget.messages_topic)
-        store = open_store(options.budget.state_dir, options.budget.kafka_url)
-        if isinstance(analyzer, GDAnalyzer):  # every user charged per round, one instance per round
-            budget = GDAnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon,
-                                      analyzer.users, analyzer.round_report)
-        else:
-            budget = AnalyzerBudget(store, key, analyzer.instance, options.out, options.budget.max_epsilon)
-        budget.begin(analyzer.round, analyzer.report(),
-                     f"esa messages {options.budget.messages_topic} (deployment {analyzer.name})")
-        analyzer.gate = budget.charge
-        report = budget.report(analyzer.report())
-        metrics.observe_state(analyzer.round, analyzer.rejected)
-        metrics.observe_privacy(report, budget.per_source())
+        key = data_key(kafka_cluster_identity(consumer, options.bootstrap), options.messages_topic)
+        budget = BudgetSession.for_role(options.budget, options.out, analyzer.instance, analyzer.charge_unit(key))
+        clean = False
+        try:
+            budget.begin_role(f"esa messages {options.messages_topic} (deployment {analyzer.name})", analyzer.report(),
+                              step=analyzer.round)
+            analyzer.gate = budget.charge_step
+            report = budget.composed(analyzer.report(), [key])
+            metrics.observe_state(analyzer.round, analyzer.rejected)
+            metrics.observe_privacy(report, budget.per_source([key]))
 
-        def publish() -> None:
-            producer.send(options.model_topic, key=analyzer.name.encode(),
-                          value=analyzer.model().to_json()).get(timeout=60)
+            def publish() -> None:
+                producer.send(options.model_topic, key=analyzer.name.encode(),
+                              value=analyzer.model().to_json()).get(timeout=60)
 
-        tp = TopicPartition(options.shuffled_topic, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, analyzer.offset)
-        publish()
-        log.info("analyzer: round %d published; data source %s; %s", analyzer.round, key, report.statement())
-        def finished() -> bool:
-            return analyzer.stopped is not None or (options.max_rounds is not None
-                                                    and analyzer.round >= options.max_rounds) \
-                or (isinstance(analyzer, GDAnalyzer) and analyzer.finished)  # shuffle-gd: its T rounds are done
+            tp = TopicPartition(options.shuffled_topic, 0)
+            consumer.assign([tp])
+            consumer.seek(tp, analyzer.offset)
+            publish()
+            log.info("analyzer: round %d published; data source %s; %s", analyzer.round, key, report.statement())
 
-        while not stopping["now"] and not finished():
-            for records in consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    if record.offset < analyzer.offset or finished():
-                        continue
-                    stepped = analyzer.handle(record.value)
-                    if analyzer.stopped is not None:
-                        log.warning("analyzer: %s", analyzer.stopped)
-                        break
-                    analyzer.offset = record.offset + 1
-                    if stepped:
-                        report = budget.report(analyzer.report())
-                    write_atomically(path, json.dumps(analyzer.checkpoint(report)).encode(), "analyzer checkpoint")
-                    budget.mark_durable(analyzer.round)
-                    metrics.observe_checkpoint(time.time())
-                    metrics.observe_state(analyzer.round, analyzer.rejected)
-                    if stepped:
-                        metrics.observe_round(analyzer.last_valid)
-                        metrics.observe_privacy(report, budget.per_source())
-                        publish()
-                        log.info("analyzer: round %d done, model of round %d published", analyzer.round - 1,
-                                 analyzer.round)
-                    else:
-                        log.info("analyzer: record %d not applied; rejected so far %s", record.offset,
-                                 dict(analyzer.rejected))
-        clean = True
-    finally:
-        producer.close()
-        consumer.close()
-        if budget is not None:
+            def finished() -> bool:
+                return analyzer.stopped is not None or analyzer.done or (
+                    options.max_rounds is not None and analyzer.round >= options.max_rounds)
+
+            def step() -> None:
+                nonlocal report
+                for records in consumer.poll(timeout_ms=200).values():
+                    for record in records:
+                        if record.offset < analyzer.offset or finished():
+                            continue
+                        stepped = analyzer.handle(record.value)
+                        if analyzer.stopped is not None:
+                            log.warning("analyzer: %s", analyzer.stopped)
+                            return
+                        analyzer.offset = record.offset + 1
+                        if stepped:
+                            report = budget.composed(analyzer.report(), [key])
+                        state.save(analyzer.checkpoint(report))
+                        budget.mark_step_durable(analyzer.round)
+                        metrics.observe_checkpoint(time.time())
+                        metrics.observe_state(analyzer.round, analyzer.rejected)
+                        if stepped:
+                            metrics.observe_round(analyzer.last_valid)
+                            metrics.observe_privacy(report, budget.per_source([key]))
+                            publish()
+                            log.info("analyzer: round %d done, model of round %d published", analyzer.round - 1,
+                                     analyzer.round)
+                        else:
+                            log.info("analyzer: record %d not applied; rejected so far %s", record.offset,
+                                     dict(analyzer.rejected))
+
+            loop.run(step, done=finished)
+            clean = True
+        finally:
             if clean:
-                budget.mark_durable(analyzer.round, clean=True)
-            report = budget.report(analyzer.report())
+                budget.mark_step_durable(analyzer.round, clean=True)
+            report = budget.composed(analyzer.report(), [key])
             budget.close()
     log.info("analyzer stopped at round %d; rejected %s", analyzer.round, dict(analyzer.rejected) or "none")
     return AnalyzeResult(analyzer, report, analyzer.stopped)

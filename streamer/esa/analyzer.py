@@ -20,7 +20,7 @@ batch ids, reject counts) is written atomically after each step and before the m
 published; after a crash the analyzer re-reads from the checkpoint's offset and recomputes the
 same model, and republishing it (compacted topic, same key) changes nothing.
 
-**Budget.** :meth:`Analyzer.handle` asks ``gate`` (the budget store, :mod:`panpriv.streamer.esa.budget`)
+**Budget.** :meth:`Analyzer.handle` asks ``gate`` (the budget store: :meth:`panpriv.streamer.budget.session.BudgetSession.charge_step`)
 before each step, with the round and the statement that will hold once it is learned; a refusal
 leaves the state untouched (the batch's decrypted messages are zeroed) and sets ``stopped``.
 
@@ -43,10 +43,12 @@ from nacl.public import PrivateKey, SealedBox
 from panpriv.accounting.ledger import PrivacyReport
 from panpriv.protocols.base import StateValue
 from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
+from panpriv.streamer.budget.units import ChargeUnit, Rounds
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.deployment import DEPLOYMENT, esa_report
 from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.runtime.learners import restore_learner
 
 CHECKPOINT_FORMAT = "panpriv-esa-analyzer/1"
 APPLIED_KEPT = 1024
@@ -58,7 +60,7 @@ REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_ba
 
 Gate = Callable[[int, PrivacyReport], "str | None"]
 """Asked before round t is learned, with the statement that holds once it is: ``None`` to go on,
-else why not (:meth:`panpriv.streamer.esa.budget.AnalyzerBudget.charge`)."""
+else why not (:meth:`panpriv.streamer.budget.session.BudgetSession.charge_step`)."""
 
 
 def encode_state(state: Mapping[str, StateValue]) -> dict[str, Any]:
@@ -77,6 +79,10 @@ class AnalyzerCore:
 
     learner: Any
     round: int
+    REJECT_REASONS: tuple[str, ...] = ()
+    """Every reason :meth:`handle` counts (the metrics export each, at 0 from the start)."""
+    CHECKPOINT_FORMAT = ""
+    """The ``format`` of :meth:`checkpoint` (:mod:`panpriv.streamer.esa.families` restores by it)."""
 
     def __init__(self, learner: Any, keys: list[PrivateKey], name: str, instance: str | None) -> None:
         if not keys:
@@ -135,7 +141,37 @@ class AnalyzerCore:
     def _mark_applied(self, batch: wire.Batch) -> None:
         self.applied = [*self.applied[-(APPLIED_KEPT - 1):], batch.id.hex()]
 
+    def handle(self, value: bytes | None) -> bool:
+        """Analyse one record of the shuffled topic; True if it closed the current round."""
+        raise NotImplementedError
+
+    def model(self) -> ModelRecord:
+        """The public model record of the current round."""
+        raise NotImplementedError
+
+    def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:
+        """The state to save (:meth:`_checkpoint_fields` and the family's own)."""
+        raise NotImplementedError
+
     def report(self) -> PrivacyReport:
+        raise NotImplementedError
+
+    @property
+    def done(self) -> bool:
+        """No round is left to analyse: the service stops (default: never)."""
+        return False
+
+    def charge_unit(self, key: str) -> ChargeUnit:
+        """What a round charges in the budget store (:mod:`panpriv.streamer.budget.units`): one
+        position of ``key``, the round's users (default)."""
+        return Rounds(key)
+
+    def shuffler_arguments(self) -> str:
+        """The ``panpriv shuffle`` flags this deployment needs (logged at start-up)."""
+        raise NotImplementedError
+
+    def release_bytes(self) -> int:
+        """The largest record the shuffler releases for this deployment (the shuffled topic must admit it)."""
         raise NotImplementedError
 
     def _checkpoint_fields(self, privacy: PrivacyReport | None) -> dict[str, Any]:
@@ -223,6 +259,15 @@ class Analyzer(VectorAnalyzer):
         self._params = int(learner.calibration()["params"])
         self._size = wire.message_size(self._params)
 
+    REJECT_REASONS = REJECT_REASONS
+    CHECKPOINT_FORMAT = CHECKPOINT_FORMAT
+
+    def shuffler_arguments(self) -> str:
+        return f"--batch-size {self.learner.batch_size} --params {self._params}"
+
+    def release_bytes(self) -> int:
+        return wire.batch_bytes(int(self.learner.batch_size or 0), self._size)
+
     @property
     def round(self) -> int:  # type: ignore[override]
         return self.learner.rounds_done
@@ -254,7 +299,7 @@ class Analyzer(VectorAnalyzer):
     def model(self) -> ModelRecord:
         """The public model record of the current round."""
         local = self.learner.local_guarantee()
-        return ModelRecord("shuffle-gaussian", self.name, self.round, self.learner.theta, self.learner.calibration(),
+        return ModelRecord(self.learner.name, self.name, self.round, self.learner.theta, self.learner.calibration(),
                            self.current_key.hex(), (local.epsilon, local.delta))
 
     def report(self) -> PrivacyReport:
@@ -269,7 +314,8 @@ class Analyzer(VectorAnalyzer):
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> Analyzer:
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"not an analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        learner = ShuffleGaussianSGD.from_state_dict(data["config"], decode_state(data["state"]))
+        learner = restore_learner(ShuffleGaussianSGD.name, data["config"], decode_state(data["state"]), None)
+        assert isinstance(learner, ShuffleGaussianSGD)
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer._restore_fields(data)
         analyzer.min_valid = data["min_valid"]

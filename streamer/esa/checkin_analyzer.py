@@ -21,7 +21,7 @@ message ``malformed``, ``unknown_key``, ``undecryptable``, ``round_mismatch``, `
 
 **Budget.** Position s is wake slot s: its ``slot_length`` clients' records, each with the learner's
 guarantee for all of its use (a record wakes once; the accounting covers every slot of her window).
-Slot s is charged ``[s, s + 1)`` before it is learned, as :mod:`panpriv.streamer.esa.budget` describes for rounds.
+Slot s is charged ``[s, s + 1)`` before it is learned, as :mod:`panpriv.streamer.esa.analyze_service` describes for rounds.
 
 **Exactly once.** The step of a slot with a message is deterministic (no noise is added here); the
 analyzer's own dummy for a rejected single update is drawn from OS entropy, so a re-analysis of
@@ -42,6 +42,7 @@ from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import VectorAnalyzer, decode_state
 from panpriv.streamer.esa.deployment import checkin_report
 from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.runtime.learners import restore_learner
 
 CHECKPOINT_FORMAT = "panpriv-esa-checkin-analyzer/1"
 
@@ -98,6 +99,15 @@ class CheckinAnalyzer(VectorAnalyzer):
         self._size = wire.message_size(self._params)
         self._first = int(window_start(0, learner.slots, learner.window))  # fixed windows: round 0 is released empty
 
+    REJECT_REASONS = REJECT_REASONS
+    CHECKPOINT_FORMAT = CHECKPOINT_FORMAT
+
+    def shuffler_arguments(self) -> str:
+        return f"--checkin --batch-size {int(self.learner.slot_length)} --params {self._params}"
+
+    def release_bytes(self) -> int:
+        return wire.batch_bytes(int(self.learner.slot_length), self._size)
+
     @property
     def round(self) -> int:  # type: ignore[override]
         """The next slot to close (the model record's round)."""
@@ -128,7 +138,7 @@ class CheckinAnalyzer(VectorAnalyzer):
         """The public model record of the current slot: θ after the previous slot, at which the
         clients waking now compute."""
         local = self.learner.local_randomizer.local_guarantee()
-        return ModelRecord("checkin", self.name, self.round, self.learner._sgd.theta.copy(), calibration(self.learner), self.current_key.hex(),
+        return ModelRecord(self.learner.name, self.name, self.round, self.learner._sgd.theta.copy(), calibration(self.learner), self.current_key.hex(),
                            (local.epsilon, local.delta))
 
     def report(self) -> PrivacyReport:
@@ -142,7 +152,8 @@ class CheckinAnalyzer(VectorAnalyzer):
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> CheckinAnalyzer:
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"not a checkin analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        learner = RandomCheckinSGD.from_state_dict(data["config"], decode_state(data["state"]))
+        learner = restore_learner(RandomCheckinSGD.name, data["config"], decode_state(data["state"]), None)
+        assert isinstance(learner, RandomCheckinSGD)
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer._restore_fields(data)
         return analyzer

@@ -25,7 +25,7 @@ analyzer alone, with an honest and separate shuffler, the learner's amplified gu
 (:func:`panpriv.streamer.esa.deployment.checkin_report`).
 
 This module imports ``protocols``, numpy, PyNaCl and its siblings ``panpriv.streamer.esa.wire``,
-``checkin_wire``, ``keys``, ``model``, ``client`` only — none of the service.
+``checkin_wire``, ``keys``, ``model``, ``client``, ``families`` only — none of the service.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from panpriv.protocols.checkin import check_in_slots, window_start
 from panpriv.protocols.randomizers import GaussianRandomizer, L2BallRandomizer, LocalRandomizer
 from panpriv.protocols.randomness import NoiseSource, RngLike
 from panpriv.streamer.esa import checkin_wire, wire
-from panpriv.streamer.esa.client import ModelClient, RefusedModel
+from panpriv.streamer.esa.client import ModelClient, PrivacyRefused, RefusedModel
+from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.model import ModelRecord
 
@@ -82,7 +83,7 @@ class CheckinEncoder(ModelClient):
 
     def __init__(self, public_key: PublicKey, shuffler_key: PublicKey, model: ModelRecord,
                  max_local_epsilon: float | None = None, rng: RngLike = None) -> None:
-        super().__init__(public_key, model, ("checkin",))
+        super().__init__(public_key, model, learners_with(client="check-in"))
         cal = model.calibration
         if cal.get("time", "position") != "position":
             raise RefusedModel("checkin in three roles needs position slots (time = 'position')")
@@ -90,7 +91,7 @@ class CheckinEncoder(ModelClient):
         self.randomizer = local_randomizer(cal)
         self.local = self.randomizer.local_guarantee()
         if max_local_epsilon is not None and self.local.epsilon > max_local_epsilon:
-            raise RefusedModel(f"the model's local randomizer has epsilon {self.local.epsilon:.4g} > the "
+            raise PrivacyRefused(f"the model's local randomizer has epsilon {self.local.epsilon:.4g} > the "
                                f"{max_local_epsilon:g} this client accepts")
         if model.theta.shape != (self.params,):
             raise RefusedModel(f"theta has {model.theta.size} coordinates, the calibration {self.params}")

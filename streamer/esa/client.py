@@ -13,7 +13,7 @@ can refuse a model whose calibration gives a weaker local guarantee than she acc
 (``max_local_epsilon``), recomputed here from σ, not taken from the record.
 
 This module imports ``protocols``, ``accounting``, numpy, PyNaCl, kafka-python and its siblings
-``panpriv.streamer.esa.wire``/``keys``/``model`` only — none of the service (tested). Sending is
+``panpriv.streamer.esa.wire``/``keys``/``model``/``families`` only — none of the service (tested). Sending is
 :class:`MessageSender`; :class:`Encoder` is pure (no I/O).
 """
 
@@ -31,6 +31,7 @@ from panpriv.protocols.randomizers import gaussian_epsilon0
 from panpriv.protocols.randomness import NoiseSource, RngLike
 from panpriv.protocols.shuffle_gaussian import local_messages
 from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.model import ModelRecord
 
@@ -39,6 +40,11 @@ Array = NDArray[np.float64]
 
 class RefusedModel(ValueError):
     """The model record cannot be answered by this client (wrong learner or key, too little noise)."""
+
+
+class PrivacyRefused(RefusedModel):
+    """The model would spend more of the users' privacy than this client accepts (its local ε, a
+    plan's composed ε, rounds beyond the plan): a budget refusal (exit code 3)."""
 
 
 class ModelClient:
@@ -99,13 +105,13 @@ class Encoder(ModelClient):
 
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  rng: RngLike = None) -> None:
-        super().__init__(public_key, model, ("shuffle-gaussian",))
+        super().__init__(public_key, model, learners_with(shuffler="messages"))
         cal = model.calibration
         self.noise_multiplier = float(cal["noise_multiplier"])
         self.params = self.loss.param_dim(self.dim)
         self.local_epsilon = gaussian_epsilon0(self.noise_multiplier, float(cal["delta"]))
         if max_local_epsilon is not None and self.local_epsilon > max_local_epsilon:
-            raise RefusedModel(f"the model's noise multiplier {self.noise_multiplier:.6g} gives messages with local "
+            raise PrivacyRefused(f"the model's noise multiplier {self.noise_multiplier:.6g} gives messages with local "
                                f"epsilon {self.local_epsilon:.4g} > the {max_local_epsilon:g} this client accepts")
         if model.theta.shape != (self.params,):
             raise RefusedModel(f"theta has {model.theta.size} coordinates, the calibration {self.params}")

@@ -12,11 +12,11 @@ in-process learner's own analysis and projected gradient step — and publishes 
 - **T rounds, then nothing.** Round t < T only (``horizon_reached`` beyond); after the T-th round
   the model record carries the released average iterate. Clients refuse a round ≥ T anyway.
 - **Every round is charged to every user, before anything of it is opened.** The gate (the budget
-  store, :class:`panpriv.streamer.esa.gd_budget.GDAnalyzerBudget`) is asked *before* the units are opened,
+  store, :class:`panpriv.streamer.budget.units.UsersPerRound`) is asked *before* the units are opened,
   with the round's increment of the composed guarantee (:meth:`GDAnalyzer.round_report`), and
   charges the whole data set — positions [0, n) — to the round's own instance
   ``<instance>/round-NNNNNN``, as ``panpriv run`` charges each pass of the in-process learner
-  (:mod:`panpriv.streamer.runtime.replay`). The ledger's basic composition of the T increments telescopes to the
+  (:mod:`panpriv.streamer.runtime.recorded_driver`). The ledger's basic composition of the T increments telescopes to the
   composed guarantee of :func:`gd_report`.
 - **A failed round is charged and counted, not learned.** A round with a unit that does not open
   (``invalid_units``) or a total out of range (``out_of_range``) is skipped as for the other
@@ -27,7 +27,7 @@ in-process learner's own analysis and projected gradient step — and publishes 
 
 Checkpoints (``panpriv-esa-gd-analyzer/1``) name the learner; the step adds no noise, so a round
 re-analysed after a SIGKILL is the dead process's computation bit for bit and the round charged
-but not checkpointed is found in the store and not charged again (:mod:`panpriv.streamer.esa.budget`).
+but not checkpointed is found in the store and not charged again (:mod:`panpriv.streamer.esa.analyze_service`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ from nacl.public import PrivateKey
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols.secure_sum import added_delta
 from panpriv.protocols.shuffle_gd import ROUND_MARGIN, ShuffleGD, composed
+from panpriv.streamer.budget.units import ChargeUnit, UsersPerRound
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import decode_state
 from panpriv.streamer.esa.deployment import DEPLOYMENT, REFERENCE, SECURE_SUM_REFERENCE, secure_sum_statement
 from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
+from panpriv.streamer.runtime.learners import restore_learner
 
 CHECKPOINT_FORMAT = "panpriv-esa-gd-analyzer/1"
 
@@ -131,10 +133,21 @@ class GDAnalyzer(SumAnalyzer):
         self.rounds = learner.planned_rounds
         self.extra_delta = added_delta(learner.vector_sum.epsilon, self.tau)
 
+    CHECKPOINT_FORMAT = CHECKPOINT_FORMAT
+
+    def charge_unit(self, key: str) -> ChargeUnit:
+        """Every user per round, to the round's own instance with :meth:`round_report` (module docstring)."""
+        return UsersPerRound(key, self.users, self.round_report)
+
     @property
     def finished(self) -> bool:
         """The T rounds are analysed (learned or skipped)."""
         return self.round >= self.rounds
+
+    @property
+    def done(self) -> bool:
+        """The T rounds are analysed: the service stops (no client answers a round beyond T)."""
+        return self.finished
 
     def _learn(self, batch: wire.Batch) -> bool | None:
         """Charge the round (every user, its increment) before opening anything, then open, sum,
@@ -198,7 +211,8 @@ class GDAnalyzer(SumAnalyzer):
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> GDAnalyzer:
         if data.get("format") != CHECKPOINT_FORMAT or data.get("learner") != ShuffleGD.name:
             raise ValueError(f"not a shuffle-gd analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        learner = ShuffleGD.from_state_dict(data["config"], decode_state(data["state"]))
+        learner = restore_learner(ShuffleGD.name, data["config"], decode_state(data["state"]), None)
+        assert isinstance(learner, ShuffleGD)
         analyzer = cls(learner, keys, data["name"], data.get("instance"))
         analyzer._restore_fields(data)
         analyzer.round = int(data["round"])

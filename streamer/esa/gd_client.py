@@ -33,7 +33,7 @@ deployment has one state per user (one device, one file). The state file holds o
 (public) and round numbers — no record, no gradient.
 
 Like :mod:`panpriv.streamer.esa.sum_client`, this module imports ``protocols``, ``accounting``, numpy,
-PyNaCl and its siblings ``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``sum_client`` only —
+PyNaCl and its siblings ``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``sum_client``/``families`` only —
 none of the service (tested).
 """
 
@@ -54,13 +54,13 @@ from numpy.typing import NDArray
 
 from panpriv.protocols.randomness import RngLike
 from panpriv.protocols.shuffle_gd import composed
-from panpriv.streamer.esa.client import RefusedModel
+from panpriv.streamer.esa.client import PrivacyRefused, RefusedModel
+from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.esa.sum_client import SharesEncoder
 
 Array = NDArray[np.float64]
 
-GD_LEARNER = "shuffle-gd"
 STATE_FORMAT = "panpriv-esa-gd-client/1"
 COMPOSITION_SLACK = 1e-9
 """Relative tolerance when comparing the promised (ε, δ) with the client's own composition
@@ -82,7 +82,7 @@ class GDEncoder(SharesEncoder):
     checks of the T-round plan (module docstring). ``max_epsilon``: refuse a plan whose T rounds
     compose to more than this ε."""
 
-    learners: ClassVar[tuple[str, ...]] = (GD_LEARNER,)
+    learners: ClassVar[tuple[str, ...]] = learners_with(client="every-round")
 
     def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
                  max_epsilon: float | None = None, rng: RngLike = None) -> None:
@@ -102,7 +102,7 @@ class GDEncoder(SharesEncoder):
             raise RefusedModel(f"the plan promises (epsilon, delta) = ({total_epsilon:g}, {total_delta:g}) over T = "
                                f"{self.rounds} rounds, but its per-round budget composes to {self.composed}")
         if max_epsilon is not None and self.composed.epsilon > max_epsilon:
-            raise RefusedModel(f"the plan's T = {self.rounds} rounds compose to epsilon {self.composed.epsilon:.4g} > the "
+            raise PrivacyRefused(f"the plan's T = {self.rounds} rounds compose to epsilon {self.composed.epsilon:.4g} > the "
                                f"{max_epsilon:g} this client accepts")
 
 
@@ -135,11 +135,11 @@ class AnsweredRounds:
             raise RefusedModel("the model's plan (deployment, calibration, T) is not the one this user accepted with "
                                f"her first answer (round {self.rounds[0] if self.rounds else '?'}); refusing")
         if model.round >= rounds:
-            raise RefusedModel(f"round {model.round} is beyond the T = {rounds} rounds of the statement")
+            raise PrivacyRefused(f"round {model.round} is beyond the T = {rounds} rounds of the statement")
         if model.round in self.rounds:
             raise RefusedModel(f"round {model.round} was already answered")
         if len(self.rounds) >= rounds:
-            raise RefusedModel(f"already answered the T = {rounds} rounds of the statement")
+            raise PrivacyRefused(f"already answered the T = {rounds} rounds of the statement")
 
     def record(self, model: ModelRecord) -> None:
         """Note ``model``'s round as answered (durably when file-backed) — before answering it."""

@@ -23,7 +23,7 @@ Analyzer series
     Unix time of the last durable analyzer checkpoint.
 ``panpriv_privacy_epsilon{guarantee}``, ``panpriv_privacy_delta{guarantee}``
     The analyzer's statement — the deployment's guarantee composed over every run that used the
-    same data source (:meth:`panpriv.streamer.esa.budget.AnalyzerBudget.report`) — for ``output`` and
+    same data source (:meth:`panpriv.streamer.budget.session.BudgetSession.composed`) — for ``output`` and
     ``intrusion``; the names of the service's series, so the deploy/ alert on
     ``panpriv_privacy_epsilon / panpriv_privacy_epsilon_budget`` covers the analyzer too.
 ``panpriv_budget_epsilon{source, guarantee}``

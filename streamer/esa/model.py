@@ -16,7 +16,6 @@ highest round (:func:`latest`).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +67,9 @@ class ModelRecord:
 
 
 class ModelWatcher:
-    """A consumer of the whole model topic that keeps the record with the highest round.
+    """The record with the highest round on the model topic, read from its beginning
+    (:class:`panpriv.streamer.kafka.topic_reader.NewestRecord`: the caught-up rule; a malformed
+    record is skipped, not fatal).
 
     Parameters
     ----------
@@ -81,49 +82,32 @@ class ModelWatcher:
     """
 
     def __init__(self, bootstrap: str | list[str], topic: str, deployment: str | None = None, **options: Any) -> None:
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import KafkaConsumer
+
+        from panpriv.streamer.kafka.topic_reader import NewestRecord
 
         self.topic, self.deployment = topic, deployment
-        self.best: ModelRecord | None = None
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **options)
-        partitions = self._consumer.partitions_for_topic(topic) or {0}
-        self._assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-        self._consumer.assign(self._assigned)
-        self._consumer.seek_to_beginning(*self._assigned)
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **options)
+        self._newest = NewestRecord(consumer, topic, self._parse, lambda model: model.round)
 
-    def _take(self, timeout_ms: int) -> None:
-        for records in self._consumer.poll(timeout_ms=timeout_ms).values():
-            for record in records:
-                if record.value is None:
-                    continue
-                model = ModelRecord.from_json(record.value)
-                if self.deployment is not None and model.deployment != self.deployment:
-                    continue
-                if self.best is None or model.round >= self.best.round:
-                    self.best = model
+    def _parse(self, value: bytes) -> ModelRecord | None:
+        model = ModelRecord.from_json(value)
+        return model if self.deployment is None or model.deployment == self.deployment else None
+
+    @property
+    def best(self) -> ModelRecord | None:
+        return self._newest.newest
 
     def current(self, timeout_s: float = 10.0) -> ModelRecord | None:
-        """The best record once every partition is read to its end offset at the call."""
-        ends = self._consumer.end_offsets(self._assigned)
-        deadline = time.monotonic() + timeout_s
-        while any(self._consumer.position(tp) < ends[tp] for tp in self._assigned):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read the model topic {self.topic} to its end within {timeout_s:g} s")
-            self._take(100)
-        return self.best
+        """The newest record once the topic is read to its end."""
+        return self._newest.current(timeout_s)
 
     def wait_for(self, at_least: int, timeout_s: float = 60.0) -> ModelRecord:
-        """The best record once its round is ≥ ``at_least``; ``TimeoutError`` after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while self.best is None or self.best.round < at_least:
-            if time.monotonic() > deadline:
-                seen = "none" if self.best is None else self.best.round
-                raise TimeoutError(f"no model of round >= {at_least} on {self.topic} within {timeout_s:g} s (latest: {seen})")
-            self._take(100)
-        return self.best
+        """The newest record once its round is ≥ ``at_least``; ``TimeoutError`` after ``timeout_s``."""
+        return self._newest.wait_for(at_least, timeout_s)
 
     def close(self) -> None:
-        self._consumer.close()
+        self._newest.close()
 
 
 def latest(bootstrap: str | list[str], topic: str, deployment: str | None = None, timeout_s: float = 10.0,

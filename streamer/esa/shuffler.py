@@ -42,14 +42,16 @@ independent of the permutation), which the analyzer drops as ``duplicate_batch``
 SIGKILL (``tests/esa``).
 
 **Order.** Determinism of "the first b messages of a round" needs one total order of the input,
-so the messages topic must have one partition (the shuffler refuses more). Scaling out is one
-messages topic per shuffler/deployment.
+so the messages topic must have one partition, and so must the shuffled topic the analyzer reads
+in order. Every role of a deployment creates the topics it names with that layout when they are
+missing and refuses another partition count with one line (:func:`deployment_topics`,
+:mod:`panpriv.streamer.kafka.topics`). Scaling out is one messages topic per shuffler/deployment.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -61,6 +63,7 @@ from panpriv.streamer.esa.permute import permuted
 
 if TYPE_CHECKING:
     from panpriv.streamer.esa.metrics import ShufflerMetrics
+    from panpriv.streamer.kafka.topics import TopicSpec
 
 log = logging.getLogger("panpriv.shuffle")
 
@@ -186,6 +189,26 @@ def last_released_round(consumer: Any, topic: str) -> int:
     raise TimeoutError(f"could not read the last batch of {topic}")
 
 
+def deployment_topics(messages: str | None = None, shuffled: str | None = None, model: str | None = None,
+                      release_bytes: int | None = None) -> list[TopicSpec]:
+    """The topics of an E-S-A deployment a role names, with the layout every role needs: the
+    messages and shuffled topics one partition each (one total order: module docstring), the
+    shuffled one admitting a release of ``release_bytes``; the model topic compacted (its newest
+    record per deployment is the public state; any partition count is read)."""
+    from panpriv.streamer.kafka.topics import TopicSpec
+
+    specs = []
+    if messages:
+        specs.append(TopicSpec(messages, "shuffler", "its batches are the first b messages of a round in one total order"))
+    if shuffled:
+        specs.append(TopicSpec(shuffled, "analyzer", "it reads the shuffler's batches in their order, from partition 0",
+                               max_message_bytes=release_bytes))
+    if model:
+        specs.append(TopicSpec(model, "analyzer", "its newest record per deployment is the public model", partitions=None,
+                               compacted=True))
+    return specs
+
+
 @dataclass
 class ShuffleOptions:
     """What ``panpriv shuffle`` needs."""
@@ -207,78 +230,78 @@ class ShuffleOptions:
     (``checkin``: :class:`panpriv.streamer.esa.slot_shuffler.SlotShuffler`); ``None``: :class:`Shuffler`."""
 
 
-def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuffler:
-    """Serve until SIGTERM/SIGINT (or ``stop()``), ``max_rounds`` releases, or ``idle_exit_s`` without input."""
+def run(options: ShuffleOptions, stop: threading.Event | None = None) -> Shuffler:
+    """Serve until SIGTERM/SIGINT (or ``stop``), ``max_rounds`` releases, or ``idle_exit_s`` without
+    input, in the role loop (:mod:`panpriv.streamer.runtime.role_loop`)."""
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
     from panpriv.streamer.kafka import calls as kafka_calls
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.kafka.topics import ensure_topics
+    from panpriv.streamer.runtime.role_loop import RoleLoop
 
-    stopping = {"now": False}
+    def status() -> str:
+        return (f"last released round {state.last_released}, {state.waiting} messages waiting, "
+                f"dropped {dict(state.dropped) or 'none'}")
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
+    with RoleLoop("shuffler", stop=stop, status=status) as loop:
+        size = (wire.message_size(options.params) if options.shares is None
+                else wire.shares_message_size(options.params, options.shares))
+        unit = size if options.shares is None else wire.unit_size(options.params)
+        ensure_topics(options.bootstrap, deployment_topics(options.messages_topic, options.shuffled_topic, release_bytes=(
+            wire.batch_bytes(options.batch_size * (options.shares or 1), unit))))
+        reader = kafka_client.consumer(options.bootstrap, enable_auto_commit=False, group_id=None)
+        try:
+            last = last_released_round(reader, options.shuffled_topic)
+        finally:
+            reader.close()
+        state = (options.make_state(last) if options.make_state is not None else
+                 Shuffler(options.batch_size, size, last, options.drop_short_after_s, max_ahead=options.max_ahead,
+                          shares=options.shares))
+        consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
+                                         auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
+        loop.close_on_exit(consumer.close, "messages consumer")
+        producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,
+                                         retries=5)
+        loop.close_on_exit(producer.close, "shuffled producer")
+        tp = TopicPartition(options.messages_topic, 0)
+        consumer.assign([tp])
+        start = kafka_calls.committed(consumer, tp)
+        if start is not None:
+            consumer.seek(tp, start)
+        else:
+            consumer.seek_to_beginning(tp)
+        log.info("shuffler: batch size %d, last released round %d, reading %s from %s", options.batch_size, last,
+                 options.messages_topic, "the beginning" if start is None else f"the committed offset {start}")
+        if options.metrics is not None:
+            options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
+        committed = start
+        idle_since = time.monotonic()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    reader = kafka_client.consumer(options.bootstrap, enable_auto_commit=False, group_id=None)
-    try:
-        last = last_released_round(reader, options.shuffled_topic)
-    finally:
-        reader.close()
-    size = (wire.message_size(options.params) if options.shares is None
-            else wire.shares_message_size(options.params, options.shares))
-    state = (options.make_state(last) if options.make_state is not None else
-             Shuffler(options.batch_size, size, last, options.drop_short_after_s, max_ahead=options.max_ahead,
-                      shares=options.shares))
-    consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
-                                     auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
-    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0, max_request_size=MAX_BATCH_BYTES,
-                                     retries=5)
-    partitions = consumer.partitions_for_topic(options.messages_topic)
-    if partitions is not None and len(partitions) > 1:
-        raise ValueError(f"the messages topic {options.messages_topic} has {len(partitions)} partitions; the shuffler "
-                         "needs one (one total order of the input makes its batches deterministic)")
-    tp = TopicPartition(options.messages_topic, 0)
-    consumer.assign([tp])
-    start = kafka_calls.committed(consumer, tp)
-    if start is not None:
-        consumer.seek(tp, start)
-    else:
-        consumer.seek_to_beginning(tp)
-    log.info("shuffler: batch size %d, last released round %d, reading %s from %s", options.batch_size, last,
-             options.messages_topic, "the beginning" if start is None else f"the committed offset {start}")
-    if options.metrics is not None:
-        options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
-    committed = start
+        def commit(safe: int) -> None:
+            """Commit ``safe`` (step 5 of the module docstring) unless it is already committed."""
+            nonlocal committed
+            if safe != committed:
+                kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})
+                committed = safe
 
-    def commit(safe: int, previous: int | None) -> int | None:
-        """Commit ``safe`` (step 5 of the module docstring) unless it is already committed."""
-        if safe == previous:
-            return previous
-        kafka_calls.commit(consumer, {tp: OffsetAndMetadata(safe, "", -1)})
-        return safe
+        def release(released: list[tuple[int, list[bytes]]]) -> None:
+            for round_, messages in released:
+                producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
+                state.mark_released(round_)
+                if options.metrics is not None:
+                    options.metrics.observe_release(len(messages))
+                log.info("released round %d (%d messages)", round_, len(messages))
 
-    def release(released: list[tuple[int, list[bytes]]]) -> None:
-        for round_, messages in released:
-            producer.send(options.shuffled_topic, value=wire.encode_batch(round_, messages)).get(timeout=60)
-            state.mark_released(round_)
-            if options.metrics is not None:
-                options.metrics.observe_release(len(messages))
-            log.info("released round %d (%d messages)", round_, len(messages))
-
-    idle_since = time.monotonic()
-    try:
-        while not stopping["now"] and not (stop is not None and stop()):
-            if options.max_rounds is not None and state.released >= options.max_rounds:
-                break
+        def step() -> None:
+            nonlocal idle_since
             polled = consumer.poll(timeout_ms=200)
             next_offset = consumer.position(tp)
             if not polled:
                 release(state.expire() or [])  # Shuffler.expire drops; SlotShuffler.expire may close a slot
                 if options.idle_exit_s is not None and time.monotonic() - idle_since > options.idle_exit_s:
-                    break
+                    loop.finish("idle")
             else:
                 idle_since = time.monotonic()
             for records in polled.values():
@@ -286,13 +309,12 @@ def run(options: ShuffleOptions, stop: Callable[[], bool] | None = None) -> Shuf
                     released = state.offer(record.offset, record.value)
                     release(released)
                     if released:  # commit after every acknowledged release, not once per poll: a crash
-                        committed = commit(state.commit_offset(record.offset + 1), committed)  # re-sends less
+                        commit(state.commit_offset(record.offset + 1))  # re-sends less
             if options.metrics is not None:
                 options.metrics.observe_state(state.last_released, state.waiting, state.dropped)
-            committed = commit(state.commit_offset(next_offset), committed)
-    finally:
-        producer.close()
-        consumer.close()
+            commit(state.commit_offset(next_offset))
+
+        loop.run(step, done=lambda: options.max_rounds is not None and state.released >= options.max_rounds)
     log.info("shuffler stopped: %d rounds released, %d messages waiting, dropped %s", state.released, state.waiting,
              dict(state.dropped) or "none")
     return state

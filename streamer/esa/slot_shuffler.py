@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -76,7 +77,9 @@ from nacl.public import PrivateKey, PublicKey, SealedBox
 
 from panpriv.protocols.checkin import window_start
 from panpriv.protocols.randomizers import LocalRandomizer
+from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.esa import checkin_wire, wire
+from panpriv.streamer.esa.families import FAMILIES
 from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.permute import permuted
 
@@ -294,39 +297,47 @@ class CheckinShuffleOptions:
     expect: dict[str, int] = field(default_factory=dict)
 
 
-def run(options: Any, checkin: CheckinShuffleOptions, stop: Callable[[], bool] | None = None) -> SlotShuffler:
-    """Read the deployment's public configuration from the model topic (waiting for round 0), then
-    serve :class:`SlotShuffler` through :func:`panpriv.streamer.esa.shuffler.run`."""
+def run(options: Any, checkin: CheckinShuffleOptions, stop: threading.Event | None = None) -> SlotShuffler:
+    """Serve :class:`SlotShuffler` through :func:`panpriv.streamer.esa.shuffler.run`, built in its
+    set-up from the deployment's public configuration on the model topic (waiting for round 0)."""
     from panpriv.streamer.esa import shuffler
-    from panpriv.streamer.esa.checkin_client import local_randomizer
     from panpriv.streamer.esa.keys import load_private, load_public
-    from panpriv.streamer.esa.model import ModelWatcher
-    from panpriv.streamer.kafka.client import security_options
 
     private = load_private(checkin.shuffler_key)
     analyzer = load_public(checkin.analyzer_key)
-    watcher = ModelWatcher(options.bootstrap, checkin.model_topic, checkin.name, **security_options())
-    try:
-        model = watcher.current() or watcher.wait_for(0, checkin.model_timeout_s)
-    finally:
-        watcher.close()
-    if model.learner != "checkin":
-        raise SystemExit(f"panpriv shuffle --checkin: the model topic is for {model.learner!r}, not checkin")
-    if model.key_id != key_id(analyzer).hex():
-        raise SystemExit(f"panpriv shuffle --checkin: the analyzer reads key {model.key_id}, --analyzer-key is "
-                         f"{key_id(analyzer).hex()}")
-    rules = SlotRules.from_calibration(dict(model.calibration))
-    for name, value in checkin.expect.items():
-        if value != getattr(rules, name):
-            raise SystemExit(f"panpriv shuffle --checkin: the model's {name} is {getattr(rules, name)}, not {value}")
-    dummy = dummy_sealer(local_randomizer(model.calibration), analyzer, rules.params, bytes(private))
-    log.info("checkin shuffler: %s, %d clients per wake slot, %s windows of %d slots, %s updates", key_id(
-        private.public_key).hex(), rules.slot_length, rules.window, rules.slots, rules.update)
 
     def make_state(last: int) -> SlotShuffler:
+        rules, dummy = _deployment(options.bootstrap, checkin, private, analyzer)
         return SlotShuffler(private, rules, dummy, last, checkin.close_after_s)
 
     options.make_state = make_state
     state = shuffler.run(options, stop)
     assert isinstance(state, SlotShuffler)
     return state
+
+
+def _deployment(bootstrap: list[str], checkin: CheckinShuffleOptions, private: PrivateKey,
+                analyzer: PublicKey) -> tuple[SlotRules, Callable[[int], bytes]]:
+    """The rules and the dummy sealer of the deployment whose model topic ``checkin`` names."""
+    from panpriv.streamer.esa.checkin_client import local_randomizer
+    from panpriv.streamer.esa.model import ModelWatcher
+    from panpriv.streamer.kafka.client import security_options
+
+    watcher = ModelWatcher(bootstrap, checkin.model_topic, checkin.name, **security_options())
+    try:
+        model = watcher.current() or watcher.wait_for(0, checkin.model_timeout_s)
+    finally:
+        watcher.close()
+    if FAMILIES.get(model.learner) is None or FAMILIES[model.learner].shuffler != "slots":
+        raise ConfigError(f"--checkin: the model topic {checkin.model_topic} is for {model.learner!r}, whose shuffler does "
+                          "not release check-in slots")
+    if model.key_id != key_id(analyzer).hex():
+        raise ConfigError(f"--checkin: the analyzer reads key {model.key_id}, --analyzer-key is {key_id(analyzer).hex()}")
+    rules = SlotRules.from_calibration(dict(model.calibration))
+    for name, value in checkin.expect.items():
+        if value != getattr(rules, name):
+            raise ConfigError(f"--checkin: the model's {name} is {getattr(rules, name)}, not {value}")
+    dummy = dummy_sealer(local_randomizer(model.calibration), analyzer, rules.params, bytes(private))
+    log.info("checkin shuffler: %s, %d clients per wake slot, %s windows of %d slots, %s updates", key_id(
+        private.public_key).hex(), rules.slot_length, rules.window, rules.slots, rules.update)
+    return rules, dummy

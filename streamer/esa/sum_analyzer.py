@@ -46,7 +46,6 @@ import numpy as np
 from nacl.public import PrivateKey
 
 from panpriv.accounting.ledger import PrivacyReport
-from panpriv.protocols.catalogue import load_learner
 from panpriv.protocols.secure_sum import SECURITY_BITS, distance_bound, modulus_bits, recombine, shares_needed
 from panpriv.protocols.shuffle_base import SequentialLearner
 from panpriv.protocols.shuffle_gd import ShuffleGD
@@ -54,6 +53,7 @@ from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.analyzer import AnalyzerCore, decode_state
 from panpriv.streamer.esa.deployment import sum_report
 from panpriv.streamer.esa.model import ModelRecord
+from panpriv.streamer.runtime.learners import restore_learner
 
 CHECKPOINT_FORMAT = "panpriv-esa-sum-analyzer/1"
 
@@ -93,6 +93,15 @@ class SumAnalyzer(AnalyzerCore):
         self._unit_size = wire.unit_size(self.dim)
         self.round = 0
         self.skipped = 0
+
+    REJECT_REASONS = REJECT_REASONS
+    CHECKPOINT_FORMAT = CHECKPOINT_FORMAT
+
+    def shuffler_arguments(self) -> str:
+        return f"--batch-size {self.users} --params {self.dim} --shares {self.shares}"
+
+    def release_bytes(self) -> int:
+        return wire.batch_bytes(self.users * self.shares, self._unit_size)
 
     def handle(self, value: bytes | None) -> bool:
         """Analyse one record of the shuffled topic; True if it closed the current round (learned or
@@ -241,8 +250,7 @@ class SumAnalyzer(AnalyzerCore):
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"not a secure-sum analyzer checkpoint ({CHECKPOINT_FORMAT})")
         # Checkpoints written before shuffle-sgd was deployed name no learner: they are shuffle-acsa's.
-        learner = load_learner(data.get("learner", "shuffle-acsa")).from_state_dict(data["config"],
-                                                                                    decode_state(data["state"]))
+        learner = restore_learner(data.get("learner", "shuffle-acsa"), data["config"], decode_state(data["state"]), None)
         if not isinstance(learner, SequentialLearner):
             raise ValueError(f"{learner.name}: not a learner of the secure-sum analyzer")
         analyzer = cls(learner, keys, data["name"], data.get("instance"))

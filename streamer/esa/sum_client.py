@@ -19,7 +19,7 @@ analyzer that collude can link her m shares); against the analyzer alone, PVEC's
 (ε, δ) plus the secure sum's (1 + e^ε)·τ (:func:`panpriv.streamer.esa.deployment.sum_report`).
 
 This module imports ``protocols``, ``accounting``, numpy, PyNaCl and its siblings
-``panpriv.streamer.esa.wire``/``keys``/``model``/``client`` only — none of the service (tested).
+``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``families`` only — none of the service (tested).
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from panpriv.protocols.secure_sum import SECURITY_BITS, modulus_bits, shares_nee
 from panpriv.protocols.shuffle_base import message_guarantee
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.client import ModelClient, RefusedModel
+from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.model import ModelRecord
 
 Array = NDArray[np.float64]
 
-SUM_LEARNERS = ("shuffle-acsa", "shuffle-sgd")
-"""The learners deployed over secure summation: the catalogue's
-:class:`panpriv.protocols.shuffle_base.SequentialLearner` s (tested; named here so that the client
-imports neither)."""
+SUM_LEARNERS = learners_with(shuffler="shares", client="per-round")
+"""The learners deployed over secure summation, one round per user (:mod:`panpriv.streamer.esa.families`):
+the catalogue's :class:`panpriv.protocols.shuffle_base.SequentialLearner` s (tested)."""
 
 
 class SharesEncoder(ModelClient):

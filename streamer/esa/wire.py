@@ -187,6 +187,11 @@ def encode_batch(round_: int, messages: Sequence[bytes]) -> bytes:
     return _BATCH_HEAD.pack(BATCH_MAGIC, round_, len(messages), size, batch_id(round_, messages)) + b"".join(messages)
 
 
+def batch_bytes(count: int, size: int) -> int:
+    """The bytes of a batch record of ``count`` messages (or units) of ``size`` bytes."""
+    return _BATCH_HEAD.size + count * size
+
+
 def parse_batch(data: bytes) -> Batch:
     """Inverse of :func:`encode_batch`; :class:`WireError` if the framing does not add up."""
     if len(data) < _BATCH_HEAD.size or data[:4] != BATCH_MAGIC:

@@ -3,7 +3,7 @@
 Some learners cannot take a stream in arrival order: :class:`panpriv.protocols.pnsgd.ShuffledPNSGD` visits
 the records of a recording in a uniformly random order (Sordello et al. 2021, Thm 2), and a multi-pass learner
 (``shuffle-gd``, Cheu et al. 2022 Alg. 5) reads the recording once per round. They ask for records by *record
-index* (see :mod:`panpriv.streamer.runtime.replay`); :class:`IndexedFile` answers.
+index* (see :mod:`panpriv.streamer.runtime.recorded_driver`); :class:`IndexedFile` answers.
 
 Record indices. Index ``i ∈ [0, n)`` names the ``i``-th *valid* record of the file in file order,
 and ``n`` is the number of valid records — the public stream length such a learner is built with.

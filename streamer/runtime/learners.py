@@ -1,13 +1,16 @@
-"""The service's side of the learner catalogue: ``--learner NAME`` → a learner built from the config.
+"""The one learner factory: ``--learner NAME`` and its settings → a learner, for every entry point.
 
+``panpriv run`` (from its config), ``panpriv analyze`` and ``panpriv coordinate`` (from their flags)
+and a scale-out worker (from the model's public config) build their learners here, from
+:class:`LearnerSettings`, so equal settings give equal learners whichever process builds them.
 The names and classes come from :mod:`panpriv.protocols.catalogue` (the one list); this module adds the
 service's defaults (:data:`DEFAULT_OPTIONS`) and builds the constructor arguments. A learner that
 reads a recording by record index (``learn_recorded``: ``shuffled-pnsgd``, ``shuffle-gd``) is
-catalogued the same way; the processor sees what it declares (:mod:`panpriv.streamer.runtime.replay`) and gives it
+catalogued the same way; the processor sees what it declares (:mod:`panpriv.streamer.runtime.recorded_driver`) and gives it
 a ``file:`` source by index.
 
-Building. The service passes its common settings to the constructor parameters of the same name,
-when the constructor has them:
+Building. The factory passes the common settings to the constructor parameters of the same name,
+when the constructor has them (``run``: the config's sections; the roles: the flags of the same names):
 
 ==================  ================================================================
 parameter           value
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from panpriv.protocols.base import Learner
@@ -68,25 +72,56 @@ def learner_class(name: str) -> type[Learner]:
         raise LearnerUnavailableError(str(exc)) from None
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What every entry point gives the factory (module docstring's table).
+
+    ``n`` is the public stream length (``horizon`` or ``n`` of the constructor; ``None``: not
+    given, for a learner that plans without it); ``options`` the rest (``[learner.options]``,
+    ``--options``); ``seed`` test/replay mode only (``None``: OS entropy per draw).
+    """
+
+    name: str
+    dim: int | None
+    epsilon: float
+    delta: float
+    feature_bound: float | None = 1.0
+    n: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+
+    @classmethod
+    def of_config(cls, config: ServiceConfig, n: int) -> LearnerSettings:
+        """``panpriv run``'s settings: the config's ``[records]`` and ``[learner]``, and ``n``."""
+        return cls(config.learner.name, config.records.dim, config.learner.epsilon, config.learner.delta,
+                   config.records.feature_bound, n, dict(config.learner.options), config.learner.seed)
+
+
 def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
     """The keyword arguments (without ``rng``) that :func:`build_learner` passes."""
-    cls = learner_class(config.learner.name)
+    return arguments_for(LearnerSettings.of_config(config, n))
+
+
+def arguments_for(settings: LearnerSettings) -> dict[str, Any]:
+    """The keyword arguments (without ``rng``) that :func:`build` passes for ``settings``."""
+    cls = learner_class(settings.name)
     parameters = inspect.signature(cls.__init__).parameters
     common: dict[str, Any] = {
-        "dim": config.records.dim,
-        "feature_bound": config.records.feature_bound,
-        "epsilon": config.learner.epsilon,
-        "delta": config.learner.delta,
+        "dim": settings.dim,
+        "feature_bound": settings.feature_bound,
+        "epsilon": settings.epsilon,
+        "delta": settings.delta,
     }
-    common.update({name: n for name in _STREAM_LENGTH_NAMES})
+    if settings.n is not None:
+        common.update({name: settings.n for name in _STREAM_LENGTH_NAMES})
     arguments = {k: v for k, v in common.items() if k in parameters}
-    options = {**DEFAULT_OPTIONS, **config.learner.options}
+    options = {**DEFAULT_OPTIONS, **settings.options}
     if isinstance(options.get("loss"), Mapping):
         options["loss"] = {**DEFAULT_OPTIONS["loss"], **options["loss"]}
     if "radius" in parameters and "radius" not in options:
-        options["radius"] = default_radius(config.records.dim or 1)
+        options["radius"] = default_radius(settings.dim or 1)
     if "pan_delta" in parameters and "delta" not in parameters and "pan_delta" not in options:
-        options["pan_delta"] = config.learner.delta  # PNSGD: the requested delta is its pan floor (panpriv.streamer.runtime.delta_target)
+        options["pan_delta"] = settings.delta  # PNSGD: the requested delta is its pan floor (panpriv.streamer.runtime.delta_target)
     accepted = set(parameters) - {"self", "rng"}
     for key, value in options.items():
         if key not in accepted:
@@ -103,7 +138,7 @@ def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
     ]
     if missing:
         raise ConfigError(
-            f"learner {config.learner.name!r} needs " + ", ".join(f"learner.options.{m}{hint(m)}" for m in missing)
+            f"learner {settings.name!r} needs " + ", ".join(f"learner.options.{m}{hint(m)}" for m in missing)
             + f" (constructor arguments of {cls.__name__} without a default)"
         )
     return arguments
@@ -111,11 +146,27 @@ def constructor_arguments(config: ServiceConfig, n: int) -> dict[str, Any]:
 
 def build_learner(config: ServiceConfig, n: int) -> Learner:
     """A fresh learner for ``config`` and public stream length ``n``."""
-    cls = learner_class(config.learner.name)
+    return build(LearnerSettings.of_config(config, n))
+
+
+def build(settings: LearnerSettings) -> Learner:
+    """A fresh learner for ``settings`` (every entry point's construction)."""
+    cls = learner_class(settings.name)
     try:
-        return cls.from_config(constructor_arguments(config, n), rng=config.learner.seed)
+        return cls.from_config(arguments_for(settings), rng=settings.seed)
     except InvalidInputError as exc:
-        raise ConfigError(f"learner {config.learner.name!r}: {exc}") from None
+        raise ConfigError(f"learner {settings.name!r}: {exc}") from None
+
+
+def from_public_config(name: str, learner_config: Mapping[str, Any]) -> Learner:
+    """A learner rebuilt from the constructor config another process published (a scale-out
+    worker from the model record): the same learner as that process's, whatever this process's
+    defaults."""
+    cls = learner_class(name)
+    try:
+        return cls.from_config(dict(learner_config))
+    except (InvalidInputError, TypeError) as exc:
+        raise ConfigError(f"cannot build learner {name!r} from the published config: {exc}") from None
 
 
 def restore_learner(name: str, learner_config: Mapping[str, Any], state: Mapping[str, Any], seed: int | None) -> Learner:

@@ -70,12 +70,9 @@ Learners that read a recording by record index (``shuffled-pnsgd``, ``shuffle-gd
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +82,7 @@ from panpriv.protocols.base import Learner
 from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from panpriv.streamer.datasets import adult
-from panpriv.streamer.errors import ConfigError, StoppedDuringSetUp
+from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.io.codec import Codec, make_codec
 from panpriv.streamer.io.indexed import IndexedFile
 from panpriv.streamer.io.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink
@@ -99,8 +96,8 @@ from panpriv.streamer.runtime.heartbeat import Heartbeat, LagReporter
 from panpriv.streamer.runtime.learners import build_learner, constructor_arguments, learner_class, restore_learner
 from panpriv.streamer.runtime.pacing import Cadence, Pacer
 from panpriv.streamer.runtime.progress import Progress
-from panpriv.streamer.runtime.recorded_driver import RecordedDriver
-from panpriv.streamer.runtime.replay import open_indexed, reads_by_index
+from panpriv.streamer.runtime.recorded_driver import RecordedDriver, open_indexed, reads_by_index
+from panpriv.streamer.runtime.role_loop import RoleLoop
 from panpriv.streamer.runtime.status import StatusLine
 from panpriv.streamer.runtime.stream_driver import StreamDriver
 from panpriv.streamer.runtime.transaction import CheckpointTransaction
@@ -200,7 +197,7 @@ class Processor:
     def _run_locked(self) -> RunResult:
         saved = self.store.load()
         positions = dict(saved.positions) if saved else {}
-        with self._signals():
+        with RoleLoop("run", stop=self.stop_event) as loop:  # signals: panpriv.streamer.runtime.role_loop
             source: Source | IndexedFile
             if reads_by_index(learner_class(self.config.learner.name)):
                 source = open_indexed(self.config.source, self.codec, self.config.learner.name)
@@ -208,9 +205,11 @@ class Processor:
                 source = open_source(self.config.source, self.codec, positions, on_revoke=self._checkpoint_on_revoke,
                                      marks=saved.source_marks if saved else None)
             self._source = source
+            loop.close_on_exit(source.close, "source")
             try:
                 driver = self._set_up(source, saved, positions)
-                transaction = self._open_sinks(driver, source)
+                transaction = self._open_sinks(driver, source, loop)
+                loop.ready()  # from now on a signal stops after the current batch, with a final checkpoint
                 outcome, message = self._drive(driver, source)
                 # Clean stop: the state is consistent with the positions, so make it durable.
                 # A final snapshot only if it would release something new: a release is not free
@@ -225,8 +224,6 @@ class Processor:
                 if self._session is not None:
                     self._session.close()
                 raise
-            finally:
-                self._close(source)
         log.info("%s: %s", outcome, message)
         state = driver.state
         result = RunResult(
@@ -275,7 +272,7 @@ class Processor:
                     "as instance %s, and the ledger composes what the interrupted pass released", state.instance,
                 )
             driver.register_learner()
-        session = BudgetSession(self.config, source)
+        session = BudgetSession.for_run(self.config, source)
         session.exposure = exposure.sentences(state.learner, source, allocator.wiping())
         self._session = session
         session.begin(state, source, saved)
@@ -337,11 +334,12 @@ class Processor:
             snapshot_records=saved.snapshot_records,
         )
 
-    def _open_sinks(self, driver: Driver, source: Source | IndexedFile) -> CheckpointTransaction:
-        """Open the snapshot and dead-letter sinks, and the checkpoint transaction that uses them."""
+    def _open_sinks(self, driver: Driver, source: Source | IndexedFile, loop: RoleLoop) -> CheckpointTransaction:
+        """Open the snapshot and dead-letter sinks (closed with ``loop``), and the checkpoint transaction that uses them."""
         cfg = self.config
         if self.snapshot_path is not None:
             self._sinks.append(JsonlSnapshotSink(self.snapshot_path))
+            loop.close_on_exit(self._sinks[-1].close, "snapshot file")
         parsed = parse_source_url(cfg.source.url)
         kafka_bootstrap = parsed.bootstrap if isinstance(parsed, KafkaUrl) else None
         if cfg.snapshots.kafka_topic:
@@ -349,8 +347,10 @@ class Processor:
             if not bootstrap:
                 raise ConfigError("snapshots.kafka_bootstrap is required when the source is not Kafka")
             self._sinks.append(KafkaSnapshotSink(bootstrap, cfg.snapshots.kafka_topic))
+            loop.close_on_exit(self._sinks[-1].close, "snapshot topic")
         if cfg.source.dead_letter_topic and kafka_bootstrap:
             self._dead_letters = DeadLetterSink(kafka_bootstrap, cfg.source.dead_letter_topic)
+            loop.close_on_exit(self._dead_letters.close, "dead-letter topic")
             if isinstance(driver, StreamDriver):
                 driver.dead_letters = self._dead_letters
         assert self._session is not None
@@ -409,37 +409,3 @@ class Processor:
             log.info("partitions being revoked: commit and checkpoint first")
             self._source.acknowledge(dict(self._driver.state.positions), strict=True)
             self._transaction.commit(snapshot=False, acknowledge=False)
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        """SIGTERM/SIGINT set the stop event (main thread only; elsewhere use ``stop``)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def request_stop(signum: int, frame: object) -> None:
-            if self._transaction is None:  # still setting up (a calibration can take seconds): nothing to save
-                log.info("received %s during set-up: stopping now; nothing was learned", signal.Signals(signum).name)
-                raise StoppedDuringSetUp
-            log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
-            self.stop_event.set()
-
-        for sig in previous:
-            signal.signal(sig, request_stop)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _close(self, source: Source | IndexedFile) -> None:
-        for closer in [source.close, *(s.close for s in self._sinks)] + (
-            [self._dead_letters.close] if self._dead_letters else []
-        ):
-            try:
-                closer()
-            except Exception as exc:  # noqa: BLE001 - closing must not mask the run's outcome
-                log.warning("error while closing: %s", type(exc).__name__)

@@ -1,17 +1,51 @@
-"""The recorded driver: a learner that reads a recording by record index runs its own passes.
+"""Learners that read a recording by record index: what they declare, how their passes are
+accounted, and the driver that runs them.
 
-A :class:`~panpriv.protocols.recorded.RecordedLearner` (``shuffled-pnsgd``, ``shuffle-gd``) gets an
-:class:`~panpriv.streamer.io.indexed.IndexedFile` and runs ``learn_recorded(fetch, micro_batch)``; the driver
-takes control in the ``fetch`` it hands the learner, between two micro-batches, and does there what
-the stream driver does after a batch. Each pass is charged with the whole recording when it begins
-(:mod:`panpriv.streamer.runtime.replay` says why). The exactly-once argument of :mod:`panpriv.streamer.runtime.processor` holds
-with "positions" replaced by "records learned in the pass" (saved in the learner's state); a
-learner that cannot resume mid-pass restarts the pass after a crash, as a new ledger instance
-composed with what the interrupted pass released.
+Most learners take a stream in arrival order (:meth:`panpriv.protocols.base.Learner.learn_many` on each
+micro-batch). Some need the whole recording at hand and choose which record comes next:
+:class:`panpriv.protocols.pnsgd.ShuffledPNSGD` visits the n records in the order of one uniformly random
+permutation (Sordello et al. 2021, Thm 2); a multi-pass learner such as ``shuffle-gd`` (Cheu et al. 2022, Alg. 5) reads every
+record once per round. The processor drives such a learner over an :class:`~panpriv.streamer.io.indexed.IndexedFile`
+instead of a sequential source. A learner takes part by subclassing
+:class:`panpriv.protocols.recorded.RecordedLearner` (``n``, ``learn_recorded(fetch, micro_batch)``,
+``resumes_mid_pass``, ``reports_per_round``/``round_reports()``, ``passes``), not by its name. The
+processor's ``fetch`` is where it takes control between micro-batches: it accounts, checkpoints and
+snapshots the batch just learned, and stops the run by raising :class:`Halt`. A learner that
+reports per round (``shuffle-gd``) has pass ``p`` as its own ledger instance :func:`panpriv.streamer.budget.units.pass_instance`,
+registered with the pass's *increment* of the learner's composed guarantee, so the ledger's
+composition of the T uses of a record telescopes to the learner's figure instead of composing the
+cumulative figure T times. Otherwise the learner's :meth:`~panpriv.protocols.base.Learner.privacy` covers
+everything and each pass is charged to the one instance (right for one pass; over-counts, never
+under-counts, for several).
+
+Ledger. A pass uses every record of the recording, so when a pass begins its instance is charged
+with the whole :attr:`~panpriv.streamer.io.indexed.IndexedFile.extent` (every position of every source key,
+rejected messages included, as the sequential path charges them) — each record once per pass.
+Charging only the positions visited so far would not be more precise: for ShuffledPNSGD the
+guarantee of every record is an average over the random order (Sordello et al. 2021, App. A), and the set of
+visited positions is information about the permutation that must not be kept at rest. The
+rejects of the recording are counted once per pass, as a sequential replay counts them.
+
+Crash and restart mid-pass (``resumes_mid_pass = False``). Whatever the interrupted pass released
+was registered in a durable checkpoint before it left the process (snapshots follow their
+checkpoint), together with the charge of the whole recording to its instance. The resumed run
+restores the learner as it was at the start of the pass, gives the restarted pass a fresh instance
+id, and charges it again when it begins: the ledger composes the interrupted pass's releases with
+the new pass (basic composition), and ``learner.max_epsilon`` can stop the run before the new pass
+spends anything.
+
+The driver. A :class:`~panpriv.protocols.recorded.RecordedLearner` (``shuffled-pnsgd``, ``shuffle-gd``) gets an
+:class:`~panpriv.streamer.io.indexed.IndexedFile` and runs ``learn_recorded(fetch, micro_batch)``;
+:class:`RecordedDriver` takes control in the ``fetch`` it hands the learner, between two
+micro-batches, and does there what the stream driver does after a batch. The exactly-once argument
+of :mod:`panpriv.streamer.runtime.processor` holds with "positions" replaced by "records learned in
+the pass" (saved in the learner's state); a learner that cannot resume mid-pass restarts the pass
+after a crash, as a new ledger instance composed with what the interrupted pass released.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -21,18 +55,61 @@ import numpy as np
 from numpy.typing import NDArray
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.protocols.base import Learner
 from panpriv.protocols.errors import ProtocolError
 from panpriv.protocols.recorded import RecordedLearner
-from panpriv.streamer.config import ServiceConfig
+from panpriv.streamer.budget.units import pass_instance
+from panpriv.streamer.config import ServiceConfig, SourceConfig
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.io.codec import Codec
 from panpriv.streamer.io.indexed import IndexedFile
+from panpriv.streamer.io.source_url import FileUrl, parse_source_url
 from panpriv.streamer.metrics.service import ServiceMetrics
 from panpriv.streamer.runtime.driver import STOPPED, Driver, Outcome, Resumable
 from panpriv.streamer.runtime.heartbeat import Heartbeat
 from panpriv.streamer.runtime.pacing import Pacer
-from panpriv.streamer.runtime.replay import Halt, pass_instance
 from panpriv.streamer.runtime.stream_driver import refused_records
 from panpriv.streamer.state.checkpoint import ReplayMarks, copied_state
 from panpriv.streamer.state.training_state import TrainingState
+
+log = logging.getLogger("panpriv.replay")
+
+
+class Halt(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised from ``fetch`` to end a recorded run between two micro-batches."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+
+
+def reads_by_index(learner_cls: type[Learner]) -> bool:
+    """True if instances of ``learner_cls`` read a recording by record index."""
+    return issubclass(learner_cls, RecordedLearner)
+
+
+def open_indexed(config: SourceConfig, codec: Codec, learner: str) -> IndexedFile:
+    """The record-index reader for ``config.url``; a :class:`ConfigError` if the source cannot be
+    read by index (a :class:`~panpriv.streamer.errors.SourceError` if the file cannot)."""
+    parsed = parse_source_url(config.url)
+    if not isinstance(parsed, FileUrl):
+        raise ConfigError(
+            f"learner {learner!r} reads a recording by record index, so its source must be file:PATH "
+            "(a panpriv recording, JSONL or CSV); record a Kafka topic first with `panpriv record`"
+        )
+    if config.recorded_pace:
+        raise ConfigError(
+            f"source.recorded_pace: learner {learner!r} chooses the order of the records, so recorded "
+            "timestamps cannot pace it; use source.rate"
+        )
+    path = parsed.path
+    log.info("indexing %s: decoding and validating every record once", path)
+    started = time.monotonic()
+    indexed = IndexedFile(path, codec)
+    rejected = sum(indexed.rejects.values())
+    log.info("indexed %s valid records (%s rejected) in %.1f s", f"{indexed.n:,}", f"{rejected:,}", time.monotonic() - started)
+    return indexed
 
 
 @dataclass(frozen=True)
@@ -99,7 +176,7 @@ class RecordedDriver(Driver):
 
     def resumable(self, finished: bool = False) -> Resumable:
         """The current state, or, mid-pass for a learner that cannot resume a pass, the state at the
-        pass's start with the mark that the pass restarts (:mod:`panpriv.streamer.runtime.replay`)."""
+        pass's start with the mark that the pass restarts (:mod:`panpriv.streamer.runtime.recorded_driver`)."""
         boundary, state = self._boundary, self.state
         bookkeeping = {"positions": dict(state.positions), "ledger": state.ledger.to_dict(), "rejects": dict(state.rejects)}
         if boundary is not None and self._learner.records_seen != boundary.records:

@@ -3,7 +3,7 @@
 It reads noisy batch means from the gradients topic (:class:`~panpriv.streamer.scaleout.wire.GradientRecord`)
 and applies the public rule of :mod:`panpriv.protocols.pan_acsa_scaleout` (synchronous versions): step v
 waits for K means computed at version v, averages them, applies Cheu et al. 2022 Alg. 6 lines 10–12
-(:meth:`PanPrivateACSA.apply_noisy_gradient`) and publishes version v + 1 to the compacted model
+(:meth:`~panpriv.protocols.batch_worker.BatchWorkerLearner.apply_noisy_gradient`) and publishes version v + 1 to the compacted model
 topic. Means tagged with another version are counted (``stale``) and dropped.
 
 **Privacy.** The coordinator reads no record and adds no noise: everything it holds and publishes
@@ -24,18 +24,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from panpriv.accounting.ledger import PrivacyReport
-from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.protocols.batch_worker import BatchWorkerLearner, supports_batch_workers
 from panpriv.protocols.pan_acsa_scaleout import combine, worker_batch
+from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.runtime.learners import from_public_config
 from panpriv.streamer.scaleout.metrics import CoordinatorMetrics
-from panpriv.streamer.scaleout.wire import FETCH_WAIT_MS, GradientRecord, ModelReader, ModelRecord, WireError, decode_state, encode_state
+from panpriv.streamer.scaleout.wire import (
+    FETCH_WAIT_MS,
+    GradientRecord,
+    ModelReader,
+    ModelVersion,
+    WireError,
+    decode_state,
+    encode_state,
+    scaleout_topics,
+)
 
 log = logging.getLogger("panpriv.coordinate")
 
@@ -46,7 +57,8 @@ class Coordinator:
     Parameters
     ----------
     learner
-        The model's learner; :meth:`PanPrivateACSA.plan_for_workers` is applied here.
+        The model's learner, a :class:`~panpriv.protocols.batch_worker.BatchWorkerLearner`;
+        :meth:`~panpriv.protocols.batch_worker.BatchWorkerLearner.plan_for_workers` is applied here.
     workers
         K: noisy means per step.
     deployment
@@ -55,7 +67,7 @@ class Coordinator:
         Stop after this many steps (``None``: when the first planned epoch is over).
     """
 
-    def __init__(self, learner: PanPrivateACSA, workers: int, deployment: str, max_steps: int | None = None) -> None:
+    def __init__(self, learner: BatchWorkerLearner, workers: int, deployment: str, max_steps: int | None = None) -> None:
         self.learner = learner
         self.learner.plan_for_workers(workers)
         self.workers = workers
@@ -72,15 +84,14 @@ class Coordinator:
     @property
     def worker_batch(self) -> int:
         """w of the current step (public: from the plan)."""
-        plan = self.learner.current_plan()
-        return worker_batch(plan.batch_size(int(self.learner.state_dict()["batch"])), self.workers)
+        return worker_batch(self.learner.step_batch_size(), self.workers)
 
     @property
     def done(self) -> bool:
-        """The first planned epoch is over, or ``max_steps`` are done."""
+        """The learner's planned steps are done (pan-acsa: its first epoch), or ``max_steps`` are."""
         if self.max_steps is not None and self.version >= self.max_steps:
             return True
-        return int(self.learner.state_dict()["epoch"]) > 0
+        return self.learner.plan_complete
 
     def handle(self, value: bytes | None, offset: int) -> bool:
         """One record of the gradients topic at ``offset``; True if it completed a step."""
@@ -122,25 +133,42 @@ class Coordinator:
                   "(or of the coordinator's, which holds post-processing only)")
         return dataclasses.replace(report, records=self.records, assumptions=(*report.assumptions, scaled))
 
-    def model(self) -> ModelRecord:
+    def model(self) -> ModelVersion:
         """The public record of the current version (the coordinator's whole state)."""
         state = self.learner.state_dict()
-        return ModelRecord(
+        return ModelVersion(
             self.deployment, self.version, self.workers, self.worker_batch, self.learner.config(), encode_state(state),
             self.learner.release(), self.offset, self.records, self.stale, self.done,
-            self.report().statement(), {"rejected": dict(self.rejected), "max_steps": self.max_steps},
+            self.report().statement(), {"rejected": dict(self.rejected), "max_steps": self.max_steps}, self.learner.name,
         )
 
     @classmethod
-    def restore(cls, record: ModelRecord) -> Coordinator:
+    def restore(cls, record: ModelVersion) -> Coordinator:
         """The coordinator as of ``record`` (the step in progress is re-read from its offset)."""
-        learner = PanPrivateACSA.from_config(record.config)
+        learner = batch_worker_learner(record.learner, record.config)
         coordinator = cls(learner, record.workers, record.deployment, record.extra.get("max_steps"))
         learner.load_state_dict(decode_state(record.state))
         coordinator.version, coordinator.offset = record.version, record.gradients_offset
         coordinator.records, coordinator.stale = record.records, record.stale
         coordinator.rejected = Counter({str(k): int(v) for k, v in record.extra.get("rejected", {}).items()})
         return coordinator
+
+
+def batch_worker_learner(name: str, config: Mapping[str, Any]) -> BatchWorkerLearner:
+    """The learner ``name`` of a model record, from its public config (the one factory), if it can
+    run on many workers (:class:`~panpriv.protocols.batch_worker.BatchWorkerLearner`)."""
+    learner = from_public_config(name, config)
+    if not isinstance(learner, BatchWorkerLearner):
+        raise ConfigError(f"learner {name!r} cannot run on many workers (it is not a BatchWorkerLearner); "
+                          f"these can: {', '.join(batch_worker_names())}")
+    return learner
+
+
+def batch_worker_names() -> list[str]:
+    """The catalogued learners that declare the scale-out capability."""
+    from panpriv.protocols.catalogue import learner_names, load_learner
+
+    return [name for name in learner_names() if supports_batch_workers(load_learner(name))]
 
 
 @dataclass
@@ -152,55 +180,66 @@ class CoordinateOptions:
     model_topic: str
     deployment: str
     workers: int
-    learner: Callable[[], PanPrivateACSA]
+    learner: Callable[[], BatchWorkerLearner]
     max_steps: int | None = None
     metrics: CoordinatorMetrics | None = None
 
 
-def run(options: CoordinateOptions) -> Coordinator:
-    """Serve until SIGTERM/SIGINT or the model is done; return the final state."""
+def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coordinator:
+    """Serve until SIGTERM/SIGINT (or ``stop``) or the model is done, in the role loop
+    (:mod:`panpriv.streamer.runtime.role_loop`); return the final state."""
     from kafka import TopicPartition
 
     from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.kafka.topics import ensure_topics
+    from panpriv.streamer.runtime.role_loop import RoleLoop
 
-    stopping = {"now": False}
+    holder: dict[str, Coordinator] = {}
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
+    def status() -> str:
+        coordinator = holder.get("coordinator")
+        if coordinator is None:
+            return "setting up"
+        waiting = sorted({r.worker for r in coordinator.pending})
+        return (f"version {coordinator.version}: {len(coordinator.pending)} of K = {coordinator.workers} means in"
+                + (f" (from {', '.join(waiting)})" if waiting else "") + f"; {coordinator.stale} stale means so far")
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
-    try:
-        saved = reader.read_to_end()
-    finally:
-        reader.close()
-    if saved is not None:
-        coordinator = Coordinator.restore(saved)
-        if coordinator.workers != options.workers:
-            log.warning("resuming with K = %d from the model topic (--workers %d ignored)", coordinator.workers, options.workers)
-        log.info("coordinator: resumed at version %d, gradients offset %d", coordinator.version, coordinator.offset)
-    else:
-        coordinator = Coordinator(options.learner(), options.workers, options.deployment, options.max_steps)
-    metrics = options.metrics
-    if metrics is not None:
-        metrics.resume(coordinator.stale, coordinator.rejected)  # the restored totals are not counted again
-    producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
-    consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS)
-
-    def publish() -> None:
-        producer.send(options.model_topic, key=coordinator.deployment.encode(), value=coordinator.model().to_json()).get(timeout=60)
+    with RoleLoop("coordinator", stop=stop, status=status) as loop:
+        ensure_topics(options.bootstrap, scaleout_topics(options.gradients_topic, options.model_topic))
+        reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
+        try:
+            saved = reader.read_to_end()
+        finally:
+            reader.close()
+        if saved is not None:
+            coordinator = Coordinator.restore(saved)
+            if coordinator.workers != options.workers:
+                log.warning("resuming with K = %d from the model topic (--workers %d ignored)", coordinator.workers, options.workers)
+            log.info("coordinator: resumed at version %d, gradients offset %d", coordinator.version, coordinator.offset)
+        else:
+            coordinator = Coordinator(options.learner(), options.workers, options.deployment, options.max_steps)
+        holder["coordinator"] = coordinator
+        metrics = options.metrics
         if metrics is not None:
-            metrics.observe_published(coordinator.version, time.time())
+            metrics.resume(coordinator.stale, coordinator.rejected)  # the restored totals are not counted again
+        producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
+        loop.close_on_exit(producer.close, "model producer")
+        consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS)
+        loop.close_on_exit(consumer.close, "gradients consumer")
 
-    try:
+        def publish() -> None:
+            producer.send(options.model_topic, key=coordinator.deployment.encode(), value=coordinator.model().to_json()).get(timeout=60)
+            if metrics is not None:
+                metrics.observe_published(coordinator.version, time.time())
+
         tp = TopicPartition(options.gradients_topic, 0)
         consumer.assign([tp])
         consumer.seek(tp, coordinator.offset)
         publish()
         log.info("coordinator: version %d published (K = %d, w = %d)", coordinator.version, coordinator.workers,
                  coordinator.worker_batch)
-        while not stopping["now"] and not coordinator.done:
+
+        def step() -> None:
             for records in consumer.poll(timeout_ms=200).values():
                 for record in records:
                     if record.offset < coordinator.offset:
@@ -215,8 +254,7 @@ def run(options: CoordinateOptions) -> Coordinator:
                         publish()
                         log.info("coordinator: version %d published (%d records, %d stale means)", coordinator.version,
                                  coordinator.records, coordinator.stale)
-    finally:
-        producer.close()
-        consumer.close()
+
+        loop.run(step, done=lambda: coordinator.done)
     log.info("coordinator stopped at version %d%s", coordinator.version, " (done)" if coordinator.done else "")
     return coordinator

@@ -12,9 +12,13 @@
 version v — all of it post-processing of noisy means — so that a restarted coordinator resumes
 from it and workers load θ^md_v from it::
 
-    {"format": "panpriv-scaleout-model/1", "deployment": ..., "version": v, "workers": K,
-     "worker_batch": w, "config": {...}, "state": {...}, "theta_ag": [...], "gradients_offset": o,
-     "records": n, "stale": s, "done": bool, "privacy": "..."}
+    {"format": "panpriv-scaleout-model/1", "deployment": ..., "learner": "pan-acsa", "version": v,
+     "workers": K, "worker_batch": w, "config": {...}, "state": {...}, "theta_ag": [...],
+     "gradients_offset": o, "records": n, "stale": s, "done": bool, "privacy": "..."}
+
+``learner`` is the catalogue name of a :class:`~panpriv.protocols.batch_worker.BatchWorkerLearner`
+(records written before it existed are ``pan-acsa``'s); workers build it from ``config`` through
+the one factory (:func:`panpriv.streamer.runtime.learners.from_public_config`).
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def query_state(state: Mapping[str, Any]) -> dict[str, StateValue]:
 
 
 @dataclass(frozen=True)
-class ModelRecord:
+class ModelVersion:
     """The coordinator's public state after ``version`` steps (module docstring)."""
 
     deployment: str
@@ -135,10 +139,12 @@ class ModelRecord:
     done: bool = False
     privacy: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    learner: str = "pan-acsa"
 
     def to_json(self) -> bytes:
         return json.dumps({
-            "format": MODEL_FORMAT, "deployment": self.deployment, "version": self.version, "workers": self.workers,
+            "format": MODEL_FORMAT, "deployment": self.deployment, "learner": self.learner, "version": self.version,
+            "workers": self.workers,
             "worker_batch": self.worker_batch, "config": dict(self.config), "state": dict(self.state),
             "theta_ag": [float(v) for v in self.theta_ag], "gradients_offset": self.gradients_offset,
             "records": self.records, "stale": self.stale, "done": self.done, "privacy": self.privacy,
@@ -146,57 +152,56 @@ class ModelRecord:
         }, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> ModelRecord:
+    def from_json(cls, data: bytes) -> ModelVersion:
         value = json.loads(data)
         if value.get("format") != MODEL_FORMAT:
             raise WireError(f"not a {MODEL_FORMAT} record (format {value.get('format')!r})")
         return cls(str(value["deployment"]), int(value["version"]), int(value["workers"]), int(value["worker_batch"]),
                    value["config"], value["state"], np.asarray(value["theta_ag"], dtype=np.float64),
                    int(value["gradients_offset"]), int(value["records"]), int(value.get("stale", 0)),
-                   bool(value.get("done", False)), str(value.get("privacy", "")), value.get("extra", {}))
+                   bool(value.get("done", False)), str(value.get("privacy", "")), value.get("extra", {}),
+                   str(value.get("learner", "pan-acsa")))
+
+
+def scaleout_topics(gradients: str, model: str) -> list[Any]:
+    """The topics of a scale-out model both roles name, with the layout they need (created if
+    missing, another partition count of the gradients topic refused: :mod:`panpriv.streamer.kafka.topics`)."""
+    from panpriv.streamer.kafka.topics import TopicSpec
+
+    return [TopicSpec(gradients, "coordinator", "it reads the workers' noisy means in one order, from partition 0"),
+            TopicSpec(model, "coordinator", "its newest record per deployment is the model's whole state", partitions=None,
+                      compacted=True)]
 
 
 class ModelReader:
-    """Reads the (compacted) model topic and keeps the newest record of one deployment."""
+    """The newest record of one deployment on the (compacted) model topic, by version
+    (:class:`panpriv.streamer.kafka.topic_reader.NewestRecord`: the caught-up rule; malformed
+    records are skipped)."""
 
     def __init__(self, bootstrap: list[str], topic: str, deployment: str) -> None:
-        from kafka import TopicPartition
-
         from panpriv.streamer.kafka import client as kafka_client
+        from panpriv.streamer.kafka.topic_reader import NewestRecord
 
         self.deployment = deployment
-        self.best: ModelRecord | None = None
         # fetch_max_wait_ms: a new version is latency on every step (kafka-python's default waits 500 ms).
-        self._consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
-        self._tps = [TopicPartition(topic, p) for p in sorted(self._consumer.partitions_for_topic(topic) or {0})]
-        self._consumer.assign(self._tps)
-        self._consumer.seek_to_beginning(*self._tps)
+        consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
+        self._newest = NewestRecord(consumer, topic, self._parse, lambda model: model.version)
 
-    def poll(self, timeout_ms: int = 0) -> ModelRecord | None:
+    def _parse(self, value: bytes) -> ModelVersion | None:
+        model = ModelVersion.from_json(value)
+        return model if model.deployment == self.deployment else None
+
+    @property
+    def best(self) -> ModelVersion | None:
+        return self._newest.newest
+
+    def poll(self, timeout_ms: int = 0) -> ModelVersion | None:
         """Take what arrived (waiting at most ``timeout_ms``); the newest record so far."""
-        for records in self._consumer.poll(timeout_ms=timeout_ms).values():
-            for record in records:
-                if record.value is None:
-                    continue
-                try:
-                    model = ModelRecord.from_json(record.value)
-                except (WireError, ValueError, KeyError):
-                    continue
-                if model.deployment == self.deployment and (self.best is None or model.version >= self.best.version):
-                    self.best = model
-        return self.best
+        return self._newest.poll(timeout_ms)
 
-    def read_to_end(self, timeout_s: float = 30.0) -> ModelRecord | None:
-        """The newest record once the topic is read to its end offset at the call."""
-        import time
-
-        ends = self._consumer.end_offsets(self._tps)
-        deadline = time.monotonic() + timeout_s
-        while any(self._consumer.position(tp) < ends[tp] for tp in self._tps):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read the model topic to its end within {timeout_s:g} s")
-            self.poll(100)
-        return self.best
+    def read_to_end(self, timeout_s: float = 30.0) -> ModelVersion | None:
+        """The newest record once the topic is read to its end."""
+        return self._newest.current(timeout_s)
 
     def close(self) -> None:
-        self._consumer.close()
+        self._newest.close()

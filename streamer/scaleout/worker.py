@@ -1,6 +1,7 @@
 """``panpriv worker``: one consumer-group member of a scaled-out pan-private AC-SA model.
 
-Per batch (Cheu et al. 2022 Alg. 6 lines 4–9, through :class:`PanPrivateACSA`'s own methods): load
+Per batch (Cheu et al. 2022 Alg. 6 lines 4–9, through the learner's own methods: a
+:class:`~panpriv.protocols.batch_worker.BatchWorkerLearner` built from the model record's config): load
 θ^md of the newest model version from the model topic, and when the first records arrive draw
 g ← N(0, ζ(w)² I); charge the positions to the budget store, then add each record's clipped
 gradient /w (the fused path); at w records add the second draw and publish the **noisy mean**,
@@ -27,21 +28,27 @@ this worker charged — nothing computed from a record.
 
 from __future__ import annotations
 
-import json
 import logging
-import signal
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from panpriv.accounting.budget import lost_state_report, per_source, report_for
-from panpriv.protocols.pan_acsa import PanPrivateACSA
+from panpriv.accounting.budget import lost_state_report
+from panpriv.protocols.batch_worker import BatchWorkerLearner
+from panpriv.streamer.budget.open import BudgetSettings
+from panpriv.streamer.budget.session import BudgetSession
+from panpriv.streamer.budget.store import BudgetExceededError
+from panpriv.streamer.errors import CheckpointError
+from panpriv.streamer.kafka.topics import ensure_topics
+from panpriv.streamer.runtime.role_loop import RoleLoop
+from panpriv.streamer.scaleout.coordinator import batch_worker_learner
 from panpriv.streamer.scaleout.metrics import WorkerMetrics
-from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelRecord, query_state
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelVersion, query_state, scaleout_topics
+from panpriv.streamer.state.role_state import RoleState
 
 log = logging.getLogger("panpriv.worker")
 
@@ -58,10 +65,9 @@ class WorkerOptions:
     model_topic: str
     deployment: str
     group: str
-    store: Any  # panpriv.streamer.budget.store.BudgetStore or panpriv.streamer.budget.kafka_store.KafkaBudgetStore
+    budget: BudgetSettings
     out: Path | None = None
     sync_wait_s: float = 2.0
-    max_epsilon: float | None = None
     record_format: str = "json"
     rate: float = 0.0
     metrics: WorkerMetrics | None = None
@@ -116,87 +122,100 @@ def _listener(revocations: _Revocations) -> Any:
     return Listener()
 
 
-def _instance(out: Path | None, deployment: str) -> str:
-    """The worker's budget instance: kept in ``out/worker.json`` so that a restart with the same
-    ``--out`` accounts the state a crash lost; otherwise fresh."""
-    if out is not None and (out / STATE_FILE).exists():
-        return str(json.loads((out / STATE_FILE).read_text())["instance"])
-    instance = f"scaleout:{deployment}/worker-{uuid.uuid4().hex[:12]}"
-    if out is not None:
-        from panpriv.streamer.state.atomic_files import write_atomically
+def worker_state(out: Path) -> RoleState:
+    """A worker's sealed state in ``out``: its budget instance (``{"instance": ...}``); a state written
+    before sealing (panpriv 0.1: that object alone) is recognised by its keys."""
+    return RoleState(out, STATE_FILE, "scaleout-worker", legacy=lambda body: set(body) == {"instance"},
+                     fix="restore it from a backup, or start the worker with another --out (a new budget instance)")
 
-        out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomically(out / STATE_FILE, json.dumps({"instance": instance}).encode(), "worker state")
-    return instance
+
+def worker_instance(state: RoleState | None, deployment: str) -> str:
+    """The worker's budget instance: kept in its state so that a restart with the same ``--out``
+    accounts the batch a crash lost; otherwise fresh."""
+    if state is None:
+        return f"scaleout:{deployment}/worker-{uuid.uuid4().hex[:12]}"
+    saved = state.load()
+    if saved is None:
+        instance = f"scaleout:{deployment}/worker-{uuid.uuid4().hex[:12]}"
+        state.save({"instance": instance})
+        return instance
+    kept = saved.get("instance")
+    if type(kept) is not str or not kept.startswith("scaleout:"):
+        raise CheckpointError(f"{state.path} holds no worker instance; {state.path.parent} is not a worker's --out")
+    if state.migrated:
+        state.save({"instance": kept})
+    return kept
 
 
 class Worker:
     """The worker's loop and its dealings with the budget store (module docstring)."""
 
-    def __init__(self, options: WorkerOptions) -> None:
+    def __init__(self, options: WorkerOptions, loop: RoleLoop, instance: str) -> None:
         from kafka.structs import TopicPartition  # noqa: F401 - imported early: fails fast without kafka-python
 
         from panpriv.streamer.kafka import client as kafka_client
 
         self.options = options
-        self.stats = WorkerStats(_instance(options.out, options.deployment))
-        self.store = options.store
-        self.learner: PanPrivateACSA | None = None
+        self.loop = loop
+        self.stats = WorkerStats(instance)
+        self.budget = BudgetSession.for_role(options.budget, options.out or ".", instance)
+        loop.close_on_exit(self.budget.close, "budget store")
+        self.learner: BatchWorkerLearner | None = None
         self.version = -1  # the version loaded into the learner
         self.durable: dict[str, int] = {}
         self._sequence = 0
-        self._losses = 0
         self._revocations = _Revocations()
         self._reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
+        loop.close_on_exit(self._reader.close, "model reader")
         self._producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
+        loop.close_on_exit(self._producer.close, "gradients producer")
         self._consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
                                                auto_offset_reset="earliest")
+        loop.close_on_exit(self._consumer.close, "data consumer")
         self._consumer.subscribe([options.data_topic], listener=_listener(self._revocations))
         from panpriv.streamer.sources.identity import kafka_cluster_identity
 
         self._consumer.partitions_for_topic(options.data_topic)
         self._cluster = kafka_cluster_identity(self._consumer, options.bootstrap)
         self._codec: Any = None
-        self._paced = 0
-        self._paced_since: float | None = None
         self._newest = -1  # the newest model version read
         self._charged: set[str] = set()  # data keys this instance has charged
         self._privacy_at: float | None = None  # monotonic time of the last privacy refresh
 
     # -- the model --------------------------------------------------------------------------------
 
-    def _first_model(self, stopping: Mapping[str, bool]) -> ModelRecord | None:
-        while not stopping["now"]:
+    def _first_model(self) -> ModelVersion | None:
+        while not self.loop.stopping:
             model = self._reader.poll(200)
             if model is not None:
                 return model
         return None
 
-    def _setup(self, model: ModelRecord) -> None:
+    def _setup(self, model: ModelVersion) -> None:
         """Build the learner from the model's public config; register the run; account a lost state."""
         from panpriv.streamer.config import RecordsConfig
         from panpriv.streamer.io.codec import make_codec
 
-        learner = PanPrivateACSA.from_config(model.config)
+        learner = batch_worker_learner(model.learner, model.config)  # the one factory, from the public config
         learner.plan_for_workers(model.workers)
-        if self.options.max_epsilon is not None and learner.epsilon > self.options.max_epsilon:
-            raise ValueError(f"the model's epsilon {learner.epsilon:g} exceeds this worker's --max-epsilon")
+        limit, planned = self.options.budget.max_epsilon, learner.planned_privacy()
+        epsilon = max(planned.output.epsilon, planned.intrusion.epsilon)
+        if limit is not None and epsilon > limit:
+            raise BudgetExceededError(f"refusing to start: the model's epsilon {epsilon:g} per use exceeds --max-epsilon "
+                                      f"{limit:g}; nothing was learned")
         self.learner = learner
         self._codec = make_codec(RecordsConfig.model_validate(
             {"format": self.options.record_format, "dim": learner.dim, "feature_bound": learner.feature_bound}))
-        previous = self.store.run_state(self.stats.instance)
-        self.store.begin_run(self.stats.instance, self.options.out or ".", f"kafka:{self.options.data_topic}")
-        self.store.register(self.stats.instance, self.stats.instance, learner.privacy(), self.options.out or ".")
+        previous = self.budget.begin_role(f"kafka:{self.options.data_topic}", learner.privacy())
         if previous is not None:  # a restart with the same --out: what the last process left unpublished was lost
             self.durable = dict(previous.positions)
             self._sequence = previous.sequence
-            self._losses = previous.losses
             self._charged.update(previous.positions)
             if self._reclassify("restart after a crash"):
                 self.stats.lost["crash"] += 1
-        self._observe_privacy(force=True)
+        self._observe_privacy()
 
-    def _load(self, model: ModelRecord) -> None:
+    def _load(self, model: ModelVersion) -> None:
         assert self.learner is not None
         if model.version != self.version:
             self.learner.load_state_dict(query_state(model.state))
@@ -211,10 +230,8 @@ class Worker:
         """Move this instance's charges beyond its published positions to a lost (intrusion-only)
         instance; True if there were any."""
         assert self.learner is not None
-        lost = self.store.reclassify_lost(self.stats.instance, self.durable, f"{self.stats.instance}/lost-{self._losses + 1:03d}",
-                                          lost_state_report(self.learner.privacy()))
+        lost = self.budget.reclassify_lost(self.durable, lost_state_report(self.learner.privacy()))
         if lost:
-            self._losses += 1
             log.warning("worker %s: %s; records read into the lost batch are charged as an intrusion-only use: %s",
                         self.stats.instance, why, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in sorted(lost.items())))
         return bool(lost)
@@ -238,97 +255,90 @@ class Worker:
             s = self.stats
             metrics.observe_totals(s.published, s.records, s.rejects, s.lost, s.waits, s.wait_s, self._newest)
 
-    def _observe_privacy(self, force: bool = False) -> None:
+    def _observe_privacy(self) -> None:
         """The budget store's guarantee of the records this worker charged, composed over every run
         that used them (the service's statement, :func:`panpriv.accounting.budget.report_for`), and per data
-        source; at most every ``privacy_interval_s`` seconds unless ``force``."""
+        source (every ``privacy_interval_s`` seconds, from the role loop's heartbeat)."""
         metrics = self.options.metrics
-        now = time.monotonic()
-        if metrics is None or (not force and self._privacy_at is not None
-                               and now - self._privacy_at < self.options.privacy_interval_s):
+        if metrics is None or self.learner is None:
             return
-        self._privacy_at = now
-        ledger = self.store.ledger(sorted(self._charged))
-        instance = self.stats.instance
-        mine = [name for name in ledger.instances if name == instance or name.startswith(f"{instance}/lost-")]
-        metrics.observe_privacy(report_for(ledger, mine, self.stats.records), per_source(ledger))
+        keys = sorted(self._charged)
+        report = self.budget.composed(self.learner.privacy(), keys, self.stats.records)
+        metrics.observe_privacy(report, self.budget.per_source(keys))
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def run(self, stopping: Mapping[str, bool]) -> WorkerStats:
-        model = self._first_model(stopping)
+    def run(self) -> WorkerStats:
+        """Wait for the first model, set up, then one :meth:`_step` per turn of the role loop."""
+        self.loop.ready()
+        model = self._first_model()
         if model is None:
             return self.stats
         self._setup(model)
-        batch: _Batch | None = None
-        published_at = -1
-        waiting_since = time.monotonic()
-        waiting = False  # after publishing at published_at, until the next version or --sync-wait
+        self._model = model
+        self._batch: _Batch | None = None
+        self._published_at = -1
+        self._waiting_since = time.monotonic()
+        self._waiting = False  # after publishing at _published_at, until the next version or --sync-wait
+        self.loop.every(self.options.privacy_interval_s, self._observe_privacy)
         try:
-            while not stopping["now"]:
-                self._observe()
-                model = self._reader.poll(0) or model
-                self._newest = max(self._newest, model.version)
-                if waiting and (model.version != published_at or time.monotonic() - waiting_since >= self.options.sync_wait_s):
-                    waiting = False
-                    self.stats.waits["arrived" if model.version != published_at else "timed_out"] += 1
-                    self.stats.wait_s += time.monotonic() - waiting_since
-                if model.done:
-                    self.stats.reason = "the model is done"
-                    break
-                if batch is None and model.version == published_at and time.monotonic() - waiting_since < self.options.sync_wait_s:
-                    model = self._reader.poll(50) or model  # synchronous versions: wait for the next one
-                    continue
-                want = model.worker_batch if batch is None else batch.size - batch.filled
-                if self.options.rate > 0:  # paced: polls of a tenth of a second's records
-                    want = min(want, max(1, int(self.options.rate / 10)))
-                polled = self._consumer.poll(timeout_ms=200, max_records=want)
-                if self._revocations.revoked:
-                    self._revocations.revoked = False
-                    self._discard(batch, "partitions revoked mid-batch", "revoked")
-                    batch = None
-                records = [r for rs in polled.values() for r in rs]
-                if not records:
-                    self._observe_privacy()
-                    continue
-                if batch is None:
-                    self._load(model)
-                    batch = _Batch(model.version, model.worker_batch)
-                    assert self.learner is not None
-                    self.learner.open_batch(batch.size)  # Alg. 6 lines 4–5
-                if not self._learn(batch, records):
-                    self._discard(batch, self.stats.reason, "budget")
-                    batch = None
-                    break
-                self._pace(len(records))
-                if batch.filled >= batch.size:
-                    self._publish(batch)
-                    published_at, waiting_since, waiting = batch.version, time.monotonic(), True
-                    batch = None
-                    self._observe_privacy()
+            self.loop.run(self._step)
         finally:
-            self._discard(batch, "stopped mid-batch", "stopped")
-            self.store.mark_durable(self.stats.instance, self._sequence, self.durable, clean=True)
+            self._discard(self._batch, "stopped mid-batch", "stopped")
+            self.budget.mark_durable(self.stats.instance, self._sequence, self.durable, clean=True)
             try:
                 self._observe()
-                self._observe_privacy(force=True)
+                self._observe_privacy()
             except Exception as exc:  # noqa: BLE001 - the last refresh must not hide why the loop ended
                 log.warning("worker %s: final metrics refresh failed: %s", self.stats.instance, exc)
-            finally:
-                self._close()
         return self.stats
 
-    def _pace(self, count: int) -> None:
-        """Keep to ``rate`` records/s (0: unpaced), counted from the first record read."""
-        if self.options.rate <= 0:
-            return
+    def _step(self) -> None:
+        """Follow the model; wait for the next version after publishing (synchronous versions);
+        read, charge and learn the next records of the open batch; publish it when full."""
+        self._observe()
+        model = self._model = self._reader.poll(0) or self._model
+        self._newest = max(self._newest, model.version)
         now = time.monotonic()
-        if self._paced_since is None:
-            self._paced_since = now
-        self._paced += count
-        ahead = self._paced / self.options.rate - (now - self._paced_since)
-        if ahead > 0:
-            time.sleep(ahead)
+        if self._waiting and (model.version != self._published_at or now - self._waiting_since >= self.options.sync_wait_s):
+            self._waiting = False
+            self.stats.waits["arrived" if model.version != self._published_at else "timed_out"] += 1
+            self.stats.wait_s += now - self._waiting_since
+        if model.done:
+            self.stats.reason = "the model is done"
+            self.loop.finish("done")
+            return
+        batch = self._batch
+        if batch is None and model.version == self._published_at and now - self._waiting_since < self.options.sync_wait_s:
+            self._model = self._reader.poll(50) or model  # synchronous versions: wait for the next one
+            return
+        want = self.loop.pacer.allowance(model.worker_batch if batch is None else batch.size - batch.filled)
+        if want == 0:  # paced (--rate): not yet
+            self.loop.pacer.wait(0.2)
+            return
+        polled = self._consumer.poll(timeout_ms=200, max_records=want)
+        if self._revocations.revoked:
+            self._revocations.revoked = False
+            self._discard(batch, "partitions revoked mid-batch", "revoked")
+            batch = self._batch = None
+        records = [r for rs in polled.values() for r in rs]
+        if not records:
+            return
+        if batch is None:
+            self._load(model)
+            batch = self._batch = _Batch(model.version, model.worker_batch)
+            assert self.learner is not None
+            self.learner.open_batch(batch.size)  # Alg. 6 lines 4–5
+        if not self._learn(batch, records):
+            self._discard(batch, self.stats.reason, "budget")
+            self._batch = None
+            self.loop.finish("budget")
+            return
+        self.loop.pacer.consumed(len(records))
+        if batch.filled >= batch.size:
+            self._publish(batch)
+            self._published_at, self._waiting_since, self._waiting = batch.version, time.monotonic(), True
+            self._batch = None
 
     def _learn(self, batch: _Batch, records: list[Any]) -> bool:
         """Charge, then learn ``records`` into the open batch (Alg. 6 line 7); False if the budget refuses."""
@@ -338,11 +348,12 @@ class Worker:
             key = self._key(record.topic, record.partition)
             start, stop = ranges.get(key, (record.offset, record.offset + 1))
             ranges[key] = (min(start, record.offset), max(stop, record.offset + 1))
-        excess = self.store.charge(self.stats.instance, ranges, self.options.max_epsilon)
         self._charged.update(ranges)
-        if excess is not None:
-            self.stats.reason = "stopped before records that would exceed the budget over all runs"
+        refused = self.budget.charge(self.stats.instance, ranges, self.budget.own())
+        if refused is not None:
+            self.stats.reason = refused
             return False
+        self.budget.learned_here += len(records)
         for key, (start, stop) in ranges.items():
             a, b = batch.ranges.get(key, (start, stop))
             batch.ranges[key] = (min(a, start), max(b, stop))
@@ -366,7 +377,7 @@ class Worker:
             for key, (_, stop) in batch.ranges.items():
                 self.durable[key] = max(self.durable.get(key, 0), stop)
             self._sequence += 1
-            self.store.mark_durable(self.stats.instance, self._sequence, self.durable)
+            self.budget.mark_durable(self.stats.instance, self._sequence, self.durable, clean=False)
             record = GradientRecord(self.options.deployment, batch.version, self.stats.instance, batch.size, mean, batch.ranges)
             self._producer.send(self.options.gradients_topic, key=self.options.deployment.encode(),
                                 value=record.to_json()).get(timeout=60)
@@ -379,21 +390,24 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a rebalance: the new owner re-reads (a second, charged use)
             log.warning("worker %s: offset commit failed after publishing (%s): the records may be read again", self.stats.instance, exc)
 
-    def _close(self) -> None:
-        for closer in (self._consumer.close, self._producer.close, self._reader.close):
-            try:
-                closer()
-            except Exception as exc:  # noqa: BLE001 - closing on the way out
-                log.debug("close failed: %s", exc)
 
+def run(options: WorkerOptions, stop: threading.Event | None = None) -> WorkerStats:
+    """Serve until SIGTERM/SIGINT (or ``stop``), the model is done, or the budget refuses, in the
+    role loop (:mod:`panpriv.streamer.runtime.role_loop`: signals, the clients closed, ``--rate``)."""
+    workers: list[Worker] = []
 
-def run(options: WorkerOptions) -> WorkerStats:
-    """Serve until SIGTERM/SIGINT or the model is done."""
-    stopping = {"now": False}
+    def status() -> str:
+        if not workers:
+            return "setting up"
+        stats = workers[0].stats
+        return (f"{stats.published} noisy means published ({stats.records:,} records), newest model version "
+                f"{workers[0]._newest}, {sum(stats.lost.values())} batches lost")
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping["now"] = True
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    return Worker(options).run(stopping)
+    with RoleLoop("worker", stop=stop, rate=options.rate, status=status) as loop:
+        state = worker_state(options.out) if options.out is not None else None
+        if state is not None:  # one process per --out: two workers there would be one budget instance
+            loop.close_on_exit(state.lock().release, "state directory lock")
+        instance = worker_instance(state, options.deployment)
+        ensure_topics(options.bootstrap, scaleout_topics(options.gradients_topic, options.model_topic))
+        workers.append(Worker(options, loop, instance))
+        return workers[0].run()

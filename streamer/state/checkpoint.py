@@ -60,7 +60,7 @@ PARTIAL_KEY = "partial_rows"
 
 @dataclass(frozen=True)
 class ReplayMarks:
-    """Where a learner that reads a recording by index stands in its passes (:mod:`panpriv.streamer.runtime.replay`).
+    """Where a learner that reads a recording by index stands in its passes (:mod:`panpriv.streamer.runtime.recorded_driver`).
 
     ``passes_charged``: passes whose ledger instance was charged with the whole recording;
     ``restart``: the checkpoint holds the state at the start of an interrupted pass (a learner

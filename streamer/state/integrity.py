@@ -174,14 +174,7 @@ def open_document(raw: OwnedBytes, where: str) -> dict[str, Any]:
         spans.append((start, stop))
         previous = stop
     parts.append(bytes(raw.view(previous)))
-    try:
-        body = json.loads(b"".join(parts).decode("utf-8"), parse_constant=_refuse_constant)
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{where} is not a panpriv checkpoint (not UTF-8 text); {_FIX}") from None
-    except (ValueError, RecursionError) as exc:
-        raise CheckpointError(f"{where} is not a panpriv checkpoint (not valid JSON: {exc}); {_FIX}") from None
-    if type(body) is not dict:
-        raise CheckpointError(f"{where} is not a panpriv checkpoint (a JSON {type(body).__name__}, not an object); {_FIX}")
+    body = parse_object(b"".join(parts), where, "a panpriv checkpoint", _FIX)
     tokens = [f"\x00{nonce}:{k}" for k in range(len(spans))]
     found = list(_placeholders(body, set(tokens)))
     if sorted(found) != tokens:
@@ -239,6 +232,25 @@ def _with_arrays(body: Any, raw: OwnedBytes, spans: list[tuple[int, int]], nonce
         return {k: _with_arrays(v, raw, spans, nonce) for k, v in body.items()}
     if isinstance(body, list):
         return [_with_arrays(v, raw, spans, nonce) for v in body]
+    return body
+
+
+def digest_matches(body: dict[str, Any]) -> bool:
+    """``body``'s ``sha256`` is the digest of the rest of it (a document without arrays)."""
+    return body.get(DIGEST_KEY) == hashlib.sha256(canonical(body)).hexdigest()
+
+
+def parse_object(raw: bytes, where: str, what: str, fix: str) -> dict[str, Any]:
+    """``raw`` as a JSON object (no NaN or infinity), or :class:`CheckpointError` saying that
+    ``where`` is not ``what`` and why, then ``fix``."""
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{where} is not {what} (not UTF-8 text); {fix}") from None
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{where} is not {what} (not valid JSON: {exc}); {fix}") from None
+    if type(body) is not dict:
+        raise CheckpointError(f"{where} is not {what} (a JSON {type(body).__name__}, not an object); {fix}")
     return body
 
 

@@ -1,11 +1,16 @@
-"""An exclusive lock on an output directory: one ``panpriv run`` per ``--out`` at a time.
+"""An exclusive lock on a state directory: one process per ``--out`` at a time, for every role.
 
 Two processes writing one directory would interleave checkpoints and release snapshots twice
-under a ledger that counts them once. The first process takes an exclusive ``flock`` on
-``<out>/panpriv.lock`` and writes its PID into the file; a second one fails at once with
-:class:`~panpriv.streamer.errors.OutputBusyError` naming that PID. The operating system releases the lock
-when the holder exits in any way (``kill -9`` included), so a stale lock file never blocks a
-restart; the PID in it is informational only.
+under a ledger that counts them once (``panpriv run``), or become one budget instance whose
+restart relabels the other's published charges (two scale-out workers), or analyse the same
+rounds twice (two analyzers). The first process takes an exclusive ``flock`` on the directory
+itself, held on an open descriptor for as long as it runs, and on ``<out>/panpriv.lock`` (the lock
+of earlier versions, so that an older process is excluded too), and writes its PID into that file;
+a second one fails at once with :class:`~panpriv.streamer.errors.OutputBusyError` naming that PID.
+Deleting or replacing ``panpriv.lock`` does not admit a second process: the directory's lock does
+not depend on the file. The operating system releases both when the holder exits in any way
+(``kill -9`` included), so a stale lock file never blocks a restart; the PID in it is
+informational only. The file is created 0600.
 """
 
 from __future__ import annotations
@@ -34,43 +39,57 @@ def prepare_output_directory(out: Path) -> None:
 
 
 class OutputLock:
-    """Hold ``<out>/panpriv.lock`` exclusively while in the ``with`` block (see the module docstring)."""
+    """Hold the directory ``out`` exclusively while in the ``with`` block (see the module docstring)."""
 
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
         self.path = self.out / LOCK_NAME
-        self._fd: int | None = None
+        self._fds: list[int] = []  # the directory's, then the lock file's
 
     def acquire(self) -> None:
         prepare_output_directory(self.out)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            directory = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
-            raise OutputError(f"cannot open the lock file {self.path}: {exc.strerror}; {fix_for(exc)}") from None
+            raise OutputError(f"cannot open the directory {self.out}: {exc.strerror}; {fix_for(exc)}") from None
+        self._fds = [directory]
+        try:
+            self._lock(directory)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise OutputError(f"cannot open the lock file {self.path}: {exc.strerror}; {fix_for(exc)}") from None
+            self._fds.append(fd)
+            self._lock(fd)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as exc:
+                raise OutputError(f"cannot write the lock file {self.path}: {exc.strerror}; {fix_for(exc)}") from None
+        except BaseException:
+            self._close()
+            raise
+
+    def _lock(self, fd: int) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_pid(fd)
-            os.close(fd)
             raise OutputBusyError(
-                f"--out {self.out} is in use by another panpriv process (PID {holder}, lock {self.path}); "
+                f"--out {self.out} is in use by another panpriv process (PID {_holder(self.path)}, lock {self.path}); "
                 "stop that process or choose another --out"
             ) from None
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as exc:
-            os.close(fd)
-            raise OutputError(f"cannot write the lock file {self.path}: {exc.strerror}; {fix_for(exc)}") from None
-        self._fd = fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
+        if len(self._fds) == 2:
             try:
-                os.ftruncate(fd, 0)  # no stale PID for the next reader
+                os.ftruncate(self._fds[1], 0)  # no stale PID for the next reader
             except OSError:
                 pass  # the lock is released by close() whatever happens here
+        self._close()
+
+    def _close(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in reversed(fds):
             os.close(fd)
 
     def __enter__(self) -> OutputLock:
@@ -79,6 +98,18 @@ class OutputLock:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         self.release()
+
+
+def _holder(path: Path) -> str:
+    """The PID the holder wrote into ``path`` ('unknown' if none can be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return "unknown"
+    try:
+        return _read_pid(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_pid(fd: int) -> str:

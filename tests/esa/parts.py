@@ -19,6 +19,15 @@ from tests.realparts import KafkaBroker, ManagedProcess, wait_until
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def analyzer_state(path: Path) -> dict:
+    """The state in an analyzer's sealed ``analyzer.json`` (streamer/state/role_state.py), checked."""
+    from panpriv.streamer.state.role_state import RoleState
+
+    state = RoleState(path.parent, path.name, "esa-analyzer").load()
+    assert state is not None, f"no analyzer state at {path}"
+    return state
+
+
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 

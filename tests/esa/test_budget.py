@@ -1,5 +1,6 @@
-"""The ESA analyzer charges the shared budget store (streamer/esa/budget.py), without a broker: a
-real SQLite store, real analyzers, real sealed messages."""
+"""The ESA analyzer charges the shared budget store through the one BudgetSession with the rounds
+unit (streamer/budget/session.py, streamer/budget/units.py), without a broker: a real SQLite
+store, real analyzers, real sealed messages."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import numpy as np
 import pytest
 from nacl.public import PrivateKey
 
+from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.budget.store import BudgetExceededError, BudgetStore, describe_store
+from panpriv.streamer.budget.units import Rounds
 from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.analyze_service import data_key, new_instance
 from panpriv.streamer.esa.analyzer import Analyzer
-from panpriv.streamer.esa.budget import AnalyzerBudget, data_key, new_instance
 from panpriv.streamer.esa.client import Encoder
 from tests.esa.test_roles import B, learner, records
 
@@ -36,15 +39,15 @@ def batches(key: PrivateKey, rounds: int) -> list[bytes]:
 
 
 def charged(directory: Path, name: str, limit: float | None = None,
-            store: Callable[[], Any] | None = None) -> tuple[Analyzer, AnalyzerBudget]:
+            store: Callable[[], Any] | None = None) -> tuple[Analyzer, BudgetSession]:
     """An analyzer of deployment ``name`` gated by the store in ``directory`` (or ``store()``),
-    begun at round 0."""
-    analyzer = Analyzer(learner(), [KEYPAIR], name, new_instance(name))
+    begun at round 0 (what ``panpriv analyze`` does: streamer/esa/analyze_service.py)."""
+    analyzer = Analyzer(learner(), [KEYPAIR], name, new_instance(name, "shuffle-gaussian"))
     assert analyzer.instance is not None
     opened = store() if store is not None else BudgetStore(directory)
-    budget = AnalyzerBudget(opened, KEY, analyzer.instance, directory / name, limit)
-    budget.begin(analyzer.round, analyzer.report(), f"esa messages (deployment {name})")
-    analyzer.gate = budget.charge
+    budget = BudgetSession(opened, directory / name, limit, run=analyzer.instance, unit=analyzer.charge_unit(KEY))
+    budget.begin_role(f"esa messages (deployment {name})", analyzer.report(), step=analyzer.round)
+    analyzer.gate = budget.charge_step
     return analyzer, budget
 
 
@@ -76,7 +79,7 @@ def test_each_round_is_charged_before_it_is_learned_and_shown_by_panpriv_budget(
     for t, value in enumerate(BATCHES):
         assert analyzer.handle(value)
         assert uses(tmp_path) == [(0, t + 1, (analyzer.instance,))]
-    report = budget.report(analyzer.report())
+    report = budget.composed(analyzer.report(), [KEY])
     assert (report.output, report.intrusion) == (own.output, own.intrusion)
     assert any("public, not noised" in a for a in report.assumptions)
     text = describe_store(tmp_path)
@@ -91,7 +94,7 @@ def test_a_second_analyzer_over_the_same_source_composes(tmp_path: Path, stores:
     second, budget = charged(tmp_path, "second", store=stores)
     assert second.handle(BATCHES[0]) and second.handle(BATCHES[1])
     one = first.report()
-    report = budget.report(second.report())
+    report = budget.composed(second.report(), [KEY])
     assert report.output.epsilon == pytest.approx(2 * one.output.epsilon)
     assert report.output.delta == pytest.approx(2 * one.output.delta)
     assert report.intrusion.epsilon >= one.intrusion.epsilon + one.output.epsilon - 1e-12
@@ -138,9 +141,9 @@ def test_a_round_charged_by_a_process_that_died_is_not_charged_twice(tmp_path: P
     theta = analyzer.learner.release().copy()
     restored = Analyzer.restore(saved, [KEYPAIR])
     assert restored.instance == analyzer.instance and restored.round == 1
-    again = AnalyzerBudget(stores(), KEY, str(restored.instance), tmp_path / "first")
-    again.begin(restored.round, restored.report(), "esa")
-    restored.gate = again.charge
+    again = BudgetSession(stores(), tmp_path / "first", run=str(restored.instance), unit=Rounds(KEY))
+    again.begin_role("esa", restored.report(), step=restored.round)
+    restored.gate = again.charge_step
     assert restored.handle(BATCHES[1])
     np.testing.assert_array_equal(restored.learner.release(), theta)  # no noise: the same model
     assert restored.handle(BATCHES[2])

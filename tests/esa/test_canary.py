@@ -67,7 +67,7 @@ def scan_an_esa_run(broker: KafkaBroker, names: dict[str, str], tmp_path: Path, 
 
         def done() -> bool:
             analyzer.check_alive()
-            return bool(json.loads((out / "analyzer.json").read_text())["round"] == ROUNDS)
+            return bool(parts.analyzer_state(out / "analyzer.json")["round"] == ROUNDS)
 
         wait_until(done, 60, "the analyzer's last round")
         time.sleep(0.5)

@@ -86,7 +86,7 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     assert [b.round for b in batches] == list(range(WAKES)), "each slot released once, in order"
     if update == "single":
         assert {len(b.messages) for b in batches} == {1}
-    state = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
+    state = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
     assert state["round"] == WAKES and state["rejected"] == {}
     assert "trusted shuffler, separate process" in json.dumps(state["privacy"])
     from panpriv.streamer.budget.store import BudgetStore
@@ -190,7 +190,7 @@ def test_the_checkin_analyzer_process_and_files_hold_no_raw_record(
 
         def done() -> bool:
             analyzer.check_alive()
-            return bool(json.loads((out / "analyzer.json").read_text())["round"] == wakes)
+            return bool(parts.analyzer_state(out / "analyzer.json")["round"] == wakes)
 
         wait_until(done, 60, "the analyzer's last slot")
         time.sleep(0.5)
@@ -234,11 +234,11 @@ def test_sigkill_of_the_checkin_analyzer_loses_and_duplicates_nothing(
                             "--shuffler-key", str(shuffler_key.public), "--source", str(source)], tmp_path / "client.log")
     checkpoint = tmp_path / "analyzer" / "analyzer.json"
     try:
-        wait_until(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["round"] >= 8, 120, "slot 8")
+        wait_until(lambda: checkpoint.exists() and parts.analyzer_state(checkpoint)["round"] >= 8, 120, "slot 8")
         analyzer.process.send_signal(signal.SIGKILL)
         analyzer.process.wait(timeout=10)
         analyzer.stop()
-        killed_at = json.loads(checkpoint.read_text())["round"]
+        killed_at = parts.analyzer_state(checkpoint)["round"]
         analyzer = analyzer_process(tmp_path, kafka_broker, names, analyzer_key.private, options, wakes, "analyzer1.log")
         assert analyzer.process.wait(timeout=180) == 0, analyzer.log_path.read_text()[-3000:]
         assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
@@ -246,7 +246,7 @@ def test_sigkill_of_the_checkin_analyzer_loses_and_duplicates_nothing(
     finally:
         for process in (client, shuffler, analyzer):
             process.stop()
-    state = json.loads(checkpoint.read_text())
+    state = parts.analyzer_state(checkpoint)
     assert state["round"] == wakes and state["rejected"] == {}
     assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
     store = BudgetStore(tmp_path / "state")

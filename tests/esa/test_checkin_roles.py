@@ -354,8 +354,7 @@ def test_a_wake_slot_with_missing_clients_closes_at_the_public_deadline() -> Non
 
 
 def test_checkin_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("panpriv.streamer.esa.checkin_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.checkin_client", "panpriv.streamer.esa.checkin_wire",
-                         "panpriv.streamer.esa.client", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.checkin_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.checkin_client", "panpriv.streamer.esa.checkin_wire", "panpriv.streamer.esa.client", "panpriv.streamer.esa.families", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.wire"]
 
 
 @pytest.mark.parametrize("update", ["single", "averaged"])

@@ -49,7 +49,7 @@ def test_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     finally:
         for process in (*clients, shuffler, analyzer):
             process.stop()
-    state = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
+    state = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
     assert state["round"] == ROUNDS and state["rejected"] == {} and state["min_valid"] == B
     assert "trusted shuffler, separate process" in json.dumps(state["privacy"])
     theta = np.asarray(state["released"])
@@ -154,11 +154,11 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
                             "--source", str(source)], tmp_path / "client.log")
     checkpoint = tmp_path / "analyzer" / "analyzer.json"
     try:
-        wait_until(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["round"] >= 5, 120, "round 5")
+        wait_until(lambda: checkpoint.exists() and parts.analyzer_state(checkpoint)["round"] >= 5, 120, "round 5")
         analyzer.process.send_signal(signal.SIGKILL)
         analyzer.process.wait(timeout=10)
         analyzer.stop()
-        killed_at = json.loads(checkpoint.read_text())["round"]
+        killed_at = parts.analyzer_state(checkpoint)["round"]
         analyzer = parts.start_analyzer(tmp_path, kafka_broker, names, key.private, dim, b, rounds, "analyzer1.log",
                                         learner, epsilon=EPSILON, delta=DELTA)
         assert analyzer.process.wait(timeout=120) == 0, analyzer.log_path.read_text()[-3000:]
@@ -167,7 +167,7 @@ def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     finally:
         for process in (client, shuffler, analyzer):
             process.stop()
-    state = json.loads(checkpoint.read_text())
+    state = parts.analyzer_state(checkpoint)
     assert state["round"] == rounds and state["rejected"] == {}
     assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
     # The budget store: every round charged once, to the one analyzer instance (a round the killed

@@ -67,10 +67,10 @@ def test_prometheus_scrapes_both_roles_and_the_budget_store_composes_analyzers(
 
         def done() -> bool:
             analyzer.check_alive()
-            return checkpoint.exists() and json.loads(checkpoint.read_text())["round"] == ROUNDS
+            return checkpoint.exists() and parts.analyzer_state(checkpoint)["round"] == ROUNDS
 
         wait_until(done, 180, f"{ROUNDS} rounds analysed")
-        saved = json.loads(checkpoint.read_text())
+        saved = parts.analyzer_state(checkpoint)
         assert saved["rejected"] == {"unknown_key": 1} and saved["min_valid"] == B - 1
 
         def equal(expected: float) -> Callable[[float], bool]:
@@ -102,11 +102,11 @@ def test_prometheus_scrapes_both_roles_and_the_budget_store_composes_analyzers(
 
         assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
         # A client whose --max-local-epsilon the model's messages would exceed sends nothing and
-        # says why (exit code 2, no traceback).
+        # says why (exit code 3, a budget refusal: streamer/commands/exit_codes.py; no traceback).
         refused_client = cli(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
                               "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--name", "first",
                               "--source", str(source), "--max-local-epsilon", "0.01", "--timeout", "30"])
-        assert refused_client.returncode == 2, refused_client.stdout + refused_client.stderr
+        assert refused_client.returncode == 3, refused_client.stdout + refused_client.stderr
         assert "refused the model" in refused_client.stdout and "local" in refused_client.stdout
         assert "Traceback" not in refused_client.stderr
         analyzer.process.terminate()
@@ -131,12 +131,12 @@ def test_prometheus_scrapes_both_roles_and_the_budget_store_composes_analyzers(
     second = cli([*analyzer_args(kafka_broker, names, key.private, tmp_path / "second", state, "second"),
                   "--max-rounds", "2"])
     assert second.returncode == 0, second.stdout + second.stderr
-    second_instance = json.loads((tmp_path / "second" / "analyzer.json").read_text())["instance"]
+    second_instance = parts.analyzer_state(tmp_path / "second" / "analyzer.json")["instance"]
     shown = cli(["budget", "--state-dir", str(state), "--source", names["messages"]])
     pair = ", ".join(sorted([first_instance, second_instance]))
     assert f"[0, 2) used by {pair}" in shown.stdout, shown.stdout
     assert f"[2, {ROUNDS}) used by {first_instance}" in shown.stdout, shown.stdout
-    composed = json.loads((tmp_path / "second" / "analyzer.json").read_text())["privacy"]
+    composed = parts.analyzer_state(tmp_path / "second" / "analyzer.json")["privacy"]
     assert composed["output"]["epsilon"] > saved["privacy"]["output"]["epsilon"]
     assert first_instance in json.dumps(composed["assumptions"])
     print(shown.stdout)

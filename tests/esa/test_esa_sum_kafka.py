@@ -72,7 +72,7 @@ def test_clients_shuffler_analyzer_learn_as_in_process(
     finally:
         for process in (*clients, shuffler, analyzer):
             process.stop()
-    state = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
+    state = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
     assert state["round"] == ROUNDS and state["skipped"] == 0 and state["rejected"] == {}
     assert "secure summation" in json.dumps(state["privacy"])
     assert len(messages) == B * ROUNDS

@@ -84,7 +84,7 @@ def test_clients_answer_every_round_and_the_budget_charges_every_user_t_times(
     for i in range(2):
         state = json.loads((tmp_path / f"client{i}.rounds.json").read_text())
         assert state["rounds"] == list(range(T)) and state["plan"]["learner"] == "shuffle-gd"
-    checkpoint = json.loads((tmp_path / "analyzer" / "analyzer.json").read_text())
+    checkpoint = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
     assert checkpoint["round"] == T and checkpoint["skipped"] == 0 and checkpoint["rejected"] == {}
     assert checkpoint["learner"] == "shuffle-gd" and checkpoint["format"] == "panpriv-esa-gd-analyzer/1"
     # Each round: the complete units of N messages of that round, every unit in exactly one batch.
@@ -157,11 +157,11 @@ def test_sigkill_of_the_analyzer_charges_each_round_once(
                            tmp_path / "client.log")
     checkpoint = tmp_path / "analyzer" / "analyzer.json"
     try:
-        wait_until(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["round"] >= 3, 120, "round 3")
+        wait_until(lambda: checkpoint.exists() and parts.analyzer_state(checkpoint)["round"] >= 3, 120, "round 3")
         analyzer.process.send_signal(signal.SIGKILL)
         analyzer.process.wait(timeout=10)
         analyzer.stop()
-        killed_at = json.loads(checkpoint.read_text())["round"]
+        killed_at = parts.analyzer_state(checkpoint)["round"]
         analyzer = parts.start_analyzer(tmp_path, kafka_broker, names, key.private, DIM, n, rounds + 5,
                                         "analyzer1.log", learner, epsilon=EPSILON, delta=DELTA)
         assert analyzer.process.wait(timeout=180) == 0, analyzer.log_path.read_text()[-3000:]
@@ -170,7 +170,7 @@ def test_sigkill_of_the_analyzer_charges_each_round_once(
     finally:
         for process in (client, shuffler, analyzer):
             process.stop()
-    state = json.loads(checkpoint.read_text())
+    state = parts.analyzer_state(checkpoint)
     assert state["round"] == rounds and state["rejected"] == {} and state["skipped"] == 0
     assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
     assert json.loads((tmp_path / "users.rounds.json").read_text())["rounds"] == list(range(rounds))

@@ -17,13 +17,13 @@ from nacl.public import PrivateKey
 
 from panpriv.protocols.secure_sum import added_delta
 from panpriv.protocols.shuffle_gd import ShuffleGD, composed
+from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.esa import wire
-from panpriv.streamer.esa.budget import data_key, new_instance
+from panpriv.streamer.esa.analyze_service import data_key, new_instance
 from panpriv.streamer.esa.client import RefusedModel
 from panpriv.streamer.esa.deployment import DEPLOYMENT
 from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
-from panpriv.streamer.esa.gd_budget import GDAnalyzerBudget
 from panpriv.streamer.esa.gd_client import AnsweredRounds, GDClients
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.esa.shuffler import Shuffler
@@ -208,13 +208,13 @@ def answered_batches(key: PrivateKey, rounds: int = T) -> list[bytes]:
 
 
 def gated(directory: Path, key: PrivateKey, name: str, limit: float | None = None,
-          instance: str | None = None) -> tuple[GDAnalyzer, GDAnalyzerBudget]:
+          instance: str | None = None) -> tuple[GDAnalyzer, BudgetSession]:
     analyzer = GDAnalyzer(learner(), [key], name, instance or new_instance(name, "shuffle-gd"))
     assert analyzer.instance is not None
-    budget = GDAnalyzerBudget(BudgetStore(directory), KEY, analyzer.instance, directory / name, limit, analyzer.users,
-                              analyzer.round_report)
-    budget.begin(analyzer.round, analyzer.report(), f"esa messages (deployment {name})")
-    analyzer.gate = budget.charge
+    budget = BudgetSession(BudgetStore(directory), directory / name, limit, run=analyzer.instance,
+                           unit=analyzer.charge_unit(KEY))
+    budget.begin_role(f"esa messages (deployment {name})", analyzer.report(), step=analyzer.round)
+    analyzer.gate = budget.charge_step
     return analyzer, budget
 
 
@@ -231,8 +231,8 @@ def test_every_round_charges_every_user_and_the_ledger_telescopes(key: PrivateKe
     assert analyzer.gate is not None and analyzer.gate(1, analyzer.round_report(1)) is None
     restarted, budget = gated(tmp_path, key, "gd", instance=analyzer.instance)
     restarted = GDAnalyzer.restore({**analyzer.checkpoint(), "instance": analyzer.instance}, [key])
-    restarted.gate = budget.charge
-    budget.begin(restarted.round, restarted.report(), "again")
+    restarted.gate = budget.charge_step
+    budget.begin_role("again", restarted.report(), step=restarted.round)
     for value in values[1:]:
         assert restarted.handle(value)
     ledger = BudgetStore(tmp_path).ledger([KEY])
@@ -243,7 +243,7 @@ def test_every_round_charges_every_user_and_the_ledger_telescopes(key: PrivateKe
     statement = restarted.report().output
     assert statement.epsilon <= output.epsilon <= statement.epsilon * (1 + 1e-8)
     assert statement.delta <= output.delta <= statement.delta * (1 + 1e-8)
-    composed_report = budget.report(restarted.report())
+    composed_report = budget.composed(restarted.report(), [KEY])
     assert composed_report.output.epsilon == pytest.approx(statement.epsilon, rel=1e-8)
     assert any("used 3 times" in a for a in composed_report.assumptions)
     # A second analyzer on the same messages topic: max_epsilon allows one more round only.
@@ -270,8 +270,7 @@ def test_a_round_that_fails_is_charged_and_counts_as_one_of_the_t_rounds(key: Pr
 
 
 def test_gd_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("panpriv.streamer.esa.gd_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.gd_client",
-                         "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.gd_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.families", "panpriv.streamer.esa.gd_client", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]
 
 
 def test_the_default_plan_is_finite() -> None:

@@ -161,5 +161,4 @@ def test_shuffler_thresholds_drops_late_and_commits_safely() -> None:
 
 
 def test_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("panpriv.streamer.esa.client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model",
-                         "panpriv.streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.families", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.wire"]

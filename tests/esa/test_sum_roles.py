@@ -224,5 +224,4 @@ def test_one_batch_size_is_required(key: PrivateKey) -> None:
 
 
 def test_sum_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("panpriv.streamer.esa.sum_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model",
-                         "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.sum_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.families", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]

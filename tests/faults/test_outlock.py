@@ -62,3 +62,24 @@ def test_lock_in_one_process_refuses_a_second_holder(tmp_path) -> None:
             OutputLock(tmp_path).acquire()
     with OutputLock(tmp_path):  # released: can be taken again
         pass
+
+
+def test_deleting_the_lock_file_does_not_admit_a_second_holder(tmp_path) -> None:
+    """The lock is held on the directory's open descriptor, not only on the file (issue 35, point
+    4: a deleted ``panpriv.lock`` let a second run start on the same ``--out``)."""
+    with OutputLock(tmp_path):
+        (tmp_path / LOCK_NAME).unlink()
+        with pytest.raises(OutputBusyError, match="in use by another panpriv process"):
+            OutputLock(tmp_path).acquire()
+        (tmp_path / LOCK_NAME).write_text("0\n")  # replaced by another file: still held
+        with pytest.raises(OutputBusyError):
+            OutputLock(tmp_path).acquire()
+
+
+def test_the_lock_file_is_private_whatever_the_umask(tmp_path) -> None:
+    previous = os.umask(0)
+    try:
+        with OutputLock(tmp_path / "out"):
+            assert (tmp_path / "out" / LOCK_NAME).stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(previous)

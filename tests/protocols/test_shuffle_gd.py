@@ -99,7 +99,7 @@ def test_solved_budget_spends_all_of_epsilon():
 
 def test_ledger_shows_T_uses_and_counts_the_composition_once():
     """Each pass charged as its own instance registered with round_reports()'s increment (what
-    panpriv.streamer.runtime.replay does): every position is used T times, and the ledger's total equals the
+    panpriv.streamer.runtime.recorded_driver does): every position is used T times, and the ledger's total equals the
     learner's composed figure (to the rounding margin, never below). Registering the cumulative
     report under one instance would count the composition T times."""
     T = 6

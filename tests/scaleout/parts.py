@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import numpy as np
 from panpriv.protocols.losses import LogisticLoss
 from panpriv.protocols.pan_acsa import PanPrivateACSA
 from panpriv.streamer.io.codec import encode_json
-from panpriv.streamer.scaleout.wire import GradientRecord, ModelRecord
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelVersion
 from tests.esa.parts import panpriv, synthetic
 from tests.realparts import KafkaBroker, ManagedProcess
 
@@ -41,12 +40,19 @@ def produce(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray, partitions
 
 
 def learner(n: int) -> PanPrivateACSA:
-    """The learner both the coordinator (`--options` defaults) and the in-process references use."""
-    return PanPrivateACSA(dim=DIM, loss="logistic", epsilon=EPSILON, delta=DELTA, horizon=n, radius=math.sqrt(DIM))
+    """The learner both the coordinator (`start_coordinator`'s flags) and the in-process references
+    use: built by the one factory from the coordinator's settings (streamer/runtime/learners.py)."""
+    from panpriv.streamer.runtime.learners import LearnerSettings, build
+
+    built = build(LearnerSettings("pan-acsa", DIM, EPSILON, DELTA, 1.0, n))
+    assert isinstance(built, PanPrivateACSA)
+    return built
 
 
 def accuracy(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
-    return float(np.mean(np.where(LogisticLoss().features(X, 1.0) @ theta >= 0, 1.0, -1.0) == y))
+    """Sign accuracy of the logistic model ``theta`` (with an intercept when it has d + 1 entries)."""
+    features = LogisticLoss(intercept=theta.shape[0] == X.shape[1] + 1).features(X, 1.0)
+    return float(np.mean(np.where(features @ theta >= 0, 1.0, -1.0) == y))
 
 
 def read_all(bootstrap: str, topic: str) -> list[bytes]:
@@ -72,8 +78,8 @@ def gradients(bootstrap: str, topic: str) -> list[GradientRecord]:
     return [GradientRecord.from_json(v) for v in read_all(bootstrap, topic)]
 
 
-def last_model(bootstrap: str, topic: str) -> ModelRecord:
-    return max((ModelRecord.from_json(v) for v in read_all(bootstrap, topic) if v), key=lambda m: m.version)
+def last_model(bootstrap: str, topic: str) -> ModelVersion:
+    return max((ModelVersion.from_json(v) for v in read_all(bootstrap, topic) if v), key=lambda m: m.version)
 
 
 def start_worker(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], i: int, log: str | None = None,
@@ -109,9 +115,11 @@ def wait_all(coordinator: ManagedProcess, workers: list[ManagedProcess], timeout
 
 def worker_instance(out: Path) -> str:
     """The budget instance a worker keeps in ``out`` (panpriv.streamer.scaleout.worker)."""
-    import json
+    from panpriv.streamer.scaleout.worker import worker_state
 
-    return str(json.loads((out / "worker.json").read_text())["instance"])
+    state = worker_state(out).load()
+    assert state is not None, f"no worker state in {out}"
+    return str(state["instance"])
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -11,7 +11,7 @@ import pytest
 from panpriv.protocols.pan_acsa import PanPrivateACSA
 from panpriv.protocols.pan_acsa_scaleout import combine, simulate, split_noise_epsilon, step_noise_std, worker_batch
 from panpriv.streamer.scaleout.coordinator import Coordinator
-from panpriv.streamer.scaleout.wire import GradientRecord, ModelRecord
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelVersion
 
 
 def _learner(dim: int = 5, n: int = 6000) -> PanPrivateACSA:
@@ -82,7 +82,7 @@ def test_a_restored_coordinator_recomputes_the_same_steps() -> None:
     for value in values[:2]:
         coordinator.handle(_gradient(coordinator.version, "a", coordinator.worker_batch, p, value), offset)
         offset += 1
-    record = ModelRecord.from_json(coordinator.model().to_json())
+    record = ModelVersion.from_json(coordinator.model().to_json())
     for value in values[2:]:
         coordinator.handle(_gradient(coordinator.version, "a", coordinator.worker_batch, p, value), offset)
         offset += 1
@@ -118,7 +118,7 @@ def test_secure_noise_scales_out_too() -> None:
 
     coordinator = Coordinator(PanPrivateACSA(dim=4, loss="logistic", epsilon=1.0, delta=1e-6, horizon=4000, noise="secure"),
                               workers=2, deployment="d")
-    record = ModelRecord.from_json(coordinator.model().to_json())
+    record = ModelVersion.from_json(coordinator.model().to_json())
     worker = PanPrivateACSA.from_config(record.config)
     worker.plan_for_workers(record.workers)
     worker.load_state_dict(query_state(record.state))
@@ -133,5 +133,5 @@ def test_secure_noise_scales_out_too() -> None:
         assert mean.dtype == np.float64
         coordinator.handle(GradientRecord("d", 0, "a", w, mean, {"k": (0, w)}).to_json(), i)
     assert coordinator.version == 1
-    resumed = Coordinator.restore(ModelRecord.from_json(coordinator.model().to_json()))
+    resumed = Coordinator.restore(ModelVersion.from_json(coordinator.model().to_json()))
     assert np.array_equal(resumed.learner.release(), coordinator.learner.release())

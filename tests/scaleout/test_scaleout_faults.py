@@ -125,10 +125,14 @@ def test_sigkill_of_a_worker_and_of_the_coordinator_leaves_a_correct_ledger(
     unpublished = {key: _minus(spans, published.get(key, [])) for key, spans in full.items()}
     assert sum(unpublished.values()) <= 2 * w, unpublished
     # A lost batch's records are charged again as a full use — by the group's next owner, which may
-    # be the restarted worker itself (same instance, same partition) — and published.
+    # be the restarted worker itself (same instance, same partition) — and published; except a batch
+    # still open when the model finished (issue 35): nobody reads that partition again, so its records
+    # lie beyond every full charge of it, charged once, as the lost (intrusion-only) use they were.
     for (_, source), spans in lost.items():
         again = [span for (instance, key), spans2 in full.items() if key == source for span in spans2]
-        assert _minus(spans, again) == 0, source
+        read_to = max((stop for _, stop in again), default=0)
+        assert _minus([(max(start, read_to), stop) for start, stop in spans if stop > read_to], []) == \
+            _minus(spans, again), source
     killed_lost = {key: spans for key, spans in lost.items() if key[0] == killed}
     assert killed_lost, "the killed worker's open batch was not moved to a lost instance on its restart"
     # ... and its records were read again by the group: charged a second time, and published.

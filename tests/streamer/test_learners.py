@@ -11,7 +11,7 @@ from panpriv.streamer.config import LEARNER_NAMES, load_config
 from panpriv.streamer.errors import ConfigError, LearnerUnavailableError
 from panpriv.streamer.runtime.learners import build_learner, constructor_arguments, learner_class, restore_learner
 from panpriv.streamer.runtime.processor import Processor
-from panpriv.streamer.runtime.replay import reads_by_index
+from panpriv.streamer.runtime.recorded_driver import reads_by_index
 from panpriv.streamer.runtime.stream_driver import StreamDriver
 from panpriv.streamer.state.checkpoint import CheckpointStore
 

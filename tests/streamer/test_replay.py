@@ -1,4 +1,4 @@
-"""Learners that read a recording by record index (panpriv.streamer.io.indexed, panpriv.streamer.runtime.replay, the processor).
+"""Learners that read a recording by record index (panpriv.streamer.io.indexed, panpriv.streamer.runtime.recorded_driver, the processor).
 
 What is pinned: the index returns exactly the records (validated and clipped) that the sequential
 path learns, for every file format; one pass charges the same ledger ranges and counts the same

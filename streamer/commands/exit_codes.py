@@ -1,0 +1,61 @@
+"""The one exit-code table of every ``panpriv`` command, and the error → code mapping the CLI applies.
+
+====  ==========================  ===========================================================================
+code  meaning                     for example
+====  ==========================  ===========================================================================
+0     done                        finished; stopped by SIGTERM/SIGINT (a clean stop, final state saved);
+                                  stopped by the budget after learning (an outcome: the records it did learn
+                                  are accounted); a scale-out model done; ``--help``
+1     operational error           a broker or file that cannot be reached, read or written; a Kafka error;
+                                  a state directory in use by another process; the budget store failing
+2     usage or configuration      a bad flag or config; a learner a role cannot run; a corrupted or foreign
+                                  checkpoint or role state, or a refused resume; a topic whose partition
+                                  count the role cannot serve; a model a client must not answer (another
+                                  key, learner or calibration)
+3     budget refusal              nothing was learned because the records' budget is spent by other runs
+                                  (``--max-epsilon``), or because the model or plan would spend more than
+                                  this process may (a worker's ``--max-epsilon``, a client's
+                                  ``--max-local-epsilon`` or ``--max-epsilon``, a round beyond the plan)
+130   interrupted                 Ctrl-C in a command that has no clean stop of its own (``encode``,
+                                  ``record``, ``produce``)
+====  ==========================  ===========================================================================
+
+Every error is one line on stderr (``panpriv COMMAND: error: …``), never a traceback, except a bug.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from panpriv.streamer.errors import (
+    CheckpointError,
+    ConfigError,
+    LearnerInputError,
+    LearnerUnavailableError,
+    StoppedDuringSetUp,
+    StreamerError,
+)
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, CheckpointError, LearnerUnavailableError, LearnerInputError)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The code for ``exc`` (module docstring), or ``None`` for an unexpected error (a bug)."""
+    from kafka.errors import KafkaError
+
+    from panpriv.streamer.budget.store import BudgetExceededError
+    from panpriv.streamer.esa.client import PrivacyRefused, RefusedModel
+
+    if isinstance(exc, (BudgetExceededError, PrivacyRefused)):
+        return EXIT_BUDGET
+    if isinstance(exc, (*USAGE_ERRORS, RefusedModel)):
+        return EXIT_USAGE
+    if isinstance(exc, StoppedDuringSetUp):
+        return EXIT_OK
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, (StreamerError, sqlite3.Error, OSError, KafkaError)):
+        return EXIT_FAILURE
+    return None
