@@ -129,6 +129,33 @@ def per_slot_epsilons(epsilon0: float, p0: float, m: int) -> NDArray[np.float64]
 
     **Step 4 (composition)** is in :func:`fixed_window`.
 
+    **Dishonest clients that win slots, adaptively.** Step 1 conditions on the other clients'
+    check-ins as independent of client 1; a dishonest client who reads the published models is
+    not. The bound still holds for every honest client 1 against dishonest clients who choose,
+    at their wake slot, their slot, their choice key and the record they randomize as any function
+    of the outputs published so far, of their own randomness and of each other — provided every
+    dishonest update that can be picked *instead of client 1's* is the randomizer's output on some
+    record (with choice key 0 a dishonest client is never such an alternative: she wins her slot
+    whatever client 1 does). Proof: condition on the honest others' check-ins and records only
+    (independent of client 1 and of the outputs) and treat the dishonest choices as a strategy,
+    so that whether slot j is won by a dishonest client, and what she sends, are functions of
+    y_{<j} (her choice is made at her wake slot w ≤ j, from y_{<w}) and of her coins. (a) If slot j
+    is won, client 1 is not used there: q_j(y_{<j}) = 0, and the slot's output has one law in both
+    worlds, so c_j = 0. (b) Otherwise client 1 is used at j with probability
+    q_j(y_{<j}) = p₀ π_j(y_{<j}) / m ≤ p₀/m (her key is uniform and independent of everything else,
+    so π_j ∈ [0, 1] whatever the others' keys), and the slot's law is w R(x) + (1 − w) R(x̄_j) with
+    x̄_j an honest client's record, the dummy, or a record a dishonest client chose — each within
+    e^{±ε₀} of R(x), as Step 3 needs. Step 2 goes through with history-dependent q_i: under E_j
+    client 1 was not used before j, so P(y_{<j} | E_j) = N(y_{<j}), the law of the outputs without
+    her; P(y_{<j}) = N·(1 − S + Σ_{i<j} q_i ρ_i) with S = Σ_{i<j} q_i(y_{<i}) ≤ p₀k/m; hence
+    w_j ≤ w_k. Steps 3 and 4 use only |c_j| ≤ ε_k for every history. ∎ (A tie at key 0 — client 1's
+    key is 0 with probability 2^−53 — is broken by the units' ephemeral keys, independent of the
+    data.) Not covered: a well-formed update that is not the randomizer's output (no noise, a
+    chosen vector) and can be picked instead of an honest client's — Step 3 fails for it; the
+    deployment's statement assumes every valid update honest (γ = 1). Checked by exact enumeration
+    over every adaptive winning strategy of a dishonest client on small instances, with the
+    competing point mass as positive control (tests/accounting/test_checkin.py).
+
     References
     ----------
     Balle et al. 2020 (Balle, Kairouz, McMahan, Thakkar, Thakurta), Def. 3.1, Alg. 1, Thm 3.2 and its proof

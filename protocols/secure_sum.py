@@ -48,13 +48,38 @@ union bound is used). Proof (χ² / second-moment method):
 
 Ghazi, Manurangsi, Pagh & Velingker 2020 (EUROCRYPT, arXiv:1909.11073) and Balle, Bell, Gascón &
 Nissim 2020 (CCS, arXiv:2002.00817; and their note arXiv:1909.11225) prove bounds of the same
-form for G = Z_q: m = O(1 + (σ + log q)/log n) messages give distance 2^−σ. Their exact
-constants were not available to this implementation in checkable form, so it does **not** use
-them: it uses the bound above, proved here and evaluated exactly (in log space) at the
-deployment's (n, m, |G|). Two kinds of terms dominate: j = 1, K = 1 (one user's shares form
-a closed set: |G|·n(n−1)/C(nm, m)) and j = n − 1 (π′ a relabelling of π:
-|G|^{n−1}·n!(m!)^n/(nm)!): the first asks m·log₂(e·n) ≳ log₂|G| + 2σ + 2 log₂ n, the second
-m·log₂ n ≳ log₂|G|, so m = O(1 + (σ + log |G|)/log n) — the form of those theorems.
+form for G = Z_q: m = O(1 + (σ + log q)/log n) messages give distance 2^−σ. Their theorem
+statements (constants and side conditions) were not available to this implementation in a form
+that could be checked, so it does **not** use their constants: it uses the bound above, proved
+here and evaluated exactly (in log space) at the deployment's (n, m, |G|). For comparison only,
+``tests/protocols/test_secure_sum.py`` evaluates the closed forms as we recall them,
+⌈(2σ + log₂|G|)/(log₂ n − log₂ e)⌉ + 1 (BBGN) and ⌈(2σ + log₂|G|)/log₂ n⌉ + 2 (GMPV): at the
+deployed sizes they ask for *more* shares than the bound here (n = 256, d = 20, q = 2^16: 70 and
+58 against 50; d = 100, q = 2^17: 280 and 231 against 214; tested), so nothing would be gained
+by them. Two kinds of terms dominate: j = 1, K = 1 (one user's shares form a closed set:
+|G|·n(n−1)/C(nm, m)) and j = n − 1 (π′ a relabelling of π: |G|^{n−1}·n!(m!)^n/(nm)!): the first
+asks m·log₂(e·n) ≳ log₂|G| + 2σ + 2 log₂ n, the second m·log₂ n ≳ log₂|G|, so
+m = O(1 + (σ + log |G|)/log n) — the form of those theorems, with log₂(e·n) where the recalled
+BBGN form has log₂(n/e).
+
+Colluding users (the honest fraction γ)
+---------------------------------------
+k users who collude with the analyzer hand it their inputs and shares (or send shares of their
+choosing): the analyzer can remove their units, and what hides an honest user's shares is the
+split and mix of the n − k others only. The bound is therefore evaluated at the number of honest
+users, h = ⌈γn⌉ for a declared honest fraction γ — the same count PVEC's robust calibration relies
+on (Cheu et al. 2022, Def. A.7; :attr:`panpriv.accounting.binomial.PVECParameters.noisy_users`) —
+and m is chosen for it (:func:`round_plan`). Why one h suffices when more users are honest: for
+an honest user i and any set H of exactly h honest users containing her, give the analyzer, on top
+of its view, the inputs and shares of every user outside H. Its actual view (the shuffled multiset
+of all n·m shares) is a randomized function of V_H(x_H) — H's shares, shuffled — and of that side
+information, which has the same law whether i's input is x_i or x′_i. V_H is within τ(h, m, |G|)
+of U_{T_H}, and T_H = T − Σ_{j∉H} x_j is a function of the totals and the side information, so the
+hybrid argument below goes through with τ(h, m, |G|) and PVEC's totals, whose guarantee holds
+because the h users of H add their noise. The modulus still covers all n inputs (q > n·max xᵢⱼ).
+At γ = 1 (h = n) colluding clients are outside the model: with k of them the crowd is n − k and
+τ(n, m, |G|) says nothing about it (at d = 100, q = 2^17, n = 256, m = 214 it is 2^−150 for k = 0
+and vacuous from k = 6 on: tested).
 
 Use with DP (the hybrid argument)
 ---------------------------------
@@ -68,13 +93,15 @@ References
 ----------
 Ishai, Kushilevitz, Ostrovsky & Sahai (2006), "Cryptography from anonymity", FOCS 2006 (the
 protocol); Ghazi, Manurangsi, Pagh & Velingker (2020) and Balle, Bell, Gascón & Nissim (2020)
-(message counts of the same form, not used numerically).
+(message counts of the same form, not used numerically); Cheu et al. 2022, Def. A.7 (the honest
+fraction of robust shuffle privacy).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -148,6 +175,32 @@ def shares_needed(users: int, log2_group: float, sigma: int = SECURITY_BITS) -> 
     while not passes(high):
         high *= 2
     return least_passing(high // 2, high, passes)  # high // 2 fails (or is 1)
+
+
+@dataclass(frozen=True)
+class SumPlan:
+    """The secure sum of one round: n users, h of them assumed honest (module docstring,
+    "Colluding users"), shares in Z_q^d with q = 2^bits, m shares each, distance τ."""
+
+    users: int
+    honest: int
+    dim: int
+    bits: int
+    shares: int
+    tau: float
+
+
+def round_plan(users: int, honest: int, dim: int, max_value: int, sigma: int = SECURITY_BITS) -> SumPlan:
+    """The secure sum of a round of ``users`` inputs in [0, ``max_value``]^``dim``, ``honest`` of
+    whose senders are honest: q covers every input (:func:`modulus_bits`), m and τ are those of the
+    honest users (:func:`shares_needed`, :func:`distance_bound`). The one rule the analyzer and
+    every client apply (each recomputes it from the public plan)."""
+    if not 2 <= honest <= users:
+        raise InvalidInputError(f"round_plan: need 2 <= honest users <= users; got {honest} of {users}")
+    bits = modulus_bits(users, max_value)
+    log2_group = dim * bits
+    shares = shares_needed(honest, log2_group, sigma)
+    return SumPlan(users, honest, dim, bits, shares, distance_bound(honest, shares, log2_group))
 
 
 def added_delta(epsilon: float, tau: float) -> float:

@@ -4,8 +4,9 @@ their order against a fresh dev broker, with no topic
 created beforehand — the roles create theirs (streamer/kafka/topics.py), where the broker's
 producers would auto-create topics with 4 partitions (0 of 7 worker means arrived and no E-S-A
 round was ever released when the roles read partition 0 of such topics). Only what a test must
-change is changed: the broker's address for ``B``, a temporary directory for ``/var/lib/panpriv``
-and ``keys/``, free ports for the metrics, and the records (a few rounds or steps, not a million)."""
+change is changed: the broker's address for ``B``, a temporary directory for ``/var/lib/panpriv``,
+``keys/`` and ``shuffler-keys/`` (the key files' ``<id>`` is the one keygen wrote), free ports for
+the metrics, and the records (a few rounds or steps, not a million)."""
 
 from __future__ import annotations
 
@@ -50,15 +51,21 @@ def walkthrough(page: str) -> list[list[str]]:
     return panpriv_commands(code_blocks(DOCS / "how-to" / page, "sh")[0])
 
 
-def as_run_here(args: list[str], bootstrap: str, tmp_path: Path, keys: Path | None = None, i: int = 0) -> list[str]:
+KEY_DIRECTORIES = ("keys/", "shuffler-keys/")
+"""The walkthrough's key directories (the analyzer's, the shuffler's), made under the test's tmp_path."""
+
+
+def as_run_here(args: list[str], bootstrap: str, tmp_path: Path, i: int = 0) -> list[str]:
     """A README command with the test's substitutions (module docstring); ``i`` for the shell loop's ``$i``."""
     out = []
     for arg in args:
         arg = arg.replace("/var/lib/panpriv", str(tmp_path / "var")).replace("$i", str(i))
-        if keys is not None and arg.startswith("keys/analyzer-"):
-            arg = str(next(keys.glob("analyzer-*" + Path(arg).suffix)))
-        elif arg == "keys/":
-            arg = str(tmp_path / "keys")
+        directory, _, name = arg.partition("/")
+        if f"{directory}/" in KEY_DIRECTORIES and name:  # keys/analyzer-<id>.pub (<id> parsed as 0123): keygen's file
+            role, _, suffix = name.partition("-")
+            arg = str(next((tmp_path / directory).glob(f"{role}-*{Path(suffix).suffix}")))
+        elif arg in KEY_DIRECTORIES:
+            arg = str(tmp_path / arg)
         elif arg == "records.jsonl":
             arg = str(tmp_path / "records.jsonl")
         out.append(arg)
@@ -85,16 +92,16 @@ def stop(process: ManagedProcess) -> int:
 
 def test_the_esa_walkthrough_on_the_dev_broker(dev_broker: str, tmp_path: Path) -> None:
     commands = walkthrough("esa.md")
-    assert [c[0] for c in commands] == ["keygen", "analyze", "shuffle", "encode"]
-    keygen, analyze, shuffle, encode = commands
-    assert subprocess.run([sys.executable, "-m", "panpriv", *as_run_here(keygen, dev_broker, tmp_path)], cwd=ROOT,
-                          capture_output=True, timeout=60).returncode == 0
-    keys = tmp_path / "keys"
+    assert [c[0] for c in commands] == ["keygen", "keygen", "analyze", "shuffle", "encode"]
+    *keygens, analyze, shuffle, encode = commands
+    for keygen in keygens:  # the analyzer's key pair, the shuffler's
+        assert subprocess.run([sys.executable, "-m", "panpriv", *as_run_here(keygen, dev_broker, tmp_path)], cwd=ROOT,
+                              capture_output=True, timeout=60).returncode == 0
     records(tmp_path / "records.jsonl", 2 * 256, 20)  # two rounds of the walkthrough's 256 users
-    analyzer = panpriv(as_run_here(analyze, dev_broker, tmp_path, keys), tmp_path / "analyzer.log")
-    shuffler = panpriv(as_run_here(shuffle, dev_broker, tmp_path, keys), tmp_path / "shuffler.log")
+    analyzer = panpriv(as_run_here(analyze, dev_broker, tmp_path), tmp_path / "analyzer.log")
+    shuffler = panpriv(as_run_here(shuffle, dev_broker, tmp_path), tmp_path / "shuffler.log")
     try:
-        client = subprocess.run([sys.executable, "-m", "panpriv", *as_run_here(encode, dev_broker, tmp_path, keys)],
+        client = subprocess.run([sys.executable, "-m", "panpriv", *as_run_here(encode, dev_broker, tmp_path)],
                                 cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert client.returncode == 0, client.stdout + client.stderr + analyzer.log_path.read_text()[-2000:]
         assert "sent 512 messages over 2 rounds" in client.stdout

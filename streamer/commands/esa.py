@@ -30,25 +30,39 @@ def _kafka(parser: argparse.ArgumentParser) -> None:
 
 
 def add_keygen(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("keygen", parents=parents, help="ESA: create an analyzer key pair (private file 0600)",
-                                 description="Write analyzer-<id>.key (0600) and analyzer-<id>.pub into DIR.")
+    parser = commands.add_parser("keygen", parents=parents, help="ESA: create an analyzer or shuffler key pair (private file 0600)",
+                                 description="Write <role>-<id>.key (0600) and <role>-<id>.pub into DIR; for the shuffler "
+                                 "also shuffler-<id>.verify (its batch-signing key's verify key, for the analyzer).")
     parser.add_argument("dir", type=Path, help="directory for the key files (created 0700)")
     parser.add_argument("--if-missing", action="store_true",
-                        help="do nothing if DIR already holds a private key (a one-shot init container)")
+                        help="do nothing if DIR already holds a private key of the role (a one-shot init container); "
+                        "shuffler: write a missing shuffler-<id>.verify beside an existing key")
+    parser.add_argument("--public-dir", type=Path, metavar="DIR",
+                        help="also copy the public files (.pub, .verify) into DIR, for the roles that must not see the "
+                        "private directory (the deploy/ stack's public volume)")
     parser.add_argument("--role", choices=("analyzer", "shuffler"), default="analyzer",
-                        help="shuffler: the checkin shuffler's pair (shuffler-<id>.key opens the outer layer only)")
+                        help="shuffler: the shuffler's pair (shuffler-<id>.key opens the outer layer of messages and signs "
+                        "batches; clients get .pub, the analyzer .verify)")
     parser.set_defaults(handler=cmd_keygen)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from panpriv.streamer.esa.keys import generate, private_files
+    from panpriv.streamer.esa.keys import generate, private_files, publish, verify_path, write_verify_key
 
     if args.if_missing and args.dir.is_dir() and (existing := private_files(args.dir, args.role)):
         print(f"panpriv keygen: {len(existing)} key(s) already in {args.dir}; newest {existing[0].name}")
+        for path in existing:
+            if args.role == "shuffler" and not verify_path(path).exists():
+                print(f"  wrote {write_verify_key(path)} (the verify key of {path.name}: give it to the analyzer)")
+            if args.public_dir is not None:
+                publish(path, args.public_dir)
         return EXIT_OK
     files = generate(args.dir, args.role)
     print(f"panpriv keygen: key id {files.key_id}\n  private {files.private} (0600: the {args.role} only)\n"
-          f"  public  {files.public} (give it to clients)")
+          f"  public  {files.public} (give it to clients)"
+          + (f"\n  verify  {files.verify} (give it to the analyzer: --shuffler-verify-key)" if files.verify else ""))
+    if args.public_dir is not None:
+        print(f"  copied to {args.public_dir}: {', '.join(p.name for p in publish(files.private, args.public_dir))}")
     return EXIT_OK
 
 
@@ -59,12 +73,16 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "encode", parents=parents, help="ESA client: encode records as sealed messages for the current round",
         description="Simulate users: for each round, read the public model, encode the next --per-round records "
-        "(one message per record, sealed to the analyzer's public key) and send them to the messages topic; then "
+        "(one message per record, sealed to the analyzer's public key, then to the shuffler's) and send them to the "
+        "messages topic; then "
         "wait for the next round's model. One user, one record: each record is encoded once.")
     _kafka(parser)
     parser.add_argument("--model-topic", required=True)
     parser.add_argument("--messages-topic", required=True)
     parser.add_argument("--analyzer-key", type=Path, required=True, help="the analyzer's public key file (.pub)")
+    parser.add_argument("--shuffler-key", type=Path, required=True,
+                        help="the shuffler's public key file (shuffler-<id>.pub): every message is sealed to the analyzer, "
+                        "then to the shuffler")
     parser.add_argument("--source", type=Path, required=True, help="JSONL records {\"x\": [...], \"y\": ±1}")
     parser.add_argument("--per-round", type=positive_int, help="records per round (default: the model's batch size)")
     parser.add_argument("--name", default="default", help="deployment name on the model topic (default 'default')")
@@ -75,8 +93,6 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         "answer each round once, at most T rounds; default SOURCE.gd-rounds.json)")
     parser.add_argument("--max-epsilon", type=positive_float,
                         help="shuffle-gd: refuse a plan whose T rounds compose to a larger epsilon")
-    parser.add_argument("--shuffler-key", type=Path,
-                        help="checkin: the shuffler's public key file (shuffler-<id>.pub); each round is a wake slot")
     parser.set_defaults(handler=cmd_encode)
 
 
@@ -103,17 +119,10 @@ def _chunks(path: Path, first: int, size: int | None) -> Iterator[tuple[np.ndarr
         yield np.asarray(rows, dtype=np.float64), np.asarray(labels)
 
 
-def _encoder(args: argparse.Namespace, public: Any, model: Any) -> Any:
-    """The client encoder of the model's learner (:mod:`panpriv.streamer.esa.families`)."""
-    entry = _family_of(model)
-    if entry.client == "check-in":
-        from panpriv.streamer.esa.keys import load_public
-
-        if args.shuffler_key is None:
-            raise ConfigError(f"the model is for {model.learner}, whose clients seal to the shuffler too: give "
-                              "--shuffler-key (shuffler-<id>.pub)")
-        return entry.encoder_class()(public, load_public(args.shuffler_key), model, args.max_local_epsilon)
-    return entry.encoder_class()(public, model, args.max_local_epsilon)
+def _encoder(args: argparse.Namespace, public: Any, shuffler: Any, model: Any) -> Any:
+    """The client encoder of the model's learner (:mod:`panpriv.streamer.esa.families`): every one
+    seals to the analyzer's key, then to the shuffler's."""
+    return _family_of(model).encoder_class()(public, shuffler, model, args.max_local_epsilon)
 
 
 def _family_of(model: Any) -> Any:
@@ -129,12 +138,12 @@ def _family_of(model: Any) -> Any:
 def cmd_encode(args: argparse.Namespace) -> int:
     from panpriv.streamer.esa.client import MessageSender, RefusedModel
     from panpriv.streamer.esa.keys import load_public
-    from panpriv.streamer.esa.model import ModelWatcher
+    from panpriv.streamer.esa.model import ModelWatcher, UnknownModelFormat
     from panpriv.streamer.esa.shuffler import deployment_topics
     from panpriv.streamer.kafka.client import security_options
     from panpriv.streamer.kafka.topics import ensure_topics
 
-    public = load_public(args.analyzer_key)
+    public, shuffler = load_public(args.analyzer_key), load_public(args.shuffler_key)
     bootstrap = args.bootstrap.split(",")
     security = security_options()  # the [kafka] section of --config (TLS, SASL)
     ensure_topics(bootstrap, deployment_topics(args.messages_topic, model=args.model_topic))  # before a producer could auto-create them
@@ -146,17 +155,17 @@ def cmd_encode(args: argparse.Namespace) -> int:
         if model is None:
             model = watcher.wait_for(0, args.timeout)
         if _family_of(model).client == "every-round":  # every user answers each of T rounds
-            return _encode_gd(args, public, model, watcher, sender)
+            return _encode_gd(args, public, shuffler, model, watcher, sender)
         per_round = args.per_round or int(model.calibration["batch_size"])
         for X, y in _chunks(args.source, per_round, per_round):
-            encoder = _encoder(args, public, model)
+            encoder = _encoder(args, public, shuffler, model)
             sender.send(encoder.encode(X, y))
             sent += len(y)
             rounds += 1
             log.info("sent %d messages for round %d", len(y), model.round)
             if len(y) == per_round:
                 model = watcher.wait_for(model.round + 1, args.timeout)
-    except RefusedModel as exc:  # a model these clients must not answer (key, calibration: 2; local epsilon: 3)
+    except (RefusedModel, UnknownModelFormat) as exc:  # not to be answered: key, calibration, format (2); privacy (3)
         print(f"panpriv encode: refused the model: {exc} (sent {sent:,} messages over {rounds} rounds)")
         return exit_code(exc) or EXIT_USAGE
     finally:
@@ -166,7 +175,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, sender: Any) -> int:
+def _encode_gd(args: argparse.Namespace, public: Any, shuffler: Any, model: Any, watcher: Any, sender: Any) -> int:
     """shuffle-gd: every record of --source is a user who answers every round once (panpriv.streamer.esa.gd_client)."""
     from panpriv.streamer.esa.client import RefusedModel
     from panpriv.streamer.esa.gd_client import AnsweredRounds, GDClients, serve
@@ -175,7 +184,7 @@ def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, 
     X = np.asarray([x for x, _ in rows], dtype=np.float64)
     y = np.asarray([label for _, label in rows])
     state = AnsweredRounds(args.state or args.source.with_name(args.source.name + ".gd-rounds.json"))
-    clients = GDClients(public, X, y, state, args.max_local_epsilon, args.max_epsilon)
+    clients = GDClients(public, shuffler, X, y, state, args.max_local_epsilon, args.max_epsilon)
     try:
         answered = serve(clients, lambda: model, lambda r: watcher.wait_for(r, args.timeout), sender.send, log.info)
     except RefusedModel as exc:  # the refusal rule: a plan other than the accepted one, or a round beyond it
@@ -192,12 +201,17 @@ def _encode_gd(args: argparse.Namespace, public: Any, model: Any, watcher: Any, 
 
 def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "shuffle", parents=parents, help="ESA shuffler: strip metadata, threshold at b, permute (holds no key)",
-        description="Consume the messages topic (one partition), keep values only, release each round at exactly "
-        "--batch-size messages as one permuted batch (OS entropy) on the shuffled topic; exactly once w.r.t. its input.")
+        "shuffle", parents=parents,
+        help="ESA shuffler: remove its layer, strip metadata, threshold at b, permute, sign (opens no unit)",
+        description="Consume the messages topic (one partition), keep values only, remove the shuffler's layer of each "
+        "message, release each round at exactly --batch-size messages as one permuted batch (OS entropy) signed with "
+        "the shuffler's key on the shuffled topic; exactly once w.r.t. its input.")
     _kafka(parser)
     parser.add_argument("--messages-topic", required=True)
     parser.add_argument("--shuffled-topic", required=True)
+    parser.add_argument("--shuffler-key", type=Path, required=True,
+                        help="the shuffler's private key file (panpriv keygen DIR --role shuffler), or DIR (its newest "
+                        "shuffler-*.key): opens the outer layer of messages and signs batches")
     parser.add_argument("--batch-size", type=positive_int, required=True, help="b: messages per released round")
     parser.add_argument("--params", type=positive_int, required=True,
                         help="coordinates per message (dim + 1 with an intercept): fixes the message size")
@@ -212,9 +226,10 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         "their units (M as `panpriv analyze --learner shuffle-acsa|shuffle-sgd|shuffle-gd` logs it)")
     checkin = parser.add_argument_group("checkin (random check-ins: per-slot releases; --batch-size is slot_length)")
     checkin.add_argument("--checkin", action="store_true",
-                         help="each message is a check-in sealed to this shuffler; release per slot (rules from the model)")
-    checkin.add_argument("--shuffler-key", type=Path, help="the shuffler's private key file (panpriv keygen --role shuffler)")
-    checkin.add_argument("--analyzer-key", type=Path, help="the analyzer's public key (.pub): seals the dummy of an empty slot")
+                         help="each message is a check-in; release per slot (rules and each slot's analyzer key from the model)")
+    checkin.add_argument("--analyzer-key", type=Path, action="append",
+                         help="the analyzer's public key (.pub), or a directory of them (repeatable): seals the dummy of an "
+                         "empty slot to the key the slot's model names")
     checkin.add_argument("--model-topic", help="where the analyzer publishes the deployment's public configuration")
     checkin.add_argument("--name", default="default", help="deployment name on the model topic")
     checkin.add_argument("--close-after", type=positive_float, metavar="SECONDS",
@@ -227,19 +242,19 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
     from panpriv.streamer.esa import shuffler, slot_shuffler
     from panpriv.streamer.esa.metrics import ShufflerMetrics
 
-    if args.checkin and not (args.shuffler_key and args.analyzer_key and args.model_topic):
-        raise ConfigError("--checkin needs --shuffler-key, --analyzer-key and --model-topic")
+    if args.checkin and not (args.analyzer_key and args.model_topic):
+        raise ConfigError("--checkin needs --analyzer-key and --model-topic")
     metrics = ShufflerMetrics(slot_shuffler.DROP_REASONS if args.checkin else shuffler.DROP_REASONS)
     metrics.set_info("shuffler", args.messages_topic, panpriv.__version__)
     stop_server = serve_metrics(metrics, args)
     options = shuffler.ShuffleOptions(
         args.bootstrap.split(","), args.messages_topic, args.shuffled_topic, args.batch_size, args.params,
-        args.group, args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead, metrics=metrics,
-        shares=args.shares)
+        args.group, args.shuffler_key, args.drop_short_after, args.max_rounds, max_ahead=args.max_ahead,
+        metrics=metrics, shares=args.shares)
     try:
         if args.checkin:
             state: Any = slot_shuffler.run(options, slot_shuffler.CheckinShuffleOptions(
-                args.shuffler_key, args.analyzer_key, args.model_topic, args.name, args.close_after,
+                args.analyzer_key, args.model_topic, args.name, args.close_after,
                 expect={"slot_length": args.batch_size, "params": args.params}))
         else:
             state = shuffler.run(options)
@@ -273,7 +288,11 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     keys.add_argument("--analyzer-key", type=Path, action="append",
                       help="private key file (repeatable: the first is current, the others still accepted)")
     keys.add_argument("--analyzer-keys", type=Path, metavar="DIR",
-                      help="every analyzer-*.key in DIR; the newest is current (rotation: keygen DIR, restart)")
+                      help="every analyzer-*.key in DIR; the newest is current from the next round (rotation: keygen DIR, "
+                      "restart)")
+    parser.add_argument("--shuffler-verify-key", type=Path, action="append", required=True, metavar="PATH",
+                        help="the shuffler's verify key (shuffler-<id>.verify), or a directory of them (repeatable): only "
+                        "batches it signed for this deployment are learned")
     parser.add_argument("--out", type=Path, required=True, help="state directory (sealed analyzer.json; one process at a time)")
     parser.add_argument("--name", default="default", help="deployment name on the model topic")
     parser.add_argument("--learner", choices=tuple(FAMILIES), default="shuffle-gaussian",
@@ -328,18 +347,19 @@ def analyzer_learner(args: argparse.Namespace) -> Callable[[], Any]:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from panpriv.streamer.esa import analyze_service as service
     from panpriv.streamer.esa.families import family
-    from panpriv.streamer.esa.keys import load_directory, load_private
+    from panpriv.streamer.esa.keys import load_directory, load_private, load_verify_keys
     from panpriv.streamer.esa.metrics import AnalyzerMetrics
 
     learner = analyzer_learner(args)
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
+    verify_keys = load_verify_keys(args.shuffler_verify_key)
     metrics = AnalyzerMetrics(family(args.learner).reject_reasons)
     metrics.set_info("analyzer", args.name, panpriv.__version__)
     stop_server = serve_metrics(metrics, args)
     try:
         result = service.run(service.AnalyzeOptions(
-            args.bootstrap.split(","), args.shuffled_topic, args.model_topic, args.messages_topic, keys, args.out, learner,
-            budget_settings(args), args.name, args.max_rounds, metrics))
+            args.bootstrap.split(","), args.shuffled_topic, args.model_topic, args.messages_topic, keys, verify_keys,
+            args.out, learner, budget_settings(args), args.name, args.max_rounds, metrics))
     finally:
         if stop_server is not None:
             stop_server()

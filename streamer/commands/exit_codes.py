@@ -8,10 +8,12 @@ code  meaning                     for example
                                   are accounted); a scale-out model done; ``--help``
 1     operational error           a broker or file that cannot be reached, read or written; a Kafka error;
                                   a state directory in use by another process; the budget store failing
-2     usage or configuration      a bad flag or config; a learner a role cannot run; a corrupted or foreign
-                                  checkpoint or role state, or a refused resume; a topic whose partition
-                                  count the role cannot serve; a model a client must not answer (another
-                                  key, learner or calibration)
+2     usage or configuration      a bad flag or config; a key file that holds no key; a learner a role
+                                  cannot run; a corrupted or foreign checkpoint or role state, or a refused
+                                  resume; a topic whose partition count the role cannot serve; a model a
+                                  client must not answer (another key, learner, calibration or record
+                                  format); an analyzer state or shuffled topic of the format before onion
+                                  sealing (the migration is named)
 3     budget refusal              nothing was learned because the records' budget is spent by other runs
                                   (``--max-epsilon``), or because the model or plan would spend more than
                                   this process may (a worker's ``--max-epsilon``, a client's
@@ -47,10 +49,12 @@ def exit_code(exc: BaseException) -> int | None:
 
     from panpriv.streamer.budget.store import BudgetExceededError
     from panpriv.streamer.esa.client import PrivacyRefused, RefusedModel
+    from panpriv.streamer.esa.keys import KeyFileError
+    from panpriv.streamer.esa.model import UnknownModelFormat
 
     if isinstance(exc, (BudgetExceededError, PrivacyRefused)):
         return EXIT_BUDGET
-    if isinstance(exc, (*USAGE_ERRORS, RefusedModel)):
+    if isinstance(exc, (*USAGE_ERRORS, RefusedModel, UnknownModelFormat, KeyFileError)):
         return EXIT_USAGE
     if isinstance(exc, StoppedDuringSetUp):
         return EXIT_OK

@@ -4,7 +4,9 @@ budget store shared by every run (one :class:`panpriv.streamer.budget.session.Bu
 its metrics (:mod:`panpriv.streamer.esa.metrics`), in the role loop
 (:mod:`panpriv.streamer.runtime.role_loop`).
 
-Per record of the shuffled topic, in order: the analyzer opens the batch; for the current round it
+Per record of the shuffled topic, in order: the analyzer checks the batch's signature, deployment
+and round (:mod:`panpriv.streamer.esa.batches`: the shuffler's verify keys and the deployment id —
+the data key — are bound before the first record) and opens it; for the current round it
 registers the statement and charges the round in the budget store (durably, ``max_epsilon``
 checked in the same transaction), then steps; the state is written atomically, the store notes it
 durable, and only then is round t + 1's model published. A refused charge stops the analyzer
@@ -15,7 +17,8 @@ The budget (:mod:`panpriv.streamer.budget.store`; the charge units of :mod:`panp
 
 **Data source.** The users' records enter an ESA deployment as messages on the *messages* topic;
 the analyzer reads them, shuffled, from another topic. The data key is the messages topic:
-``esa:<cluster>/<messages topic>``, where ``<cluster>`` is the broker's cluster id
+``esa:<cluster>/<messages topic>`` (:func:`panpriv.streamer.esa.deployment.data_key`, also the
+deployment id every batch is signed for: :mod:`panpriv.streamer.esa.batches`), where ``<cluster>`` is the broker's cluster id
 (:func:`panpriv.streamer.sources.identity.kafka_cluster_identity`, the bootstrap servers when the broker reports
 none). Not the shuffled topic: two shufflers over one messages topic release the same messages
 (the first b of each round). Not the deployment name either: a second analyzer under another
@@ -55,31 +58,25 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nacl.public import PrivateKey
+from nacl.signing import VerifyKey
 
 from panpriv.accounting.ledger import PrivacyReport
 from panpriv.streamer.budget.open import BudgetSettings
 from panpriv.streamer.errors import CheckpointError, ConfigError
-from panpriv.streamer.esa.analyzer import AnalyzerCore
-from panpriv.streamer.esa.families import FAMILIES, UnknownFamilyError, analyzer_for_format, family
+from panpriv.streamer.esa.analyzer import AnalyzerCore, refuse_old_format
+from panpriv.streamer.esa.families import UnknownFamilyError, analyzer_for_format, family
 from panpriv.streamer.esa.metrics import AnalyzerMetrics
 from panpriv.streamer.state.role_state import RoleState
 
 log = logging.getLogger("panpriv.analyze")
 
-KEY_PREFIX = "esa:"
-
 STATE_FILE = "analyzer.json"
-
-
-def data_key(cluster: str, messages_topic: str) -> str:
-    """The data key of an E-S-A deployment's records (module docstring)."""
-    return f"{KEY_PREFIX}{cluster}/{messages_topic}"
 
 
 def new_instance(name: str, learner: str) -> str:
@@ -97,6 +94,8 @@ class AnalyzeOptions:
     messages_topic: str
     """The clients' messages topic: it names the data source in the budget store (not read)."""
     keys: list[PrivateKey]
+    shuffler_keys: list[VerifyKey]
+    """The shuffler's verify keys: batches signed by another key are refused."""
     out: Path
     learner: Callable[[], Any]
     budget: BudgetSettings
@@ -116,10 +115,17 @@ class AnalyzeResult:
 
 
 def state_file(out: Path) -> RoleState:
-    """The analyzer's sealed state in ``out``; a state written before sealing (panpriv 0.1) is
-    recognised by its format."""
-    formats = {entry.checkpoint_format for entry in FAMILIES.values()}
-    return RoleState(out, STATE_FILE, "esa-analyzer", legacy=lambda body: body.get("format") in formats,
+    """The analyzer's sealed state in ``out``. No unsealed state is migrated: every state written
+    before sealing (panpriv 0.1) is of a format before onion sealing and signed batches, refused
+    with one line naming the migration (:func:`panpriv.streamer.esa.analyzer.refuse_old_format`);
+    anything else unsealed is not an analyzer state."""
+    path = Path(out) / STATE_FILE
+
+    def refuse_unsealed(body: Mapping[str, Any]) -> bool:
+        refuse_old_format(body, str(path))
+        return False
+
+    return RoleState(out, STATE_FILE, "esa-analyzer", legacy=refuse_unsealed,
                      fix="restore it from a backup, or start a new deployment with another --out and --name")
 
 
@@ -129,6 +135,7 @@ def load_analyzer(state: RoleState, options: AnalyzeOptions) -> AnalyzerCore:
     data = state.load()
     analyzer: AnalyzerCore
     if data is not None:
+        refuse_old_format(data, str(state.path))
         try:
             analyzer = analyzer_for_format(data.get("format")).restore(data, options.keys)
         except (UnknownFamilyError, ValueError, KeyError, TypeError) as exc:
@@ -143,8 +150,8 @@ def load_analyzer(state: RoleState, options: AnalyzeOptions) -> AnalyzerCore:
             raise ConfigError(f"learner {learner.name!r} in three roles: {exc}") from None
     log.info("analyzer: %s, deployment %s; run the shuffler with %s", analyzer.learner.name, analyzer.name,
              analyzer.shuffler_arguments())
-    if analyzer.instance is None or state.migrated:  # new, or a state written before the budget store or the seal
-        analyzer.instance = analyzer.instance or new_instance(analyzer.name, analyzer.learner.name)
+    if analyzer.instance is None:  # new
+        analyzer.instance = new_instance(analyzer.name, analyzer.learner.name)
         state.save(analyzer.checkpoint())
     return analyzer
 
@@ -155,6 +162,8 @@ def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> Analyze
     from kafka import TopicPartition
 
     from panpriv.streamer.budget.session import BudgetSession
+    from panpriv.streamer.esa.batches import BatchVerifier
+    from panpriv.streamer.esa.deployment import data_key
     from panpriv.streamer.esa.shuffler import deployment_topics
     from panpriv.streamer.kafka import client as kafka_client
     from panpriv.streamer.kafka.topics import ensure_topics
@@ -175,8 +184,10 @@ def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> Analyze
         analyzer = load_analyzer(state, options)
         holder.append(analyzer)
         assert analyzer.instance is not None
-        ensure_topics(options.bootstrap, deployment_topics(options.messages_topic, options.shuffled_topic,
-                                                           options.model_topic, analyzer.release_bytes()))
+        # Only the topics it reads and writes (deployment.topic_access): the messages topic is not the
+        # analyzer's, and the deploy/ ACLs do not let it describe that topic.
+        ensure_topics(options.bootstrap, deployment_topics(shuffled=options.shuffled_topic, model=options.model_topic,
+                                                           release_bytes=analyzer.release_bytes()))
         metrics = options.metrics or AnalyzerMetrics(analyzer.REJECT_REASONS)
         metrics.set_epsilon_budget(options.budget.max_epsilon)
         producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
@@ -186,6 +197,9 @@ def run(options: AnalyzeOptions, stop: threading.Event | None = None) -> Analyze
         loop.close_on_exit(consumer.close, "shuffled consumer")
         consumer.partitions_for_topic(options.shuffled_topic)  # metadata: the cluster id
         key = data_key(kafka_cluster_identity(consumer, options.bootstrap), options.messages_topic)
+        verifier = BatchVerifier(options.shuffler_keys, key)
+        analyzer.bind(verifier)
+        log.info("analyzer: deployment %s, batches signed by %s", key, ", ".join(verifier.signer_ids))
         budget = BudgetSession.for_role(options.budget, options.out, analyzer.instance, analyzer.charge_unit(key))
         clean = False
         try:

@@ -1,9 +1,9 @@
 """``panpriv analyze --learner checkin``: the analyzer of random check-ins in Encode–Shuffle–Analyze
 (Balle et al. 2020 Algs 1–2, §4.2; Bittau et al. 2017 §3).
 
-It reads the shuffler's per-slot releases (:mod:`panpriv.streamer.esa.slot_shuffler`: a ``PPB1`` batch whose
-round is the slot and whose messages are the clients' inner messages, sealed to this analyzer) and,
-for the release of the current slot s: opens each message (:class:`panpriv.streamer.esa.analyzer.VectorAnalyzer`:
+It reads the shuffler's per-slot releases (:mod:`panpriv.streamer.esa.slot_shuffler`: a signed batch
+whose round is the slot and whose units are the clients' updates, sealed to this analyzer) and, for
+the release of the current slot s: opens each unit (:class:`panpriv.streamer.esa.analyzer.VectorAnalyzer`:
 the key its id names, the sealed slot must be s, finite values, no repeat), charges the budget
 (``gate``), and closes the slot through the learner's own code,
 :meth:`panpriv.protocols.checkin.RandomCheckinSGD.learn_slot` — ``single``: a step on the one update (a
@@ -12,12 +12,11 @@ draws itself with OS entropy), ``averaged``: a step on the mean of the valid upd
 empty slot — then checkpoints and publishes the model of round s + 1, the model at which the
 clients waking at slot s + 1 compute (the in-process staleness rule).
 
-**Rejected, counted by reason**: per release ``malformed_batch``, ``duplicate_batch`` (the same
-release twice after a shuffler crash), ``stale_round`` (a release of another slot),
-``wrong_batch_size`` (a single-update release that is not one message — none before the first
-window — never analysed); per
-message ``malformed``, ``unknown_key``, ``undecryptable``, ``round_mismatch``, ``non_finite``,
-``duplicate_message``.
+**Rejected, counted by reason**: per release the refusals of every analyzer
+(:data:`panpriv.streamer.esa.analyzer.BATCH_REJECTS`: unsigned, forged, replayed, out of order,
+duplicated — the same release twice after a shuffler crash — or, for a single-update release, not
+one unit — none before the first window); per unit ``malformed``, ``unknown_key``,
+``undecryptable``, ``round_mismatch``, ``non_finite``, ``duplicate_message``.
 
 **Budget.** Position s is wake slot s: its ``slot_length`` clients' records, each with the learner's
 guarantee for all of its use (a record wakes once; the accounting covers every slot of her window).
@@ -39,15 +38,15 @@ from nacl.public import PrivateKey
 from panpriv.accounting.ledger import PrivacyReport
 from panpriv.protocols.checkin import RandomCheckinSGD, window_start
 from panpriv.streamer.esa import wire
-from panpriv.streamer.esa.analyzer import VectorAnalyzer, decode_state
+from panpriv.streamer.esa.analyzer import REJECT_REASONS as VECTOR_REJECT_REASONS
+from panpriv.streamer.esa.analyzer import VectorAnalyzer, check_format, decode_state
 from panpriv.streamer.esa.deployment import checkin_report
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.runtime.learners import restore_learner
 
-CHECKPOINT_FORMAT = "panpriv-esa-checkin-analyzer/1"
+CHECKPOINT_FORMAT = "panpriv-esa-checkin-analyzer/2"
 
-REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_batch_size", "malformed", "unknown_key",
-                  "undecryptable", "round_mismatch", "non_finite", "duplicate_message")
+REJECT_REASONS = VECTOR_REJECT_REASONS
 """Every reason :meth:`CheckinAnalyzer.handle` counts (module docstring)."""
 
 
@@ -96,7 +95,7 @@ class CheckinAnalyzer(VectorAnalyzer):
         super().__init__(learner, keys, name, instance)
         self.learner: RandomCheckinSGD = learner
         self._params = learner.loss.param_dim(learner.dim)
-        self._size = wire.message_size(self._params)
+        self._size = wire.vector_unit_size(self._params)
         self._first = int(window_start(0, learner.slots, learner.window))  # fixed windows: round 0 is released empty
 
     REJECT_REASONS = REJECT_REASONS
@@ -118,8 +117,8 @@ class CheckinAnalyzer(VectorAnalyzer):
         batch = self._admit(value)
         if batch is None:
             return False
-        if self.learner.update == "single" and len(batch.messages) != (self.round >= self._first):
-            self.rejected["wrong_batch_size"] += len(batch.messages)
+        if self.learner.update == "single" and len(batch.units) != (self.round >= self._first):
+            self.rejected["wrong_batch_size"] += 1
             return False
         vectors = self._open(batch)
         try:
@@ -150,8 +149,7 @@ class CheckinAnalyzer(VectorAnalyzer):
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> CheckinAnalyzer:
-        if data.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"not a checkin analyzer checkpoint ({CHECKPOINT_FORMAT})")
+        check_format(data, CHECKPOINT_FORMAT, "a checkin analyzer checkpoint")
         learner = restore_learner(RandomCheckinSGD.name, data["config"], decode_state(data["state"]), None)
         assert isinstance(learner, RandomCheckinSGD)
         analyzer = cls(learner, keys, data["name"], data.get("instance"))

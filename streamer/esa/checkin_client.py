@@ -14,9 +14,10 @@ On waking she:
    objects and calls) — a client who does not check in runs it on the zero vector instead, so the
    work does not depend on her choice and her data never leave in that case;
 3. sends **one** message at once, whatever she chose (send time and message count are those of her
-   wake slot, public): the update sealed to the **analyzer**, inside a box sealed to the
-   **shuffler** with the chosen slot and the key (:mod:`panpriv.streamer.esa.checkin_wire`). The clear
-   header carries the wake slot and the shuffler's key id only; every message has one size.
+   wake slot, public): the update sealed to the **analyzer** (to the key model w names), inside a
+   box sealed to the **shuffler** with the chosen slot and the key
+   (:mod:`panpriv.streamer.esa.checkin_wire`). The clear header carries the wake slot and the
+   shuffler's key id only; every message has one size.
 
 What leaves her is the local randomizer's output, (ε₀, δ₀)-DP against anyone (the ℓ2 mechanism is
 pure ε₀-DP, Duchi, Jordan & Wainwright 2018; the Gaussian one (ε₀, δ₀) at sensitivity 2C, Balle &
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from nacl.public import PublicKey, SealedBox
+from nacl.public import PublicKey
 from numpy.typing import NDArray
 
 from panpriv.protocols import scratch
@@ -44,7 +45,6 @@ from panpriv.protocols.randomness import NoiseSource, RngLike
 from panpriv.streamer.esa import checkin_wire, wire
 from panpriv.streamer.esa.client import ModelClient, PrivacyRefused, RefusedModel
 from panpriv.streamer.esa.families import learners_with
-from panpriv.streamer.esa.keys import key_id
 from panpriv.streamer.esa.model import ModelRecord
 
 Array = NDArray[np.float64]
@@ -83,7 +83,7 @@ class CheckinEncoder(ModelClient):
 
     def __init__(self, public_key: PublicKey, shuffler_key: PublicKey, model: ModelRecord,
                  max_local_epsilon: float | None = None, rng: RngLike = None) -> None:
-        super().__init__(public_key, model, learners_with(client="check-in"))
+        super().__init__(public_key, shuffler_key, model, learners_with(client="check-in"))
         cal = model.calibration
         if cal.get("time", "position") != "position":
             raise RefusedModel("checkin in three roles needs position slots (time = 'position')")
@@ -98,9 +98,6 @@ class CheckinEncoder(ModelClient):
         self.slots, self.window, self.update = int(cal["slots"]), str(cal["window"]), str(cal["update"])
         self.probability = float(cal["checkin_probability"])
         self._theta = np.array(model.theta, dtype=np.float64)
-        self._box = SealedBox(public_key)
-        self._shuffler = SealedBox(shuffler_key)
-        self._shuffler_id = key_id(shuffler_key)
         self._noise = NoiseSource(rng)
         self.size = checkin_wire.message_size(self.params)
 
@@ -130,6 +127,5 @@ class CheckinEncoder(ModelClient):
 
     def _message(self, wake: int, slot: int, key: float, row: Array) -> bytes:
         tag = slot if slot >= 0 else wake
-        inner = wire.message(tag, self._key_id, self._box.encrypt(wire.plaintext(tag, row)))
-        plain = checkin_wire.outer_plaintext(slot if slot >= 0 else None, int(key * KEY_SCALE), inner)
-        return checkin_wire.message(wake, self._shuffler_id, self._shuffler.encrypt(plain))
+        unit = self._unit(wire.plaintext(tag, row))
+        return self._seal(wake, checkin_wire.body(slot if slot >= 0 else None, int(key * KEY_SCALE), unit))

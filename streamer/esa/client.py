@@ -4,8 +4,9 @@ encoder; Liew & Takahashi 2022 §5.2, the local randomizer).
 For the round t named by the public model record (:mod:`panpriv.streamer.esa.model`), a user with record
 (x, y) sends exactly one message: her gradient at θ_t, clipped to norm C, plus N(0, (σC)² I) —
 computed by :func:`panpriv.protocols.shuffle_gaussian.local_messages`, the very function the in-process
-learner uses — sealed to the analyzer's public key and tagged in the clear with the round and the
-key id only (:mod:`panpriv.streamer.esa.wire`). Every message has the same size.
+learner uses — sealed to the analyzer's public key, and the result sealed again to the shuffler's
+(onion sealing, :mod:`panpriv.streamer.esa.wire`): in the clear only the round and the shuffler's
+key id. Every message has the same size.
 
 What leaves the user is (ε₀, δ)-locally private whoever reads it (Balle & Wang 2018, Thm 8 at
 sensitivity 2C): that is her guarantee even if the shuffler and the analyzer collude. The encoder
@@ -50,15 +51,23 @@ class PrivacyRefused(RefusedModel):
 class ModelClient:
     """What every E-S-A client checks and reads in a model record before encoding: that it is for
     a learner this client speaks and sealed to the key it holds, then the round and the public
-    calibration every learner's record carries (dimension, loss, feature bound, clip)."""
+    calibration every learner's record carries (dimension, loss, feature bound, clip); and the
+    two layers of every message (:meth:`_unit`, :meth:`_seal`).
 
-    def __init__(self, public_key: PublicKey, model: ModelRecord, learners: tuple[str, ...]) -> None:
+    ``public_key`` is the analyzer's, ``shuffler_key`` the shuffler's (both obtained out of band:
+    the client's trust anchors)."""
+
+    def __init__(self, public_key: PublicKey, shuffler_key: PublicKey, model: ModelRecord,
+                 learners: tuple[str, ...]) -> None:
         if model.learner not in learners:
             raise RefusedModel(f"this encoder speaks {' and '.join(learners)}, the model is for {model.learner!r}")
         self._key_id = key_id(public_key)
         if self._key_id.hex() != model.key_id:
             raise RefusedModel(f"the analyzer now reads key {model.key_id}, this client holds the public key "
                                f"{self._key_id.hex()}: fetch the new public key")
+        self._box = SealedBox(public_key)
+        self._shuffler = SealedBox(shuffler_key)
+        self._shuffler_id = key_id(shuffler_key)
         cal = model.calibration
         self.round = model.round
         self.dim = int(cal["dim"])
@@ -87,14 +96,22 @@ class ModelClient:
         """The messages of one block of users (features ``Z``, labels ``labels``)."""
         raise NotImplementedError
 
+    def _unit(self, sealed_plaintext: bytes) -> bytes:
+        """The inner layer: ``sealed_plaintext`` sealed to the analyzer, framed as a unit."""
+        return wire.seal_unit(self._box, self._key_id, sealed_plaintext)
+
+    def _seal(self, round_: int, body: bytes) -> bytes:
+        """The outer layer: the message carrying ``body`` (units) sealed to the shuffler."""
+        return wire.seal_message(self._shuffler, self._shuffler_id, round_, body)
+
 
 class Encoder(ModelClient):
     """Turns records into sealed messages for the round of one public model record.
 
     Parameters
     ----------
-    public_key
-        The analyzer's public key (obtained out of band: the client's trust anchor).
+    public_key, shuffler_key
+        The analyzer's and the shuffler's public keys (obtained out of band: the client's trust anchors).
     model
         The round's model record.
     max_local_epsilon
@@ -103,9 +120,9 @@ class Encoder(ModelClient):
         ``None``: fresh OS entropy for every message (the deployment). A seed: tests only.
     """
 
-    def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
-                 rng: RngLike = None) -> None:
-        super().__init__(public_key, model, learners_with(shuffler="messages"))
+    def __init__(self, public_key: PublicKey, shuffler_key: PublicKey, model: ModelRecord,
+                 max_local_epsilon: float | None = None, rng: RngLike = None) -> None:
+        super().__init__(public_key, shuffler_key, model, learners_with(shuffler="messages"))
         cal = model.calibration
         self.noise_multiplier = float(cal["noise_multiplier"])
         self.params = self.loss.param_dim(self.dim)
@@ -116,16 +133,14 @@ class Encoder(ModelClient):
         if model.theta.shape != (self.params,):
             raise RefusedModel(f"theta has {model.theta.size} coordinates, the calibration {self.params}")
         self._theta = np.array(model.theta, dtype=np.float64)
-        self._box = SealedBox(public_key)
         self._noise = NoiseSource(rng)
         self.size = wire.message_size(self.params)
 
     def _encode_block(self, Z: Array, labels: Array) -> list[bytes]:
-        """Each user's clipped gradient at θ_t plus N(0, (σC)² I), sealed."""
+        """Each user's clipped gradient at θ_t plus N(0, (σC)² I), sealed to the analyzer, then to the shuffler."""
         messages = local_messages(self.loss, self._theta, Z, labels, self.clip, self.noise_multiplier * self.clip,
                                   self._noise, self._work)
-        return [wire.message(self.round, self._key_id, self._box.encrypt(wire.plaintext(self.round, row)))
-                for row in messages]
+        return [self._seal(self.round, self._unit(wire.plaintext(self.round, row))) for row in messages]
 
 
 class MessageSender:

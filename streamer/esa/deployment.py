@@ -1,23 +1,33 @@
 """The privacy statement of an analyzer deployed as Encode–Shuffle–Analyze: ``shuffle-gaussian``
-(:func:`esa_report`), ``shuffle-sgd``/``shuffle-acsa`` over secure summation (:func:`sum_report`)
-and ``checkin`` (:func:`checkin_report`).
+(:func:`esa_report`), ``shuffle-sgd``/``shuffle-acsa`` over secure summation (:func:`sum_report`),
+``shuffle-gd`` (:func:`panpriv.streamer.esa.gd_analyzer.gd_report`) and ``checkin``
+(:func:`checkin_report`).
 
-The learner's own report (:meth:`panpriv.protocols.shuffle_gaussian.ShuffleGaussianSGD.privacy`) assumes
-randomizer, shuffler and analyzer in one process. Deployed in three roles (Bittau et al. 2017 §3)
-the same numbers hold under different trust, which this module states:
+The learner's own report assumes randomizer, shuffler and analyzer in one process. Deployed in
+three roles (Bittau et al. 2017 §3) the same numbers hold under a trust model this module states,
+the same for every learner (:func:`parties`):
 
-- **output** (against the analyzer and everyone who sees its models): the shuffle-model guarantee
-  of one round (Liew & Takahashi 2022 Thm 1) — if the shuffler is honest and separate. When a
-  round had fewer valid messages than b (rejected ones), each message hid among fewer others: the
-  output guarantee is then that of the smallest round, Thm 1 at n = its valid count (never above
-  the local ε₀). Messages that decrypt and are well formed but come from dishonest clients cannot
-  be told apart: the bound assumes every valid message is an honest user's.
-- **intrusion** into the analyzer (one read of its memory and files, plus all outputs): the local
-  guarantee (ε₀, δ) — its private key opens every message on the messages topic, where their
-  order and metadata are not yet shuffled.
-- **client**: her message is (ε₀, δ)-locally private against anyone, whatever the others do.
-- **shuffler**: holds no key; it sees ciphertexts, rounds, sizes and the broker's metadata. If it
-  colludes with the analyzer, only the local guarantee (ε₀, δ) remains.
+- **who reads what** (the deploy/ Kafka ACLs enforce it): clients write the messages topic and read
+  the model topic; the shuffler reads the messages topic and writes (and reads back) the shuffled
+  topic (``checkin``: and reads the model topic); the analyzer reads the shuffled topic and writes
+  the model topic. Keys: clients hold the analyzer's and the shuffler's public keys; the shuffler
+  its private key, which opens the outer layer of a message and signs batches (``checkin``: and the
+  analyzer's public keys, for its dummies); the analyzer its private keys, which open released
+  units only, and the shuffler's verify key;
+- **output** (against the analyzer and everyone who sees its models), **intrusion** into the
+  analyzer (one read of its memory and files, plus all outputs) and **a broker operator colluding
+  with the analyzer**: the shuffle-model guarantee. Every message is sealed to the analyzer and
+  then to the shuffler (onion sealing, :mod:`panpriv.streamer.esa.wire`): the analyzer's key opens
+  nothing on the messages topic, and a released unit shares no bytes, size or timing with any
+  message, so reading both topics links no unit to its sender. The analyzer learns only batches
+  the shuffler signed for this deployment, in round order, once
+  (:mod:`panpriv.streamer.esa.batches`), so nobody else can make it learn a round;
+- **shuffler colluding with the analyzer** (or an intrusion into both): the local guarantee;
+- **client**: her message is locally private against anyone;
+- **colluding clients**: the shuffle-model guarantee hides each honest user among the honest ones.
+  The secure-sum learners compute m and τ for h = ⌈γn⌉ honest users with the plan's
+  ``honest_fraction`` γ (:func:`panpriv.protocols.secure_sum.round_plan`); the others assume γ = 1
+  and say so.
 """
 
 from __future__ import annotations
@@ -26,8 +36,8 @@ import dataclasses
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.protocols.checkin import RandomCheckinSGD
-from panpriv.protocols.secure_sum import added_delta
-from panpriv.protocols.shuffle_base import SequentialLearner, max_guarantee
+from panpriv.protocols.secure_sum import SumPlan, added_delta
+from panpriv.protocols.shuffle_base import SequentialLearner
 from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
 
 DEPLOYMENT = "trusted shuffler, separate process"
@@ -35,9 +45,87 @@ DEPLOYMENT = "trusted shuffler, separate process"
 
 REFERENCE = "Bittau et al. 2017, §3 (Encode-Shuffle-Analyze)"
 
+SECURE_SUM_REFERENCE = "Ishai et al. 2006 (split and mix; message count: panpriv.protocols.secure_sum)"
+
+KEY_PREFIX = "esa:"
+
+
+def data_key(cluster: str, messages_topic: str) -> str:
+    """The deployment id ``esa:<cluster>/<messages topic>``: the data key of the deployment's records
+    in the budget store (why the messages topic: :mod:`panpriv.streamer.esa.analyze_service`) and
+    what the shuffler signs every batch for (:mod:`panpriv.streamer.esa.batches`). The shuffler and
+    the analyzer each compute it from the broker's cluster id
+    (:func:`panpriv.streamer.sources.identity.kafka_cluster_identity`), so neither trusts the other for it."""
+    return f"{KEY_PREFIX}{cluster}/{messages_topic}"
+
+
+def topic_access(checkin: bool = False) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Which topics each role reads and writes — the one table the statement prints, docs/privacy.md
+    shows and the deploy/ Kafka ACLs grant (tested against both). The shuffler reads the shuffled
+    topic back for its last released round; the ``checkin`` shuffler reads the model topic for the
+    deployment's configuration and each slot's analyzer key."""
+    return {
+        "client": {"read": ("model",), "write": ("messages",)},
+        "shuffler": {"read": ("messages", "shuffled", *(("model",) if checkin else ())), "write": ("shuffled",)},
+        "analyzer": {"read": ("shuffled",), "write": ("model",)},
+    }
+
+
+def _topics(names: tuple[str, ...]) -> str:
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"the {listed} topic{'s' if len(names) > 1 else ''}"
+
+
+def _access_line(checkin: bool) -> str:
+    parts = [f"the {role} reads {_topics(access['read'])} and writes {_topics(access['write'])}"
+             for role, access in topic_access(checkin).items()]
+    return "readable topics (deploy/ Kafka ACLs): " + "; ".join(parts) + "; nobody reads a topic beyond these"
+
+
+def parties(output: Guarantee, local: Guarantee, checkin: bool = False) -> list[str]:
+    """The statement's lines on who reads which topic (:func:`topic_access`) and holds which key,
+    what a broker operator colluding with the analyzer learns, and each role's guarantee (module
+    docstring)."""
+    dummy_keys = " and the analyzer's public keys (it seals the dummies of empty slots)" if checkin else ""
+    return [
+        _access_line(checkin),
+        "keys: clients hold the analyzer's and the shuffler's public keys and seal each message to the analyzer, "
+        "then the result to the shuffler (onion sealing); the shuffler holds its private key, which opens the outer "
+        f"layer only and signs every batch{dummy_keys}; the analyzer holds its private keys, which open released "
+        "units only, and the shuffler's verify key: it learns only batches the shuffler signed for this deployment, "
+        "in round order, once (unsigned, forged, replayed, out-of-order and duplicated batches are refused, counted "
+        "and never charged)",
+        f"broker operator colluding with the analyzer: it reads every topic and sees the clients' connections and "
+        f"send times, but the analyzer's key opens nothing on the messages topic and no released unit shares bytes, "
+        f"size or timing with a message (a batch's units leave together, permuted), so it learns who sent in which "
+        f"round, not which unit is whose: the output guarantee {output} holds",
+        f"client: her message is {local}-locally private against anyone, including a shuffler and analyzer that "
+        "collude",
+        f"shuffler: opens only the outer layer (it sees sealed units, rounds, sizes and the broker's metadata); with "
+        f"the broker it learns no content; if it colludes with the analyzer only the local guarantee {local} holds",
+        f"analyzer intrusion: its keys open only released, already shuffled units, so one read of its memory or "
+        f"files plus all outputs, with or without the topics, is bounded by the output guarantee {output}; an "
+        f"intrusion into the shuffler too is the collusion above: the local guarantee {local}",
+    ]
+
+
+def all_honest(crowd: str) -> str:
+    """The statement's line for learners that assume every client honest (γ = 1)."""
+    return (f"colluding clients: honest fraction gamma = 1 (default): every client is assumed honest; colluding "
+            f"clients are outside the model (k of them who hand their messages to the analyzer leave {crowd} minus k "
+            "to hide the others)")
+
 
 def esa_report(learner: ShuffleGaussianSGD, min_valid: int | None) -> PrivacyReport:
     """The learner's report restated for the ESA deployment (module docstring).
+
+    - **output**, **intrusion**, **broker with analyzer**: the shuffle-model guarantee of one round
+      (Liew & Takahashi 2022 Thm 1) — if the shuffler is honest and separate. When a round had
+      fewer valid messages than b (rejected ones), each message hid among fewer others: the
+      guarantee is then that of the smallest round, Thm 1 at n = its valid count (never above the
+      local ε₀). Messages that decrypt and are well formed but come from dishonest clients cannot
+      be told apart: the bound assumes every valid message is an honest user's (γ = 1).
+    - **collusion** of shuffler and analyzer: the local guarantee (ε₀, δ).
 
     ``min_valid``: the fewest valid messages any applied round had (``None``: no round yet).
     """
@@ -48,79 +136,86 @@ def esa_report(learner: ShuffleGaussianSGD, min_valid: int | None) -> PrivacyRep
     if min_valid is not None and min_valid < b:
         output = Guarantee(learner.round_epsilon(min_valid), learner.delta)
     roles = [
-        f"deployment: {DEPLOYMENT} (Encode-Shuffle-Analyze): clients encode and seal their message to the analyzer's "
-        "key, a separate shuffler drops metadata, releases a round only at exactly b = "
-        f"{b} messages and permutes it with OS entropy, the analyzer sees only shuffled batches",
-        f"client: her one message per round is {local}-locally private against anyone, including a shuffler and "
-        "analyzer that collude",
-        f"shuffler: holds no key that opens a message; if it colludes with the analyzer only the local guarantee {local} holds",
-        f"analyzer intrusion: its private key opens the unshuffled messages topic, so one read of its memory or files "
-        f"plus all outputs is bounded by the local guarantee {local}",
+        f"deployment: {DEPLOYMENT} (Encode-Shuffle-Analyze): clients seal their message to the analyzer's key and "
+        f"the result to the shuffler's; a separate shuffler removes its layer, drops metadata, releases a round only "
+        f"at exactly b = {b} messages, permutes it with OS entropy and signs the batch; the analyzer sees only signed "
+        "shuffled batches",
+        *parties(output, local),
+        all_honest(f"b = {b}"),
         "client dropout or rejected messages: the output guarantee is that of the round with the fewest valid "
         f"messages ({'none yet' if min_valid is None else min_valid} of {b}); every valid message is assumed to come "
-        "from an honest client (a fraction gamma of dishonest but well-formed messages weakens it to n = gamma-honest count)",
+        "from an honest client",
     ]
     assumptions = [a for a in report.assumptions if not a.startswith("a trusted shuffler")]
     return dataclasses.replace(
         report,
         output=output,
+        intrusion=output,
         assumptions=tuple([*roles, *assumptions]),
         references=tuple([*report.references, REFERENCE]),
     )
 
 
-SECURE_SUM_REFERENCE = "Ishai et al. 2006 (split and mix; message count: panpriv.protocols.secure_sum)"
+def honest_users_line(plan: SumPlan, gamma: float) -> str:
+    """The statement's line on colluding clients for a secure-sum learner."""
+    if plan.honest == plan.users:
+        return (f"colluding clients: honest fraction gamma = {gamma:g} (default 1): m and tau are computed for all "
+                f"n = {plan.users} users, so colluding clients are outside the model (k of them who hand their shares "
+                "to the analyzer leave a split and mix of n - k users, which tau does not cover; declare "
+                "honest_fraction to cover them)")
+    return (f"colluding clients: honest fraction gamma = {gamma:g}: m = {plan.shares} and tau are computed for "
+            f"ceil(gamma n) = {plan.honest} honest users of n = {plan.users}, and PVEC's noise for the same users, so up "
+            f"to {plan.users - plan.honest} clients may collude with the analyzer (hand it their shares, or send any)")
 
 
-def sum_report(learner: SequentialLearner, users: int, shares: int, bits: int, tau: float) -> PrivacyReport:
+def sum_report(learner: SequentialLearner, plan: SumPlan) -> PrivacyReport:
     """The ``shuffle-sgd`` or ``shuffle-acsa`` learner's report restated for an ESA deployment over split-and-mix
     shares (:mod:`panpriv.protocols.secure_sum`, :mod:`panpriv.streamer.esa.sum_analyzer`).
 
-    - **output**: PVEC's (ε, δ) per round (Cheu et al. 2022, Thm 3.2, a statement about the
-      per-coordinate totals of the users' counts) becomes (ε, δ + (1 + e^ε)·τ): the analyzer sees
-      the round's shuffled shares, within statistical distance τ of a function of the totals
-      (:func:`panpriv.protocols.secure_sum.distance_bound`), and the hybrid argument of
-      :mod:`panpriv.protocols.secure_sum` adds (1 + e^ε)·τ to δ;
-    - **intrusion** into the analyzer, **collusion** of shuffler and analyzer: both link a user's m
-      shares (one message on the messages topic, or the shuffler's record of which units came
-      together) and so see her PVEC count vector: the local guarantee of PVEC's randomizer.
+    - **output**, **intrusion**, **broker with analyzer**: PVEC's (ε, δ) per round (Cheu et al.
+      2022, Thm 3.2, a statement about the per-coordinate totals of the users' counts) becomes
+      (ε, δ + (1 + e^ε)·τ): the analyzer sees the round's shuffled shares, within statistical
+      distance τ of a function of the totals (:func:`panpriv.protocols.secure_sum.distance_bound`,
+      at the plan's honest users), and the hybrid argument of :mod:`panpriv.protocols.secure_sum`
+      adds (1 + e^ε)·τ to δ. The messages topic holds each user's m shares as one message sealed
+      to the shuffler, so the analyzer's key does not link them;
+    - **collusion** of shuffler and analyzer: they link a user's m shares and see her PVEC count
+      vector: the local guarantee of PVEC's randomizer.
     """
     report = learner.privacy()
     local = report.intrusion
     eps = report.output.epsilon
-    added = added_delta(eps, tau)
+    added = added_delta(eps, plan.tau)
     output = Guarantee(eps, report.output.delta + added)
     roles = [
         f"deployment: {DEPLOYMENT} (Encode-Shuffle-Analyze) over secure summation: each client splits her PVEC count "
-        f"vector into m = {shares} additive shares in Z_q^d, q = 2^{bits} > B(g + b), seals each share separately to the "
-        f"analyzer's key and sends the m together; a separate shuffler drops metadata, releases a round only at exactly "
-        f"B = {users} complete users and permutes all B*m shares with OS entropy; the analyzer sums them mod q",
+        f"vector into m = {plan.shares} additive shares in Z_q^d, q = 2^{plan.bits} > B(g + b), seals each share "
+        f"separately to the analyzer's key and the m together to the shuffler's; a separate shuffler removes its layer, "
+        f"drops metadata, releases a round only at exactly B = {plan.users} complete users, permutes all B*m shares with "
+        "OS entropy and signs the batch; the analyzer sums them mod q",
         f"secure summation (Ishai et al. 2006): the analyzer's view of a round is within statistical distance "
-        f"tau = {tau:.3g} of a function of the per-coordinate totals alone (the bound proved in panpriv.protocols.secure_sum, "
-        f"not a paper's constant); the output delta includes (1 + e^eps) tau = {added:.3g}",
-        f"client: her count vector is {local}-locally private (PVEC's randomizer) against anyone, including a shuffler "
-        "and analyzer that collude (they can link her m shares)",
-        f"shuffler: holds no key that opens a share; if it colludes with the analyzer only the local guarantee {local} holds",
-        f"analyzer intrusion: its private key opens the messages topic, where a user's m shares are one message, so one "
-        f"read of its memory or files plus all outputs is bounded by the local guarantee {local}",
-        "malicious clients: a client can shift a round's sum by any amount mod q (utility only: it learns nothing of the "
-        "others); a round whose sum leaves [0, B(g + b)] is skipped but charged (whether a shifted sum leaves the range "
-        "depends on the honest users' totals), one with any share that does not open is skipped and not charged; every "
-        "well-formed share is assumed to come from an honest client running PVEC's randomizer",
+        f"tau = {plan.tau:.3g} of a function of the per-coordinate totals alone (the bound proved in "
+        f"panpriv.protocols.secure_sum, not a paper's constant); the output delta includes (1 + e^eps) tau = {added:.3g}",
+        *parties(output, local),
+        honest_users_line(plan, learner.honest_fraction),
+        "malicious clients: a client can shift a round's sum by any amount mod q (utility: it biases one step; the "
+        "shares of the honest users stay a split and mix); a round whose sum leaves [0, B(g + b)] is skipped but "
+        "charged (whether a shifted sum leaves the range depends on the honest users' totals), one with any share "
+        "that does not open is skipped and not charged",
     ]
     assumptions = [a for a in report.assumptions if not a.startswith("a trusted shuffler")]
-    return secure_sum_statement(report, output, local, roles, assumptions)
+    return secure_sum_statement(report, output, roles, assumptions)
 
 
-def secure_sum_statement(report: PrivacyReport, output: Guarantee, local: Guarantee, roles: list[str],
+def secure_sum_statement(report: PrivacyReport, output: Guarantee, roles: list[str],
                          assumptions: list[str]) -> PrivacyReport:
-    """The learner's ``report`` restated for a secure-sum deployment: ``output``, an intrusion
-    guarantee no better than the local one, the roles' assumptions first, the deployment's
-    references last (:func:`sum_report`, :func:`panpriv.streamer.esa.gd_analyzer.gd_report`)."""
+    """The learner's ``report`` restated for a secure-sum deployment: ``output`` as the output and
+    intrusion guarantee, the roles' assumptions first, the deployment's references last
+    (:func:`sum_report`, :func:`panpriv.streamer.esa.gd_analyzer.gd_report`)."""
     return dataclasses.replace(
         report,
         output=output,
-        intrusion=max_guarantee(local, output),
+        intrusion=output,
         assumptions=tuple([*roles, *assumptions]),
         references=tuple([*report.references, REFERENCE, SECURE_SUM_REFERENCE]),
     )
@@ -130,14 +225,12 @@ def checkin_report(learner: RandomCheckinSGD) -> PrivacyReport:
     """The ``checkin`` learner's report restated for an ESA deployment (:mod:`panpriv.streamer.esa.checkin_client`,
     :mod:`panpriv.streamer.esa.slot_shuffler`, :mod:`panpriv.streamer.esa.checkin_analyzer`).
 
-    - **output**: the learner's own guarantee (Balle et al. 2020 Thm 3.2 / the setting of Thm 4.3
-      for single updates with the l2 randomizer, derived in :mod:`panpriv.accounting.checkin`; else the
-      unamplified (ε₀, δ₀)) — if the shuffler is honest and separate: the analyzer then sees, per
-      slot, what the in-process learner's slot sees (one sealed update, a client's or a dummy, for
+    - **output**, **intrusion**, **broker with analyzer**: the learner's own guarantee (Balle et
+      al. 2020 Thm 3.2 / the setting of Thm 4.3 for single updates with the l2 randomizer, derived
+      in :mod:`panpriv.accounting.checkin`; else the unamplified (ε₀, δ₀)) — if the shuffler is
+      honest and separate: the analyzer then sees, per slot, what the in-process learner's slot
+      sees (one sealed update, a client's or a dummy sealed to the key the slot's model names, for
       ``single``; the candidates' updates for ``averaged``), never who chose which slot;
-    - **intrusion** into the analyzer: the output guarantee — its key opens only the inner boxes,
-      which on the messages topic are inside boxes sealed to the shuffler; what it holds is part of
-      the released sequence of slot updates the bound covers (no candidate waits in the analyzer);
     - **collusion** of shuffler and analyzer, or an intrusion into the shuffler too: the local
       (ε₀, δ₀) (the shuffler knows each update's wake slot and chosen slot).
     """
@@ -148,17 +241,18 @@ def checkin_report(learner: RandomCheckinSGD) -> PrivacyReport:
         "slot, checks in with her own randomness, randomizes her clipped gradient at the latest published model and "
         "sends one fixed-size message whether or not she checked in: the update sealed to the analyzer inside a box "
         "sealed to the shuffler with her chosen slot; a separate shuffler opens the outer box only, releases each slot "
-        "once its wake slot is complete, in slot order, exactly once ("
-        + ("the least-key candidate, or a dummy it draws and seals when the slot is empty, so every release is one "
-           "update" if learner.update == "single" else "every candidate, permuted with OS entropy")
+        "once its wake slot is complete, in slot order, exactly once, signed ("
+        + ("the least-key candidate sealed to the key the slot's model names, or a dummy it derives and seals to that "
+           "key when the slot is empty, so every release is one update of one size and key id"
+           if learner.update == "single" else "every candidate sealed to the key the slot's model names, permuted with "
+           "OS entropy")
         + "); the analyzer sees the released updates only, with no client identity, wake slot or check-in",
-        f"client: her update is {local}-locally private against anyone, including a shuffler and analyzer that collude",
-        f"shuffler: holds no key that opens an update; it learns which slot each wake-slot client chose; if it colludes "
-        f"with the analyzer only the local guarantee {local} holds",
-        f"analyzer intrusion: its private key opens only the updates the shuffler released (on the messages topic "
-        f"they are inside boxes sealed to the shuffler) and no candidate waits in the analyzer, so one read of its "
-        f"memory or files plus all outputs is bounded by the output guarantee; an intrusion that also reads the "
-        f"shuffler's key or state is bounded by the local guarantee {local} only",
+        *parties(report.output, local, checkin=True),
+        all_honest("the clients of a window"),
+        "dishonest clients that win slots: a client who sends choice key 0 wins the slot she chooses, even if she "
+        "chooses it (and her record) from the published models; that cannot weaken an honest client's bound (proved: "
+        "panpriv.accounting.checkin.per_slot_epsilons, 'Dishonest clients'); a well-formed update that is not the "
+        "randomizer's output and is picked instead of an honest client's is outside the bound (gamma = 1)",
         "client dropout: a wake slot closes with the clients that arrived by the shuffler's public deadline; the "
         "output bound holds conditionally on every other client's check-in, so fewer clients do not weaken it",
     ]

@@ -31,14 +31,19 @@ class Family:
         ``"module:Class"`` of the analyzer: a class with ``REJECT_REASONS``, ``CHECKPOINT_FORMAT``,
         ``restore(data, keys)`` and a constructor ``(learner, keys, name)``.
     encoder
-        ``"module:Class"`` of the client's encoder (what ``panpriv encode`` and applications use).
+        ``"module:Class"`` of the client's encoder (what ``panpriv encode`` and applications use): a
+        constructor ``(analyzer public key, shuffler public key, model, max_local_epsilon)`` — every
+        family's messages are sealed to the analyzer, then to the shuffler
+        (:mod:`panpriv.streamer.esa.wire`), so every deployment has a shuffler key pair
+        (``panpriv keygen --role shuffler``).
     client
         How users take part: ``"per-round"`` (each user answers one round: one message, or m shares),
         ``"every-round"`` (every user answers each of T rounds, keeping a state file), ``"check-in"``
-        (each user checks in once, sealing to the shuffler too: ``--shuffler-key``).
+        (each user checks in once, at her wake slot).
     shuffler
-        What ``panpriv shuffle`` releases: ``"messages"``, ``"shares"`` (``--shares M``: units of M
-        shares) or ``"slots"`` (``--checkin``: per-slot releases).
+        What ``panpriv shuffle`` releases, as signed batches of units (:mod:`panpriv.streamer.esa.batches`):
+        ``"messages"`` (one unit per message), ``"shares"`` (``--shares M``: the M share units of
+        each message) or ``"slots"`` (``--checkin``: per-slot releases, each sealed to its slot's key).
     batch_option
         The learner's constructor parameter that ``panpriv analyze --batch-size`` sets (the users of
         a round: ``batch_size``; ``n`` for ``shuffle-gd``, whose rounds ask every user;

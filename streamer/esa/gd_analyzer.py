@@ -4,7 +4,8 @@ summation (Ishai et al. 2006, :mod:`panpriv.protocols.secure_sum`; :mod:`panpriv
 
 Round t of ``shuffle-gd`` is a secure-sum round of **all n users** (the shuffler's threshold is n,
 ``panpriv shuffle --batch-size n --shares m``): each user sends her PVEC count vector at θ_t as m
-sealed shares (:mod:`panpriv.streamer.esa.gd_client`), the analyzer sums the n·m units mod q, checks the
+shares, each sealed to the analyzer and the m together to the shuffler
+(:mod:`panpriv.streamer.esa.gd_client`), the analyzer sums the n·m units mod q, checks the
 range and gives the totals to :meth:`panpriv.protocols.shuffle_base.EncodedLearner.learn_totals` — the
 in-process learner's own analysis and projected gradient step — and publishes θ_{t+1}. It is
 :class:`~panpriv.streamer.esa.sum_analyzer.SumAnalyzer` with three differences:
@@ -25,7 +26,7 @@ in-process learner's own analysis and projected gradient step — and publishes 
   users' counts): so it is one of the T rounds — charged, counted in the statement — and the
   learner takes T minus the skipped rounds' steps. The model record after it repeats θ.
 
-Checkpoints (``panpriv-esa-gd-analyzer/1``) name the learner; the step adds no noise, so a round
+Checkpoints (``panpriv-esa-gd-analyzer/2``) name the learner; the step adds no noise, so a round
 re-analysed after a SIGKILL is the dead process's computation bit for bit and the round charged
 but not checkpointed is found in the store and not charged again (:mod:`panpriv.streamer.esa.analyze_service`).
 """
@@ -38,16 +39,23 @@ from typing import Any
 from nacl.public import PrivateKey
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.protocols.secure_sum import added_delta
+from panpriv.protocols.secure_sum import SumPlan, added_delta
 from panpriv.protocols.shuffle_gd import ROUND_MARGIN, ShuffleGD, composed
 from panpriv.streamer.budget.units import ChargeUnit, UsersPerRound
 from panpriv.streamer.esa import wire
-from panpriv.streamer.esa.analyzer import decode_state
-from panpriv.streamer.esa.deployment import DEPLOYMENT, REFERENCE, SECURE_SUM_REFERENCE, secure_sum_statement
+from panpriv.streamer.esa.analyzer import check_format, decode_state
+from panpriv.streamer.esa.deployment import (
+    DEPLOYMENT,
+    REFERENCE,
+    SECURE_SUM_REFERENCE,
+    honest_users_line,
+    parties,
+    secure_sum_statement,
+)
 from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 from panpriv.streamer.runtime.learners import restore_learner
 
-CHECKPOINT_FORMAT = "panpriv-esa-gd-analyzer/1"
+CHECKPOINT_FORMAT = "panpriv-esa-gd-analyzer/2"
 
 
 def local_over_rounds(learner: ShuffleGD, rounds: int) -> Guarantee:
@@ -59,48 +67,45 @@ def local_over_rounds(learner: ShuffleGD, rounds: int) -> Guarantee:
     return composed(one.epsilon, one.delta, rounds, learner.slack)
 
 
-def gd_report(learner: ShuffleGD, users: int, shares: int, bits: int, tau: float, answered: int,
-              skipped: int = 0) -> PrivacyReport:
+def gd_report(learner: ShuffleGD, plan: SumPlan, answered: int, skipped: int = 0) -> PrivacyReport:
     """The statement of a ``shuffle-gd`` deployment in three roles after ``answered`` rounds.
 
-    - **output**: each round is (ε₀, δ₀ + (1 + e^ε₀)·τ)-DP given the earlier rounds (PVEC's totals
-      are (ε₀, δ₀)-DP, Cheu et al. 2022 Thm 3.2; the round's shuffled shares are within τ of a
-      function of the totals, and the hybrid argument of :mod:`panpriv.protocols.secure_sum` adds
-      (1 + e^ε₀)·τ), and a user takes part in every round: the adaptive composition of
-      ``answered`` such rounds, the better of basic and advanced composition (Dwork & Roth 2014,
-      Thms 3.16, 3.20; the learner's own :meth:`ShuffleGD.composed_guarantee`). Both compositions
-      add the per-round δ linearly, so τ costs answered·(1 + e^ε₀)·τ in δ.
-    - **intrusion** into the analyzer, and the shuffler **colluding** with it: they link each
-      user's m shares of every round (the messages topic holds them as one message per user and
-      round), so they see her T count vectors: the local guarantee of one PVEC message composed
-      over the T rounds she answers (at most T: her client refuses more).
+    - **output**, **intrusion** into the analyzer, **broker colluding with it**: each round is
+      (ε₀, δ₀ + (1 + e^ε₀)·τ)-DP given the earlier rounds (PVEC's totals are (ε₀, δ₀)-DP, Cheu et
+      al. 2022 Thm 3.2; the round's shuffled shares are within τ of a function of the totals, and
+      the hybrid argument of :mod:`panpriv.protocols.secure_sum` adds (1 + e^ε₀)·τ), and a user
+      takes part in every round: the adaptive composition of ``answered`` such rounds, the better
+      of basic and advanced composition (Dwork & Roth 2014, Thms 3.16, 3.20; the learner's own
+      :meth:`ShuffleGD.composed_guarantee`). Both compositions add the per-round δ linearly, so τ
+      costs answered·(1 + e^ε₀)·τ in δ. The messages topic holds each user's m shares of a round
+      as one message sealed to the shuffler: the analyzer's key does not link them.
+    - the shuffler **colluding** with the analyzer: they link each user's m shares of every round,
+      so they see her T count vectors: the local guarantee of one PVEC message composed over the T
+      rounds she answers (at most T: her client refuses more).
     """
     report = learner.privacy()
     epsilon0 = learner.vector_sum.epsilon
-    extra = added_delta(epsilon0, tau)
+    extra = added_delta(epsilon0, plan.tau)
     output = learner.composed_guarantee(answered, extra)
     rounds = learner.planned_rounds
     local = local_over_rounds(learner, rounds)
     roles = [
         f"deployment: {DEPLOYMENT} (Encode-Shuffle-Analyze) over secure summation, fully interactive: each of the "
-        f"n = {users} users answers each of the T = {rounds} rounds at that round's public model, splitting her PVEC "
-        f"count vector into m = {shares} additive shares in Z_q^d, q = 2^{bits}, each sealed separately to the "
-        "analyzer's key; a separate shuffler releases a round only with all n users and permutes the n*m shares "
-        "with OS entropy; the analyzer sums them mod q",
+        f"n = {plan.users} users answers each of the T = {rounds} rounds at that round's public model, splitting her "
+        f"PVEC count vector into m = {plan.shares} additive shares in Z_q^d, q = 2^{plan.bits}, each sealed separately "
+        "to the analyzer's key and the m together to the shuffler's; a separate shuffler removes its layer, releases a "
+        "round only with all n users, permutes the n*m shares with OS entropy and signs the batch; the analyzer sums "
+        "them mod q",
         f"composition: {answered} of T = {rounds} rounds analysed ({skipped} of them skipped as invalid, charged all the "
         f"same); each round is (eps0, delta0 + (1 + e^eps0) tau) = ({epsilon0:.6g}, "
         f"{learner.vector_sum.delta:.3g} + {extra:.3g})-DP given the earlier rounds (secure summation: tau = "
-        f"{tau:.3g}, the bound proved in panpriv.protocols.secure_sum); the rounds compose adaptively (the better of basic "
-        f"and advanced composition with slack delta/(T + 1) = {learner.slack:.3g})",
-        f"client: each user answers each round at most once and at most T = {rounds} rounds (her client refuses "
-        "others, and any change of the plan), so her T count vectors are together "
-        f"{local}-locally private (PVEC's randomizer, composed over T) against anyone, including a shuffler and "
-        "analyzer that collude",
-        f"shuffler: holds no key that opens a share; if it colludes with the analyzer only the local guarantee {local} "
-        "over the T rounds holds",
-        f"analyzer intrusion: its private key opens the messages topic, where each user's m shares of a round are one "
-        f"message, so one read of its memory or files plus all outputs is bounded by the local guarantee {local} over "
-        "the T rounds",
+        f"{plan.tau:.3g}, the bound proved in panpriv.protocols.secure_sum); the rounds compose adaptively (the better "
+        f"of basic and advanced composition with slack delta/(T + 1) = {learner.slack:.3g})",
+        *parties(output, local),
+        f"client refusal rule: each user answers each round at most once and at most T = {rounds} rounds (her client "
+        "refuses others, and any change of the plan), so the local guarantee above is of her T count vectors together "
+        "(PVEC's randomizer, composed over T)",
+        honest_users_line(plan, learner.honest_fraction),
         "dropouts: a round is released only with all n users (the shuffler's threshold), so a user who drops out "
         "stalls the deployment; rounds are never released with fewer users",
         "malicious clients: a client can shift a round's sum by any amount mod q (utility only); a round whose sum "
@@ -111,7 +116,7 @@ def gd_report(learner: ShuffleGD, users: int, shares: int, bits: int, tau: float
     assumptions = [a for a in report.assumptions if not a.startswith("a trusted shuffler")
                    and "rounds started so far" not in a and not a.startswith("this figure already counts")
                    and not a.startswith("pan-privacy: the state holds")]
-    return secure_sum_statement(report, output, local, roles, assumptions)
+    return secure_sum_statement(report, output, roles, assumptions)
 
 
 class GDAnalyzer(SumAnalyzer):
@@ -167,18 +172,16 @@ class GDAnalyzer(SumAnalyzer):
         """The ledger report of round ``round_`` (0-based): its increment of the composed output
         guarantee, rounded up by a relative :data:`panpriv.protocols.shuffle_gd.ROUND_MARGIN` (so the
         ledger's basic composition of the increments telescopes to :func:`gd_report`'s output,
-        never below it); intrusion: the increment composed with the local guarantee over T rounds
-        (the ledger's rule max_j[intrusion_j + Σ_{i≠j} output_i] then gives output ⊕ local_T)."""
+        never below it); intrusion: the same increment (:func:`gd_report`: an intrusion into the
+        analyzer sees what the output guarantee covers)."""
         before, after = self.composed_output(round_), self.composed_output(round_ + 1)
         increment = Guarantee((after.epsilon - before.epsilon) * (1.0 + ROUND_MARGIN),
                               min(1.0, (after.delta - before.delta) * (1.0 + ROUND_MARGIN)))
-        local = local_over_rounds(self.learner, self.rounds)
-        intrusion = increment.compose(local) if local.is_meaningful else Guarantee.none()
         return PrivacyReport(
             mechanism=self.learner.name,
             records=self.users,
             output=increment,
-            intrusion=intrusion,
+            intrusion=increment,
             assumptions=(f"round {round_ + 1} of T = {self.rounds} of the E-S-A deployment {self.name}: the increment of "
                          "the composed guarantee, charged to every user of the data set",),
             references=("Cheu et al. 2022, Lemma B.6", "Dwork & Roth 2014, Thm 3.20", REFERENCE, SECURE_SUM_REFERENCE),
@@ -202,14 +205,15 @@ class GDAnalyzer(SumAnalyzer):
 
     def report(self) -> PrivacyReport:
         """:func:`gd_report` after the rounds analysed so far."""
-        return gd_report(self.learner, self.users, self.shares, self.bits, self.tau, self.round, self.skipped)
+        return gd_report(self.learner, self.plan, self.round, self.skipped)
 
     def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:
         return {**super().checkpoint(privacy), "format": CHECKPOINT_FORMAT}
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> GDAnalyzer:
-        if data.get("format") != CHECKPOINT_FORMAT or data.get("learner") != ShuffleGD.name:
+        check_format(data, CHECKPOINT_FORMAT, "a shuffle-gd analyzer checkpoint")
+        if data.get("learner") != ShuffleGD.name:
             raise ValueError(f"not a shuffle-gd analyzer checkpoint ({CHECKPOINT_FORMAT})")
         learner = restore_learner(ShuffleGD.name, data["config"], decode_state(data["state"]), None)
         assert isinstance(learner, ShuffleGD)

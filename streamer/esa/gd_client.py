@@ -84,9 +84,9 @@ class GDEncoder(SharesEncoder):
 
     learners: ClassVar[tuple[str, ...]] = learners_with(client="every-round")
 
-    def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
-                 max_epsilon: float | None = None, rng: RngLike = None) -> None:
-        super().__init__(public_key, model, max_local_epsilon, rng)
+    def __init__(self, public_key: PublicKey, shuffler_key: PublicKey, model: ModelRecord,
+                 max_local_epsilon: float | None = None, max_epsilon: float | None = None, rng: RngLike = None) -> None:
+        super().__init__(public_key, shuffler_key, model, max_local_epsilon, rng)
         cal = model.calibration
         self.rounds = int(cal["rounds"])
         self.users = int(cal["batch_size"])
@@ -176,8 +176,8 @@ class GDClients:
 
     Parameters
     ----------
-    public_key
-        The analyzer's public key.
+    public_key, shuffler_key
+        The analyzer's and the shuffler's public keys.
     X, y
         The users' records, one row each (a real client: one row).
     state
@@ -188,9 +188,10 @@ class GDClients:
         ``None``: OS entropy (the deployment); a seed or generator: tests only.
     """
 
-    def __init__(self, public_key: PublicKey, X: Array, y: Array, state: AnsweredRounds | None = None,
-                 max_local_epsilon: float | None = None, max_epsilon: float | None = None, rng: RngLike = None) -> None:
-        self.public_key = public_key
+    def __init__(self, public_key: PublicKey, shuffler_key: PublicKey, X: Array, y: Array,
+                 state: AnsweredRounds | None = None, max_local_epsilon: float | None = None,
+                 max_epsilon: float | None = None, rng: RngLike = None) -> None:
+        self.public_key, self.shuffler_key = public_key, shuffler_key
         self.X, self.y = X, y
         self.state = state or AnsweredRounds()
         self.max_local_epsilon, self.max_epsilon = max_local_epsilon, max_epsilon
@@ -200,7 +201,7 @@ class GDClients:
     def answer(self, model: ModelRecord) -> list[bytes]:
         """The users' share messages for ``model``'s round, or :class:`RefusedModel` (nothing
         recorded, nothing computed) if the rule of the module docstring forbids it."""
-        encoder = GDEncoder(self.public_key, model, self.max_local_epsilon, self.max_epsilon, self.rng)
+        encoder = GDEncoder(self.public_key, self.shuffler_key, model, self.max_local_epsilon, self.max_epsilon, self.rng)
         if len(self.y) > encoder.users:
             raise RefusedModel(f"{len(self.y)} users here, the plan has n = {encoder.users}")
         self.state.check(model, encoder.rounds)

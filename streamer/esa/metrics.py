@@ -15,8 +15,8 @@ Analyzer series
 ``panpriv_esa_messages_total``
     Messages accepted: opened, valid, and averaged into a step.
 ``panpriv_esa_rejected_total{reason}``
-    Messages (per-message reasons) and batch records (per-batch reasons) rejected, by reason
-    (:data:`panpriv.streamer.esa.analyzer.REJECT_REASONS`).
+    Units (per-unit reasons) and batch records (per-batch reasons: unsigned, forged, replayed, out
+    of order, duplicated…) rejected, by reason (:data:`panpriv.streamer.esa.analyzer.REJECT_REASONS`).
 ``panpriv_esa_round``
     The round whose model is published (the next one to analyse).
 ``panpriv_last_checkpoint_timestamp_seconds``
@@ -36,7 +36,8 @@ Analyzer series
 Shuffler series
 ---------------
 ``panpriv_esa_shuffler_rounds_released_total``, ``panpriv_esa_shuffler_messages_released_total``
-    Rounds released (acknowledged on the shuffled topic) and the messages in them.
+    Rounds released (acknowledged on the shuffled topic) and the units in them (a message's, or
+    each of a user's m shares).
 ``panpriv_esa_shuffler_waiting_messages``
     Messages held for rounds not yet complete.
 ``panpriv_esa_shuffler_dropped_total{reason}``

@@ -4,13 +4,20 @@ round t's users answer at the model θ_t).
 
 One JSON value per round, keyed ``<deployment>`` so that compaction keeps the latest::
 
-    {"format": "panpriv-esa-model/1", "learner": "shuffle-gaussian", "deployment": "...",
+    {"format": "panpriv-esa-model/2", "learner": "shuffle-gaussian", "deployment": "...",
      "round": t, "theta": [...], "calibration": {...}, "key_id": "<hex>",
      "local_guarantee": [eps0, delta]}
 
 Everything in it is public: θ_t is post-processing of earlier rounds' shuffled messages, the
 calibration is configuration. Clients read the topic to its end and use the record with the
 highest round (:func:`latest`).
+
+Format 2 is that of onion-sealed messages (:mod:`panpriv.streamer.esa.wire`): a client of the format
+before refuses it (so it never sends a message sealed to the analyzer alone to a deployment whose
+statement counts on onion sealing), and a client of this format refuses a record of format 1
+(:class:`UnknownModelFormat`, naming the upgrade). On the topic such a record is skipped like any
+record that does not parse (a migrated deployment's newer records follow it); a watcher that found
+no record of this format but one of the format before refuses (:class:`ModelWatcher`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-FORMAT = "panpriv-esa-model/1"
+FORMAT = "panpriv-esa-model/2"
+LEGACY_FORMAT = "panpriv-esa-model/1"
+
+
+class UnknownModelFormat(ValueError):
+    """A model record of another format (one written before onion sealing: the analyzer needs upgrading)."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +68,12 @@ class ModelRecord:
     @classmethod
     def from_json(cls, data: bytes) -> ModelRecord:
         value = json.loads(data)
+        if value.get("format") == LEGACY_FORMAT:
+            raise UnknownModelFormat(f"the model topic holds {LEGACY_FORMAT} records, written by an analyzer from before "
+                                     "onion-sealed messages and signed batches: it must be upgraded (and the deployment "
+                                     "migrated) before this client answers")
         if value.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} record (format {value.get('format')!r})")
+            raise UnknownModelFormat(f"not a {FORMAT} record (format {value.get('format')!r})")
         theta = np.asarray(value["theta"], dtype=np.float64)
         if theta.shape != (int(value["calibration"]["params"]),):
             raise ValueError("model record: theta does not have the calibration's parameter count")
@@ -69,7 +85,9 @@ class ModelRecord:
 class ModelWatcher:
     """The record with the highest round on the model topic, read from its beginning
     (:class:`panpriv.streamer.kafka.topic_reader.NewestRecord`: the caught-up rule; a malformed
-    record is skipped, not fatal).
+    record is skipped, not fatal). If the deployment has records of the format before onion sealing
+    only, :meth:`current` and :meth:`wait_for` raise :class:`UnknownModelFormat` (the analyzer is to
+    be upgraded) instead of returning nothing or timing out.
 
     Parameters
     ----------
@@ -87,11 +105,17 @@ class ModelWatcher:
         from panpriv.streamer.kafka.topic_reader import NewestRecord
 
         self.topic, self.deployment = topic, deployment
+        self.refused: UnknownModelFormat | None = None  # a record of this deployment in another format
         consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **options)
         self._newest = NewestRecord(consumer, topic, self._parse, lambda model: model.round)
 
     def _parse(self, value: bytes) -> ModelRecord | None:
-        model = ModelRecord.from_json(value)
+        try:
+            model = ModelRecord.from_json(value)
+        except UnknownModelFormat as exc:
+            if self.deployment is None or json.loads(value).get("deployment") == self.deployment:
+                self.refused = exc
+            raise
         return model if self.deployment is None or model.deployment == self.deployment else None
 
     @property
@@ -99,12 +123,22 @@ class ModelWatcher:
         return self._newest.newest
 
     def current(self, timeout_s: float = 10.0) -> ModelRecord | None:
-        """The newest record once the topic is read to its end."""
-        return self._newest.current(timeout_s)
+        """The newest record once the topic is read to its end (:class:`UnknownModelFormat` if the
+        deployment's records are all of another format)."""
+        newest = self._newest.current(timeout_s)
+        if newest is None and self.refused is not None:
+            raise self.refused
+        return newest
 
     def wait_for(self, at_least: int, timeout_s: float = 60.0) -> ModelRecord:
-        """The newest record once its round is ≥ ``at_least``; ``TimeoutError`` after ``timeout_s``."""
-        return self._newest.wait_for(at_least, timeout_s)
+        """The newest record once its round is ≥ ``at_least``; ``TimeoutError`` after ``timeout_s``
+        (:class:`UnknownModelFormat` if the deployment's records are all of another format)."""
+        try:
+            return self._newest.wait_for(at_least, timeout_s)
+        except TimeoutError:
+            if self._newest.newest is None and self.refused is not None:
+                raise self.refused from None
+            raise
 
     def close(self) -> None:
         self._newest.close()

@@ -5,24 +5,28 @@ over secure summation (Bittau et al. 2017 §3; Ishai et al. 2006 split and mix,
 :class:`~panpriv.protocols.shuffle_base.SequentialLearner` whose rounds all have the same size.
 
 Each user of round t sends her PVEC count vector c ∈ {0, …, g + b}^d as m additive shares in
-Z_q^d, each sealed on its own (:mod:`panpriv.streamer.esa.sum_client`); the shuffler releases the round
-at exactly B users as B·m permuted units (:mod:`panpriv.streamer.esa.shuffler`). For the batch of the
+Z_q^d, each sealed on its own to the analyzer and the m together to the shuffler
+(:mod:`panpriv.streamer.esa.sum_client`); the shuffler releases the round at exactly B users as B·m
+permuted units in a signed batch (:mod:`panpriv.streamer.esa.shuffler`). m and τ are computed for
+the ⌈γB⌉ honest users of the plan's ``honest_fraction`` γ
+(:func:`panpriv.protocols.secure_sum.round_plan`). For the batch of the
 current round the analyzer opens every unit, sums them mod q = 2^k (q > B(g + b), so the sum is
 the true per-coordinate total), checks every total lies in [0, B(g + b)], and gives the totals to
 :meth:`panpriv.protocols.shuffle_base.EncodedLearner.learn_totals` — the same A_VEC analysis and step
 (AC-SA, or projected SGD) the in-process learner takes — then publishes round t + 1's model: its
 query point (θ^md, or θ_t) and what a client needs to answer it (:meth:`SumAnalyzer.model`).
 
-**Rejected, counted by reason**: per batch ``malformed_batch``, ``duplicate_batch``,
-``stale_round``, ``wrong_batch_size`` (not exactly B·m units), ``horizon_reached`` (the learner
-has used its n records); per unit ``malformed``, ``unknown_key``, ``undecryptable``,
-``round_mismatch``, ``duplicate_message``; per round ``invalid_units`` (some unit of the round
-did not open: without it the sum is a uniformly random value; counted once per round besides the
-unit's own reason), ``mixed_keys`` (units sealed to two of the analyzer's keys: the key id, in the
-clear, would split the round into smaller crowds) and ``out_of_range`` (a total
-outside [0, B(g + b)]: a malicious client shifted the sum, or a share was replaced). A shifted sum
-that stays in range is not detectable: a malicious client can bias a round's gradient (utility),
-never learn anything of the others. A round rejected as a whole is **skipped**: not learned, and
+**Rejected, counted by reason**: per batch record the refusals of every analyzer
+(:data:`panpriv.streamer.esa.analyzer.BATCH_REJECTS`: unsigned, forged, replayed, out of order,
+duplicated, or not exactly B·m units) and ``horizon_reached`` (the learner has used its n records);
+per unit ``malformed``, ``unknown_key``, ``undecryptable``, ``round_mismatch``,
+``duplicate_message``; per round ``invalid_units`` (some unit of the round did not open: without
+it the sum is a uniformly random value; counted once per round besides the unit's own reason),
+``mixed_keys`` (units sealed to two of the analyzer's keys: the key that opens a unit would split
+the round into smaller crowds) and ``out_of_range`` (a total outside [0, B(g + b)]: a malicious
+client shifted the sum, or a share was replaced). A shifted sum that stays in range is not
+detectable: a malicious client can bias a round's gradient (utility), never learn anything of the
+others. A round rejected as a whole is **skipped**: not learned, and
 the next round's model (same θ) is published so the deployment goes on; the learner then ends its
 horizon that many rounds later. An ``out_of_range`` round is charged to the budget first (whether
 a shifted sum leaves the range depends on the honest users' totals, so the skip is an output of
@@ -46,20 +50,18 @@ import numpy as np
 from nacl.public import PrivateKey
 
 from panpriv.accounting.ledger import PrivacyReport
-from panpriv.protocols.secure_sum import SECURITY_BITS, distance_bound, modulus_bits, recombine, shares_needed
+from panpriv.protocols.secure_sum import SECURITY_BITS, recombine, round_plan
 from panpriv.protocols.shuffle_base import SequentialLearner
 from panpriv.protocols.shuffle_gd import ShuffleGD
 from panpriv.streamer.esa import wire
-from panpriv.streamer.esa.analyzer import AnalyzerCore, decode_state
+from panpriv.streamer.esa.analyzer import BATCH_REJECTS, UNIT_REJECTS, AnalyzerCore, check_format, decode_state
 from panpriv.streamer.esa.deployment import sum_report
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.runtime.learners import restore_learner
 
-CHECKPOINT_FORMAT = "panpriv-esa-sum-analyzer/1"
+CHECKPOINT_FORMAT = "panpriv-esa-sum-analyzer/2"
 
-REJECT_REASONS = ("malformed_batch", "duplicate_batch", "stale_round", "wrong_batch_size", "horizon_reached",
-                  "malformed", "unknown_key", "undecryptable", "round_mismatch", "duplicate_message",
-                  "mixed_keys", "invalid_units", "out_of_range")
+REJECT_REASONS = (*BATCH_REJECTS, "horizon_reached", *UNIT_REJECTS, "mixed_keys", "invalid_units", "out_of_range")
 """Every reason :meth:`SumAnalyzer.handle` counts (module docstring)."""
 
 
@@ -87,10 +89,9 @@ class SumAnalyzer(AnalyzerCore):
         self._vector_sum = vector_sum = learner.vector_sums[sizes[0]]
         self.users, self.dim = vector_sum.n, vector_sum.d
         self.max_count = vector_sum.g + vector_sum.b
-        self.bits = modulus_bits(self.users, self.max_count)
-        self.shares = shares_needed(self.users, self.dim * self.bits, SECURITY_BITS)
-        self.tau = distance_bound(self.users, self.shares, self.dim * self.bits)
-        self._unit_size = wire.unit_size(self.dim)
+        self.plan = round_plan(self.users, vector_sum.parameters.noisy_users, self.dim, self.max_count)
+        self.bits, self.shares, self.tau = self.plan.bits, self.plan.shares, self.plan.tau
+        self._unit_size = wire.share_unit_size(self.dim)
         self.round = 0
         self.skipped = 0
 
@@ -110,10 +111,10 @@ class SumAnalyzer(AnalyzerCore):
         if batch is None:
             return False
         if self.finished:
-            self.rejected["horizon_reached"] += len(batch.messages)
+            self.rejected["horizon_reached"] += 1
             return False
-        if len(batch.messages) != self.users * self.shares:
-            self.rejected["wrong_batch_size"] += len(batch.messages)
+        if len(batch.units) != self.users * self.shares:
+            self.rejected["wrong_batch_size"] += 1
             return False
         learned = self._learn(batch)
         if learned is None:
@@ -166,16 +167,16 @@ class SumAnalyzer(AnalyzerCore):
 
     def _open(self, batch: wire.Batch) -> np.ndarray | None:
         """The batch's shares as rows (B·m, d); ``None`` if any unit fails (counted by reason)."""
-        rows = np.zeros((len(batch.messages), self.dim), dtype=np.uint32)
+        rows = np.zeros((len(batch.units), self.dim), dtype=np.uint32)
         seen: set[bytes] = set()
         keys: set[bytes] = set()
         valid = True
-        for k, item in enumerate(batch.messages):
+        for k, item in enumerate(batch.units):
             reason = self._open_one(item, batch.round, seen, keys, rows[k])
             if reason is not None:
                 self.rejected[reason] += 1
                 valid = False
-        if len(keys) > 1:  # the key id would split the round's units into smaller crowds
+        if len(keys) > 1:  # the key that opens a unit would split the round's units into smaller crowds
             self.rejected["mixed_keys"] += 1
             valid = False
         if not valid:
@@ -184,7 +185,7 @@ class SumAnalyzer(AnalyzerCore):
         return rows
 
     def _open_one(self, item: bytes, round_: int, seen: set[bytes], keys: set[bytes], out: np.ndarray) -> str | None:
-        opened = self._unseal(item, self._unit_size, wire.UNIT_MAGIC, round_, seen)
+        opened = self._unseal(item, self._unit_size, seen)
         if isinstance(opened, str):
             return opened
         plaintext, unit_key = opened
@@ -222,6 +223,7 @@ class SumAnalyzer(AnalyzerCore):
             "g": vector_sum.g,
             "b": vector_sum.b,
             "p": vector_sum.p,
+            "honest_users": self.plan.honest,
             "shares": self.shares,
             "modulus_bits": self.bits,
             "security_bits": SECURITY_BITS,
@@ -238,7 +240,7 @@ class SumAnalyzer(AnalyzerCore):
     def report(self) -> PrivacyReport:
         """The statement of this deployment (:func:`panpriv.streamer.esa.deployment.sum_report`)."""
         assert isinstance(self.learner, SequentialLearner)
-        return sum_report(self.learner, self.users, self.shares, self.bits, self.tau)
+        return sum_report(self.learner, self.plan)
 
     def checkpoint(self, privacy: PrivacyReport | None = None) -> dict[str, Any]:
         """:meth:`AnalyzerCore._checkpoint_fields` (no share, no key), the learner and the skipped rounds."""
@@ -247,10 +249,8 @@ class SumAnalyzer(AnalyzerCore):
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], keys: list[PrivateKey]) -> SumAnalyzer:
-        if data.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"not a secure-sum analyzer checkpoint ({CHECKPOINT_FORMAT})")
-        # Checkpoints written before shuffle-sgd was deployed name no learner: they are shuffle-acsa's.
-        learner = restore_learner(data.get("learner", "shuffle-acsa"), data["config"], decode_state(data["state"]), None)
+        check_format(data, CHECKPOINT_FORMAT, "a secure-sum analyzer checkpoint")
+        learner = restore_learner(data["learner"], data["config"], decode_state(data["state"]), None)
         if not isinstance(learner, SequentialLearner):
             raise ValueError(f"{learner.name}: not a learner of the secure-sum analyzer")
         analyzer = cls(learner, keys, data["name"], data.get("instance"))

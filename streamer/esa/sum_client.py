@@ -8,15 +8,19 @@ the Moreau envelope when the plan smooths) — :func:`panpriv.protocols.scratch.
 in-process learner uses; runs PVEC's local randomizer on it — :meth:`panpriv.protocols.encoder.VectorSum.randomize`,
 likewise — giving her count vector c ∈ {0, …, g + b}^d; splits c into m additive shares in
 Z_q^d (:func:`panpriv.protocols.secure_sum.split`, OS entropy); seals **each** share to the analyzer's
-public key on its own; and sends the m sealed shares as one message (:func:`panpriv.streamer.esa.wire.shares_message`).
+public key on its own (a unit); and sends the m units as one message sealed to the shuffler
+(:func:`panpriv.streamer.esa.wire.seal_message`), so her shares arrive together and nothing of them is
+readable on the messages topic.
 
 The client trusts the record for nothing it can recompute: it rebuilds the PVEC instance from the
-record's (n, d, ε, δ, l2 bound, calibration) and refuses a record whose (g, b, p) differ, and it
-recomputes m and q from (n, d, g + b) at its own σ (:data:`panpriv.protocols.secure_sum.SECURITY_BITS`).
+record's (n, d, ε, δ, l2 bound, calibration, honest fraction γ) and refuses a record whose (g, b, p)
+differ, and it recomputes m and q from (n, ⌈γn⌉, d, g + b) at its own σ
+(:func:`panpriv.protocols.secure_sum.round_plan`, :data:`panpriv.protocols.secure_sum.SECURITY_BITS`).
 
 Her guarantees: against anyone, the local guarantee of PVEC's randomizer (a shuffler and an
-analyzer that collude can link her m shares); against the analyzer alone, PVEC's shuffle-model
-(ε, δ) plus the secure sum's (1 + e^ε)·τ (:func:`panpriv.streamer.esa.deployment.sum_report`).
+analyzer that collude can link her m shares); against the analyzer, alone or with the broker's
+operator, PVEC's shuffle-model (ε, δ) plus the secure sum's (1 + e^ε)·τ
+(:func:`panpriv.streamer.esa.deployment.sum_report`).
 
 This module imports ``protocols``, ``accounting``, numpy, PyNaCl and its siblings
 ``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``families`` only — none of the service (tested).
@@ -27,13 +31,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from nacl.public import PublicKey, SealedBox
+from nacl.public import PublicKey
 from numpy.typing import NDArray
 
 from panpriv.protocols import scratch
 from panpriv.protocols.encoder import VectorSum
 from panpriv.protocols.randomness import NoiseSource, RngLike
-from panpriv.protocols.secure_sum import SECURITY_BITS, modulus_bits, shares_needed, split
+from panpriv.protocols.secure_sum import SECURITY_BITS, round_plan, split
 from panpriv.protocols.shuffle_base import message_guarantee
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.client import ModelClient, RefusedModel
@@ -53,8 +57,8 @@ class SharesEncoder(ModelClient):
 
     Parameters
     ----------
-    public_key
-        The analyzer's public key (obtained out of band).
+    public_key, shuffler_key
+        The analyzer's and the shuffler's public keys (obtained out of band).
     model
         The round's model record.
     max_local_epsilon
@@ -67,9 +71,9 @@ class SharesEncoder(ModelClient):
     learners: ClassVar[tuple[str, ...]] = SUM_LEARNERS
     """The learners whose model records this encoder answers (``shuffle-gd``: :mod:`panpriv.streamer.esa.gd_client`)."""
 
-    def __init__(self, public_key: PublicKey, model: ModelRecord, max_local_epsilon: float | None = None,
-                 rng: RngLike = None) -> None:
-        super().__init__(public_key, model, self.learners)
+    def __init__(self, public_key: PublicKey, shuffler_key: PublicKey, model: ModelRecord,
+                 max_local_epsilon: float | None = None, rng: RngLike = None) -> None:
+        super().__init__(public_key, shuffler_key, model, self.learners)
         cal = model.calibration
         self.smoothing = None if cal["smoothing"] is None else float(cal["smoothing"])
         self.vector_sum = VectorSum(int(cal["batch_size"]), int(cal["params"]), float(cal["epsilon"]), float(cal["delta"]),
@@ -78,11 +82,13 @@ class SharesEncoder(ModelClient):
         if (self.vector_sum.g, self.vector_sum.b, self.vector_sum.p) != (cal["g"], cal["b"], cal["p"]):
             raise RefusedModel(f"the model's PVEC parameters (g, b, p) = ({cal['g']}, {cal['b']}, {cal['p']}) are not the "
                                f"({self.vector_sum.g}, {self.vector_sum.b}, {self.vector_sum.p}) its (epsilon, delta) give")
-        self.bits = modulus_bits(self.vector_sum.n, self.vector_sum.g + self.vector_sum.b)
-        self.shares = shares_needed(self.vector_sum.n, self.vector_sum.d * self.bits, SECURITY_BITS)
-        if (cal["shares"], cal["modulus_bits"]) != (self.shares, self.bits):
+        plan = round_plan(self.vector_sum.n, self.vector_sum.parameters.noisy_users, self.vector_sum.d,
+                          self.vector_sum.g + self.vector_sum.b)
+        self.bits, self.shares = plan.bits, plan.shares
+        if (cal["shares"], cal["modulus_bits"], cal["honest_users"]) != (self.shares, self.bits, plan.honest):
             raise RefusedModel(f"the model asks for {cal['shares']} shares mod 2^{cal['modulus_bits']}; this client needs "
-                               f"{self.shares} mod 2^{self.bits} for statistical distance 2^-{SECURITY_BITS}")
+                               f"{self.shares} mod 2^{self.bits} for statistical distance 2^-{SECURITY_BITS} among "
+                               f"{plan.honest} honest users")
         if max_local_epsilon is not None:
             local = message_guarantee(self.vector_sum, self.vector_sum.delta, max_local_epsilon)
             if local.epsilon > max_local_epsilon:
@@ -91,7 +97,6 @@ class SharesEncoder(ModelClient):
         if model.theta.shape != (self.vector_sum.d,):
             raise RefusedModel(f"theta has {model.theta.size} coordinates, the calibration {self.vector_sum.d}")
         self._theta = np.array(model.theta, dtype=np.float64)
-        self._box = SealedBox(public_key)
         self._noise = NoiseSource(rng)
         self.size = wire.shares_message_size(self.vector_sum.d, self.shares)
 
@@ -107,9 +112,10 @@ class SharesEncoder(ModelClient):
             counts.fill(0)
 
     def _message(self, counts: NDArray[np.unsignedinteger]) -> bytes:
+        """One user's m shares, each sealed to the analyzer, together sealed to the shuffler."""
         shares = split(counts, self.shares, self.bits)
         try:
-            sealed = [self._box.encrypt(wire.share_plaintext(self.round, share)) for share in shares]
+            units = [self._unit(wire.share_plaintext(self.round, share)) for share in shares]
         finally:
             shares.fill(0)
-        return wire.shares_message(self.round, self._key_id, sealed)
+        return self._seal(self.round, b"".join(units))

@@ -16,8 +16,9 @@ way, through :class:`RoleState`:
   checkpoint: the digest detects corruption, not an attacker who can rewrite the file.)
 * **Migrated.** A state written before sealing (panpriv 0.1: a bare JSON object) is recognised by
   the role's ``legacy`` rule (its ``format`` string, its exact keys), loaded with a warning and
-  sealed at its next save; anything else without an envelope is refused, and so is an envelope of
-  a later version (naming the version).
+  sealed at its next save (or refused naming the migration, where the role's rule says an earlier
+  state must not be resumed); anything else without an envelope is refused, and so is an envelope
+  of a later version (naming the version).
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ class RoleState:
         What the file holds (``esa-analyzer``, ``scaleout-worker``): an envelope of another kind is
         refused.
     legacy
-        Recognises a state written before sealing (an unsealed JSON object), to migrate it.
+        Recognises a state written before sealing (an unsealed JSON object), to migrate it; it may
+        instead raise :class:`CheckpointError` naming the migration for an earlier state that must
+        not be loaded (the E-S-A analyzer's: :func:`panpriv.streamer.esa.analyze_service.state_file`).
     fix
         What the user can do about a refused file (ends every refusal).
     """

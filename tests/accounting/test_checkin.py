@@ -311,3 +311,77 @@ def test_erlingsson_accepts_its_boundary() -> None:
 def test_invalid_parameters_name_the_parameter(call, name: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidParameterError, match=name):
         call()
+
+
+# --- dishonest clients that win slots, chosen from the published outputs ----------------------------
+
+
+def _adaptive_slot_losses(tables: dict, m: int, p0: float, block: dict, value: dict, compete: bool = False) -> np.ndarray:
+    """Max over histories of the per-slot privacy loss |log P(y_j | y_<j) − log Q(y_j | y_<j)| of
+    client 1 (record 0 vs 1, checking into one of m slots with probability p₀, alone otherwise: an
+    empty slot runs the dummy through the randomizer), against a dishonest client who, at every
+    slot j and history y_<j, decides ``block[(j, y_<j)]`` and sends the point mass
+    ``value[(j, y_<j)]``. ``compete=False``: she sends choice key 0 and wins the slot (client 1 is
+    not used there). ``compete=True`` (the case outside the bound): her update competes with a
+    uniform key and is picked instead of client 1's half the time."""
+
+    def law(x: int) -> dict:
+        out = {}
+        for ys in itertools.product((0, 1), repeat=m):
+            total = 0.0
+            for J in [None, *range(m)]:
+                probability = 1.0 - p0 if J is None else p0 / m
+                for j in range(m):
+                    history = ys[:j]
+                    rows = tables[(j, history)]
+                    point = 1.0 if ys[j] == value[(j, history)] else 0.0
+                    if block[(j, history)] and not compete:
+                        probability *= point
+                    elif block[(j, history)]:
+                        probability *= 0.5 * rows[x][ys[j]] + 0.5 * point if J == j else point
+                    else:
+                        probability *= rows[x][ys[j]] if J == j else rows[_DUMMY][ys[j]]
+                total += probability
+            out[ys] = total
+        return out
+
+    p_law, q_law = law(0), law(1)
+    worst = np.zeros(m)
+    for j in range(m):
+        p_prev, q_prev, p_now, q_now = _prefix(p_law, j), _prefix(q_law, j), _prefix(p_law, j + 1), _prefix(q_law, j + 1)
+        for ys in p_now:
+            if p_now[ys] > 0 and q_now[ys] > 0:
+                worst[j] = max(worst[j], abs(math.log(p_now[ys] / p_prev[ys[:j]]) - math.log(q_now[ys] / q_prev[ys[:j]])))
+            elif p_now[ys] != q_now[ys]:
+                worst[j] = math.inf
+    return worst
+
+
+@pytest.mark.parametrize(("seed", "p0"), [(5, 1.0), (6, 0.5), (7, 0.3)])
+def test_a_dishonest_client_who_wins_slots_adaptively_does_not_weaken_the_bound(seed: int, p0: float) -> None:
+    """The "key 0" claim for adaptive dishonest clients (panpriv.accounting.checkin.per_slot_epsilons,
+    "Dishonest clients"): over every deterministic strategy of a dishonest client who, at each of
+    m = 3 slots, decides from the published outputs so far whether to win the slot (choice key 0)
+    and what to release there — 2^7 × 2^7 strategies — client 1's per-slot loss stays within ε_k for
+    every history, with random adaptive ε₀-DP randomizers. Positive control (p₀ < 1, where the
+    bound is well below these randomizers' ε₀): the same client whose point-mass update *competes*
+    with client 1's (picked half the time) exceeds it."""
+    m = 3
+    rng = np.random.default_rng(seed)
+    tables, epsilon0 = _random_randomizer(rng, m, [0, 1, _DUMMY], 2, spread=0.6)
+    bound = per_slot_epsilons(epsilon0, p0, m)
+    keys = [(j, history) for j in range(m) for history in itertools.product((0, 1), repeat=j)]
+    worst = np.zeros(m)
+    for blocks in itertools.product((0, 1), repeat=len(keys)):
+        block = dict(zip(keys, blocks, strict=True))
+        for values in itertools.product((0, 1), repeat=len(keys)):
+            worst = np.maximum(worst, _adaptive_slot_losses(tables, m, p0, block, dict(zip(keys, values, strict=True))))
+    assert np.all(worst <= bound * (1 + 1e-12)), (worst, bound)
+    assert np.max(worst / bound) > 1 / 3, "the instance comes close to the bound"
+    if p0 == 1.0:
+        return
+    always = dict.fromkeys(keys, 1)
+    competing = max(float(np.max(_adaptive_slot_losses(tables, m, p0, always, dict(zip(keys, values, strict=True)),
+                                                       compete=True) / bound))
+                    for values in itertools.product((0, 1), repeat=len(keys)))
+    assert competing > 1.0, "an update that is not the randomizer's, picked instead of client 1's, is outside it"

@@ -9,15 +9,20 @@ Prometheus, with the alert rules and with the commands they run — no Docker ne
   one partition, the model topic is compacted;
 - the shuffler's batch size and message size (``--params``) are the analyzer learner's, and its
   ``--shares`` the secure sum's m; the shuffled topic admits a whole release;
-- keys: the one-shot keygen and the analyzer share the ``esa-keys`` volume at the analyzer's
-  ``--analyzer-keys`` directory, read-only for the analyzer; the shuffler mounts no key; the image
-  creates that directory owned by the service user with mode 0700; ``keygen --if-missing`` writes a
-  0600 key once and then leaves the directory alone;
+- keys: the one-shot keygens write the analyzer's key pair into ``esa-keys`` and the shuffler's into
+  ``esa-shuffler-keys``, each copying the public files into ``esa-public``; each private volume is
+  mounted, read-only, into its own role only (the analyzer never sees the shuffler's key, the
+  shuffler never the analyzer's); the analyzer reads the shuffler's verify key from ``esa-public``;
+  the image creates the private directories owned by the service user with mode 0700;
+  ``keygen --if-missing`` writes a 0600 key once and then leaves the directory alone;
+- the roles reach the broker on its SASL listener as their own principals (the Kafka ACLs:
+  tests/deploy/test_esa_acls.py);
 - the analyzer's checkpoint and budget store are on its named volume;
 - both roles serve metrics on the image's health-check port, which Prometheus scrapes under the
   compose service names; the budget alert's series are exported by the analyzer;
-- the analyzer's ``--max-epsilon`` admits one use of a round and refuses a second, and the budget
-  alert is quiet at one use (the ε the budget limits: finite ones, ``panpriv.accounting.budget.exceeds``).
+- the analyzer's ``--max-epsilon`` admits one use of a round and refuses a second — of the statement
+  it charges, whose intrusion guarantee is its output one — and the budget alert is quiet at one use
+  (the ε the budget limits: finite ones, ``panpriv.accounting.budget.exceeds``).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from panpriv.streamer.esa.metrics import AnalyzerMetrics
 from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 from panpriv.streamer.esa.sum_client import SUM_LEARNERS
 from tests.deploy.conftest import exported_names
-from tests.deploy.test_stack import PROMETHEUS_CONFIG, alert_rules, compose, dockerfile_instructions, load_yaml
+from tests.deploy.test_stack import PROMETHEUS_CONFIG, advertised, alert_rules, compose, dockerfile_instructions, load_yaml
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,8 @@ STACKS = (
     Stack("esa", "esa-init", "shuffler", "analyzer", "esa-analyzer-data"),
     Stack("esa-acsa", "esa-acsa-init", "shuffler-acsa", "analyzer-acsa", "esa-acsa-analyzer-data"),
 )
-ESA_SERVICES = ("esa-keygen", *(name for stack in STACKS for name in (stack.init, stack.shuffler, stack.analyzer)))
+KEYGENS = ("esa-keygen", "esa-shuffler-keygen")
+ESA_SERVICES = (*KEYGENS, *(name for stack in STACKS for name in (stack.init, stack.shuffler, stack.analyzer)))
 per_stack = pytest.mark.parametrize("stack", STACKS, ids=[stack.profile for stack in STACKS])
 
 
@@ -90,17 +96,18 @@ def analyzer_learner(stack: Stack) -> Any:
 def test_esa_services_are_in_their_profile_only_and_run_the_intended_commands(stack: Stack) -> None:
     for name in (stack.init, stack.shuffler, stack.analyzer):
         assert services()[name]["profiles"] == [stack.profile], name
-    assert services()["esa-keygen"]["profiles"] == [stack.profile for stack in STACKS]
-    for name in ("esa-keygen", stack.shuffler, stack.analyzer):
+    for keygen in KEYGENS:
+        assert services()[keygen]["profiles"] == [stack.profile for stack in STACKS]
+        assert parsed(keygen).handler is commands.cmd_keygen and parsed(keygen).if_missing
+    assert parsed("esa-shuffler-keygen").role == "shuffler" and parsed("esa-keygen").role == "analyzer"
+    for name in (*KEYGENS, stack.shuffler, stack.analyzer):
         assert services()[name]["image"] == services()["panpriv"]["image"]
     assert services()[stack.init]["image"] == services()["kafka"]["image"]
-    assert parsed("esa-keygen").handler is commands.cmd_keygen and parsed("esa-keygen").if_missing
     assert parsed(stack.shuffler).handler is commands.cmd_shuffle
     assert parsed(stack.analyzer).handler is commands.cmd_analyze
     for name in (stack.shuffler, stack.analyzer):
         assert services()[name]["restart"] == "on-failure"  # exit 0 (budget spent, SIGTERM) needs a person
-        assert [parsed(name).bootstrap] == [services()["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
-                                            .removeprefix("PLAINTEXT://")]
+        assert [parsed(name).bootstrap] == [advertised(services())["ESA"]], "the roles use the SASL listener"
 
 
 def test_the_stacks_share_no_topic_group_or_volume() -> None:
@@ -126,7 +133,8 @@ def test_the_init_container_creates_the_topics_the_roles_name(stack: Stack) -> N
     assert "--config cleanup.policy=compact" in model.group(1)
     assert script.startswith("set -e;")
     for name in (stack.shuffler, stack.analyzer):
-        assert services()[name]["depends_on"][stack.init]["condition"] == "service_completed_successfully"
+        acls = services()[name]["depends_on"][f"{stack.init.removesuffix('-init')}-acls"]
+        assert acls["condition"] == "service_completed_successfully", "roles start once their ACLs exist"
 
 
 @per_stack
@@ -141,30 +149,43 @@ def test_the_shuffler_releases_the_batches_the_analyzer_learns(stack: Stack) -> 
     summing = SumAnalyzer(learner, [PrivateKey.generate()], "deploy-check")
     assert shuffler.batch_size == analyzer.batch_size == summing.users
     assert shuffler.params == summing.dim and shuffler.shares == summing.shares
-    release = summing.users * summing.shares * wire.unit_size(summing.dim)
+    release = summing.users * summing.shares * wire.share_unit_size(summing.dim)
     limit = re.search(r"max\.message\.bytes=(\d+)", init_script(stack))
     assert limit is not None and int(limit.group(1)) >= release + 1024, "the shuffled topic must admit a release"
     assert str(summing.shares) in (Path(__file__).resolve().parents[2] / "deploy" / "docker-compose.yml").read_text()
 
 
-def test_keys_live_in_one_volume_private_to_the_analyzers(tmp_path: Path) -> None:
-    keygen = parsed("esa-keygen")
-    assert volumes("esa-keygen")[str(keygen.dir)] == "esa-keys"
+def test_each_private_key_lives_in_a_volume_only_its_role_mounts(tmp_path: Path) -> None:
+    analyzer_keygen, shuffler_keygen = parsed("esa-keygen"), parsed("esa-shuffler-keygen")
+    assert volumes("esa-keygen")[str(analyzer_keygen.dir)] == "esa-keys"
+    assert volumes("esa-shuffler-keygen")[str(shuffler_keygen.dir)] == "esa-shuffler-keys"
+    public = str(analyzer_keygen.public_dir)
+    assert str(shuffler_keygen.public_dir) == public
+    assert volumes("esa-keygen")[public] == volumes("esa-shuffler-keygen")[public] == "esa-public"
     for stack in STACKS:
-        key_dir = str(parsed(stack.analyzer).analyzer_keys)
-        assert key_dir == str(keygen.dir)
-        assert volumes(stack.analyzer)[key_dir] == "esa-keys:ro"
-        assert "volumes" not in services()[stack.shuffler], "the shuffler holds no key"
-        assert services()[stack.analyzer]["depends_on"]["esa-keygen"]["condition"] == "service_completed_successfully"
-    key_dir = str(keygen.dir)
+        analyzer, shuffler = parsed(stack.analyzer), parsed(stack.shuffler)
+        assert str(analyzer.analyzer_keys) == str(analyzer_keygen.dir)
+        assert volumes(stack.analyzer)[str(analyzer.analyzer_keys)] == "esa-keys:ro"
+        assert [str(p) for p in analyzer.shuffler_verify_key] == [public] and volumes(stack.analyzer)[public] == "esa-public:ro"
+        assert str(shuffler.shuffler_key) == str(shuffler_keygen.dir)
+        assert volumes(stack.shuffler) == {str(shuffler_keygen.dir): "esa-shuffler-keys:ro"}, "the shuffler: its key only"
+        assert "esa-shuffler-keys" not in " ".join(volumes(stack.analyzer).values()), "the analyzer never sees it"
+        for keygen in KEYGENS:
+            assert services()[stack.analyzer]["depends_on"][keygen]["condition"] == "service_completed_successfully"
+        assert services()[stack.shuffler]["depends_on"]["esa-shuffler-keygen"]["condition"] == "service_completed_successfully"
     run = " ".join(args for name, args in dockerfile_instructions() if name == "RUN")
-    assert key_dir in run and re.search(rf"chown panpriv:panpriv [^&]*{re.escape(key_dir)}", run)
-    assert f"chmod 0700 {key_dir}" in run
-    # What the keygen container does, on a directory of this machine: a 0600 key once, then nothing.
-    args = build_parser().parse_args(["keygen", str(tmp_path / "keys"), "--if-missing"])
-    assert args.handler(args) == 0 and args.handler(args) == 0
-    keys = list((tmp_path / "keys").glob("analyzer-*.key"))
-    assert len(keys) == 1 and stat.S_IMODE(keys[0].stat().st_mode) == 0o600
+    for key_dir in (str(analyzer_keygen.dir), str(shuffler_keygen.dir)):
+        assert key_dir in run and re.search(rf"chown panpriv:panpriv [^&]*{re.escape(key_dir)}", run)
+        assert re.search(rf"chmod 0700 [^&]*{re.escape(key_dir)}", run)
+    # What the keygen containers do, on a directory of this machine: a 0600 key once, then nothing;
+    # the public files beside the public directory, never a private one.
+    for role in ("analyzer", "shuffler"):
+        args = build_parser().parse_args(["keygen", str(tmp_path / role), "--role", role, "--if-missing",
+                                          "--public-dir", str(tmp_path / "public")])
+        assert args.handler(args) == 0 and args.handler(args) == 0
+        keys = list((tmp_path / role).glob(f"{role}-*.key"))
+        assert len(keys) == 1 and stat.S_IMODE(keys[0].stat().st_mode) == 0o600
+    assert sorted(p.suffix for p in (tmp_path / "public").iterdir()) == [".pub", ".pub", ".verify"]
 
 
 @per_stack
@@ -204,9 +225,14 @@ def test_the_budget_alert_covers_the_analyzer() -> None:
 @per_stack
 def test_max_epsilon_admits_one_use_of_a_round_and_not_a_second(stack: Stack) -> None:
     """The budget limits finite ε (panpriv.accounting.budget.exceeds): one use costs the larger finite ε of
-    the output and the intrusion guarantee, a second use adds the output's (basic composition)."""
+    the output and the intrusion guarantee of the statement the analyzer charges, a second use adds
+    the output's (basic composition)."""
+    from panpriv.streamer.esa.analyzer import Analyzer
+
     analyzer = parsed(stack.analyzer)
-    report = analyzer_learner(stack).privacy()
+    learner = analyzer_learner(stack)
+    role = SumAnalyzer if analyzer.learner in SUM_LEARNERS else Analyzer
+    report = role(learner, [PrivateKey.generate()], "deploy-check").report()
     finite = [g.epsilon for g in (report.output, report.intrusion) if math.isfinite(g.epsilon)]
     one = max(finite)
     two = (report.intrusion.epsilon if math.isfinite(report.intrusion.epsilon) else report.output.epsilon) + report.output.epsilon
@@ -214,9 +240,11 @@ def test_max_epsilon_admits_one_use_of_a_round_and_not_a_second(stack: Stack) ->
     threshold = float(re.findall(r">\s*([0-9.]+)", next(
         r["expr"] for r in alert_rules() if r["alert"] == "PanprivPrivacyBudgetHigh"))[-1])
     assert one / analyzer.max_epsilon <= threshold, "the budget alert would fire on the first use"
-    if math.isfinite(report.intrusion.epsilon):
-        comment = (Path(__file__).resolve().parents[2] / "deploy" / "docker-compose.yml").read_text()
-        assert f"{report.intrusion.epsilon:.3g}" in comment, "the compose comment states the local epsilon0"
+    comment = (Path(__file__).resolve().parents[2] / "deploy" / "docker-compose.yml").read_text()
+    stated = f"{round(report.output.epsilon, 2):g}"
+    assert f"max-epsilon {analyzer.max_epsilon:g}: one use of each round (epsilon {stated}" in comment \
+        or f"max-epsilon {analyzer.max_epsilon:g} admits one use of each round (eps {stated})" in comment, \
+        "the compose comment states the epsilon of one use"
 
 
 @pytest.mark.parametrize("service", ESA_SERVICES)

@@ -57,6 +57,12 @@ def compose() -> dict[str, Any]:
     return load_yaml(COMPOSE)
 
 
+def advertised(services: dict[str, Any]) -> dict[str, str]:
+    """The broker's advertised listeners by name: ``{"PLAINTEXT": "kafka:9092", ...}``."""
+    pairs = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    return {name: address for name, address in (pair.split("://") for pair in pairs)}
+
+
 def alert_rules() -> list[dict[str, Any]]:
     return [rule for path in RULES for group in load_yaml(path)["groups"] for rule in group["rules"]]
 
@@ -344,7 +350,7 @@ def test_service_reads_the_initialised_topic_and_writes_to_its_volume() -> None:
     url = parse_kafka_url(config.source.url)
     init = services["kafka-init"]["command"]
     assert url.topics == [init[init.index("--topic") + 1]]
-    assert url.bootstrap == [services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].removeprefix("PLAINTEXT://")]
+    assert url.bootstrap == [advertised(services)["PLAINTEXT"]]
     volumes = dict(v.split(":")[:2][::-1] for v in services["panpriv"]["volumes"])
     assert volumes[str(config.out)] == "panpriv-data"
 
@@ -414,7 +420,7 @@ def test_scaleout_workers_and_coordinator_agree_on_topics_and_parse() -> None:
     assert f"--topic {w.gradients_topic} --partitions 1" in script
     assert f"--topic {w.model_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
     assert f"--topic {w.budget_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
-    assert [w.bootstrap] == [c.bootstrap] == [services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].removeprefix("PLAINTEXT://")]
+    assert [w.bootstrap] == [c.bootstrap] == [advertised(services)["PLAINTEXT"]]
     # Both roles serve /metrics on the image's health-check port, and Prometheus scrapes every replica there.
     image_port = int(re.search(r"PANPRIV_METRICS_PORT=(\d+)", dict(dockerfile_instructions())["ENV"]).group(1))
     jobs = {job["job_name"]: job for job in load_yaml(PROMETHEUS_CONFIG)["scrape_configs"]}

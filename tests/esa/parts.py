@@ -8,15 +8,44 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from nacl.public import PrivateKey, PublicKey, SealedBox
 
 from panpriv.streamer.esa import wire
+from panpriv.streamer.esa.batches import BatchSigner, BatchVerifier
+from panpriv.streamer.esa.keys import KeyFiles, ShufflerKeys, generate, key_id, load_private, load_shuffler
 from tests.realparts import KafkaBroker, ManagedProcess, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+
+DEPLOYMENT_ID = "esa:cluster=test/messages"
+"""The deployment id of the in-process tests (a data key: ``esa:<cluster>/<messages topic>``)."""
+
+
+def shuffler_keys() -> ShufflerKeys:
+    """A fresh shuffler key (box and signing key)."""
+    return ShufflerKeys.from_private(PrivateKey.generate())
+
+
+def signed(keys: ShufflerKeys, round_: int, units: list[bytes], deployment: str = DEPLOYMENT_ID) -> bytes:
+    """The batch record the shuffler holding ``keys`` releases for ``units`` as ``round_``."""
+    return BatchSigner(keys, deployment).record(round_, units)
+
+
+def bound(analyzer: Any, keys: ShufflerKeys, deployment: str = DEPLOYMENT_ID) -> Any:
+    """``analyzer`` accepting the batches ``keys`` signs for ``deployment`` (what the service binds)."""
+    analyzer.bind(BatchVerifier([keys.verify_key], deployment))
+    return analyzer
+
+
+def key_pairs(tmp_path: Path) -> tuple[KeyFiles, KeyFiles]:
+    """An analyzer and a shuffler key pair in ``tmp_path/keys``."""
+    return generate(tmp_path / "keys"), generate(tmp_path / "keys", "shuffler")
 
 
 def analyzer_state(path: Path) -> dict:
@@ -37,28 +66,32 @@ def panpriv(args: list[str], log: Path) -> ManagedProcess:
     return ManagedProcess([sys.executable, "-m", "panpriv", *args], log, env())
 
 
-def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
-                   rounds: int, log: str = "analyzer.log", learner: Sequence[str] = (), epsilon: float = 4.0,
+def start_analyzer(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keys: tuple[KeyFiles, KeyFiles], dim: int,
+                   b: int, rounds: int, log: str = "analyzer.log", learner: Sequence[str] = (), epsilon: float = 4.0,
                    delta: float = 1e-5) -> ManagedProcess:
     """``panpriv analyze`` checkpointing to ``tmp_path/analyzer`` (``learner``: more arguments,
-    e.g. ``--learner shuffle-acsa --horizon N``); logistic loss, radius √dim, ``rounds`` rounds."""
+    e.g. ``--learner shuffle-acsa --horizon N``); logistic loss, radius √dim, ``rounds`` rounds;
+    ``keys``: the analyzer's and the shuffler's key files (:func:`key_pairs`)."""
+    analyzer, shuffler = keys
     return panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
                     "--model-topic", names["model"], "--messages-topic", names["messages"],
-                    "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(keyfile), "--out",
+                    "--shuffler-verify-key", str(shuffler.verify),
+                    "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(analyzer.private), "--out",
                     str(tmp_path / "analyzer"), "--dim", str(dim), "--batch-size", str(b), "--epsilon",
                     str(epsilon), "--delta", str(delta), "--max-rounds", str(rounds), *learner,
                     "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(dim)})], tmp_path / log)
 
 
-def roles(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keyfile: Path, dim: int, b: int,
-          rounds: int, params: int, learner: Sequence[str] = (), shares: int | None = None,
+def roles(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keys: tuple[KeyFiles, KeyFiles], dim: int,
+          b: int, rounds: int, params: int, learner: Sequence[str] = (), shares: int | None = None,
           epsilon: float = 4.0, delta: float = 1e-5) -> tuple[ManagedProcess, ManagedProcess]:
     """The shuffler (``--shares`` when given: a secure-sum learner) and :func:`start_analyzer`."""
     shuffler = panpriv(["shuffle", "--bootstrap", broker.bootstrap, "--messages-topic", names["messages"],
                         "--shuffled-topic", names["shuffled"], "--batch-size", str(b), "--params", str(params),
+                        "--shuffler-key", str(keys[1].private),
                         *(["--shares", str(shares)] if shares else []), "--group", f"shuffler-{names['messages']}"],
                        tmp_path / "shuffler.log")
-    return shuffler, start_analyzer(tmp_path, broker, names, keyfile, dim, b, rounds, learner=learner,
+    return shuffler, start_analyzer(tmp_path, broker, names, keys, dim, b, rounds, learner=learner,
                                     epsilon=epsilon, delta=delta)
 
 
@@ -69,8 +102,9 @@ def topics(broker: KafkaBroker, name: Callable[[str], str]) -> dict[str, str]:
             "model": broker.create_topic(name("esa-model"), compacted=True)}
 
 
-def read_values(bootstrap: str, topic: str, count: int, timeout_s: float, alive: Callable[[], None] | None = None) -> list[bytes]:
-    """The values of the first ``count`` records of ``topic`` (fails after ``timeout_s``)."""
+def read_records(bootstrap: str, topic: str, count: int, timeout_s: float,
+                 alive: Callable[[], None] | None = None) -> list[Any]:
+    """The first ``count`` records of ``topic`` with their metadata (fails after ``timeout_s``)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
@@ -78,19 +112,24 @@ def read_values(bootstrap: str, topic: str, count: int, timeout_s: float, alive:
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
-    values: list[bytes] = []
+    found: list[Any] = []
     deadline = time.monotonic() + timeout_s
     try:
-        while len(values) < count:
+        while len(found) < count:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(values)} of {count} records on {topic} after {timeout_s:g} s")
+                raise TimeoutError(f"{len(found)} of {count} records on {topic} after {timeout_s:g} s")
             if alive is not None:
                 alive()
             for records in consumer.poll(timeout_ms=200).values():
-                values += [r.value for r in records]
+                found += records
     finally:
         consumer.close()
-    return values[:count]
+    return found[:count]
+
+
+def read_values(bootstrap: str, topic: str, count: int, timeout_s: float, alive: Callable[[], None] | None = None) -> list[bytes]:
+    """The values of the first ``count`` records of ``topic`` (fails after ``timeout_s``)."""
+    return [record.value for record in read_records(bootstrap, topic, count, timeout_s, alive)]
 
 
 def read_batches(bootstrap: str, topic: str, count: int, timeout_s: float, alive: Callable[[], None] | None = None) -> list[wire.Batch]:
@@ -109,17 +148,27 @@ def count_records(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def fake_message(round_: int, ident: int, params: int) -> bytes:
-    """A well-framed message whose sealed part is an identifiable filler (the shuffler never opens it)."""
-    body = ident.to_bytes(8, "big") * ((wire.message_size(params) - 20) // 8)
-    return wire.message(round_, b"\0" * 8, body[: wire.message_size(params) - 20])
+def fake_unit(ident: int, size: int, share: int = 0) -> bytes:
+    """A well-framed unit whose sealed part is an identifiable filler (ident at bytes 12–20, the
+    share index at 20–28): the shuffler never opens a unit."""
+    filler = (ident.to_bytes(8, "big") + share.to_bytes(8, "big")) * (size // 16 + 1)
+    return wire.unit(b"\0" * 8, filler[: size - 12])
 
 
-def fake_shares_message(round_: int, ident: int, dim: int, shares: int) -> bytes:
-    """A well-framed share message whose m sealed parts are identifiable fillers (ident, share index)."""
-    size = wire.sealed_share_size(dim)
-    parts = [(ident.to_bytes(8, "big") + j.to_bytes(8, "big")) * (size // 16 + 1) for j in range(shares)]
-    return wire.shares_message(round_, b"\0" * 8, [part[:size] for part in parts])
+def unit_ident(unit: bytes) -> int:
+    """The ident of a :func:`fake_unit`."""
+    return int.from_bytes(unit[12:20], "big")
+
+
+def fake_message(round_: int, ident: int, params: int, shuffler: PublicKey) -> bytes:
+    """A message sealed to ``shuffler`` holding one :func:`fake_unit` of a ``params``-vector."""
+    return wire.seal_message(SealedBox(shuffler), key_id(shuffler), round_, fake_unit(ident, wire.vector_unit_size(params)))
+
+
+def fake_shares_message(round_: int, ident: int, dim: int, shares: int, shuffler: PublicKey) -> bytes:
+    """A share message sealed to ``shuffler`` holding ``shares`` :func:`fake_unit` s (ident, share index)."""
+    units = [fake_unit(ident, wire.share_unit_size(dim), j) for j in range(shares)]
+    return wire.seal_message(SealedBox(shuffler), key_id(shuffler), round_, b"".join(units))
 
 
 def send(bootstrap: str, topic: str, values: list[bytes]) -> None:
@@ -215,13 +264,129 @@ def kill_the_shuffler_twice(broker: KafkaBroker, names: dict[str, str], tmp_path
     return sent, batches
 
 
-def half_round_clients(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], public_key: Path, X: np.ndarray,
-                       y: np.ndarray, b: int) -> list[ManagedProcess]:
+def encode_args(broker: KafkaBroker, names: dict[str, str], keys: tuple[KeyFiles, KeyFiles], source: Path) -> list[str]:
+    """``panpriv encode`` of the records in ``source`` with both public keys."""
+    return ["encode", "--bootstrap", broker.bootstrap, "--model-topic", names["model"], "--messages-topic",
+            names["messages"], "--analyzer-key", str(keys[0].public), "--shuffler-key", str(keys[1].public),
+            "--source", str(source)]
+
+
+def half_round_clients(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keys: tuple[KeyFiles, KeyFiles],
+                       X: np.ndarray, y: np.ndarray, b: int) -> list[ManagedProcess]:
     """Two ``panpriv encode`` processes, each sending half of every round of ``b`` users (the
     records are dealt by position within the round), started now."""
     first = (np.arange(len(y)) % b) < b // 2
     files = [write_jsonl(tmp_path / "a.jsonl", X[first], y[first]), write_jsonl(tmp_path / "b.jsonl", X[~first], y[~first])]
-    return [panpriv(["encode", "--bootstrap", broker.bootstrap, "--model-topic", names["model"], "--messages-topic",
-                     names["messages"], "--analyzer-key", str(public_key), "--source", str(path), "--per-round",
-                     str(b // 2)], tmp_path / f"client{i}.log")
+    return [panpriv([*encode_args(broker, names, keys, path), "--per-round", str(b // 2)], tmp_path / f"client{i}.log")
             for i, path in enumerate(files)]
+
+
+def assert_unlinkable(messages: Sequence[bytes], batches: Sequence[Sequence[bytes]], analyzer_keys: Sequence[PrivateKey],
+                      owner: dict[bytes, int]) -> None:
+    """An adversary who reads the messages topic (``messages``, in offset order) and the shuffled
+    topic (``batches``: each released batch's units, in their released order) and holds the
+    analyzer's keys cannot link a unit to the message it came in:
+
+    - **bytes**: no unit shares a substring of 31 bytes or more with any message (every such
+      substring would contain one of the unit's 16-byte-aligned windows, none of which occurs at
+      any offset of any message);
+    - **keys**: the analyzer's keys open no message (the outer layer is sealed to the shuffler);
+    - **lengths**: all messages have one size, all units another;
+    - **order**: guessing that the k-th unit of a batch came in the k-th message of its round
+      (``owner``: unit → index in ``messages``, which only the test knows) is right no more often
+      than chance allows (a count of fixed points of a uniform shuffle: mean 1 per batch).
+    """
+    assert len({len(m) for m in messages}) == 1, "one message size"
+    units = [u for batch in batches for u in batch]
+    assert units and len({len(u) for u in units}) == 1, "one unit size"
+    windows = {u[i:i + 16] for u in units for i in range(0, len(u) - 15, 16)}
+    for message in messages:
+        assert not any(message[i:i + 16] in windows for i in range(len(message) - 15)), "a unit's bytes are in a message"
+    boxes = [SealedBox(key) for key in analyzer_keys]
+    for message in messages:
+        for box in boxes:
+            try:
+                box.decrypt(message[20:])
+            except Exception:  # noqa: BLE001 - CryptoError (or a short box): not opened, as required
+                continue
+            raise AssertionError("the analyzer's key opened a message of the messages topic")
+    fixed = 0
+    for batch in batches:
+        senders = sorted({owner[u] for u in batch})
+        rank = {sender: k for k, sender in enumerate(senders)}
+        per = len(batch) // max(1, len(senders))
+        fixed += sum(rank[owner[u]] == k // per for k, u in enumerate(batch))
+    expected = sum(len(batch) // max(1, len({owner[u] for u in batch})) for batch in batches if batch)
+    assert fixed <= expected + 6 * math.sqrt(expected) + 3, (fixed, expected)
+
+
+def assert_refuses_bad_batches(analyzer: Any, shuffler: ShufflerKeys, applied: bytes, units: list[bytes],
+                               charged: list[int]) -> None:
+    """Every record below is refused before anything of it is opened, charged or learned, counted
+    once by its reason, and the statement does not move. ``applied``: the record of the round the
+    analyzer applied last; ``units``: well-formed units the shuffler could release for the current
+    round; ``charged``: the rounds the analyzer's gate was asked for so far (it must not grow).
+
+    - ``old_format``: an unsigned batch of the format before signed batches;
+    - ``malformed_batch``: bytes that frame nothing;
+    - ``unknown_signer``: forged — signed by another key (the review's attack: one old valid unit
+      repeated b times labelled as the current round);
+    - ``bad_signature``: re-signed old — the applied batch's signature over the current round's
+      header; and a unit changed after signing;
+    - ``wrong_deployment``: the shuffler's batch for another deployment sharing its key;
+    - ``duplicate_batch``: the applied record again (a re-release after a crash);
+    - ``replayed_batch``: a signed batch of the applied round with other units;
+    - ``out_of_order``: a signed batch of the next round.
+    """
+    current = analyzer.round
+    previous = wire.parse_batch(applied)
+    repeated = [previous.units[0]] * len(units) if previous.units else list(units)
+    tampered = bytearray(signed(shuffler, current, units))
+    tampered[-1] ^= 1
+    other_units = [units[0], *previous.units[1:]] if len(previous.units) > 1 else list(units)
+    attempts = [
+        ("old_format", b"PPB1" + current.to_bytes(8, "big") + bytes(40)),
+        ("malformed_batch", b"junk"),
+        ("unknown_signer", signed(shuffler_keys(), current, repeated)),
+        ("bad_signature", wire.batch_record(previous.deployment, current, repeated, wire.batch_digest(current, repeated),
+                                            previous.signer_id, previous.signature)),
+        ("bad_signature", bytes(tampered)),
+        ("wrong_deployment", signed(shuffler, current, units, deployment="esa:cluster=test/another-deployment")),
+        ("duplicate_batch", applied),
+        ("replayed_batch", signed(shuffler, previous.round, other_units)),
+        ("out_of_order", signed(shuffler, current + 1, units)),
+    ]
+    report, theta, rejected = analyzer.report(), analyzer.learner.release().copy(), Counter(analyzer.rejected)
+    asked = list(charged)
+    for reason, record in attempts:
+        before = analyzer.rejected[reason]
+        assert not analyzer.handle(record), reason
+        assert analyzer.rejected[reason] == before + 1, (reason, dict(analyzer.rejected))
+    assert sum(analyzer.rejected.values()) - sum(rejected.values()) == len(attempts), "once per record, none per unit"
+    assert charged == asked and analyzer.round == current, "never charged, never learned"
+    np.testing.assert_array_equal(analyzer.learner.release(), theta)
+    after = analyzer.report()
+    assert (after.output, after.intrusion) == (report.output, report.intrusion), "the stated epsilon does not move"
+
+
+def units_inside(message: bytes, shuffler: ShufflerKeys, unit_size: int, count: int = 1) -> list[bytes]:
+    """The units inside ``message`` (what the shuffler holding ``shuffler`` takes out of it)."""
+    opened = wire.open_message(message, wire.message_size_for(count * unit_size), shuffler.key_id, SealedBox(shuffler.box))
+    assert not isinstance(opened, str), opened
+    return wire.split_units(opened[1], count, unit_size)
+
+
+def assert_unlinkable_on_the_broker(messages: list[Any], batches: list[Any], keys: tuple[KeyFiles, KeyFiles],
+                                    unit_size: int, count: int) -> None:
+    """Both topics as the broker's operator reads them (``messages``, ``batches``: Kafka records),
+    with the analyzer's key (:func:`assert_unlinkable`), and their metadata: the messages carry no
+    key, no header and the timestamp 0 the clients set; each batch is one record, so its units
+    share all of its metadata and are released together. ``count`` units of ``unit_size`` bytes per
+    message."""
+    shuffler = load_shuffler(keys[1].private)
+    values = [record.value for record in messages]
+    units = [list(wire.parse_batch(record.value).units) for record in batches]
+    owner = {unit: i for i, value in enumerate(values) for unit in units_inside(value, shuffler, unit_size, count)}
+    assert_unlinkable(values, units, [load_private(keys[0].private)], owner)
+    assert all(record.key is None and not record.headers and record.timestamp == 0 for record in messages)
+    assert len({record.offset for record in batches}) == len(batches) == len(units)

@@ -16,23 +16,24 @@ from nacl.public import PrivateKey
 from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.budget.store import BudgetExceededError, BudgetStore, describe_store
 from panpriv.streamer.budget.units import Rounds
-from panpriv.streamer.esa import wire
-from panpriv.streamer.esa.analyze_service import data_key, new_instance
+from panpriv.streamer.esa.analyze_service import new_instance
 from panpriv.streamer.esa.analyzer import Analyzer
-from panpriv.streamer.esa.client import Encoder
-from tests.esa.test_roles import B, learner, records
+from panpriv.streamer.esa.deployment import data_key
+from tests.esa import parts
+from tests.esa.test_roles import SHUFFLER, B, encoder, learner, records, shuffled
 
 KEY = data_key("cluster=test", "messages")
 
 
 def batches(key: PrivateKey, rounds: int) -> list[bytes]:
     """The shuffled batches of ``rounds`` rounds, encoded against a reference analyzer's models."""
-    reference = Analyzer(learner(), [key], "ref")
+    reference = parts.bound(Analyzer(learner(), [key], "ref"), SHUFFLER)
     X, y = records(B * rounds)
     out = []
     for t in range(rounds):
         rows = slice(t * B, (t + 1) * B)
-        value = wire.encode_batch(t, Encoder(key.public_key, reference.model()).encode(X[rows], y[rows]))
+        messages = encoder(key, reference.model()).encode(X[rows], y[rows])
+        value = parts.signed(SHUFFLER, t, shuffled(messages, t))
         assert reference.handle(value)
         out.append(value)
     return out
@@ -42,7 +43,7 @@ def charged(directory: Path, name: str, limit: float | None = None,
             store: Callable[[], Any] | None = None) -> tuple[Analyzer, BudgetSession]:
     """An analyzer of deployment ``name`` gated by the store in ``directory`` (or ``store()``),
     begun at round 0 (what ``panpriv analyze`` does: streamer/esa/analyze_service.py)."""
-    analyzer = Analyzer(learner(), [KEYPAIR], name, new_instance(name, "shuffle-gaussian"))
+    analyzer = parts.bound(Analyzer(learner(), [KEYPAIR], name, new_instance(name, "shuffle-gaussian")), SHUFFLER)
     assert analyzer.instance is not None
     opened = store() if store is not None else BudgetStore(directory)
     budget = BudgetSession(opened, directory / name, limit, run=analyzer.instance, unit=analyzer.charge_unit(KEY))
@@ -139,7 +140,7 @@ def test_a_round_charged_by_a_process_that_died_is_not_charged_twice(tmp_path: P
     saved = analyzer.checkpoint()
     assert analyzer.handle(BATCHES[1])  # charged [1, 2), then the "crash": the checkpoint is the old one
     theta = analyzer.learner.release().copy()
-    restored = Analyzer.restore(saved, [KEYPAIR])
+    restored = parts.bound(Analyzer.restore(saved, [KEYPAIR]), SHUFFLER)
     assert restored.instance == analyzer.instance and restored.round == 1
     again = BudgetSession(stores(), tmp_path / "first", run=str(restored.instance), unit=Rounds(KEY))
     again.begin_role("esa", restored.report(), step=restored.round)

@@ -42,22 +42,21 @@ def scan_an_esa_run(broker: KafkaBroker, names: dict[str, str], tmp_path: Path, 
                     shuffler_args: list[str]) -> None:
     """Run one client, the shuffler and the analyzer over B·ROUNDS known rows, then search the
     analyzer's memory and files for the rows (with the positive control of the module docstring)."""
-    key = generate(tmp_path / "keys")
+    keys = parts.key_pairs(tmp_path)
     X, y = parts.synthetic(B * ROUNDS, DIM, seed=5)
     source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
     out = tmp_path / "analyzer"
     shuffler = parts.panpriv(["shuffle", "--bootstrap", broker.bootstrap, "--messages-topic", names["messages"],
                               "--shuffled-topic", names["shuffled"], "--batch-size", str(B), "--params", str(DIM),
-                              *shuffler_args], tmp_path / "shuffler.log")
+                              "--shuffler-key", str(keys[1].private), *shuffler_args], tmp_path / "shuffler.log")
     analyzer = parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
                               "--model-topic", names["model"], "--messages-topic", names["messages"],
-                              "--state-dir", str(out / "budget"), "--analyzer-key", str(key.private), "--out", str(out),
+                              "--state-dir", str(out / "budget"), "--analyzer-key", str(keys[0].private), "--out", str(out),
+                              "--shuffler-verify-key", str(keys[1].verify),
                               "--dim", str(DIM), "--batch-size", str(B), "--epsilon", "2", "--delta", "1e-5",
                               "--options", json.dumps({"loss": "logistic", "radius": math.sqrt(DIM)}), *analyzer_args],
                              tmp_path / "analyzer.log")
-    client = parts.panpriv(["encode", "--bootstrap", broker.bootstrap, "--model-topic", names["model"],
-                            "--messages-topic", names["messages"], "--analyzer-key", str(key.public),
-                            "--source", str(source)], tmp_path / "client.log")
+    client = parts.panpriv(parts.encode_args(broker, names, keys, source), tmp_path / "client.log")
     holder = subprocess.Popen([sys.executable, "-c", "import json, time, numpy as np, sys; "
                                "X = np.array([json.loads(l)['x'] for l in open(sys.argv[1])]); "
                                "print('ready', flush=True); time.sleep(120)", str(source)],

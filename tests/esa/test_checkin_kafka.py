@@ -21,7 +21,7 @@ from panpriv.protocols.losses import LogisticLoss
 from panpriv.streamer.esa import checkin_wire, wire
 from panpriv.streamer.esa.checkin_analyzer import CheckinAnalyzer
 from panpriv.streamer.esa.checkin_client import CheckinEncoder
-from panpriv.streamer.esa.keys import generate, load_private, load_public
+from panpriv.streamer.esa.keys import KeyFiles, load_private, load_public, load_shuffler
 from tests.esa import parts
 from tests.realparts import KafkaBroker, ManagedProcess
 
@@ -32,19 +32,20 @@ OPTIONS: dict[str, Any] = {"loss": "logistic", "radius": math.sqrt(DIM), "update
                            "slot_length": L}
 
 
-def analyzer_process(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], key: Path, options: dict[str, Any],
-                     wakes: int, log: str = "analyzer.log") -> ManagedProcess:
+def analyzer_process(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], keys: tuple[KeyFiles, KeyFiles],
+                     options: dict[str, Any], wakes: int, log: str = "analyzer.log") -> ManagedProcess:
     return parts.panpriv(["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"],
                           "--model-topic", names["model"], "--messages-topic", names["messages"],
-                          "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(key), "--out",
+                          "--shuffler-verify-key", str(keys[1].verify),
+                          "--state-dir", str(tmp_path / "state"), "--analyzer-key", str(keys[0].private), "--out",
                           str(tmp_path / "analyzer"), "--learner", "checkin", "--dim", str(DIM), "--batch-size",
                           str(options["slot_length"]), "--epsilon", str(EPSILON), "--delta", str(DELTA),
                           "--max-rounds", str(wakes), "--options", json.dumps(options)], tmp_path / log)
 
 
-def shuffle_args(names: dict[str, str], shuffler_key: Path, analyzer_pub: Path, slot_length: int) -> list[str]:
-    return ["--batch-size", str(slot_length), "--params", str(DIM), "--checkin", "--shuffler-key", str(shuffler_key),
-            "--analyzer-key", str(analyzer_pub), "--model-topic", names["model"], "--group", f"shuffler-{names['messages']}"]
+def shuffle_args(names: dict[str, str], keys: tuple[KeyFiles, KeyFiles], slot_length: int) -> list[str]:
+    return ["--batch-size", str(slot_length), "--params", str(DIM), "--checkin", "--shuffler-key", str(keys[1].private),
+            "--analyzer-key", str(keys[0].public), "--model-topic", names["model"], "--group", f"shuffler-{names['messages']}"]
 
 
 @pytest.mark.parametrize("update", ["averaged", "single"])
@@ -61,31 +62,38 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     batches gets the same model (averaged: no noise is drawn by the analyzer)."""
     options = {**OPTIONS, "update": update}
     names = parts.topics(kafka_broker, unique_name)
-    analyzer_key, shuffler_key = generate(tmp_path / "keys"), generate(tmp_path / "keys", "shuffler")
+    keys = parts.key_pairs(tmp_path)
     X, y = parts.synthetic(L * WAKES, DIM, seed=1)
     Xt, yt = parts.synthetic(5000, DIM, seed=99)
-    analyzer = analyzer_process(tmp_path, kafka_broker, names, analyzer_key.private, options, WAKES)
+    analyzer = analyzer_process(tmp_path, kafka_broker, names, keys, options, WAKES)
     shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
-                              "--shuffled-topic", names["shuffled"],
-                              *shuffle_args(names, shuffler_key.private, analyzer_key.public, L)], tmp_path / "shuffler.log")
-    first = (np.arange(len(y)) % L) < L // 2
-    files = [parts.write_jsonl(tmp_path / "a.jsonl", X[first], y[first]),
-             parts.write_jsonl(tmp_path / "b.jsonl", X[~first], y[~first])]
-    clients = [parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
-                              "--messages-topic", names["messages"], "--analyzer-key", str(analyzer_key.public),
-                              "--shuffler-key", str(shuffler_key.public), "--source", str(path), "--per-round",
-                              str(L // 2)], tmp_path / f"client{i}.log") for i, path in enumerate(files)]
+                              "--shuffled-topic", names["shuffled"], *shuffle_args(names, keys, L)],
+                             tmp_path / "shuffler.log")
+    clients = parts.half_round_clients(tmp_path, kafka_broker, names, keys, X, y, L)
     started = time.monotonic()
     try:
         assert analyzer.process.wait(timeout=600) == 0, (tmp_path / "analyzer.log").read_text()[-3000:]
         elapsed = time.monotonic() - started
-        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], WAKES, 60)
+        batch_records = parts.read_records(kafka_broker.bootstrap, names["shuffled"], WAKES, 60)
+        message_records = parts.read_records(kafka_broker.bootstrap, names["messages"], L * WAKES, 60)
     finally:
         for process in (*clients, shuffler, analyzer):
             process.stop()
+    batches = [wire.parse_batch(record.value) for record in batch_records]
     assert [b.round for b in batches] == list(range(WAKES)), "each slot released once, in order"
     if update == "single":
-        assert {len(b.messages) for b in batches} == {1}
+        assert {len(b.units) for b in batches} == {1}
+    # Both topics with the analyzer's key: no release links to a message (dummies came in none).
+    shuffler_keys = load_shuffler(keys[1].private)
+    values = [record.value for record in message_records]
+    owner = {}
+    for i, value in enumerate(values):
+        opened = wire.open_message(value, len(value), shuffler_keys.key_id, SealedBox(shuffler_keys.box))
+        assert not isinstance(opened, str)
+        owner[checkin_wire.parse_body(opened[1], DIM).unit] = i
+    owner.update({u: -1 for b in batches for u in b.units if u not in owner})
+    parts.assert_unlinkable(values, [list(b.units) for b in batches if b.units], [load_private(keys[0].private)], owner)
+    assert all(record.timestamp == 0 and record.key is None for record in message_records)
     state = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
     assert state["round"] == WAKES and state["rejected"] == {}
     assert "trusted shuffler, separate process" in json.dumps(state["privacy"])
@@ -106,8 +114,9 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
         accuracies.append(float(np.mean(learner.predict_many(Xt) == yt)))
     mean, sd = float(np.mean(accuracies)), float(np.std(accuracies))
     if update == "averaged":
-        replay = CheckinAnalyzer(RandomCheckinSGD.from_config(state["config"]), [load_private(analyzer_key.private)], "r")
-        assert all(replay.handle(wire.encode_batch(b.round, list(b.messages))) for b in batches)
+        replay = CheckinAnalyzer(RandomCheckinSGD.from_config(state["config"]), [load_private(keys[0].private)], "r")
+        parts.bound(replay, shuffler_keys, state["deployment_id"])
+        assert all(replay.handle(record.value) for record in batch_records)
         np.testing.assert_array_equal(replay.learner.release(), theta)
     print(f"checkin ({update}) ESA accuracy {esa_accuracy:.4f}; in-process {mean:.4f} ± {sd:.4f} (30 runs); {WAKES} slots in "
           f"{elapsed:.1f} s ({WAKES / elapsed:.1f} slots/s end to end)")
@@ -119,40 +128,61 @@ def test_sigkill_of_the_checkin_shuffler_loses_and_duplicates_nothing(
 ) -> None:
     """Real check-in messages (averaged updates, so every candidate is released) arrive wake slot
     after wake slot; the shuffler is SIGKILLed twice and restarted. Every slot is released; each
-    candidate's inner message is in exactly one distinct release of its chosen slot, byte for byte;
-    a slot released twice is released with the same candidates (same id)."""
+    candidate's update is in exactly one distinct release of its chosen slot, byte for byte; a slot
+    released twice is released with the same candidates (same digest). The test plays the analyzer's
+    part on the model topic: the model of round t (which names the slot's key) is published once
+    slot t − 1 is released, as the analyzer publishes it once it has analysed that release."""
     names = parts.topics(kafka_broker, unique_name)
-    analyzer_key, shuffler_key = generate(tmp_path / "keys"), generate(tmp_path / "keys", "shuffler")
+    keys = parts.key_pairs(tmp_path)
     slot_length, slots, rounds = 4, 3, 150
     learner = RandomCheckinSGD(dim=DIM, epsilon=EPSILON, delta=DELTA, **{**OPTIONS, "update": "averaged",
                                                                           "slots": slots, "slot_length": slot_length})
-    plan = CheckinAnalyzer(learner, [load_private(analyzer_key.private)], "default")
+    plan = CheckinAnalyzer(learner, [load_private(keys[0].private)], "default")
     model = plan.model()
     parts.send(kafka_broker.bootstrap, names["model"], [model.to_json()])
     X, y = parts.synthetic(slot_length * rounds, DIM, seed=4)
-    analyzer_pub, shuffler_pub = load_public(analyzer_key.public), load_public(shuffler_key.public)
+    analyzer_pub, shuffler_pub = load_public(keys[0].public), load_public(keys[1].public)
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    released = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=None, enable_auto_commit=False)
+    released.assign([TopicPartition(names["shuffled"], 0)])
+    highest = [-1]
 
     def round_messages(t: int) -> list[bytes]:
-        encoder = CheckinEncoder(analyzer_pub, shuffler_pub, dataclasses.replace(model, round=t))
+        deadline = time.monotonic() + 120
+        while highest[0] < t - 1:  # the analyzer publishes round t's model after slot t - 1's release
+            assert time.monotonic() < deadline, f"slot {t - 1} not released"
+            for records in released.poll(timeout_ms=100).values():
+                highest[0] = max([highest[0], *(wire.parse_batch(r.value).round for r in records)])
+        current = dataclasses.replace(model, round=t)
+        if t:
+            parts.send(kafka_broker.bootstrap, names["model"], [current.to_json()])
         rows = slice(t * slot_length, (t + 1) * slot_length)
-        return encoder.encode(X[rows], y[rows])
+        return CheckinEncoder(analyzer_pub, shuffler_pub, current).encode(X[rows], y[rows])
 
-    sent, batches = parts.kill_the_shuffler_twice(kafka_broker, names, tmp_path,
-                                                  shuffle_args(names, shuffler_key.private, analyzer_key.public,
-                                                               slot_length), round_messages, rounds)
+    try:
+        sent, batches = parts.kill_the_shuffler_twice(kafka_broker, names, tmp_path,
+                                                      shuffle_args(names, keys, slot_length), round_messages, rounds)
+    finally:
+        released.close()
     by_round: dict[int, set[bytes]] = {}
     for batch in batches:
-        assert by_round.setdefault(batch.round, set(batch.messages)) == set(batch.messages), "a re-release is identical"
+        assert by_round.setdefault(batch.round, set(batch.units)) == set(batch.units), "a re-release is identical"
     assert sorted(by_round) == list(range(rounds))
-    box = SealedBox(load_private(shuffler_key.private))
+    shuffler_keys = load_shuffler(keys[1].private)
+    box = SealedBox(shuffler_keys.box)
     expected: Counter[tuple[int, bytes]] = Counter()
     for item in sent:
-        choice = checkin_wire.parse_outer_plaintext(box.decrypt(checkin_wire.parse_header(item, len(item))[2]), DIM)
+        opened = wire.open_message(item, len(item), shuffler_keys.key_id, box)
+        assert not isinstance(opened, str)
+        choice = checkin_wire.parse_body(opened[1], DIM)
         if choice.slot is not None and choice.slot < rounds:
-            expected[(choice.slot, choice.inner)] += 1
-    released = Counter((r, m) for r, messages in by_round.items() for m in messages)
+            expected[(choice.slot, choice.unit)] += 1
+    released = Counter((r, u) for r, units in by_round.items() for u in units)
     assert released == expected, "each candidate in exactly one release of its slot"
-    assert all(wire.parse_message(m)[0].round == r for r, m in released)
+    analyzer_box = SealedBox(load_private(keys[0].private))
+    assert all(wire.parse_plaintext(analyzer_box.decrypt(u[12:]), DIM)[0] == r for r, u in released)
     print(f"{len(batches)} release records, {len(by_round)} slots ({len(batches) - len(by_round)} re-released)")
 
 
@@ -166,7 +196,7 @@ def test_the_checkin_analyzer_process_and_files_hold_no_raw_record(
     from tests.realparts import wait_until
 
     names = parts.topics(kafka_broker, unique_name)
-    analyzer_key, shuffler_key = generate(tmp_path / "keys"), generate(tmp_path / "keys", "shuffler")
+    keys = parts.key_pairs(tmp_path)
     dim, slot_length, wakes = 20, 8, 8
     X, y = parts.synthetic(slot_length * wakes, dim, seed=5)
     source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
@@ -174,17 +204,16 @@ def test_the_checkin_analyzer_process_and_files_hold_no_raw_record(
     options = {"loss": "logistic", "radius": math.sqrt(dim), "slots": 4, "slot_length": slot_length}
     analyzer = parts.panpriv(["analyze", "--bootstrap", kafka_broker.bootstrap, "--shuffled-topic", names["shuffled"],
                               "--model-topic", names["model"], "--messages-topic", names["messages"],
-                              "--state-dir", str(out / "budget"), "--analyzer-key", str(analyzer_key.private),
+                              "--state-dir", str(out / "budget"), "--analyzer-key", str(keys[0].private),
+                              "--shuffler-verify-key", str(keys[1].verify),
                               "--out", str(out), "--learner", "checkin", "--dim", str(dim), "--batch-size",
                               str(slot_length), "--epsilon", "2", "--delta", "1e-5", "--options", json.dumps(options)],
                              tmp_path / "analyzer.log")
     shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
                               "--shuffled-topic", names["shuffled"], "--batch-size", str(slot_length), "--params",
-                              str(dim), "--checkin", "--shuffler-key", str(shuffler_key.private), "--analyzer-key",
-                              str(analyzer_key.public), "--model-topic", names["model"]], tmp_path / "shuffler.log")
-    client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
-                            "--messages-topic", names["messages"], "--analyzer-key", str(analyzer_key.public),
-                            "--shuffler-key", str(shuffler_key.public), "--source", str(source)], tmp_path / "client.log")
+                              str(dim), "--checkin", "--shuffler-key", str(keys[1].private), "--analyzer-key",
+                              str(keys[0].public), "--model-topic", names["model"]], tmp_path / "shuffler.log")
+    client = parts.panpriv(parts.encode_args(kafka_broker, names, keys, source), tmp_path / "client.log")
     try:
         assert client.process.wait(timeout=120) == 0, client.log_path.read_text()[-3000:]
 
@@ -219,19 +248,16 @@ def test_sigkill_of_the_checkin_analyzer_loses_and_duplicates_nothing(
     from tests.realparts import wait_until
 
     names = parts.topics(kafka_broker, unique_name)
-    analyzer_key, shuffler_key = generate(tmp_path / "keys"), generate(tmp_path / "keys", "shuffler")
+    keys = parts.key_pairs(tmp_path)
     wakes, slot_length = 30, 8
     options = {**OPTIONS, "update": "averaged", "slot_length": slot_length}
     X, y = parts.synthetic(slot_length * wakes, DIM, seed=6)
     source = parts.write_jsonl(tmp_path / "records.jsonl", X, y)
-    analyzer = analyzer_process(tmp_path, kafka_broker, names, analyzer_key.private, options, wakes)
+    analyzer = analyzer_process(tmp_path, kafka_broker, names, keys, options, wakes)
     shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
-                              "--shuffled-topic", names["shuffled"],
-                              *shuffle_args(names, shuffler_key.private, analyzer_key.public, slot_length)],
+                              "--shuffled-topic", names["shuffled"], *shuffle_args(names, keys, slot_length)],
                              tmp_path / "shuffler.log")
-    client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
-                            "--messages-topic", names["messages"], "--analyzer-key", str(analyzer_key.public),
-                            "--shuffler-key", str(shuffler_key.public), "--source", str(source)], tmp_path / "client.log")
+    client = parts.panpriv(parts.encode_args(kafka_broker, names, keys, source), tmp_path / "client.log")
     checkpoint = tmp_path / "analyzer" / "analyzer.json"
     try:
         wait_until(lambda: checkpoint.exists() and parts.analyzer_state(checkpoint)["round"] >= 8, 120, "slot 8")
@@ -239,10 +265,10 @@ def test_sigkill_of_the_checkin_analyzer_loses_and_duplicates_nothing(
         analyzer.process.wait(timeout=10)
         analyzer.stop()
         killed_at = parts.analyzer_state(checkpoint)["round"]
-        analyzer = analyzer_process(tmp_path, kafka_broker, names, analyzer_key.private, options, wakes, "analyzer1.log")
+        analyzer = analyzer_process(tmp_path, kafka_broker, names, keys, options, wakes, "analyzer1.log")
         assert analyzer.process.wait(timeout=180) == 0, analyzer.log_path.read_text()[-3000:]
         assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
-        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], wakes, 30)
+        records = parts.read_values(kafka_broker.bootstrap, names["shuffled"], wakes, 30)
     finally:
         for process in (client, shuffler, analyzer):
             process.stop()
@@ -252,8 +278,9 @@ def test_sigkill_of_the_checkin_analyzer_loses_and_duplicates_nothing(
     store = BudgetStore(tmp_path / "state")
     (source_key,) = store.ledger().sources
     assert [(s.start, s.stop, s.uses) for s in store.ledger().coverage(source_key)] == [(0, wakes, (state["instance"],))]
-    replay = CheckinAnalyzer(RandomCheckinSGD.from_config(state["config"]), [load_private(analyzer_key.private)], "r")
-    assert all(replay.handle(wire.encode_batch(b.round, list(b.messages))) for b in batches)
+    replay = CheckinAnalyzer(RandomCheckinSGD.from_config(state["config"]), [load_private(keys[0].private)], "r")
+    parts.bound(replay, load_shuffler(keys[1].private), state["deployment_id"])
+    assert all(replay.handle(record) for record in records)
     np.testing.assert_array_equal(np.asarray(state["released"]), replay.learner.release())
     print(f"checkin analyzer killed at slot {killed_at}; resumed and finished {wakes} slots, model identical to a "
           "crash-free replay")

@@ -19,7 +19,7 @@ from panpriv.protocols.shuffle_acsa import ShuffleACSA
 from panpriv.protocols.shuffle_base import SequentialLearner
 from panpriv.protocols.shuffle_sgd import ShuffleSGD
 from panpriv.streamer.esa import wire
-from panpriv.streamer.esa.keys import generate, load_private
+from panpriv.streamer.esa.keys import load_private, load_public, load_shuffler
 from panpriv.streamer.esa.sum_analyzer import SumAnalyzer
 from panpriv.streamer.esa.sum_client import SUM_LEARNERS
 from tests.esa import parts
@@ -52,39 +52,44 @@ def test_clients_shuffler_analyzer_learn_as_in_process(
     complete units of B messages of its round, and the model scores like the in-process learner on
     the same stream: within 4 standard deviations of 20 in-process runs."""
     names = parts.topics(kafka_broker, unique_name)
-    key = generate(tmp_path / "keys")
-    plan = SumAnalyzer(planned(kind), [load_private(key.private)], "plan")
+    keys = parts.key_pairs(tmp_path)
+    plan = SumAnalyzer(planned(kind), [load_private(keys[0].private)], "plan")
     shares = plan.shares
     X, y = parts.synthetic(B * ROUNDS, DIM, seed=1)
     Xt, yt = parts.synthetic(5000, DIM, seed=99)
-    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key.private, DIM, B, ROUNDS, plan.dim,
+    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, keys, DIM, B, ROUNDS, plan.dim,
                                      ["--learner", kind, "--horizon", str(B * ROUNDS)], shares,
                                      epsilon=EPSILON, delta=DELTA)
-    clients = parts.half_round_clients(tmp_path, kafka_broker, names, key.public, X, y, B)
+    clients = parts.half_round_clients(tmp_path, kafka_broker, names, keys, X, y, B)
     started = time.monotonic()
     try:
         assert analyzer.process.wait(timeout=600) == 0, (tmp_path / "analyzer.log").read_text()[-3000:]
         elapsed = time.monotonic() - started
         for client in clients:
             assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
-        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], ROUNDS, 60)
-        messages = parts.read_values(kafka_broker.bootstrap, names["messages"], B * ROUNDS, 60)
+        batch_records = parts.read_records(kafka_broker.bootstrap, names["shuffled"], ROUNDS, 60)
+        message_records = parts.read_records(kafka_broker.bootstrap, names["messages"], B * ROUNDS, 60)
     finally:
         for process in (*clients, shuffler, analyzer):
             process.stop()
+    parts.assert_unlinkable_on_the_broker(message_records, batch_records, keys, wire.share_unit_size(DIM), shares)
+    batches = [wire.parse_batch(record.value) for record in batch_records]
+    messages = [record.value for record in message_records]
+    shuffler_keys = load_shuffler(keys[1].private)
     state = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
     assert state["round"] == ROUNDS and state["skipped"] == 0 and state["rejected"] == {}
     assert "secure summation" in json.dumps(state["privacy"])
     assert len(messages) == B * ROUNDS
-    owner = {unit: i for i, item in enumerate(messages) for unit in wire.units(item, shares)}
-    released = Counter(unit for batch in batches for unit in batch.messages)
+    owner = {unit: i for i, item in enumerate(messages)
+             for unit in parts.units_inside(item, shuffler_keys, wire.share_unit_size(DIM), shares)}
+    released = Counter(unit for batch in batches for unit in batch.units)
     assert len(owner) == B * ROUNDS * shares
     assert released == Counter(list(owner)), "every unit in exactly one batch"
     for t, batch in enumerate(batches):
-        assert batch.round == t and len(batch.messages) == B * shares
-        users = Counter(owner[unit] for unit in batch.messages)
+        assert batch.round == t and len(batch.units) == B * shares
+        users = Counter(owner[unit] for unit in batch.units)
         assert len(users) == B and set(users.values()) == {shares}, "B complete users per batch"
-        assert {wire.shares_message_round(messages[i], len(messages[i]), shares) for i in users} == {t}
+        assert {wire.message_header(messages[i], len(messages[i]))[0] for i in users} == {t}
     esa = accuracy(np.asarray(state["released"]), Xt, yt)
     runs = []
     for _ in range(20):
@@ -106,24 +111,28 @@ def test_sigkill_of_the_shuffler_loses_and_duplicates_no_share(
     on-time message's units are in exactly one distinct batch — all m of them in the same one —
     and no straggler's unit is in any."""
     names = parts.topics(kafka_broker, unique_name)
+    keys = parts.key_pairs(tmp_path)
+    public = load_public(keys[1].public)
     b, rounds, dim, shares = 8, 60, 4, 5
 
     def round_messages(t: int) -> list[bytes]:
-        values = [parts.fake_shares_message(t, t * b + i, dim, shares) for i in range(b)]
+        values = [parts.fake_shares_message(t, t * b + i, dim, shares, public) for i in range(b)]
         if t:
-            values.insert(b // 2, parts.fake_shares_message(t - 1, 10**9 + t, dim, shares))  # a straggler: late
+            values.insert(b // 2, parts.fake_shares_message(t - 1, 10**9 + t, dim, shares, public))  # a straggler: late
         return values
 
     sent, batches = parts.kill_the_shuffler_twice(
-        kafka_broker, names, tmp_path, ["--batch-size", str(b), "--params", str(dim), "--shares", str(shares)],
-        round_messages, rounds)
-    distinct = {batch.id: batch for batch in batches}
+        kafka_broker, names, tmp_path, ["--batch-size", str(b), "--params", str(dim), "--shares", str(shares),
+                                        "--shuffler-key", str(keys[1].private)], round_messages, rounds)
+    distinct = {batch.digest: batch for batch in batches}
     assert sorted(batch.round for batch in distinct.values()) == list(range(rounds))
-    released = Counter(unit for batch in distinct.values() for unit in batch.messages)
-    on_time = [m for m in sent if int.from_bytes(m[-wire.sealed_share_size(dim):][:8], "big") < 10**9]
-    assert released == Counter(unit for m in on_time for unit in wire.units(m, shares)), \
+    released = Counter(unit for batch in distinct.values() for unit in batch.units)
+    size = wire.share_unit_size(dim)
+    on_time = Counter(parts.fake_unit(t * b + i, size, j) for t in range(rounds) for i in range(b) for j in range(shares))
+    assert len(sent) == rounds * b + rounds - 1 and released == on_time, \
         "each on-time message's units in exactly one batch, no straggler's in any"
     for batch in distinct.values():
-        users = Counter(unit[20:28] for unit in batch.messages)  # the filler's ident
+        users = Counter(parts.unit_ident(unit) for unit in batch.units)
         assert len(users) == b and set(users.values()) == {shares}
-    print(f"{len(batches)} batch records, {len(distinct)} distinct ({len(batches) - len(distinct)} re-released with their id)")
+    print(f"{len(batches)} batch records, {len(distinct)} distinct ({len(batches) - len(distinct)} re-released with "
+          "their digest)")

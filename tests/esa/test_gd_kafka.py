@@ -20,7 +20,7 @@ from panpriv.protocols.shuffle_gd import ShuffleGD
 from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
-from panpriv.streamer.esa.keys import generate, load_private
+from panpriv.streamer.esa.keys import load_private, load_shuffler
 from tests.esa import parts
 from tests.realparts import KafkaBroker
 
@@ -49,21 +49,20 @@ def test_clients_answer_every_round_and_the_budget_charges_every_user_t_times(
     charged once per round, T uses composing to the analyzer's statement; a client restarted
     after the T rounds refuses to answer again."""
     names = parts.topics(kafka_broker, unique_name)
-    key = generate(tmp_path / "keys")
-    plan = GDAnalyzer(planned(), [load_private(key.private)], "plan")
+    keys = parts.key_pairs(tmp_path)
+    plan = GDAnalyzer(planned(), [load_private(keys[0].private)], "plan")
     shares = plan.shares
     X, y = parts.synthetic(N, DIM, seed=1)
     Xt, yt = parts.synthetic(5000, DIM, seed=99)
-    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key.private, DIM, N, T + 5, plan.dim,
+    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, keys, DIM, N, T + 5, plan.dim,
                                      ["--learner", "shuffle-gd", "--rounds", str(T)], shares,
                                      epsilon=EPSILON, delta=DELTA)
     half = np.arange(N) < N // 2
     sources = [parts.write_jsonl(tmp_path / f"users{i}.jsonl", X[rows], y[rows]) for i, rows in enumerate((half, ~half))]
 
     def client(i: int, log: str) -> parts.ManagedProcess:
-        return parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
-                              "--messages-topic", names["messages"], "--analyzer-key", str(key.public), "--source",
-                              str(sources[i]), "--state", str(tmp_path / f"client{i}.rounds.json")], tmp_path / log)
+        return parts.panpriv([*parts.encode_args(kafka_broker, names, keys, sources[i]), "--state",
+                              str(tmp_path / f"client{i}.rounds.json")], tmp_path / log)
 
     clients = [client(i, f"client{i}.log") for i in range(2)]
     started = time.monotonic()
@@ -74,27 +73,32 @@ def test_clients_answer_every_round_and_the_budget_charges_every_user_t_times(
             assert process.process.wait(timeout=120) == 0, process.log_path.read_text()[-3000:]
         again = client(0, "client0-again.log")  # the T rounds are spent: answers nothing more
         assert again.process.wait(timeout=120) == 0, again.log_path.read_text()[-3000:]
-        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], T, 60)
+        batch_records = parts.read_records(kafka_broker.bootstrap, names["shuffled"], T, 60)
         assert parts.count_records(kafka_broker.bootstrap, names["shuffled"]) == T
-        messages = parts.read_values(kafka_broker.bootstrap, names["messages"], N * T, 60)
+        message_records = parts.read_records(kafka_broker.bootstrap, names["messages"], N * T, 60)
     finally:
         for process in (*clients, shuffler, analyzer):
             process.stop()
+    parts.assert_unlinkable_on_the_broker(message_records, batch_records, keys, wire.share_unit_size(DIM), shares)
+    batches = [wire.parse_batch(record.value) for record in batch_records]
+    messages = [record.value for record in message_records]
     assert "answered 0 rounds here" in again.log_path.read_text()
     for i in range(2):
         state = json.loads((tmp_path / f"client{i}.rounds.json").read_text())
         assert state["rounds"] == list(range(T)) and state["plan"]["learner"] == "shuffle-gd"
     checkpoint = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
     assert checkpoint["round"] == T and checkpoint["skipped"] == 0 and checkpoint["rejected"] == {}
-    assert checkpoint["learner"] == "shuffle-gd" and checkpoint["format"] == "panpriv-esa-gd-analyzer/1"
+    assert checkpoint["learner"] == "shuffle-gd" and checkpoint["format"] == "panpriv-esa-gd-analyzer/2"
     # Each round: the complete units of N messages of that round, every unit in exactly one batch.
-    owner = {unit: i for i, item in enumerate(messages) for unit in wire.units(item, shares)}
+    shuffler_keys = load_shuffler(keys[1].private)
+    owner = {unit: i for i, item in enumerate(messages)
+             for unit in parts.units_inside(item, shuffler_keys, wire.share_unit_size(DIM), shares)}
     assert len(owner) == N * T * shares
-    assert Counter(u for b in batches for u in b.messages) == Counter(list(owner)), "every unit in exactly one batch"
+    assert Counter(u for b in batches for u in b.units) == Counter(list(owner)), "every unit in exactly one batch"
     for t, batch in enumerate(batches):
-        users = Counter(owner[unit] for unit in batch.messages)
+        users = Counter(owner[unit] for unit in batch.units)
         assert batch.round == t and len(users) == N and set(users.values()) == {shares}
-        assert {wire.shares_message_round(messages[i], len(messages[i]), shares) for i in users} == {t}
+        assert {wire.message_header(messages[i], len(messages[i]))[0] for i in users} == {t}
     # The budget store: every user charged once per round; the T uses compose to the statement.
     ledger = BudgetStore(tmp_path / "state").ledger()
     (source,) = ledger.sources
@@ -137,8 +141,8 @@ def test_sigkill_of_the_analyzer_charges_each_round_once(
     from tests.realparts import wait_until
 
     names = parts.topics(kafka_broker, unique_name)
-    key = generate(tmp_path / "keys")
-    keys = [load_private(key.private)]
+    key_files = parts.key_pairs(tmp_path)
+    keys = [load_private(key_files[0].private)]
     n, rounds = 32, 8
 
     def gd() -> ShuffleGD:
@@ -149,12 +153,10 @@ def test_sigkill_of_the_analyzer_charges_each_round_once(
     X, y = parts.synthetic(n, DIM, seed=3)
     source = parts.write_jsonl(tmp_path / "users.jsonl", X, y)
     learner = ["--learner", "shuffle-gd", "--rounds", str(rounds)]
-    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key.private, DIM, n, rounds + 5, plan.dim, learner,
+    shuffler, analyzer = parts.roles(tmp_path, kafka_broker, names, key_files, DIM, n, rounds + 5, plan.dim, learner,
                                      plan.shares, epsilon=EPSILON, delta=DELTA)
-    client = parts.panpriv(["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"],
-                            "--messages-topic", names["messages"], "--analyzer-key", str(key.public),
-                            "--source", str(source), "--state", str(tmp_path / "users.rounds.json")],
-                           tmp_path / "client.log")
+    client = parts.panpriv([*parts.encode_args(kafka_broker, names, key_files, source), "--state",
+                            str(tmp_path / "users.rounds.json")], tmp_path / "client.log")
     checkpoint = tmp_path / "analyzer" / "analyzer.json"
     try:
         wait_until(lambda: checkpoint.exists() and parts.analyzer_state(checkpoint)["round"] >= 3, 120, "round 3")
@@ -162,11 +164,11 @@ def test_sigkill_of_the_analyzer_charges_each_round_once(
         analyzer.process.wait(timeout=10)
         analyzer.stop()
         killed_at = parts.analyzer_state(checkpoint)["round"]
-        analyzer = parts.start_analyzer(tmp_path, kafka_broker, names, key.private, DIM, n, rounds + 5,
+        analyzer = parts.start_analyzer(tmp_path, kafka_broker, names, key_files, DIM, n, rounds + 5,
                                         "analyzer1.log", learner, epsilon=EPSILON, delta=DELTA)
         assert analyzer.process.wait(timeout=180) == 0, analyzer.log_path.read_text()[-3000:]
         assert client.process.wait(timeout=120) == 0, client.log_path.read_text()[-3000:]
-        batches = parts.read_batches(kafka_broker.bootstrap, names["shuffled"], rounds, 30)
+        records = parts.read_values(kafka_broker.bootstrap, names["shuffled"], rounds, 30)
     finally:
         for process in (client, shuffler, analyzer):
             process.stop()
@@ -178,8 +180,8 @@ def test_sigkill_of_the_analyzer_charges_each_round_once(
     coverage = BudgetStore(tmp_path / "state").ledger().coverage(source_key)
     assert [(s.start, s.stop, s.uses) for s in coverage] == [
         (0, n, tuple(f"{state['instance']}/round-{t:06d}" for t in range(1, rounds + 1)))]
-    replay = GDAnalyzer(gd(), keys, "replay")
-    assert all(replay.handle(wire.encode_batch(batch.round, list(batch.messages))) for batch in batches)
+    replay = parts.bound(GDAnalyzer(gd(), keys, "replay"), load_shuffler(key_files[1].private), state["deployment_id"])
+    assert all(replay.handle(record) for record in records)
     assert replay.round == rounds and replay.rejected == {}
     np.testing.assert_array_equal(np.asarray(state["released"]), replay.learner.release())
     print(f"shuffle-gd: killed at round {killed_at}; resumed and finished {rounds} rounds, model identical to a "

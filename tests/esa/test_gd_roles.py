@@ -20,9 +20,9 @@ from panpriv.protocols.shuffle_gd import ShuffleGD, composed
 from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.esa import wire
-from panpriv.streamer.esa.analyze_service import data_key, new_instance
+from panpriv.streamer.esa.analyze_service import new_instance
 from panpriv.streamer.esa.client import RefusedModel
-from panpriv.streamer.esa.deployment import DEPLOYMENT
+from panpriv.streamer.esa.deployment import DEPLOYMENT, data_key
 from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
 from panpriv.streamer.esa.gd_client import AnsweredRounds, GDClients
 from panpriv.streamer.esa.model import ModelRecord
@@ -31,6 +31,11 @@ from tests.esa import parts
 
 DIM, N, T = 4, 16, 3
 KEY = data_key("cluster=test", "gd-messages")
+SHUFFLER = parts.shuffler_keys()
+
+
+def inside(message: bytes, shares: int) -> list[bytes]:
+    return parts.units_inside(message, SHUFFLER, wire.share_unit_size(DIM), shares)
 
 
 def learner(seed: int | None = None, loss: str = "logistic", rounds: int = T) -> ShuffleGD:
@@ -56,7 +61,7 @@ def run_round(analyzer: GDAnalyzer, clients: list[GDClients], shuffler: Shuffler
     (round_, units), = released
     assert round_ == analyzer.round and len(units) == N * analyzer.shares
     shuffler.mark_released(round_)
-    assert analyzer.handle(wire.encode_batch(round_, units))
+    assert analyzer.handle(parts.signed(SHUFFLER, round_, units))
     return offset
 
 
@@ -72,10 +77,10 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
     for _ in range(T):
         in_process.learn_many(X, y)
     assert in_process.finished
-    analyzer = GDAnalyzer(learner(loss=loss), [key], "t")
+    analyzer = parts.bound(GDAnalyzer(learner(loss=loss), [key], "t"), SHUFFLER)
     assert (analyzer.learner.round_smoothing() is None) == (loss == "logistic")
-    shuffler = Shuffler(N, wire.shares_message_size(analyzer.dim, analyzer.shares), shares=analyzer.shares)
-    clients = GDClients(key.public_key, X, y, rng=np.random.default_rng(7))
+    shuffler = Shuffler(SHUFFLER.box, N, analyzer.dim, shares=analyzer.shares)
+    clients = GDClients(key.public_key, SHUFFLER.box.public_key, X, y, rng=np.random.default_rng(7))
     offset = 0
     for t in range(T):
         assert analyzer.report().output == analyzer.composed_output(t)
@@ -99,23 +104,24 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
     assert sum(g.delta for g in increments) >= report.output.delta
     # Checkpoint: names the learner, restores the model, the round and the refusal of round T.
     data = analyzer.checkpoint()
-    assert data["learner"] == "shuffle-gd" and data["format"] == "panpriv-esa-gd-analyzer/1"
+    assert data["learner"] == "shuffle-gd" and data["format"] == "panpriv-esa-gd-analyzer/2"
     restored = GDAnalyzer.restore(data, [key])
     np.testing.assert_array_equal(restored.learner.release(), analyzer.learner.release())
     assert restored.round == T and restored.finished
-    assert not restored.handle(wire.encode_batch(T, [b"x" * wire.unit_size(analyzer.dim)] * (N * analyzer.shares)))
-    assert restored.rejected["horizon_reached"] == N * analyzer.shares
+    parts.bound(restored, SHUFFLER)
+    assert not restored.handle(parts.signed(SHUFFLER, T, [b"x" * wire.share_unit_size(analyzer.dim)] * (N * analyzer.shares)))
+    assert restored.rejected["horizon_reached"] == 1
     with pytest.raises(ValueError, match="shuffle-gd"):
-        GDAnalyzer.restore({**data, "format": "panpriv-esa-sum-analyzer/1"}, [key])
+        GDAnalyzer.restore({**data, "format": "panpriv-esa-sum-analyzer/2"}, [key])
 
 
 def test_two_clients_each_with_half_the_users(key: PrivateKey) -> None:
     """Users split over two clients (two devices' worth) answer each round once each: the shuffler
     releases a round only once both halves are in, with the n users' complete units."""
     X, y = records(seed=2)
-    analyzer = GDAnalyzer(learner(), [key], "b")
-    halves = [GDClients(key.public_key, X[: N // 2], y[: N // 2]), GDClients(key.public_key, X[N // 2:], y[N // 2:])]
-    shuffler = Shuffler(N, wire.shares_message_size(DIM, analyzer.shares), shares=analyzer.shares)
+    analyzer = parts.bound(GDAnalyzer(learner(), [key], "b"), SHUFFLER)
+    halves = [GDClients(key.public_key, SHUFFLER.box.public_key, X[: N // 2], y[: N // 2]), GDClients(key.public_key, SHUFFLER.box.public_key, X[N // 2:], y[N // 2:])]
+    shuffler = Shuffler(SHUFFLER.box, N, DIM, shares=analyzer.shares)
     offset = 0
     for t in range(T):
         first, second = (half.answer(analyzer.model()) for half in halves)
@@ -127,9 +133,9 @@ def test_two_clients_each_with_half_the_users(key: PrivateKey) -> None:
             released += shuffler.offer(offset, item)
             offset += 1
         (round_, units), = released
-        assert round_ == t and sorted(units) == sorted(u for m in (*first, *second) for u in wire.units(m, analyzer.shares))
+        assert round_ == t and sorted(units) == sorted(u for m in (*first, *second) for u in inside(m, analyzer.shares))
         shuffler.mark_released(t)
-        assert analyzer.handle(wire.encode_batch(t, units))
+        assert analyzer.handle(parts.signed(SHUFFLER, t, units))
     assert analyzer.round == T and analyzer.rejected == {} and [h.state.rounds for h in halves] == [[0, 1, 2]] * 2
 
 
@@ -139,13 +145,13 @@ def test_a_client_refuses_a_repeated_round_and_a_round_beyond_t(key: PrivateKey,
     X, y = records()
     analyzer = GDAnalyzer(learner(), [key], "t")
     path = tmp_path / "user" / "rounds.json"
-    client = GDClients(key.public_key, X, y, AnsweredRounds(path))
+    client = GDClients(key.public_key, SHUFFLER.box.public_key, X, y, AnsweredRounds(path))
     first = analyzer.model()
     assert len(client.answer(first)) == N
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with pytest.raises(RefusedModel, match="already answered"):
         client.answer(first)
-    restarted = GDClients(key.public_key, X, y, AnsweredRounds(path))  # a crash and restart: the file remembers
+    restarted = GDClients(key.public_key, SHUFFLER.box.public_key, X, y, AnsweredRounds(path))  # a crash and restart: the file remembers
     with pytest.raises(RefusedModel, match="already answered"):
         restarted.answer(first)
     for t in (1, 2):
@@ -160,14 +166,14 @@ def test_a_client_refuses_a_repeated_round_and_a_round_beyond_t(key: PrivateKey,
     with pytest.raises(RefusedModel, match="plan"):
         restarted.answer(replanned)
     # A fresh user never answers a round >= T, nor more than T rounds of one plan.
-    fresh = GDClients(key.public_key, X, y)
+    fresh = GDClients(key.public_key, SHUFFLER.box.public_key, X, y)
     with pytest.raises(RefusedModel, match="beyond"):
         fresh.answer(beyond)
     state = AnsweredRounds()
     state.rounds = [5, 6, 7]
     state.plan = None
     with pytest.raises(RefusedModel, match="already answered the T = 3"):
-        GDClients(key.public_key, X, y, state).answer(first)
+        GDClients(key.public_key, SHUFFLER.box.public_key, X, y, state).answer(first)
     assert restarted.done(beyond) and not fresh.done(first)
 
 
@@ -181,27 +187,27 @@ def test_a_client_refuses_a_plan_that_promises_less_than_it_composes_to(key: Pri
 
     expected = composed(cal["epsilon"], cal["delta"], T, cal["slack"])
     with pytest.raises(RefusedModel, match="composes to"):  # a statement that under-states T rounds
-        GDClients(key.public_key, X, y).answer(doctored(total_epsilon=expected.epsilon * 0.9))
+        GDClients(key.public_key, SHUFFLER.box.public_key, X, y).answer(doctored(total_epsilon=expected.epsilon * 0.9))
     with pytest.raises(RefusedModel, match="slack"):
-        GDClients(key.public_key, X, y).answer(doctored(slack=cal["slack"] * 2))
+        GDClients(key.public_key, SHUFFLER.box.public_key, X, y).answer(doctored(slack=cal["slack"] * 2))
     with pytest.raises(RefusedModel, match="PVEC"):  # a per-round epsilon other than the one of (g, b, p)
-        GDClients(key.public_key, X, y).answer(doctored(epsilon=cal["epsilon"] * 2))
+        GDClients(key.public_key, SHUFFLER.box.public_key, X, y).answer(doctored(epsilon=cal["epsilon"] * 2))
     with pytest.raises(RefusedModel, match="accepts"):
-        GDClients(key.public_key, X, y, max_epsilon=expected.epsilon * 0.9).answer(model)
-    assert len(GDClients(key.public_key, X, y, max_epsilon=expected.epsilon * 1.01).answer(model)) == N
+        GDClients(key.public_key, SHUFFLER.box.public_key, X, y, max_epsilon=expected.epsilon * 0.9).answer(model)
+    assert len(GDClients(key.public_key, SHUFFLER.box.public_key, X, y, max_epsilon=expected.epsilon * 1.01).answer(model)) == N
     with pytest.raises(RefusedModel, match="speaks"):
-        GDClients(key.public_key, X, y).answer(dataclasses.replace(model, learner="shuffle-sgd"))
+        GDClients(key.public_key, SHUFFLER.box.public_key, X, y).answer(dataclasses.replace(model, learner="shuffle-sgd"))
 
 
 def answered_batches(key: PrivateKey, rounds: int = T) -> list[bytes]:
     """The shuffled batches of ``rounds`` rounds answered against a reference analyzer's models."""
-    reference = GDAnalyzer(learner(), [key], "ref")
+    reference = parts.bound(GDAnalyzer(learner(), [key], "ref"), SHUFFLER)
     X, y = records(seed=4)
-    clients = GDClients(key.public_key, X, y)
+    clients = GDClients(key.public_key, SHUFFLER.box.public_key, X, y)
     out = []
     for t in range(rounds):
-        units = [u for item in clients.answer(reference.model()) for u in wire.units(item, reference.shares)]
-        value = wire.encode_batch(t, units)
+        units = [u for item in clients.answer(reference.model()) for u in inside(item, reference.shares)]
+        value = parts.signed(SHUFFLER, t, units)
         assert reference.handle(value)
         out.append(value)
     return out
@@ -209,7 +215,7 @@ def answered_batches(key: PrivateKey, rounds: int = T) -> list[bytes]:
 
 def gated(directory: Path, key: PrivateKey, name: str, limit: float | None = None,
           instance: str | None = None) -> tuple[GDAnalyzer, BudgetSession]:
-    analyzer = GDAnalyzer(learner(), [key], name, instance or new_instance(name, "shuffle-gd"))
+    analyzer = parts.bound(GDAnalyzer(learner(), [key], name, instance or new_instance(name, "shuffle-gd")), SHUFFLER)
     assert analyzer.instance is not None
     budget = BudgetSession(BudgetStore(directory), directory / name, limit, run=analyzer.instance,
                            unit=analyzer.charge_unit(KEY))
@@ -230,7 +236,7 @@ def test_every_round_charges_every_user_and_the_ledger_telescopes(key: PrivateKe
     # SIGKILL after charging round 1 but before the checkpoint: the restart finds the charge.
     assert analyzer.gate is not None and analyzer.gate(1, analyzer.round_report(1)) is None
     restarted, budget = gated(tmp_path, key, "gd", instance=analyzer.instance)
-    restarted = GDAnalyzer.restore({**analyzer.checkpoint(), "instance": analyzer.instance}, [key])
+    restarted = parts.bound(GDAnalyzer.restore({**analyzer.checkpoint(), "instance": analyzer.instance}, [key]), SHUFFLER)
     restarted.gate = budget.charge_step
     budget.begin_role("again", restarted.report(), step=restarted.round)
     for value in values[1:]:
@@ -258,9 +264,9 @@ def test_a_round_that_fails_is_charged_and_counts_as_one_of_the_t_rounds(key: Pr
     values = answered_batches(key)
     analyzer, _ = gated(tmp_path, key, "gd")
     batch = wire.parse_batch(values[0])
-    units = list(batch.messages)
+    units = list(batch.units)
     units[0] = units[1]  # a replayed share: the round does not open
-    assert analyzer.handle(wire.encode_batch(0, units))
+    assert analyzer.handle(parts.signed(SHUFFLER, 0, units))
     assert analyzer.rejected["duplicate_message"] == 1 and analyzer.rejected["invalid_units"] == 1
     assert analyzer.skipped == 1 and analyzer.round == 1 and analyzer.learner.records_seen == 0
     assert analyzer.report().output == analyzer.composed_output(1), "the skipped round counts in the statement"
@@ -290,13 +296,47 @@ def test_serve_answers_each_round_once_until_t(key: PrivateKey, tmp_path: Path) 
     models = {t: dataclasses.replace(base, round=t, theta=base.theta + t) for t in range(T + 1)}
     sent: list[int] = []
     state = AnsweredRounds(tmp_path / "rounds.json")
-    clients = GDClients(key.public_key, X, y, state)
+    clients = GDClients(key.public_key, SHUFFLER.box.public_key, X, y, state)
     state.record(models[1])  # answered before a crash: round 1 is not answered again
     answered = serve(clients, lambda: models[0], lambda r: models[r], lambda messages: sent.append(len(messages)))
     assert answered == 2 and sent == [N, N] and state.rounds == [0, 1, 2]
-    assert serve(GDClients(key.public_key, X, y, AnsweredRounds(tmp_path / "rounds.json")), lambda: models[T],
+    assert serve(GDClients(key.public_key, SHUFFLER.box.public_key, X, y, AnsweredRounds(tmp_path / "rounds.json")), lambda: models[T],
                  lambda r: models[r], lambda messages: sent.append(len(messages))) == 0
     other = GDAnalyzer(learner(rounds=T + 1), [key], "t").model()
     with pytest.raises(RefusedModel, match="plan"):
-        serve(GDClients(key.public_key, X, y, AnsweredRounds(tmp_path / "rounds.json")),
+        serve(GDClients(key.public_key, SHUFFLER.box.public_key, X, y, AnsweredRounds(tmp_path / "rounds.json")),
               lambda: dataclasses.replace(other, round=T), lambda r: other, lambda messages: None)
+
+
+def test_the_shuffled_topic_cannot_be_linked_to_the_messages_topic(key: PrivateKey) -> None:
+    """shuffle-gd: a reader of both topics holding the analyzer's key links no released share to its
+    user's message in any of the T rounds (:func:`tests.esa.parts.assert_unlinkable`)."""
+    X, y = records(seed=5)
+    analyzer = parts.bound(GDAnalyzer(learner(), [key], "t"), SHUFFLER)
+    clients = GDClients(key.public_key, SHUFFLER.box.public_key, X, y)
+    messages, batches = [], []
+    for t in range(T):
+        sent = clients.answer(analyzer.model())
+        shuffler = Shuffler(SHUFFLER.box, N, DIM, last_released=t - 1, shares=analyzer.shares)
+        ((_, units),) = [r for offset, item in enumerate(sent) for r in shuffler.offer(offset, item)]
+        assert analyzer.handle(parts.signed(SHUFFLER, t, units))
+        messages += sent
+        batches.append(units)
+    owner = {unit: i for i, item in enumerate(messages) for unit in inside(item, analyzer.shares)}
+    parts.assert_unlinkable(messages, batches, [key], owner)
+
+
+def test_forged_replayed_resigned_and_duplicated_batches_are_refused(key: PrivateKey, tmp_path: Path) -> None:
+    """shuffle-gd charges every round before opening it: a refused batch reaches neither the gate
+    nor the budget store, and the statement does not move."""
+    values = answered_batches(key, 2)
+    analyzer, _ = gated(tmp_path, key, "gd")
+    charged: list[int] = []
+    gate = analyzer.gate
+    assert gate is not None
+    analyzer.gate = lambda round_, report: charged.append(round_) or gate(round_, report)
+    assert analyzer.handle(values[0]) and charged == [0]
+    uses = BudgetStore(tmp_path).ledger([KEY]).coverage(KEY)[0].uses
+    parts.assert_refuses_bad_batches(analyzer, SHUFFLER, values[0], list(wire.parse_batch(values[1]).units), charged)
+    assert BudgetStore(tmp_path).ledger([KEY]).coverage(KEY)[0].uses == uses, "nothing more in the budget store"
+    assert analyzer.handle(values[1]) and charged == [0, 1]

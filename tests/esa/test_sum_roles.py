@@ -1,9 +1,11 @@
 """Encode–Shuffle–Analyze for ``shuffle-acsa`` and ``shuffle-sgd`` over secure summation, without a
-broker: the share wire format, the client against the in-process learner, the analyzer's
-rejections, the shuffler's unit release (Bittau et al. 2017 §3; Ishai et al. 2006;
-:mod:`panpriv.protocols.secure_sum`; Cheu et al. 2022 Algs 3 and 4)."""
+broker: the onion-sealed share messages, the client against the in-process learner, the
+analyzer's rejections, the shuffler's unit release, the honest fraction in m and τ (Bittau et al.
+2017 §3; Ishai et al. 2006; :mod:`panpriv.protocols.secure_sum`; Cheu et al. 2022 Algs 3 and 4)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -26,13 +28,16 @@ from panpriv.streamer.esa.sum_client import SUM_LEARNERS, SharesEncoder
 from tests.esa import parts
 
 DIM, B, ROUNDS = 4, 16, 5
+SHUFFLER = parts.shuffler_keys()
 
 
-def learner(seed: int | None = None, rounds: int = ROUNDS, kind: str = "shuffle-acsa") -> SequentialLearner:
+def learner(seed: int | None = None, rounds: int = ROUNDS, kind: str = "shuffle-acsa",
+            honest_fraction: float = 1.0) -> SequentialLearner:
     if kind == "shuffle-sgd":
-        return ShuffleSGD(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, batch_size=B, radius=2.0, rng=seed)
+        return ShuffleSGD(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, batch_size=B, radius=2.0, rng=seed,
+                          honest_fraction=honest_fraction)
     return ShuffleACSA(dim=DIM, loss="logistic", epsilon=2.0, delta=1e-5, horizon=rounds * B, batch_size=B, radius=2.0,
-                       rng=seed)
+                       rng=seed, honest_fraction=honest_fraction)
 
 
 def records(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -44,31 +49,52 @@ def key() -> PrivateKey:
     return PrivateKey.generate()
 
 
-def test_share_wire_roundtrip_and_units(key: PrivateKey) -> None:
-    analyzer = SumAnalyzer(learner(), [key], "t")
+def analyzer_for(key: PrivateKey, **options: object) -> SumAnalyzer:
+    return parts.bound(SumAnalyzer(learner(**options), [key], "t"), SHUFFLER)  # type: ignore[arg-type]
+
+
+def encoder(key: PrivateKey, model: ModelRecord, **options: object) -> SharesEncoder:
+    return SharesEncoder(key.public_key, SHUFFLER.box.public_key, model, **options)  # type: ignore[arg-type]
+
+
+def shuffled(analyzer: SumAnalyzer, messages: list[bytes], round_: int) -> list[bytes]:
+    """The B·m units the shuffler releases for ``messages`` as ``round_``."""
+    state = Shuffler(SHUFFLER.box, len(messages), DIM, last_released=round_ - 1, shares=analyzer.shares)
+    ((released_round, units),) = [r for offset, item in enumerate(messages) for r in state.offer(offset, item)]
+    assert released_round == round_
+    return units
+
+
+def inside(message: bytes, m: int) -> list[bytes]:
+    """The m units of a share message (the shuffler's view; the test holds its key)."""
+    opened = wire.open_message(message, wire.shares_message_size(DIM, m), SHUFFLER.key_id, SealedBox(SHUFFLER.box))
+    assert not isinstance(opened, str), opened
+    return wire.split_units(opened[1], m, wire.share_unit_size(DIM))
+
+
+def test_share_messages_and_units(key: PrivateKey) -> None:
+    analyzer = analyzer_for(key)
     model = analyzer.model()
     assert ModelRecord.from_json(model.to_json()).calibration == model.calibration
-    encoder = SharesEncoder(key.public_key, model)
+    enc = encoder(key, model)
     X, y = records(3)
-    messages = encoder.encode(X, y)
+    messages = enc.encode(X, y)
     m, size = analyzer.shares, wire.shares_message_size(DIM, analyzer.shares)
-    assert encoder.shares == m and {len(item) for item in messages} == {size}
-    assert wire.shares_message_round(messages[0], size, m) == 0
-    units = wire.units(messages[0], m)
-    assert len(units) == m and {len(u) for u in units} == {wire.unit_size(DIM)}
+    assert enc.shares == m and {len(item) for item in messages} == {size}
+    units = inside(messages[0], m)
+    assert len(units) == m and {len(u) for u in units} == {wire.share_unit_size(DIM)}
     shares = []
     for unit in units:
-        header, sealed = wire.parse_message(unit, wire.UNIT_MAGIC)
-        assert header.round == 0 and header.key_id == key_id(key.public_key)
+        ident, sealed = wire.parse_unit(unit, wire.share_unit_size(DIM))
+        assert ident == key_id(key.public_key)
         round_, share = wire.parse_share_plaintext(SealedBox(key).decrypt(sealed), DIM)
         assert round_ == 0
         shares.append(share)
     total = recombine(np.stack(shares), analyzer.bits)
     assert np.all(total <= analyzer.max_count), "one user's shares add up to her PVEC count vector"
-    with pytest.raises(wire.WireError):
-        wire.shares_message_round(messages[0], size, m + 1)
-    with pytest.raises(wire.WireError):
-        wire.parse_message(units[0])  # a unit is not a single message
+    assert not any(unit in messages[0] for unit in units), "no unit is readable on the messages topic"
+    state = Shuffler(SHUFFLER.box, B, DIM, shares=m + 1)
+    assert state.offer(0, messages[0]) == [] and state.dropped == {"malformed": 1}, "another m: malformed"
 
 
 def test_sum_learners_are_the_sequential_learners_of_the_catalogue() -> None:
@@ -86,22 +112,14 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
     in_process = learner(seed=7, kind=kind)
     in_process.pooled_noise = False  # every user's message drawn as her client draws it (the per-user reference)
     in_process.learn_many(X, y)
-    analyzer = SumAnalyzer(learner(kind=kind), [key], "t")
-    size = wire.shares_message_size(DIM, analyzer.shares)
-    shuffler = Shuffler(B, size, shares=analyzer.shares)
+    analyzer = analyzer_for(key, kind=kind)
     noise = np.random.default_rng(7)
-    offset = 0
     for t in range(ROUNDS):
         rows = slice(t * B, (t + 1) * B)
-        messages = SharesEncoder(key.public_key, analyzer.model(), rng=noise).encode(X[rows], y[rows])
-        released = []
-        for item in messages:
-            released += shuffler.offer(offset, item)
-            offset += 1
-        (round_, units), = released
-        assert round_ == t and len(units) == B * analyzer.shares
-        shuffler.mark_released(t)
-        assert analyzer.handle(wire.encode_batch(t, units))
+        messages = encoder(key, analyzer.model(), rng=noise).encode(X[rows], y[rows])
+        units = shuffled(analyzer, messages, t)
+        assert len(units) == B * analyzer.shares
+        assert analyzer.handle(parts.signed(SHUFFLER, t, units))
     assert analyzer.round == ROUNDS and analyzer.skipped == 0 and analyzer.rejected == {}
     assert analyzer.learner.finished == in_process.finished == (kind == "shuffle-acsa")  # shuffle-sgd has no horizon
     if in_process.finished:
@@ -115,95 +133,136 @@ def test_clients_shuffler_and_analyzer_reproduce_the_in_process_learner(key: Pri
     report = analyzer.report()
     assert report.output.epsilon == in_process.privacy().output.epsilon
     assert in_process.privacy().output.delta < report.output.delta < in_process.privacy().output.delta * (1 + 1e-9)
+    assert report.intrusion == report.output, "the analyzer's key opens released, shuffled shares only"
     assert any(DEPLOYMENT in a for a in report.assumptions) and any("secure summation" in a for a in report.assumptions)
+    assert any("honest fraction gamma = 1" in a and "outside the model" in a for a in report.assumptions)
     restored = SumAnalyzer.restore(analyzer.checkpoint(), [key])
     np.testing.assert_array_equal(restored.learner.release(), analyzer.learner.release())
     assert restored.round == ROUNDS and restored.learner.name == kind
-    if kind == "shuffle-acsa":  # a checkpoint written before shuffle-sgd names no learner
-        legacy = {k: v for k, v in analyzer.checkpoint().items() if k != "learner"}
-        assert SumAnalyzer.restore(legacy, [key]).learner.name == kind
+
+
+@pytest.mark.parametrize("kind", SUM_LEARNERS)
+def test_the_shuffled_topic_cannot_be_linked_to_the_messages_topic(key: PrivateKey, kind: str) -> None:
+    """A reader of both topics holding the analyzer's key links no released share to its user's
+    message — by bytes, size, key or order (:func:`tests.esa.parts.assert_unlinkable`)."""
+    analyzer = analyzer_for(key, kind=kind)
+    X, y = records(3 * B, seed=2)
+    messages, batches = [], []
+    for t in range(3):
+        sent = encoder(key, analyzer.model()).encode(X[t * B:(t + 1) * B], y[t * B:(t + 1) * B])
+        units = shuffled(analyzer, sent, t)
+        assert analyzer.handle(parts.signed(SHUFFLER, t, units))
+        messages += sent
+        batches.append(units)
+    owner = {unit: i for i, item in enumerate(messages) for unit in inside(item, analyzer.shares)}
+    parts.assert_unlinkable(messages, batches, [key], owner)
+
+
+@pytest.mark.parametrize("kind", SUM_LEARNERS)
+def test_forged_replayed_resigned_and_duplicated_batches_are_refused(key: PrivateKey, kind: str) -> None:
+    analyzer = analyzer_for(key, kind=kind)
+    charged: list[int] = []
+    analyzer.gate = lambda round_, report: charged.append(round_)
+    X, y = records(2 * B, seed=3)
+    first = parts.signed(SHUFFLER, 0, shuffled(analyzer, encoder(key, analyzer.model()).encode(X[:B], y[:B]), 0))
+    assert analyzer.handle(first) and charged == [0]
+    round1 = shuffled(analyzer, encoder(key, analyzer.model()).encode(X[B:], y[B:]), 1)
+    parts.assert_refuses_bad_batches(analyzer, SHUFFLER, first, round1, charged)
+    assert analyzer.handle(parts.signed(SHUFFLER, 1, round1)) and charged == [0, 1]
 
 
 def test_analyzer_rejects_by_reason_and_skips_bad_rounds(key: PrivateKey) -> None:
     """Bad rounds are skipped; the budget gate sees the out-of-range one (an output of the honest
     users' totals) and the learned one, never a round whose units did not open."""
     other = PrivateKey.generate()
-    analyzer = SumAnalyzer(learner(), [key], "t")
+    analyzer = analyzer_for(key)
     charged: list[int] = []
     analyzer.gate = lambda round_, report: charged.append(round_)
     m = analyzer.shares
     X, y = records(3 * B)
 
-    def units_of(round_: int, rows: slice) -> list[bytes]:
-        model = analyzer.model()
-        return [u for item in SharesEncoder(key.public_key, model).encode(X[rows], y[rows]) for u in wire.units(item, m)]
+    def units_of(round_: int, rows: slice, target: SumAnalyzer = analyzer) -> list[bytes]:
+        return shuffled(target, encoder(key, target.model()).encode(X[rows], y[rows]), round_)
 
     good = units_of(0, slice(0, B))
-    assert not analyzer.handle(wire.encode_batch(1, good)) and analyzer.rejected["stale_round"] == B * m
-    assert not analyzer.handle(wire.encode_batch(0, good[:-1])) and analyzer.rejected["wrong_batch_size"] == B * m - 1
-    assert not analyzer.handle(b"junk") and analyzer.rejected["malformed_batch"] == 1
+    assert not analyzer.handle(parts.signed(SHUFFLER, 0, good[:-1])) and analyzer.rejected["wrong_batch_size"] == 1
     # Round 0: one unit sealed to another key, one replayed, one garbage: skipped as a whole.
-    seal_other = SealedBox(other.public_key).encrypt(wire.share_plaintext(0, np.zeros(DIM, dtype=np.uint32)))
-    bad = [*good[:-3], wire.message(0, key_id(other.public_key), seal_other)[:4].replace(b"PPM1", b"PPU1")
-           + wire.message(0, key_id(other.public_key), seal_other)[4:], good[0], b"\0" * len(good[0])]
-    assert analyzer.handle(wire.encode_batch(0, bad))
+    to_other = wire.seal_unit(SealedBox(other.public_key), key_id(other.public_key),
+                              wire.share_plaintext(0, np.zeros(DIM, dtype=np.uint32)))
+    bad = [*good[:-3], to_other, good[0], b"\0" * len(good[0])]
+    assert analyzer.handle(parts.signed(SHUFFLER, 0, bad))
     assert analyzer.rejected["unknown_key"] == 1 and analyzer.rejected["duplicate_message"] == 1
     assert analyzer.rejected["malformed"] == 1 and analyzer.rejected["invalid_units"] == 1
     assert analyzer.round == 1 and analyzer.skipped == 1 and analyzer.learner.records_seen == 0
-    assert not analyzer.handle(wire.encode_batch(0, bad)) and analyzer.rejected["duplicate_batch"] == 1
     # Round 1: a malicious client shifts her last share: the sum leaves the range (w.h.p.).
     units = units_of(1, slice(B, 2 * B))
-    header, sealed = wire.parse_message(units[-1], wire.UNIT_MAGIC)
+    ident, sealed = wire.parse_unit(units[-1], wire.share_unit_size(DIM))
     _, share = wire.parse_share_plaintext(SealedBox(key).decrypt(sealed), DIM)
     shifted = (share.astype(np.int64) + (1 << (analyzer.bits - 1))) % (1 << analyzer.bits)
-    forged = SealedBox(key.public_key).encrypt(wire.share_plaintext(1, shifted.astype(np.uint32)))
-    units[-1] = units[-1][:20] + forged
-    assert analyzer.handle(wire.encode_batch(1, units))
+    units[-1] = wire.seal_unit(SealedBox(key.public_key), ident, wire.share_plaintext(1, shifted.astype(np.uint32)))
+    assert analyzer.handle(parts.signed(SHUFFLER, 1, units))
     assert analyzer.rejected["out_of_range"] == 1 and analyzer.skipped == 2 and analyzer.learner.records_seen == 0
     # Round 2: the units of one user sealed to a second key of the analyzer: skipped (two crowds).
     second = PrivateKey.generate()
-    two_keys = SumAnalyzer(learner(), [key, second], "t")
+    two_keys = parts.bound(SumAnalyzer(learner(), [key, second], "t"), SHUFFLER)
     two_keys.round = 2
-    mixed = units_of(2, slice(2 * B, 3 * B))[m:]
-    mixed += [wire.message(2, key_id(second.public_key),
-                           SealedBox(second.public_key).encrypt(wire.share_plaintext(2, np.zeros(DIM, dtype=np.uint32))))
-              .replace(wire.MESSAGE_MAGIC, wire.UNIT_MAGIC, 1) for _ in range(m)]
-    assert two_keys.handle(wire.encode_batch(2, mixed))
+    mixed = units_of(2, slice(2 * B, 3 * B), two_keys)[m:]
+    mixed += [wire.seal_unit(SealedBox(second.public_key), key_id(second.public_key),
+                             wire.share_plaintext(2, np.zeros(DIM, dtype=np.uint32))) for _ in range(m)]
+    assert two_keys.handle(parts.signed(SHUFFLER, 2, mixed))
     assert two_keys.rejected == {"mixed_keys": 1, "invalid_units": 1} and two_keys.skipped == 1
     # Round 2: honest, learned (the learner's first round).
-    assert analyzer.handle(wire.encode_batch(2, units_of(2, slice(2 * B, 3 * B))))
+    assert analyzer.handle(parts.signed(SHUFFLER, 2, units_of(2, slice(2 * B, 3 * B))))
     assert analyzer.round == 3 and analyzer.skipped == 2 and analyzer.learner.records_seen == B
     assert charged == [1, 2], "charged: the out-of-range round 1 and the learned round 2; not round 0"
 
 
+def test_m_and_tau_cover_the_declared_honest_users(key: PrivateKey) -> None:
+    """``honest_fraction`` γ declared in the plan: m and τ are the secure sum's at ⌈γB⌉ honest
+    users (PVEC's noisy users), q still covers all B; the statement prints γ and ⌈γB⌉; a client
+    recomputes the same m and refuses a model asking for the all-honest one."""
+    gamma = 0.75
+    honest = parts.bound(SumAnalyzer(learner(honest_fraction=gamma), [key], "t"), SHUFFLER)
+    everyone = analyzer_for(key)
+    assert honest.plan.honest == 12 == honest._vector_sum.parameters.noisy_users and everyone.plan.honest == B
+    assert honest.bits >= everyone.bits and honest.shares > everyone.shares
+    from panpriv.protocols.secure_sum import distance_bound, shares_needed
+
+    assert honest.shares == shares_needed(12, DIM * honest.bits)
+    assert honest.tau == distance_bound(12, honest.shares, DIM * honest.bits) <= 2.0**-64
+    line = next(a for a in honest.report().assumptions if a.startswith("colluding clients"))
+    assert "gamma = 0.75" in line and "ceil(gamma n) = 12 honest users of n = 16" in line and "up to 4 clients" in line
+    model = honest.model()
+    assert encoder(key, model).shares == honest.shares
+    with pytest.raises(RefusedModel, match="honest users"):
+        encoder(key, dataclasses.replace(model, calibration={**model.calibration, "shares": everyone.shares}))
+
+
 def test_encoder_refuses_a_foreign_or_doctored_model(key: PrivateKey) -> None:
-    model = SumAnalyzer(learner(), [key], "t").model()
+    model = analyzer_for(key).model()
     with pytest.raises(RefusedModel, match="key"):
-        SharesEncoder(PrivateKey.generate().public_key, model)
-    fewer = ModelRecord(model.learner, model.deployment, model.round, model.theta,
-                        {**model.calibration, "shares": model.calibration["shares"] - 1}, model.key_id, model.local_guarantee)
+        SharesEncoder(PrivateKey.generate().public_key, SHUFFLER.box.public_key, model)
+    fewer = dataclasses.replace(model, calibration={**model.calibration, "shares": model.calibration["shares"] - 1})
     with pytest.raises(RefusedModel, match="shares"):
-        SharesEncoder(key.public_key, fewer)
-    less_noise = ModelRecord(model.learner, model.deployment, model.round, model.theta,
-                             {**model.calibration, "b": model.calibration["b"] // 2}, model.key_id, model.local_guarantee)
+        encoder(key, fewer)
+    less_noise = dataclasses.replace(model, calibration={**model.calibration, "b": model.calibration["b"] // 2})
     with pytest.raises(RefusedModel, match="PVEC"):
-        SharesEncoder(key.public_key, less_noise)
+        encoder(key, less_noise)
 
 
 def test_shuffler_releases_units_of_complete_users_only(key: PrivateKey) -> None:
-    analyzer = SumAnalyzer(learner(), [key], "t")
+    analyzer = analyzer_for(key)
     m = analyzer.shares
-    size = wire.shares_message_size(DIM, m)
     X, y = records(B)
-    messages = SharesEncoder(key.public_key, analyzer.model()).encode(X, y)
-    shuffler = Shuffler(B, size, shares=m)
+    messages = encoder(key, analyzer.model()).encode(X, y)
+    shuffler = Shuffler(SHUFFLER.box, B, DIM, shares=m)
+    garbled = messages[0][:20] + bytes(len(messages[0]) - 20)
     out = []
-    for offset, item in enumerate([*messages[:-1], messages[0][:-1], wire.message(0, b"\0" * 8, b"\0" * (size - 20)),
-                                   messages[-1]]):
+    for offset, item in enumerate([*messages[:-1], messages[0][:-1], garbled, messages[-1]]):
         out += shuffler.offer(offset, item)
-    assert shuffler.dropped == {"malformed": 2}
-    (round_, units), = out
-    assert round_ == 0 and sorted(units) == sorted(u for item in messages for u in wire.units(item, m))
+    assert shuffler.dropped == {"malformed": 1, "undecryptable": 1}
+    ((round_, units),) = out
+    assert round_ == 0 and sorted(units) == sorted(u for item in messages for u in inside(item, m))
 
 
 def test_learn_totals_refuses_what_no_round_can_sum() -> None:
@@ -224,4 +283,7 @@ def test_one_batch_size_is_required(key: PrivateKey) -> None:
 
 
 def test_sum_client_imports_nothing_of_the_service() -> None:
-    assert parts.streamer_modules_after_import("panpriv.streamer.esa.sum_client") == ["panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.families", "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client", "panpriv.streamer.esa.wire"]
+    assert parts.streamer_modules_after_import("panpriv.streamer.esa.sum_client") == [
+        "panpriv.streamer", "panpriv.streamer.esa", "panpriv.streamer.esa.client", "panpriv.streamer.esa.families",
+        "panpriv.streamer.esa.keys", "panpriv.streamer.esa.model", "panpriv.streamer.esa.sum_client",
+        "panpriv.streamer.esa.wire"]

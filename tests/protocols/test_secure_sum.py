@@ -19,6 +19,7 @@ from panpriv.protocols.secure_sum import (
     log2_chi_square,
     modulus_bits,
     recombine,
+    round_plan,
     shares_needed,
     split,
 )
@@ -130,3 +131,59 @@ def test_message_count_at_worked_values() -> None:
     assert added_delta(4.0, 2.0**-64) < 1e-17
     with pytest.raises(InvalidInputError):
         shares_needed(1, 10)
+
+
+def test_colluding_clients_need_the_honest_count_in_m() -> None:
+    """k clients who hand their shares to the analyzer leave a split and mix of n − k users: at
+    d = 100, q = 2^17, n = 256 the all-honest m = 214 gives τ = 2^−150 at k = 0, 2^−123 at k = 5
+    and nothing from k = 6 on (the review's numbers); m planned for h = ⌈γn⌉ honest users covers
+    up to n − h colluders, q still covers all n."""
+    log2_tau = [0.5 * log2_chi_square(256 - k, 214, 1700) - 1 for k in (0, 5, 6)]
+    assert [round(v) for v in log2_tau] == [-150, -123, 27]
+    plan = round_plan(256, 231, 100, 100_000)
+    assert plan.bits == modulus_bits(256, 100_000) and plan.honest == 231
+    assert plan.shares == shares_needed(231, 100 * plan.bits) > shares_needed(256, 100 * plan.bits)
+    assert plan.tau == distance_bound(231, plan.shares, 100 * plan.bits) <= 2.0**-SECURITY_BITS
+    with pytest.raises(InvalidInputError):
+        round_plan(16, 1, 5, 100)
+
+
+def _view_with_colluder(honest: tuple[int, ...], colluder: int, m: int, q: int) -> Counter[tuple[object, ...]]:
+    """The exact law of (the shuffled multiset of every share, the colluder's own shares) when the
+    honest users hold ``honest`` and one colluder ``colluder`` (all shares uniform subject to their sum)."""
+    law: Counter[tuple[object, ...]] = Counter()
+    splits = [[(*head, (x - sum(head)) % q) for head in itertools.product(range(q), repeat=m - 1)]
+              for x in (*honest, colluder)]
+    for shares in itertools.product(*splits):
+        law[(tuple(sorted(v for user in shares for v in user)), shares[-1])] += 1
+    return law
+
+
+def test_one_honest_count_suffices_with_a_colluder_on_exact_enumeration() -> None:
+    """The argument of the module docstring ("Colluding users") on exact laws: with one colluder
+    whose shares the analyzer knows, two honest inputs with the same sum give views within
+    2·τ(h, m, |G|) of each other, h the number of honest users (here h = 2 of n = 3)."""
+    m, q = 4, 3
+    tau = distance_bound(2, m, math.log2(q))
+    assert tau < 0.5, "parameters where the bound says something"
+    for colluder in range(q):
+        laws = [_view_with_colluder(honest, colluder, m, q) for honest in ((0, 0), (1, 2), (2, 1))]
+        assert all(_tv(a, b) <= 2 * tau for a in laws for b in laws)
+
+
+def recalled_published_shares(users: int, log2_group: float, sigma: int = SECURITY_BITS) -> dict[str, int]:
+    """**Comparison only**: the message counts of Balle, Bell, Gascón & Nissim 2020 and Ghazi,
+    Manurangsi, Pagh & Velingker 2020 in the closed forms we recall,
+    ⌈(2σ + log₂|G|)/(log₂ n − log₂ e)⌉ + 1 and ⌈(2σ + log₂|G|)/log₂ n⌉ + 2 — their statements could
+    not be checked here, so the library does not use them (panpriv.protocols.secure_sum)."""
+    top = 2 * sigma + log2_group
+    return {"bbgn": math.ceil(top / (math.log2(users) - math.log2(math.e))) + 1,
+            "gmpv": math.ceil(top / math.log2(users)) + 2}
+
+
+def test_the_proved_bound_asks_for_fewer_shares_than_the_recalled_published_forms() -> None:
+    """docs/privacy.md compares m with the closed forms of Balle et al. 2020 and Ghazi et al. 2020 as
+    recalled (not verified, not used): 70 and 58 against 50; 280 and 231 against 214."""
+    for users, log2_group, ours, bbgn, gmpv in [(256, 320, 50, 70, 58), (256, 1700, 214, 280, 231)]:
+        assert shares_needed(users, log2_group) == ours
+        assert recalled_published_shares(users, log2_group) == {"bbgn": bbgn, "gmpv": gmpv}

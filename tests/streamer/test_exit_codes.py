@@ -65,16 +65,22 @@ SCENARIOS: list[tuple[str, Callable[[Path], list[str]], int, str]] = [
     ("keygen", lambda tmp: ["keygen", str(tmp / "a-file")], EXIT_FAILURE, "a-file"),
     ("budget", lambda tmp: ["budget", "--state-dir", str(tmp / "garbage")], EXIT_FAILURE, "budget store"),
     ("analyze", lambda tmp: ["analyze", "--bootstrap", "127.0.0.1:1", "--shuffled-topic", "s", "--model-topic", "m",
-                             "--messages-topic", "g", "--analyzer-key", "k", "--out", str(tmp / "o"), "--dim", "3",
-                             "--learner", "shuffle-acsa"], EXIT_USAGE, "horizon"),
+                             "--messages-topic", "g", "--analyzer-key", "k", "--shuffler-verify-key", "v", "--out",
+                             str(tmp / "o"), "--dim", "3", "--learner", "shuffle-acsa"], EXIT_USAGE, "horizon"),
     ("coordinate", lambda tmp: ["coordinate", "--bootstrap", "127.0.0.1:1", "--gradients-topic", "g", "--model-topic",
                                 "m", "--workers", "2", "--dim", "3", "--n", "100", "--learner", "shuffle-sgd"],
      EXIT_USAGE, "cannot run on many workers"),
     ("encode", lambda tmp: ["encode", "--bootstrap", "127.0.0.1:1", "--model-topic", "m", "--messages-topic", "g",
-                            "--analyzer-key", str(tmp / "missing.pub"), "--source", str(tmp / "r.jsonl")],
+                            "--analyzer-key", str(tmp / "missing.pub"), "--shuffler-key", str(tmp / "shuffler.pub"),
+                            "--source", str(tmp / "r.jsonl")],
      EXIT_FAILURE, "missing.pub"),
+    ("encode", lambda tmp: ["encode", "--bootstrap", "127.0.0.1:1", "--model-topic", "m", "--messages-topic", "g",
+                            "--analyzer-key", str(tmp / "a-file"), "--shuffler-key", str(tmp / "a-file"),
+                            "--source", str(tmp / "r.jsonl")],
+     EXIT_USAGE, "is not a public key file"),
     ("shuffle", lambda tmp: ["shuffle", "--bootstrap", "127.0.0.1:1", "--messages-topic", "m", "--shuffled-topic", "s",
-                             "--batch-size", "4", "--params", "3", "--checkin"], EXIT_USAGE, "--checkin needs"),
+                             "--batch-size", "4", "--params", "3", "--shuffler-key", "k", "--checkin"], EXIT_USAGE,
+     "--checkin needs"),
 ]
 
 
@@ -139,6 +145,7 @@ def test_a_client_refusing_a_model_for_its_privacy_exits_3_and_for_its_key_2(
     from tests.esa import parts as esa
 
     keys = generate(tmp_path / "keys", "analyzer")
+    shuffler = generate(tmp_path / "keys", "shuffler")
     from panpriv.streamer.esa.keys import load_private
 
     names = esa.topics(kafka_broker, unique_name)
@@ -148,7 +155,7 @@ def test_a_client_refusing_a_model_for_its_privacy_exits_3_and_for_its_key_2(
     source = tmp_path / "records.jsonl"
     source.write_text("".join(json.dumps({"x": [0.1, 0.2, 0.3], "y": 1}) + "\n" for _ in range(8)))
     common = ["encode", "--bootstrap", kafka_broker.bootstrap, "--model-topic", names["model"], "--messages-topic",
-              names["messages"], "--source", str(source), "--timeout", "20"]
+              names["messages"], "--shuffler-key", str(shuffler.public), "--source", str(source), "--timeout", "20"]
     weak = panpriv(*common, "--analyzer-key", str(keys.public), "--max-local-epsilon", "0.5")
     assert weak.returncode == EXIT_BUDGET and "refused the model" in weak.stdout, weak.stdout + weak.stderr
     other = generate(tmp_path / "other", "analyzer")

@@ -54,7 +54,8 @@ def analyze_learner(name: str) -> Any:
 
     length = ["--batch-size", str(N)] if FAMILIES[name].batch_option in ("n", "horizon") else ["--horizon", str(N)]
     args = build_parser().parse_args(["analyze", "--bootstrap", "B", "--shuffled-topic", "s", "--model-topic", "m",
-                                      "--messages-topic", "msg", "--analyzer-key", "k", "--out", "o", "--learner", name,
+                                      "--messages-topic", "msg", "--analyzer-key", "k", "--shuffler-verify-key", "v",
+                                      "--out", "o", "--learner", name,
                                       "--dim", str(DIM), "--epsilon", str(EPSILON), "--delta", str(DELTA),
                                       "--feature-bound", str(BOUND), *length, "--options", json.dumps(options_for(name))])
     return esa_commands.analyzer_learner(args)()

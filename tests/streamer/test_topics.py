@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from panpriv.streamer.esa.keys import generate
 from panpriv.streamer.kafka.topics import TopicLayoutError, TopicSpec, ensure_topics
 from tests.esa.parts import env
 from tests.realparts import KafkaBroker
@@ -72,8 +73,9 @@ def test_roles_refuse_a_topic_they_cannot_serve_with_one_line(kafka_broker: Kafk
                                                               unique_name: Callable[[str], str], tmp_path: Path) -> None:
     bootstrap = kafka_broker.bootstrap
     messages = auto_created(kafka_broker, unique_name("messages"))
+    shuffler_key = generate(tmp_path / "keys", "shuffler").private
     shuffle = panpriv("shuffle", "--bootstrap", bootstrap, "--messages-topic", messages, "--shuffled-topic",
-                      unique_name("shuffled"), "--batch-size", "4", "--params", "3")
+                      unique_name("shuffled"), "--batch-size", "4", "--params", "3", "--shuffler-key", str(shuffler_key))
     gradients = auto_created(kafka_broker, unique_name("gradients"))
     coordinate = panpriv("coordinate", "--bootstrap", bootstrap, "--gradients-topic", gradients, "--model-topic",
                          unique_name("model"), "--workers", "2", "--dim", "3", "--n", "1000")
