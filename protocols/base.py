@@ -6,7 +6,8 @@ How the stream is cut into micro-batches never changes the mechanism: the state 
 ``learn_many(A); learn_many(B)`` has the same distribution as after ``learn_many(A + B)``.
 
 Persistence goes through :meth:`Learner.state_dict` (noisy arrays and counters only — never a raw
-record, never generator state) and :meth:`Learner.from_state_dict` with the constructor
+record, never generator state; for a learner with batch boundaries, the state at the last one:
+:meth:`Learner.records_to_boundary`) and :meth:`Learner.from_state_dict` with the constructor
 configuration from :meth:`Learner.config`. ``panpriv.protocols.checks`` is the conformance suite that
 every learner's tests run.
 """
@@ -96,7 +97,8 @@ class ModelSpec:
 class Snapshot:
     """Released parameters with the guarantee that covers them, and what serving them needs.
 
-    ``params`` are computed from noisy state only; ``records`` is how many records contributed.
+    ``params`` are computed from noisy state only; ``records`` is how many records contributed
+    (:attr:`Learner.state_records`: for ``pan-acsa`` the records up to the last batch boundary).
     ``model`` (absent from snapshots written before it existed) makes the snapshot servable:
     :meth:`predict_many` applies the training-time clipping to new rows. Serving a snapshot is
     post-processing of a release: it costs no privacy.
@@ -350,7 +352,9 @@ class Learner(abc.ABC):
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, StateValue]:
-        """Noisy internal state and counters only (never raw records, never generator state)."""
+        """Noisy internal state and counters only (never raw records, never generator state). Its
+        arrays are copies the caller owns: a writer zeroes them once written (the service's
+        checkpoint does), which must not touch the learner."""
 
     @abc.abstractmethod
     def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
@@ -373,6 +377,24 @@ class Learner(abc.ABC):
     def records_seen(self) -> int:
         """Number of records processed so far."""
 
+    @property
+    def state_records(self) -> int:
+        """Records that the state of :meth:`state_dict` has learned: :attr:`records_seen`, unless
+        the learner saves only states at batch boundaries (:meth:`records_to_boundary`)."""
+        return self.records_seen
+
+    def records_to_boundary(self) -> int | None:
+        """Records still to learn before :meth:`state_dict` is again the live state, or ``None``
+        when it always is.
+
+        A learner whose open batch carries one noise draw shared by every state inside the batch
+        (``pan-acsa``'s Z_t) saves only states at batch boundaries: two states of one batch would
+        differ by the exact clean sum of the records between them. Mid-batch its
+        :meth:`state_dict` is the state at the last boundary, covering :attr:`state_records`
+        records, and a caller that persists it (the service's checkpoint) also persists the input
+        positions of that boundary and re-reads the records after it on a resume."""
+        return None
+
     def snapshot(self) -> Snapshot:
         """Release the current parameters with the guarantee that covers them.
 
@@ -381,7 +403,7 @@ class Learner(abc.ABC):
         """
         params = np.array(self.release(), dtype=np.float64, copy=True)
         self._note_release()
-        return Snapshot(self.name, self.records_seen, params, self.privacy(), ModelSpec(self.loss, self.dim, self.feature_bound))
+        return Snapshot(self.name, self.state_records, params, self.privacy(), ModelSpec(self.loss, self.dim, self.feature_bound))
 
     def _note_release(self) -> None:
         """Hook: called when a snapshot is released. Default: releases do not change accounting."""
@@ -427,9 +449,20 @@ class Learner(abc.ABC):
 
         ``kwargs`` (e.g. ``rng``) are passed to the constructor; they are not part of the config. A
         config saved before an argument existed gets its :attr:`legacy_defaults` value.
+        A seed (an ``int``) is refused for a state that has learned records: it would restart the
+        noise stream from its beginning, so the resumed learner would add the very draws already
+        added to what it released (an analyst comparing releases could cancel them). Resume with
+        ``rng=None`` (OS entropy) or with the ``Generator`` that drew the noise so far.
         """
         learner = cls.from_config({**cls.legacy_defaults, **config}, **kwargs)
         learner.load_state_dict(state)
+        rng = kwargs.get("rng")
+        if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and learner.records_seen > 0:
+            raise InvalidInputError(
+                f"{cls.__name__}.from_state_dict: refusing to resume a state that has learned {learner.records_seen} "
+                "records with a seed — the seed restarts the noise stream and would repeat draws already added to "
+                "what was released; pass rng=None (OS entropy) or the Generator that drew the noise so far"
+            )
         return learner
 
 

@@ -166,26 +166,44 @@ def check_config_round_trip(factory: Factory, X: Array, y: Array) -> None:
 def check_state_round_trip(factory: Factory, X: Array, y: Array) -> None:
     """``state_dict`` → JSON → ``from_state_dict`` restores the learner exactly, mid-stream.
 
-    Restored and original learners must agree on ``state_dict``, ``release``, ``records_seen``,
-    ``privacy`` and predictions; given identical generators they then continue identically
-    (which also shows that the rebuild itself draws no noise).
+    Restored and original learners must agree on ``state_dict``, ``release``, the records the state
+    covers (:attr:`~panpriv.protocols.base.Learner.state_records`: ``records_seen``, or the last
+    batch boundary's count for a learner with boundaries), the guarantees and predictions; given
+    the generator as it was when the saved state was the live one, the restored learner then
+    continues identically after re-reading the records since then (which also shows that the
+    rebuild itself draws no noise).
     """
     half = X.shape[0] // 2 + 1
     generator = np.random.default_rng(12345)
     learner = factory(generator)
-    learner.learn_many(X[:half], y[:half])
+    saved_generator = _copy_generator(generator)
+    fed = 0
+    while fed < half:  # up to each batch boundary, keeping the generator as it was there
+        to_boundary = learner.records_to_boundary()
+        take = half - fed if to_boundary is None else min(half - fed, to_boundary)
+        learner.learn_many(X[fed : fed + take], y[fed : fed + take])
+        fed += take
+        if learner.state_records == learner.records_seen:
+            saved_generator = _copy_generator(generator)
     state = learner.state_dict()
+    for value in learner.state_dict().values():  # the caller's copies: a writer wipes them after use
+        if isinstance(value, np.ndarray):
+            value.fill(0)
+    _assert_states_equal(state, learner.state_dict(), "after the caller zeroed the arrays of a state_dict")
     text = state_to_json(state)
     restored = type(learner).from_state_dict(
-        json.loads(json.dumps(learner.config())), state_from_json(text), rng=_copy_generator(generator)
+        json.loads(json.dumps(learner.config())), state_from_json(text), rng=saved_generator
     )
     _assert_states_equal(state, restored.state_dict(), "after the round trip")
-    assert restored.records_seen == learner.records_seen
+    assert restored.records_seen == restored.state_records == learner.state_records
     assert np.array_equal(restored.release(), learner.release()), "release() differs after restore"
     assert np.array_equal(restored.predict_many(X), learner.predict_many(X))
-    assert restored.privacy().to_dict() == learner.privacy().to_dict()
+    mine, theirs = learner.privacy(), restored.privacy()
+    assert (mine.output, mine.intrusion, mine.assumptions) == (theirs.output, theirs.intrusion, theirs.assumptions)
     learner.learn_many(X[half:], y[half:])
-    restored.learn_many(X[half:], y[half:])
+    for part in (slice(restored.records_seen, half), slice(half, None)):  # the pieces the learner had
+        if part.start is None or part.start < X.shape[0]:
+            restored.learn_many(X[part], y[part])
     _assert_states_equal(learner.state_dict(), restored.state_dict(), "continuing after restore")
 
 
@@ -205,7 +223,7 @@ def check_checkpoint_restores(factory: Factory, X: Array, y: Array) -> None:
     noisy = type(learner).noisy_counters
     assert _counters(persisted, noisy) == _counters(reference, noisy), "checkpoint_state() changed a counter"
     restored = type(learner).from_state_dict(
-        json.loads(json.dumps(learner.config())), state_from_json(state_to_json(persisted)), rng=7
+        json.loads(json.dumps(learner.config())), state_from_json(state_to_json(persisted)), rng=np.random.default_rng(7)
     )
     restored.resumed()
     assert restored.records_seen == learner.records_seen
@@ -217,6 +235,27 @@ def check_checkpoint_restores(factory: Factory, X: Array, y: Array) -> None:
         if isinstance(value, np.ndarray):
             assert value.shape == np.shape(original[key]) and value.dtype == np.asarray(original[key]).dtype, key
     assert np.all(np.isfinite(restored.release())), "a restored learner releases non-finite parameters"
+
+
+def check_saved_states_are_boundaries(factory: Factory, X: Array, y: Array) -> None:
+    """A learner with batch boundaries (:meth:`~panpriv.protocols.base.Learner.records_to_boundary`
+    not ``None``) saves the same state at every point of a batch — the state at the batch's start —
+    so no two saved states of one batch differ by the records between them; ``state_records``
+    counts the records up to that boundary. Learners without boundaries pass trivially."""
+    learner = factory(3)
+    if learner.records_to_boundary() is None:
+        return
+    at_boundary = learner.state_dict()
+    for i in range(X.shape[0]):
+        before = learner.records_to_boundary()
+        learner.learn_many(X[i : i + 1], y[i : i + 1])
+        state = learner.state_dict()
+        if learner.state_records == learner.records_seen:
+            assert before == 1, f"a boundary after record {i + 1}, announced {before} records ahead"
+            at_boundary = state
+            continue
+        assert before is not None and learner.records_to_boundary() == before - 1, "records_to_boundary does not count down"
+        _assert_states_equal(at_boundary, state, f"mid-batch after record {i + 1}")
 
 
 def _copy_generator(generator: np.random.Generator) -> np.random.Generator:
@@ -275,7 +314,8 @@ def check_state_contents(factory: Factory, X: Array, y: Array) -> None:
 def check_report_consistency(factory: Factory, X: Array, y: Array) -> None:
     """``privacy()`` and ``snapshot()`` agree with the learner, and guarantees never shrink.
 
-    After each micro-batch: report and snapshot count ``records_seen`` records, the mechanism is
+    After each micro-batch: the report counts ``records_seen`` records and the snapshot the records
+    its state covers (``state_records``), the mechanism is
     the learner's ``name``, snapshot parameters equal ``release()``, the report survives
     ``to_dict``/JSON/``from_dict``, and the output and intrusion guarantees dominate the
     previous ones (a guarantee once printed cannot become stronger).
@@ -292,7 +332,8 @@ def check_report_consistency(factory: Factory, X: Array, y: Array) -> None:
         release = learner.release()
         snapshot = learner.snapshot()
         report = learner.privacy()
-        assert learner.records_seen == seen == report.records == snapshot.records
+        assert learner.records_seen == seen == report.records
+        assert snapshot.records == learner.state_records <= seen
         assert report.mechanism == learner.name == snapshot.learner
         assert np.array_equal(snapshot.params, release), "snapshot params differ from release()"
         assert report.output.dominates(previous.output), "output guarantee became stronger"
@@ -380,6 +421,7 @@ ALL_CHECKS: tuple[Callable[[Factory, Array, Array], None], ...] = (
     check_config_round_trip,
     check_state_round_trip,
     check_checkpoint_restores,
+    check_saved_states_are_boundaries,
     check_state_contents,
     check_report_consistency,
     check_micro_batch_invariance,

@@ -57,6 +57,43 @@ _INT64_SAFE = 2**62
 _OWNER = "discrete_gaussian"
 
 
+class Kept:
+    """Every array one sampling call makes, zeroed when the call ends.
+
+    Each uniform integer, each comparison with one, each chain counter, magnitude and square in
+    the sampler is a function of the draws — most directly the discrete Laplace remainders, which
+    equal |y| for most accepted draws. numpy frees a dropped array without erasing it, so a later
+    read of the process would find them (issue 32 found 7–11 of 14 coordinates of a draw). The
+    sampler therefore binds every intermediate array, passes it through a :class:`Kept`, and wipes
+    them all when the draw is done (:meth:`wipe`); the arrays it returns are the caller's (the
+    learner adds the draw into its accumulator and zeroes it). No sampled value becomes a Python
+    ``int`` either: maxima and comparisons that decide a code path stay in one-element arrays and
+    give a ``bool`` (CPython's two singletons). tests/protocols/test_memory_residue.py looks for the
+    draw in a learner's memory, with this wiping switched off as the control.
+    """
+
+    def __init__(self) -> None:
+        self._arrays: list[NDArray[Any]] = []
+
+    def __call__(self, array: NDArray[Any]) -> NDArray[Any]:
+        self._arrays.append(array)
+        return array
+
+    def wipe(self) -> None:
+        for array in self._arrays:
+            if array.flags.writeable:
+                array.fill(0)
+        self._arrays.clear()
+
+    def exceeds(self, values: IntArray, limit: int) -> bool:
+        """``max(values) > limit`` without a Python int of the maximum (``limit`` is public)."""
+        if values.size == 0:
+            return False
+        peak = self(np.zeros(1, dtype=values.dtype))
+        np.max(values.reshape(1, -1), axis=1, out=peak)
+        return bool(np.greater(peak, limit, out=self(np.zeros(1, dtype=bool)))[0])
+
+
 class UniformSource(Protocol):
     """Where uniform integers come from: ``below(bounds)[i]`` is uniform on {0, …, bounds[i] − 1}."""
 
@@ -67,27 +104,35 @@ class OsUniform:
     """Uniform integers from OS entropy (``secrets``), drawn fresh for every call; no state kept.
 
     int64 bounds: 64-bit words read from ``/dev/urandom`` straight into a numpy array
-    (:func:`panpriv.protocols.randomness.fill_from_os`, scrubbed after use) reduced modulo the bound, rejecting the
-    words below 2⁶⁴ mod b (the accepted range [2⁶⁴ mod b, 2⁶⁴) holds a multiple of b words, so the
-    remainder is exactly uniform). Bounds of Python ints: ``secrets.randbelow`` per element.
+    (:func:`panpriv.protocols.randomness.fill_from_os`) reduced modulo the bound, rejecting the words
+    below 2⁶⁴ mod b (the accepted range [2⁶⁴ mod b, 2⁶⁴) holds a multiple of b words, so the remainder
+    is exactly uniform); every array of the call but the result is zeroed before it returns (the
+    caller keeps the result in its :class:`Kept`). Bounds of Python ints: ``secrets.randbelow`` per
+    element, whose Python ints cannot be wiped (σ² beyond about 2⁵⁶, far below any ε the service
+    takes; :func:`sample_discrete_gaussian`).
     """
 
     def below(self, bounds: IntArray) -> IntArray:
         if bounds.dtype == object:
             return np.array([secrets.randbelow(int(b)) for b in bounds], dtype=object)
+        kept = Kept()
         out = np.empty(bounds.shape[0], dtype=np.int64)
-        pending = np.arange(bounds.shape[0])
-        while pending.size:
-            words = np.empty(pending.size, dtype=np.uint64)
-            fill_from_os(words)  # read straight into the array: no bytes object left behind
-            b = bounds[pending].astype(np.uint64)
-            threshold = (np.uint64(0) - b) % b  # 2**64 mod b, in uint64 arithmetic (wraps by design)
-            accepted = words >= threshold
-            kept = words[accepted]
-            np.remainder(kept, b[accepted], out=kept)
-            out[pending[accepted]] = kept.view(np.int64)  # < b ≤ 2⁶³ − 1: the same value
-            _scrub(words, kept)
-            pending = pending[~accepted]
+        pending = kept(np.arange(bounds.shape[0]))
+        try:
+            while pending.size:
+                words = kept(np.empty(pending.size, dtype=np.uint64))
+                fill_from_os(words)  # read straight into the array: no bytes object left behind
+                b = kept(np.empty(pending.size, dtype=np.uint64))
+                np.copyto(b, kept(bounds[pending]), casting="unsafe")  # positive int64 → uint64, no buffer
+                threshold = kept(np.subtract(np.uint64(0), b))  # 2**64 - b, wrapping by design
+                np.remainder(threshold, b, out=threshold)  # 2**64 mod b
+                accepted = kept(np.greater_equal(words, threshold))
+                remainder = kept(words[accepted])
+                np.remainder(remainder, kept(b[accepted]), out=remainder)
+                out[kept(pending[accepted])] = remainder.view(np.int64)  # < b ≤ 2⁶³ − 1: the same value
+                pending = kept(pending[kept(~accepted)])
+        finally:
+            kept.wipe()
         return out
 
 
@@ -114,15 +159,6 @@ class GeneratorUniform:
                 return value
 
 
-def _scrub(*arrays: NDArray[Any]) -> None:
-    """Overwrite intermediate arrays that hold noise values (or functions of them) before they are
-    freed, so that a later read of the process's memory does not find them (numpy reuses freed
-    buffers without clearing them). The int64 path's raw words are scrubbed too; the Python-int
-    path (``secrets.randbelow``, bounds beyond int64) leaves immutable ints that are not."""
-    for array in arrays:
-        array.fill(0)
-
-
 def _oversampled(needed: int, acceptance: float) -> int:
     """Trials to run for ``needed`` accepted draws when a trial is accepted with probability about
     ``acceptance``: the expected need plus about three standard deviations, so that one round of
@@ -139,35 +175,41 @@ _GAUSSIAN_ACCEPTANCE = 0.7
 """About the acceptance of Alg. 3's trials at t = ⌊σ⌋ + 1 (measured ≈ 0.76 at σ ≈ 2^19)."""
 
 
-def _scaled_bounds(k: IntArray, den: int) -> IntArray:
+def _scaled_bounds(k: IntArray, den: int, kept: Kept) -> IntArray:
     """k·den, as int64 when it fits, else as Python ints."""
-    if k.size == 0 or int(k.max()) * den < _INT64_SAFE:
-        return k.astype(np.int64) * np.int64(den)
-    return np.array([int(v) * den for v in k], dtype=object)
+    if not kept.exceeds(k, (_INT64_SAFE - 1) // den):
+        product = kept(k.astype(np.int64))
+        product *= np.int64(den)
+        return product
+    return kept(np.array([int(v) * den for v in k], dtype=object))
 
 
 def _bernoulli_exp_fraction(
-    num: IntArray, den: int, source: UniformSource, start: NDArray[np.int64] | None = None
+    num: IntArray, den: int, source: UniformSource, kept: Kept, start: NDArray[np.int64] | None = None
 ) -> NDArray[np.bool_]:
     """Bernoulli(exp(−num/den)) for 0 ≤ num ≤ den (CKS 2020, Alg. 1, case γ ∈ [0, 1]).
 
     ``start``: trials k = 1, …, start − 1 are known to have succeeded already (the chain resumes at
-    k = start); default 1.
+    k = start); default 1. Every array made is kept in ``kept`` (the caller wipes it).
     """
-    k = np.ones(num.shape[0], dtype=np.int64) if start is None else start.copy()
-    alive = np.arange(num.shape[0])
+    k = kept(np.ones(num.shape[0], dtype=np.int64) if start is None else start.copy())
+    alive = kept(np.arange(num.shape[0]))
     while alive.size:
-        success = source.below(_scaled_bounds(k[alive], den)) < num[alive]  # Bernoulli(γ/k)
-        alive = alive[success]
-        k[alive] += 1
-    return k % 2 == 1
+        uniform = kept(source.below(_scaled_bounds(kept(k[alive]), den, kept)))
+        success = kept(np.less(uniform, kept(num[alive])))  # Bernoulli(γ/k)
+        alive = kept(alive[success])
+        survivors = kept(k[alive])
+        survivors += 1
+        k[alive] = survivors
+    odd = kept(np.remainder(k, 2))
+    return kept(np.equal(odd, 1))
 
 
 _FACTORIAL_TRIALS = 20
 _FACTORIALS = np.array([math.factorial(j) for j in range(_FACTORIAL_TRIALS + 1)], dtype=np.int64)
 
 
-def _bernoulli_exp_minus_one(size: int, source: UniformSource) -> NDArray[np.bool_]:
+def _bernoulli_exp_minus_one(size: int, source: UniformSource, kept: Kept) -> NDArray[np.bool_]:
     """``size`` Bernoulli(exp(−1)) draws: Alg. 1 with γ = 1, its first 20 trials from one uniform word.
 
     Trial k succeeds with probability 1/k. A uniform W on {0, …, 20! − 1} written in the factorial
@@ -175,92 +217,118 @@ def _bernoulli_exp_minus_one(size: int, source: UniformSource) -> NDArray[np.boo
     trial k succeeds iff d_k = 0. K is the first failing trial and the draw is ``K odd``. If all 20
     succeed (probability 1/20!), the chain continues at k = 21 with one uniform per trial.
     """
-    word = source.below(np.full(size, _FACTORIALS[_FACTORIAL_TRIALS], dtype=np.int64))
-    first_failure = np.zeros(size, dtype=np.int64)
-    pending = np.arange(size)
+    word = kept(source.below(kept(np.full(size, _FACTORIALS[_FACTORIAL_TRIALS], dtype=np.int64))))
+    first_failure = kept(np.zeros(size, dtype=np.int64))
+    pending = kept(np.arange(size))
     for k in range(2, _FACTORIAL_TRIALS + 1):  # trial 1 (probability 1/1) always succeeds
-        failed = (word[pending] // _FACTORIALS[k - 1]) % k != 0
-        first_failure[pending[failed]] = k
-        pending = pending[~failed]
+        digit = kept(word[pending])
+        np.floor_divide(digit, _FACTORIALS[k - 1], out=digit)
+        np.remainder(digit, k, out=digit)
+        failed = kept(np.not_equal(digit, 0))
+        first_failure[kept(pending[failed])] = k
+        pending = kept(pending[kept(~failed)])
         if not pending.size:
             break
-    result = first_failure % 2 == 1
-    unfinished = np.flatnonzero(first_failure == 0)
+    odd = kept(np.remainder(first_failure, 2))
+    result = kept(np.equal(odd, 1))
+    unfinished = kept(np.flatnonzero(kept(np.equal(first_failure, 0))))
     if unfinished.size:
-        ones = np.ones(unfinished.size, dtype=np.int64)
-        start = np.full(unfinished.size, _FACTORIAL_TRIALS + 1, dtype=np.int64)
-        result[unfinished] = _bernoulli_exp_fraction(ones, 1, source, start)
+        ones = kept(np.ones(unfinished.size, dtype=np.int64))
+        start = kept(np.full(unfinished.size, _FACTORIAL_TRIALS + 1, dtype=np.int64))
+        result[unfinished] = _bernoulli_exp_fraction(ones, 1, source, kept, start)
     return result
 
 
-def bernoulli_exp(num: IntArray, den: int, source: UniformSource) -> NDArray[np.bool_]:
+def bernoulli_exp(num: IntArray, den: int, source: UniformSource, kept: Kept | None = None) -> NDArray[np.bool_]:
     """Independent Bernoulli(exp(−num[i]/den)) draws for integers num[i] ≥ 0 and den ≥ 1.
 
     CKS 2020, Alg. 1: exp(−γ) = exp(−1)^⌊γ⌋ · exp(−(γ − ⌊γ⌋)), each factor an independent trial
-    (a failed trial ends that coordinate early).
+    (a failed trial ends that coordinate early). ``kept``: where the arrays made go (wiped by the
+    caller); ``None``: wiped here, the result excepted.
     """
-    whole, fraction = num // den, num % den
-    result = np.ones(num.shape[0], dtype=bool)
-    remaining = whole.copy()
-    active = np.flatnonzero(remaining > 0)
-    while active.size:
-        success = _bernoulli_exp_minus_one(active.size, source)
-        result[active[~success]] = False
-        remaining[active] -= 1
-        active = active[success]
-        active = active[remaining[active] > 0]
-    alive = np.flatnonzero(result)
-    result[alive] = _bernoulli_exp_fraction(fraction[alive], den, source)
-    _scrub(whole, fraction, remaining)
-    return result
+    own = kept is None
+    kept = Kept() if kept is None else kept
+    try:
+        whole, fraction = kept(num // den), kept(num % den)
+        result = np.ones(num.shape[0], dtype=bool)
+        if not own:
+            kept(result)
+        remaining = kept(whole.copy())
+        active = kept(np.flatnonzero(kept(np.greater(remaining, 0))))
+        while active.size:
+            success = _bernoulli_exp_minus_one(active.size, source, kept)
+            result[kept(active[kept(~success)])] = False
+            decremented = kept(remaining[active])
+            decremented -= 1
+            remaining[active] = decremented
+            active = kept(active[success])
+            active = kept(active[kept(np.greater(kept(remaining[active]), 0))])
+        alive = kept(np.flatnonzero(result))
+        result[alive] = _bernoulli_exp_fraction(kept(fraction[alive]), den, source, kept)
+        return result
+    finally:
+        if own:
+            kept.wipe()
 
 
 _GEOMETRIC_BLOCK = 4
 
 
-def _geometric_exp1(size: int, source: UniformSource) -> NDArray[np.int64]:
+def _geometric_exp1(size: int, source: UniformSource, kept: Kept) -> NDArray[np.int64]:
     """Number of Bernoulli(exp(−1)) successes before the first failure (P(V ≥ v) = e^{−v}).
 
     Trials are drawn in blocks of 4 per pending coordinate; V counts the leading successes, and a
     coordinate whose whole block succeeded draws another block (exactly the sequential chain).
     """
-    count = np.zeros(size, dtype=np.int64)
-    alive = np.arange(size)
+    count = kept(np.zeros(size, dtype=np.int64))
+    alive = kept(np.arange(size))
     while alive.size:
-        block = _bernoulli_exp_minus_one(alive.size * _GEOMETRIC_BLOCK, source).reshape(alive.size, _GEOMETRIC_BLOCK)
-        leading = np.cumprod(block, axis=1).sum(axis=1)
-        count[alive] += leading
-        alive = alive[leading == _GEOMETRIC_BLOCK]
+        block = _bernoulli_exp_minus_one(alive.size * _GEOMETRIC_BLOCK, source, kept).reshape(alive.size, _GEOMETRIC_BLOCK)
+        leading = kept(kept(np.cumprod(block, axis=1)).sum(axis=1))
+        counted = kept(count[alive])
+        counted += leading
+        count[alive] = counted
+        alive = kept(alive[kept(np.equal(leading, _GEOMETRIC_BLOCK))])
     return count
 
 
-def discrete_laplace(scale: int, size: int, source: UniformSource) -> NDArray[np.int64]:
+def discrete_laplace(scale: int, size: int, source: UniformSource, kept: Kept | None = None) -> NDArray[np.int64]:
     """``size`` independent draws with P(x) ∝ exp(−|x|/scale) on the integers (CKS 2020, Alg. 2, s = 1).
 
     U uniform on {0, …, t − 1} kept with probability exp(−U/t) is the remainder of |X| modulo t;
     V ~ Geometric(1 − e^{−1}) is the quotient; a sign is drawn, and (−, 0) is rejected so that 0 is
-    not counted twice.
+    not counted twice. ``kept``: as for :func:`bernoulli_exp`.
     """
+    own = kept is None
+    kept = Kept() if kept is None else kept
     out = np.empty(size, dtype=np.int64)
+    if not own:
+        kept(out)
     filled = 0
     t = np.int64(scale)
-    while filled < size:
-        trials = _oversampled(size - filled, _LAPLACE_ACCEPTANCE)
-        u = source.below(np.full(trials, t, dtype=np.int64))
-        kept = np.flatnonzero(bernoulli_exp(u, scale, source))
-        magnitude = u[kept]
-        quotient = _geometric_exp1(kept.size, source)
-        quotient *= t
-        magnitude += quotient
-        negative = source.below(np.full(kept.size, 2, dtype=np.int64)) == 1
-        valid = ~(negative & (magnitude == 0))
-        signed = np.where(negative, -magnitude, magnitude)
-        kept_draws = signed[valid]
-        draws = kept_draws[: size - filled]
-        out[filled : filled + draws.size] = draws
-        filled += draws.size
-        _scrub(u, quotient, magnitude, signed, kept_draws)
-    return out
+    try:
+        while filled < size:
+            trials = _oversampled(size - filled, _LAPLACE_ACCEPTANCE)
+            u = kept(source.below(kept(np.full(trials, t, dtype=np.int64))))
+            chosen = kept(np.flatnonzero(bernoulli_exp(u, scale, source, kept)))
+            magnitude = kept(u[chosen])
+            quotient = _geometric_exp1(chosen.size, source, kept)
+            quotient *= t
+            magnitude += quotient
+            sign = kept(source.below(kept(np.full(chosen.size, 2, dtype=np.int64))))
+            negative = kept(np.equal(sign, 1))
+            zero = kept(np.equal(magnitude, 0))
+            np.logical_and(zero, negative, out=zero)
+            valid = kept(np.logical_not(zero))
+            signed = kept(np.negative(magnitude))
+            np.copyto(signed, magnitude, where=kept(np.logical_not(negative)))
+            draws = kept(signed[valid])[: size - filled]
+            out[filled : filled + draws.size] = draws
+            filled += draws.size
+        return out
+    finally:
+        if own:
+            kept.wipe()
 
 
 def as_variance(owner: str, sigma2: int | Fraction) -> Fraction:
@@ -313,24 +381,28 @@ def sample_discrete_gaussian(
     # denominator by g² with g = gcd(t·c, a) (g² divides a·t·c, hence the denominator).
     g = math.gcd(t * c, a)
     slope, offset, den = t * c // g, a // g, 2 * a * c * t * t // (g * g)
+    square_fits = (2**31 - 1 - offset) // slope  # |y| up to this: (|y|·slope − offset)² fits int64
     out = np.empty(size, dtype=np.int64)
     filled = 0
-    while filled < size:
-        y = discrete_laplace(t, _oversampled(size - filled, _GAUSSIAN_ACCEPTANCE), source)
-        magnitude = np.abs(y)
-        if int(magnitude.max(initial=0)) * slope + offset < 2**31:  # the square fits int64
-            w = magnitude * np.int64(slope)
-            w -= np.int64(offset)
-            num: IntArray = w * w
-            _scrub(w)
-        else:
-            num = np.array([(int(m) * slope - offset) ** 2 for m in magnitude], dtype=object)
-        accepted = y[bernoulli_exp(num, den, source)]
-        draws = accepted[: size - filled]
-        out[filled : filled + draws.size] = draws
-        filled += draws.size
-        _scrub(y, magnitude, num, accepted)
-    return out
+    kept = Kept()  # every intermediate array, zeroed at the end (Kept's docstring)
+    try:
+        while filled < size:
+            y = discrete_laplace(t, _oversampled(size - filled, _GAUSSIAN_ACCEPTANCE), source, kept)
+            magnitude = kept(np.abs(y))
+            num: IntArray
+            if not kept.exceeds(magnitude, square_fits):
+                w = kept(magnitude * np.int64(slope))
+                w -= np.int64(offset)
+                num = kept(w * w)
+            else:
+                num = kept(np.array([(int(m) * slope - offset) ** 2 for m in magnitude], dtype=object))
+            accepted = kept(y[bernoulli_exp(num, den, source, kept)])
+            draws = accepted[: size - filled]
+            out[filled : filled + draws.size] = draws
+            filled += draws.size
+        return out
+    finally:
+        kept.wipe()
 
 
 def efficient_variance(minimum: int) -> tuple[int, int]:

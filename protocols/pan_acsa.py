@@ -17,6 +17,14 @@ record is 2L/b_t. Because every record enters exactly one batch and everything e
 post-processing, the learner is (ε, δ)-pan-private (one intrusion plus all outputs) and its
 outputs are (ε, δ)-DP, per record, however long the stream runs.
 
+One read, not two: every state inside batch t carries the same Z_t, so two states of one batch
+differ by the exact clean sum of the records between them, and Lemma C.4 covers one read only.
+:meth:`PanPrivateACSA.state_dict` (what a checkpoint persists) is therefore the state at the last
+batch boundary — the iterates, post-processing of the noisy batch means, before the next batch's
+first draw — and never the accumulator; any number of saved states reveals nothing beyond the
+outputs. Z_t is drawn when the batch's first record arrives, so a learner restored at a boundary
+draws it afresh (:meth:`PanPrivateACSA.records_to_boundary` tells a caller where boundaries fall).
+
 Noise calibration: ``calibration="analytic"`` (default) takes the smallest ζ for which the Gaussian
 mechanism with sensitivity 2L/b is (ε, δ)-DP (Balle & Wang 2018, via
 :func:`panpriv.accounting.gaussian.analytic_sigma`), valid for every ε > 0; ``"classic"`` takes
@@ -110,8 +118,10 @@ GAUSSIAN_CALIBRATIONS: tuple[GaussianCalibration, ...] = ("analytic", "classic")
 classic σ = √(2 ln(1.25/δ))·Δ/ε (needs ε < 1; Cheu et al. 2022, Lemma C.5)."""
 
 _OWNER = "PanPrivateACSA"
-_ARRAYS = ("theta", "theta_ag", "theta_md", "grad")
-_COUNTERS = ("records", "epoch", "phase", "step", "batch", "filled")
+_ARRAYS = ("theta", "theta_ag", "theta_md")
+_COUNTERS = ("records", "epoch", "phase", "step", "batch")
+_OPEN_BATCH_COUNTERS = ("filled",)
+"""Saved by older panpriv versions, mid-batch, with the accumulator (``grad`` or ``grad_units``)."""
 
 
 @dataclass(frozen=True)
@@ -218,9 +228,8 @@ class PanPrivateACSA(BatchWorkerLearner):
     """
 
     name = "pan-acsa"
-    # "step": reset by restarts, which read the noisy gradients; "grad_units": the secure mode's
-    # integer accumulator (noisy, compared in distribution by the conformance suite).
-    noisy_counters = frozenset({"step", "grad_units"})
+    # "step": reset by restarts, which read the noisy gradients.
+    noisy_counters = frozenset({"step"})
 
     @classmethod
     def unit_test_params(cls) -> list[dict[str, Any]]:
@@ -571,42 +580,53 @@ class PanPrivateACSA(BatchWorkerLearner):
     # -- persistence ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, StateValue]:
-        """Counters, the iterates (post-processing of noisy sums) and the accumulator g_t (noisy:
-        Z_t plus the batch's partial sum; zeros between batches). Secure noise: the accumulator is
-        ``"grad_units"``, int64 grid units, instead of ``"grad"``."""
-        accumulator = "grad" if self._secure is None else "grad_units"
+        """The state at the last batch boundary: counters and the iterates θ, θ^ag, θ^md — never
+        the accumulator of the open batch.
+
+        Why (Cheu et al. 2022, Lemma C.4 covers one read): every state inside batch t carries the
+        same first draw Z_t, so two copies of the accumulator taken inside one batch differ by the
+        exact clean sum of the records learned between them. The iterates change only when a
+        batch ends and are post-processing of the noisy batch means — the sequence every release
+        is computed from — so any number of states saved at boundaries reveals nothing about a
+        record beyond the output guarantee. Mid-batch, this returns the state the learner had when
+        the open batch began (``records`` = :attr:`state_records`), before its first draw; a
+        learner restored from it draws Z_t anew when the batch's first record arrives, and the
+        caller re-reads the records since the boundary (:meth:`records_to_boundary`)."""
         return {
-            "records": self._records,
+            "records": self.state_records,
             "epoch": self._epoch,
             "phase": self._phase,
             "step": self._iterate.t,
             "batch": self._iterate.batch,
-            "filled": self._filled,
             "theta": self._iterate.theta.copy(),
             "theta_ag": self._iterate.theta_ag.copy(),
             "theta_md": self._iterate.theta_md.copy(),
-            accumulator: self._grad.copy(),
         }
 
+    @property
+    def state_records(self) -> int:
+        """Records learned up to the last batch boundary (what :meth:`state_dict` covers)."""
+        return self._records - self._filled
+
+    def records_to_boundary(self) -> int:
+        """Records left in the open batch (b_t when no batch is open): learning exactly these brings
+        the learner to the next point where :meth:`state_dict` is its live state."""
+        return self._current_batch() - self._filled
+
     def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
-        float_arrays = _ARRAYS if self._secure is None else _ARRAYS[:-1]
-        missing = set(float_arrays + _COUNTERS + (() if self._secure is None else ("grad_units",))) - set(state)
+        """Restore a state of :meth:`state_dict` (a batch boundary). A state saved mid-batch by
+        an older panpriv (with ``filled`` > 0 and the accumulator ``grad``, or ``grad_units`` with
+        secure noise) is still accepted and continues its batch."""
+        missing = set(_ARRAYS + _COUNTERS) - set(state)
         if missing:
             raise InvalidInputError(f"{_OWNER}.load_state_dict: state lacks {sorted(missing)}")
         counters = {}
-        for key in _COUNTERS:
-            value = state[key]
+        for key in _COUNTERS + _OPEN_BATCH_COUNTERS:
+            value = state.get(key, 0)
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise InvalidInputError(check.message(f"{_OWNER}.load_state_dict", key, "an int >= 0", value))
             counters[key] = int(value)
-        arrays = {}
-        for key in float_arrays:
-            array = np.array(state[key], dtype=np.float64, copy=True)
-            if array.shape != (self._params,) or not np.all(np.isfinite(array)):
-                raise InvalidInputError(
-                    f"{_OWNER}.load_state_dict: {key!r} must be {self._params} finite floats; got shape {array.shape}"
-                )
-            arrays[key] = array
+        arrays = {key: self._read_floats(key, state[key]) for key in _ARRAYS}
         plans = self.epoch_plans(counters["epoch"])
         if counters["phase"] >= len(plans):
             raise InvalidInputError(check.message(f"{_OWNER}.load_state_dict", "phase", f"< {len(plans)}", counters["phase"]))
@@ -620,13 +640,34 @@ class PanPrivateACSA(BatchWorkerLearner):
                 f"{counters['filled']} do not fit "
                 f"the planned run ({plan.steps} batches); was the state saved under another config?"
             )
+        accumulator = self._read_open_batch(state, counters["filled"])
         self._records, self._epoch, self._phase, self._filled = (
             counters["records"], counters["epoch"], counters["phase"], counters["filled"]
         )
         self._iterate = Iterate(
             arrays["theta"], arrays["theta_ag"], arrays["theta_md"], counters["step"], counters["batch"]
         )
-        self._grad = arrays["grad"] if self._secure is None else self._read_units(state["grad_units"])
+        self._grad.fill(0)
+        self._grad = accumulator
+
+    def _read_floats(self, key: str, value: StateValue) -> Array:
+        array = np.array(value, dtype=np.float64, copy=True)
+        if array.shape != (self._params,) or not np.all(np.isfinite(array)):
+            raise InvalidInputError(
+                f"{_OWNER}.load_state_dict: {key!r} must be {self._params} finite floats; got shape {array.shape}"
+            )
+        return array
+
+    def _read_open_batch(self, state: Mapping[str, StateValue], filled: int) -> NDArray[np.float64] | NDArray[np.int64]:
+        """The accumulator of an older mid-batch state (``filled`` > 0), or zeros at a boundary."""
+        key = "grad" if self._secure is None else "grad_units"
+        if filled == 0:
+            return self._zero_accumulator()
+        if key not in state:
+            raise InvalidInputError(f"{_OWNER}.load_state_dict: a state with filled = {filled} needs {key!r}")
+        if self._secure is None:
+            return self._read_floats(key, state[key])
+        return self._read_units(state[key])
 
     def _read_units(self, value: StateValue) -> NDArray[np.int64]:
         """The secure mode's int64 accumulator from a state dict (integers only, no float)."""

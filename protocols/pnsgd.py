@@ -444,7 +444,8 @@ class _PNSGD(Learner):
             "the intruder reads the internal state (the iterate) at most once, between two record "
             "updates; the noise of each sub-block of at most 128 steps comes from one generator keyed from OS "
             "entropy at its start and zeroed after its draw (a read inside a micro-batch finds the records in "
-            "flight and their noise, and gives them no guarantee; every other record keeps this one)",
+            "flight and their noise, and gives them no guarantee; every other record keeps this one as far as the "
+            "learner's memory goes — a service's statement adds what its input path keeps)",
         ]
 
     # -- persistence ---------------------------------------------------------------------------

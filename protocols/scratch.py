@@ -70,10 +70,13 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array
     ``norms`` (shape (m,)) and ``work`` (the shape of ``X``) as work space; bitwise the same
     result (:func:`_clip_factors`).
 
-    Every factor is at most 1, and exactly 1 for a row inside the bound, so when the least one
-    is 1 nothing is multiplied (x·1 = x). Otherwise the rows are scaled through ``work``
-    (:func:`panpriv.protocols.scalar_residue.scale_rows`): ``X * norms[:, None]`` would leave every row's
-    factor — its norm, for a clipped row — in numpy's freed iteration buffer.
+    Every factor is at most 1, and exactly 1 for a row inside the bound (x·1 = x), and every row is
+    multiplied, whether or not any needs clipping: the block then takes the same operations
+    whatever its values, so its duration does not tell whether a record was over the bound
+    (skipping the multiply when none was made a 1024 × 21 block 26 µs instead of 37 µs, issue 32;
+    ``benchmarks/memory_hygiene.py`` measures what the multiply costs). The rows are scaled through
+    ``work`` (:func:`panpriv.protocols.scalar_residue.scale_rows`): ``X * norms[:, None]`` would
+    leave every row's factor — its norm, for a clipped row — in numpy's freed iteration buffer.
 
     A finite row whose sum of squares overflows (‖x‖ above ~1.3e154) has its norm measured
     scaled (:func:`_scaled_norm`), so it is clipped onto the bound rather than zeroed by a factor
@@ -89,9 +92,7 @@ def clip_rows_into(X: Array, bound: float, out: Array, norms: Array, work: Array
     _clip_factors(bound, norms)
     if out is not X:
         np.copyto(out, X)
-    least = np.min(norms, out=work.reshape(-1)[:1], keepdims=True)
-    if np.less(least, 1.0)[0]:  # a bool, not the factor itself as a numpy scalar
-        scale_rows(out, norms, work)
+    scale_rows(out, norms, work)  # every row, clipped or not (docstring)
     return out
 
 

@@ -173,3 +173,67 @@ class Memory:
             for i in candidates.tolist()
             if np.all((self.ints[i : i + p] >= low) & (self.ints[i : i + p] <= high))
         ]
+
+    def find_box(self, low: NDArray[np.float64], high: NDArray[np.float64]) -> NDArray[np.int64]:
+        """Word positions i with low[k] ≤ floats[i + k] ≤ high[k] for every k, vectorised: the
+        candidates for the first coordinate are narrowed coordinate by coordinate (fast for
+        wide boxes, where :meth:`find_float_rows` would loop over many starts)."""
+        p = low.size
+        starts = self._starting_between(float(low[0]), float(high[0]), p)
+        for k in range(1, p):
+            values = self.floats[starts + k]
+            starts = starts[(values >= low[k]) & (values <= high[k])]
+        return starts
+
+    def find_int_box(self, low: NDArray[np.int64], high: NDArray[np.int64]) -> NDArray[np.int64]:
+        """:meth:`find_box` for int64 vectors."""
+        p = low.size
+        head = self.ints[: self.size - p + 1]
+        starts = np.flatnonzero((head >= low[0]) & (head <= high[0]))
+        for k in range(1, p):
+            values = self.ints[starts + k]
+            starts = starts[(values >= low[k]) & (values <= high[k])]
+        return starts
+
+    def find_vectors(self, targets: NDArray[np.float64], tolerance: float) -> list[tuple[int, int]]:
+        """(k, i) for every target row k found at word position i (|floats[i + j] − targets[k, j]|
+        ≤ ``tolerance`` for every j), all rows at once: one sorted lookup of the first coordinates,
+        then the candidates checked coordinate by coordinate."""
+        p = targets.shape[1]
+        firsts = targets[:, 0]
+        lo = np.searchsorted(self._sorted, firsts - tolerance, side="left")
+        hi = np.searchsorted(self._sorted, firsts + tolerance, side="right")
+        counts = hi - lo
+        rows = np.repeat(np.arange(targets.shape[0]), counts)
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        starts = self._positions[np.repeat(lo, counts) + offsets]
+        keep = starts + p <= self.size
+        rows, starts = rows[keep], starts[keep]
+        for j in range(1, p):
+            close = np.abs(self.floats[starts + j] - targets[rows, j]) <= tolerance
+            rows, starts = rows[close], starts[close]
+        return list(zip(rows.tolist(), starts.tolist(), strict=True))
+
+    def sorted_ints(self) -> NDArray[np.int64]:
+        """Every word as an int64, sorted (computed once)."""
+        if not hasattr(self, "_int_order"):
+            self._int_order = np.argsort(self.ints, kind="stable")
+            self._int_sorted = self.ints[self._int_order]
+        return self._int_sorted
+
+    def find_int_vectors(self, targets: NDArray[np.int64]) -> list[tuple[int, int]]:
+        """:meth:`find_vectors` for exact int64 rows."""
+        self.sorted_ints()
+        p = targets.shape[1]
+        lo = np.searchsorted(self._int_sorted, targets[:, 0], side="left")
+        hi = np.searchsorted(self._int_sorted, targets[:, 0], side="right")
+        counts = hi - lo
+        rows = np.repeat(np.arange(targets.shape[0]), counts)
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        starts = self._int_order[np.repeat(lo, counts) + offsets]
+        keep = starts + p <= self.size
+        rows, starts = rows[keep], starts[keep]
+        for j in range(1, p):
+            same = self.ints[starts + j] == targets[rows, j]
+            rows, starts = rows[same], starts[same]
+        return list(zip(rows.tolist(), starts.tolist(), strict=True))

@@ -9,8 +9,10 @@ starts ``python -m panpriv run --config …`` with its output in a log file, wai
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
+import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +33,10 @@ MALFORMED: dict[str, bytes] = {
 
 
 def toml_value(value: Any) -> str:
-    """A Python scalar or list as a TOML value (JSON's syntax is TOML's for these)."""
+    """A Python scalar, list or mapping as a TOML value (JSON's syntax is TOML's for scalars and
+    lists; a mapping is an inline table)."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
     return json.dumps(str(value) if isinstance(value, Path) else value)
 
 
@@ -73,10 +78,10 @@ class PanprivService:
     """``panpriv run --config <workdir>/panpriv.toml`` with metrics on a free loopback port.
 
     ``config`` holds the settings of the test (source, records, learner, …); ``out``, ``progress``
-    and ``[metrics]`` are filled in here.
+    and ``[metrics]`` are filled in here. ``env``: the process's environment (default: this one's).
     """
 
-    def __init__(self, workdir: Path, config: Mapping[str, Any]) -> None:
+    def __init__(self, workdir: Path, config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_loopback_port()
         self.out = workdir / "out"
@@ -86,9 +91,14 @@ class PanprivService:
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
         self.log_path = workdir / "panpriv.log"
         self._process = ManagedProcess(
-            [sys.executable, "-m", "panpriv", "run", "--config", str(self.config_path)], self.log_path
+            [sys.executable, "-m", "panpriv", "run", "--config", str(self.config_path)], self.log_path,
+            None if env is None else dict(env),
         )
         wait_until(self._serves_metrics, STARTUP_TIMEOUT_S, f"panpriv metrics at {self.metrics_url}")
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     @property
     def target(self) -> str:
@@ -109,16 +119,31 @@ class PanprivService:
         """The last durable checkpoint (the manifest is replaced atomically, so always whole)."""
         return CheckpointStore(self.out / "checkpoints").load()
 
-    def wait_for_checkpoint(self, records: int, timeout_s: float = 60.0) -> Checkpoint:
-        """Wait until a durable checkpoint covers ``records`` learned records; return it."""
-        def covered() -> bool:
-            self._process.check_alive()
-            saved = self.checkpoint()
-            return saved is not None and saved.records >= records
+    def learned(self) -> int:
+        """Records learned so far (``panpriv_records_total``)."""
+        match = re.search(r"^panpriv_records_total ([0-9.e+]+)$", self.scrape(), re.M)
+        return int(float(match[1])) if match else 0
 
-        wait_until(covered, timeout_s, f"a checkpoint covering {records} records (log: {self.log_path})")
+    def wait_for_checkpoint(self, records: int, timeout_s: float = 60.0, settle_s: float = 5.0) -> Checkpoint:
+        """Wait until ``records`` records are learned and a checkpoint holds what they left; return
+        it. (pan-acsa's checkpoint holds its last batch boundary, which may cover fewer.) The service
+        checkpoints within ``checkpoint.every_seconds`` of learning anything, so the checkpoint that
+        follows the last record is the newest one once ``settle_s`` (above that interval) passes
+        without another."""
+        def learned() -> bool:
+            self._process.check_alive()
+            return self.learned() >= records
+
+        wait_until(learned, timeout_s, f"{records} records learned (log: {self.log_path})")
+        deadline = time.monotonic() + settle_s
         saved = self.checkpoint()
-        assert saved is not None
+        while time.monotonic() < deadline:
+            self._process.check_alive()
+            time.sleep(0.1)
+            newer = self.checkpoint()
+            if newer is not None and (saved is None or newer.sequence > saved.sequence):
+                saved, deadline = newer, time.monotonic() + settle_s
+        assert saved is not None, f"no checkpoint after {records} records (log: {self.log_path})"
         return saved
 
     def terminate(self, timeout_s: float = 30.0) -> int:

@@ -118,6 +118,7 @@ class BudgetSession:
         self._ahead = Lookahead() if ahead else None
         self._stored_reports: dict[str, PrivacyReport] = {}  # what the store holds for our instances
         self.learned_here = 0  # records or rounds learned by this process (0: a budget refusal is a refusal to start)
+        self.exposure: tuple[str, ...] = ()  # what a read of memory or disk finds (panpriv.streamer.runtime.exposure)
         self._precharged: int | None = None  # a step charged by a process that died before its checkpoint
 
     @classmethod
@@ -377,7 +378,8 @@ class BudgetSession:
         # The store holds every use of our records, ours included; the own ledger can only be weaker
         # where the store was emptied or moved, so the statement takes the worse of the two.
         composed = dataclasses.replace(
-            composed, output=_worse(composed.output, own.output), intrusion=_worse(composed.intrusion, own.intrusion)
+            composed, output=_worse(composed.output, own.output), intrusion=_worse(composed.intrusion, own.intrusion),
+            assumptions=(*composed.assumptions, *self.exposure),
         )
         return with_public_assumptions(composed, seeded=self._seeded)
 
@@ -425,8 +427,9 @@ class BudgetSession:
                                           lost_report)
         if lost:
             log.warning(
-                "records charged by run %s after its last durable checkpoint were in a state lost in a crash; they "
-                "are re-learned now, and their earlier use is charged as %s (intrusion only): %s",
+                "records charged by run %s after its last durable checkpoint were in a state that was not saved (a crash, "
+                "or a stop inside a batch); they are re-learned now, and their earlier use is charged as %s (intrusion "
+                "only): %s",
                 saved.instance, lost_instance, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in sorted(lost.items())),
             )
 

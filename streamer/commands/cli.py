@@ -159,6 +159,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             log.warning("metrics endpoint not started (port %d: %s); continuing without it", config.metrics.port, exc.strerror)
     progress = config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty())
     log.info("output directory: %s", config.out)
+    from panpriv.streamer.runtime import allocator
+
+    if allocator.wiping():
+        log.info("memory: freed memory is overwritten (wiping allocator, panpriv.streamer.runtime.allocator)")
+    else:
+        log.warning("memory: the wiping allocator is off (%s): raw records read earlier may remain in freed memory",
+                    "PANPRIV_ALLOCATOR=default" if allocator.supported() else "not Linux with glibc")
     started = time.monotonic()
     try:
         result = Processor(config, metrics=metrics, progress=progress).run()
@@ -576,12 +583,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``panpriv`` console script: one line per error, the exit codes of
     :mod:`panpriv.streamer.commands.exit_codes`."""
+    program = argv is None  # started as the program (not called from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    if program:
+        from panpriv.streamer.runtime import allocator
+
+        allocator.ensure(args.command)  # a long-running command restarts with an allocator that erases (docstring)
     args.argv = _after_command(argv) if args.command == "run" else []
     from panpriv.streamer.commands import logs
 

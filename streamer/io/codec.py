@@ -201,9 +201,15 @@ class Codec(abc.ABC):
                 rejects.extend(Reject(int(i), reason, int(c)) for i, c in zip(indices, counts))
         keep = finite & in_range
         if not keep.all():
-            X, y, origin, squares, overflowed = X[keep], y[keep], origin[keep], squares[keep], overflowed[keep]
+            kept = X[keep], y[keep], origin[keep], squares[keep], overflowed[keep]
+            if owned:  # the codec's own arrays of the rejected and accepted rows: zeroed, not just dropped
+                X.fill(0.0)
+                y.fill(0.0)
+            squares.fill(0.0)
+            X, y, origin, squares, overflowed = kept
             owned = True
         norms = np.sqrt(squares)
+        squares.fill(0.0)  # per-record squared norms: clean data (docs/privacy.md, "The input path")
         if overflowed.any():
             if not owned:
                 X, owned = X.copy(), True
@@ -233,15 +239,17 @@ def clip_rows(X: NDArray[np.float64], bound: float) -> NDArray[np.float64]:
 
 def _clip(X: NDArray[np.float64], norms: NDArray[np.float64], bound: float, in_place: bool) -> NDArray[np.float64]:
     """:func:`clip_rows` given the rows' norms: rows with norm > ``bound`` are multiplied by
-    ``bound/norm``, the others by exactly 1 (unchanged); in place or into a copy."""
-    over = norms > bound
-    if not over.any():
-        return X
-    scale = np.divide(bound, norms, out=np.ones_like(norms), where=over)[:, None]
-    if in_place:
-        X *= scale
-        return X
-    return X * scale
+    ``bound/norm``, the others by exactly 1 (unchanged); in place or into a copy. Every row is
+    multiplied, clipped or not, so a micro-batch's decoding time does not depend on whether a
+    record needed clipping (docs/privacy.md, "Timing"); the factors and the norms are zeroed."""
+    scale = np.divide(bound, norms, out=np.ones_like(norms), where=norms > bound)
+    factors = np.empty_like(X)
+    np.copyto(factors, scale[:, None])  # a plain assignment: no iteration buffer keeps the factors
+    clipped = X if in_place else np.empty_like(X)
+    np.multiply(X, factors, out=clipped)
+    for array in (factors, scale, norms):
+        array.fill(0.0)
+    return clipped
 
 
 def _onto_sphere(X: NDArray[np.float64], bound: float) -> NDArray[np.float64]:
@@ -475,8 +483,11 @@ class CsvCodec(Codec):
                 continue
             origin.append(i)
         table = np.vstack(rows) if rows else np.empty((0, width))
-        y = table[:, label_column]
+        for row in rows:  # each record's parsed row: zeroed, not left to numpy's cache of small buffers
+            row.fill(0.0)
+        y = table[:, label_column].copy()
         X = np.delete(table, label_column, axis=1)
+        table.fill(0.0)
         return Parsed(X, y, np.array(origin, dtype=np.int64), tuple(rejects), owned=True)
 
 

@@ -110,7 +110,7 @@ class RecordingReader:
     def frames(self, positions: Mapping[str, int] | None = None) -> Generator[Frame, None, None]:
         """Frames in file order, skipping those before ``positions[key]`` (resume points)."""
         positions = positions or {}
-        with open(self.path, "rb", buffering=1 << 20) as handle:
+        with open(self.path, "rb", buffering=1 << 16) as handle:  # raw records: a small read buffer (docs/privacy.md)
             handle.seek(self._body_start)
             where = self._body_start  # file position of the next frame header
             while True:

@@ -13,7 +13,7 @@ and what a resume starts from, so those are the driver's to say; the checkpoint 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from panpriv.streamer.budget.session import BudgetSession
@@ -31,12 +31,22 @@ STOPPED = "stop requested (signal); final checkpoint taken"
 @dataclass(frozen=True)
 class Resumable:
     """What a checkpoint saves for a resume: the learner's state and record count, the records the
-    last snapshot covered, and a recorded learner's pass marks (``None`` for stream learners)."""
+    last snapshot covered, a recorded learner's pass marks (``None`` for stream learners), and the
+    positions, partly learned messages, ledger and reject counts that go with that state — the
+    live ones, or those of the last batch boundary of a learner that saves only boundaries
+    (:meth:`panpriv.protocols.base.Learner.records_to_boundary`)."""
 
     learner_state: dict[str, Any]
     records: int
     snapshot_records: int
     replay: ReplayMarks | None
+    positions: dict[str, int]
+    ledger: dict[str, Any]
+    rejects: dict[str, int]
+    partial: dict[str, int] = field(default_factory=dict)
+    marks: dict[str, int] | None = None
+    """Kafka's offset-regression marks at these positions, when they are not the live ones
+    (``None``: the source's own, :func:`panpriv.streamer.sources.open.source_marks`)."""
 
 
 class Driver(ABC):
@@ -55,8 +65,8 @@ class Driver(ABC):
         """Register the learner's current guarantee in the ledger (and the budget store, once open)."""
 
     @abstractmethod
-    def resumable(self) -> Resumable:
-        """What a checkpoint taken now saves for a resume."""
+    def resumable(self, finished: bool = False) -> Resumable:
+        """What a checkpoint taken now saves for a resume (``finished``: the data is complete)."""
 
     @abstractmethod
     def drive(self, heartbeat: Heartbeat, pacer: Pacer) -> tuple[Outcome, str]:

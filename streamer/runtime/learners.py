@@ -153,7 +153,9 @@ def from_public_config(name: str, learner_config: Mapping[str, Any]) -> Learner:
 
 def restore_learner(name: str, learner_config: Mapping[str, Any], state: Mapping[str, Any], seed: int | None) -> Learner:
     """A learner rebuilt from a checkpoint's learner config and state, ready to learn on
-    (:meth:`panpriv.protocols.base.Learner.resumed`)."""
+    (:meth:`panpriv.protocols.base.Learner.resumed`). A ``seed`` with a state that
+    has learned records is refused (:meth:`panpriv.protocols.base.Learner.from_state_dict`): the seed
+    would restart the noise stream and repeat the draws already released."""
     cls = learner_class(name)
     try:
         learner = cls.from_state_dict(learner_config, state, rng=seed)

@@ -89,6 +89,7 @@ from panpriv.streamer.io.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSn
 from panpriv.streamer.io.source_url import KafkaUrl, parse_source_url
 from panpriv.streamer.kafka import client as kafka_client
 from panpriv.streamer.metrics.service import ServiceMetrics
+from panpriv.streamer.runtime import allocator, exposure
 from panpriv.streamer.runtime.delta_target import check_delta_target
 from panpriv.streamer.runtime.driver import Driver, Outcome
 from panpriv.streamer.runtime.heartbeat import Heartbeat, LagReporter
@@ -214,8 +215,9 @@ class Processor:
                 # Clean stop: the state is consistent with the positions, so make it durable.
                 # A final snapshot only if it would release something new: a release is not free
                 # for every learner (PNSGD accounts each one), and a learner that has learned
-                # nothing (a new run, a restarted pass) has nothing to release.
-                records = driver.state.learner.records_seen
+                # nothing (a new run, a restarted pass) has nothing to release. (A learner that saves
+                # batch boundaries releases what its last boundary covers: state_records.)
+                records = driver.state.learner.state_records
                 transaction.commit(
                     snapshot=records not in (0, driver.state.snapshot_records), finished=outcome == "finished", final=True
                 )
@@ -260,7 +262,8 @@ class Processor:
             driver = RecordedDriver(self.config, state, source, self.metrics, self.stop_event,
                                     saved.replay if saved is not None else None)
         else:
-            driver = StreamDriver(self.config, state, source, self.codec, self.metrics, self.stop_event)
+            driver = StreamDriver(self.config, state, source, self.codec, self.metrics, self.stop_event,
+                                  (saved.learner_state, saved.partial, saved.source_marks) if saved is not None else None)
         self._driver = driver
         if saved is None or (saved.replay is not None and saved.replay.restart):
             if saved is not None:
@@ -271,6 +274,7 @@ class Processor:
                 )
             driver.register_learner()
         session = BudgetSession.for_run(self.config, source)
+        session.exposure = exposure.sentences(state.learner, source, allocator.wiping())
         self._session = session
         session.begin(state, source, saved)
         driver.session = session
@@ -395,9 +399,14 @@ class Processor:
         The next owner starts at the committed offsets, so this is the one place where the commit
         comes first: if it fails, the process stops without a checkpoint (the next owner re-reads
         from the older commit and our durable state ends there too); if the checkpoint fails after
-        it, the records in between are in nobody's surviving state — lost, never doubled.
+        it, the records in between are in nobody's surviving state — lost, never doubled. The
+        commit is of the live positions: a learner that saves only batch boundaries checkpoints
+        the last boundary, and the records after it stay in its live state (the next boundary's
+        checkpoint holds them; a crash before it loses them, charged as a lost state), so the
+        checkpoint's own acknowledgement, which would move the group's offsets back to the
+        boundary, is skipped.
         """
         if self._transaction is not None and self._source is not None and self._driver is not None:
             log.info("partitions being revoked: commit and checkpoint first")
             self._source.acknowledge(dict(self._driver.state.positions), strict=True)
-            self._transaction.commit(snapshot=False)
+            self._transaction.commit(snapshot=False, acknowledge=False)

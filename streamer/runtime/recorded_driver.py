@@ -69,7 +69,7 @@ from panpriv.streamer.runtime.driver import STOPPED, Driver, Outcome, Resumable
 from panpriv.streamer.runtime.heartbeat import Heartbeat
 from panpriv.streamer.runtime.pacing import Pacer
 from panpriv.streamer.runtime.stream_driver import refused_records
-from panpriv.streamer.state.checkpoint import ReplayMarks
+from panpriv.streamer.state.checkpoint import ReplayMarks, copied_state
 from panpriv.streamer.state.training_state import TrainingState
 
 log = logging.getLogger("panpriv.replay")
@@ -174,15 +174,16 @@ class RecordedDriver(Driver):
                     self.session.register(instance, round_report, state.instance)
         self._rounds_registered = begun
 
-    def resumable(self) -> Resumable:
+    def resumable(self, finished: bool = False) -> Resumable:
         """The current state, or, mid-pass for a learner that cannot resume a pass, the state at the
         pass's start with the mark that the pass restarts (:mod:`panpriv.streamer.runtime.recorded_driver`)."""
-        boundary = self._boundary
+        boundary, state = self._boundary, self.state
+        bookkeeping = {"positions": dict(state.positions), "ledger": state.ledger.to_dict(), "rejects": dict(state.rejects)}
         if boundary is not None and self._learner.records_seen != boundary.records:
-            return Resumable(boundary.state, boundary.records, boundary.snapshot_records,
-                             ReplayMarks(boundary.passes_charged, restart=True))
-        return Resumable(self._learner.checkpoint_state(), self._learner.records_seen, self.state.snapshot_records,
-                         ReplayMarks(self._passes_charged))
+            return Resumable(copied_state(boundary.state), boundary.records, boundary.snapshot_records,
+                             ReplayMarks(boundary.passes_charged, restart=True), **bookkeeping)
+        return Resumable(self._learner.checkpoint_state(), self._learner.records_seen, state.snapshot_records,
+                         ReplayMarks(self._passes_charged), **bookkeeping)
 
     def note_boundary(self) -> None:
         """At a pass boundary of a learner that cannot resume mid-pass, keep what a resume restarts from."""

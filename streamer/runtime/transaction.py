@@ -33,7 +33,7 @@ from panpriv.streamer.runtime.heartbeat import LagReporter
 from panpriv.streamer.serving.holdout import Holdout
 from panpriv.streamer.sources.base import Source
 from panpriv.streamer.sources.open import source_marks
-from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore
+from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore, wipe_state
 
 
 class CheckpointTransaction:
@@ -87,9 +87,10 @@ class CheckpointTransaction:
         self._feature_names = feature_names
         self._holdout = holdout
 
-    def commit(self, snapshot: bool, finished: bool = False, final: bool = False) -> None:
+    def commit(self, snapshot: bool, finished: bool = False, final: bool = False, acknowledge: bool = True) -> None:
         """Take a checkpoint (with a snapshot if ``snapshot``); ``finished``: the data is complete;
-        ``final``: the run stops cleanly after it."""
+        ``final``: the run stops cleanly after it; ``acknowledge``: commit its positions upstream
+        (not before a Kafka revocation, which commits the live positions itself)."""
         t0 = time.perf_counter()
         state = self._driver.state
         released = state.learner.snapshot() if snapshot else None  # (1)
@@ -100,8 +101,8 @@ class CheckpointTransaction:
         if released is not None:
             state.snapshots += 1
             state.snapshot_records = released.records
-        positions = dict(state.positions)
-        resumable = self._driver.resumable()
+        resumable = self._driver.resumable(finished)  # the live state, or the last batch boundary's
+        positions = resumable.positions
         budget_mark = self._session.mark()  # the store's id and generation, recorded by the checkpoint and snapshot
         checkpoint = Checkpoint(
             sequence=state.sequence,
@@ -112,25 +113,30 @@ class CheckpointTransaction:
             learner_config=state.learner.config(),
             learner_state=resumable.learner_state,
             positions=positions,
-            ledger=state.ledger.to_dict(),
-            rejects=dict(state.rejects),
+            ledger=resumable.ledger,
+            rejects=resumable.rejects,
             records=resumable.records,
             snapshots=state.snapshots,
             config_hash=self._config_hash,
             privacy_config=self._privacy_config,
             snapshot_records=resumable.snapshot_records,
             replay=resumable.replay,
-            source_marks=source_marks(self._source, positions),  # offset-regression check (kafka_calls)
+            source_marks=source_marks(self._source, positions) if resumable.marks is None else resumable.marks,  # kafka_calls
+            partial=resumable.partial,
             budget_mark=budget_mark,
         )
-        durable_at = self._store.save(checkpoint)  # (4)
+        try:
+            durable_at = self._store.save(checkpoint)  # (4)
+        finally:
+            wipe_state(checkpoint.learner_state)  # copies made for this write (panpriv.streamer.state.checkpoint)
         self._session.mark_durable(state.instance, state.sequence, positions, clean=final)
         store_ledger = self._session.store_ledger(state.ledger)
         report = self._session.report(state, store_ledger)
         self._metrics.observe_checkpoint(time.perf_counter() - t0, durable_at)
         self._metrics.observe_privacy(report)
         self._metrics.observe_budget(per_source(store_ledger))
-        self._source.acknowledge(positions)  # (5)
+        if acknowledge:
+            self._source.acknowledge(positions)  # (5)
         self._lag.refresh(force=True)
         if released is None:
             return
@@ -138,7 +144,7 @@ class CheckpointTransaction:
             released,
             sequence=state.sequence,
             instance=state.instance,
-            rejected=sum(state.rejects.values()),
+            rejected=sum(resumable.rejects.values()),
             positions=positions,
             privacy=report.to_dict(),
             feature_names=self._feature_names,

@@ -20,8 +20,9 @@ class Batch:
     """One micro-batch as read from a source, before decoding.
 
     Either ``payloads`` (encoded messages, with the key and position of each in ``keys`` and
-    ``positions``) or ``arrays`` (``(X, y)``, already numeric: the synthetic source) is set.
-    ``ranges[key] = (start, stop)``: the positions consumed by this batch.
+    ``positions``, and for Kafka its timestamp in ``timestamps``) or ``arrays`` (``(X, y)``,
+    already numeric: the synthetic source) is set. ``ranges[key] = (start, stop)``: the positions
+    consumed by this batch.
     """
 
     ranges: dict[str, tuple[int, int]]
@@ -29,6 +30,7 @@ class Batch:
     keys: list[str] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     arrays: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
+    timestamps: list[int] = field(default_factory=list)
 
     @property
     def consumed(self) -> int:

@@ -128,10 +128,11 @@ class KafkaConsumerSource(abc.ABC):
             fresh = [m for m in messages if m[0] >= start]
             if not fresh:
                 continue
-            for offset, value, _ in fresh:
+            for offset, value, timestamp in fresh:
                 batch.payloads.append(value)
                 batch.keys.append(key)
                 batch.positions.append(offset)
+                batch.timestamps.append(timestamp)
             stop = fresh[-1][0] + 1
             batch.ranges[key] = (start, stop)
             self._positions[key] = stop

@@ -39,10 +39,16 @@ class _LocalSource:
 # -- line files (JSONL, CSV, Adult) --------------------------------------------------------------
 
 
+READ_BUFFER = 1 << 16
+"""Bytes of a file read at a time: the read buffer holds raw records around the position read
+(about 180 JSON records of 20 features), overwritten as reading moves on — a part of the input
+path's bound (docs/privacy.md, "The input path")."""
+
+
 def _open_binary(path: Path) -> IO[bytes]:
     if path.suffix == ".gz":
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb", buffering=1 << 20)
+    return open(path, "rb", buffering=READ_BUFFER)
 
 
 class LineFileSource(_LocalSource):
@@ -69,6 +75,7 @@ class LineFileSource(_LocalSource):
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         start = self._position
         payloads: list[bytes] = []
+        lines: list[int] = []
         readline = self._handle.readline
         is_record = self._codec.is_record_line
         size, budget = 0, max_bytes or _UNBOUNDED
@@ -77,18 +84,14 @@ class LineFileSource(_LocalSource):
             if not line:
                 self._eof = True
                 break
-            self._position += 1
             if is_record(line):
                 payloads.append(line.rstrip(b"\r\n"))
+                lines.append(self._position)
                 size += len(line)
+            self._position += 1
         if self._position == start:
             return None
-        return Batch(
-            {self.key: (start, self._position)},
-            payloads,
-            [self.key] * len(payloads),
-            [],  # line positions are not needed downstream (no dead-letter topic for files)
-        )
+        return Batch({self.key: (start, self._position)}, payloads, [self.key] * len(payloads), lines)
 
     @property
     def exhausted(self) -> bool:

@@ -18,14 +18,23 @@ Integrity (:mod:`panpriv.streamer.state.integrity`): the manifest carries the SH
 verified on load with a strict schema check, so a corrupted manifest is refused, never resumed.
 
 Arrays are stored exactly (raw little-endian bytes, base64) so a resumed learner continues from
-bit-identical state.
+bit-identical state. Neither writing nor reading makes a Python string or bytes copy of them: the
+manifest is assembled in, and read into, a buffer that is zeroed once written or parsed
+(:func:`panpriv.streamer.state.integrity.seal_document`), and the learner-state arrays handed to the
+writer are zeroed after the write. The previous manifest's file, replaced by ``os.replace``, is
+overwritten with zeros once the new one is durable (:func:`panpriv.streamer.state.atomic_files.write_atomically`),
+so its blocks do not stay on a disk that overwrites in place.
+
+What a manifest can hold is a function of what was released: the learner's ``state_dict`` —
+for ``pan-acsa`` the state at its last batch boundary, never the open batch's accumulator
+(:meth:`panpriv.protocols.base.Learner.records_to_boundary`) — and public positions and counts
+(docs/privacy.md, "Checkpoints on disk").
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,8 +46,9 @@ import numpy as np
 from panpriv.streamer.config import describe_changes
 from panpriv.streamer.errors import CheckpointError
 from panpriv.streamer.state.atomic_files import write_atomically
-from panpriv.streamer.state.integrity import check_ledger, open_sealed, seal
+from panpriv.streamer.state.integrity import check_ledger, check_schema, open_document, seal_document
 from panpriv.streamer.state.lock import prepare_output_directory
+from panpriv.streamer.state.owned_bytes import read_owned
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "checkpoint.json"
@@ -46,6 +56,8 @@ SOURCE_MARKS_KEY = "source_marks"
 """The key of a Kafka source's marks in the manifest's ``extra`` object."""
 BUDGET_MARK_KEY = "budget"
 """The key of the budget store's mark (id and generation) in the manifest's ``extra`` object."""
+PARTIAL_KEY = "partial_rows"
+"""The key, in ``extra``, of the rows of a message already in the learner state (see :class:`Checkpoint`)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,12 @@ class Checkpoint:
     refuses a store behind it, :mod:`panpriv.streamer.budget.session`). On disk these live in the
     manifest's ``extra`` object, under the same keys since schema version 1 (``budget`` since
     content-keyed budgets; older manifests have none).
+
+    ``partial`` (``extra["partial_rows"]``): for a source key whose position points into a
+    message that holds several records (a binary batch) of which the learner state already has
+    the first ``partial[key]`` valid rows — a batch boundary of ``pan-acsa`` fell inside that
+    message (:meth:`panpriv.protocols.base.Learner.records_to_boundary`). A resumed run re-reads the
+    message and skips those rows (:mod:`panpriv.streamer.runtime.stream_driver`).
     """
 
     sequence: int
@@ -101,6 +119,7 @@ class Checkpoint:
     replay: ReplayMarks | None = None
     source_marks: dict[str, int] = field(default_factory=dict)
     budget_mark: dict[str, Any] = field(default_factory=dict)
+    partial: dict[str, int] = field(default_factory=dict)
 
     def extra(self) -> dict[str, Any]:
         """The manifest's ``extra`` object (the layout of schema version 1)."""
@@ -111,10 +130,14 @@ class Checkpoint:
             extra[SOURCE_MARKS_KEY] = dict(self.source_marks)
         if self.budget_mark:
             extra[BUDGET_MARK_KEY] = dict(self.budget_mark)
+        if self.partial:
+            extra[PARTIAL_KEY] = dict(self.partial)
         return extra
 
-    def to_json(self) -> str:
-        body = {
+    def to_body(self) -> dict[str, Any]:
+        """The manifest's content, learner-state arrays as numpy arrays (sealed and serialised by
+        :func:`panpriv.streamer.state.integrity.seal_document`)."""
+        return {
             "schema_version": self.schema_version,
             "sequence": self.sequence,
             "created": self.created,
@@ -134,12 +157,11 @@ class Checkpoint:
             "snapshots": self.snapshots,
             "extra": self.extra(),
         }
-        return json.dumps(body, sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str, where: str = "checkpoint") -> Checkpoint:
+    def from_body(cls, body: dict[str, Any], where: str = "checkpoint") -> Checkpoint:
+        """The checkpoint of a manifest's content (arrays already decoded)."""
         try:
-            body = json.loads(text)
             version = body.get("schema_version")
             if version != SCHEMA_VERSION:
                 raise CheckpointError(
@@ -165,7 +187,7 @@ class Checkpoint:
             )
         except CheckpointError:
             raise
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{where} is not a valid panpriv checkpoint: {exc!r}") from None
 
 
@@ -179,24 +201,19 @@ def _typed_extra(extra: dict[str, Any]) -> dict[str, Any]:
     if BUDGET_MARK_KEY in extra:
         mark = dict(extra[BUDGET_MARK_KEY])
         fields["budget_mark"] = {"store": str(mark["store"]), "generation": int(mark["generation"])}
+    if PARTIAL_KEY in extra:
+        fields["partial"] = {str(k): int(v) for k, v in dict(extra[PARTIAL_KEY]).items() if int(v) > 0}
     return fields
 
 
 def encode_value(value: Any) -> Any:
-    """A state value as JSON: arrays as ``{"ndarray": {dtype, shape, base64}}`` (little-endian raw
-    bytes, so floats round-trip exactly), numpy scalars as Python numbers, non-finite floats as
-    ``{"float": "inf"}``; anything else must already be JSON-ready."""
+    """A learner-state value as the manifest holds it: numeric arrays as they are (the seal
+    serialises them, :func:`panpriv.streamer.state.integrity.seal_document`), numpy scalars as
+    Python numbers, non-finite floats as ``{"float": "inf"}``; anything else must be JSON-ready."""
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise CheckpointError("learner state holds an object array; only numeric arrays can be checkpointed")
-        little = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
-        return {
-            "ndarray": {
-                "dtype": little.dtype.str,
-                "shape": list(little.shape),
-                "base64": base64.b64encode(little.tobytes()).decode("ascii"),
-            }
-        }
+        return value
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -205,15 +222,24 @@ def encode_value(value: Any) -> Any:
 
 
 def decode_value(value: Any) -> Any:
-    """Inverse of :func:`encode_value` (arrays come back in native byte order, writeable)."""
-    if isinstance(value, dict) and "ndarray" in value:
-        spec = value["ndarray"]
-        dtype = np.dtype(spec["dtype"])
-        array = np.frombuffer(base64.b64decode(spec["base64"]), dtype=dtype).reshape(spec["shape"])
-        return array.astype(dtype.newbyteorder("="), copy=True)
+    """Inverse of :func:`encode_value` (arrays arrive decoded by the seal, in native byte order,
+    writeable)."""
     if isinstance(value, dict) and "float" in value:
         return float(value["float"])
     return value
+
+
+def copied_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A learner-state dict with its arrays copied (for a writer that wipes them, :func:`wipe_state`)."""
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in state.items()}
+
+
+def wipe_state(state: Mapping[str, Any]) -> None:
+    """Zero the arrays of a learner-state dict once it is written (a serialised copy of a state is
+    never left to the allocator: module docstring)."""
+    for value in state.values():
+        if isinstance(value, np.ndarray) and value.flags.writeable:
+            value.fill(0)
 
 
 class CheckpointStore:
@@ -231,25 +257,47 @@ class CheckpointStore:
 
     def save(self, checkpoint: Checkpoint) -> float:
         """Write ``checkpoint`` durably (sealed with its checksum, :mod:`panpriv.streamer.state.integrity`;
-        :func:`~panpriv.streamer.state.atomic_files.write_atomically`); return the Unix time it became durable."""
+        :func:`~panpriv.streamer.state.atomic_files.write_atomically`, the replaced manifest zeroed);
+        return the Unix time it became durable. The sealed bytes are zeroed once written."""
         prepare_output_directory(self.directory)
-        write_atomically(self.path, seal(checkpoint.to_json()).encode("utf-8"), what="checkpoint")
+        with seal_document(checkpoint.to_body()) as sealed:
+            write_atomically(self.path, sealed.view(), what="checkpoint", wipe_replaced=True)
         return time.time()
 
 
 def read_manifest(path: Path) -> Checkpoint:
     """The checkpoint in ``path``, its checksum and schema verified (:mod:`panpriv.streamer.state.integrity`);
-    :class:`CheckpointError` for anything that is not a valid, intact manifest."""
-    try:
-        raw = path.read_bytes()
-    except IsADirectoryError:
-        raise CheckpointError(f"{path} is a directory, not a checkpoint file") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
-    body = open_sealed(raw, str(path))
-    checkpoint = Checkpoint.from_json(json.dumps(body), where=str(path))
+    :class:`CheckpointError` for anything that is not a valid, intact manifest.
+
+    A reader racing the running service (``panpriv inspect``, a monitor) may open the manifest just
+    before it is replaced, and then read the zeros the service writes over the replaced file: a
+    manifest that fails to parse is read again if the path names another file by then."""
+    for attempt in range(3):
+        try:
+            inode = os.stat(path).st_ino
+            raw = read_owned(path)
+        except IsADirectoryError:
+            raise CheckpointError(f"{path} is a directory, not a checkpoint file") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
+        try:
+            with raw:
+                body = open_document(raw, str(path))
+            break
+        except CheckpointError:
+            if attempt == 2 or _inode(path) == inode:
+                raise
+    check_schema(body, str(path))
+    checkpoint = Checkpoint.from_body(body, where=str(path))
     check_ledger(checkpoint.ledger, str(path))
     return checkpoint
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 def check_resumable(checkpoint: Checkpoint, config_hash: str, privacy_config: Mapping[str, Any], where: Path) -> None:

@@ -1,10 +1,10 @@
 """Checkpoint integrity: a SHA-256 over the canonical content, and a strict schema check.
 
 A checkpoint decides what a resumed run believes (the learner's state, which records are already
-used, the privacy ledger); a silently altered one resumes the wrong state. :func:`seal` adds
-``"sha256"``, the SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace, ASCII, the
-``sha256`` key itself left out), and :func:`open_sealed` checks it before anything is read: any
-change to the content (a flipped bit, a truncation, an edit) is refused with
+used, the privacy ledger); a silently altered one resumes the wrong state. :func:`seal_document`
+adds ``"sha256"``, the SHA-256 of the document's canonical JSON (sorted keys, no whitespace,
+ASCII, the ``sha256`` key itself left out), and :func:`open_document` checks it before anything is
+read: any change to the content (a flipped bit, a truncation, an edit) is refused with
 :class:`~panpriv.streamer.errors.CheckpointError`. A change that leaves the parsed content identical (e.g.
 ``1e-05`` ↔ ``1E-05``) is harmless by construction, since only the parsed content is used.
 
@@ -12,6 +12,17 @@ The digest protects against corruption, not against an attacker who can write th
 recompute it). Manifests written before the digest existed (no ``sha256`` key) still load, with a
 warning. :func:`check_schema` then refuses unknown keys and values of the wrong type or sign
 (negative positions or counts), which a checksum-less manifest is otherwise trusted for.
+
+Arrays never pass through Python strings. A document's numpy arrays (anywhere in it) are written
+as ``{"ndarray": {"dtype", "shape", "base64"}}`` — raw little-endian bytes, so a resumed state is
+bit-identical — but their base64 text is computed straight into the :class:`OwnedBytes` buffer
+that holds the sealed document (:mod:`panpriv.streamer.state.owned_bytes`): the JSON text around
+them is made with placeholders (``json`` sees only counters, positions, the ledger, the
+configuration), and the digest is fed the pieces in order. Reading does the reverse: the base64
+values are located in the file's bytes, the rest is parsed with placeholders, and each array is
+decoded from the buffer. The caller wipes the buffer. So no copy of a serialised state is left in
+the process's freed memory (tests/streamer/test_persisted_states.py). This is the one sealed
+format: the service's checkpoint and the roles' state files use it.
 """
 
 from __future__ import annotations
@@ -20,11 +31,25 @@ import hashlib
 import json
 import logging
 import math
+import re
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from panpriv.accounting.errors import AccountingError
 from panpriv.accounting.ledger import PrivacyLedger
 from panpriv.streamer.errors import CheckpointError
+from panpriv.streamer.state.owned_bytes import (
+    OwnedBytes,
+    array_bytes,
+    b64_length,
+    b64decode_into,
+    b64decoded_length,
+    b64encode_into,
+)
 
 log = logging.getLogger("panpriv.checkpoint")
 
@@ -38,36 +63,180 @@ LEARNER_KEYS = frozenset({"name", "config", "state"})
 
 
 def canonical(body: dict[str, Any]) -> bytes:
-    """The bytes the digest is computed over: ``body`` without its digest, canonical JSON."""
+    """The bytes the digest is computed over: ``body`` without its digest, canonical JSON (for a
+    document without arrays; :func:`seal_document` computes the same over one with arrays)."""
     content = {k: v for k, v in body.items() if k != DIGEST_KEY}
     return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
-def seal(text: str) -> str:
-    """The manifest ``text`` (a JSON object) with its ``sha256`` added."""
-    body = json.loads(text)
-    body[DIGEST_KEY] = hashlib.sha256(canonical(body)).hexdigest()
-    return json.dumps(body, sort_keys=True, allow_nan=False)
+@dataclass(frozen=True)
+class _Skeleton:
+    """A document with every array replaced by a placeholder string, and the arrays in order."""
+
+    body: dict[str, Any]
+    arrays: list[np.ndarray]
+    tokens: list[str]
+
+    def pieces(self, **dump: Any) -> Iterator[str | int]:
+        """``json.dumps(body, **dump)`` as text pieces and, where a placeholder stood, the index of
+        its array (each placeholder must occur exactly once)."""
+        text = json.dumps(self.body, ensure_ascii=True, allow_nan=False, **dump)
+        quoted = [json.dumps(token)[1:-1] for token in self.tokens]
+        where = {token: k for k, token in enumerate(quoted)}
+        parts = re.split("(" + "|".join(re.escape(q) for q in quoted) + ")", text) if quoted else [text]
+        if sorted(where[p] for p in parts[1::2]) != list(range(len(quoted))):
+            raise CheckpointError("internal error: a placeholder of the sealed document occurs twice or not at all")
+        for k, part in enumerate(parts):
+            yield where[part] if k % 2 else part
 
 
-def open_sealed(raw: bytes, where: str) -> dict[str, Any]:
-    """Parse a manifest, verify its digest and schema; return its content (without the digest).
+def _skeleton(body: Any, arrays: list[np.ndarray], tokens: list[str], nonce: str) -> Any:
+    if isinstance(body, np.ndarray):
+        if body.dtype.hasobject:
+            raise CheckpointError("the state holds an object array; only numeric arrays can be checkpointed")
+        little = np.ascontiguousarray(body, dtype=body.dtype.newbyteorder("<"))
+        token = f"\x00{nonce}:{len(arrays)}"
+        arrays.append(little)
+        tokens.append(token)
+        return {"ndarray": {"dtype": little.dtype.str, "shape": list(little.shape), "base64": token}}
+    if isinstance(body, dict):
+        return {k: _skeleton(v, arrays, tokens, nonce) for k, v in body.items()}
+    if isinstance(body, (list, tuple)):
+        return [_skeleton(v, arrays, tokens, nonce) for v in body]
+    return body
 
-    Raises :class:`CheckpointError` naming ``where`` and the problem for anything else: not
-    UTF-8, not JSON, not an object, a digest mismatch, a schema violation.
-    """
-    body = parse_object(raw, where, "a panpriv checkpoint", _FIX)
-    if body.get(DIGEST_KEY) is None:
+
+def seal_document(body: dict[str, Any]) -> OwnedBytes:
+    """``body`` (JSON-ready values and numpy arrays) as the bytes of a sealed JSON document with its
+    ``sha256`` added, in a buffer the caller wipes (module docstring)."""
+    arrays: list[np.ndarray] = []
+    tokens: list[str] = []
+    skeleton = _Skeleton(_skeleton({k: v for k, v in body.items() if k != DIGEST_KEY}, arrays, tokens,
+                                   secrets.token_hex(8)), arrays, tokens)
+    try:
+        digest = hashlib.sha256()
+        for piece in skeleton.pieces(sort_keys=True, separators=(",", ":")):
+            if isinstance(piece, str):
+                digest.update(piece.encode("ascii"))
+            else:
+                with OwnedBytes(b64_length(arrays[piece].nbytes)) as text:
+                    b64encode_into(array_bytes(arrays[piece]), text.array)
+                    digest.update(text.view())
+        skeleton.body[DIGEST_KEY] = digest.hexdigest()
+        pieces = list(skeleton.pieces(sort_keys=True))
+        size = sum(len(p) if isinstance(p, str) else b64_length(arrays[p].nbytes) for p in pieces)
+        sealed = OwnedBytes(size)
+        at = 0
+        for piece in pieces:
+            if isinstance(piece, str):
+                encoded = piece.encode("ascii")
+                sealed.array[at : at + len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+                at += len(encoded)
+            else:
+                length = b64_length(arrays[piece].nbytes)
+                b64encode_into(array_bytes(arrays[piece]), sealed.array[at : at + length])
+                at += length
+        return sealed
+    finally:
+        for original, little in zip(_arrays_in(body), arrays, strict=True):
+            if little is not original and not np.shares_memory(little, original):
+                little.fill(0)  # a byte-swapped or contiguous copy made here
+
+
+def _arrays_in(body: Any) -> Iterator[np.ndarray]:
+    """The arrays of ``body`` in the order :func:`_skeleton` visits them."""
+    if isinstance(body, np.ndarray):
+        yield body
+    elif isinstance(body, dict):
+        for k, v in body.items():
+            if k != DIGEST_KEY:
+                yield from _arrays_in(v)
+    elif isinstance(body, (list, tuple)):
+        for v in body:
+            yield from _arrays_in(v)
+
+
+_BASE64_VALUE = re.compile(rb'"base64": "([A-Za-z0-9+/=]*)"')
+
+
+def open_document(raw: OwnedBytes, where: str) -> dict[str, Any]:
+    """Parse the sealed document in ``raw``, verify its digest and return its content (without the
+    digest), arrays decoded into numpy arrays in native byte order. ``raw`` stays the caller's to
+    wipe. Raises :class:`CheckpointError` naming ``where`` and the problem for anything else: not
+    UTF-8, not JSON, not an object, an array that does not decode, a digest mismatch."""
+    nonce = secrets.token_hex(8)
+    spans: list[tuple[int, int]] = []
+    parts: list[bytes] = []
+    previous = 0
+    for match in _BASE64_VALUE.finditer(raw.view()):
+        start, stop = match.span(1)
+        parts += [bytes(raw.view(previous, start)), json.dumps(f"\x00{nonce}:{len(spans)}")[1:-1].encode("ascii")]
+        spans.append((start, stop))
+        previous = stop
+    parts.append(bytes(raw.view(previous)))
+    body = parse_object(b"".join(parts), where, "a panpriv checkpoint", _FIX)
+    tokens = [f"\x00{nonce}:{k}" for k in range(len(spans))]
+    found = list(_placeholders(body, set(tokens)))
+    if sorted(found) != tokens:
+        raise CheckpointError(f"{where} is not a valid panpriv checkpoint: an array value out of place; {_FIX}")
+    digest = body.get(DIGEST_KEY)
+    if digest is None:
         log.warning("%s has no checksum (written by an older panpriv); its content cannot be verified", where)
-    elif not digest_matches(body):
-        raise CheckpointError(f"{where} is corrupted: its content does not match its SHA-256 checksum; {_FIX}")
-    check_schema(body, where)
+    else:
+        skeleton = _Skeleton({k: v for k, v in body.items() if k != DIGEST_KEY}, [], tokens)
+        check = hashlib.sha256()
+        for piece in skeleton.pieces(sort_keys=True, separators=(",", ":")):
+            check.update(piece.encode("ascii") if isinstance(piece, str) else raw.view(*spans[piece]))
+        if digest != check.hexdigest():
+            raise CheckpointError(f"{where} is corrupted: its content does not match its SHA-256 checksum; {_FIX}")
     body.pop(DIGEST_KEY, None)
+    try:
+        return _with_arrays(body, raw, spans, nonce)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{where} is not a valid panpriv checkpoint (an array does not decode: {exc}); {_FIX}") from None
+
+
+def _placeholders(body: Any, tokens: set[str]) -> Iterator[str]:
+    """The placeholders of ``body`` that stand where an array's base64 belongs."""
+    if isinstance(body, dict):
+        spec = body.get("ndarray") if len(body) == 1 else None
+        if isinstance(spec, dict) and spec.get("base64") in tokens:
+            yield spec["base64"]
+            return
+        for value in body.values():
+            yield from _placeholders(value, tokens)
+    elif isinstance(body, list):
+        for value in body:
+            yield from _placeholders(value, tokens)
+
+
+def _with_arrays(body: Any, raw: OwnedBytes, spans: list[tuple[int, int]], nonce: str) -> Any:
+    if isinstance(body, dict):
+        spec = body.get("ndarray") if len(body) == 1 else None
+        if isinstance(spec, dict) and isinstance(spec.get("base64"), str) and spec["base64"].startswith(f"\x00{nonce}:"):
+            start, stop = spans[int(spec["base64"].rsplit(":", 1)[1])]
+            text = raw.array[start:stop]
+            dtype = np.dtype(spec["dtype"])
+            if dtype.hasobject:
+                raise ValueError("an object array")
+            decoded = OwnedBytes(b64decoded_length(text))
+            try:
+                b64decode_into(text, decoded.array)
+                array = np.empty([int(n) for n in spec["shape"]], dtype=dtype.newbyteorder("="))
+                if array.nbytes != decoded.size:
+                    raise ValueError(f"{decoded.size} bytes for shape {spec['shape']} of {spec['dtype']}")
+                np.copyto(array.reshape(-1), decoded.array.view(dtype), casting="equiv")
+                return array
+            finally:
+                decoded.wipe()
+        return {k: _with_arrays(v, raw, spans, nonce) for k, v in body.items()}
+    if isinstance(body, list):
+        return [_with_arrays(v, raw, spans, nonce) for v in body]
     return body
 
 
 def digest_matches(body: dict[str, Any]) -> bool:
-    """``body``'s ``sha256`` is the digest of the rest of it."""
+    """``body``'s ``sha256`` is the digest of the rest of it (a document without arrays)."""
     return body.get(DIGEST_KEY) == hashlib.sha256(canonical(body)).hexdigest()
 
 

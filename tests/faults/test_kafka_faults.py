@@ -26,10 +26,11 @@ JOIN_BOUND_S = 30.0  # before the fix the next member waited more than 60 s (the
 
 
 def kafka_args(bootstrap: str, topic: str, group: str, out: Path, n: int, *extra: str) -> list[str]:
+    # pan-acsa batches of 50: its checkpoints hold batch boundaries, which then fall every 50 records
     return [
         "run", "--source", f"kafka://{bootstrap}/{topic}?group={group}", "--n", str(n), "--dim", str(DIM),
         "--feature-bound", "1", "--out", str(out), "--checkpoint-every", "50", "--metrics-port", "0",
-        "--progress", "off", *extra,
+        "--progress", "off", "--set", "batch_size=50", *extra,
     ]
 
 

@@ -74,9 +74,17 @@ class TupleConfig(_Base):
         return {**super().config(), "extra": (1, 2)}
 
 
-class ForgetsAccumulator(_Base):
+class ForgetsIterate(_Base):
     def load_state_dict(self, state):
-        super().load_state_dict({**state, "grad": np.zeros_like(state["grad"])})
+        super().load_state_dict({**state, "theta_md": np.zeros_like(state["theta_md"])})
+
+
+class SavesOpenBatch(_Base):
+    """Saves the live state mid-batch, accumulator included (what pan-acsa did before): two saved
+    states of one batch then differ by the records between them."""
+
+    def state_dict(self):
+        return {**super().state_dict(), "records": self.records_seen, "filled": self._filled, "grad": self._grad.copy()}
 
 
 class PersistsAnotherState(_Base):
@@ -101,8 +109,9 @@ class Strengthening(_Base):
         (KeepsNoiselessSum, checks.check_state_contents),
         (KeepsGenerator, checks.check_state_contents),
         (TupleConfig, checks.check_config_round_trip),
-        (ForgetsAccumulator, checks.check_state_round_trip),
         (PersistsAnotherState, checks.check_checkpoint_restores),
+        (ForgetsIterate, checks.check_state_round_trip),
+        (SavesOpenBatch, checks.check_saved_states_are_boundaries),
         (Strengthening, checks.check_report_consistency),
         (NoisePerCall, checks.check_seeded_split_determinism),
     ],
@@ -151,10 +160,9 @@ class CountsCalls(CountsCallsAsNoisy):
 
 @pytest.mark.statistical
 def test_micro_batch_invariance_compares_noisy_counters_by_distribution():
-    """pan-acsa's restart step and secure-mode accumulator are noise-dependent: compared by
-    distribution, not equality (the
+    """pan-acsa's restart step is noise-dependent: compared by distribution, not equality (the
     conforming learners pass in test_pan_acsa.py). A split-dependent integer fails either way."""
-    assert PanPrivateACSA.noisy_counters == {"step", "grad_units"}  # grad_units: the secure mode's int64 accumulator
+    assert PanPrivateACSA.noisy_counters == {"step"}
     with pytest.raises(AssertionError, match="different distribution"):
         checks.check_micro_batch_invariance(lambda rng: CountsCallsAsNoisy(radius=100.0, rng=rng), X, Y)
     with pytest.raises(AssertionError, match="counters depend on the split"):

@@ -18,6 +18,10 @@ same records and the query point the child reported *before* learning, and fails
   randomized rounding ⌊s + U⌋ (float64 or int64) — her message minus the binomial noise, which
   reveals x to within Δ/g per coordinate.
 
+A last test looks for the noise draw itself (pan-acsa, float and secure): the child's OS entropy
+is a seeded stream the parent replays, so the parent knows the batch's first draw and counts its
+coordinates in the child's memory, against plain draw buffers as the control.
+
 Modes: ``mid`` stops inside a batch/round, ``end`` right after one completes. Dimensions: d = 20
 (p = 21: buffers of ≤ 128 floats, which numpy caches and hands to the next same-size allocation)
 and d = 300 (malloc'd buffers). The child sends only Python ints/bytes after learning, never a
@@ -39,6 +43,7 @@ import pytest
 from panpriv.protocols import secure_noise
 from panpriv.protocols.base import Learner
 from panpriv.protocols.checkin import RandomCheckinSGD
+from panpriv.protocols.discrete_gaussian import GeneratorUniform, sample_discrete_gaussian
 from panpriv.protocols.losses import clip_rows
 from panpriv.protocols.pan_acsa import PanPrivateACSA
 from panpriv.protocols.pan_ftrl import PanPrivateFTRL
@@ -358,3 +363,97 @@ def test_no_generator_state_of_the_draws_is_left_in_memory(name: str) -> None:
     same scan finds it when the zeroing is disabled."""
     assert _pcg64_states_found(name, 20, wipe=True) == []
     assert _pcg64_states_found(name, 20, wipe=False) != []
+
+
+# -- the noise draw itself --------------------------------------------------------------------------
+
+_ENTROPY_SEED = 20_240_432
+"""The OS entropy is replaced, in the child and in the parent alike, by this seeded stream: the
+parent then knows every draw the child made."""
+
+
+def _known_entropy() -> Callable[[memoryview], None]:
+    generator = np.random.Generator(np.random.PCG64(_ENTROPY_SEED))
+
+    def fill(view: memoryview) -> None:
+        np.frombuffer(view, dtype=np.uint8)[:] = generator.integers(0, 256, size=len(view), dtype=np.uint8)
+
+    return fill
+
+
+def _plain_add_gaussian(self: Any, out: np.ndarray, std: float) -> None:
+    """The float control: the draw made into a fresh array that stays referenced (a freed one is
+    soon overwritten by the batch's own allocations at this size, so only a kept copy shows that
+    the scan finds a float draw wherever it is)."""
+    with self.draw() as generator:
+        noise = generator.standard_normal(out.shape) * std
+    out += noise
+    self.kept_draw = noise
+
+
+def _draw_child(conn: Any, name: str, dim: int, wipe: bool) -> None:
+    """Learn half a batch with the OS entropy replaced by :func:`_known_entropy`; with ``wipe``
+    False, the draws' buffers are left as a plain implementation leaves them (the control)."""
+    import panpriv.protocols.randomness as randomness
+    from panpriv.protocols import discrete_gaussian
+
+    randomness._read_entropy = _known_entropy()
+    if not wipe:
+        discrete_gaussian.Kept.wipe = lambda self: None
+        randomness.NoiseSource.add_gaussian = _plain_add_gaussian
+    case = CASES[name]
+    learner = case.make(dim, None)
+    X, y = _records(dim, case.records(learner, "mid"))
+    learner.learn_many(X, y)
+    X.fill(0.0)
+    y.fill(0.0)
+    conn.send("learned")
+    conn.recv()
+
+
+def _first_draw(name: str, dim: int, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:
+    """The child's first noise draw, recomputed here from the same entropy stream: the accumulator
+    right after it (it starts from zero)."""
+    import panpriv.protocols.randomness as randomness
+
+    monkeypatch.setattr(randomness, "_read_entropy", _known_entropy())
+    case = CASES[name]
+    twin = case.make(dim, None)
+    twin._grad.fill(0)
+    twin._add_noise(twin.current_plan().batch_size(1))
+    return twin._grad.copy()
+
+
+def _coordinates_found(words: np.ndarray, draw: np.ndarray) -> int:
+    """How many coordinates of ``draw`` (or, for integers, of ±draw) occur as an 8-byte word anywhere."""
+    present = set(words.tolist())
+    if draw.dtype == np.int64:
+        return sum(1 for v in draw.tolist() if (v & (2**64 - 1)) in present or (-v & (2**64 - 1)) in present)
+    return sum(1 for v in draw.view(np.uint64).tolist() if v in present)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_read_child_memory(), reason="needs Linux /proc/<pid>/mem")
+@pytest.mark.parametrize("name", ["pan-acsa", "pan-acsa-secure"])
+def test_the_noise_draw_itself_is_not_left_in_memory(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No coordinate of the batch's first draw Z_t — known here because the child's OS entropy is a
+    seeded stream the parent replays — is in the child's memory once ``learn_many`` returns (the
+    live accumulator holds Z_t + the partial sum, a different vector). Controls: the same scan on a
+    child whose draw buffers are left as a plain implementation leaves them (discrete Gaussian:
+    its uniforms, magnitudes and signs not wiped — every coordinate is found; float: the draw kept
+    in an array of its own) finds most coordinates; and fresh draws the child never made are found
+    no more often than by chance."""
+    dim = 20
+    draw = _first_draw(name, dim, monkeypatch)
+    p = draw.size
+    wiped = child_memory_words(_draw_child, (name, dim, True), "learned")
+    plain = child_memory_words(_draw_child, (name, dim, False), "learned")
+    if draw.dtype == np.int64:
+        sigma2 = secure_noise.calibrate_draw(1.0, 1e-6).sigma2
+        unused = sample_discrete_gaussian(sigma2, p, GeneratorUniform(np.random.default_rng(5)))
+    else:
+        unused = np.random.default_rng(5).standard_normal(p) * float(np.std(draw))
+    found, control, chance = _coordinates_found(wiped, draw), _coordinates_found(plain, draw), _coordinates_found(wiped, unused)
+    print(f"\n{name}: {found} of {p} coordinates of the draw found; plain buffers: {control}; unused draws: {chance}")
+    assert control >= p // 2, "the control does not find the draw: the scan does not test anything"
+    assert found <= max(2, chance + 1), f"{found} of {p} coordinates of the noise draw are in memory"

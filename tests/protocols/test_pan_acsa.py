@@ -89,7 +89,7 @@ def test_both_noise_draws_have_the_calibrated_variance():
     for seed in range(400):
         learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=40, batch_size=4, radius=1e6, rng=seed)
         learner.learn_many(X[:3], y[:3])
-        mid.append(learner.state_dict()["grad"])
+        mid.append(learner._grad.copy())  # the live accumulator (state_dict holds the boundary)
         learner.learn_many(X[3:], y[3:])
         after.append(learner.state_dict()["theta"])
     signs = np.where(y == 1.0, 1.0, -1.0)
@@ -116,7 +116,7 @@ def test_sensitivity_of_the_accumulator_is_2L_over_b():
                 learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=60, batch_size=8, radius=3.0, rng=42)
                 learner.learn_many(X[:8], y[:8])  # one full batch: θ^md ≠ 0
                 learner.learn_many(Xi, yi)
-                states.append(learner.state_dict()["grad"])
+                states.append(learner._grad.copy())
             L = loss.lipschitz(1.0, 3.0)
             assert np.linalg.norm(states[0] - states[1]) <= 2 * L / 8 * (1 + 1e-12)
 
@@ -140,7 +140,7 @@ def test_gradient_bound_sets_the_clip_and_the_noise():
     for labels in (np.zeros(5), np.full(5, 90.0)):
         learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=64, batch_size=8, radius=3.0, gradient_bound=0.5, rng=4)
         learner.learn_many(X, labels)
-        states.append(learner.state_dict()["grad"])
+        states.append(learner._grad.copy())
     np.testing.assert_allclose(states[1] - states[0], -0.5 * X.sum(axis=0) / 8, rtol=1e-12)
 
 
@@ -159,7 +159,7 @@ def test_restarts_change_the_steps_not_the_batches():
     plain, restarted = states["none"], states["gradient"]
     assert plain[1] == list(range(2, 42))  # Lan: the step is the batch index
     assert any(b < a for a, b in zip(restarted[1], restarted[1][1:]))  # restarted at least once
-    for key in ("records", "epoch", "phase", "batch", "filled"):
+    for key in ("records", "epoch", "phase", "batch"):
         assert plain[0][key] == restarted[0][key]
     assert plain[0]["batch"] == 41
     # Planning: Cheu et al.'s constants for Lan's method, the measured ones with restarts.
@@ -176,7 +176,8 @@ def test_each_record_enters_one_batch_and_epochs_double_with_warm_start():
     learner.learn_many(X, y)
     end_of_epoch = learner.release()
     state = learner.state_dict()
-    assert (state["epoch"], state["phase"], state["step"], state["filled"]) == (1, 0, 1, 0)
+    assert (state["epoch"], state["phase"], state["step"], state["records"]) == (1, 0, 1, 10)
+    assert learner.records_to_boundary() == learner.epoch_plans(1)[0].batch_size(1)  # no batch open
     np.testing.assert_array_equal(state["theta"], end_of_epoch)  # warm start from θ^ag
     assert PanPrivateACSA(2, LogisticLoss(), 1.0, 1e-5).epoch_length(0) == FIRST_EPOCH
 
@@ -195,14 +196,14 @@ def test_privacy_report():
 
 
 def test_default_mode_draws_fresh_noise():
-    states = []
+    learners = []
     for _ in range(2):
         learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=60, batch_size=7)
         learner.learn_many(X3[:50], Y3[:50])
-        states.append(learner.state_dict())
-    assert states[0]["filled"] > 0  # mid-batch: the accumulator holds noise
-    for key in ("grad", "theta_ag"):
-        assert not np.array_equal(states[0][key], states[1][key])
+        learners.append(learner)
+    assert learners[0].state_records < learners[0].records_seen  # mid-batch: the accumulator holds noise
+    assert not np.array_equal(learners[0]._grad, learners[1]._grad)
+    assert not np.array_equal(learners[0].state_dict()["theta_ag"], learners[1].state_dict()["theta_ag"])
 
 
 def test_predictions_use_the_released_parameters():
@@ -245,7 +246,9 @@ def test_invalid_batches_and_states_are_rejected():
         learner.learn_many(np.ones((2, 3)), np.array([0.0, 3.0]))
     state = learner.state_dict()
     with pytest.raises(InvalidInputError, match="lacks"):
-        learner.load_state_dict({k: v for k, v in state.items() if k != "grad"})
+        learner.load_state_dict({k: v for k, v in state.items() if k != "theta_md"})
+    with pytest.raises(InvalidInputError, match="filled = 2 needs 'grad'"):  # an older mid-batch state
+        learner.load_state_dict({**state, "filled": 2})
     with pytest.raises(InvalidInputError, match="'theta'"):
         learner.load_state_dict({**state, "theta": np.zeros(5)})
     with pytest.raises(InvalidInputError, match="do not fit"):
@@ -310,11 +313,10 @@ def test_secure_draws_are_the_calibrated_discrete_gaussian():
     for seed in range(400):
         learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=40, batch_size=4, radius=1e6, noise="secure", rng=seed)
         learner.learn_many(X[:3], y[:3])
-        state = learner.state_dict()
-        assert state["grad_units"].dtype == np.int64 and "grad" not in state
+        assert learner._grad.dtype == np.int64  # the live accumulator (state_dict holds the boundary)
         gradients = -(np.where(y[:3] == 1.0, 1.0, -1.0)[:, None] * loss.features(X[:3], 1.0)) / 2  # at θ^md = 0
         contribution = secure_noise.to_grid(gradients, learner.gradient_norm_bound).sum(axis=0)
-        residuals.append(state["grad_units"] - contribution)
+        residuals.append(learner._grad - contribution)
     calibration = secure_noise.calibrate_draw(1.0, 1e-5)
     residual = np.concatenate(residuals).astype(float)
     chi2 = np.sum(residual**2) / calibration.sigma2
@@ -339,7 +341,7 @@ def test_secure_sensitivity_of_the_integer_accumulator():
                 learner = PanPrivateACSA(3, loss, 1.0, 1e-5, horizon=60, batch_size=8, radius=3.0, noise="secure", rng=42)
                 learner.learn_many(X[:8], y[:8])
                 learner.learn_many(Xi, yi)
-                states.append(learner.state_dict()["grad_units"])
+                states.append(learner._grad.copy())
             difference = states[0] - states[1]
             assert int((difference**2).sum()) <= secure_noise.SENSITIVITY_UNITS**2
 
@@ -357,20 +359,19 @@ def test_secure_privacy_report_states_the_discrete_gaussian_guarantee():
 
 
 def test_secure_default_mode_draws_fresh_noise_and_states_are_checked():
-    states = []
+    learners = []
     for _ in range(2):
         learner = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=60, batch_size=7, noise="secure")
         learner.learn_many(X3[:50], Y3[:50])
-        states.append(learner.state_dict())
-    assert not np.array_equal(states[0]["grad_units"], states[1]["grad_units"])
-    state = states[0]
+        learners.append(learner)
+    assert not np.array_equal(learners[0]._grad, learners[1]._grad)
+    state = {**learners[0].state_dict(), "filled": 1, "grad_units": learners[0]._grad.copy()}  # an older mid-batch state
     with pytest.raises(InvalidInputError, match="'grad_units' must be 3 integers"):
         learner.load_state_dict({**state, "grad_units": state["grad_units"].astype(float)})
-    with pytest.raises(InvalidInputError, match="lacks"):
+    with pytest.raises(InvalidInputError, match="needs 'grad_units'"):
         learner.load_state_dict({k: v for k, v in state.items() if k != "grad_units"})
-    gaussian = PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, horizon=60, batch_size=7, rng=0)
-    with pytest.raises(InvalidInputError, match="lacks"):
-        learner.load_state_dict(gaussian.state_dict())
+    learner.load_state_dict(state)
+    assert learner.records_seen == learner.state_records + 1 and learner._grad.dtype == np.int64
     with pytest.raises(InvalidInputError, match="'noise' parameter"):
         PanPrivateACSA(3, LogisticLoss(), 1.0, 1e-5, noise="discrete")
 

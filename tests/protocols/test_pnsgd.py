@@ -520,7 +520,7 @@ def test_noise_has_the_scheduled_distribution(case):
     draws = []
     for seed in range(600):
         learner = type(template).from_state_dict(template.config(), {
-            "records": 2, "last_release": 0, "theta": np.zeros(1), "released": np.zeros(1)}, rng=seed)
+            "records": 2, "last_release": 0, "theta": np.zeros(1), "released": np.zeros(1)}, rng=np.random.default_rng(seed))  # a Generator: a seed would be refused for a state with records
         learner.learn_many(np.zeros((1, 1)), np.zeros(1))
         draws.append(-learner.release()[0] / learner.eta)
     reference = stats.laplace(scale=scale) if case == "laplace" else stats.norm(scale=scale)

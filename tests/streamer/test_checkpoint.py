@@ -16,6 +16,7 @@ from panpriv.streamer.commands.cli import main
 from panpriv.streamer.errors import CheckpointError, OutputError
 from panpriv.streamer.runtime.learners import restore_learner
 from panpriv.streamer.state.checkpoint import Checkpoint, CheckpointStore, check_resumable, decode_value, encode_value, read_manifest
+from panpriv.streamer.state.integrity import open_document, seal_document
 
 
 def make(sequence: int = 1, **changes) -> Checkpoint:
@@ -52,7 +53,8 @@ def test_state_arrays_round_trip_bit_exactly(tmp_path) -> None:
 
 @pytest.mark.parametrize("value", [np.arange(6, dtype=">i4").reshape(2, 3), np.array([True, False]), np.float32(1.5), float("-inf"), 7, "phase"])
 def test_value_encoding(value) -> None:
-    decoded = decode_value(json.loads(json.dumps(encode_value(value))))
+    with seal_document({"value": encode_value(value)}) as sealed:
+        decoded = decode_value(open_document(sealed, "test")["value"])
     if isinstance(value, np.ndarray):
         np.testing.assert_array_equal(decoded, value)
         assert decoded.dtype.isnative
@@ -124,7 +126,8 @@ def test_checkpoints_written_before_the_learner_catalogue_still_load_and_continu
     X, y = checks.make_stream(4, 100, binary=True)
     learner.learn_many(X, 2.0 * y - 1.0)
     snapshot = learner.snapshot()
-    assert snapshot.records == 319 and np.all(np.isfinite(snapshot.params)) and snapshot.model is not None
+    assert learner.records_seen == 319 and snapshot.records == learner.state_records  # pan-acsa: its last batch boundary
+    assert np.all(np.isfinite(snapshot.params)) and snapshot.model is not None
     out = tmp_path / "out" / "checkpoints"
     out.mkdir(parents=True)
     shutil.copy(OLD_CHECKPOINTS / f"{name}.json", out / "checkpoint.json")
@@ -164,3 +167,35 @@ def test_checkpoints_written_by_c2fd030_restore_the_same_learner_and_continue(na
     X, y = checks.make_stream(4, 100, binary=True)
     learner.learn_many(X, 2.0 * y - 1.0)
     assert learner.records_seen == checkpoint.records + 100 and np.all(np.isfinite(learner.snapshot().params))
+def test_a_replaced_manifest_is_overwritten_with_zeros_unless_another_name_keeps_it(tmp_path) -> None:
+    """os.replace leaves the old manifest's blocks on the disk: the store zeroes the replaced file once
+    the new one is durable (read here through a descriptor opened before the replacement), but
+    not a file that a hard link (a user's backup) still names."""
+    store = CheckpointStore(tmp_path)
+    store.save(make(sequence=1))
+    held = os.open(store.path, os.O_RDONLY)
+    try:
+        store.save(make(sequence=2))
+        replaced = os.pread(held, 1 << 20, 0)
+        assert replaced and not replaced.strip(b"\0")
+    finally:
+        os.close(held)
+    backup = tmp_path / "backup.json"
+    os.link(store.path, backup)
+    store.save(make(sequence=3))
+    assert read_manifest(backup).sequence == 2  # the backup is intact
+    assert store.load().sequence == 3
+
+
+def test_sealing_leaves_no_copy_of_the_state_in_python_strings(tmp_path) -> None:
+    """The manifest's arrays never become Python text: seal_document encodes them straight into the
+    buffer it returns, and open_document decodes them from it (the base64 matches base64.b64encode)."""
+    import base64
+
+    state = {"theta": np.array([0.1, -2.5, np.pi]), "units": np.array([3, -7], dtype=np.int64)}
+    with seal_document({"learner": {"state": state}, "n": 3}) as sealed:
+        text = bytes(sealed.view())
+        assert base64.b64encode(state["theta"].tobytes()) in text
+        body = open_document(sealed, "test")
+    np.testing.assert_array_equal(body["learner"]["state"]["theta"], state["theta"])
+    assert body["learner"]["state"]["units"].dtype == np.int64 and body["n"] == 3
