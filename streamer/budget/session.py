@@ -225,6 +225,18 @@ class BudgetSession:
             self.give_back(run, durable)
         self.store.mark_durable(run, sequence, durable, clean=clean)
 
+    def lose_unsaved(self, instance: str, positions: Mapping[str, int], report: PrivacyReport) -> None:
+        """A clean stop whose checkpoint holds an earlier state than the one learned, at
+        ``positions`` (a learner that saves only batch boundaries, stopped inside a batch,
+        :meth:`panpriv.protocols.base.Learner.records_to_boundary`): the records ``instance``
+        learned beyond them were in a state no checkpoint keeps — exposed to an intrusion, reflected
+        by no output. Like a crash's (:meth:`reclassify_lost`), their charges move to an
+        intrusion-only lost instance carrying ``report``'s intrusion guarantee; a resume learns them
+        again as a new use."""
+        run = self.store.run_state(instance)
+        lost = f"{instance}/lost-{(run.losses if run is not None else 0) + 1:03d}"
+        self.store.reclassify_lost(instance, self._data_positions(positions), lost, lost_state_report(report))
+
     def give_back(self, instance: str, positions: Mapping[str, int] | None = None) -> None:
         """Give back what this process charged ahead to ``instance`` and never learned: its charges
         at or beyond, per data key, the furthest position it learned (and ``positions``, data keys),

@@ -8,7 +8,8 @@ One :meth:`CheckpointTransaction.commit` runs the steps in quix-streams' order:
    changed, so the store never holds a guarantee weaker than what was released;
 3. flush the dead-letter producer;
 4. write the manifest atomically (:mod:`panpriv.streamer.state.checkpoint`): noisy state, positions, ledger,
-   reject counters, config hash; then note the durable positions in the budget store;
+   reject counters, config hash; then note the durable positions in the budget store (at a clean
+   stop inside a batch, the records learned beyond the saved boundary become a lost use);
 5. only now acknowledge upstream (Kafka offset commit);
 6. emit the snapshot.
 
@@ -130,6 +131,8 @@ class CheckpointTransaction:
         finally:
             wipe_state(checkpoint.learner_state)  # copies made for this write (panpriv.streamer.state.checkpoint)
         self._session.mark_durable(state.instance, state.sequence, positions, clean=final)
+        if final and resumable.replay is None and resumable.records < state.learner.records_seen:
+            self._session.lose_unsaved(state.instance, positions, state.learner.privacy())  # the open batch's records
         store_ledger = self._session.store_ledger(state.ledger)
         report = self._session.report(state, store_ledger)
         self._metrics.observe_checkpoint(time.perf_counter() - t0, durable_at)

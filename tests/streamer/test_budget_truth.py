@@ -85,7 +85,11 @@ def csv_text(rows: list[tuple[list[float], float]], header: bool = False) -> byt
 
 
 def configure(source: Path, out: Path, **extra: Any) -> Any:
+    """pan-acsa with batches of 100 records, one micro-batch each: its batch boundaries (the only
+    states it saves, issue 32) fall at every micro-batch, so a stop saves what was learned and these
+    tests see the store's rules alone (a stop inside a batch: tests/streamer/test_budget.py)."""
     overrides = {
+        "learner.options": {"batch_size": 100},
         "source.url": f"file:{source}", "records.format": "csv" if source.suffix == ".csv" else "json",
         "records.dim": DIM, "records.feature_bound": 1.0, "source.batch_records": 100, "checkpoint.every_records": 300,
         "snapshots.every_records": 300, "metrics.port": None, "out": str(out), **extra,

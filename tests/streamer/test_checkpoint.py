@@ -158,7 +158,10 @@ def test_checkpoints_written_by_c2fd030_restore_the_same_learner_and_continue(na
     learner = restore_learner(name, checkpoint.learner_config, checkpoint.learner_state, None)
     assert learner.config() == {**checkpoint.learner_config, **ADDED_SINCE_C2FD030.get(name, {})}
     assert learner.records_seen == checkpoint.records
-    checks._assert_states_equal(learner.state_dict(), checkpoint.learner_state, "restored")
+    saved = dict(checkpoint.learner_state)
+    if name == "pan-acsa":  # written at a batch boundary: its open batch was empty, which states no longer hold (issue 32)
+        assert saved.pop("filled") == 0 and not np.any(saved.pop("grad"))
+    checks._assert_states_equal(learner.state_dict(), saved, "restored")
     registered = checkpoint.ledger["instances"].get(checkpoint.instance)  # shuffle-gd registers per round
     if registered is not None:
         assert learner.privacy().to_dict()["output"] == registered["output"]

@@ -250,7 +250,7 @@ def test_a_pass_stopped_midway_restarts_as_a_new_instance_composed_in_the_ledger
     # The service adds what memory and disk hold, how records are identified and which counts are public.
     assert stated.assumptions[-2:] == (IDENTIFICATION_RULE, PUBLIC_COUNTS)
     assert stated.assumptions[-3].startswith("memory and disk: ")
-    assert interrupted.output.delta > 0 and interrupted == dataclasses.replace(stated, assumptions=stated.assumptions[:-2])
+    assert interrupted.output.delta > 0 and interrupted == dataclasses.replace(stated, assumptions=stated.assumptions[:-3])
     # A budget below the composition stops before the new pass uses anything.
     capped = Processor(config(path, tmp_path / "out", **settings, **{"learner.max_epsilon": 1.5})).run()
     assert capped.outcome == "budget_exhausted" and "raise ε to 2" in capped.message and capped.records == 0
