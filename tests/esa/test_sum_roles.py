@@ -220,7 +220,7 @@ def test_analyzer_rejects_by_reason_and_skips_bad_rounds(key: PrivateKey) -> Non
     analyzer.gate = lambda round_, report: "refused"
     refused = [*units_of(3, slice(0, B))[:-1], b"\0" * len(good[0])]
     before = dict(analyzer.rejected)
-    assert not analyzer.handle(wire.encode_batch(3, refused))
+    assert not analyzer.handle(parts.signed(SHUFFLER, 3, refused))
     assert analyzer.stopped == "refused" and analyzer.rejected == before and analyzer.round == 3
 
 
