@@ -405,7 +405,7 @@ def _apply_kafka_environment(data: dict[str, Any]) -> None:
 
 def load_kafka_config(path: Path | None = None) -> KafkaConfig:
     """The ``[kafka]`` section of ``path`` (other sections ignored) with the environment over it,
-    for the commands that only talk to Kafka (``produce``, ``record``, ``budget --kafka``)."""
+    for the commands that only talk to Kafka (``produce``, ``record``, ``budget --budget-kafka``)."""
     data: dict[str, Any] = {}
     if path is not None:
         try:

@@ -77,8 +77,8 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "messages topic; then "
         "wait for the next round's model. One user, one record: each record is encoded once.")
     _kafka(parser)
-    parser.add_argument("--model-topic", required=True)
-    parser.add_argument("--messages-topic", required=True)
+    parser.add_argument("--model-topic", required=True, help="where the analyzer publishes each round's public model (read)")
+    parser.add_argument("--messages-topic", required=True, help="where the sealed messages go (the shuffler reads it)")
     parser.add_argument("--analyzer-key", type=Path, required=True, help="the analyzer's public key file (.pub)")
     parser.add_argument("--shuffler-key", type=Path, required=True,
                         help="the shuffler's public key file (shuffler-<id>.pub): every message is sealed to the analyzer, "
@@ -207,8 +207,8 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "message, release each round at exactly --batch-size messages as one permuted batch (OS entropy) signed with "
         "the shuffler's key on the shuffled topic; exactly once w.r.t. its input.")
     _kafka(parser)
-    parser.add_argument("--messages-topic", required=True)
-    parser.add_argument("--shuffled-topic", required=True)
+    parser.add_argument("--messages-topic", required=True, help="the clients' sealed messages (read; one partition)")
+    parser.add_argument("--shuffled-topic", required=True, help="where the signed, permuted batches go (the analyzer reads it)")
     parser.add_argument("--shuffler-key", type=Path, required=True,
                         help="the shuffler's private key file (panpriv keygen DIR --role shuffler), or DIR (its newest "
                         "shuffler-*.key): opens the outer layer of messages and signs batches")
@@ -223,7 +223,7 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         help="drop messages for rounds more than this past the last released (default 1)")
     parser.add_argument("--shares", type=positive_int, metavar="M",
                         help="shuffle-acsa, shuffle-sgd, shuffle-gd: each message is one user's M sealed shares; release "
-                        "their units (M as `panpriv analyze --learner shuffle-acsa|shuffle-sgd|shuffle-gd` logs it)")
+                        "their units (M as 'panpriv analyze --learner shuffle-acsa|shuffle-sgd|shuffle-gd' logs it)")
     checkin = parser.add_argument_group("checkin (random check-ins: per-slot releases; --batch-size is slot_length)")
     checkin.add_argument("--checkin", action="store_true",
                          help="each message is a check-in; release per slot (rules and each slot's analyzer key from the model)")
@@ -278,10 +278,10 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Read shuffled batches, open the messages with the private key(s), step the learner on the round "
         "(shuffle-gaussian: its valid messages; shuffle-acsa, shuffle-sgd, shuffle-gd: the sum of its users' shares; checkin: "
         "the slot's updates), checkpoint to --out and publish the next round's model. Resumes from --out. The learner is "
-        "built as `panpriv run --learner` builds it from the same settings (the intercept, radius sqrt(dim)).")
+        "built as 'panpriv run --learner' builds it from the same settings (the intercept, radius sqrt(dim)).")
     _kafka(parser)
-    parser.add_argument("--shuffled-topic", required=True)
-    parser.add_argument("--model-topic", required=True)
+    parser.add_argument("--shuffled-topic", required=True, help="the shuffler's signed batches (read)")
+    parser.add_argument("--model-topic", required=True, help="where each round's public model is published (compacted)")
     parser.add_argument("--messages-topic", required=True,
                         help="the clients' messages topic: names the data source in the budget store (not read)")
     keys = parser.add_mutually_exclusive_group(required=True)
@@ -302,11 +302,12 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--rounds", type=positive_int, help="shuffle-gd: T (default: Cheu et al. 2022 Thm 4.9's, capped)")
     parser.add_argument("--horizon", type=positive_int,
                         help="shuffle-acsa: n, the records of the whole protocol; shuffle-sgd: caps a planned batch size")
-    parser.add_argument("--dim", type=positive_int, required=True)
+    parser.add_argument("--dim", type=positive_int, required=True, help="feature dimension of the records")
     parser.add_argument("--batch-size", type=positive_int, help="b (default: planned for (epsilon, delta))")
-    parser.add_argument("--epsilon", type=positive_float, default=1.0)
-    parser.add_argument("--delta", type=positive_float, default=1e-6)
-    parser.add_argument("--feature-bound", type=positive_float, default=1.0)
+    parser.add_argument("--epsilon", type=positive_float, default=1.0, help="privacy epsilon per record (default 1)")
+    parser.add_argument("--delta", type=positive_float, default=1e-6, help="privacy delta per record (default 1e-6)")
+    parser.add_argument("--feature-bound", type=positive_float, default=1.0,
+                        help="public bound on the l2 norm of x; clients clip to it (default 1)")
     parser.add_argument("--options", type=json_object, default="{}", help="more learner options as JSON, e.g. '{\"radius\": 4}'")
     parser.add_argument("--max-rounds", type=positive_int, help="exit once this many rounds are done")
     budget_flags(parser, "stop before a round whose records' epsilon, composed over all runs, would exceed this")

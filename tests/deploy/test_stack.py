@@ -419,7 +419,8 @@ def test_scaleout_workers_and_coordinator_agree_on_topics_and_parse() -> None:
     script = init["command"][0]
     assert f"--topic {w.gradients_topic} --partitions 1" in script
     assert f"--topic {w.model_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
-    assert f"--topic {w.budget_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
+    budget = w.budget_kafka.removeprefix(f"kafka://{w.bootstrap}/")  # the store on the roles' own brokers
+    assert f"--topic {budget} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
     assert [w.bootstrap] == [c.bootstrap] == [advertised(services)["PLAINTEXT"]]
     # Both roles serve /metrics on the image's health-check port, and Prometheus scrapes every replica there.
     image_port = int(re.search(r"PANPRIV_METRICS_PORT=(\d+)", dict(dockerfile_instructions())["ENV"]).group(1))
