@@ -34,6 +34,7 @@ from panpriv.streamer.commands.cli import build_parser
 from panpriv.streamer.commands.produce import run_produce
 from panpriv.streamer.config import load_config
 from panpriv.streamer.io.source_url import parse_kafka_url
+from tests.deploy.conftest import exported_names
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -165,6 +166,16 @@ def test_rule_and_dashboard_metrics_are_exported_by_the_service(exported_metric_
     assert unknown == {}, f"not exported by the service: {unknown}; it exports {sorted(exported_metric_names)}"
 
 
+@pytest.mark.integration
+def test_promtool_accepts_the_running_services_metrics_with_the_process_collectors(promtool: str, service_exposition: str) -> None:
+    """``promtool check metrics`` (format and naming lint) on the page a real ``panpriv run`` serves,
+    which carries prometheus-client's process and platform collectors beside its own families."""
+    result = subprocess.run([promtool, "check", "metrics"], input=service_exposition, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+    names = exported_names(service_exposition)
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "python_info"} <= names
+
+
 def test_dashboard_shows_every_required_view() -> None:
     queries = dashboard_queries()
     used = set().union(*map(promql_metric_names, queries))
@@ -197,7 +208,7 @@ def test_alert_rules_cover_the_required_conditions() -> None:
     by_name = {rule["alert"]: rule for rule in alert_rules()}
     assert set(by_name) == {"PanprivServiceDown", "PanprivNoRecordsProcessed", "PanprivRejectedRateHigh",
                             "PanprivCheckpointStale", "PanprivPrivacyBudgetHigh", "PanprivSeededMode",
-                            "PanprivEsaRoleDown"}
+                            "PanprivRoleDown", "PanprivConsumerLagGrowing"}
     assert 'up{job="panpriv"} == 0' in by_name["PanprivServiceDown"]["expr"]
     for rule in by_name.values():
         assert rule["labels"]["severity"] in {"warning", "critical"}
