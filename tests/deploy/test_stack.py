@@ -192,6 +192,10 @@ def test_dashboard_shows_every_required_view() -> None:
         for guarantee in ("output", "intrusion"):
             assert any(f'{metric}{{guarantee="{guarantee}", ' in q for q in queries), (metric, guarantee)
     assert any("by (topic, partition)" in q and "panpriv_consumer_lag_records" in q for q in queries)
+    # The budget store: ε over every run per data source, against max_epsilon, and the share spent.
+    assert any("by (source, guarantee)" in q and "panpriv_budget_epsilon" in q for q in queries)
+    assert any("panpriv_privacy_epsilon_budget" in q and "panpriv_budget_epsilon" not in q and "/" not in q for q in queries)
+    assert any("/ panpriv_privacy_epsilon_budget" in q for q in queries)
 
 
 def test_dashboard_has_datasource_and_instance_variables_used_by_every_query() -> None:
