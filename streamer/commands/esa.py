@@ -15,6 +15,7 @@ import numpy as np
 import panpriv
 from panpriv.streamer.arg_types import json_object, positive_float, positive_int
 from panpriv.streamer.commands.exit_codes import EXIT_OK, EXIT_USAGE, exit_code
+from panpriv.streamer.commands.help_text import DeprecatedFlag
 from panpriv.streamer.commands.role_options import budget_flags, budget_settings
 from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.metrics.roles import metrics_flags, serve_metrics
@@ -24,6 +25,13 @@ log = logging.getLogger("panpriv.esa")
 
 def _kafka(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
+
+
+def _deployment(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--deployment NAME``, as the scale-out roles name it (``--name``: its deprecated alias)."""
+    parser.add_argument("--deployment", default="default",
+                        help="the deployment's name: the key of its model on the model topic (default 'default')")
+    parser.add_argument("--name", dest="deployment", action=DeprecatedFlag, use="--deployment NAME")
 
 
 # -- keygen -------------------------------------------------------------------------------------
@@ -85,7 +93,7 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         "then to the shuffler")
     parser.add_argument("--source", type=Path, required=True, help="JSONL records {\"x\": [...], \"y\": ±1}")
     parser.add_argument("--per-round", type=positive_int, help="records per round (default: the model's batch size)")
-    parser.add_argument("--name", default="default", help="deployment name on the model topic (default 'default')")
+    _deployment(parser)
     parser.add_argument("--max-local-epsilon", type=positive_float, help="refuse a model with weaker local privacy")
     parser.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for a round's model")
     parser.add_argument("--state", type=Path,
@@ -147,7 +155,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap.split(",")
     security = security_options()  # the [kafka] section of --config (TLS, SASL)
     ensure_topics(bootstrap, deployment_topics(args.messages_topic, model=args.model_topic))  # before a producer could auto-create them
-    watcher = ModelWatcher(bootstrap, args.model_topic, args.name, **security)
+    watcher = ModelWatcher(bootstrap, args.model_topic, args.deployment, **security)
     sender = MessageSender(bootstrap, args.messages_topic, **security)
     sent = rounds = 0
     try:
@@ -231,7 +239,7 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                          help="the analyzer's public key (.pub), or a directory of them (repeatable): seals the dummy of an "
                          "empty slot to the key the slot's model names")
     checkin.add_argument("--model-topic", help="where the analyzer publishes the deployment's public configuration")
-    checkin.add_argument("--name", default="default", help="deployment name on the model topic")
+    _deployment(checkin)
     checkin.add_argument("--close-after", type=positive_float, metavar="SECONDS",
                          help="close a wake slot still incomplete this long after the previous release (default: wait)")
     metrics_flags(parser)
@@ -254,7 +262,7 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
     try:
         if args.checkin:
             state: Any = slot_shuffler.run(options, slot_shuffler.CheckinShuffleOptions(
-                args.analyzer_key, args.model_topic, args.name, args.close_after,
+                args.analyzer_key, args.model_topic, args.deployment, args.close_after,
                 expect={"slot_length": args.batch_size, "params": args.params}))
         else:
             state = shuffler.run(options)
@@ -294,7 +302,7 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         help="the shuffler's verify key (shuffler-<id>.verify), or a directory of them (repeatable): only "
                         "batches it signed for this deployment are learned")
     parser.add_argument("--out", type=Path, required=True, help="state directory (sealed analyzer.json; one process at a time)")
-    parser.add_argument("--name", default="default", help="deployment name on the model topic")
+    _deployment(parser)
     parser.add_argument("--learner", choices=tuple(FAMILIES), default="shuffle-gaussian",
                         help="shuffle-acsa, shuffle-sgd, shuffle-gd: PVEC counts summed by split-and-mix shares (the "
                         "shuffler needs --shares); shuffle-gd: --batch-size is n, every user answers each of --rounds rounds; "
@@ -355,12 +363,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
     verify_keys = load_verify_keys(args.shuffler_verify_key)
     metrics = AnalyzerMetrics(family(args.learner).reject_reasons)
-    metrics.set_info("analyzer", args.name, panpriv.__version__)
+    metrics.set_info("analyzer", args.deployment, panpriv.__version__)
     stop_server = serve_metrics(metrics, args)
     try:
         result = service.run(service.AnalyzeOptions(
             args.bootstrap.split(","), args.shuffled_topic, args.model_topic, args.messages_topic, keys, verify_keys,
-            args.out, learner, budget_settings(args), args.name, args.max_rounds, metrics))
+            args.out, learner, budget_settings(args), args.deployment, args.max_rounds, metrics))
     finally:
         if stop_server is not None:
             stop_server()

@@ -107,3 +107,18 @@ def test_the_old_and_new_budget_flags_exclude_each_other_and_the_state_directory
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
+
+
+def test_one_flag_name_for_the_deployment_and_the_old_one_still_works(capsys: pytest.CaptureFixture[str]) -> None:
+    """The E-S-A roles name the deployment --deployment, as the scale-out roles do; --name warns once."""
+    for name in ("encode", "shuffle", "analyze", "worker", "coordinate"):
+        options = shown_options(all_commands()[name])
+        assert "--deployment" in options and "--name" not in options, name
+    help_text._warned.clear()
+    encode = ["encode", "--bootstrap", "b:9092", "--model-topic", "m", "--messages-topic", "s", "--analyzer-key", "a.pub",
+              "--shuffler-key", "s.pub", "--source", "users.jsonl"]
+    assert build_parser().parse_args([*encode, "--name", "first"]).deployment == "first"
+    assert build_parser().parse_args([*encode, "--name", "first"]).deployment == "first"
+    assert build_parser().parse_args([*encode, "--deployment", "first"]).deployment == "first"
+    assert build_parser().parse_args(encode).deployment == "default"
+    assert capsys.readouterr().err.count("--name is deprecated and will be removed; use --deployment NAME") == 1
