@@ -123,7 +123,7 @@ REFERENCE_COLUMNS = 100
 def reference_markdown(parser: argparse.ArgumentParser) -> str:
     """The documentation's command-line reference (docs/reference/cli.md): every command's
     ``--help`` at :data:`REFERENCE_COLUMNS` columns, so the site names exactly the flags the
-    program takes (a test regenerates it and compares)."""
+    program takes (tests/streamer/test_cli_help.py checks that it names exactly each command's flags)."""
     import os
 
     saved = os.environ.get("COLUMNS")

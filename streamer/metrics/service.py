@@ -56,8 +56,8 @@ Series
 ``panpriv_holdout_score{metric}``, ``panpriv_holdout_records``
     With ``--holdout``: the last snapshot's scores on the user's public hold-out file (``auc``,
     ``accuracy``, ``log_loss`` or ``rmse``, …) and the number of its records they are computed
-    on — a count apart from the scores, so that an aggregation over ``metric`` never mixes them:
-    post-processing of a release on public data (:mod:`panpriv.streamer.serving.holdout`), never
+    on (0 without ``--holdout``) — a count apart from the scores, so that an aggregation over
+    ``metric`` never mixes them: post-processing of a release on public data (:mod:`panpriv.streamer.serving.holdout`), never
     a statistic of the stream.
 ``panpriv_info{learner, source, version}``
     Constant 1, labelled with what this process runs.
