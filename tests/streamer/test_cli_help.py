@@ -17,7 +17,8 @@ from panpriv.streamer.commands.role_options import budget_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference" / "cli.md"
-MARKUP = re.compile(r"``|`|:(?:mod|class|func|meth|data|attr):|panpriv\.(?:streamer|protocols|accounting)\b")
+MARKUP = re.compile(r"``|`|:(?:mod|class|func|meth|data|attr):|panpriv\.(?:streamer|protocols|accounting)\b"
+                    r"|\b(?:streamer|protocols|accounting)/|\w\.py\b")
 
 
 def all_commands() -> dict[str, argparse.ArgumentParser]:
