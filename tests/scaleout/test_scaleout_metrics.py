@@ -150,7 +150,7 @@ def _until_quiet(coordinator: ManagedProcess, workers: list[ManagedProcess], por
             published = sum(v["panpriv_scaleout_worker_batches_published_total"] for v in w_values)
             rejected = sum(_sum(v, "panpriv_scaleout_worker_records_rejected_total") for v in w_values)
             received = c_values["panpriv_scaleout_coordinator_means_received_total"]
-            if rejected == len(BAD) and published and received == published == len(parts.read_all(broker.bootstrap, names["gradients"])):
+            if rejected == len(BAD) and published and received == published == len(parts.gradients(broker.bootstrap, names["gradients"])):
                 # all read? the valid records not in published batches are fewer than one batch per worker
                 learned = sum(v["panpriv_scaleout_worker_records_total"] for v in w_values)
                 if N - learned < K * _batch() and scrapes >= 2:
