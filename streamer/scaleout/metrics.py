@@ -20,7 +20,8 @@ Worker series
     Valid records learned into published batches (w per batch).
 ``panpriv_scaleout_worker_records_rejected_total{reason}``
     Records rejected by the codec, by reason (:class:`panpriv.streamer.io.codec.Reason`; charged to the budget
-    like valid ones, as in the service).
+    like valid ones, as in the service), per read: a record read again after its batch was handed
+    back is counted (and charged) again.
 ``panpriv_scaleout_worker_batches_lost_total{reason}``
     Batches that reached no output (:data:`LOST_REASONS`): ``revoked`` (partitions revoked by a
     rebalance mid-batch), ``handed_back`` (its version closed before it was published: its records

@@ -19,8 +19,8 @@ still free (a worker gone: K − 1 survivors still make progress). A worker slow
 once K means are on the topic. A batch whose version closes before it is published (the model
 moved past it, or K means of its version were read — two workers took the last place at once) is
 *handed back*: the consumer seeks back to the batch's first positions, so its records return to the
-stream, and the batch is lost like a revoked one (below). No record is consumed into a mean that
-cannot count.
+stream, and the batch is lost like a revoked one (below). A stale mean remains possible only when
+two workers take the last place and both publish before either reads the other's mean.
 
 **Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run), through
 the one :class:`~panpriv.streamer.budget.session.BudgetSession` and its rules. A worker is a run with

@@ -126,7 +126,6 @@ def test_a_worker_slower_than_sync_wait_keeps_its_place(kafka_broker: KafkaBroke
     # The slow worker's place was kept: its mean is in (nearly) every version (at start-up a fast
     # worker may cover a version before the group has all three members).
     assert per_worker.get(slow, 0) >= model.version - 2, per_worker
-    assert f"batches open there: {slow}" in coordinator.log_path.read_text() or model.version > 0
 
 
 def test_a_coordinator_down_for_longer_than_sync_wait(kafka_broker: KafkaBroker, unique_name: Callable[[str], str],
@@ -165,8 +164,9 @@ def test_a_plan_that_cannot_complete_ends_with_one_line_and_exit_code_4(
     kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     """Too few records for the plan (2,000 of 12,000): once the workers have read them all, nothing
-    moves for --stall-timeout (10) seconds and the coordinator ends (exit 4, one line naming the version,
-    the means in and the workers); the workers stop cleanly and the ledger holds what was published."""
+    moves for --stall-timeout (25) seconds and the coordinator ends (exit 4, one line naming the version,
+    the means in and the workers), having logged what it waits for every 10 s meanwhile; the workers
+    stop cleanly and the ledger holds what was published."""
     names = parts.topics(kafka_broker, unique_name, 2)
     X, y = parts.synthetic(2000, parts.DIM, seed=13)
     parts.produce(kafka_broker.bootstrap, names["data"], X, y, 2)
@@ -175,7 +175,7 @@ def test_a_plan_that_cannot_complete_ends_with_one_line_and_exit_code_4(
     coordinator = None
     try:
         wait_until(lambda: all((tmp_path / f"worker{i}" / "worker.json").exists() for i in range(2)), 120, "the workers")
-        coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, 2, more=("--stall-timeout", "10"))
+        coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, 2, more=("--stall-timeout", "25"))
         assert coordinator.process.wait(timeout=240) == EXIT_STALLED, coordinator.log_path.read_text()[-3000:]
         for worker in workers:  # both at once: one leaving alone makes the other wait for a rebalance
             worker.process.terminate()
@@ -186,6 +186,8 @@ def test_a_plan_that_cannot_complete_ends_with_one_line_and_exit_code_4(
             process.stop()
     line = _one_error_line(coordinator)
     assert "the plan cannot complete: no progress for" in line and "waiting for the means of version" in line, line
+    waits = [line for line in coordinator.log_path.read_text().splitlines() if "coordinator: waiting for the means of" in line]
+    assert waits and "heard from before but not there: scaleout:" in waits[-1], waits
     model = parts.last_model(kafka_broker.bootstrap, names["model"])
     assert not model.done and model.version >= 1 and f"version {model.version}:" in line, (model.version, line)
     _assert_ledger(kafka_broker, names)
