@@ -44,7 +44,6 @@ def mean_problem(record: GradientRecord, worker_batch: int, params: int) -> str 
 
 @dataclass(frozen=True)
 class _Mean:
-    worker: str
     records: int
     length: int
 
@@ -72,7 +71,7 @@ class VersionTally:
             same = held is not None and (held[0].version, held[0].filled) == (record.version, record.filled)
             self._leases[record.worker] = (record, held[1] if held is not None and same else now)
             return record
-        self._means.setdefault(record.version, []).append(_Mean(record.worker, record.records, record.gradient.shape[0]))
+        self._means.setdefault(record.version, []).append(_Mean(record.records, record.gradient.shape[0]))
         lease = self._leases.get(record.worker)
         if lease is not None and lease[0].version == record.version:
             del self._leases[record.worker]
@@ -81,10 +80,6 @@ class VersionTally:
     def counted(self, version: int, worker_batch: int, params: int) -> int:
         """Means read at ``version`` that pass :func:`mean_problem`."""
         return sum(1 for m in self._means.get(version, ()) if m.records == worker_batch and m.length == params)
-
-    def from_workers(self, version: int) -> list[str]:
-        """The workers whose means at ``version`` were read, in the order read."""
-        return [m.worker for m in self._means.get(version, ())]
 
     def open_at(self, version: int, now: float, exclude: str = "") -> dict[str, BatchOpen]:
         """The live leases at ``version`` (worker → its newest renewal), other than ``exclude``'s."""

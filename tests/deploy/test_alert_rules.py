@@ -107,6 +107,15 @@ CASES = {
         {'up{instance="analyzer:9477", job="panpriv-analyzer"}': "1x10",
          'up{instance="shuffler:9477", job="panpriv-shuffler"}': "1x10", f"up{{{LABELS}}}": "0x10"},
         "5m", "PanprivEsaRoleDown", None),
+    "scale-out coordinator without a step for 6 minutes": case(
+        {'panpriv_scaleout_coordinator_waiting_seconds{instance="coordinator:9477", job="panpriv-coordinator"}':
+         "0+60x10"},
+        "7m", "PanprivScaleoutWaiting", "panpriv-coordinator coordinator:9477 has taken no step for 5 minutes",
+        labels={"instance": "coordinator:9477", "job": "panpriv-coordinator"}),
+    "scale-out coordinator stepping: quiet": case(
+        {'panpriv_scaleout_coordinator_waiting_seconds{instance="coordinator:9477", job="panpriv-coordinator"}':
+         "0 3 1 4 2 0 3 1 4 2 0"},
+        "7m", "PanprivScaleoutWaiting", None),
 }
 
 

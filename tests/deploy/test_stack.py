@@ -197,7 +197,7 @@ def test_alert_rules_cover_the_required_conditions() -> None:
     by_name = {rule["alert"]: rule for rule in alert_rules()}
     assert set(by_name) == {"PanprivServiceDown", "PanprivNoRecordsProcessed", "PanprivRejectedRateHigh",
                             "PanprivCheckpointStale", "PanprivPrivacyBudgetHigh", "PanprivSeededMode",
-                            "PanprivEsaRoleDown"}
+                            "PanprivEsaRoleDown", "PanprivScaleoutWaiting"}
     assert 'up{job="panpriv"} == 0' in by_name["PanprivServiceDown"]["expr"]
     for rule in by_name.values():
         assert rule["labels"]["severity"] in {"warning", "critical"}

@@ -36,7 +36,6 @@ def test_a_growing_lease_keeps_its_place_and_a_mean_ends_it() -> None:
     tally.take(mean("c"), 20.0)
     assert tally.open_at(0, 20.0) == {} and tally.counted(0, W, PARAMS) == 3
     assert tally.places(0, K, W, PARAMS, 20.0) == 0
-    assert tally.from_workers(0) == ["a", "b", "c"]
 
 
 def test_a_lease_that_stops_growing_lapses() -> None:
