@@ -36,24 +36,25 @@ N, K = 12000, 3
 Ranges = dict[tuple[str, str], list[tuple[int, int]]]
 
 
-def _plan() -> tuple[int, int, int]:
-    """(steps, records, w of the first step) of the plan for N records on K workers."""
+def _plan(workers: int = K) -> tuple[int, int, int]:
+    """(steps, records, w of the first step) of the plan for N records on ``workers`` workers."""
     from panpriv.protocols.pan_acsa_scaleout import worker_batch
 
     planned = parts.learner(N)
-    planned.plan_for_workers(K)
-    steps, records, first = 0, 0, worker_batch(planned.step_batch_size(), K)
+    planned.plan_for_workers(workers)
+    steps, records, first = 0, 0, worker_batch(planned.step_batch_size(), workers)
     while not planned.plan_complete:
-        records += K * worker_batch(planned.step_batch_size(), K)
+        records += workers * worker_batch(planned.step_batch_size(), workers)
         planned.apply_noisy_gradient(np.zeros(planned.param_count))
         steps += 1
     return steps, records, first
 
 
-def _produce(broker: KafkaBroker, names: dict[str, str], seed: int) -> None:
-    _, _, w = _plan()
-    X, y = parts.synthetic(N + K * w, parts.DIM, seed=seed)
-    parts.produce(broker.bootstrap, names["data"], X, y, K)
+def _produce(broker: KafkaBroker, names: dict[str, str], seed: int, workers: int = K) -> None:
+    """The plan's records plus one spare batch per partition (one partition per worker)."""
+    _, _, w = _plan(workers)
+    X, y = parts.synthetic(N + workers * w, parts.DIM, seed=seed)
+    parts.produce(broker.bootstrap, names["data"], X, y, workers)
 
 
 def _positions(spans: list[tuple[int, int]]) -> set[int]:
@@ -93,7 +94,7 @@ def _finish(coordinator: ManagedProcess, workers: list[ManagedProcess], broker: 
     parts.wait_all(coordinator, workers, 300)
     elapsed = time.monotonic() - started
     model = parts.last_model(broker.bootstrap, names["model"])
-    steps, records, _ = _plan()
+    steps, records, _ = _plan(len(workers))
     per_worker = _assert_ledger(broker, names)
     print(f"{what}: version {model.version} of {steps} in {elapsed:.1f} s; {model.records} records, {model.stale} stale; "
           f"means per worker {sorted(per_worker.values())}")
@@ -151,6 +152,47 @@ def test_a_coordinator_down_for_longer_than_sync_wait(kafka_broker: KafkaBroker,
         for process in processes:
             process.stop()
     assert "resumed at version" in coordinator.log_path.read_text()
+
+
+def test_a_batch_whose_version_closed_goes_back_to_the_stream(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Worker 1 trickles (0.5 records/s: a record every 2 s, its lease lapsing 1 s after each,
+    --sync-wait 1), so worker 0 takes its place at every version and closes it. Worker 1 hands its
+    batch back each time instead of publishing a stale mean: it seeks back, reads the same records
+    again (charged again, its earlier read an intrusion-only lost use) and never publishes."""
+    names = parts.topics(kafka_broker, unique_name, 2)
+    _produce(kafka_broker, names, seed=14, workers=2)
+    coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, 2)
+    workers = [parts.start_worker(tmp_path, kafka_broker, names, i,
+                                  more=("--rate", "0.5", "--sync-wait", "1") if i else ("--sync-wait", "0.5"))
+               for i in range(2)]
+    handed_back = "handing it back; its records return to the stream"
+    try:
+        wait_until(lambda: workers[1].log_path.read_text().count(handed_back) >= 2, 180, "two batches handed back")
+        for worker in workers:  # both at once: one leaving alone makes the other wait for a rebalance
+            worker.process.terminate()
+        for worker in workers:
+            assert worker.process.wait(timeout=120) == 0, worker.log_path.read_text()[-2000:]
+    finally:
+        for process in (*workers, coordinator):
+            process.stop()
+    trickling = parts.worker_instance(tmp_path / "worker1")
+    per_worker = _assert_ledger(kafka_broker, names)
+    model = parts.last_model(kafka_broker.bootstrap, names["model"])
+    assert model.version >= 2 and model.stale == 0 and trickling not in per_worker, (model.version, per_worker)
+    # Each lost batch starts where the one before it started: its records went back to the stream
+    # and were read again by the same worker (a fresh charge each time).
+    with sqlite3.connect(Path(os.environ["PANPRIV_STATE_DIR"]) / "budget.sqlite") as db:
+        rows = db.execute("SELECT instance, source, start, stop FROM charges WHERE instance LIKE ?",
+                          (trickling + "/lost-%",)).fetchall()
+    starts: dict[str, set[int]] = defaultdict(set)
+    instances: dict[str, set[str]] = defaultdict(set)
+    for instance, source, start, _ in rows:
+        starts[source].add(start)
+        instances[source].add(instance)
+    assert any(len(instances[source]) >= 2 and len(starts[source]) == 1 for source in starts), rows
+    print(f"trickling worker: version {model.version}; lost charges {sorted(rows)}; means per worker {per_worker}")
 
 
 def _one_error_line(process: ManagedProcess) -> str:
