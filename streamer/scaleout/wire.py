@@ -79,6 +79,14 @@ class GradientRecord:
     def from_json(cls, data: bytes | None) -> GradientRecord:
         try:
             value = json.loads(data or b"")
+        except ValueError as exc:
+            raise WireError(f"malformed gradient record: {exc}") from None
+        return cls.from_value(value)
+
+    @classmethod
+    def from_value(cls, value: Any) -> GradientRecord:
+        """The record of a decoded JSON value (:class:`WireError` if it is not one)."""
+        try:
             if value.get("format") != GRADIENT_FORMAT:
                 raise WireError(f"not a {GRADIENT_FORMAT} record")
             gradient = np.asarray(value["gradient"], dtype=np.float64)
@@ -116,11 +124,10 @@ def gradients_topic_record(data: bytes | None) -> GradientRecord | BatchOpen:
     """A record of the gradients topic: a noisy mean or an open-batch lease (:class:`WireError` if neither)."""
     try:
         value = json.loads(data or b"")
-        is_open = isinstance(value, dict) and value.get("format") == OPEN_FORMAT
-    except ValueError:
-        is_open = False
-    if not is_open:
-        return GradientRecord.from_json(data)
+    except ValueError as exc:
+        raise WireError(f"malformed gradient record: {exc}") from None
+    if not (isinstance(value, dict) and value.get("format") == OPEN_FORMAT):
+        return GradientRecord.from_value(value)
     try:
         renew_s = float(value["renew_s"])
         if not 0 < renew_s < 3600:
