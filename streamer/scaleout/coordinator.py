@@ -6,7 +6,8 @@ waits for K means computed at version v, averages them, applies Cheu et al. 2022
 (:meth:`~panpriv.protocols.batch_worker.BatchWorkerLearner.apply_noisy_gradient`) and publishes version v + 1 to the compacted model
 topic. Means tagged with another version are counted (``stale``) and dropped; the workers take
 places at a version only while they are free (:mod:`panpriv.streamer.scaleout.tally`), so a stale
-mean is the trace of two workers taking the last place within a few milliseconds of each other.
+mean is the trace of two workers taking a freed place at once and filling their batches within a
+few milliseconds of each other (after a worker died: 1 of 54 means in the SIGKILL test).
 
 **Waiting, and a plan that cannot complete** (issue 35). The workers' open-batch leases on the
 gradients topic tell the coordinator whom it waits for: it logs the version, the means in and from

@@ -14,9 +14,11 @@ intervals (the worker died or hung, or its partitions hold no more records: a ba
 fill does not keep its place). So a worker slower than ``--sync-wait`` keeps its place, and a
 coordinator that is down leaves every worker waiting — not opening batches at a version whose K
 means are already on the topic. The rule decides on what
-each reader has read so far, so two workers can still take one place at once (both read a free
-place within the same few milliseconds, after a lease lapsed); the one that finds the version
-closed before it publishes hands its batch back (:mod:`panpriv.streamer.scaleout.worker`).
+each reader has read so far, so two workers can still take one freed place at once (a lease
+lapsed — its worker died — and each decides before the other's lease is read: a window of one
+poll and one charge, up to a few hundred milliseconds); the one that finds the version closed
+before it publishes hands its batch back (:mod:`panpriv.streamer.scaleout.worker`). If both fill
+their batches within the same few milliseconds, the later mean is stale.
 
 Everything here is public: versions, worker instances, counts of records, the shape of a mean.
 """

@@ -20,7 +20,7 @@ once K means are on the topic. A batch whose version closes before it is publish
 moved past it, or K means of its version were read — two workers took the last place at once) is
 *handed back*: the consumer seeks back to the batch's first positions, so its records return to the
 stream, and the batch is lost like a revoked one (below). A stale mean remains possible only when
-two workers take the last place and both publish before either reads the other's mean.
+two workers take a freed place at once and both publish before either reads the other's mean.
 
 **Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run), through
 the one :class:`~panpriv.streamer.budget.session.BudgetSession` and its rules. A worker is a run with
