@@ -120,6 +120,9 @@ def test_a_worker_slower_than_sync_wait_keeps_its_place(kafka_broker: KafkaBroke
         slow = parts.worker_instance(tmp_path / "worker2")
         wait_until(lambda: parts.scrape(port).get(f"panpriv_scaleout_coordinator_waiting_on{{worker={slow}}}") == 1, 120,
                    "the coordinator exporting that it waits for the slow worker")
+        exported = parts.scrape(port)
+        assert exported["panpriv_scaleout_coordinator_waiting_seconds"] >= 0  # PanprivScaleoutWaiting's series
+        assert exported["panpriv_scaleout_coordinator_means_missing"] >= 1
         model, per_worker = _finish(coordinator, workers, kafka_broker, names, started, "slow worker")
     finally:
         for process in (*workers, coordinator):
