@@ -28,6 +28,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (got {text})")
+    return value
+
+
 def port_or_zero(text: str) -> int:
     """A TCP port in [1, 65535], or 0 for "none"."""
     value = int(text)

@@ -42,6 +42,12 @@ class OutputBusyError(OutputError):
     """Another process holds the output directory's lock (:mod:`panpriv.streamer.state.lock`)."""
 
 
+class PlanStalled(StreamerError):
+    """A scale-out plan that cannot complete: nothing moved toward the next model version for the
+    coordinator's ``--stall-timeout`` (all workers gone, or too few records left for the open
+    versions). The message names the version, the means in and the workers heard from."""
+
+
 class StoppedDuringSetUp(BaseException):
     """SIGTERM/SIGINT arrived before the run's first record (a tight calibration can take seconds):
     the run stops at once, with nothing learned, snapshotted or checkpointed. A clean stop (exit 0),

@@ -18,6 +18,9 @@ code  meaning                     for example
                                   (``--max-epsilon``), or because the model or plan would spend more than
                                   this process may (a worker's ``--max-epsilon``, a client's
                                   ``--max-local-epsilon`` or ``--max-epsilon``, a round beyond the plan)
+4     plan cannot complete        a scale-out coordinator that saw no progress toward the next version for
+                                  ``--stall-timeout`` seconds: every worker gone, or too few records left for
+                                  the open versions (:class:`~panpriv.streamer.errors.PlanStalled`)
 130   interrupted                 Ctrl-C in a command that has no clean stop of its own (``encode``,
                                   ``record``, ``produce``)
 ====  ==========================  ===========================================================================
@@ -34,11 +37,12 @@ from panpriv.streamer.errors import (
     ConfigError,
     LearnerInputError,
     LearnerUnavailableError,
+    PlanStalled,
     StoppedDuringSetUp,
     StreamerError,
 )
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET, EXIT_STALLED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 USAGE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, CheckpointError, LearnerUnavailableError, LearnerInputError)
 
@@ -56,6 +60,8 @@ def exit_code(exc: BaseException) -> int | None:
         return EXIT_BUDGET
     if isinstance(exc, (*USAGE_ERRORS, RefusedModel, UnknownModelFormat, KeyFileError)):
         return EXIT_USAGE
+    if isinstance(exc, PlanStalled):
+        return EXIT_STALLED
     if isinstance(exc, StoppedDuringSetUp):
         return EXIT_OK
     if isinstance(exc, KeyboardInterrupt):

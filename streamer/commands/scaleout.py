@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import panpriv
-from panpriv.streamer.arg_types import json_object, positive_float, positive_int
+from panpriv.streamer.arg_types import json_object, non_negative_float, positive_float, positive_int
 from panpriv.streamer.commands.exit_codes import EXIT_OK
 from panpriv.streamer.commands.role_options import budget_flags, budget_settings
 from panpriv.streamer.metrics.roles import RoleMetrics, metrics_flags, serve_metrics
@@ -45,7 +45,9 @@ def add_worker(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--out", type=Path, help="the worker's state (its budget instance): a restart with the same "
                         "--out accounts a batch lost in a crash as intrusion-only")
     budget_flags(parser, "refuse a model whose epsilon, or records whose budget over all runs, exceed this")
-    parser.add_argument("--sync-wait", type=float, default=2.0, help="seconds to wait for the next version after publishing (default 2)")
+    parser.add_argument("--sync-wait", type=positive_float, default=2.0,
+                        help="seconds after publishing before another batch at the same version, if a place is left there "
+                        "(a worker gone); the open batch's lease is renewed every quarter of it (default 2)")
     parser.add_argument("--rate", type=float, default=0.0, help="at most this many records/s (default 0: unpaced)")
     parser.set_defaults(handler=cmd_worker)
 
@@ -86,6 +88,9 @@ def add_coordinate(commands: Any, parents: list[argparse.ArgumentParser]) -> Non
                         help="public bound on the l2 norm of x; workers clip to it (default 1)")
     parser.add_argument("--options", type=json_object, default="{}", help="more learner options as JSON, e.g. '{\"loss\": \"hinge\"}'")
     parser.add_argument("--max-steps", type=positive_int, help="stop after this many steps (default: the planned epoch)")
+    parser.add_argument("--stall-timeout", type=non_negative_float, default=None, metavar="SECONDS",
+                        help="end with exit code 4 when nothing moves toward the next version for this long: every "
+                        "worker gone, or too few records left (default 600; 0: wait for ever)")
     parser.set_defaults(handler=cmd_coordinate)
 
 
@@ -122,7 +127,8 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
     try:
         state = coordinator.run(coordinator.CoordinateOptions(
             args.bootstrap.split(","), args.gradients_topic, args.model_topic, args.deployment, args.workers, learner,
-            args.max_steps, metrics))
+            args.max_steps, metrics,
+            coordinator.STALL_TIMEOUT_S if args.stall_timeout is None else args.stall_timeout))
     finally:
         if stop_server is not None:
             stop_server()

@@ -4,7 +4,20 @@ It reads noisy batch means from the gradients topic (:class:`~panpriv.streamer.s
 and applies the public rule of :mod:`panpriv.protocols.pan_acsa_scaleout` (synchronous versions): step v
 waits for K means computed at version v, averages them, applies Cheu et al. 2022 Alg. 6 lines 10–12
 (:meth:`~panpriv.protocols.batch_worker.BatchWorkerLearner.apply_noisy_gradient`) and publishes version v + 1 to the compacted model
-topic. Means tagged with another version are counted (``stale``) and dropped.
+topic. Means tagged with another version are counted (``stale``) and dropped; the workers take
+places at a version only while they are free (:mod:`panpriv.streamer.scaleout.tally`), so a stale
+mean is the trace of two workers taking a freed place at once and filling their batches within a
+few milliseconds of each other (after a worker died: 1 of 54 means in the SIGKILL test).
+
+**Waiting, and a plan that cannot complete** (issue 35). The workers' open-batch leases on the
+gradients topic tell the coordinator whom it waits for: it logs the version, the means in and from
+whom, the open batches and the workers heard from but silent there (every
+:data:`WAIT_LOG_S` seconds while no step is taken) and exports them
+(``panpriv_scaleout_coordinator_waiting_*``). *Progress* is a step, a mean of the awaited version,
+or a lease there with more records than before; with ``stall_timeout_s`` (``--stall-timeout``) set,
+no progress for that long means that every worker is gone, or that the workers have read every
+record there is and the open versions cannot fill: the coordinator stops with one line
+(:class:`~panpriv.streamer.errors.PlanStalled`, exit code 4) instead of waiting in silence.
 
 **Privacy.** The coordinator reads no record and adds no noise: everything it holds and publishes
 is post-processing of the workers' noisy means, each (ε, δ)-DP on its own batch. It charges nothing
@@ -24,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -34,11 +48,13 @@ from typing import Any
 from panpriv.accounting.ledger import PrivacyReport
 from panpriv.protocols.batch_worker import BatchWorkerLearner, supports_batch_workers
 from panpriv.protocols.pan_acsa_scaleout import combine, worker_batch
-from panpriv.streamer.errors import ConfigError
+from panpriv.streamer.errors import ConfigError, PlanStalled
 from panpriv.streamer.runtime.learners import from_public_config
 from panpriv.streamer.scaleout.metrics import CoordinatorMetrics
+from panpriv.streamer.scaleout.tally import VersionTally, mean_problem
 from panpriv.streamer.scaleout.wire import (
     FETCH_WAIT_MS,
+    BatchOpen,
     GradientRecord,
     ModelReader,
     ModelVersion,
@@ -49,6 +65,13 @@ from panpriv.streamer.scaleout.wire import (
 )
 
 log = logging.getLogger("panpriv.coordinate")
+
+WAIT_LOG_S = 10.0
+"""The coordinator logs what it waits for every this many seconds while no step is taken."""
+
+STALL_TIMEOUT_S = 600.0
+"""``--stall-timeout``'s default: ten minutes without a record read toward the awaited version (a
+live stream that pauses longer sets more, or 0: never)."""
 
 
 class Coordinator:
@@ -80,6 +103,9 @@ class Coordinator:
         self.rejected: Counter[str] = Counter()
         self.pending: list[GradientRecord] = []
         self.received = 0  # gradient records of this deployment (or malformed) handled by this process
+        self.tally = VersionTally(deployment)  # leases and who was heard from (not state: re-read on a restart)
+        self.progress_at = time.monotonic()  # the last step, mean of the awaited version or growing lease
+        self._fills: dict[str, tuple[int, int]] = {}  # worker → (version, filled) of its newest lease
 
     @property
     def worker_batch(self) -> int:
@@ -93,25 +119,34 @@ class Coordinator:
             return True
         return self.learner.plan_complete
 
-    def handle(self, value: bytes | None, offset: int) -> bool:
-        """One record of the gradients topic at ``offset``; True if it completed a step."""
+    def handle(self, value: bytes | None, offset: int, now: float | None = None) -> bool:
+        """One record of the gradients topic at ``offset``, read at monotonic time ``now``; True if
+        it completed a step. An open-batch lease is noted (whom the step waits for), not counted."""
         if self.done:
             return False
+        now = time.monotonic() if now is None else now
         try:
-            record = GradientRecord.from_json(value)
+            record = self.tally.take(value, now)
         except WireError:
             self.received += 1
             self.rejected["malformed"] += 1
             return False
-        if record.deployment != self.deployment:
+        if record is None:
+            return False
+        if isinstance(record, BatchOpen):
+            if record.version == self.version and self._fills.get(record.worker) != (record.version, record.filled):
+                self.progress_at = now
+            self._fills[record.worker] = (record.version, record.filled)
             return False
         self.received += 1
         if record.version != self.version:
             self.stale += 1
             return False
-        if record.records != self.worker_batch or record.gradient.shape != (self.learner.param_count,):
-            self.rejected["wrong_shape"] += 1
+        problem = mean_problem(record, self.worker_batch, self.learner.param_count)
+        if problem is not None:
+            self.rejected[problem] += 1
             return False
+        self.progress_at = now
         self.pending.append(record)
         if len(self.pending) < self.workers:
             return False
@@ -122,7 +157,24 @@ class Coordinator:
         step.fill(0.0)
         self.version += 1
         self.offset = offset + 1
+        self.tally.forget_before(self.version)
         return True
+
+    def waiting(self, now: float) -> str:
+        """What the next step waits for, in one line (counts and worker instances only)."""
+        means = [r.worker for r in self.pending]
+        open_at = self.tally.open_at(self.version, now)
+        silent = sorted(set(self.tally.seen) - set(means) - set(open_at))
+        text = f"waiting for the means of version {self.version}: {len(means)} of K = {self.workers} in"
+        text += f" (from {', '.join(means)})" if means else ""
+        text += ("; batches open there: " + ", ".join(
+            f"{w} ({lease.filled} of {lease.size} records)" for w, lease in sorted(open_at.items()))
+                 if open_at else "; no batch open there")
+        if silent:
+            text += f"; heard from before but not there: {', '.join(silent)}"
+        elif not self.tally.seen:
+            text += "; no worker heard from yet"
+        return text
 
     def report(self) -> PrivacyReport:
         """The learner's statement with the records stepped on so far (the coordinator's learner
@@ -183,6 +235,7 @@ class CoordinateOptions:
     learner: Callable[[], BatchWorkerLearner]
     max_steps: int | None = None
     metrics: CoordinatorMetrics | None = None
+    stall_timeout_s: float = STALL_TIMEOUT_S  # 0: wait for ever
 
 
 def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coordinator:
@@ -200,9 +253,7 @@ def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coor
         coordinator = holder.get("coordinator")
         if coordinator is None:
             return "setting up"
-        waiting = sorted({r.worker for r in coordinator.pending})
-        return (f"version {coordinator.version}: {len(coordinator.pending)} of K = {coordinator.workers} means in"
-                + (f" (from {', '.join(waiting)})" if waiting else "") + f"; {coordinator.stale} stale means so far")
+        return f"{coordinator.waiting(time.monotonic())}; {coordinator.stale} stale means so far"
 
     with RoleLoop("coordinator", stop=stop, status=status) as loop:
         ensure_topics(options.bootstrap, scaleout_topics(options.gradients_topic, options.model_topic))
@@ -239,21 +290,41 @@ def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coor
         log.info("coordinator: version %d published (K = %d, w = %d)", coordinator.version, coordinator.workers,
                  coordinator.worker_batch)
 
+        coordinator.progress_at = stepped_at = time.monotonic()
+
+        def log_waiting() -> None:
+            if time.monotonic() - stepped_at >= WAIT_LOG_S and not coordinator.done:
+                log.info("coordinator: %s", coordinator.waiting(time.monotonic()))
+
+        loop.every(WAIT_LOG_S, log_waiting, start_now=False)
+
         def step() -> None:
+            nonlocal stepped_at
             for records in consumer.poll(timeout_ms=200).values():
                 for record in records:
                     if record.offset < coordinator.offset:
                         continue
                     received = coordinator.received
-                    stepped = coordinator.handle(record.value, record.offset)
+                    stepped = coordinator.handle(record.value, record.offset, time.monotonic())
                     if metrics is not None and coordinator.received > received:
                         metrics.observe_mean(coordinator.stale, coordinator.rejected)
                         if stepped:
                             metrics.observe_step(coordinator.workers)
                     if stepped:
                         publish()
+                        stepped_at = time.monotonic()
                         log.info("coordinator: version %d published (%d records, %d stale means)", coordinator.version,
                                  coordinator.records, coordinator.stale)
+            now = time.monotonic()
+            if metrics is not None:
+                metrics.observe_waiting(coordinator.version, coordinator.workers - len(coordinator.pending),
+                                        now - stepped_at, coordinator.tally.open_at(coordinator.version, now))
+            quiet = now - coordinator.progress_at
+            if options.stall_timeout_s and quiet > options.stall_timeout_s and not coordinator.done:
+                raise PlanStalled(f"the plan cannot complete: no progress for {math.floor(quiet)} s (--stall-timeout "
+                                  f"{options.stall_timeout_s:g}): {coordinator.waiting(now)}. Every worker is gone, or "
+                                  "the workers have read every record there is; the model topic holds version "
+                                  f"{coordinator.version} (resume: restart the coordinator once workers and records are back)")
 
         loop.run(step, done=lambda: coordinator.done)
     log.info("coordinator stopped at version %d%s", coordinator.version, " (done)" if coordinator.done else "")

@@ -20,17 +20,19 @@ Worker series
     Valid records learned into published batches (w per batch).
 ``panpriv_scaleout_worker_records_rejected_total{reason}``
     Records rejected by the codec, by reason (:class:`panpriv.streamer.io.codec.Reason`; charged to the budget
-    like valid ones, as in the service).
+    like valid ones, as in the service), per read: a record read again after its batch was handed
+    back is counted (and charged) again.
 ``panpriv_scaleout_worker_batches_lost_total{reason}``
     Batches that reached no output (:data:`LOST_REASONS`): ``revoked`` (partitions revoked by a
-    rebalance mid-batch), ``stopped`` (SIGTERM/SIGINT or the model done mid-batch), ``budget`` (the
+    rebalance mid-batch), ``handed_back`` (its version closed before it was published: its records
+    returned to the stream, :mod:`panpriv.streamer.scaleout.tally`), ``stopped`` (SIGTERM/SIGINT or the model done mid-batch), ``budget`` (the
     next records would exceed ``--max-epsilon`` over all runs), ``crash`` (on a restart with the
     same ``--out``, what the last process charged and never published). Their records are charged
     as an intrusion-only use (:mod:`panpriv.streamer.scaleout.worker`).
 ``panpriv_scaleout_worker_version_waits_total{outcome}``
     Waits for version v + 1 after publishing at v (synchronous versions), by outcome
-    (:data:`WAIT_OUTCOMES`): ``arrived`` (within ``--sync-wait``) or ``timed_out`` (the worker took
-    another batch at v; its mean may arrive stale).
+    (:data:`WAIT_OUTCOMES`): ``arrived`` (version v + 1 was read) or ``timed_out`` (after
+    ``--sync-wait`` the worker took another batch at v, a place being left there: a worker gone).
 ``panpriv_scaleout_worker_version_wait_seconds_total``
     Seconds spent in those waits.
 ``panpriv_scaleout_worker_model_version``
@@ -65,6 +67,14 @@ Coordinator series
     The version last published to the model topic.
 ``panpriv_scaleout_coordinator_last_published_timestamp_seconds``
     Unix time at which the broker acknowledged that version.
+``panpriv_scaleout_coordinator_waiting_version``
+    The version whose K means the coordinator waits for (the means computed at it; the step
+    publishes the next version); with
+    ``panpriv_scaleout_coordinator_means_missing`` (K minus the means in) and
+    ``panpriv_scaleout_coordinator_waiting_seconds`` (since the last step, or the start).
+``panpriv_scaleout_coordinator_waiting_on{worker}``
+    1 for each worker holding a live open-batch lease at that version (whose mean is awaited);
+    a worker's series is removed when its lease ends.
 ``panpriv_scaleout_info{role="coordinator", deployment, version}``
     Constant 1.
 """
@@ -78,7 +88,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.streamer.metrics.roles import CumulativeCounts, CumulativeTotal, PrivacyGauges, RoleMetrics
 
-LOST_REASONS = ("revoked", "stopped", "budget", "crash")
+LOST_REASONS = ("revoked", "handed_back", "stopped", "budget", "crash")
 WAIT_OUTCOMES = ("arrived", "timed_out")
 MEAN_REJECT_REASONS = ("malformed", "wrong_shape")
 
@@ -151,6 +161,12 @@ class CoordinatorMetrics(_Role):
         self._version = Gauge(f"{p}_model_version", "The version last published.", registry=r)
         self._published_at = Gauge(f"{p}_last_published_timestamp_seconds",
                                    "Unix time at which the last version was acknowledged (0 before the first).", registry=r)
+        self._waiting_version = Gauge(f"{p}_waiting_version", "The version whose K means are awaited.", registry=r)
+        self._missing = Gauge(f"{p}_means_missing", "Means still missing for the awaited version.", registry=r)
+        self._waiting_s = Gauge(f"{p}_waiting_seconds", "Seconds since the last step (or the start).", registry=r)
+        self._waiting_on = Gauge(f"{p}_waiting_on", "1 per worker holding an open batch at the awaited version.",
+                                 ["worker"], registry=r)
+        self._on: set[str] = set()
 
     def resume(self, stale: int, rejected: Mapping[str, int]) -> None:
         """The totals a restored coordinator starts from (from the model record): not counted again."""
@@ -172,3 +188,16 @@ class CoordinatorMetrics(_Role):
         """``version`` acknowledged by the broker at Unix time ``timestamp``."""
         self._version.set(version)
         self._published_at.set(timestamp)
+
+    def observe_waiting(self, version: int, missing: int, seconds: float, open_at: Iterable[str]) -> None:
+        """What the coordinator waits for: ``version``, ``missing`` means, for ``seconds``, from
+        the workers ``open_at`` holding an open batch there."""
+        self._waiting_version.set(version)
+        self._missing.set(missing)
+        self._waiting_s.set(seconds)
+        workers = set(open_at)
+        for gone in self._on - workers:
+            self._waiting_on.remove(gone)
+        for worker in workers:
+            self._waiting_on.labels(worker=worker).set(1)
+        self._on = workers

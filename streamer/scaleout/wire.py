@@ -6,7 +6,16 @@
      "records": w, "gradient": [...], "ranges": {<data key>: [start, stop], ...}}
 
 ``gradient`` is a worker's noisy batch mean (Cheu et al. 2022 Alg. 6 lines 4–9: both draws added);
-``ranges`` are the positions the batch read (public, like every offset in panpriv).
+``ranges`` are the positions the batch read (public, like every offset in panpriv). On the same
+topic, a worker's *open-batch lease* (:class:`BatchOpen`), renewed while its batch at ``version`` is
+open, so that the other workers leave the version's last places to it and the coordinator can say
+whom it waits for::
+
+    {"format": "panpriv-scaleout-open/1", "deployment": ..., "version": v, "worker": <instance>,
+     "filled": f, "size": w, "renew_s": r}
+
+``filled`` is the count of valid records in the batch so far (public, like every count of records
+read).
 
 *Model topic* (compacted, one partition), key = deployment: the coordinator's whole state after
 version v — all of it post-processing of noisy means — so that a restarted coordinator resumes
@@ -38,6 +47,7 @@ FETCH_WAIT_MS = 10
 record: each step waits on one of each, so this is per-step latency, not throughput."""
 
 GRADIENT_FORMAT = "panpriv-scaleout-gradient/1"
+OPEN_FORMAT = "panpriv-scaleout-open/1"
 MODEL_FORMAT = "panpriv-scaleout-model/1"
 
 Array = NDArray[np.float64]
@@ -69,6 +79,14 @@ class GradientRecord:
     def from_json(cls, data: bytes | None) -> GradientRecord:
         try:
             value = json.loads(data or b"")
+        except ValueError as exc:
+            raise WireError(f"malformed gradient record: {exc}") from None
+        return cls.from_value(value)
+
+    @classmethod
+    def from_value(cls, value: Any) -> GradientRecord:
+        """The record of a decoded JSON value (:class:`WireError` if it is not one)."""
+        try:
             if value.get("format") != GRADIENT_FORMAT:
                 raise WireError(f"not a {GRADIENT_FORMAT} record")
             gradient = np.asarray(value["gradient"], dtype=np.float64)
@@ -81,6 +99,45 @@ class GradientRecord:
             if isinstance(exc, WireError):
                 raise
             raise WireError(f"malformed gradient record: {exc}") from None
+
+
+@dataclass(frozen=True)
+class BatchOpen:
+    """A worker's lease on a place at ``version``: it holds an open batch there (``filled`` of
+    ``size`` records) and renews this record every ``renew_s`` seconds until it publishes or hands
+    the batch back (:mod:`panpriv.streamer.scaleout.tally`)."""
+
+    deployment: str
+    version: int
+    worker: str
+    filled: int
+    size: int
+    renew_s: float
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": OPEN_FORMAT, "deployment": self.deployment, "version": self.version,
+                           "worker": self.worker, "filled": self.filled, "size": self.size, "renew_s": self.renew_s},
+                          sort_keys=True).encode()
+
+
+def gradients_topic_record(data: bytes | None) -> GradientRecord | BatchOpen:
+    """A record of the gradients topic: a noisy mean or an open-batch lease (:class:`WireError` if neither)."""
+    try:
+        value = json.loads(data or b"")
+    except ValueError as exc:
+        raise WireError(f"malformed gradient record: {exc}") from None
+    if not (isinstance(value, dict) and value.get("format") == OPEN_FORMAT):
+        return GradientRecord.from_value(value)
+    try:
+        renew_s = float(value["renew_s"])
+        if not 0 < renew_s < 3600:
+            raise WireError("renew_s must be in (0, 3600) seconds")
+        return BatchOpen(str(value["deployment"]), int(value["version"]), str(value["worker"]), int(value["filled"]),
+                         int(value["size"]), renew_s)
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, WireError):
+            raise
+        raise WireError(f"malformed open-batch record: {exc}") from None
 
 
 def encode_state(state: Mapping[str, StateValue]) -> dict[str, Any]:

@@ -9,9 +9,18 @@ tagged with the version, to the gradients topic. Nothing else leaves the process
 partial sum, no clean gradient. An intruder who reads the worker once sees its iterate copy
 (public) and Z + partial sum/w (Lemma C.4, Case 2).
 
-**Synchronous versions.** After publishing at version v the worker waits for version v + 1 (at
-most ``sync_wait`` seconds; then it takes another batch at v, so K − 1 surviving workers still
-make progress) — one mean per worker per version in the normal case, so few means go stale.
+**Synchronous versions, without starving** (issue 35). Version v steps on the first K means at v;
+a worker consumes records for v only while the gradients topic leaves a place there
+(:mod:`panpriv.streamer.scaleout.tally`: K minus the means counted minus the other workers' live
+open-batch leases), and renews its own lease while its batch is open. After publishing at v it waits
+for version v + 1, and takes another batch at v only after ``sync_wait`` seconds *and* if a place is
+still free (a worker gone: K − 1 survivors still make progress). A worker slower than
+``sync_wait`` keeps its place by its lease; a coordinator that is down leaves every worker waiting
+once K means are on the topic. A batch whose version closes before it is published (the model
+moved past it, or K means of its version were read — two workers took the last place at once) is
+*handed back*: the consumer seeks back to the batch's first positions, so its records return to the
+stream, and the batch is lost like a revoked one (below). A stale mean remains possible only when
+two workers take a freed place at once and both publish before either reads the other's mean.
 
 **Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run), through
 the one :class:`~panpriv.streamer.budget.session.BudgetSession` and its rules. A worker is a run with
@@ -21,12 +30,12 @@ write, charged ahead per partition (:mod:`panpriv.streamer.budget.ahead`) — ma
 positions durable *before* publishing (so a crash can only over-count), records the store's id and
 generation in its sealed state (``worker.json``: a store behind it is refused at the next start),
 and commits the group offsets after the publication is acknowledged. A batch that reaches no output
-— partitions revoked by a rebalance, a stop, or (on restart with the same ``--out``) a SIGKILL — is
-moved to an intrusion-only *lost* instance (:func:`panpriv.accounting.budget.lost_state_report`); after a
+— partitions revoked by a rebalance, a batch handed back, a stop, or (on restart with the same
+``--out``) a SIGKILL — is moved to an intrusion-only *lost* instance (:func:`panpriv.accounting.budget.lost_state_report`); after a
 SIGKILL only the dead process's charges beyond its own durable marks move, with its last stored
 report. What was charged ahead and never read is given back first (on a revocation, a lost batch,
-a clean stop). The new owner of those records charges them again: a second use for intrusion, none
-for output.
+a clean stop). The new owner of those records (the same worker, for a batch handed back) charges
+them again: a second use for intrusion, none for output.
 
 **Metrics** (``--metrics-port``; :class:`panpriv.streamer.scaleout.metrics.WorkerMetrics`): the counts of
 :class:`WorkerStats`, the newest version, and the budget store's composed guarantee of the records
@@ -54,7 +63,8 @@ from panpriv.streamer.kafka.topics import ensure_topics
 from panpriv.streamer.runtime.role_loop import RoleLoop
 from panpriv.streamer.scaleout.coordinator import batch_worker_learner
 from panpriv.streamer.scaleout.metrics import WorkerMetrics
-from panpriv.streamer.scaleout.wire import GradientRecord, ModelReader, ModelVersion, query_state, scaleout_topics
+from panpriv.streamer.scaleout.tally import TallyReader
+from panpriv.streamer.scaleout.wire import BatchOpen, GradientRecord, ModelReader, ModelVersion, query_state, scaleout_topics
 from panpriv.streamer.state.role_state import RoleState
 
 log = logging.getLogger("panpriv.worker")
@@ -83,12 +93,15 @@ class WorkerOptions:
 
 @dataclass
 class _Batch:
-    """The open batch: its version and size, what it has read (positions per data key)."""
+    """The open batch: its version and size, what it has read (positions per data key; the first
+    offset per (topic, partition), where a hand-back seeks to) and when its lease was last renewed."""
 
     version: int
     size: int
     filled: int = 0
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    starts: dict[tuple[str, int], int] = field(default_factory=dict)
+    renewed: float = float("-inf")
 
 
 @dataclass
@@ -287,10 +300,13 @@ class Worker:
             return self.stats
         self._setup(model)
         self._model = model
+        self._tally = TallyReader(self.options.bootstrap, self.options.gradients_topic, self.options.deployment,
+                                  model.gradients_offset)
+        self.loop.close_on_exit(self._tally.close, "gradients reader")
         self._batch: _Batch | None = None
         self._published_at = -1
         self._waiting_since = time.monotonic()
-        self._waiting = False  # after publishing at _published_at, until the next version or --sync-wait
+        self._waiting = False  # after publishing at _published_at, until the next version or another batch there
         self.loop.every(self.options.privacy_interval_s, self._observe_privacy)
         try:
             self.loop.run(self._step)
@@ -307,26 +323,33 @@ class Worker:
         return self.stats
 
     def _step(self) -> None:
-        """Follow the model; wait for the next version after publishing (synchronous versions);
-        read, charge and learn the next records of the open batch; publish it when full."""
+        """Follow the model and the gradients topic; hand back a batch whose version closed; open a
+        batch only where a place is left (module docstring); read, charge and learn the next records
+        of the open batch, renew its lease; publish it when full, unless its version closed."""
         self._observe()
         model = self._model = self._reader.poll(0) or self._model
         self._newest = max(self._newest, model.version)
+        self._tally.poll()
         now = time.monotonic()
-        if self._waiting and (model.version != self._published_at or now - self._waiting_since >= self.options.sync_wait_s):
+        if self._waiting and model.version != self._published_at:
             self._waiting = False
-            self.stats.waits["arrived" if model.version != self._published_at else "timed_out"] += 1
+            self.stats.waits["arrived"] += 1
             self.stats.wait_s += now - self._waiting_since
         if model.done:
             self.stats.reason = "the model is done"
             self.loop.finish("done")
             return
         batch = self._batch
-        if batch is None and model.version == self._published_at and now - self._waiting_since < self.options.sync_wait_s:
-            self._model = self._reader.poll(50) or model  # synchronous versions: wait for the next one
+        if batch is not None and model.version > batch.version:
+            self._hand_back(batch, f"version {batch.version} closed before the batch was full")
+            batch = self._batch = None
+        if batch is None and not self._may_open(model, now):
+            self._model = self._reader.poll(50) or model  # synchronous versions: wait for the next one, or a place
             return
         want = self.loop.pacer.allowance(model.worker_batch if batch is None else batch.size - batch.filled)
         if want == 0:  # paced (--rate): not yet
+            if batch is not None:
+                self._renew(batch, now)
             self.loop.pacer.wait(0.2)
             return
         polled = self._consumer.poll(timeout_ms=200, max_records=want)
@@ -337,8 +360,14 @@ class Worker:
             batch = self._batch = None
         records = [r for rs in polled.values() for r in rs]
         if not records:
+            if batch is not None:
+                self._renew(batch, time.monotonic())
             return
         if batch is None:
+            if self._waiting:  # another batch at the version this worker published at: a place was left
+                self._waiting = False
+                self.stats.waits["timed_out"] += 1
+                self.stats.wait_s += now - self._waiting_since
             self._load(model)
             batch = self._batch = _Batch(model.version, model.worker_batch)
             assert self.learner is not None
@@ -349,10 +378,58 @@ class Worker:
             self.loop.finish("budget")
             return
         self.loop.pacer.consumed(len(records))
-        if batch.filled >= batch.size:
+        if batch.filled < batch.size:
+            self._renew(batch, time.monotonic())
+        elif self._version_closed(batch):
+            self._hand_back(batch, f"version {batch.version} closed as the batch filled")
+            self._batch = None
+        else:
             self._publish(batch)
             self._published_at, self._waiting_since, self._waiting = batch.version, time.monotonic(), True
             self._batch = None
+
+    # -- the places of a version (panpriv.streamer.scaleout.tally) --------------------------------
+
+    def _may_open(self, model: ModelVersion, now: float) -> bool:
+        """Whether to open a batch at the model's version: not within ``sync_wait`` of publishing
+        there, and only while a place is left."""
+        assert self.learner is not None
+        if model.version == self._published_at and now - self._waiting_since < self.options.sync_wait_s:
+            return False
+        places = self._tally.tally.places(model.version, model.workers, model.worker_batch, self.learner.param_count, now,
+                                          exclude=self.stats.instance)
+        return places > 0
+
+    def _version_closed(self, batch: _Batch) -> bool:
+        """Just before publishing: the model moved past the batch's version, or K means of it were read."""
+        assert self.learner is not None
+        self._tally.poll()
+        model = self._model = self._reader.poll(0) or self._model
+        counted = self._tally.tally.counted(batch.version, batch.size, self.learner.param_count)
+        return model.version > batch.version or counted >= model.workers
+
+    def _renew(self, batch: _Batch, now: float) -> None:
+        """Announce (or renew) the open batch's lease every ``sync_wait``/4 seconds."""
+        renew_s = self.options.sync_wait_s / 4
+        if now - batch.renewed < renew_s:
+            return
+        batch.renewed = now
+        lease = BatchOpen(self.options.deployment, batch.version, self.stats.instance, batch.filled, batch.size, renew_s)
+        self._producer.send(self.options.gradients_topic, key=self.options.deployment.encode(), value=lease.to_json())
+
+    def _hand_back(self, batch: _Batch, why: str) -> None:
+        """Drop a batch whose version closed and return its records to the stream: seek back to its
+        first positions (nothing was committed), the batch lost as an intrusion-only use."""
+        log.info("worker %s: %s (%d of %d records): handing it back; its records return to the stream",
+                 self.stats.instance, why, batch.filled, batch.size)
+        self._discard(batch, why, "handed_back")
+        from kafka.structs import TopicPartition
+
+        assigned = self._consumer.assignment()
+        for (topic, partition), start in batch.starts.items():
+            tp = TopicPartition(topic, partition)
+            if tp in assigned:
+                self._consumer.seek(tp, start)
 
     def _learn(self, batch: _Batch, records: list[Any]) -> bool:
         """Charge, then learn ``records`` into the open batch (Alg. 6 line 7); False if the budget refuses."""
@@ -362,6 +439,7 @@ class Worker:
             key = self._key(record.topic, record.partition)
             start, stop = ranges.get(key, (record.offset, record.offset + 1))
             ranges[key] = (min(start, record.offset), max(stop, record.offset + 1))
+            batch.starts.setdefault((record.topic, record.partition), record.offset)
         self._charged.update(ranges)
         refused = self.budget.charge(self.stats.instance, ranges, self.budget.own())
         if refused is not None:

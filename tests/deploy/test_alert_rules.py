@@ -121,6 +121,15 @@ CASES = {
     "a lag that grew for less than the hold time: quiet": case(
         {f'panpriv_consumer_lag_messages{{{LABELS}, topic="events", partition="0"}}': "0+100x20 2000x40"},
         "40m", "PanprivConsumerLagGrowing", None),
+    "scale-out coordinator without a step for 6 minutes": case(
+        {'panpriv_scaleout_coordinator_waiting_seconds{instance="coordinator:9477", job="panpriv-coordinator"}':
+         "0+60x10"},
+        "7m", "PanprivScaleoutWaiting", "panpriv-coordinator coordinator:9477 has taken no step for 5 minutes",
+        labels={"instance": "coordinator:9477", "job": "panpriv-coordinator"}),
+    "scale-out coordinator stepping: quiet": case(
+        {'panpriv_scaleout_coordinator_waiting_seconds{instance="coordinator:9477", job="panpriv-coordinator"}':
+         "0 3 1 4 2 0 3 1 4 2 0"},
+        "7m", "PanprivScaleoutWaiting", None),
 }
 
 

@@ -158,11 +158,23 @@ def test_every_dashboard_query_is_valid_promql(promtool: str, tmp_path: Path) ->
 
 
 @pytest.mark.integration
+def scaleout_metric_names() -> set[str]:
+    """The series the scale-out roles' registries serve on ``--metrics-port`` (scraped from real
+    processes in tests/scaleout/test_scaleout_metrics.py and test_scaleout_stall.py)."""
+    from panpriv.streamer.scaleout.metrics import CoordinatorMetrics, WorkerMetrics
+
+    return {sample.name for metrics in (CoordinatorMetrics(), WorkerMetrics())
+            for family in metrics.registry.collect() for sample in family.samples}
+
+
 def test_rule_and_dashboard_metrics_are_exported_by_the_service(exported_metric_names: set[str]) -> None:
+    """Every name a rule or the service's dashboard reads is exported by the service (or, for the
+    scale-out coordinator's rule, by that role)."""
     used = {name: source
             for source, exprs in (("rules", [r["expr"] for r in alert_rules()]), ("dashboard", dashboard_queries()))
             for expr in exprs for name in promql_metric_names(expr)}
-    unknown = {name: source for name, source in used.items() if name not in exported_metric_names | PROMETHEUS_SYNTHETIC}
+    known = exported_metric_names | scaleout_metric_names() | PROMETHEUS_SYNTHETIC
+    unknown = {name: source for name, source in used.items() if name not in known}
     assert unknown == {}, f"not exported by the service: {unknown}; it exports {sorted(exported_metric_names)}"
 
 
@@ -212,7 +224,7 @@ def test_alert_rules_cover_the_required_conditions() -> None:
     by_name = {rule["alert"]: rule for rule in alert_rules()}
     assert set(by_name) == {"PanprivServiceDown", "PanprivNoRecordsProcessed", "PanprivRejectedRateHigh",
                             "PanprivCheckpointStale", "PanprivPrivacyBudgetHigh", "PanprivSeededMode",
-                            "PanprivRoleDown", "PanprivConsumerLagGrowing"}
+                            "PanprivRoleDown", "PanprivConsumerLagGrowing", "PanprivScaleoutWaiting"}
     assert 'up{job="panpriv"} == 0' in by_name["PanprivServiceDown"]["expr"]
     for rule in by_name.values():
         assert rule["labels"]["severity"] in {"warning", "critical"}

@@ -10,7 +10,7 @@ import numpy as np
 from panpriv.protocols.losses import LogisticLoss
 from panpriv.protocols.pan_acsa import PanPrivateACSA
 from panpriv.streamer.io.codec import encode_json
-from panpriv.streamer.scaleout.wire import GradientRecord, ModelVersion
+from panpriv.streamer.scaleout.wire import GradientRecord, ModelVersion, gradients_topic_record
 from tests.esa.parts import panpriv, synthetic
 from tests.realparts import KafkaBroker, ManagedProcess
 
@@ -75,7 +75,8 @@ def read_all(bootstrap: str, topic: str) -> list[bytes]:
 
 
 def gradients(bootstrap: str, topic: str) -> list[GradientRecord]:
-    return [GradientRecord.from_json(v) for v in read_all(bootstrap, topic)]
+    """The noisy means on the gradients topic (not the workers' open-batch leases)."""
+    return [r for r in (gradients_topic_record(v) for v in read_all(bootstrap, topic)) if isinstance(r, GradientRecord)]
 
 
 def last_model(bootstrap: str, topic: str) -> ModelVersion:

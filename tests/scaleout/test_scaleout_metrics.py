@@ -119,7 +119,11 @@ def test_worker_and_coordinator_endpoints_count_the_runs_own_totals(
         assert values["panpriv_privacy_epsilon_budget{guarantee=intrusion}"] == 2.0
         assert values[f"panpriv_scaleout_info{{deployment=default,role=worker,version={_version()}}}"] == 1
         assert not any(k.endswith("_created") for k in values)
-    assert {k: v for k, v in rejected.items() if v} == REASONS
+    # Each bad record rejected when read; read again (and charged again) after its batch was handed
+    # back or revoked, it is counted again: at most once per batch the workers lost.
+    lost_batches = sum(_sum(v, "panpriv_scaleout_worker_batches_lost_total") for v in w_values)
+    assert set(k for k, v in rejected.items() if v) == set(REASONS)
+    assert sum(REASONS.values()) <= sum(rejected.values()) <= sum(REASONS.values()) + len(BAD) * lost_batches, rejected
 
 
 def _store_now() -> tuple[PrivacyLedger, list[str]]:
@@ -150,7 +154,7 @@ def _until_quiet(coordinator: ManagedProcess, workers: list[ManagedProcess], por
             published = sum(v["panpriv_scaleout_worker_batches_published_total"] for v in w_values)
             rejected = sum(_sum(v, "panpriv_scaleout_worker_records_rejected_total") for v in w_values)
             received = c_values["panpriv_scaleout_coordinator_means_received_total"]
-            if rejected == len(BAD) and published and received == published == len(parts.read_all(broker.bootstrap, names["gradients"])):
+            if rejected >= len(BAD) and published and received == published == len(parts.gradients(broker.bootstrap, names["gradients"])):
                 # all read? the valid records not in published batches are fewer than one batch per worker
                 learned = sum(v["panpriv_scaleout_worker_records_total"] for v in w_values)
                 if N - learned < K * _batch() and scrapes >= 2:

@@ -1,12 +1,14 @@
 """One exit-code table for every command (streamer/commands/exit_codes.py): 0 done, 1 operational
-error, 2 usage or configuration, 3 budget refusal — each with one line on stderr, never a traceback.
+error, 2 usage or configuration, 3 budget refusal, 4 a scale-out plan that cannot complete — each with
+one line on stderr, never a traceback.
 
 Where a code of a command is tested elsewhere (a real process against the real broker), the test
 named here is that test: ``run`` 3 (tests/streamer/test_budget.py, test_refusal_is_one_line_and_exit_3),
 ``analyze`` 3 (tests/esa/test_esa_service.py), ``analyze``/``worker`` 1 and 2 for a busy or
 corrupted state directory (tests/streamer/test_role_state.py), ``shuffle``/``coordinate`` 2 for a
 topic they cannot serve (tests/streamer/test_topics.py), ``dev-broker`` 2 for a busy port
-(tests/streamer/test_dev_broker.py), every command's 0 in its own tests."""
+(tests/streamer/test_dev_broker.py), ``coordinate`` 4 (tests/scaleout/test_scaleout_stall.py), every
+command's 0 in its own tests."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from panpriv.streamer.commands.cli import build_parser, main
-from panpriv.streamer.commands.exit_codes import EXIT_BUDGET, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from panpriv.streamer.commands.exit_codes import EXIT_BUDGET, EXIT_FAILURE, EXIT_OK, EXIT_STALLED, EXIT_USAGE, exit_code
+from panpriv.streamer.errors import PlanStalled
 from tests.esa.parts import env
 from tests.realparts import KafkaBroker
 
@@ -33,6 +36,11 @@ def commands() -> list[str]:
 
 def test_the_table_has_the_four_codes_of_the_issue() -> None:
     assert (EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET) == (0, 1, 2, 3)
+
+
+def test_a_plan_that_cannot_complete_has_its_own_code() -> None:
+    """Not 1: restarting the coordinator at once does not help (issue 35)."""
+    assert EXIT_STALLED == 4 and exit_code(PlanStalled("the plan cannot complete")) == EXIT_STALLED
 
 
 @pytest.mark.parametrize("command", commands())
