@@ -131,7 +131,7 @@ def reference_markdown(parser: argparse.ArgumentParser) -> str:
     try:
         parts = ["# Command line", "",
                  "Every command's `--help`, as the program prints it (generated: "
-                 "`python -m panpriv.streamer.commands.help_text > docs/reference/cli.md`).", "",
+                 "`python -m panpriv.streamer.commands.cli_reference > docs/reference/cli.md`).", "",
                  "```text", parser.format_help().rstrip(), "```"]
         for name, sub in commands(parser):
             parts += ["", f"## panpriv {name}", "", "```text", sub.format_help().rstrip(), "```"]
@@ -141,9 +141,3 @@ def reference_markdown(parser: argparse.ArgumentParser) -> str:
         else:
             os.environ["COLUMNS"] = saved
     return "\n".join(parts) + "\n"
-
-
-if __name__ == "__main__":
-    from panpriv.streamer.commands.cli import build_parser
-
-    sys.stdout.write(reference_markdown(build_parser()))
