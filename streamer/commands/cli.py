@@ -44,6 +44,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "records.format": args.format,
         "records.dim": args.dim,
         "records.feature_bound": args.feature_bound,
+        "records.schema_file": args.schema,
         "learner.name": args.learner,
         "learner.epsilon": args.epsilon,
         "learner.delta": args.delta,
@@ -458,6 +459,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--accept-offset-reset", action="store_true", help="Kafka: read on when a topic's offsets went back below the checkpoint (re-created topic); the ledger charges those offsets again")
     run.add_argument("--format", choices=["json", "csv", "binary", "adult"], help="record encoding (default: from the source)")
     run.add_argument("--dim", type=int, help="feature dimension")
+    run.add_argument(
+        "--schema", type=Path, metavar="FILE",
+        help="a JSON or TOML file naming the features of JSON objects or headed CSV rows (sets --dim; see docs)",
+    )
     run.add_argument("--feature-bound", type=positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
     run.add_argument("--seed", type=int, help="TEST/REPLAY ONLY: seed the noise (no pan-private guarantee)")
     run.add_argument("--options", metavar="JSON", help='learner options as a JSON object over the config\'s, e.g. \'{"eta": 0.1, "radius": 4}\'')
