@@ -345,6 +345,17 @@ class Learner(abc.ABC):
         """Lines for ``panpriv privacy`` describing the noise this configuration adds (batches,
         standard deviations, clipping), computed from the public configuration only."""
 
+    def beyond_plan(self, planned: int) -> str:
+        """What learning past the ``planned`` stream length (the public ``n`` the learner was built
+        for: ``horizon`` or ``n``) means for this learner, in one sentence for the service's
+        warning. The default states what holds for every learner: the calibration and schedule
+        were planned for ``planned`` records, and the statement printed is the learner's report
+        for what it has learned. A learner with a rule for longer streams overrides it."""
+        return (
+            f"its calibration and schedule were planned for {planned:,} records; the guarantee printed is its "
+            "report for the records it has learned. Set learner.n (--n) to the stream's length for a plan that covers it"
+        )
+
     def utility_warnings(self) -> tuple[str, ...]:
         """Plain warnings about what this configuration can learn, from its public configuration
         only (never from data): ``panpriv run`` logs them before learning, ``panpriv privacy``

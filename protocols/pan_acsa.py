@@ -327,6 +327,15 @@ class PanPrivateACSA(BatchWorkerLearner):
             self._plans_cache = (epoch, plans)
         return self._plans_cache[1]
 
+    def beyond_plan(self, planned: int) -> str:
+        """Records past the first epoch's ``planned`` records are learned by further epochs, each
+        twice as long and warm-started (module docstring, "Stream length")."""
+        return (
+            f"records past the first {planned:,} are learned by further epochs, each twice as long and warm-started "
+            f"from the last; every record still enters one batch, so the per-record guarantee is unchanged, but the model was "
+            f"planned for {planned:,} records. Set learner.n (--n) to the stream's length"
+        )
+
     def describe_noise(self) -> tuple[str, ...]:
         """The plan's batches and the standard deviation of each batch's two draws (Cheu et al. 2022, Alg. 6)."""
         plan = self.current_plan()

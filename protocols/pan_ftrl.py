@@ -248,6 +248,15 @@ class PanPrivateFTRL(Learner):
         """The norm per-record gradients are clipped to: min(``gradient_bound``, the loss's L)."""
         return self._lipschitz
 
+    def beyond_plan(self, planned: int) -> str:
+        """Records past the first epoch's ``planned`` records are learned by further epochs, each
+        twice as long and warm-started (module docstring, "Stream length")."""
+        return (
+            f"records past the first {planned:,} are learned by further epochs, each twice as long and warm-started "
+            f"from the last; every record is in one leaf of one epoch's tree, so the per-record guarantee is unchanged, but the model was "
+            f"planned for {planned:,} records. Set learner.n (--n) to the stream's length"
+        )
+
     def describe_noise(self) -> tuple[str, ...]:
         plan = self.plan()
         sizes = sorted({plan.leaf_size(0), plan.leaf_size(plan.leaves - 1)})

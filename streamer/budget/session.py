@@ -155,6 +155,7 @@ class BudgetSession:
         if saved is not None:
             self._account_lost_state(state, source, saved)
         self._precheck(state, source)
+        self._announce_composition(state, source)
         resumed_at = self.keys.positions(saved.positions) if saved is not None else {}
         self.store.begin_run(state.instance, self._out, display_name(self._config.source.url), positions=resumed_at)
         for instance, report in state.ledger.instances.items():
@@ -452,6 +453,20 @@ class BudgetSession:
         the check (:meth:`charge`)."""
         if self._limit is None:
             return
+        data_ranges = self._reading(state, source)
+        if data_ranges is None:
+            return
+        excess = self.store.check(state.instance, state.learner.privacy(), data_ranges, self._limit, orders=self._orders)
+        if excess is not None and _spent_by_others(excess, state.ledger.instances):
+            raise BudgetExceededError(
+                "refusing to start: " + describe_excess(excess, self._limit, self.store.instances())
+                + "; nothing was learned. See `panpriv budget`."
+            )
+
+
+    def _reading(self, state: TrainingState, source: Source | IndexedFile) -> dict[str, tuple[int, int]] | None:
+        """The data ranges this run is about to read: finite local sources from their positions to
+        the end; ``None`` for Kafka, whose positions are known only once partitions are assigned."""
         if isinstance(source, IndexedFile):
             ranges = dict(source.extent)
         elif isinstance(source, (LineFileSource, SyntheticSource)):
@@ -459,14 +474,39 @@ class BudgetSession:
         elif isinstance(source, RecordingSource):
             ranges = {key: (position, _OPEN_END) for key, position in source.resume_positions().items()}
         else:
+            return None
+        return self._data_ranges(ranges)
+
+    def _announce_composition(self, state: TrainingState, source: Source | IndexedFile) -> None:
+        """One line at start when the records about to be read were used before by other runs:
+        how many runs, the ε those uses spent (output guarantee, worst record) and the ε after this
+        run under basic composition with its planned guarantee — no one learns of a second use of
+        their data from the summary at the end."""
+        data_ranges = self._reading(state, source)
+        if not data_ranges:
             return
-        data_ranges = self._data_ranges(ranges)
-        excess = self.store.check(state.instance, state.learner.privacy(), data_ranges, self._limit, orders=self._orders)
-        if excess is not None and _spent_by_others(excess, state.ledger.instances):
-            raise BudgetExceededError(
-                "refusing to start: " + describe_excess(excess, self._limit, self.store.instances())
-                + "; nothing was learned. See `panpriv budget`."
-            )
+        own = state.ledger.instances
+        ledger = self.store.ledger(sorted(data_ranges))
+        others: set[str] = set()
+        so_far = 0.0
+        for key, (start, stop) in data_ranges.items():
+            for segment in ledger.coverage(key):
+                if segment.stop <= start or segment.start >= stop:
+                    continue
+                earlier = tuple(u for u in segment.uses if u not in own and u != state.instance)
+                if earlier:
+                    others.update(earlier)
+                    so_far = max(so_far, ledger.record_guarantee(earlier)[0].epsilon)
+        if not others:
+            return
+        runs = sorted({name.split("/")[0] for name in others})
+        planned = state.learner.planned_privacy().output.epsilon
+        log.warning(
+            "these records were used before by %d run(s) (%s): ε = %.4g so far, up to ε = %.4g after this run "
+            "(basic composition; see `panpriv budget`%s)",
+            len(runs), ", ".join(runs[:3]) + (", …" if len(runs) > 3 else ""), so_far, so_far + planned,
+            "" if self._limit is not None else "; --max-epsilon refuses a run beyond a limit",
+        )
 
 
 def with_public_assumptions(report: PrivacyReport, seeded: bool) -> PrivacyReport:
