@@ -167,3 +167,13 @@ def test_a_schema_that_cannot_apply_is_a_configuration_error(overrides: dict[str
 
     with pytest.raises(ConfigError, match=message):
         load_config(None, {"source.url": "file:x.jsonl", **overrides})
+
+
+def test_a_csv_header_without_the_schemas_columns_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    source = write_csv(tmp_path / "events.csv", events(20), ["event", "country", "visits", "clicked"])  # no age
+    code = main(["run", "--source", f"file:{source}", "--schema", str(tmp_path / "schema.json"), "--out", str(tmp_path / "out"),
+                 "--state-dir", str(tmp_path / "budget"), "--metrics-port", "0", "--progress", "off", "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "no column 'age'" in err[0]
