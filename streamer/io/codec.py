@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import abc
 import csv
-import itertools
 import json
 import logging
 import math
@@ -597,7 +596,7 @@ class CsvCodec(Codec):
             return self._parse_named(payloads, values=False)
         width = self.dim + 1
         label_column = self.records.csv_label_column % width
-        rows: list[list[str]] = []
+        rows: list[NDArray[np.float64]] = []
         origin: list[int] = []
         rejects: list[Reject] = []
         for i, payload in enumerate(payloads):
@@ -610,14 +609,15 @@ class CsvCodec(Codec):
             elif len(fields) != width:
                 rejects.append(Reject(i, Reason.MISSING_FIELD if len(fields) < width else Reason.WRONG_DIMENSION))
                 continue
-            rows.append(fields)
+            try:
+                rows.append(np.array(fields, dtype=np.float64))
+            except ValueError:
+                rejects.append(Reject(i, Reason.WRONG_TYPE))
+                continue
             origin.append(i)
-        table, bad = _float_table(rows, width)
-        if bad:
-            rejects.extend(Reject(origin[j], Reason.WRONG_TYPE) for j in bad)
-            rejects.sort(key=lambda r: r.index)
-            dropped = set(bad)
-            origin = [o for j, o in enumerate(origin) if j not in dropped]
+        table = np.vstack(rows) if rows else np.empty((0, width))
+        for row in rows:  # each record's parsed row: zeroed, not left to numpy's cache of small buffers
+            row.fill(0.0)
         y = table[:, label_column].copy()
         X = np.delete(table, label_column, axis=1)
         table.fill(0.0)
@@ -676,30 +676,6 @@ def _csv_fields(payload: bytes) -> list[str] | None:
     except csv.Error:
         return None
     return rows[0] if len(rows) == 1 else None
-
-
-def _float_table(rows: list[list[str]], width: int) -> tuple[NDArray[np.float64], list[int]]:
-    """The rows as float64 (m × width) and the indices of rows holding a non-number (left out).
-    Each field is read by Python's ``float`` (40 ms against numpy's 58 ms for converting the
-    strings of 1,024 rows at d = 100, measured on the loaded 2-core machine)."""
-    if not rows:
-        return np.empty((0, width)), []
-    try:
-        return np.fromiter(map(float, itertools.chain.from_iterable(rows)), np.float64, len(rows) * width).reshape(-1, width), []
-    except ValueError:
-        pass
-    table = np.empty((len(rows), width))
-    bad: list[int] = []
-    for j, fields in enumerate(rows):
-        try:
-            table[j] = list(map(float, fields))
-        except ValueError:
-            bad.append(j)
-    if not bad:
-        return table, bad
-    good = np.delete(table, bad, axis=0)
-    table.fill(0.0)  # the rows around the bad ones: zeroed, not left behind
-    return good, bad
 
 
 def _named_rows(
