@@ -220,6 +220,17 @@ def probabilities(loss: Loss, scores: NDArray[np.float64], owner: str) -> NDArra
     return np.asarray(expit(scores), dtype=np.float64)
 
 
+def doubling_epochs_beyond(planned: int, placement: str) -> str:
+    """:meth:`Learner.beyond_plan` of a learner whose first epoch plans for ``planned`` records and
+    whose later epochs are each twice as long, warm-started (the doubling trick), each record
+    placed once (``placement``: where), so its per-record guarantee does not depend on the length."""
+    return (
+        f"records past the first {planned:,} are learned by further epochs, each twice as long and warm-started "
+        f"from the last; {placement}, so the per-record guarantee is unchanged, but the model was planned for "
+        f"{planned:,} records. Set learner.n (--n) to the stream's length"
+    )
+
+
 def default_radius(dim: int) -> float:
     """The radius r of Θ when none is given: r = √d, by a rule that does not look at the data.
 

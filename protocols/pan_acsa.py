@@ -92,7 +92,7 @@ from panpriv.protocols.acsa import (
     step,
     uses_moreau,
 )
-from panpriv.protocols.base import StateValue, check_batch
+from panpriv.protocols.base import StateValue, check_batch, doubling_epochs_beyond
 from panpriv.protocols.batch_worker import BatchWorkerLearner
 from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.discrete_gaussian import GeneratorUniform, UniformSource
@@ -328,13 +328,8 @@ class PanPrivateACSA(BatchWorkerLearner):
         return self._plans_cache[1]
 
     def beyond_plan(self, planned: int) -> str:
-        """Records past the first epoch's ``planned`` records are learned by further epochs, each
-        twice as long and warm-started (module docstring, "Stream length")."""
-        return (
-            f"records past the first {planned:,} are learned by further epochs, each twice as long and warm-started "
-            f"from the last; every record still enters one batch, so the per-record guarantee is unchanged, but the model was "
-            f"planned for {planned:,} records. Set learner.n (--n) to the stream's length"
-        )
+        """Further doubling epochs (module docstring, "Stream length")."""
+        return doubling_epochs_beyond(planned, "every record still enters one batch")
 
     def describe_noise(self) -> tuple[str, ...]:
         """The plan's batches and the standard deviation of each batch's two draws (Cheu et al. 2022, Alg. 6)."""

@@ -79,7 +79,7 @@ from panpriv.accounting.tree import tree_epsilon, tree_levels, tree_sigma
 from panpriv.protocols import scratch
 from panpriv.protocols import validation as check
 from panpriv.protocols.acsa import effective_gradient_bound
-from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.base import Learner, StateValue, check_batch, doubling_epochs_beyond
 from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -249,13 +249,8 @@ class PanPrivateFTRL(Learner):
         return self._lipschitz
 
     def beyond_plan(self, planned: int) -> str:
-        """Records past the first epoch's ``planned`` records are learned by further epochs, each
-        twice as long and warm-started (module docstring, "Stream length")."""
-        return (
-            f"records past the first {planned:,} are learned by further epochs, each twice as long and warm-started "
-            f"from the last; every record is in one leaf of one epoch's tree, so the per-record guarantee is unchanged, but the model was "
-            f"planned for {planned:,} records. Set learner.n (--n) to the stream's length"
-        )
+        """Further doubling epochs (module docstring, "Stream length")."""
+        return doubling_epochs_beyond(planned, "every record is in one leaf of one epoch's tree")
 
     def describe_noise(self) -> tuple[str, ...]:
         plan = self.plan()
