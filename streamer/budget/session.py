@@ -120,6 +120,7 @@ class BudgetSession:
         self.learned_here = 0  # records or rounds learned by this process (0: a budget refusal is a refusal to start)
         self.exposure: tuple[str, ...] = ()  # what a read of memory or disk finds (panpriv.streamer.runtime.exposure)
         self._precharged: int | None = None  # a step charged by a process that died before its checkpoint
+        self._pending_notice: float | None = None  # a run's planned ε until its composition notice is given
 
     @classmethod
     def for_run(cls, config: ServiceConfig, source: Source | IndexedFile) -> BudgetSession:
@@ -155,7 +156,10 @@ class BudgetSession:
         if saved is not None:
             self._account_lost_state(state, source, saved)
         self._precheck(state, source)
-        self._announce_composition(state, source)
+        self._pending_notice = state.learner.planned_privacy().output.epsilon
+        reading = self._reading(state, source)
+        if reading is not None:  # else (Kafka) the first micro-batch's charge says it
+            self._announce_composition(reading, state.ledger.instances)
         resumed_at = self.keys.positions(saved.positions) if saved is not None else {}
         self.store.begin_run(state.instance, self._out, display_name(self._config.source.url), positions=resumed_at)
         for instance, report in state.ledger.instances.items():
@@ -191,7 +195,10 @@ class BudgetSession:
         Returns why not (the process then stops) if the records would exceed ``max_epsilon`` over
         all runs; raises :class:`BudgetExceededError` if this process has learned nothing yet and
         runs other than ``own_instances`` spent the budget (a refusal to start)."""
-        excess = self._charge(instance, self._data_ranges(ranges))
+        data_ranges = self._data_ranges(ranges)
+        if self._pending_notice is not None:
+            self._announce_composition(data_ranges, own_instances)
+        excess = self._charge(instance, data_ranges)
         if excess is None:
             return None
         assert self._limit is not None
@@ -477,15 +484,15 @@ class BudgetSession:
             return None
         return self._data_ranges(ranges)
 
-    def _announce_composition(self, state: TrainingState, source: Source | IndexedFile) -> None:
-        """One line at start when the records about to be read were used before by other runs:
-        how many runs, the ε those uses spent (output guarantee, worst record) and the ε after this
-        run under basic composition with its planned guarantee — no one learns of a second use of
-        their data from the summary at the end."""
-        data_ranges = self._reading(state, source)
-        if not data_ranges:
+    def _announce_composition(self, data_ranges: Mapping[str, tuple[int, int]], own: Container[str]) -> None:
+        """Once, before the first charge of ``panpriv run``: one line when the records about to be
+        read (a file's or a recording's from its positions to the end; a Kafka run's first
+        micro-batch) were used by other runs — how many runs, the ε those uses spent (output
+        guarantee, worst record) and the ε after this run under basic composition with its planned
+        guarantee — so no one learns of a second use of their data from the summary at the end."""
+        planned, self._pending_notice = self._pending_notice, None
+        if planned is None or not data_ranges:
             return
-        own = state.ledger.instances
         ledger = self.store.ledger(sorted(data_ranges))
         others: set[str] = set()
         so_far = 0.0
@@ -493,14 +500,13 @@ class BudgetSession:
             for segment in ledger.coverage(key):
                 if segment.stop <= start or segment.start >= stop:
                     continue
-                earlier = tuple(u for u in segment.uses if u not in own and u != state.instance)
+                earlier = tuple(u for u in segment.uses if u not in own)
                 if earlier:
                     others.update(earlier)
                     so_far = max(so_far, ledger.record_guarantee(earlier)[0].epsilon)
         if not others:
             return
         runs = sorted({name.split("/")[0] for name in others})
-        planned = state.learner.planned_privacy().output.epsilon
         log.warning(
             "these records were used before by %d run(s) (%s): ε = %.4g so far, up to ε = %.4g after this run "
             "(basic composition; see `panpriv budget`%s)",
