@@ -432,6 +432,12 @@ def load_config(
 
 def _apply_kafka_environment(data: dict[str, Any]) -> None:
     """Set ``data["kafka"][name]`` from every ``PANPRIV_KAFKA__NAME`` variable (:data:`KAFKA_ENV_PREFIX`)."""
+    # Kept by hand rather than pydantic-settings (issue 36): only the [kafka] section may come from
+    # the environment (secrets), and it must win over the file. pydantic-settings reads the
+    # environment for a whole BaseSettings model — the top one here, since a nested section is
+    # validated, not constructed — so PANPRIV_LEARNER__EPSILON would change a privacy parameter
+    # from outside the file and the flags; and its init values (the file) outrank the environment
+    # unless its sources are reordered. Those two rules would take more code than these lines.
     for variable, value in os.environ.items():
         if variable.startswith(KAFKA_ENV_PREFIX):
             data.setdefault("kafka", {})[variable.removeprefix(KAFKA_ENV_PREFIX).lower()] = value
@@ -439,7 +445,7 @@ def _apply_kafka_environment(data: dict[str, Any]) -> None:
 
 def load_kafka_config(path: Path | None = None) -> KafkaConfig:
     """The ``[kafka]`` section of ``path`` (other sections ignored) with the environment over it,
-    for the commands that only talk to Kafka (``produce``, ``record``, ``budget --kafka``)."""
+    for the commands that only talk to Kafka (``produce``, ``record``, ``budget --budget-kafka``)."""
     data: dict[str, Any] = {}
     if path is not None:
         try:

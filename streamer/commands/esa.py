@@ -15,6 +15,7 @@ import numpy as np
 import panpriv
 from panpriv.streamer.arg_types import json_object, positive_float, positive_int
 from panpriv.streamer.commands.exit_codes import EXIT_OK, EXIT_USAGE, exit_code
+from panpriv.streamer.commands.help_text import DeprecatedFlag
 from panpriv.streamer.commands.role_options import budget_flags, budget_settings
 from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.metrics.roles import metrics_flags, serve_metrics
@@ -24,6 +25,13 @@ log = logging.getLogger("panpriv.esa")
 
 def _kafka(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
+
+
+def _deployment(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--deployment NAME``, as the scale-out roles name it (``--name``: its deprecated alias)."""
+    parser.add_argument("--deployment", default="default",
+                        help="the deployment's name: the key of its model on the model topic (default 'default')")
+    parser.add_argument("--name", dest="deployment", action=DeprecatedFlag, use="--deployment NAME")
 
 
 # -- keygen -------------------------------------------------------------------------------------
@@ -77,15 +85,15 @@ def add_encode(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "messages topic; then "
         "wait for the next round's model. One user, one record: each record is encoded once.")
     _kafka(parser)
-    parser.add_argument("--model-topic", required=True)
-    parser.add_argument("--messages-topic", required=True)
+    parser.add_argument("--model-topic", required=True, help="where the analyzer publishes each round's public model (read)")
+    parser.add_argument("--messages-topic", required=True, help="where the sealed messages go (the shuffler reads it)")
     parser.add_argument("--analyzer-key", type=Path, required=True, help="the analyzer's public key file (.pub)")
     parser.add_argument("--shuffler-key", type=Path, required=True,
                         help="the shuffler's public key file (shuffler-<id>.pub): every message is sealed to the analyzer, "
                         "then to the shuffler")
     parser.add_argument("--source", type=Path, required=True, help="JSONL records {\"x\": [...], \"y\": ±1}")
     parser.add_argument("--per-round", type=positive_int, help="records per round (default: the model's batch size)")
-    parser.add_argument("--name", default="default", help="deployment name on the model topic (default 'default')")
+    _deployment(parser)
     parser.add_argument("--max-local-epsilon", type=positive_float, help="refuse a model with weaker local privacy")
     parser.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for a round's model")
     parser.add_argument("--state", type=Path,
@@ -147,7 +155,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap.split(",")
     security = security_options()  # the [kafka] section of --config (TLS, SASL)
     ensure_topics(bootstrap, deployment_topics(args.messages_topic, model=args.model_topic))  # before a producer could auto-create them
-    watcher = ModelWatcher(bootstrap, args.model_topic, args.name, **security)
+    watcher = ModelWatcher(bootstrap, args.model_topic, args.deployment, **security)
     sender = MessageSender(bootstrap, args.messages_topic, **security)
     sent = rounds = 0
     try:
@@ -207,8 +215,8 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "message, release each round at exactly --batch-size messages as one permuted batch (OS entropy) signed with "
         "the shuffler's key on the shuffled topic; exactly once w.r.t. its input.")
     _kafka(parser)
-    parser.add_argument("--messages-topic", required=True)
-    parser.add_argument("--shuffled-topic", required=True)
+    parser.add_argument("--messages-topic", required=True, help="the clients' sealed messages (read; one partition)")
+    parser.add_argument("--shuffled-topic", required=True, help="where the signed, permuted batches go (the analyzer reads it)")
     parser.add_argument("--shuffler-key", type=Path, required=True,
                         help="the shuffler's private key file (panpriv keygen DIR --role shuffler), or DIR (its newest "
                         "shuffler-*.key): opens the outer layer of messages and signs batches")
@@ -223,7 +231,7 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         help="drop messages for rounds more than this past the last released (default 1)")
     parser.add_argument("--shares", type=positive_int, metavar="M",
                         help="shuffle-acsa, shuffle-sgd, shuffle-gd: each message is one user's M sealed shares; release "
-                        "their units (M as `panpriv analyze --learner shuffle-acsa|shuffle-sgd|shuffle-gd` logs it)")
+                        "their units (M as 'panpriv analyze --learner shuffle-acsa|shuffle-sgd|shuffle-gd' logs it)")
     checkin = parser.add_argument_group("checkin (random check-ins: per-slot releases; --batch-size is slot_length)")
     checkin.add_argument("--checkin", action="store_true",
                          help="each message is a check-in; release per slot (rules and each slot's analyzer key from the model)")
@@ -231,7 +239,7 @@ def add_shuffle(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                          help="the analyzer's public key (.pub), or a directory of them (repeatable): seals the dummy of an "
                          "empty slot to the key the slot's model names")
     checkin.add_argument("--model-topic", help="where the analyzer publishes the deployment's public configuration")
-    checkin.add_argument("--name", default="default", help="deployment name on the model topic")
+    _deployment(checkin)
     checkin.add_argument("--close-after", type=positive_float, metavar="SECONDS",
                          help="close a wake slot still incomplete this long after the previous release (default: wait)")
     metrics_flags(parser)
@@ -254,7 +262,7 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
     try:
         if args.checkin:
             state: Any = slot_shuffler.run(options, slot_shuffler.CheckinShuffleOptions(
-                args.analyzer_key, args.model_topic, args.name, args.close_after,
+                args.analyzer_key, args.model_topic, args.deployment, args.close_after,
                 expect={"slot_length": args.batch_size, "params": args.params}))
         else:
             state = shuffler.run(options)
@@ -278,10 +286,10 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Read shuffled batches, open the messages with the private key(s), step the learner on the round "
         "(shuffle-gaussian: its valid messages; shuffle-acsa, shuffle-sgd, shuffle-gd: the sum of its users' shares; checkin: "
         "the slot's updates), checkpoint to --out and publish the next round's model. Resumes from --out. The learner is "
-        "built as `panpriv run --learner` builds it from the same settings (the intercept, radius sqrt(dim)).")
+        "built as 'panpriv run --learner' builds it from the same settings (the intercept, radius sqrt(dim)).")
     _kafka(parser)
-    parser.add_argument("--shuffled-topic", required=True)
-    parser.add_argument("--model-topic", required=True)
+    parser.add_argument("--shuffled-topic", required=True, help="the shuffler's signed batches (read)")
+    parser.add_argument("--model-topic", required=True, help="where each round's public model is published (compacted)")
     parser.add_argument("--messages-topic", required=True,
                         help="the clients' messages topic: names the data source in the budget store (not read)")
     keys = parser.add_mutually_exclusive_group(required=True)
@@ -294,7 +302,7 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
                         help="the shuffler's verify key (shuffler-<id>.verify), or a directory of them (repeatable): only "
                         "batches it signed for this deployment are learned")
     parser.add_argument("--out", type=Path, required=True, help="state directory (sealed analyzer.json; one process at a time)")
-    parser.add_argument("--name", default="default", help="deployment name on the model topic")
+    _deployment(parser)
     parser.add_argument("--learner", choices=tuple(FAMILIES), default="shuffle-gaussian",
                         help="shuffle-acsa, shuffle-sgd, shuffle-gd: PVEC counts summed by split-and-mix shares (the "
                         "shuffler needs --shares); shuffle-gd: --batch-size is n, every user answers each of --rounds rounds; "
@@ -302,11 +310,12 @@ def add_analyze(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--rounds", type=positive_int, help="shuffle-gd: T (default: Cheu et al. 2022 Thm 4.9's, capped)")
     parser.add_argument("--horizon", type=positive_int,
                         help="shuffle-acsa: n, the records of the whole protocol; shuffle-sgd: caps a planned batch size")
-    parser.add_argument("--dim", type=positive_int, required=True)
+    parser.add_argument("--dim", type=positive_int, required=True, help="feature dimension of the records")
     parser.add_argument("--batch-size", type=positive_int, help="b (default: planned for (epsilon, delta))")
-    parser.add_argument("--epsilon", type=positive_float, default=1.0)
-    parser.add_argument("--delta", type=positive_float, default=1e-6)
-    parser.add_argument("--feature-bound", type=positive_float, default=1.0)
+    parser.add_argument("--epsilon", type=positive_float, default=1.0, help="privacy epsilon per record (default 1)")
+    parser.add_argument("--delta", type=positive_float, default=1e-6, help="privacy delta per record (default 1e-6)")
+    parser.add_argument("--feature-bound", type=positive_float, default=1.0,
+                        help="public bound on the l2 norm of x; clients clip to it (default 1)")
     parser.add_argument("--options", type=json_object, default="{}", help="more learner options as JSON, e.g. '{\"radius\": 4}'")
     parser.add_argument("--max-rounds", type=positive_int, help="exit once this many rounds are done")
     budget_flags(parser, "stop before a round whose records' epsilon, composed over all runs, would exceed this")
@@ -354,12 +363,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     keys = load_directory(args.analyzer_keys) if args.analyzer_keys else [load_private(p) for p in args.analyzer_key]
     verify_keys = load_verify_keys(args.shuffler_verify_key)
     metrics = AnalyzerMetrics(family(args.learner).reject_reasons)
-    metrics.set_info("analyzer", args.name, panpriv.__version__)
+    metrics.set_info("analyzer", args.deployment, panpriv.__version__)
     stop_server = serve_metrics(metrics, args)
     try:
         result = service.run(service.AnalyzeOptions(
             args.bootstrap.split(","), args.shuffled_topic, args.model_topic, args.messages_topic, keys, verify_keys,
-            args.out, learner, budget_settings(args), args.name, args.max_rounds, metrics))
+            args.out, learner, budget_settings(args), args.deployment, args.max_rounds, metrics))
     finally:
         if stop_server is not None:
             stop_server()

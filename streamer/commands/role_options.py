@@ -1,7 +1,7 @@
 """The flags every role that charges the budget store shares (``analyze``, ``worker``), in one place.
 
-Where the store is (``--state-dir``, ``--budget-kafka URL`` or ``--budget-topic T`` on the role's
-brokers), what the process may spend (``--max-epsilon``) and the declared records-per-user bound
+Where the store is (``--state-dir``, or ``--budget-kafka URL``: the one name of the Kafka store in
+every command; ``--budget-topic T`` on the role's brokers is its deprecated alias), what the process may spend (``--max-epsilon``) and the declared records-per-user bound
 (``--max-records-per-user``: the store's user-level figures, as ``learner.max_records_per_user``
 gives them for ``panpriv run``) → one :class:`panpriv.streamer.budget.open.BudgetSettings`.
 """
@@ -13,6 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from panpriv.streamer.arg_types import positive_float, positive_int
+from panpriv.streamer.commands.help_text import DeprecatedFlag
+
+BUDGET_KAFKA_HELP = (
+    "keep the budget store on this compacted Kafka topic instead (several machines): kafka://host:port[,host:port]/topic"
+)
 
 STATE_DIR_HELP = (
     "directory of the budget store shared by every run (default $PANPRIV_STATE_DIR, else $XDG_STATE_HOME/panpriv, "
@@ -24,9 +29,8 @@ def budget_flags(parser: argparse.ArgumentParser, max_epsilon_help: str) -> None
     """Add the budget flags to a role's parser."""
     store = parser.add_mutually_exclusive_group()
     store.add_argument("--state-dir", type=Path, help=STATE_DIR_HELP)
-    store.add_argument("--budget-kafka", metavar="URL", help="the budget store on a Kafka topic: kafka://host:port/topic")
-    store.add_argument("--budget-topic", metavar="TOPIC",
-                       help="the budget store on this compacted topic of --bootstrap (several machines)")
+    store.add_argument("--budget-kafka", metavar="URL", help=BUDGET_KAFKA_HELP)
+    store.add_argument("--budget-topic", action=DeprecatedFlag, use="--budget-kafka kafka://HOST:PORT/TOPIC")
     parser.add_argument("--max-epsilon", type=positive_float, help=max_epsilon_help)
     parser.add_argument("--max-records-per-user", type=positive_int, metavar="K",
                         help="declare that a user contributes at most K records: the budget store's statements add "

@@ -74,15 +74,16 @@ def add_coordinate(commands: Any, parents: list[argparse.ArgumentParser]) -> Non
         "coordinate", parents=parents, help="scale-out: combine K noisy means per step, publish the model",
         description="Read noisy batch means, step the model once K means of the current version are in (synchronous "
         "versions), publish each version to the compacted model topic. Resumes from the model topic. The learner is "
-        "built as `panpriv run --learner` builds it from the same settings (the intercept, radius sqrt(dim)).")
+        "built as 'panpriv run --learner' builds it from the same settings (the intercept, radius sqrt(dim)).")
     _topics(parser)
     parser.add_argument("--workers", type=positive_int, required=True, help="K: means per step")
     parser.add_argument("--learner", default="pan-acsa", help="a learner that runs on many workers (default pan-acsa)")
-    parser.add_argument("--dim", type=positive_int, required=True)
+    parser.add_argument("--dim", type=positive_int, required=True, help="feature dimension of the records")
     parser.add_argument("--n", type=positive_int, required=True, help="the planned stream length (records)")
-    parser.add_argument("--epsilon", type=positive_float, default=1.0)
-    parser.add_argument("--delta", type=positive_float, default=1e-6)
-    parser.add_argument("--feature-bound", type=positive_float, default=1.0)
+    parser.add_argument("--epsilon", type=positive_float, default=1.0, help="privacy epsilon per record (default 1)")
+    parser.add_argument("--delta", type=positive_float, default=1e-6, help="privacy delta per record (default 1e-6)")
+    parser.add_argument("--feature-bound", type=positive_float, default=1.0,
+                        help="public bound on the l2 norm of x; workers clip to it (default 1)")
     parser.add_argument("--options", type=json_object, default="{}", help="more learner options as JSON, e.g. '{\"loss\": \"hinge\"}'")
     parser.add_argument("--max-steps", type=positive_int, help="stop after this many steps (default: the planned epoch)")
     parser.set_defaults(handler=cmd_coordinate)

@@ -16,14 +16,19 @@ from panpriv.streamer.arg_types import positive_int
 from panpriv.streamer.commands.exit_codes import EXIT_OK
 
 HELP = "create topics with the layout the roles need (one partition; --compact for model topics)"
+DESCRIPTION = (
+    "Create topics before the roles start, for clusters where applications may not create them (every role "
+    "creates the topics it names when they are missing). An existing topic is left alone and its partition count "
+    "printed; a role refuses a count it cannot serve, naming the topic."
+)
 
 
 def add_topics(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("topics", parents=parents, help=HELP, description=__doc__)
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    parser = commands.add_parser("topics", parents=parents, help=HELP, description=DESCRIPTION)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, help="create: the only action")
     create = actions.add_parser("create", parents=parents, help="create the named topics (existing ones are left alone)")
     create.add_argument("--bootstrap", required=True, help="Kafka brokers, host:port[,host:port]")
-    create.add_argument("names", nargs="+", metavar="TOPIC")
+    create.add_argument("names", nargs="+", metavar="TOPIC", help="the topics to create")
     create.add_argument("--partitions", type=positive_int, default=1,
                         help="partitions (default 1: the E-S-A and scale-out topics read as one order)")
     create.add_argument("--compact", action="store_true", help="cleanup.policy=compact (the model topics, a budget topic)")

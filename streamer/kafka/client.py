@@ -114,6 +114,22 @@ def security_options(config: KafkaConfig | None = None) -> dict[str, Any]:
     return options
 
 
+def libraries() -> str:
+    """The client libraries in use, with their versions: ``"kafka-python 2.3.3"``, or with
+    ``[kafka] client = "confluent"`` ``"confluent-kafka 2.16.1 on librdkafka 2.16.0 (the source);
+    kafka-python 2.3.3 (the other clients)"``. Logged when a cluster is first reached
+    (:func:`preflight`), so a log says which library spoke to the brokers."""
+    import kafka
+
+    python_client = f"kafka-python {kafka.__version__}"
+    if _settings.client != "confluent":
+        return python_client
+    import confluent_kafka
+
+    return (f"confluent-kafka {confluent_kafka.version()[0]} on librdkafka {confluent_kafka.libversion()[0]} (the source); "
+            f"{python_client} (the other clients)")
+
+
 def describe(bootstrap: Sequence[str] | str) -> str:
     """``"127.0.0.1:9092 (SASL_SSL, SCRAM-SHA-512 as alice)"``: where and how, without secrets."""
     hosts = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
@@ -159,7 +175,8 @@ def preflight(bootstrap: Sequence[str] | str) -> None:
     """Wait (bounded) for a broker to listen, then open one connection with the security settings
     and send one metadata request, so that a wrong protocol, an untrusted certificate or a refused
     login stops the start-up with a message naming the setting instead of an endless reconnect
-    loop (kafka-python logs and retries a refused login forever). Checked once per address list."""
+    loop (kafka-python logs and retries a refused login forever). Checked once per address list,
+    which is then logged with the client library in use (:func:`libraries`)."""
     key = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
     if key in _checked:
         return
@@ -210,6 +227,7 @@ def preflight(bootstrap: Sequence[str] | str) -> None:
         connection.close()
         logging.getLogger("kafka.conn").removeHandler(watcher)
     _checked.add(key)
+    log.info("Kafka at %s reached; client: %s", describe(bootstrap), libraries())
 
 
 def _refusal(where: str, broker_message: str | None) -> str:

@@ -5,7 +5,7 @@ and analyzer (:mod:`panpriv.streamer.esa.metrics`) and the scale-out worker and 
 Each role keeps running totals of its own; Prometheus counters want increments, so
 :class:`CumulativeCounts` and :class:`CumulativeTotal` turn totals into increments (and start from
 the totals a restored state already reported). :class:`RoleMetrics` holds a role's registry, its
-``*_info`` series and its ``/metrics`` server (:func:`panpriv.streamer.metrics.service.serve_registry`).
+``*_info`` series, the process and platform collectors and its ``/metrics`` server (:func:`panpriv.streamer.metrics.service.serve_registry`).
 :class:`PrivacyGauges` exports a role's composed privacy statement under the service's own series
 names, so the deploy/ alerts on ``panpriv_privacy_epsilon`` cover every role. What is exported is
 what may leave a process: counts and the privacy numbers of statements, never a statistic of a
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.streamer.arg_types import port_or_zero
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.metrics.service import GUARANTEES, serve_registry
+from panpriv.streamer.metrics.service import GUARANTEES, register_process_collectors, serve_registry
 
 __all__ = ["CumulativeCounts", "CumulativeTotal", "PrivacyGauges", "RoleMetrics", "metrics_flags", "serve_metrics"]
 
@@ -73,10 +73,12 @@ class CumulativeTotal:
 
 
 class RoleMetrics:
-    """A role's registry (injected, or its own), its ``<info_name>_info`` series and its server."""
+    """A role's registry (injected, or its own) with the process and platform collectors, its
+    ``<info_name>_info`` series and its server."""
 
     def __init__(self, registry: CollectorRegistry | None, info_name: str, info_help: str) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
+        register_process_collectors(self.registry)
         self._info = Info(info_name, info_help, registry=self.registry)
 
     def set_info(self, role: str, deployment: str, version: str) -> None:

@@ -53,16 +53,23 @@ Series
     The same lag in records: messages times the records per message read so far (valid and
     rejected; 1 for one-record JSON/CSV messages, ~256 for binary batches). An estimate: the
     unread messages may hold another number of records.
-``panpriv_holdout{metric}``
-    With ``--holdout``: the last snapshot's score on the user's public hold-out file (``auc``,
-    ``accuracy``, ``log_loss`` or ``rmse``, and ``records``): post-processing of a release on
-    public data (:mod:`panpriv.streamer.serving.holdout`), never a statistic of the stream.
+``panpriv_holdout_score{metric}``, ``panpriv_holdout_records``
+    With ``--holdout``: the last snapshot's scores on the user's public hold-out file (``auc``,
+    ``accuracy``, ``log_loss`` or ``rmse``, …) and the number of its records they are computed
+    on (0 without ``--holdout``) — a count apart from the scores, so that an aggregation over
+    ``metric`` never mixes them: post-processing of a release on public data (:mod:`panpriv.streamer.serving.holdout`), never
+    a statistic of the stream.
 ``panpriv_info{learner, source, version}``
     Constant 1, labelled with what this process runs.
 ``panpriv_seeded_mode``
     1 when the learner's noise is explicitly seeded (``--seed``: replay/testing mode, no
     pan-private guarantee), else 0; the ``PanprivSeededMode`` alert (deploy/) fires on 1, so a
     production run with a seed does not look normal on the dashboard.
+``process_*``, ``python_info``
+    prometheus-client's process collector (CPU seconds, resident and virtual memory, open file
+    descriptors and their limit, start time; Linux) and platform collector (the Python
+    implementation and version), on every role's registry (:func:`register_process_collectors`):
+    the process's health beside its work.
 """
 
 from __future__ import annotations
@@ -71,7 +78,17 @@ import math
 import urllib.parse
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 
@@ -85,6 +102,13 @@ CHECKPOINT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 GUARANTEES = ("output", "intrusion")
 
 disable_created_metrics()  # module docstring
+
+
+def register_process_collectors(registry: CollectorRegistry) -> None:
+    """Add prometheus-client's process and platform collectors to ``registry`` (the default
+    registry has them; a role's own registry needs them added: ``process_*`` and ``python_info``)."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
 
 
 def _invalid(owner: str, name: str, constraint: str, value: object) -> ValueError:
@@ -145,6 +169,7 @@ class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         r = self.registry
+        register_process_collectors(r)
         self._records = Counter("panpriv_records", "Valid records learned from.", registry=r)
         self._rejected = Counter(
             "panpriv_records_rejected", "Records rejected by validation, by reason.", ["reason"],
@@ -206,9 +231,12 @@ class ServiceMetrics:
         self._records_read = 0  # valid and rejected records in them
         self._info = Info("panpriv", "What this process runs.", registry=r)
         self._holdout = Gauge(
-            "panpriv_holdout",
+            "panpriv_holdout_score",
             "The last snapshot's score on the public hold-out file (--holdout), by metric.",
             ["metric"], registry=r,
+        )
+        self._holdout_records = Gauge(
+            "panpriv_holdout_records", "Records of the public hold-out file the scores are computed on.", registry=r,
         )
         self._seeded = Gauge(
             "panpriv_seeded_mode",
@@ -251,9 +279,13 @@ class ServiceMetrics:
         self._snapshots.inc()
 
     def observe_holdout(self, scores: Mapping[str, float]) -> None:
-        """Export the last snapshot's hold-out scores (:mod:`panpriv.streamer.serving.holdout`)."""
+        """Export the last snapshot's hold-out scores (:mod:`panpriv.streamer.serving.holdout`):
+        its ``records`` count on its own series, the scores by metric."""
         for metric, value in scores.items():
-            self._holdout.labels(metric=metric).set(float(value))
+            if metric == "records":
+                self._holdout_records.set(float(value))
+            else:
+                self._holdout.labels(metric=metric).set(float(value))
 
     def observe_privacy(self, report: PrivacyReport) -> None:
         """Export the output and intrusion guarantees of ``report`` (ε = inf is exported as +Inf)."""

@@ -30,6 +30,11 @@ def _epsilon(value: float) -> str:
 class Progress:
     """Render progress to ``stream``.
 
+    Kept by hand rather than tqdm (issue 36): off a terminal this writes one plain line every
+    ``interval_s`` (a log collector's line), where tqdm writes its carriage-return redraws into
+    the file; and the line carries the ledger's ε, which tqdm would take as a free-form postfix.
+    The rendering is the small part; the choice of what it shows is the part that matters here.
+
     Parameters
     ----------
     total

@@ -4,7 +4,7 @@ Why this costs no privacy: the hold-out file is data the user provides and decla
 published test split, a synthetic check set) — never the private stream, whose statistics would be
 an unaccounted release — and a snapshot's parameters are already released, so scoring them is
 post-processing. The scores go into the snapshot record (``"holdout"``), ``panpriv inspect`` and
-the ``panpriv_holdout_*`` gauges.
+the ``panpriv_holdout_score{metric}`` and ``panpriv_holdout_records`` gauges.
 
 The file is read once at start-up with the run's own codec (same format, dimension, feature bound
 and label domain); its rejects are counted and logged, never fatal. Metrics:

@@ -39,7 +39,12 @@ def prepare_output_directory(out: Path) -> None:
 
 
 class OutputLock:
-    """Hold the directory ``out`` exclusively while in the ``with`` block (see the module docstring)."""
+    """Hold the directory ``out`` exclusively while in the ``with`` block (see the module docstring).
+
+    Kept by hand rather than filelock or portalocker (issue 36): both lock a lock file, so a
+    deleted or replaced ``panpriv.lock`` admits a second process; this lock is on the directory
+    itself (and on the file, for older versions), which is what one-process-per-``--out`` needs.
+    """
 
     def __init__(self, out: Path) -> None:
         self.out = Path(out)

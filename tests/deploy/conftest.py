@@ -41,9 +41,15 @@ def promtool() -> str:
 
 
 @pytest.fixture(scope="session")
-def exported_metric_names(kafka_broker, tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Names on the /metrics page of a running ``panpriv run`` (a subprocess on the real broker,
-    configured like deploy/panpriv.toml), read after it has learned, rejected and checkpointed."""
+def exported_metric_names(service_exposition: str) -> set[str]:
+    """Names on the /metrics page of a running ``panpriv run`` (:func:`service_exposition`)."""
+    return exported_names(service_exposition)
+
+
+@pytest.fixture(scope="session")
+def service_exposition(kafka_broker, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The /metrics page of a running ``panpriv run`` (a subprocess on the real broker, configured
+    like deploy/panpriv.toml), read after it has learned, rejected and checkpointed."""
     topic = kafka_broker.create_topic(f"deploy-names-{uuid.uuid4().hex[:8]}", partitions=2)
     sent = produce_json_records(kafka_broker.bootstrap, topic, 200, 20, partitions=2, seed=9,
                                 malformed={"undecodable": 1})
@@ -55,6 +61,6 @@ def exported_metric_names(kafka_broker, tmp_path_factory: pytest.TempPathFactory
     })
     try:
         service.wait_for_checkpoint(200)
-        return exported_names(service.scrape())
+        return service.scrape()
     finally:
         service.stop()

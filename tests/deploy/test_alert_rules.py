@@ -19,6 +19,7 @@ from tests.deploy.test_stack import RULES
 
 INSTANCE = {"instance": "panpriv:9477", "job": "panpriv"}
 LABELS = 'instance="panpriv:9477", job="panpriv"'
+ROLES = ("shuffler", "analyzer", "worker", "coordinator")  # each scraped as job panpriv-<role> (prometheus.yml)
 
 
 def descriptions() -> dict[str, str]:
@@ -98,15 +99,28 @@ CASES = {
         "panpriv panpriv:9477 runs with seeded noise (replay/testing mode)", severity="critical",
         labels={"instance": "panpriv:9477"}),
     "unseeded noise: quiet": case({f"panpriv_seeded_mode{{{LABELS}}}": "0x5"}, "2m", "PanprivSeededMode", None),
-    "ESA analyzer not answering for 2 minutes": case(
-        {'up{instance="analyzer:9477", job="panpriv-analyzer"}': "0x10",
-         'up{instance="shuffler:9477", job="panpriv-shuffler"}': "1x10"},
-        "5m", "PanprivEsaRoleDown", "panpriv-analyzer analyzer:9477 is not answering on /metrics", severity="critical",
-        labels={"instance": "analyzer:9477", "job": "panpriv-analyzer"}),
-    "ESA roles healthy, the service down: not this alert": case(
-        {'up{instance="analyzer:9477", job="panpriv-analyzer"}': "1x10",
-         'up{instance="shuffler:9477", job="panpriv-shuffler"}': "1x10", f"up{{{LABELS}}}": "0x10"},
-        "5m", "PanprivEsaRoleDown", None),
+    **{f"{role} not answering for 2 minutes": case(
+        {f'up{{instance="{role}:9477", job="panpriv-{role}"}}': "0x10",
+         **{f'up{{instance="{other}:9477", job="panpriv-{other}"}}': "1x10" for other in ROLES if other != role}},
+        "5m", "PanprivRoleDown", f"panpriv-{role} {role}:9477 is not answering on /metrics", severity="critical",
+        labels={"instance": f"{role}:9477", "job": f"panpriv-{role}"}) for role in ROLES},
+    "a role answering again within 2 minutes: quiet": case(
+        {'up{instance="worker:9477", job="panpriv-worker"}': "1 0 1 1 1 1 1 1 1 1 1"}, "5m", "PanprivRoleDown", None),
+    "the roles healthy, the service down: not this alert": case(
+        {**{f'up{{instance="{role}:9477", job="panpriv-{role}"}}': "1x10" for role in ROLES}, f"up{{{LABELS}}}": "0x10"},
+        "5m", "PanprivRoleDown", None),
+    "consumer lag growing for 30 minutes": case(
+        {f'panpriv_consumer_lag_messages{{{LABELS}, topic="events", partition="0"}}': "0+100x60",
+         f'panpriv_consumer_lag_messages{{{LABELS}, topic="events", partition="1"}}': "500x60"},
+        "40m", "PanprivConsumerLagGrowing",
+        "panpriv panpriv:9477 falls behind: its consumer lag grew by 1.5k messages in 15 minutes",
+        labels={"instance": "panpriv:9477"}),
+    "a large lag that shrinks (catching up): quiet": case(
+        {f'panpriv_consumer_lag_messages{{{LABELS}, topic="events", partition="0"}}': "90000-1000x60"},
+        "40m", "PanprivConsumerLagGrowing", None),
+    "a lag that grew for less than the hold time: quiet": case(
+        {f'panpriv_consumer_lag_messages{{{LABELS}, topic="events", partition="0"}}': "0+100x20 2000x40"},
+        "40m", "PanprivConsumerLagGrowing", None),
 }
 
 

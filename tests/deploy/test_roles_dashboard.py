@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.streamer.esa.metrics import AnalyzerMetrics, ShufflerMetrics
+from panpriv.streamer.metrics.service import ServiceMetrics
 from panpriv.streamer.scaleout.metrics import CoordinatorMetrics, WorkerMetrics
 from tests.deploy.conftest import exported_names
 from tests.deploy.test_stack import (
@@ -34,18 +37,46 @@ def queries() -> list[str]:
     return [target["expr"] for panel in panels for target in panel.get("targets", [])]
 
 
-def role_metric_names() -> set[str]:
-    """Every sample name the four roles can export, from their own classes' exposition."""
+def role_expositions() -> dict[str, str]:
+    """The /metrics page of each of the four roles, from their own classes, every labelled family set."""
     guarantee = Guarantee(1.0, 1e-6)
     report = PrivacyReport("composed", 1, guarantee, guarantee)
-    names: set[str] = set()
     analyzer, worker = AnalyzerMetrics(["stale_round"]), WorkerMetrics()
     for metrics in (analyzer, worker):  # the labelled privacy gauges appear once set
         metrics.observe_privacy(report, {"source": (guarantee, guarantee)})
+    pages = {}
     for metrics in (analyzer, ShufflerMetrics(["late"]), worker, CoordinatorMetrics()):
         metrics.set_info("role", "deployment", "version")
-        names |= exported_names(generate_latest(metrics.registry).decode())
-    return names
+        pages[type(metrics).__name__] = generate_latest(metrics.registry).decode()
+    return pages
+
+
+def role_metric_names() -> set[str]:
+    """Every sample name the four roles can export, from their own classes' exposition."""
+    return set().union(*map(exported_names, role_expositions().values()))
+
+
+def run_exposition() -> str:
+    """``panpriv run``'s page with every family set, the hold-out's included (a real process's page
+    is checked in tests/deploy/test_stack.py; this one has the families a Kafka run without
+    --holdout leaves empty)."""
+    metrics = ServiceMetrics()
+    metrics.set_info("pan-acsa", "file:records.jsonl", "0")
+    guarantee = Guarantee(1.0, 1e-6)
+    metrics.observe_privacy(PrivacyReport("composed", 1, guarantee, guarantee))
+    metrics.observe_budget({"source": (guarantee, guarantee)})
+    metrics.set_epsilon_budget(2.0)
+    metrics.observe_lag({"events/0": 3})
+    metrics.observe_holdout({"auc": 0.8, "accuracy": 0.7, "records": 800})
+    return generate_latest(metrics.registry).decode()
+
+
+@pytest.mark.parametrize("role", ["AnalyzerMetrics", "ShufflerMetrics", "WorkerMetrics", "CoordinatorMetrics", "run"])
+def test_promtool_accepts_every_roles_metrics_with_the_process_collectors(promtool: str, role: str) -> None:
+    page = run_exposition() if role == "run" else role_expositions()[role]
+    result = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= exported_names(page), role
 
 
 def test_every_query_is_valid_promql(promtool: str, tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from panpriv.streamer.commands.cli import build_parser
 from panpriv.streamer.commands.produce import run_produce
 from panpriv.streamer.config import load_config
 from panpriv.streamer.io.source_url import parse_kafka_url
+from tests.deploy.conftest import exported_names
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -165,6 +166,16 @@ def test_rule_and_dashboard_metrics_are_exported_by_the_service(exported_metric_
     assert unknown == {}, f"not exported by the service: {unknown}; it exports {sorted(exported_metric_names)}"
 
 
+@pytest.mark.integration
+def test_promtool_accepts_the_running_services_metrics_with_the_process_collectors(promtool: str, service_exposition: str) -> None:
+    """``promtool check metrics`` (format and naming lint) on the page a real ``panpriv run`` serves,
+    which carries prometheus-client's process and platform collectors beside its own families."""
+    result = subprocess.run([promtool, "check", "metrics"], input=service_exposition, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+    names = exported_names(service_exposition)
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "python_info"} <= names
+
+
 def test_dashboard_shows_every_required_view() -> None:
     queries = dashboard_queries()
     used = set().union(*map(promql_metric_names, queries))
@@ -181,6 +192,10 @@ def test_dashboard_shows_every_required_view() -> None:
         for guarantee in ("output", "intrusion"):
             assert any(f'{metric}{{guarantee="{guarantee}", ' in q for q in queries), (metric, guarantee)
     assert any("by (topic, partition)" in q and "panpriv_consumer_lag_records" in q for q in queries)
+    # The budget store: ε over every run per data source, against max_epsilon, and the share spent.
+    assert any("by (source, guarantee)" in q and "panpriv_budget_epsilon" in q for q in queries)
+    assert any("panpriv_privacy_epsilon_budget" in q and "panpriv_budget_epsilon" not in q and "/" not in q for q in queries)
+    assert any("/ panpriv_privacy_epsilon_budget" in q for q in queries)
 
 
 def test_dashboard_has_datasource_and_instance_variables_used_by_every_query() -> None:
@@ -197,7 +212,7 @@ def test_alert_rules_cover_the_required_conditions() -> None:
     by_name = {rule["alert"]: rule for rule in alert_rules()}
     assert set(by_name) == {"PanprivServiceDown", "PanprivNoRecordsProcessed", "PanprivRejectedRateHigh",
                             "PanprivCheckpointStale", "PanprivPrivacyBudgetHigh", "PanprivSeededMode",
-                            "PanprivEsaRoleDown"}
+                            "PanprivRoleDown", "PanprivConsumerLagGrowing"}
     assert 'up{job="panpriv"} == 0' in by_name["PanprivServiceDown"]["expr"]
     for rule in by_name.values():
         assert rule["labels"]["severity"] in {"warning", "critical"}
@@ -419,7 +434,8 @@ def test_scaleout_workers_and_coordinator_agree_on_topics_and_parse() -> None:
     script = init["command"][0]
     assert f"--topic {w.gradients_topic} --partitions 1" in script
     assert f"--topic {w.model_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
-    assert f"--topic {w.budget_topic} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
+    budget = w.budget_kafka.removeprefix(f"kafka://{w.bootstrap}/")  # the store on the roles' own brokers
+    assert f"--topic {budget} --partitions 1 --replication-factor 1 --config cleanup.policy=compact" in script
     assert [w.bootstrap] == [c.bootstrap] == [advertised(services)["PLAINTEXT"]]
     # Both roles serve /metrics on the image's health-check port, and Prometheus scrapes every replica there.
     image_port = int(re.search(r"PANPRIV_METRICS_PORT=(\d+)", dict(dockerfile_instructions())["ENV"]).group(1))

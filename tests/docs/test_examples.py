@@ -73,3 +73,27 @@ def test_the_python_guide_runs_in_order(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.chdir(tmp_path)
     namespace = runpy.run_path(str(script), run_name="__main__")
     assert namespace["served"].records == 20_000 and namespace["report"].records == 20_000
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+
+def test_every_example_is_listed() -> None:
+    listed = (ROOT / "examples" / "README.md").read_text()
+    assert EXAMPLES and all(f"`{script.name}`" in listed for script in EXAMPLES)
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+def test_the_examples_run_from_outside_the_tree(script: Path, tmp_path: Path) -> None:
+    """Each script of ``examples/`` runs as a user runs it (another folder, a budget store it makes
+    itself) and prints what its docstring promises."""
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PANPRIV_STATE_DIR": str(tmp_path / "not-used")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    if script.name == "learn_and_compare.py":
+        scores = {line.split(":")[0]: float(line.split("AUC ")[1].split(";")[0]) for line in done.stdout.splitlines()}
+        assert set(scores) == {"pan-acsa", "pan-ftrl"} and min(scores.values()) > 0.8, done.stdout
+    if script.name == "budget_across_runs.py":
+        assert "events.csv: pan-acsa: after 2000 records, everything released is (ε = 2, δ = 2e-06)" in done.stdout
+        assert "exits 3" in done.stdout and "used by pan-acsa-" in done.stdout
+        assert not (tmp_path / "not-used").exists(), "the example used a store other than its own"

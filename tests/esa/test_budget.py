@@ -163,7 +163,7 @@ def test_a_round_a_cleanly_stopped_process_charged_is_charged_again_after_a_roll
     assert analyzer.handle(BATCHES[1])
     budget.mark_step_durable(analyzer.round, clean=True)
     budget.close()
-    restored = Analyzer.restore(saved, [KEYPAIR])
+    restored = parts.bound(Analyzer.restore(saved, [KEYPAIR]), SHUFFLER)
     again = BudgetSession(BudgetStore(tmp_path), tmp_path / "first", run=str(restored.instance), unit=Rounds(KEY))
     again.begin_role("esa", restored.report(), step=restored.round)
     restored.gate = again.charge_step

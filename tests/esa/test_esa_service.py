@@ -31,7 +31,7 @@ def analyzer_args(broker: KafkaBroker, names: dict[str, str], keys: tuple[KeyFil
     return ["analyze", "--bootstrap", broker.bootstrap, "--shuffled-topic", names["shuffled"], "--model-topic",
             names["model"], "--messages-topic", names["messages"], "--analyzer-key", str(keys[0].private),
             "--shuffler-verify-key", str(keys[1].verify), "--out", str(out),
-            "--state-dir", str(state), "--name", name, "--dim", str(DIM), "--batch-size", str(B), "--epsilon",
+            "--state-dir", str(state), "--deployment", name, "--dim", str(DIM), "--batch-size", str(B), "--epsilon",
             str(EPSILON), "--delta", str(DELTA), "--options", json.dumps({"loss": {"name": "logistic", "intercept": False}, "radius": math.sqrt(DIM)})]
 
 
@@ -63,7 +63,7 @@ def test_prometheus_scrapes_both_roles_and_the_budget_store_composes_analyzers(
     analyzer = parts.panpriv([*analyzer_args(kafka_broker, names, keys, tmp_path / "first", state, "first"),
                               "--metrics-port", str(analyzer_port), "--metrics-addr", "127.0.0.1"],
                              tmp_path / "analyzer.log")
-    client = parts.panpriv([*parts.encode_args(kafka_broker, names, keys, source), "--name", "first"],
+    client = parts.panpriv([*parts.encode_args(kafka_broker, names, keys, source), "--deployment", "first"],
                            tmp_path / "client.log")
     checkpoint = tmp_path / "first" / "analyzer.json"
     try:
@@ -111,7 +111,7 @@ def test_prometheus_scrapes_both_roles_and_the_budget_store_composes_analyzers(
         assert client.process.wait(timeout=60) == 0, client.log_path.read_text()[-3000:]
         # A client whose --max-local-epsilon the model's messages would exceed sends nothing and
         # says why (exit code 3, a budget refusal: streamer/commands/exit_codes.py; no traceback).
-        refused_client = cli([*parts.encode_args(kafka_broker, names, keys, source), "--name", "first",
+        refused_client = cli([*parts.encode_args(kafka_broker, names, keys, source), "--deployment", "first",
                               "--max-local-epsilon", "0.01", "--timeout", "30"])
         assert refused_client.returncode == 3, refused_client.stdout + refused_client.stderr
         assert "refused the model" in refused_client.stdout and "local" in refused_client.stdout

@@ -139,7 +139,7 @@ def test_checkpoint_state_renoises_open_nodes_before_and_after_and_state_dict_do
     np.testing.assert_allclose(persisted["open_nodes"][open_levels], before[open_levels] + sigma)
     np.testing.assert_allclose(learner._open[open_levels], before[open_levels] + 2 * sigma)
     assert not persisted["open_nodes"][0].any() and not learner._open[0].any()  # not open: untouched
-    restored = PanPrivateFTRL.from_state_dict(learner.config(), persisted, rng=1)
+    restored = PanPrivateFTRL.from_state_dict(learner.config(), persisted, rng=np.random.default_rng(1))
     restored._noise = recorder  # type: ignore[assignment]
     restored.resumed()
     np.testing.assert_allclose(restored._open[open_levels], persisted["open_nodes"][open_levels] + sigma)

@@ -212,3 +212,24 @@ def test_librdkafka_properties_follow_the_kafka_section(tmp_path: Path) -> None:
     for name in ("group.id", "sasl.password", "enable.auto.commit"):
         with pytest.raises(ConfigError, match=f"kafka.librdkafka.{name}: set by panpriv"):
             kafka_client.configure(KafkaConfig(client="confluent", librdkafka={name: "x"}))
+
+
+def test_the_client_library_in_use_is_logged_when_a_cluster_is_first_reached(kafka_broker, caplog: pytest.LogCaptureFixture) -> None:
+    import confluent_kafka
+    import kafka
+
+    for settings, expected in (
+        (KafkaConfig(), f"client: kafka-python {kafka.__version__}"),
+        (KafkaConfig(client="confluent"), f"client: confluent-kafka {confluent_kafka.version()[0]} on librdkafka "
+                                          f"{confluent_kafka.libversion()[0]} (the source); kafka-python {kafka.__version__}"),
+    ):
+        kafka_client.configure(settings)  # a new configuration checks (and logs) each cluster again
+        try:
+            with caplog.at_level("INFO", logger="panpriv.kafka"):
+                kafka_client.preflight(kafka_broker.bootstrap)
+                kafka_client.preflight(kafka_broker.bootstrap)  # once per cluster, not per client
+        finally:
+            kafka_client.configure(KafkaConfig())
+        lines = [r.getMessage() for r in caplog.records if r.name == "panpriv.kafka" and "reached" in r.getMessage()]
+        assert len(lines) == 1 and expected in lines[0] and kafka_broker.bootstrap in lines[0], lines
+        caplog.clear()
