@@ -35,9 +35,11 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
-## run: the service's main job on its embedded default (replay of UCI Adult, pan-private AC-SA).
+## run: the service's main job on its embedded default (replay of UCI Adult, pan-private AC-SA),
+## with its budget store in out/budget (a demo never spends the store of your own runs; a second
+## `make run` composes with the first and says so at start).
 run: $(VENV)/.installed
-	$(BIN)/panpriv run
+	$(BIN)/panpriv run --state-dir out/budget
 
 ## test: the whole suite, integration tests included (real Kafka-protocol broker and Prometheus,
 ## the documentation site built with --strict, the wheel built and installed into a fresh venv),
@@ -84,10 +86,11 @@ utility: $(VENV)/.installed-bench
 	for m in $(UTILITY_BENCHMARKS); do $(BIN)/python -m benchmarks.$$m $(UTILITY_ARGS) || exit 1; done
 
 ## report: the README's pictures — the embedded Adult run (paced, with its hold-out scores) drawn
-## by `panpriv report` into docs/img/.
+## by `panpriv report` into docs/img/; its budget store is its own, inside out/report-demo, so the
+## pictures show one run's ε whatever ran on this machine before.
 report: $(VENV)/.installed-report
 	rm -rf out/report-demo
-	$(BIN)/panpriv -q run --metrics-port 0 --out out/report-demo
+	$(BIN)/panpriv -q run --metrics-port 0 --out out/report-demo --state-dir out/report-demo/budget
 	$(BIN)/panpriv report out/report-demo --to docs/img
 
 clean:

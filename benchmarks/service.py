@@ -109,6 +109,7 @@ def service_config(url: str, fmt: str, dim: int, n: int, out: Path) -> ServiceCo
         "records.feature_bound": 1.0, "learner.name": "pan-acsa", "learner.epsilon": 1.0,
         "learner.delta": 1e-6, "learner.n": n, "out": out, "progress": "off", "metrics.port": None,
         "checkpoint.every_records": CHECKPOINT_EVERY, "snapshots.every_records": CHECKPOINT_EVERY,
+        "budget.state_dir": out / "budget",  # the benchmark's own store, not the user's
     })
 
 

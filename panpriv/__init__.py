@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from panpriv.protocols.pan_acsa import PanPrivateACSA
     from panpriv.protocols.pan_ftrl import PanPrivateFTRL
     from panpriv.protocols.pnsgd import OnlinePNSGD, ShuffledPNSGD
+    from panpriv.protocols.schema import FeatureSchema
     from panpriv.protocols.shuffle_acsa import ShuffleACSA
     from panpriv.protocols.shuffle_gaussian import ShuffleGaussianSGD
     from panpriv.protocols.shuffle_gd import ShuffleGD
@@ -44,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "ShuffleGaussianSGD": "panpriv.protocols.shuffle_gaussian",
     "RandomCheckinSGD": "panpriv.protocols.checkin",
     "Snapshot": "panpriv.protocols.base",
+    "FeatureSchema": "panpriv.protocols.schema",
     "Accountant": "panpriv.accounting.accountant",
     "load_snapshot": "panpriv.streamer.serving.snapshots",
 }
@@ -52,7 +54,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "__version__",
     "PanPrivateACSA", "PanPrivateFTRL", "OnlinePNSGD", "ShuffledPNSGD", "ShuffleSGD", "ShuffleACSA", "ShuffleGD",
-    "ShuffleGaussianSGD", "RandomCheckinSGD", "Snapshot", "Accountant", "load_snapshot",
+    "ShuffleGaussianSGD", "RandomCheckinSGD", "Snapshot", "FeatureSchema", "Accountant", "load_snapshot",
 ]
 
 

@@ -18,7 +18,7 @@ import abc
 import dataclasses
 import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, overload
 
@@ -31,6 +31,7 @@ from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.geometry import L2Ball
 from panpriv.protocols.losses import Loss, learner_loss
 from panpriv.protocols.randomness import SEEDED_WARNING, NoiseSource, RngLike
+from panpriv.protocols.schema import FeatureSchema
 from panpriv.protocols.scratch import Scratch
 from panpriv.protocols.sigmoid import expit
 
@@ -53,6 +54,9 @@ class ModelSpec:
     dim: int
     feature_bound: float
     feature_names: tuple[str, ...] | None = None
+    schema: FeatureSchema | None = None
+    """The named fields the model was trained on (:mod:`panpriv.protocols.schema`), if declared:
+    a prediction then takes a record as a mapping, mapped exactly as in training."""
 
     @property
     def link(self) -> str:
@@ -69,6 +73,7 @@ class ModelSpec:
             "feature_bound": self.feature_bound,
             "clipping": CLIPPING_RULE,
             "feature_names": None if self.feature_names is None else list(self.feature_names),
+            **({} if self.schema is None else {"schema": self.schema.to_dict()}),
         }
 
     @classmethod
@@ -80,17 +85,23 @@ class ModelSpec:
         if data.get("clipping", CLIPPING_RULE) != CLIPPING_RULE:
             raise InvalidInputError(f"model: unknown clipping rule {data.get('clipping')!r}; this panpriv applies {CLIPPING_RULE!r}")
         names = data.get("feature_names")
+        schema = data.get("schema")
         return cls(
             loss_from_config(data["loss"]),
             int(data["dim"]),
             float(data["feature_bound"]),
             None if names is None else tuple(str(n) for n in names),
+            None if schema is None else FeatureSchema.from_dict(schema),
         )
 
     def features(self, X: object) -> NDArray[np.float64]:
         """Validated rows, clipped and extended exactly as in training (``loss.features``)."""
         X_arr, _ = check_batch("ModelSpec", X, None, self.dim)
         return self.loss.features(X_arr, self.feature_bound)
+
+    def row(self, x: object, owner: str) -> NDArray[np.float64]:
+        """One record as a (1, dim) row: a mapping through :attr:`schema`, else an array."""
+        return record_row(x, self.schema, owner)
 
 
 @dataclass(frozen=True)
@@ -132,8 +143,13 @@ class Snapshot:
         return probabilities(spec.loss, spec.features(X) @ self.params, f"{self.learner} snapshot")
 
     def predict_one(self, x: object) -> float:
-        """:meth:`predict_many` for one row."""
-        return float(self.predict_many(np.asarray(x, dtype=np.float64).reshape(1, -1))[0])
+        """:meth:`predict_many` for one record: an array, or a mapping of named fields when the
+        snapshot carries its schema (``model.schema``)."""
+        return float(self.predict_many(self._spec().row(x, f"{self.learner} snapshot"))[0])
+
+    def predict_proba_one(self, x: object) -> float:
+        """:meth:`predict_proba_many` for one record (an array or, with a schema, a mapping)."""
+        return float(self.predict_proba_many(self._spec().row(x, f"{self.learner} snapshot"))[0])
 
     def to_sklearn(self) -> Any:
         """A fitted scikit-learn linear estimator (``coef_``, ``intercept_``) with these parameters:
@@ -174,6 +190,19 @@ class Snapshot:
         }
 
 
+def record_row(x: object, schema: FeatureSchema | None, owner: str) -> NDArray[np.float64]:
+    """One record as a (1, d) float64 row: a mapping of named fields through ``schema`` (an
+    error naming ``owner`` without one), anything else as an array (checked by the caller)."""
+    if isinstance(x, Mapping):
+        if schema is None:
+            raise InvalidInputError(
+                f"{owner}: a record given as a mapping needs the feature names: call use_schema(FeatureSchema(...)) "
+                "or use_schema([names in order]) first, or pass an array"
+            )
+        return schema.vector(x, owner).reshape(1, -1)
+    return np.asarray(x, dtype=np.float64).reshape(1, -1)
+
+
 def labels_or_values(loss: Loss, scores: NDArray[np.float64]) -> NDArray[np.float64]:
     """Labels ±1 (sign of the score, ties to +1) for a classification loss; the scores otherwise."""
     if not loss.binary_labels:
@@ -189,6 +218,17 @@ def probabilities(loss: Loss, scores: NDArray[np.float64], owner: str) -> NDArra
             "or decision_many (scores)"
         )
     return np.asarray(expit(scores), dtype=np.float64)
+
+
+def doubling_epochs_beyond(planned: int, placement: str) -> str:
+    """:meth:`Learner.beyond_plan` of a learner whose first epoch plans for ``planned`` records and
+    whose later epochs are each twice as long, warm-started (the doubling trick), each record
+    placed once (``placement``: where), so its per-record guarantee does not depend on the length."""
+    return (
+        f"records past the first {planned:,} are learned by further epochs, each twice as long and warm-started "
+        f"from the last; {placement}, so the per-record guarantee is unchanged, but the model was planned for "
+        f"{planned:,} records. Set learner.n (--n) to the stream's length"
+    )
 
 
 def default_radius(dim: int) -> float:
@@ -226,6 +266,8 @@ class Learner(abc.ABC):
     feature_bound: float
     radius: float
     _noise: NoiseSource
+    schema: FeatureSchema | None = None
+    """The named fields of a record (:meth:`use_schema`); ``None`` until declared."""
 
     def _setup_common(
         self,
@@ -260,9 +302,27 @@ class Learner(abc.ABC):
     def learn_many(self, X: NDArray[np.float64], y: NDArray[np.float64]) -> None:
         """Process a micro-batch: ``X`` of shape (m, dim), ``y`` of shape (m,). Inputs are not mutated."""
 
-    def learn_one(self, x: NDArray[np.float64], y: float) -> None:
-        """Process one record: :meth:`learn_many` on a micro-batch of one (same mechanism)."""
-        self.learn_many(np.asarray(x, dtype=np.float64).reshape(1, -1), np.array([y], dtype=np.float64))
+    def use_schema(self, schema: FeatureSchema | Iterable[str]) -> Self:
+        """Name the features, so that :meth:`learn_one`, :meth:`predict_one` and
+        :meth:`predict_proba_one` take a record as a mapping (``{"age": 0.3, …}``) and snapshots
+        carry the names and the mapping: a :class:`~panpriv.protocols.schema.FeatureSchema`, or
+        the names of plain numeric features in position order. Its dimension must be ``dim``.
+        The same mapping the service applies to named JSON and CSV records
+        (``records.fields``); not part of :meth:`config` (it changes no noise). Returns ``self``."""
+        if not isinstance(schema, FeatureSchema):
+            schema = FeatureSchema.of_names(schema)
+        if schema.dim != self.dim:
+            raise InvalidInputError(
+                f"{type(self).__name__}.use_schema: the schema's features take {schema.dim} positions; this learner has dim={self.dim}"
+            )
+        self.schema = schema
+        return self
+
+    def learn_one(self, x: NDArray[np.float64] | Mapping[str, Any], y: float) -> None:
+        """Process one record: :meth:`learn_many` on a micro-batch of one (same mechanism). ``x``
+        is an array of ``dim`` features or, after :meth:`use_schema`, a mapping of named fields."""
+        row = record_row(x, self.schema, f"{type(self).__name__}.learn_one")
+        self.learn_many(row, np.array([y], dtype=np.float64))
 
     def predict_many(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
         """Labels ±1 for a classification loss (logistic, hinge: the sign of the score ⟨θ, z⟩,
@@ -282,14 +342,30 @@ class Learner(abc.ABC):
         """The linear scores ⟨θ, z⟩ at the released parameters (z: clipped features, intercept)."""
         return self._features(X) @ self._prediction_params()
 
-    def predict_one(self, x: NDArray[np.float64]) -> float:
-        """:meth:`predict_many` for one record."""
-        return float(self.predict_many(np.asarray(x, dtype=np.float64).reshape(1, -1))[0])
+    def predict_one(self, x: NDArray[np.float64] | Mapping[str, Any]) -> float:
+        """:meth:`predict_many` for one record (an array, or a mapping after :meth:`use_schema`)."""
+        return float(self.predict_many(record_row(x, self.schema, f"{type(self).__name__}.predict_one"))[0])
+
+    def predict_proba_one(self, x: NDArray[np.float64] | Mapping[str, Any]) -> float:
+        """:meth:`predict_proba_many` for one record: P(y = 1) for the logistic loss (River's
+        ``predict_proba_one`` gives a dict of classes; with labels ±1 this is its value for +1)."""
+        return float(self.predict_proba_many(record_row(x, self.schema, f"{type(self).__name__}.predict_proba_one"))[0])
 
     @abc.abstractmethod
     def describe_noise(self) -> tuple[str, ...]:
         """Lines for ``panpriv privacy`` describing the noise this configuration adds (batches,
         standard deviations, clipping), computed from the public configuration only."""
+
+    def beyond_plan(self, planned: int) -> str:
+        """What learning past the ``planned`` stream length (the public ``n`` the learner was built
+        for: ``horizon`` or ``n``) means for this learner, in one sentence for the service's
+        warning. The default states what holds for every learner: the calibration and schedule
+        were planned for ``planned`` records, and the statement printed is the learner's report
+        for what it has learned. A learner with a rule for longer streams overrides it."""
+        return (
+            f"its calibration and schedule were planned for {planned:,} records; the guarantee printed is its "
+            "report for the records it has learned. Set learner.n (--n) to the stream's length for a plan that covers it"
+        )
 
     def utility_warnings(self) -> tuple[str, ...]:
         """Plain warnings about what this configuration can learn, from its public configuration
@@ -403,7 +479,9 @@ class Learner(abc.ABC):
         """
         params = np.array(self.release(), dtype=np.float64, copy=True)
         self._note_release()
-        return Snapshot(self.name, self.state_records, params, self.privacy(), ModelSpec(self.loss, self.dim, self.feature_bound))
+        schema = self.schema
+        model = ModelSpec(self.loss, self.dim, self.feature_bound, None if schema is None else schema.feature_names, schema)
+        return Snapshot(self.name, self.state_records, params, self.privacy(), model)
 
     def _note_release(self) -> None:
         """Hook: called when a snapshot is released. Default: releases do not change accounting."""

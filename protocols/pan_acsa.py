@@ -92,7 +92,7 @@ from panpriv.protocols.acsa import (
     step,
     uses_moreau,
 )
-from panpriv.protocols.base import StateValue, check_batch
+from panpriv.protocols.base import StateValue, check_batch, doubling_epochs_beyond
 from panpriv.protocols.batch_worker import BatchWorkerLearner
 from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.discrete_gaussian import GeneratorUniform, UniformSource
@@ -326,6 +326,10 @@ class PanPrivateACSA(BatchWorkerLearner):
             )
             self._plans_cache = (epoch, plans)
         return self._plans_cache[1]
+
+    def beyond_plan(self, planned: int) -> str:
+        """Further doubling epochs (module docstring, "Stream length")."""
+        return doubling_epochs_beyond(planned, "every record still enters one batch")
 
     def describe_noise(self) -> tuple[str, ...]:
         """The plan's batches and the standard deviation of each batch's two draws (Cheu et al. 2022, Alg. 6)."""

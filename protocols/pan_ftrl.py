@@ -79,7 +79,7 @@ from panpriv.accounting.tree import tree_epsilon, tree_levels, tree_sigma
 from panpriv.protocols import scratch
 from panpriv.protocols import validation as check
 from panpriv.protocols.acsa import effective_gradient_bound
-from panpriv.protocols.base import Learner, StateValue, check_batch
+from panpriv.protocols.base import Learner, StateValue, check_batch, doubling_epochs_beyond
 from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.errors import InvalidInputError
 from panpriv.protocols.losses import Loss
@@ -247,6 +247,10 @@ class PanPrivateFTRL(Learner):
     def gradient_norm_bound(self) -> float:
         """The norm per-record gradients are clipped to: min(``gradient_bound``, the loss's L)."""
         return self._lipschitz
+
+    def beyond_plan(self, planned: int) -> str:
+        """Further doubling epochs (module docstring, "Stream length")."""
+        return doubling_epochs_beyond(planned, "every record is in one leaf of one epoch's tree")
 
     def describe_noise(self) -> tuple[str, ...]:
         plan = self.plan()

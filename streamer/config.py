@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from panpriv.protocols.catalogue import learner_names
 from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON
+from panpriv.protocols.schema import FeatureSchema
 from panpriv.streamer.datasets import adult
 from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.io.source_url import SCHEMES, scheme_of
@@ -104,7 +105,15 @@ class RecordsConfig(_Section):
     x_field: str = "x"
     y_field: str = "y"
     csv_label_column: int = Field(default=-1, description="index of the label among a CSV row's fields")
-    csv_header: bool = False
+    csv_header: bool = Field(default=False, description="the first line of a CSV file is a header (column names)")
+    schema_file: Path | None = Field(
+        default=None, description="a JSON or TOML file mapping named fields to features (panpriv.protocols.schema); sets 'fields'"
+    )
+    fields: dict[str, Any] | None = Field(
+        default=None,
+        description="named fields (JSON objects, CSV with a header) mapped to features: 'features', 'label', 'id', "
+        "'ignore', 'unknown' (panpriv.protocols.schema); sets dim, and feature_bound when every number has bounds",
+    )
     dim: int | None = Field(default=None, ge=1, le=1_000_000)
     feature_bound: float | None = Field(default=None, gt=0, description="records are clipped to ‖x‖₂ ≤ feature_bound")
     label_values: tuple[float, ...] | None = Field(
@@ -137,6 +146,25 @@ class RecordsConfig(_Section):
     def _label_range(self) -> RecordsConfig:
         if not self.label_min <= self.label_max:
             raise ValueError(f"label_min ({self.label_min}) must be <= label_max ({self.label_max})")
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_schema(self) -> RecordsConfig:
+        """Read ``schema_file`` into ``fields`` and take ``dim`` (and, when every number has
+        public bounds, ``feature_bound``) from the schema."""
+        if self.schema_file is not None:
+            if self.fields is not None:
+                raise ValueError("give records.schema_file or records.fields, not both")
+            object.__setattr__(self, "fields", FeatureSchema.load(self.schema_file).to_dict())
+        if self.fields is None:
+            return self
+        schema = FeatureSchema.from_dict(self.fields)
+        if self.dim not in (None, schema.dim):
+            raise ValueError(f"records.dim is {self.dim} but the schema's features take {schema.dim} positions")
+        object.__setattr__(self, "dim", schema.dim)
+        object.__setattr__(self, "fields", schema.to_dict())
+        if self.feature_bound is None:
+            object.__setattr__(self, "feature_bound", schema.natural_bound())
         return self
 
 
@@ -322,6 +350,12 @@ class ServiceConfig(_Section):
                     f"records.feature_bound is required for format {fmt!r} "
                     "(a PUBLIC bound on ‖x‖₂; records are clipped to it, and it must not be computed from the data)"
                 )
+        if records.fields is not None and fmt not in ("json", "csv"):
+            raise ValueError(f"records.fields (a schema of named fields) reads JSON objects or CSV rows, not format {fmt!r}")
+        if records.fields is not None and fmt == "csv":  # named columns: the header names them
+            if "csv_header" in records.model_fields_set and not records.csv_header:
+                raise ValueError("a CSV source read with a schema needs its header line (records.csv_header = true)")
+            updates["csv_header"] = True
         if scheme_of(self.source.url) == "adult" and fmt != "adult":
             raise ValueError("records.format must be 'adult' for an adult: source")
         object.__setattr__(self, "records", records.model_copy(update=updates))
@@ -477,6 +511,8 @@ def privacy_relevant(config: ServiceConfig, learner_arguments: Mapping[str, Any]
         "records.label_min": _json_float(records.label_min),
         "records.label_max": _json_float(records.label_max),
     }
+    if records.fields is not None:  # only when set: checkpoints written without a schema keep their hash
+        flat["records.fields"] = records.fields
     for key, value in sorted(learner_arguments.items()):
         if isinstance(value, Mapping):
             flat.update({f"learner.{key}.{k}": v for k, v in sorted(value.items())})

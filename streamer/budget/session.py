@@ -120,6 +120,7 @@ class BudgetSession:
         self.learned_here = 0  # records or rounds learned by this process (0: a budget refusal is a refusal to start)
         self.exposure: tuple[str, ...] = ()  # what a read of memory or disk finds (panpriv.streamer.runtime.exposure)
         self._precharged: int | None = None  # a step charged by a process that died before its checkpoint
+        self._pending_notice: float | None = None  # a run's planned ε until its composition notice is given
 
     @classmethod
     def for_run(cls, config: ServiceConfig, source: Source | IndexedFile) -> BudgetSession:
@@ -155,6 +156,10 @@ class BudgetSession:
         if saved is not None:
             self._account_lost_state(state, source, saved)
         self._precheck(state, source)
+        self._pending_notice = state.learner.planned_privacy().output.epsilon
+        reading = self._reading(state, source)
+        if reading is not None:  # else (Kafka) the first micro-batch's charge says it
+            self._announce_composition(reading, state.ledger.instances)
         resumed_at = self.keys.positions(saved.positions) if saved is not None else {}
         self.store.begin_run(state.instance, self._out, display_name(self._config.source.url), positions=resumed_at)
         for instance, report in state.ledger.instances.items():
@@ -190,7 +195,10 @@ class BudgetSession:
         Returns why not (the process then stops) if the records would exceed ``max_epsilon`` over
         all runs; raises :class:`BudgetExceededError` if this process has learned nothing yet and
         runs other than ``own_instances`` spent the budget (a refusal to start)."""
-        excess = self._charge(instance, self._data_ranges(ranges))
+        data_ranges = self._data_ranges(ranges)
+        if self._pending_notice is not None:
+            self._announce_composition(data_ranges, own_instances)
+        excess = self._charge(instance, data_ranges)
         if excess is None:
             return None
         assert self._limit is not None
@@ -452,6 +460,20 @@ class BudgetSession:
         the check (:meth:`charge`)."""
         if self._limit is None:
             return
+        data_ranges = self._reading(state, source)
+        if data_ranges is None:
+            return
+        excess = self.store.check(state.instance, state.learner.privacy(), data_ranges, self._limit, orders=self._orders)
+        if excess is not None and _spent_by_others(excess, state.ledger.instances):
+            raise BudgetExceededError(
+                "refusing to start: " + describe_excess(excess, self._limit, self.store.instances())
+                + "; nothing was learned. See `panpriv budget`."
+            )
+
+
+    def _reading(self, state: TrainingState, source: Source | IndexedFile) -> dict[str, tuple[int, int]] | None:
+        """The data ranges this run is about to read: finite local sources from their positions to
+        the end; ``None`` for Kafka, whose positions are known only once partitions are assigned."""
         if isinstance(source, IndexedFile):
             ranges = dict(source.extent)
         elif isinstance(source, (LineFileSource, SyntheticSource)):
@@ -459,14 +481,38 @@ class BudgetSession:
         elif isinstance(source, RecordingSource):
             ranges = {key: (position, _OPEN_END) for key, position in source.resume_positions().items()}
         else:
+            return None
+        return self._data_ranges(ranges)
+
+    def _announce_composition(self, data_ranges: Mapping[str, tuple[int, int]], own: Container[str]) -> None:
+        """Once, before the first charge of ``panpriv run``: one line when the records about to be
+        read (a file's or a recording's from its positions to the end; a Kafka run's first
+        micro-batch) were used by other runs — how many runs, the ε those uses spent (output
+        guarantee, worst record) and the ε after this run under basic composition with its planned
+        guarantee — so no one learns of a second use of their data from the summary at the end."""
+        planned, self._pending_notice = self._pending_notice, None
+        if planned is None or not data_ranges:
             return
-        data_ranges = self._data_ranges(ranges)
-        excess = self.store.check(state.instance, state.learner.privacy(), data_ranges, self._limit, orders=self._orders)
-        if excess is not None and _spent_by_others(excess, state.ledger.instances):
-            raise BudgetExceededError(
-                "refusing to start: " + describe_excess(excess, self._limit, self.store.instances())
-                + "; nothing was learned. See `panpriv budget`."
-            )
+        ledger = self.store.ledger(sorted(data_ranges))
+        others: set[str] = set()
+        so_far = 0.0
+        for key, (start, stop) in data_ranges.items():
+            for segment in ledger.coverage(key):
+                if segment.stop <= start or segment.start >= stop:
+                    continue
+                earlier = tuple(u for u in segment.uses if u not in own)
+                if earlier:
+                    others.update(earlier)
+                    so_far = max(so_far, ledger.record_guarantee(earlier)[0].epsilon)
+        if not others:
+            return
+        runs = sorted({name.split("/")[0] for name in others})
+        log.warning(
+            "these records were used before by %d run(s) (%s): ε = %.4g so far, up to ε = %.4g after this run "
+            "(basic composition; see `panpriv budget`%s)",
+            len(runs), ", ".join(runs[:3]) + (", …" if len(runs) > 3 else ""), so_far, so_far + planned,
+            "" if self._limit is not None else "; --max-epsilon refuses a run beyond a limit",
+        )
 
 
 def with_public_assumptions(report: PrivacyReport, seeded: bool) -> PrivacyReport:

@@ -45,6 +45,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "records.format": args.format,
         "records.dim": args.dim,
         "records.feature_bound": args.feature_bound,
+        "records.schema_file": args.schema,
         "learner.name": args.learner,
         "learner.epsilon": args.epsilon,
         "learner.delta": args.delta,
@@ -345,39 +346,49 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """Score a source's records with a released snapshot; one JSON line per valid record."""
+    """Score a source's records with a released snapshot: one JSON line per input record, in input
+    order (its line number or id, and the prediction or the reason it was rejected); exit 2 when
+    no record could be scored."""
     import numpy as np
 
     from panpriv.streamer.serving.snapshots import load_snapshot, predict_source
 
     snapshot = load_snapshot(args.snapshot, args.sequence)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115 - closed below
-    scored = rejected = correct = 0
+    scored = rejected = unlabelled = correct = 0
     hits = [0, 0]  # correct among the labels' negatives, positives: the balanced accuracy
     counts = [0, 0]
     try:
         for part in predict_source(snapshot, args.source, args.format):
-            probabilities = part.probabilities
-            for i, prediction in enumerate(part.predictions):
-                line: dict[str, float] = {"prediction": float(prediction)}
-                if probabilities is not None:
-                    line["probability"] = float(probabilities[i])
-                out.write(json.dumps(line) + "\n")
+            out.writelines(json.dumps(line) + "\n" for line in part.lines)
             scored += len(part.predictions)
             rejected += part.rejected
-            correct += int(np.sum((part.predictions > 0) == (part.labels > 0)))
-            for cls, members in enumerate((part.labels <= 0, part.labels > 0)):
+            labelled = np.isfinite(part.labels)
+            unlabelled += int((~labelled).sum())
+            predictions, labels = part.predictions[labelled], part.labels[labelled]
+            correct += int(np.sum((predictions > 0) == (labels > 0)))
+            for cls, members in enumerate((labels <= 0, labels > 0)):
                 counts[cls] += int(members.sum())
-                hits[cls] += int(np.sum((part.predictions[members] > 0) == bool(cls)))
+                hits[cls] += int(np.sum((predictions[members] > 0) == bool(cls)))
     finally:
         if out is not sys.stdout:
             out.close()
     assert snapshot.model is not None  # predict_source refuses a snapshot without one
-    summary = f"scored {scored:,} records ({rejected:,} rejected) with the {snapshot.learner} snapshot of {snapshot.records:,} records"
-    if snapshot.model.loss.binary_labels and scored:
-        summary += f"; accuracy against the source's own labels: {correct / scored:.2%}"
+    summary = (
+        f"scored {scored:,} records ({rejected:,} rejected{f', {unlabelled:,} without a label' if unlabelled else ''}) "
+        f"with the {snapshot.learner} snapshot of {snapshot.records:,} records"
+    )
+    if snapshot.model.loss.binary_labels and scored > unlabelled:
+        summary += f"; accuracy against the source's own labels: {correct / (scored - unlabelled):.2%}"
         if all(counts):  # both classes present: the mean of the two classes' accuracies (threshold P = 1/2)
             summary += f", balanced accuracy {0.5 * (hits[0] / counts[0] + hits[1] / counts[1]):.2%}"
+    if not scored:
+        print(
+            f"panpriv predict: error: no record of {args.source} could be scored ({rejected:,} rejected: see the "
+            "\"rejected\" reasons in the output); check --format and that the records match the snapshot's model",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if not args.quiet:
         print(summary, file=sys.stderr)
     return EXIT_OK
@@ -459,6 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--accept-offset-reset", action="store_true", help="Kafka: read on when a topic's offsets went back below the checkpoint (re-created topic); the ledger charges those offsets again")
     run.add_argument("--format", choices=["json", "csv", "binary", "adult"], help="record encoding (default: from the source)")
     run.add_argument("--dim", type=int, help="feature dimension")
+    run.add_argument(
+        "--schema", type=Path, metavar="FILE",
+        help="a JSON or TOML file mapping named fields (JSON objects, CSV rows named by a header) to features; sets --dim",
+    )
     run.add_argument("--feature-bound", type=positive_float, help="public bound on the l2 norm of x (records are clipped to it)")
     run.add_argument("--seed", type=int, help="TEST/REPLAY ONLY: seed the noise (no pan-private guarantee)")
     run.add_argument("--options", metavar="JSON", help='learner options as a JSON object over the config\'s, e.g. \'{"eta": 0.1, "radius": 4}\'')
@@ -555,8 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="score records with a released snapshot (same clipping as training; no privacy cost)",
         description=(
             "Load a snapshot from a snapshots JSONL file (the last one, or --sequence N) and write one JSON line per "
-            "valid record of --source: the prediction (a label +1/-1 for classification losses, else the value) "
-            "and, for the logistic loss, the probability of +1."
+            "record of --source, in input order: its line number (or its id, when the snapshot's schema names an id "
+            "field) and the prediction (a label +1/-1 for classification losses, else the value) with, for the "
+            "logistic loss, the probability of +1 — or the reason the record was rejected. Records need no label. "
+            "Exit 2 when no record could be scored."
         ),
     )
     predict.add_argument("--snapshot", type=Path, required=True, help="a snapshots.jsonl written by panpriv run --out")

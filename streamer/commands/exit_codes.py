@@ -13,7 +13,8 @@ code  meaning                     for example
                                   resume; a topic whose partition count the role cannot serve; a model a
                                   client must not answer (another key, learner, calibration or record
                                   format); an analyzer state or shuffled topic of the format before onion
-                                  sealing (the migration is named)
+                                  sealing (the migration is named); ``predict`` with no record it could
+                                  score (the records do not match the model)
 3     budget refusal              nothing was learned because the records' budget is spent by other runs
                                   (``--max-epsilon``), or because the model or plan would spend more than
                                   this process may (a worker's ``--max-epsilon``, a client's

@@ -108,13 +108,14 @@ class IndexedFile:
                 yield _Message(frame.key, frame.offset, frame.value_start, frame.value)
             return
         key = f"file:{self.path.resolve()}"
-        records = self._codec.records
-        first = 1 if records.format == "csv" and records.csv_header else 0
+        first = 1 if self._codec.has_header else 0
         is_record = self._codec.is_record_line
         lines = where = 0
         with open(self.path, "rb", buffering=1 << 20) as handle:
             for line in handle:
-                if lines >= first and is_record(line):
+                if lines < first:
+                    self._codec.read_header(line.rstrip(b"\r\n"))
+                elif is_record(line):
                     yield _Message(key, lines, where, line.rstrip(b"\r\n"))
                 lines += 1
                 where += len(line)

@@ -60,12 +60,15 @@ def snapshot_record(
     budget: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready snapshot record (module docstring); ``privacy`` is the ledger's report,
-    ``feature_names`` the source's public feature names where it has them (Adult), ``budget`` the
+    ``feature_names`` the source's public feature names where it has them (Adult; a schema's
+    names travel in the snapshot's model), ``budget`` the
     budget store's id and generation when the snapshot was taken (a later run refuses a store
     behind it)."""
     model = None
     if snapshot.model is not None:
-        model = {**snapshot.model.to_dict(), "feature_names": None if feature_names is None else list(feature_names)}
+        model = snapshot.model.to_dict()
+        if feature_names is not None:  # else the model's own (a learner's declared schema)
+            model["feature_names"] = list(feature_names)
     return {
         "schema_version": SCHEMA_VERSION,
         "sequence": sequence,

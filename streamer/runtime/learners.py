@@ -48,6 +48,15 @@ from panpriv.streamer.runtime.option_hints import hint
 _STREAM_LENGTH_NAMES = ("horizon", "n")
 
 
+def planned_length(learner: Learner) -> int | None:
+    """The public stream length ``learner`` was built for (its ``horizon`` or ``n``), if it has one."""
+    for name in _STREAM_LENGTH_NAMES:
+        value = getattr(learner, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def learner_class(name: str) -> type[Learner]:
     """The class catalogued under ``name`` (:func:`panpriv.protocols.catalogue.load_learner`)."""
     try:

@@ -79,6 +79,7 @@ from typing import Any
 
 from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
 from panpriv.protocols.base import Learner
+from panpriv.protocols.schema import FeatureSchema
 from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from panpriv.streamer.datasets import adult
@@ -301,8 +302,15 @@ class Processor:
             )
         return n
 
+    def _named(self, learner: Learner) -> Learner:
+        """The learner with the records' schema, if the run declares one (``records.fields``):
+        its snapshots then carry the feature names and the mapping ``panpriv predict`` applies."""
+        if self.config.records.fields is not None:
+            learner.use_schema(FeatureSchema.from_dict(self.config.records.fields))
+        return learner
+
     def _start(self, n: int, positions: dict[str, int]) -> TrainingState:
-        learner = build_learner(self.config, n)
+        learner = self._named(build_learner(self.config, n))
         state = TrainingState(
             learner=learner,
             ledger=PrivacyLedger(max_records_per_user=self.config.learner.max_records_per_user),
@@ -325,7 +333,9 @@ class Processor:
             saved.sequence, f"{saved.records:,}", len(saved.positions),
         )
         return TrainingState(
-            learner=restore_learner(saved.learner, saved.learner_config, saved.learner_state, self.config.learner.seed),
+            learner=self._named(
+                restore_learner(saved.learner, saved.learner_config, saved.learner_state, self.config.learner.seed)
+            ),
             ledger=PrivacyLedger.from_dict(saved.ledger),
             instance=saved.instance,
             positions=positions,

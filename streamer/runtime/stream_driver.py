@@ -52,6 +52,7 @@ from panpriv.streamer.io.sinks import DeadLetterSink
 from panpriv.streamer.metrics.service import ServiceMetrics
 from panpriv.streamer.runtime.driver import STOPPED, Driver, Outcome, Resumable
 from panpriv.streamer.runtime.heartbeat import Heartbeat
+from panpriv.streamer.runtime.learners import planned_length
 from panpriv.streamer.runtime.pacing import Pacer
 from panpriv.streamer.runtime.reject_guard import RejectGuard
 from panpriv.streamer.runtime.status import RejectLog
@@ -112,6 +113,8 @@ class StreamDriver(Driver):
         self._stop = stop
         self.dead_letters: DeadLetterSink | None = None  # set once the sinks are open (after set-up)
         self._reject_guard = RejectGuard(codec, config.records.guard_records, config.records.guard_ratio)
+        self._planned = planned_length(state.learner)
+        self._warned_past_plan = False
         self._reject_log = RejectLog()
         learner = state.learner
         saved_state, partial, marks = resumed if resumed is not None else (learner.state_dict(), {}, {})
@@ -215,6 +218,7 @@ class StreamDriver(Driver):
             if decoded.rejects and self.dead_letters is not None:
                 self._send_dead_letters(batch, decoded, first, self.dead_letters)
             wipe_records(decoded)
+        self._warn_past_plan()
         # Keep the ledger's view of the learner current (a learner whose guarantee grows with
         # records is then checked against max_epsilon at the next batch).
         self.register_learner()
@@ -228,6 +232,16 @@ class StreamDriver(Driver):
             self._reject_log.note(dict(counts), ", ".join(f"{k} [{a}, {b})" for k, (a, b) in batch.ranges.items()))
         self._metrics.observe_batch(learned, time.perf_counter() - t0, batch.consumed, sum(counts.values()))
         return learned, learned + sum(counts.values())
+
+    def _warn_past_plan(self) -> None:
+        """Once per process: the learner has read past the stream length it was planned for (a
+        Kafka topic longer than ``--n``), with what that means for it (:meth:`Learner.beyond_plan`)."""
+        learner = self.state.learner
+        if self._planned is None or self._warned_past_plan or learner.records_seen <= self._planned:
+            return
+        self._warned_past_plan = True
+        log.warning("read past the planned n = %s records (learner.n): for %s, %s", f"{self._planned:,}", learner.name,
+                    learner.beyond_plan(self._planned))
 
     def _learn(self, decoded: Decoded, first: int, skipped: Mapping[int, int]) -> _Cut | None:
         """``learn_many`` the group's valid rows, in pieces that end at the learner's batch

@@ -25,6 +25,7 @@ from panpriv.protocols.base import ModelSpec, Snapshot
 from panpriv.protocols.losses import as_loss
 from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.io.source_url import AdultUrl, parse_source_url
+from panpriv.streamer.sources.local import LineFileSource
 
 
 def snapshot_records(path: Path) -> list[dict[str, Any]]:
@@ -87,43 +88,74 @@ def snapshot_from_record(record: Mapping[str, Any], *, loss: Any = None, feature
 @dataclass(frozen=True)
 class Scored:
     """One micro-batch of scored records: predictions (labels or values), probabilities for a
-    logistic model (else ``None``), the records' own labels, and how many were rejected."""
+    logistic model (else ``None``), the records' own labels (NaN for an unlabelled record), how
+    many were rejected, and ``lines``: one output line per input message, in input order — where
+    it was (``line``: the 1-based line number of a line file; ``key`` and ``offset`` in a
+    recording), its ``id`` when the schema names an id field, and its ``prediction`` (with
+    ``probability``) or the ``rejected`` reason."""
 
     predictions: NDArray[np.float64]
     probabilities: NDArray[np.float64] | None
     labels: NDArray[np.float64]
     rejected: int
+    lines: tuple[dict[str, Any], ...] = ()
 
 
 def predict_source(snapshot: Snapshot, url: str, record_format: str | None = None, batch: int = 4096) -> Iterator[Scored]:
-    """Score every valid record of the source ``url`` (a file or ``adult:test``), read and clipped
-    by the same codec as ``panpriv run`` with the snapshot's dimension and feature bound."""
+    """Score every record of the source ``url`` (a file or ``adult:test``), read and clipped by the
+    same codec as ``panpriv run`` with the snapshot's dimension, feature bound and schema (named
+    fields). A record needs no label to be scored; a record that cannot be read is reported by
+    reason, in its place (:class:`Scored`)."""
     from panpriv.streamer.config import load_config
     from panpriv.streamer.io.codec import make_codec
     from panpriv.streamer.sources.open import open_source
 
-    if snapshot.model is None:
+    model = snapshot.model
+    if model is None:
         raise ConfigError("this snapshot has no model description (schema version 1): load it in Python with load_snapshot(..., loss=..., feature_bound=...)")
     overrides: dict[str, Any] = {"source.url": url}
     if not isinstance(parse_source_url(url), AdultUrl):
-        overrides.update({"records.dim": snapshot.model.dim, "records.feature_bound": snapshot.model.feature_bound})
+        overrides.update({"records.dim": model.dim, "records.feature_bound": model.feature_bound})
+        if model.schema is not None:
+            overrides["records.fields"] = model.schema.to_dict()
     if record_format is not None:
         overrides["records.format"] = record_format
     config = load_config(None, overrides)
-    codec = make_codec(config.records)
+    codec = make_codec(config.records, labels_required=False)
     source = open_source(config.source, codec, {})
-    logistic = snapshot.model.loss.name == "logistic"
+    logistic = model.loss.name == "logistic"
+    line_file = isinstance(source, LineFileSource)
     try:
         while not source.exhausted:
             polled = source.poll(batch, 0.0)
             if polled is None:
                 continue
             decoded = codec.validate_arrays(*polled.arrays) if polled.arrays is not None else codec.decode(polled.payloads)
-            yield Scored(
-                snapshot.predict_many(decoded.X),
-                snapshot.predict_proba_many(decoded.X) if logistic else None,
-                decoded.y,
-                sum(decoded.reject_counts().values()),
-            )
+            predictions = snapshot.predict_many(decoded.X)
+            probabilities = snapshot.predict_proba_many(decoded.X) if logistic else None
+            ids = codec.record_ids(polled.payloads)
+            places = [
+                {"line": position + 1} if line_file else {"key": key, "offset": position}
+                for key, position in zip(polled.keys, polled.positions)
+            ]
+            if ids is not None:
+                for place, record_id in zip(places, ids):
+                    place["id"] = record_id
+            lines: list[dict[str, Any]] = []
+            rows = iter(range(len(decoded.y)))
+            rejects = iter(decoded.rejects)
+            reject = next(rejects, None)
+            row = next(rows, None)
+            for message, place in enumerate(places):  # rows and rejects are both in message order
+                while row is not None and decoded.origin[row] == message:
+                    line = {**place, "prediction": float(predictions[row])}
+                    if probabilities is not None:
+                        line["probability"] = float(probabilities[row])
+                    lines.append(line)
+                    row = next(rows, None)
+                while reject is not None and reject.index == message:
+                    lines.append({**place, "rejected": reject.reason.value, **({"count": reject.count} if reject.count > 1 else {})})
+                    reject = next(rejects, None)
+            yield Scored(predictions, probabilities, decoded.y, sum(decoded.reject_counts().values()), tuple(lines))
     finally:
         source.close()

@@ -16,7 +16,13 @@ same records whatever run, path, pipeline or encoding delivers them, so each sou
   or pretty JSON, another key order, 17 significant digits, ``1.0`` for ``1``, ``-0`` for ``0``,
   CRLF line ends, a missing final newline or extra blank lines, a shuffle, the same records as CSV,
   JSONL or binary batches, and a recording's values exported one per line are all *one* source;
-  a split, a subset, a superset (one record more or less) is another. A recording is charged
+  a split, a subset, a superset (one record more or less) is another. A file of **named-field**
+  records (JSON objects or headed CSV rows read through a schema, ``records.fields``) is identified
+  by every field of each record that reads as an object or a full row
+  (:func:`panpriv.streamer.io.codec.canonical_record`: fields by name, numbers as float64 whether
+  written ``1``, ``1.0`` or ``"1"``), not by the vector a schema makes of it: the same events as
+  JSON or CSV, read with any schema — other features, bounds or vocabularies — are one source. A
+  recording is charged
   under both names: its Kafka keys (so it composes with the topic) and its content key (so it
   composes with files holding its records).
 - **Positions on a content key** are those of the serialisation read: the line index of a line
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -65,6 +71,7 @@ IDENTIFICATION_RULE = (
 CONTENT_PREFIX = "records:"
 _CHUNK = 4096  # messages digested at a time
 _PERSON = b"panpriv-record1"  # BLAKE2b personalisation: the per-record hash of this scheme, version 1
+_NAMED_PERSON = b"panpriv-named1"  # the per-record hash of a named-field record's canonical content
 
 
 def bootstrap_identity(hosts: list[str]) -> str:
@@ -135,6 +142,7 @@ class ContentDigest:
         self._sum = 0
         self._order = hashlib.blake2b(digest_size=16, person=b"panpriv-order1")
         self._record = hashlib.blake2b(digest_size=32, person=_PERSON)  # copied per record: cheaper than a new one
+        self._named = hashlib.blake2b(digest_size=32, person=_NAMED_PERSON)
         self.records = 0
 
     def add(self, positions: NDArray[np.int64], X: NDArray[np.float64], y: NDArray[np.float64]) -> None:
@@ -143,19 +151,33 @@ class ContentDigest:
         if m == 0:
             return
         rows = np.empty((m, X.shape[1] + 1), dtype="<f8")
-        sequence = np.zeros(m, dtype=[("position", "<i8"), ("record", "V32")])
         try:
             rows[:, :-1], rows[:, -1] = X, y
             X.fill(0.0)
             y.fill(0.0)
             width = rows.shape[1] * 8
             view = memoryview(rows).cast("B")  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
-            hashes: list[bytes] = []
-            keep, prototype = hashes.append, self._record
-            for i in range(m):
-                h = prototype.copy()
-                h.update(view[i * width : (i + 1) * width])
-                keep(h.digest())
+            self._add_hashed(positions, (view[i * width : (i + 1) * width] for i in range(m)), self._record)
+        finally:
+            rows.fill(0.0)
+
+    def add_content(self, positions: NDArray[np.int64], contents: Sequence[bytes]) -> None:
+        """Named-field records by their canonical content (:func:`panpriv.streamer.io.codec.canonical_record`),
+        hashed under their own personalisation: every field of the record, whatever a schema reads."""
+        if contents:
+            self._add_hashed(positions, iter(contents), self._named)
+
+    def _add_hashed(self, positions: NDArray[np.int64], records: Iterator[Any], prototype: Any) -> None:
+        """Add each record's hash (``prototype`` copied and fed the record's bytes) to both digests."""
+        hashes: list[bytes] = []
+        keep = hashes.append
+        for record in records:
+            h = prototype.copy()
+            h.update(record)
+            keep(h.digest())
+        m = len(hashes)
+        sequence = np.zeros(m, dtype=[("position", "<i8"), ("record", "V32")])
+        try:
             joined = b"".join(hashes)
             limbs = np.frombuffer(joined, dtype="<u4").reshape(m, 8).sum(axis=0, dtype=np.uint64)  # < 2^64 for m < 2^32
             self._sum = (self._sum + sum(int(limb) << (32 * k) for k, limb in enumerate(limbs.tolist()))) % (1 << 256)
@@ -164,7 +186,6 @@ class ContentDigest:
             self._order.update(sequence.tobytes())
             self.records += m
         finally:
-            rows.fill(0.0)
             sequence.view(np.uint8)[:] = 0
 
     def identity(self) -> ContentIdentity:
@@ -180,12 +201,13 @@ def _open(path: Path) -> IO[bytes]:
 
 def _line_messages(path: Path, codec: Codec) -> Iterator[tuple[int, bytes]]:
     """(line index, payload) of every line a line source would hand the codec."""
-    records = codec.records
-    first = 1 if records.format == "csv" and records.csv_header else 0
+    header = codec.has_header
     is_record = codec.is_record_line
     with _open(path) as handle:
         for index, line in enumerate(handle):
-            if index >= first and is_record(line):
+            if index == 0 and header:
+                codec.read_header(line.rstrip(b"\r\n"))
+            elif is_record(line):
                 yield index, line.rstrip(b"\r\n")
 
 
@@ -196,7 +218,10 @@ def _digest(messages: Iterator[tuple[int, bytes]], codec: Codec) -> ContentIdent
     def flush() -> None:
         values = codec.values([payload for _, payload in chunk])
         where = np.array([position for position, _ in chunk], dtype=np.int64)
-        digest.add(where[values.origin], values.X, values.y)
+        if values.content is not None:
+            digest.add_content(where[values.origin], values.content)
+        else:
+            digest.add(where[values.origin], values.X, values.y)
         chunk.clear()
 
     for message in messages:

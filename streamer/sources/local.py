@@ -67,7 +67,9 @@ class LineFileSource(_LocalSource):
         resume = int(positions.get(key, 0))
         if skip_header:
             resume = max(resume, 1)
-        while self._position < resume and self._handle.readline():
+        while self._position < resume and (line := self._handle.readline()):
+            if self._position == 0 and skip_header:
+                codec.read_header(line.rstrip(b"\r\n"))
             self._position += 1
         if self._position < resume:
             raise SourceError(f"{path} has {self._position} lines but the checkpoint's position is {resume}")
@@ -113,7 +115,7 @@ class LineFileSource(_LocalSource):
             )
 
     def _skips_header(self) -> bool:
-        return self._codec.records.csv_header and self._codec.records.format == "csv"
+        return self._codec.has_header
 
     def close(self) -> None:
         self._handle.close()

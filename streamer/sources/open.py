@@ -54,5 +54,4 @@ def open_source(
         case FileUrl(path=path):
             if is_recording(path):
                 return RecordingSource(path, positions, config.recorded_pace, codec)
-            skip_header = codec.records.csv_header and codec.records.format == "csv"
-            return LineFileSource(path, f"file:{path.resolve()}", codec, positions, skip_header)
+            return LineFileSource(path, f"file:{path.resolve()}", codec, positions, codec.has_header)

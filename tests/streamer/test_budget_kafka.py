@@ -48,11 +48,17 @@ def test_runs_over_one_topic_and_a_replay_of_its_recording_compose_and_the_budge
         url = f"kafka://{kafka_broker.bootstrap}/{topic}?group={group}"
         return panpriv("run", "--source", url, "--out", str(out), "--stop-at-end", *common, *extra, log=log).wait(timeout=120)
 
+    def notices() -> list[str]:  # the one line a run over used records gives before it learns (issue 36)
+        return [line for line in log.read_text().splitlines() if "were used before" in line]
+
     assert live("first", tmp_path / "a") == 0, log.read_text()[-3000:]
     assert last_statement(tmp_path / "a").output.epsilon == 1.0
+    assert notices() == []
     assert live("second", tmp_path / "b") == 0, log.read_text()[-3000:]
     second = last_statement(tmp_path / "b")
     assert (second.output.epsilon, second.intrusion.epsilon) == (2.0, 2.0)
+    (notice,) = notices()  # a Kafka run's first micro-batch gives it, once
+    assert "by 1 run(s)" in notice and "ε = 1 so far, up to ε = 2 after this run" in notice
 
     recording = tmp_path / "topic.pprec"
     assert panpriv("record", f"kafka://{kafka_broker.bootstrap}/{topic}", str(recording), log=log).wait(timeout=120) == 0
@@ -61,6 +67,7 @@ def test_runs_over_one_topic_and_a_replay_of_its_recording_compose_and_the_budge
     assert replay.wait(timeout=120) == 0, log.read_text()[-3000:]
     third = last_statement(tmp_path / "c")
     assert (third.output.epsilon, third.intrusion.epsilon) == (3.0, 3.0)
+    assert "by 2 run(s)" in notices()[-1] and "ε = 2 so far, up to ε = 3 after this run" in notices()[-1]
     assert third.output.delta == pytest.approx(3e-6)
 
     store = BudgetStore(Path(os.environ["PANPRIV_STATE_DIR"]))
