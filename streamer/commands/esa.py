@@ -270,7 +270,7 @@ def cmd_shuffle(args: argparse.Namespace) -> int:
         if stop_server is not None:
             stop_server()
     print(f"panpriv shuffle: released {state.released} rounds; {state.waiting} messages waiting; dropped "
-          f"{dict(state.dropped) or 'none'}")
+          f"{dict(state.dropped) or 'none'}", flush=True)
     return EXIT_OK
 
 
@@ -375,7 +375,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     state = result.analyzer
     print(f"panpriv analyze: {state.round} rounds done; rejected {dict(state.rejected) or 'none'}"
           + (f"\n  stopped  {result.stopped}" if result.stopped else "")
-          + f"\n  privacy  {result.report.statement()}\n  budget   every use of this data source: panpriv budget")
+          + f"\n  privacy  {result.report.statement()}\n  budget   every use of this data source: panpriv budget", flush=True)
     return EXIT_OK
 
 

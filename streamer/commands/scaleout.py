@@ -67,7 +67,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if stop_server is not None:
             stop_server()
     print(f"panpriv worker: {stats.instance}: published {stats.published} noisy batch means ({stats.records:,} records); "
-          f"rejected {stats.rejected}; batches lost {stats.discarded}" + (f"; {stats.reason}" if stats.reason else ""))
+          f"rejected {stats.rejected}; batches lost {stats.discarded}" + (f"; {stats.reason}" if stats.reason else ""), flush=True)
     return EXIT_OK
 
 
@@ -133,7 +133,7 @@ def cmd_coordinate(args: argparse.Namespace) -> int:
         if stop_server is not None:
             stop_server()
     print(f"panpriv coordinate: version {state.version} ({state.records:,} records, {state.stale} stale means)"
-          f"{' — done' if state.done else ''}\n  privacy  {state.report().statement()}")
+          f"{' — done' if state.done else ''}\n  privacy  {state.report().statement()}", flush=True)
     return EXIT_OK
 
 
