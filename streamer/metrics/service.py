@@ -71,9 +71,10 @@ import math
 import urllib.parse
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.metrics import server
 
 # Micro-batch wall time: from a 256-record batch of a cheap learner (~0.1 ms) to a stalled
 # downstream (10 s). Checkpoints add fsync latency, so their range starts higher.
@@ -325,33 +326,21 @@ class ServiceMetrics:
             "version": _label(owner, "version", version),
         })
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
         """Serve the registry on ``http://addr:port/metrics``; return a function that stops it.
 
-        The server runs in a daemon thread (prometheus-client's ``start_http_server``); calling
-        the returned ``stop()`` shuts it down, closes its socket and joins the thread. Calling it
-        again does nothing.
+        The server (:mod:`panpriv.streamer.metrics.server`: a bounded number of connections, each
+        with a deadline) runs in a daemon thread; calling the returned ``stop()`` shuts it down,
+        closes its socket and joins the thread. Calling it again does nothing.
         """
         return serve_registry(self.registry, port, addr, "ServiceMetrics.serve")
 
 
-def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
+def serve_registry(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1",
                    owner: str = "serve_registry") -> Callable[[], None]:
-    """Serve ``registry`` on ``http://addr:port/metrics`` (prometheus-client's
-    ``start_http_server``, a daemon thread); return a function that stops it (shuts the server
-    down, closes its socket, joins the thread; calling it again does nothing)."""
+    """Serve ``registry`` on ``http://addr:port/metrics`` (:func:`panpriv.streamer.metrics.server.serve`,
+    a daemon thread); return a function that stops it (shuts the server down, closes its socket,
+    joins the thread; calling it again does nothing)."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise _invalid(owner, "port", "an int in [1, 65535]", port)
-    server, thread = start_http_server(port, addr=_label(owner, "addr", addr), registry=registry)
-    stopped = False
-
-    def stop() -> None:
-        nonlocal stopped
-        if stopped:
-            return
-        stopped = True
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5.0)
-
-    return stop
+    return server.serve(registry, port, _label(owner, "addr", addr))
