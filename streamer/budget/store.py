@@ -73,7 +73,7 @@ from panpriv.accounting.errors import AccountingError
 from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
 from panpriv.streamer.budget import rules
 from panpriv.streamer.errors import ConfigError, StreamerError
-from panpriv.streamer.state.atomic_files import fsync_directory
+from panpriv.streamer.state.atomic_files import PRIVATE_DIRECTORY_MODE, PRIVATE_MODE, fsync_directory
 
 DATABASE_NAME = "budget.sqlite"
 SCHEMA_VERSION = 2
@@ -301,7 +301,7 @@ def _create(path: Path) -> None:
     if path.exists():
         return
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.new")
-    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_MODE)
     os.close(fd)
     try:
         db = sqlite3.connect(temporary, isolation_level=None)
@@ -384,7 +384,7 @@ class BudgetStore:
         self._db: sqlite3.Connection | None = None
         refuse_non_directory(self.directory)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=PRIVATE_DIRECTORY_MODE, parents=True, exist_ok=True)
             _create(self.path)
             if self.path.stat().st_size == 0:
                 raise BudgetError(f"{self.path} is not a budget store (an empty file); refusing to take it for a new "

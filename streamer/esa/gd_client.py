@@ -58,6 +58,7 @@ from panpriv.streamer.esa.client import PrivacyRefused, RefusedModel
 from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.esa.sum_client import SharesEncoder
+from panpriv.streamer.state.atomic_files import PRIVATE_DIRECTORY_MODE
 
 Array = NDArray[np.float64]
 
@@ -156,7 +157,7 @@ class AnsweredRounds:
 
 def _write_private(path: Path, data: bytes) -> None:
     """Replace ``path`` by ``data`` atomically and durably (0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=PRIVATE_DIRECTORY_MODE, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, 0o600)

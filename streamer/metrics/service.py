@@ -70,6 +70,7 @@ from __future__ import annotations
 import math
 import urllib.parse
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
@@ -306,10 +307,13 @@ class ServiceMetrics:
 
     def write_textfile(self, path: str) -> None:
         """Write the registry to ``path`` in the text format, atomically (node_exporter's textfile
-        collector reads it): a replay shorter than a scrape interval still publishes its numbers."""
-        from prometheus_client import write_to_textfile
+        collector reads it): a replay shorter than a scrape interval still publishes its numbers.
+        Mode 0644 whatever the umask: node_exporter runs as another user; nobody else may change it."""
+        from prometheus_client import generate_latest
 
-        write_to_textfile(path, self.registry)
+        from panpriv.streamer.state.atomic_files import PUBLIC_MODE, write_atomically
+
+        write_atomically(Path(path), generate_latest(self.registry), "metrics textfile", mode=PUBLIC_MODE)
 
     def set_seeded(self, seeded: bool) -> None:
         """Report whether the noise is explicitly seeded (``panpriv_seeded_mode``)."""
