@@ -23,7 +23,8 @@ Series
 ``panpriv_records_total``
     Valid records learned from (after validation and clipping).
 ``panpriv_records_rejected_total{reason}``
-    Records rejected by the codec, by reason; every reason of :class:`panpriv.streamer.io.codec.Reason` is
+    Records rejected by the codec, by reason (a binary batch message that holds no record counts
+    once, as ``empty_batch``); every reason of :class:`panpriv.streamer.io.codec.Reason` is
     exported from the start at 0 (a rate over a series that appears at its first reject is lost).
     Public, not noised: the privacy statement says so, and the guarantee covers neighbouring
     streams whose records have the same validity.
