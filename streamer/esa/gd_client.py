@@ -58,7 +58,6 @@ from panpriv.streamer.esa.client import PrivacyRefused, RefusedModel
 from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.esa.sum_client import SharesEncoder
-from panpriv.streamer.state.atomic_files import PRIVATE_DIRECTORY_MODE
 
 Array = NDArray[np.float64]
 
@@ -157,6 +156,8 @@ class AnsweredRounds:
 
 def _write_private(path: Path, data: bytes) -> None:
     """Replace ``path`` by ``data`` atomically and durably (0600)."""
+    from panpriv.streamer.state.atomic_files import PRIVATE_DIRECTORY_MODE  # a client imports nothing else of the service
+
     path.parent.mkdir(mode=PRIVATE_DIRECTORY_MODE, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

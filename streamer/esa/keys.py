@@ -43,13 +43,6 @@ from nacl.public import PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 
 from panpriv.streamer.esa.wire import KEY_ID_BYTES
-from panpriv.streamer.state.atomic_files import (
-    PRIVATE_DIRECTORY_MODE,
-    PRIVATE_MODE,
-    PUBLIC_DIRECTORY_MODE,
-    PUBLIC_MODE,
-    write_atomically,
-)
 
 ROLES = ("analyzer", "shuffler")
 """Who holds a key pair. Files ``<role>-<id>.key``/``.pub`` (and ``shuffler-<id>.verify``)."""
@@ -109,6 +102,13 @@ def generate(directory: Path, role: str = "analyzer") -> KeyFiles:
     """Write a fresh key pair into ``directory`` (created 0700 if missing); the private file is 0600."""
     if role not in ROLES:
         raise ValueError(f"a key pair is for one of {ROLES}, not {role!r}")
+    from panpriv.streamer.state.atomic_files import (  # only keygen writes: a client imports nothing of the service
+        PRIVATE_DIRECTORY_MODE,
+        PRIVATE_MODE,
+        PUBLIC_MODE,
+        write_atomically,
+    )
+
     directory.mkdir(mode=PRIVATE_DIRECTORY_MODE, parents=True, exist_ok=True)
     private = PrivateKey.generate()
     ident = key_id(private.public_key).hex()
@@ -131,6 +131,8 @@ def verify_path(private_path: Path) -> Path:
 
 def write_verify_key(private_path: Path) -> Path:
     """Write the verify key of the shuffler key in ``private_path`` beside it (public: mode 0644)."""
+    from panpriv.streamer.state.atomic_files import PUBLIC_MODE, write_atomically
+
     path = verify_path(private_path)
     key = bytes(signing_key(load_private(private_path)).verify_key).hex() + "\n"
     write_atomically(path, key.encode(), "verify key", mode=PUBLIC_MODE)
@@ -178,6 +180,8 @@ def load_shuffler(path: Path) -> ShufflerKeys:
 def publish(private_path: Path, directory: Path) -> list[Path]:
     """Copy the public files of the key in ``private_path`` (``.pub``, and ``.verify`` for a
     shuffler key) into ``directory``, the one other roles and clients may read (created 0755)."""
+    from panpriv.streamer.state.atomic_files import PUBLIC_DIRECTORY_MODE, PUBLIC_MODE, write_atomically
+
     directory.mkdir(mode=PUBLIC_DIRECTORY_MODE, parents=True, exist_ok=True)
     written = []
     for source in (private_path.with_suffix(".pub"), verify_path(private_path)):
