@@ -16,8 +16,8 @@ Four encodings of a record (``records.format``):
 Validation. A record that cannot be used is *rejected* with one reason from :class:`Reason`
 (undecodable bytes, a missing field, a wrong type, a wrong dimension, a NaN/inf or a number beyond
 float64's range such as a 400-digit JSON integer, a label outside the declared set or range, a
-binary batch of no record — counted once per message) and counted; it never reaches the learner and never stops the service. Subnormal numbers and −0 are
-ordinary finite values and are accepted.
+binary batch of no record — counted once per message) and counted; it never reaches the learner
+and never stops the service. Subnormal numbers and −0 are ordinary finite values and are accepted.
 Valid records have their features clipped to the declared bound, ``x ← x · min(1, R/‖x‖₂)``, before
 any learner sees them, so the sensitivity the learner's noise is calibrated to holds for every
 input. Rejecting and clipping are decided per record from that record alone, so how a stream is cut
