@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,14 +34,19 @@ def descriptors(pid: int) -> int:
 
 
 @pytest.fixture
-def enough_descriptors() -> None:
-    """This process opens IDLE sockets: raise its own soft limit (skip if the hard one forbids)."""
+def enough_descriptors() -> Iterator[None]:
+    """This process opens IDLE sockets: raise its own soft limit for the test (skip if the hard
+    one forbids)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = IDLE + 256
     if hard != resource.RLIM_INFINITY and hard < need:
         pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {need}")
     if soft != resource.RLIM_INFINITY and soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.slow
