@@ -30,7 +30,9 @@ and the sum of the rows' checks.
 
 Integrity. Every row carries a keyed check (:func:`panpriv.streamer.budget.rules.row_check`), verified
 whenever it is read; the meta row's check covers the generation and the sum of all row checks,
-verified when the store is opened, so a row removed or added by hand is found too. A 0-byte file,
+verified when the store is opened, so a row removed or added by hand is found too; SQLite's own
+integrity check runs when the store is opened too, for what the row checks do not cover (an index
+that no longer matches its table hides rows from the queries that use it). A 0-byte file,
 a file that is not SQLite, or a SQLite file without this schema is "not a budget store" (refused,
 never taken for a new store: a new store is created under a temporary name and linked into place
 complete). The generation only grows: a store object refuses a file whose generation went back
@@ -73,7 +75,7 @@ from panpriv.accounting.errors import AccountingError
 from panpriv.accounting.ledger import PrivacyLedger, PrivacyReport
 from panpriv.streamer.budget import rules
 from panpriv.streamer.errors import ConfigError, StreamerError
-from panpriv.streamer.state.atomic_files import fsync_directory
+from panpriv.streamer.state.atomic_files import PRIVATE_DIRECTORY_MODE, PRIVATE_MODE, fsync_directory
 
 DATABASE_NAME = "budget.sqlite"
 SCHEMA_VERSION = 2
@@ -229,11 +231,19 @@ def _guarded(method: Callable[..., T]) -> Callable[..., T]:
             raise BudgetError(f"the privacy budget store failed ({self.path}: {exc}); nothing was learned past its last "
                               "charge. Check free space and permissions of the state directory (--state-dir), then run "
                               "the same command again") from None
-        except (AccountingError, ValueError, KeyError, TypeError) as exc:
-            raise BudgetError(f"the budget store {self.path} holds an invalid row ({type(exc).__name__}: {exc}); it "
-                              "was edited or damaged") from None
+        except _ROW_ERRORS as exc:
+            raise _invalid_row(self.path, exc) from None
 
     return wrapper
+
+
+_ROW_ERRORS = (AccountingError, ValueError, KeyError, TypeError)
+"""What reading a damaged or edited row raises before its check is compared."""
+
+
+def _invalid_row(path: Path, exc: BaseException) -> BudgetError:
+    return BudgetError(f"the budget store {path} holds an invalid row ({type(exc).__name__}: {exc}); it was edited or "
+                       "damaged")
 
 
 @dataclass
@@ -301,7 +311,7 @@ def _create(path: Path) -> None:
     if path.exists():
         return
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.new")
-    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_MODE)
     os.close(fd)
     try:
         db = sqlite3.connect(temporary, isolation_level=None)
@@ -384,7 +394,7 @@ class BudgetStore:
         self._db: sqlite3.Connection | None = None
         refuse_non_directory(self.directory)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=PRIVATE_DIRECTORY_MODE, parents=True, exist_ok=True)
             _create(self.path)
             if self.path.stat().st_size == 0:
                 raise BudgetError(f"{self.path} is not a budget store (an empty file); refusing to take it for a new "
@@ -394,10 +404,14 @@ class BudgetStore:
             _use_rollback_journal(self._db, self.path)
             self._db.execute("PRAGMA synchronous=FULL")
             self._store_id = self._open_schema()
+            self._check_structure()
             self._verify()
         except BudgetError:
             self._close_quietly()
             raise
+        except _ROW_ERRORS as exc:
+            self._close_quietly()
+            raise _invalid_row(self.path, exc) from None
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
             raise BudgetError(f"{self.path} is not a budget store ({exc}); refusing to use it") from None
@@ -428,7 +442,11 @@ class BudgetStore:
         if version is None or version[0] != str(SCHEMA_VERSION):
             raise BudgetError(f"{self.path}: budget store schema_version {version[0] if version else None}; this panpriv "
                               f"reads {SCHEMA_VERSION}")
-        return str(self.db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0])
+        store_id = self.db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        if store_id is None:  # a flipped or edited key: the meta row's check cannot even be computed
+            raise BudgetError(f"the budget store {self.path}: its meta row fails its integrity check (damaged or edited "
+                              "by hand); refusing to use it")
+        return str(store_id[0])
 
     def _meta(self, db: sqlite3.Connection) -> tuple[str, int, int]:
         """(store id, generation, digest), verified."""
@@ -447,6 +465,15 @@ class BudgetStore:
                               "restored under a running process; stopping")
         self._generation = generation
         return store_id, generation, digest
+
+    def _check_structure(self) -> None:
+        """SQLite's own integrity check: the row checks cover the tables, not the indexes, and a bit
+        flipped in ``charges_by_source`` made the charges of a data key vanish from the queries that
+        use it (a run saw the records as never used) while every row passed its check."""
+        problems = [str(row[0]) for row in self.db.execute("PRAGMA integrity_check(1)")]
+        if problems != ["ok"]:
+            raise BudgetError(f"the budget store {self.path} is damaged (SQLite's integrity check: {problems[0]}); "
+                              "refusing to use it. Restore it from its newest copy")
 
     def _verify(self) -> None:
         """Every row's check and their sum against the meta row (module docstring, "Integrity")."""

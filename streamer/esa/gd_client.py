@@ -30,23 +30,25 @@ covers: the refusal is what makes the statement's T true.
 Simulated users (tests, benchmarks): one :class:`GDClients` holds many users (one record each),
 who all answer the same rounds, so one state records their common answered rounds; a real
 deployment has one state per user (one device, one file). The state file holds only the plan
-(public) and round numbers — no record, no gradient.
+(public) and round numbers — no record, no gradient. It is sealed like a role's state
+(:class:`panpriv.streamer.state.role_state.RoleState`, imported when a state file is used): a flipped
+bit or an edit could otherwise silently drop an answered round — and let her answer it again — so
+any damage is refused with one line (exit 2); a state of the format before sealing loads and is
+sealed at her next answer.
 
 Like :mod:`panpriv.streamer.esa.sum_client`, this module imports ``protocols``, ``accounting``, numpy,
 PyNaCl and its siblings ``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``sum_client``/``families`` only —
-none of the service (tested).
+none of the service (tested), except the sealed state file's module when a state file is used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from nacl.public import PublicKey
@@ -58,6 +60,9 @@ from panpriv.streamer.esa.client import PrivacyRefused, RefusedModel
 from panpriv.streamer.esa.families import learners_with
 from panpriv.streamer.esa.model import ModelRecord
 from panpriv.streamer.esa.sum_client import SharesEncoder
+
+if TYPE_CHECKING:
+    from panpriv.streamer.state.role_state import RoleState
 
 Array = NDArray[np.float64]
 
@@ -114,19 +119,19 @@ class AnsweredRounds:
     """A user's record of the rounds she answered and the plan she accepted (module docstring).
 
     ``path``: her state file (``None``: in memory, for simulated users in tests). The file is
-    created 0600 and replaced atomically (fsync-ed) on every answer.
+    sealed, created 0600 and replaced atomically (fsync-ed) on every answer; a damaged one is
+    refused (:class:`~panpriv.streamer.errors.CheckpointError`, one line).
     """
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self.plan: dict[str, Any] | None = None
         self.rounds: list[int] = []
-        if path is not None and path.exists():
-            data = json.loads(path.read_text())
-            if data.get("format") != STATE_FORMAT:
-                raise ValueError(f"{path}: not a shuffle-gd client state ({STATE_FORMAT})")
-            self.plan = data["plan"]
-            self.rounds = [int(r) for r in data["rounds"]]
+        self._file = None if path is None else _state_file(path)
+        if self._file is not None:
+            state = self._file.load()
+            if state is not None:
+                self.plan, self.rounds = _answered(state, self._file.path)
 
     @property
     def digest(self) -> str | None:
@@ -149,30 +154,32 @@ class AnsweredRounds:
         """Note ``model``'s round as answered (durably when file-backed) — before answering it."""
         self.plan = plan_of(model)
         self.rounds = sorted({*self.rounds, model.round})
-        if self.path is not None:
-            _write_private(self.path, json.dumps({"format": STATE_FORMAT, "plan": self.plan,
-                                                  "rounds": self.rounds}, sort_keys=True).encode())
+        if self._file is not None:
+            self._file.save({"format": STATE_FORMAT, "plan": self.plan, "rounds": self.rounds})
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically and durably (0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+_FIX = ("restore it from a backup: without it this user cannot know which rounds she answered, so she must not "
+        "answer this deployment again")
+
+
+def _state_file(path: Path) -> RoleState:
+    """The sealed state file at ``path`` (:class:`~panpriv.streamer.state.role_state.RoleState`);
+    a state of the format before sealing (the bare object) is recognised by its keys."""
+    from panpriv.streamer.state.role_state import RoleState  # only with a state file: see the module docstring
+
+    return RoleState(path.parent, path.name, "esa-gd-client", fix=_FIX,
+                     legacy=lambda body: set(body) == {"format", "plan", "rounds"} and body["format"] == STATE_FORMAT)
+
+
+def _answered(state: dict[str, Any], path: Path) -> tuple[dict[str, Any], list[int]]:
+    """(plan, answered rounds) of a loaded state; :class:`CheckpointError` for another content."""
+    from panpriv.streamer.errors import CheckpointError
+
+    plan, rounds = state.get("plan"), state.get("rounds")
+    if (state.get("format") != STATE_FORMAT or type(plan) is not dict or type(rounds) is not list
+            or not all(type(r) is int and r >= 0 for r in rounds)):
+        raise CheckpointError(f"{path} is not a shuffle-gd client state ({STATE_FORMAT}); {_FIX}")
+    return plan, sorted(set(rounds))
 
 
 class GDClients:

@@ -15,6 +15,7 @@ Files, in a directory of the operator's choice:
   existing file is never overwritten). Only its role reads it.
 - ``<role>-<id>.pub``: the X25519 public key, 64 hex digits, given to clients out of band (its
   authenticity is the clients' trust anchor; the model topic only names the analyzer key id in use).
+  Mode 0644 whatever the umask, like the ``.verify`` file: others read it, nobody else may replace it.
 - ``shuffler-<id>.verify``: the shuffler's Ed25519 verify key, 64 hex digits, given to the
   analyzer (``panpriv analyze --shuffler-verify-key``). ``keygen --role shuffler --if-missing``
   writes it for a shuffler key made before batches were signed (it is derived from the ``.key``).
@@ -42,8 +43,6 @@ from nacl.public import PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 
 from panpriv.streamer.esa.wire import KEY_ID_BYTES
-
-PRIVATE_MODE = 0o600
 
 ROLES = ("analyzer", "shuffler")
 """Who holds a key pair. Files ``<role>-<id>.key``/``.pub`` (and ``shuffler-<id>.verify``)."""
@@ -103,7 +102,14 @@ def generate(directory: Path, role: str = "analyzer") -> KeyFiles:
     """Write a fresh key pair into ``directory`` (created 0700 if missing); the private file is 0600."""
     if role not in ROLES:
         raise ValueError(f"a key pair is for one of {ROLES}, not {role!r}")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    from panpriv.streamer.state.atomic_files import (  # only keygen writes: a client imports nothing of the service
+        PRIVATE_DIRECTORY_MODE,
+        PRIVATE_MODE,
+        PUBLIC_MODE,
+        write_atomically,
+    )
+
+    directory.mkdir(mode=PRIVATE_DIRECTORY_MODE, parents=True, exist_ok=True)
     private = PrivateKey.generate()
     ident = key_id(private.public_key).hex()
     private_path = directory / f"{role}-{ident}.key"
@@ -113,7 +119,7 @@ def generate(directory: Path, role: str = "analyzer") -> KeyFiles:
         handle.write(bytes(private).hex() + "\n")
         handle.flush()
         os.fsync(handle.fileno())
-    public_path.write_text(bytes(private.public_key).hex() + "\n")
+    write_atomically(public_path, (bytes(private.public_key).hex() + "\n").encode(), "public key", mode=PUBLIC_MODE)
     verify = write_verify_key(private_path) if role == "shuffler" else None
     return KeyFiles(private_path, public_path, ident, verify)
 
@@ -125,8 +131,11 @@ def verify_path(private_path: Path) -> Path:
 
 def write_verify_key(private_path: Path) -> Path:
     """Write the verify key of the shuffler key in ``private_path`` beside it (public: mode 0644)."""
+    from panpriv.streamer.state.atomic_files import PUBLIC_MODE, write_atomically
+
     path = verify_path(private_path)
-    path.write_text(bytes(signing_key(load_private(private_path)).verify_key).hex() + "\n")
+    key = bytes(signing_key(load_private(private_path)).verify_key).hex() + "\n"
+    write_atomically(path, key.encode(), "verify key", mode=PUBLIC_MODE)
     return path
 
 
@@ -170,13 +179,15 @@ def load_shuffler(path: Path) -> ShufflerKeys:
 
 def publish(private_path: Path, directory: Path) -> list[Path]:
     """Copy the public files of the key in ``private_path`` (``.pub``, and ``.verify`` for a
-    shuffler key) into ``directory``, the one other roles and clients may read."""
-    directory.mkdir(parents=True, exist_ok=True)
+    shuffler key) into ``directory``, the one other roles and clients may read (created 0755)."""
+    from panpriv.streamer.state.atomic_files import PUBLIC_DIRECTORY_MODE, PUBLIC_MODE, write_atomically
+
+    directory.mkdir(mode=PUBLIC_DIRECTORY_MODE, parents=True, exist_ok=True)
     written = []
     for source in (private_path.with_suffix(".pub"), verify_path(private_path)):
         if source.exists():
             target = directory / source.name
-            target.write_bytes(source.read_bytes())
+            write_atomically(target, source.read_bytes(), "public key", mode=PUBLIC_MODE)
             written.append(target)
     return written
 

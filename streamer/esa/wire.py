@@ -270,7 +270,7 @@ def parse_batch(data: bytes) -> Batch:
         raise WireError("malformed_batch")
     _, deployment, round_, count, size, digest, signer, signature = _BATCH_HEAD.unpack_from(data)
     body = memoryview(data)[_BATCH_HEAD.size:]
-    if len(body) != count * size:
+    if len(body) != count * size or (size == 0 and count != 0):  # 2³² empty units would fit in 148 bytes
         raise WireError("malformed_batch")
     units = tuple(bytes(body[i * size:(i + 1) * size]) for i in range(count))
     return Batch(deployment, int(round_), int(count), int(size), digest, signer, signature, units)

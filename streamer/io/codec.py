@@ -15,9 +15,9 @@ Four encodings of a record (``records.format``):
 
 Validation. A record that cannot be used is *rejected* with one reason from :class:`Reason`
 (undecodable bytes, a missing field, a wrong type, a wrong dimension, a NaN/inf or a number beyond
-float64's range such as a 400-digit JSON integer, a label outside the declared set or range) and
-counted; it never reaches the learner and never stops the service. Subnormal numbers and −0 are
-ordinary finite values and are accepted.
+float64's range such as a 400-digit JSON integer, a label outside the declared set or range, a
+binary batch of no record — counted once per message) and counted; it never reaches the learner
+and never stops the service. Subnormal numbers and −0 are ordinary finite values and are accepted.
 Valid records have their features clipped to the declared bound, ``x ← x · min(1, R/‖x‖₂)``, before
 any learner sees them, so the sensitivity the learner's noise is calibrated to holds for every
 input. Rejecting and clipping are decided per record from that record alone, so how a stream is cut
@@ -77,6 +77,8 @@ class Reason(StrEnum):
     LABEL_OUT_OF_RANGE = "label_out_of_range"
     UNKNOWN_FIELD = "unknown_field"
     UNKNOWN_CATEGORY = "unknown_category"
+    EMPTY_BATCH = "empty_batch"
+    """A binary batch message that holds no record (``m = 0``): nothing to learn, counted once."""
 
 
 @dataclass(frozen=True)
@@ -808,6 +810,7 @@ class BinaryBatchCodec(Codec):
                 rejects.append(Reject(i, Reason.UNDECODABLE))
                 continue
             if m == 0:
+                rejects.append(Reject(i, Reason.EMPTY_BATCH))
                 continue
             if dim != self.dim:
                 rejects.append(Reject(i, Reason.WRONG_DIMENSION, m))

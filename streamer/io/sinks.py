@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from panpriv.protocols.base import Snapshot
-from panpriv.streamer.state.atomic_files import fsync_directory
+from panpriv.streamer.state.atomic_files import PRIVATE_DIRECTORY_MODE, PRIVATE_MODE, fsync_directory
 
 SCHEMA_VERSION = 2
 REASON_HEADER = "panpriv-reject-reason"
@@ -92,14 +92,20 @@ class SnapshotSink(Protocol):
 
 
 class JsonlSnapshotSink:
-    """Append snapshot records to a JSONL file, one fsync-ed line each."""
+    """Append snapshot records to a JSONL file (0600), one fsync-ed line each."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=PRIVATE_DIRECTORY_MODE, parents=True, exist_ok=True)
         repair_jsonl(self.path)
         existed = self.path.exists()
-        self._handle = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, PRIVATE_MODE)
+        try:
+            os.fchmod(fd, PRIVATE_MODE)  # a file of an earlier version, created as the umask said
+        except BaseException:
+            os.close(fd)
+            raise
+        self._handle = os.fdopen(fd, "ab")
         if not existed:
             fsync_directory(self.path.parent)
 

@@ -148,6 +148,13 @@ def _stalled() -> Exception:
     return TimeoutError("could not read the topic to its end: no record arrived while the broker reports more")
 
 
+MALFORMED = (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError)
+"""What parsing a malformed JSON record may raise: bad bytes or JSON (``ValueError``), a missing
+field, a field of another type (``TypeError``; ``AttributeError`` for a JSON array or number where
+an object belongs), a number beyond an integer (``int(Infinity)``: ``OverflowError``) and nesting
+deeper than the interpreter's recursion limit (``RecursionError``)."""
+
+
 class NewestRecord(Generic[T]):
     """The newest record of a compacted topic by a public order, among the records ``parse``
     accepts (module docstring).
@@ -176,7 +183,7 @@ class NewestRecord(Generic[T]):
             return
         try:
             value = self._parse(record.value)
-        except (ValueError, KeyError, TypeError):
+        except MALFORMED:
             self.skipped += 1
             return
         if value is not None and (self.newest is None or self._order(value) >= self._order(self.newest)):

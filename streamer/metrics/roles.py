@@ -85,7 +85,7 @@ class RoleMetrics:
         """Label the info series (constant 1)."""
         self._info.info({"role": role, "deployment": deployment, "version": version})
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
         """Serve ``/metrics`` on ``addr:port``; return the function that stops the server."""
         return serve_registry(self.registry, port, addr, f"{type(self).__name__}.serve")
 
@@ -124,7 +124,9 @@ def metrics_flags(parser: argparse.ArgumentParser) -> None:
     """``--metrics-port`` (default 0: none) and ``--metrics-addr`` of a role's command."""
     parser.add_argument("--metrics-port", type=port_or_zero, default=0,
                         help="serve Prometheus metrics on this port (default 0: none)")
-    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address of the metrics endpoint (default 0.0.0.0)")
+    parser.add_argument("--metrics-addr", default="127.0.0.1",
+                        help="address of the metrics endpoint (default 127.0.0.1: this machine only; 0.0.0.0 for every "
+                             "interface, as in a container scraped from another)")
 
 
 def serve_metrics(metrics: RoleMetrics, args: argparse.Namespace) -> Callable[[], None] | None:

@@ -23,7 +23,8 @@ Series
 ``panpriv_records_total``
     Valid records learned from (after validation and clipping).
 ``panpriv_records_rejected_total{reason}``
-    Records rejected by the codec, by reason; every reason of :class:`panpriv.streamer.io.codec.Reason` is
+    Records rejected by the codec, by reason (a binary batch message that holds no record counts
+    once, as ``empty_batch``); every reason of :class:`panpriv.streamer.io.codec.Reason` is
     exported from the start at 0 (a rate over a series that appears at its first reject is lost).
     Public, not noised: the privacy statement says so, and the guarantee covers neighbouring
     streams whose records have the same validity.
@@ -77,6 +78,7 @@ from __future__ import annotations
 import math
 import urllib.parse
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from prometheus_client import (
     CollectorRegistry,
@@ -87,10 +89,10 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
-    start_http_server,
 )
 
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
+from panpriv.streamer.metrics import server
 
 # Micro-batch wall time: from a 256-record batch of a cheap learner (~0.1 ms) to a stalled
 # downstream (10 s). Checkpoints add fsync latency, so their range starts higher.
@@ -337,10 +339,13 @@ class ServiceMetrics:
 
     def write_textfile(self, path: str) -> None:
         """Write the registry to ``path`` in the text format, atomically (node_exporter's textfile
-        collector reads it): a replay shorter than a scrape interval still publishes its numbers."""
-        from prometheus_client import write_to_textfile
+        collector reads it): a replay shorter than a scrape interval still publishes its numbers.
+        Mode 0644 whatever the umask: node_exporter runs as another user; nobody else may change it."""
+        from prometheus_client import generate_latest
 
-        write_to_textfile(path, self.registry)
+        from panpriv.streamer.state.atomic_files import PUBLIC_MODE, write_atomically
+
+        write_atomically(Path(path), generate_latest(self.registry), "metrics textfile", mode=PUBLIC_MODE)
 
     def set_seeded(self, seeded: bool) -> None:
         """Report whether the noise is explicitly seeded (``panpriv_seeded_mode``)."""
@@ -357,33 +362,21 @@ class ServiceMetrics:
             "version": _label(owner, "version", version),
         })
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
         """Serve the registry on ``http://addr:port/metrics``; return a function that stops it.
 
-        The server runs in a daemon thread (prometheus-client's ``start_http_server``); calling
-        the returned ``stop()`` shuts it down, closes its socket and joins the thread. Calling it
-        again does nothing.
+        The server (:mod:`panpriv.streamer.metrics.server`: a bounded number of connections, each
+        with a deadline) runs in a daemon thread; calling the returned ``stop()`` shuts it down,
+        closes its socket and joins the thread. Calling it again does nothing.
         """
         return serve_registry(self.registry, port, addr, "ServiceMetrics.serve")
 
 
-def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
+def serve_registry(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1",
                    owner: str = "serve_registry") -> Callable[[], None]:
-    """Serve ``registry`` on ``http://addr:port/metrics`` (prometheus-client's
-    ``start_http_server``, a daemon thread); return a function that stops it (shuts the server
-    down, closes its socket, joins the thread; calling it again does nothing)."""
+    """Serve ``registry`` on ``http://addr:port/metrics`` (:func:`panpriv.streamer.metrics.server.serve`,
+    a daemon thread); return a function that stops it (shuts the server down, closes its socket,
+    joins the thread; calling it again does nothing)."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise _invalid(owner, "port", "an int in [1, 65535]", port)
-    server, thread = start_http_server(port, addr=_label(owner, "addr", addr), registry=registry)
-    stopped = False
-
-    def stop() -> None:
-        nonlocal stopped
-        if stopped:
-            return
-        stopped = True
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5.0)
-
-    return stop
+    return server.serve(registry, port, _label(owner, "addr", addr))

@@ -101,6 +101,8 @@ class RejectGuard:
             allowed = list(records.label_values) if records.label_values else [records.label_min, records.label_max]
             return (f"The labels are outside {allowed}: set records.label_values "
                     "(e.g. [0, 1]) or [] with label_min/label_max for a regression target.")
+        if reason == "empty_batch":
+            return "The binary messages hold no record (a batch header with m = 0): fix the producer's batching."
         if reason == "non_finite":
             return "The records hold NaN or infinite values: fix the producer (a NaN cannot be clipped)."
         return "Check [records] against what the producer writes."

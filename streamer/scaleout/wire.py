@@ -41,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from panpriv.protocols.base import StateValue
+from panpriv.streamer.kafka.topic_reader import MALFORMED
 
 FETCH_WAIT_MS = 10
 """How long the broker may hold a fetch of the model or gradients topic open when it has no new
@@ -95,7 +96,7 @@ class GradientRecord:
             ranges = {str(k): (int(a), int(b)) for k, (a, b) in value["ranges"].items()}
             return cls(str(value["deployment"]), int(value["version"]), str(value["worker"]), int(value["records"]),
                        gradient, ranges)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except MALFORMED as exc:
             if isinstance(exc, WireError):
                 raise
             raise WireError(f"malformed gradient record: {exc}") from None

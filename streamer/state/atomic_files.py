@@ -34,6 +34,15 @@ from panpriv.streamer.ioerrors import fix_for
 log = logging.getLogger("panpriv.checkpoint")
 
 PRIVATE_MODE = 0o600
+"""Every file panpriv writes: readable and writable by its owner only, whatever the umask."""
+PUBLIC_MODE = 0o644
+"""A file made for other users and processes to read (a public or verify key, the metrics
+textfile node_exporter reads): readable by all, writable by its owner only, whatever the umask."""
+PRIVATE_DIRECTORY_MODE = 0o700
+"""A directory panpriv creates for its state (``--out``, its checkpoints, ``--state-dir``, keys)."""
+PUBLIC_DIRECTORY_MODE = 0o755
+"""A directory panpriv creates for others to read (``keygen --public-dir``): nobody else may add,
+remove or replace a file in it."""
 
 
 def create_private(path: Path, mode: int = PRIVATE_MODE) -> int:
@@ -43,13 +52,15 @@ def create_private(path: Path, mode: int = PRIVATE_MODE) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 
-def write_atomically(path: Path, data: bytes | memoryview, what: str = "file", wipe_replaced: bool = False) -> None:
-    """Replace ``path`` by ``data`` durably, or raise :class:`OutputError` leaving it unchanged;
-    ``wipe_replaced``: zero the replaced file once the new one is durable (module docstring)."""
+def write_atomically(path: Path, data: bytes | memoryview, what: str = "file", wipe_replaced: bool = False,
+                     mode: int = PRIVATE_MODE) -> None:
+    """Replace ``path`` by ``data`` durably (a file of ``mode``), or raise :class:`OutputError`
+    leaving it unchanged; ``wipe_replaced``: zero the replaced file once the new one is durable
+    (module docstring)."""
     tmp = path.with_name(path.name + ".tmp")
     previous = _open_previous(path) if wipe_replaced else None
     try:
-        fd = create_private(tmp)
+        fd = create_private(tmp, mode)
         try:
             view = memoryview(data)
             while view:

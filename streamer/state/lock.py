@@ -22,14 +22,16 @@ from types import TracebackType
 
 from panpriv.streamer.errors import OutputBusyError, OutputError
 from panpriv.streamer.ioerrors import fix_for
+from panpriv.streamer.state.atomic_files import PRIVATE_DIRECTORY_MODE
 
 LOCK_NAME = "panpriv.lock"
 
 
 def prepare_output_directory(out: Path) -> None:
-    """Create ``out`` (and its parents) or raise :class:`OutputError` saying why it cannot be used."""
+    """Create ``out`` (0700; its missing parents as the umask says) or raise :class:`OutputError`
+    saying why it cannot be used."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(mode=PRIVATE_DIRECTORY_MODE, parents=True, exist_ok=True)
     except FileExistsError:
         raise OutputError(f"--out {out} exists and is not a directory; choose a directory path") from None
     except OSError as exc:

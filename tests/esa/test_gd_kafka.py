@@ -4,7 +4,6 @@ process (``--shares m``, threshold n) and one analyzer process (``--learner shuf
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -20,6 +19,7 @@ from panpriv.protocols.shuffle_gd import ShuffleGD
 from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.esa import wire
 from panpriv.streamer.esa.gd_analyzer import GDAnalyzer
+from panpriv.streamer.esa.gd_client import AnsweredRounds
 from panpriv.streamer.esa.keys import load_private, load_shuffler
 from tests.esa import parts
 from tests.realparts import KafkaBroker
@@ -84,8 +84,8 @@ def test_clients_answer_every_round_and_the_budget_charges_every_user_t_times(
     messages = [record.value for record in message_records]
     assert "answered 0 rounds here" in again.log_path.read_text()
     for i in range(2):
-        state = json.loads((tmp_path / f"client{i}.rounds.json").read_text())
-        assert state["rounds"] == list(range(T)) and state["plan"]["learner"] == "shuffle-gd"
+        state = AnsweredRounds(tmp_path / f"client{i}.rounds.json")  # sealed: read through its reader
+        assert state.rounds == list(range(T)) and state.plan is not None and state.plan["learner"] == "shuffle-gd"
     checkpoint = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
     assert checkpoint["round"] == T and checkpoint["skipped"] == 0 and checkpoint["rejected"] == {}
     assert checkpoint["learner"] == "shuffle-gd" and checkpoint["format"] == "panpriv-esa-gd-analyzer/2"
@@ -175,7 +175,7 @@ def test_sigkill_of_the_analyzer_charges_each_round_once(
     state = parts.analyzer_state(checkpoint)
     assert state["round"] == rounds and state["rejected"] == {} and state["skipped"] == 0
     assert "resumed at round" in (tmp_path / "analyzer1.log").read_text()
-    assert json.loads((tmp_path / "users.rounds.json").read_text())["rounds"] == list(range(rounds))
+    assert AnsweredRounds(tmp_path / "users.rounds.json").rounds == list(range(rounds))
     (source_key,) = BudgetStore(tmp_path / "state").ledger().sources
     coverage = BudgetStore(tmp_path / "state").ledger().coverage(source_key)
     assert [(s.start, s.stop, s.uses) for s in coverage] == [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,46 @@ def test_the_lock_file_is_private_whatever_the_umask(tmp_path) -> None:
             assert (tmp_path / "out" / LOCK_NAME).stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(previous)
+
+
+def role_args(role: str, out: Path, keys: Path) -> list[str]:
+    """A process of ``role`` holding the lock of ``out``: ``run`` paced, a role waiting for a broker
+    that never answers (``PANPRIV_KAFKA__CONNECT_TIMEOUT_S``: until the test stops it)."""
+    from panpriv.streamer.esa.keys import generate
+    from tests.streamer.test_role_state import analyze_args, worker_args
+
+    if role == "run":
+        return slow_synthetic_run(out)
+    if role == "worker":
+        return worker_args(out)
+    analyzer = keys / "analyzer"
+    private = next(analyzer.glob("analyzer-*.key"), None) or generate(analyzer, "analyzer").private
+    return analyze_args(out, private)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["run", "worker", "analyze"])
+def test_deleting_the_lock_file_of_a_running_process_admits_no_second_one(role: str, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35, point 4, with real processes: ``panpriv.lock`` deleted while a run (or a role on its
+    state directory) holds it; a second process on the same directory is still refused, with one
+    line and exit 1, and the holder runs on."""
+    monkeypatch.setenv("PANPRIV_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("PANPRIV_KAFKA__CONNECT_TIMEOUT_S", "3600")
+    out = tmp_path / "out"
+    holder = start_panpriv(role_args(role, out, tmp_path / "keys"), tmp_path, "holder")
+    try:
+        wait_for(lambda: holder_pid(out) == str(holder.pid) or holder.process.poll() is not None, 120,
+                 "the first process holding the lock")
+        assert holder.process.poll() is None, holder.output()
+        (out / LOCK_NAME).unlink()
+        code, output = run_panpriv(role_args(role, out, tmp_path / "keys"), tmp_path, "second", timeout_s=120)
+        assert code == 1, output
+        assert_no_traceback(output)
+        errors = [line for line in output.splitlines() if "error" in line]
+        assert len(errors) == 1 and "is in use by another panpriv process" in errors[0], output
+        assert holder.process.poll() is None, holder.output()  # the holder is untouched
+        holder.process.send_signal(signal.SIGTERM)
+        assert holder.wait(60) == 0, holder.output()
+    finally:
+        holder.stop()

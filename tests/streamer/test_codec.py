@@ -108,7 +108,8 @@ def test_binary_batches_round_trip_and_reject_per_record() -> None:
     keep = np.ones(256, dtype=bool)
     keep[[5, 9]] = False
     np.testing.assert_array_equal(decoded.X, X[keep])
-    assert decoded.reject_counts() == {"non_finite": 1, "label_out_of_range": 1, "undecodable": 1, "wrong_dimension": 4}
+    assert decoded.reject_counts() == {"non_finite": 1, "label_out_of_range": 1, "undecodable": 1, "wrong_dimension": 4,
+                                       "empty_batch": 1}
     # float32 batches decode to the float32 values.
     decoded32 = codec.decode([encode_batch(X[keep], y[keep])])
     np.testing.assert_array_equal(decoded32.X, X[keep].astype(np.float32).astype(np.float64))
