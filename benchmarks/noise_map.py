@@ -246,7 +246,7 @@ def picture(cells: list[Cell], ns: list[int], path: Path, quick: bool) -> None:
         if j == 0:
             ax.set_ylabel(name, fontsize=9)
     figure.suptitle("excess loss / excess loss of θ = 0 on the synthetic logistic streams (< 1, blue: beats θ = 0)"
-                    + (" — --quick" if quick else ""), fontsize=9.5)
+                    + (" — n ≤ 10⁵, one repetition" if quick else " — mean of 3 repetitions"), fontsize=9.5)
     figure.colorbar(image, ax=axes, shrink=0.6, label="log10 ratio")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, bbox_inches="tight")

@@ -122,6 +122,11 @@ class BudgetSession:
         self._precharged: int | None = None  # a step charged by a process that died before its checkpoint
         self._pending_notice: float | None = None  # a run's planned ε until its composition notice is given
 
+    @property
+    def limit(self) -> float | None:
+        """The ε limit on every record's composed use (``--max-epsilon``; ``None``: no limit)."""
+        return self._limit
+
     @classmethod
     def for_run(cls, config: ServiceConfig, source: Source | IndexedFile) -> BudgetSession:
         """``panpriv run``'s session: the store ``[budget]`` names, ``learner.max_epsilon``, the

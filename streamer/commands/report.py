@@ -4,8 +4,11 @@ Reads a run's output directory — ``snapshots.jsonl`` (records learned, the pri
 time, the rejects count and, with ``--holdout``, the public hold-out scores of each snapshot) and
 the checkpoint manifest (the totals) — and writes, in ``DIR`` (default ``OUT/report``):
 
-- ``privacy.png``: ε of the output and of the intrusion guarantee against records learned;
-- ``holdout.png``: hold-out AUC and accuracy (and log-loss) per snapshot, when the run had ``--holdout``;
+- ``privacy.png``: ε of the output and of the intrusion guarantee against records learned, each
+  labelled with its final δ, and the run's ``--max-epsilon`` as a line when it had one; the title
+  names the learner and the final guarantee;
+- ``holdout.png``: hold-out AUC and accuracy (and log-loss) per snapshot, when the run had
+  ``--holdout``, against their baselines: AUC 1/2 (chance) and the hold-out's majority class;
 - ``throughput.png``: records/s between snapshots and the rejected records, over the run's time;
 - ``report.md``: the pictures and a table of the snapshots.
 
@@ -35,7 +38,28 @@ class Point:
     seconds: float  # since the first snapshot
     epsilon_output: float
     epsilon_intrusion: float
+    delta_output: float
+    delta_intrusion: float
     holdout: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the pictures say of the whole run: its learner, its budget limit, its snapshots."""
+
+    learner: str
+    max_epsilon: float | None
+    points: list[Point]
+
+
+def load_run(out: Path) -> Run:
+    """The run in ``out`` (a directory or a snapshots.jsonl file): its snapshots, its learner and
+    the budget limit its last snapshot records."""
+    path = out / "snapshots.jsonl" if out.is_dir() else out
+    points = load_points(out)
+    last = read_snapshots(path)[-1]
+    limit = last.get("max_epsilon")
+    return Run(str(last.get("learner", "")), None if limit is None else float(limit), points)
 
 
 def load_points(out: Path) -> list[Point]:
@@ -55,6 +79,8 @@ def load_points(out: Path) -> list[Point]:
             seconds=_time(r["created"]) - start,
             epsilon_output=float(r["privacy"]["output"]["epsilon"]),
             epsilon_intrusion=float(r["privacy"]["intrusion"]["epsilon"]),
+            delta_output=float(r["privacy"]["output"]["delta"]),
+            delta_intrusion=float(r["privacy"]["intrusion"]["delta"]),
             holdout={k: float(v) for k, v in r.get("holdout", {}).items() if k != "records"},
         )
         for r in records
@@ -74,10 +100,11 @@ def write_report(out: Path, to: Path | None = None) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("report: needs matplotlib; install it with pip install 'panpriv[report]'") from None
-    points = load_points(out)
+    run = load_run(out)
+    points = run.points
     target = to if to is not None else (out if out.is_dir() else out.parent) / "report"
     target.mkdir(parents=True, exist_ok=True)
-    written = [_privacy(plt, points, target / "privacy.png")]
+    written = [_privacy(plt, run, target / "privacy.png")]
     if any(p.holdout for p in points):
         written.append(_holdout(plt, points, target / "holdout.png"))
     written.append(_throughput(plt, points, target / "throughput.png"))
@@ -94,31 +121,53 @@ def _finite(values: list[float]) -> list[float]:
     return [v if math.isfinite(v) else float("nan") for v in values]
 
 
-def _privacy(plt: Any, points: list[Point], path: Path) -> Path:
+def _privacy(plt: Any, run: Run, path: Path) -> Path:
+    """ε against records: the intrusion series is drawn under the output series, wider and paler,
+    so it shows where the two are equal (most learners: one intrusion adds nothing)."""
+    points, last = run.points, run.points[-1]
     figure, axes = plt.subplots(figsize=(6.4, 3.6), dpi=120)
     records = [p.records for p in points]
-    axes.step(records, _finite([p.epsilon_output for p in points]), where="post", marker="o", label="outputs")
-    axes.step(records, _finite([p.epsilon_intrusion for p in points]), where="post", marker="x", linestyle="--",
-              label="one intrusion + outputs")
+    axes.step(records, _finite([p.epsilon_intrusion for p in points]), where="post", linewidth=6, alpha=0.35,
+              color="tab:orange", label=f"one intrusion + outputs (final δ = {last.delta_intrusion:.3g})")
+    axes.step(records, _finite([p.epsilon_output for p in points]), where="post", marker="o", color="tab:blue",
+              label=f"outputs (final δ = {last.delta_output:.3g})")
+    top = max(_finite_max([p.epsilon_intrusion for p in points] + [p.epsilon_output for p in points]), 1e-9)
+    if run.max_epsilon is not None:
+        axes.axhline(run.max_epsilon, color="tab:red", linestyle=":", label=f"--max-epsilon {run.max_epsilon:g}")
+        top = max(top, run.max_epsilon)
+    axes.set_ylim(0, top * 1.15)
     axes.set_xlabel("records learned")
     axes.set_ylabel("ε per record (composed over every run)")
-    axes.set_ylim(bottom=0)
-    axes.set_title("Privacy guarantee at each snapshot")
+    axes.set_title(f"{run.learner or 'panpriv'}: (ε, δ) at each snapshot — now outputs ({last.epsilon_output:.3g}, "
+                   f"{last.delta_output:.3g}), intrusion ({last.epsilon_intrusion:.3g}, {last.delta_intrusion:.3g})",
+                   fontsize=9)
     axes.grid(alpha=0.3)
-    axes.legend()
+    axes.legend(**_BELOW)
     return _save(plt, figure, path)
+
+
+def _finite_max(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return max(finite, default=1.0)
 
 
 def _holdout(plt: Any, points: list[Point], path: Path) -> Path:
     scored = [p for p in points if p.holdout]
     figure, axes = plt.subplots(figsize=(6.4, 3.6), dpi=120)
     records = [p.records for p in scored]
-    for metric, marker in (("auc", "o"), ("accuracy", "s")):
+    for metric, marker, color in (("auc", "o", "tab:blue"), ("accuracy", "s", "tab:green")):
         if any(metric in p.holdout for p in scored):
-            axes.plot(records, [p.holdout.get(metric, float("nan")) for p in scored], marker=marker, label=metric)
+            axes.plot(records, [p.holdout.get(metric, float("nan")) for p in scored], marker=marker, color=color,
+                      label=metric)
+    if any("auc" in p.holdout for p in scored):
+        axes.axhline(0.5, color="tab:blue", linestyle=":", linewidth=1, label="AUC of chance (1/2)")
+    majority = [p.holdout["majority_accuracy"] for p in scored if "majority_accuracy" in p.holdout]
+    if majority:  # a constant of the public hold-out file
+        axes.axhline(majority[-1], color="tab:green", linestyle=":", linewidth=1,
+                     label=f"majority class ({majority[-1]:.3f})")
     axes.set_xlabel("records learned")
     axes.set_ylabel("score on the public hold-out")
-    axes.set_title("Hold-out scores of each released snapshot")
+    axes.set_title("Hold-out scores of each released snapshot, against their baselines")
     axes.grid(alpha=0.3)
     if any("log_loss" in p.holdout for p in scored):
         other = axes.twinx()

@@ -58,12 +58,14 @@ def snapshot_record(
     privacy: Mapping[str, Any],
     feature_names: tuple[str, ...] | None = None,
     budget: Mapping[str, Any] | None = None,
+    max_epsilon: float | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready snapshot record (module docstring); ``privacy`` is the ledger's report,
     ``feature_names`` the source's public feature names where it has them (Adult; a schema's
     names travel in the snapshot's model), ``budget`` the
     budget store's id and generation when the snapshot was taken (a later run refuses a store
-    behind it)."""
+    behind it), ``max_epsilon`` the budget limit the run was given (``--max-epsilon``; absent
+    without one), which ``panpriv report`` draws beside the composed ε."""
     model = None
     if snapshot.model is not None:
         model = snapshot.model.to_dict()
@@ -81,6 +83,7 @@ def snapshot_record(
         "model": model,
         "privacy": dict(privacy),
         **({"budget": dict(budget)} if budget else {}),
+        **({"max_epsilon": float(max_epsilon)} if max_epsilon is not None else {}),
         "created": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     }
 

@@ -152,6 +152,7 @@ class CheckpointTransaction:
             privacy=report.to_dict(),
             feature_names=self._feature_names,
             budget=budget_mark,
+            max_epsilon=self._session.limit,
         )
         if self._holdout is not None:  # public data, released parameters: post-processing (panpriv.streamer.serving.holdout)
             record["holdout"] = self._holdout.score(released)

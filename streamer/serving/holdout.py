@@ -11,7 +11,9 @@ and label domain); its rejects are counted and logged, never fatal. Metrics:
 
 - binary labels (two label values, or 0/1, ±1): ``auc`` (Mann–Whitney, ties one half),
   ``accuracy`` (the sign of the score against the label's: threshold P = 1/2) and
-  ``balanced_accuracy`` (the mean of the two classes' accuracies at that threshold), and for the
+  ``balanced_accuracy`` (the mean of the two classes' accuracies at that threshold),
+  ``majority_accuracy`` (the accuracy of always answering the hold-out's larger class: the
+  baseline an accuracy is read against; AUC's is 1/2), and for the
   logistic link ``log_loss`` (probabilities clipped to [1e-15, 1 − 1e-15]) and the accuracies at
   the model's own prior: ``prior_threshold`` π̂, the mean predicted P(y = 1) over the hold-out
   rows — read off the released model and the rows' features, never their labels — and
@@ -93,6 +95,7 @@ class Holdout:
             return scores
         positive = self.y >= self.y.max() if np.unique(self.y).size == 2 else self.y > 0
         scores["accuracy"] = float(np.mean((decision > 0.0) == positive))
+        scores["majority_accuracy"] = float(max(np.mean(positive), 1.0 - np.mean(positive)))  # the baseline: no model
         area = auc(decision, positive)
         if math.isfinite(area):  # one class only: no AUC (and JSON has no NaN)
             scores["auc"] = area

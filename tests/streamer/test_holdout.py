@@ -58,6 +58,7 @@ def test_every_snapshot_carries_its_scores_on_the_holdout_computed_by_independen
         assert scores["records"] == 800  # the 3 malformed lines were rejected by the run's codec
         assert scores["auc"] == pytest.approx(roc_auc_score(positive, decision), abs=1e-12)
         assert scores["accuracy"] == pytest.approx(np.mean((decision > 0) == positive), abs=1e-12)
+        assert scores["majority_accuracy"] == pytest.approx(max(positive.mean(), 1 - positive.mean()), abs=1e-12)
         assert scores["log_loss"] == pytest.approx(log_loss(positive, snapshot.predict_proba_many(X)), rel=1e-9)
         assert scores["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(positive, decision > 0), abs=1e-12)
         probability = snapshot.predict_proba_many(X)
