@@ -33,7 +33,7 @@ from panpriv.streamer.io.source_url import KafkaUrl
 from panpriv.streamer.kafka import calls as kafka_calls
 from panpriv.streamer.kafka import client as kafka_client
 from panpriv.streamer.sources.base import Batch, FatalSourceError
-from panpriv.streamer.sources.kafka import REBALANCE_TIMEOUT_MS, KafkaConsumerSource
+from panpriv.streamer.sources.kafka import REBALANCE_TIMEOUT_MS, Fetched, KafkaConsumerSource
 
 log = logging.getLogger("panpriv.sources")
 
@@ -156,10 +156,10 @@ class ConfluentKafkaSource(KafkaConsumerSource):
     # -- consuming --------------------------------------------------------------------------------
 
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
-        messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
+        messages: list[Any] = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
         self._raise_failure()
         self._log_waiting()
-        by_key: dict[str, list[Any]] = {}
+        by_key: dict[tuple[Any, Any], Fetched] = {}
         for message in messages:
             error = message.error()
             if error is not None:
@@ -167,10 +167,14 @@ class ConfluentKafkaSource(KafkaConsumerSource):
                     raise FatalSourceError(f"Kafka consumer failed: {error.str()}")
                 log.warning("Kafka consumer: %s", error.str())
                 continue
-            by_key.setdefault(f"{message.topic()}/{message.partition()}", []).append(
-                (message.offset(), message.value() or b"", message.timestamp()[1])
-            )
-        return self._batch(by_key)
+            where = (message.topic(), message.partition())
+            part = by_key.get(where)
+            if part is None:
+                part = by_key[where] = Fetched(f"{where[0]}/{where[1]}", [], [], [])
+            part.offsets.append(message.offset())
+            part.values.append(message.value() or b"")
+            part.timestamps.append(message.timestamp()[1])
+        return self._batch(by_key.values())
 
     def _check_caught_up(self) -> bool:
         """Every partition of the topics consumed: ours by our positions, the others by the group's commits."""
