@@ -155,8 +155,22 @@ class ConfluentKafkaSource(KafkaConsumerSource):
 
     # -- consuming --------------------------------------------------------------------------------
 
+    def _consume(self, max_records: int, timeout_s: float) -> list[Any]:
+        """Up to ``max_records`` messages: what is queued now, without waiting; if nothing is, the
+        first message within ``timeout_s`` and what is queued with it. ``consume(num_messages=n,
+        timeout=t)`` alone waits until n messages are queued or t has passed: with large messages
+        (binary batches) a micro-batch filled more slowly than fetches arrived, and each poll
+        waited its timeout (issue 37)."""
+        messages: list[Any] = self._consumer.consume(num_messages=max_records, timeout=0)
+        if messages:
+            return messages
+        first: list[Any] = self._consumer.consume(num_messages=1, timeout=timeout_s)
+        if first and max_records > 1:
+            return first + self._consumer.consume(num_messages=max_records - 1, timeout=0)
+        return first
+
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
-        messages: list[Any] = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
+        messages = self._consume(max_records, timeout_s)
         self._raise_failure()
         self._log_waiting()
         by_key: dict[tuple[Any, Any], Fetched] = {}
