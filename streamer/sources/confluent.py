@@ -8,7 +8,7 @@ offsets are committed only after a durable checkpoint; a message below our posit
 (or, with ``accept_offset_reset``, read on). What differs is the client:
 
 - librdkafka fetches in its own threads and has no Python-side CRC check, so consuming costs
-  less Python time (see README, "Kafka clients", for both clients measured on one topic);
+  less Python time (docs/benchmarks.md, "Kafka ingest", measures both clients side by side);
 - the start position is given by ``assign`` with offsets inside the ``on_assign`` callback
   (librdkafka's way to seek an assignment), and the callbacks run inside ``consume``;
 - every broker call takes an explicit timeout (:data:`panpriv.streamer.kafka.calls.CALL_TIMEOUT_MS`), so

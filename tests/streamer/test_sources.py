@@ -181,8 +181,8 @@ def test_kafka_python_keeps_fetching_the_busy_partition_beside_idle_ones(kafka_b
     """Every record in partition 0 of a 4-partition topic, several fetches' worth, read in
     micro-batches smaller than a fetch: the source drains each fetch response in one consumer
     poll, so kafka-python's next fetch request includes partition 0 instead of holding only the
-    idle partitions, which the broker answers after ``fetch_max_wait_ms`` (issue 37: 5,000 instead
-    of 30,000 records/s at the default 500 ms). Set to 30 s here, one such wait would exceed the
+    idle partitions, which the broker answers after ``fetch_max_wait_ms`` (issue 37: 5,400 instead
+    of 66,000 records/s at the default 500 ms). Set to 30 s here, one such wait would exceed the
     test's deadline (before the fix: 3 waits); the records come in order, each once, in
     micro-batches of at most ``batch_records`` messages."""
     from kafka import KafkaProducer
