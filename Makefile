@@ -74,7 +74,7 @@ soak: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m soak -s tests/faults tests/protocols/test_memory_residue.py $(PYTEST_ARGS)
 
 ## bench: the performance benchmarks (each prints its side-by-side ratios, measured in one run).
-PERF_BENCHMARKS := encoder glm_fast_path learners json_decode startup shuffle_gaussian_rdp iteration_accounting service esa esa_checkin scaleout memory_hygiene
+PERF_BENCHMARKS := encoder glm_fast_path learners json_decode startup shuffle_gaussian_rdp iteration_accounting service ingest esa esa_checkin scaleout memory_hygiene
 bench: $(VENV)/.installed-bench
 	for m in $(PERF_BENCHMARKS); do $(BIN)/python -m benchmarks.$$m || exit 1; done
 

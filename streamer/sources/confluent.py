@@ -8,7 +8,7 @@ offsets are committed only after a durable checkpoint; a message below our posit
 (or, with ``accept_offset_reset``, read on). What differs is the client:
 
 - librdkafka fetches in its own threads and has no Python-side CRC check, so consuming costs
-  less Python time (see README, "Kafka clients", for both clients measured on one topic);
+  less Python time (docs/benchmarks.md, "Kafka ingest", measures both clients side by side);
 - the start position is given by ``assign`` with offsets inside the ``on_assign`` callback
   (librdkafka's way to seek an assignment), and the callbacks run inside ``consume``;
 - every broker call takes an explicit timeout (:data:`panpriv.streamer.kafka.calls.CALL_TIMEOUT_MS`), so
@@ -33,7 +33,7 @@ from panpriv.streamer.io.source_url import KafkaUrl
 from panpriv.streamer.kafka import calls as kafka_calls
 from panpriv.streamer.kafka import client as kafka_client
 from panpriv.streamer.sources.base import Batch, FatalSourceError
-from panpriv.streamer.sources.kafka import REBALANCE_TIMEOUT_MS, KafkaConsumerSource
+from panpriv.streamer.sources.kafka import REBALANCE_TIMEOUT_MS, Fetched, KafkaConsumerSource
 
 log = logging.getLogger("panpriv.sources")
 
@@ -155,11 +155,25 @@ class ConfluentKafkaSource(KafkaConsumerSource):
 
     # -- consuming --------------------------------------------------------------------------------
 
+    def _consume(self, max_records: int, timeout_s: float) -> list[Any]:
+        """Up to ``max_records`` messages: what is queued now, without waiting; if nothing is, the
+        first message within ``timeout_s`` and what is queued with it. ``consume(num_messages=n,
+        timeout=t)`` alone waits until n messages are queued or t has passed: with large messages
+        (binary batches) a micro-batch filled more slowly than fetches arrived, and each poll
+        waited its timeout (issue 37)."""
+        messages: list[Any] = self._consumer.consume(num_messages=max_records, timeout=0)
+        if messages:
+            return messages
+        first: list[Any] = self._consumer.consume(num_messages=1, timeout=timeout_s)
+        if first and max_records > 1:
+            return first + self._consumer.consume(num_messages=max_records - 1, timeout=0)
+        return first
+
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
-        messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
+        messages = self._consume(max_records, timeout_s)
         self._raise_failure()
         self._log_waiting()
-        by_key: dict[str, list[Any]] = {}
+        by_key: dict[tuple[Any, Any], Fetched] = {}
         for message in messages:
             error = message.error()
             if error is not None:
@@ -167,10 +181,14 @@ class ConfluentKafkaSource(KafkaConsumerSource):
                     raise FatalSourceError(f"Kafka consumer failed: {error.str()}")
                 log.warning("Kafka consumer: %s", error.str())
                 continue
-            by_key.setdefault(f"{message.topic()}/{message.partition()}", []).append(
-                (message.offset(), message.value() or b"", message.timestamp()[1])
-            )
-        return self._batch(by_key)
+            where = (message.topic(), message.partition())
+            part = by_key.get(where)
+            if part is None:
+                part = by_key[where] = Fetched(f"{where[0]}/{where[1]}", [], [], [])
+            part.offsets.append(message.offset())
+            part.values.append(message.value() or b"")
+            part.timestamps.append(message.timestamp()[1])
+        return self._batch(by_key.values())
 
     def _check_caught_up(self) -> bool:
         """Every partition of the topics consumed: ours by our positions, the others by the group's commits."""

@@ -13,10 +13,11 @@ dropped, so a redelivery can never be learned twice.
 from __future__ import annotations
 
 import abc
+import bisect
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 from panpriv.streamer.config import SourceConfig
 from panpriv.streamer.errors import SourceError
@@ -36,6 +37,34 @@ every few seconds at most (a micro-batch, a checkpoint), far within 30 s."""
 
 ASSIGNMENT_LOG_EVERY_S = 10.0
 """While no partition is assigned, say so this often (a silent wait looks like a hang)."""
+
+DRAIN_FACTOR = 16
+"""kafka-python is polled for up to this many micro-batches of messages at a time, which the
+source then hands out one micro-batch per :meth:`KafkaSource.poll` (issue 37). kafka-python sends
+the next fetch request only when no request to the broker is pending, and leaves out a partition
+whose last response is not fully consumed; with idle partitions on the topic that request holds
+only the idle ones and waits ``fetch_max_wait_ms`` (500 ms) at the broker while the busy partition
+runs dry — a 4-partition topic with one busy partition read at 5,400 records/s where kafka-python
+plus orjson read 61,000 (66,000 with the drain; docs/benchmarks.md, "Kafka ingest"). A poll that
+drains the whole response lets the next request include the busy partition.
+16 micro-batches of 1024 messages cover a default fetch (``max_partition_fetch_bytes`` = 1 MiB)
+of messages down to 64 bytes; the records held are those of the response being consumed, which
+kafka-python held whole before (docs/privacy.md, "The input path")."""
+
+
+class Fetched(NamedTuple):
+    """One partition's messages of one poll, in offset order, as parallel lists (a tuple per
+    message cost more than the rest of the source's work)."""
+
+    key: str
+    offsets: list[int]
+    values: list[bytes]
+    timestamps: list[int]
+
+    def split(self, n: int) -> tuple[Fetched, Fetched]:
+        """The first ``n`` messages, and the rest."""
+        return (Fetched(self.key, self.offsets[:n], self.values[:n], self.timestamps[:n]),
+                Fetched(self.key, self.offsets[n:], self.values[n:], self.timestamps[n:]))
 
 
 # -- Kafka --------------------------------------------------------------------------------------
@@ -113,30 +142,29 @@ class KafkaConsumerSource(abc.ABC):
         log.warning("partition %s was reset from offset %d to %d; reading on from there (accept_offset_reset)", key, position, offset)
         return offset
 
-    def _batch(self, by_key: Mapping[str, list[tuple[int, bytes, int]]]) -> Batch | None:
-        """The batch of one poll, from each partition's ``(offset, value, timestamp ms)`` in
-        offset order: records below our position are dropped (a redelivery is never learned
-        twice), a partition reset below it is refused or accepted (:meth:`_offset_reset`), and
-        positions and marks advance. ``None`` when nothing new arrived; with ``stop_at_end``,
-        empty polls count towards :attr:`exhausted` only while every partition is caught up."""
+    def _batch(self, fetched: Iterable[Fetched]) -> Batch | None:
+        """The batch of one poll, from each partition's messages in offset order (:class:`Fetched`):
+        records below our position are dropped (a redelivery is never learned twice), a partition
+        reset below it is refused or accepted (:meth:`_offset_reset`), and positions and marks
+        advance. ``None`` when nothing new arrived; with ``stop_at_end``, empty polls count towards
+        :attr:`exhausted` only while every partition is caught up."""
         batch = Batch({})
-        for key, messages in by_key.items():
-            first = messages[0][0]
+        for key, offsets, values, stamps in fetched:
+            first = offsets[0]
             start = self._positions.get(key, first)
             if first < start:  # the broker reset the consumer below our position
                 start = self._offset_reset(key, start, first)
-            fresh = [m for m in messages if m[0] >= start]
-            if not fresh:
+            fresh = bisect.bisect_left(offsets, start)  # offsets ascend within a partition
+            if fresh == len(offsets):
                 continue
-            for offset, value, timestamp in fresh:
-                batch.payloads.append(value)
-                batch.keys.append(key)
-                batch.positions.append(offset)
-                batch.timestamps.append(timestamp)
-            stop = fresh[-1][0] + 1
+            batch.payloads += values[fresh:]
+            batch.keys += [key] * (len(offsets) - fresh)
+            batch.positions += offsets[fresh:]
+            batch.timestamps += stamps[fresh:]
+            stop = offsets[-1] + 1
             batch.ranges[key] = (start, stop)
             self._positions[key] = stop
-            self._marks[key] = (stop, fresh[-1][2])
+            self._marks[key] = (stop, stamps[-1])
         if not batch.ranges:
             if self._config.stop_at_end:
                 self._empty_polls = self._empty_polls + 1 if self._check_caught_up() else 0
@@ -169,6 +197,7 @@ class KafkaSource(KafkaConsumerSource):
 
         super().__init__(url, config, positions, on_revoke, marks)
         self._assigned: set = set()
+        self._drained: list[Fetched] = []  # polled from the consumer, not yet handed out (DRAIN_FACTOR)
         source = self
 
         class Listener(ConsumerRebalanceListener):  # kafka-python requires a subclass
@@ -218,8 +247,10 @@ class KafkaSource(KafkaConsumerSource):
         except BaseException as exc:  # noqa: BLE001 - re-raised from poll()
             self._failure = exc
         self._assigned = set()
+        self._drained = []  # records of partitions that may now be another member's
 
     def _assigned_partitions(self, assigned: object) -> None:
+        self._drained = []
         try:
             partitions = list(assigned)  # type: ignore[call-overload]
             self._assigned = set(partitions)
@@ -259,13 +290,31 @@ class KafkaSource(KafkaConsumerSource):
         return self._replaced_partitions(kafka_calls.changed_partitions(self.url.bootstrap, wanted))
 
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
-        records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        self._raise_failure()
-        self._log_waiting()
-        return self._batch({
-            f"{tp.topic}/{tp.partition}": [(m.offset, m.value if m.value is not None else b"", m.timestamp) for m in messages]
-            for tp, messages in records.items()
-        })
+        """Up to ``max_records`` messages from what the last consumer poll drained
+        (:data:`DRAIN_FACTOR`); the consumer is polled again only once that is handed out."""
+        if not self._drained:
+            records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records * DRAIN_FACTOR)
+            self._raise_failure()
+            self._log_waiting()
+            self._drained = [
+                Fetched(f"{tp.topic}/{tp.partition}", [m.offset for m in messages],
+                        [m.value if m.value is not None else b"" for m in messages], [m.timestamp for m in messages])
+                for tp, messages in records.items() if messages
+            ]
+        return self._batch(self._take(max_records))
+
+    def _take(self, max_records: int) -> list[Fetched]:
+        """The first ``max_records`` messages of :attr:`_drained`, removed from it."""
+        taken: list[Fetched] = []
+        while self._drained and max_records > 0:
+            part = self._drained[0]
+            if len(part.offsets) <= max_records:
+                taken.append(self._drained.pop(0))
+            else:
+                head, self._drained[0] = part.split(max_records)
+                taken.append(head)
+            max_records -= len(taken[-1].offsets)
+        return taken
 
     def _check_caught_up(self) -> bool:
         """Every partition of the topics consumed (ours or the group's), not only the assigned ones."""

