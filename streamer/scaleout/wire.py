@@ -80,7 +80,7 @@ class GradientRecord:
     def from_json(cls, data: bytes | None) -> GradientRecord:
         try:
             value = json.loads(data or b"")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the parser's depth
             raise WireError(f"malformed gradient record: {exc}") from None
         return cls.from_value(value)
 
