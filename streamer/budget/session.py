@@ -50,7 +50,7 @@ from panpriv.accounting.ledger import Guarantee, PrivacyLedger, PrivacyReport
 from panpriv.streamer.budget.ahead import Lookahead
 from panpriv.streamer.budget.open import BudgetSettings, open_budget, open_store
 from panpriv.streamer.budget.store import BudgetExceededError, RunState, describe_excess
-from panpriv.streamer.budget.units import ChargeUnit, owned_by
+from panpriv.streamer.budget.units import ChargeUnit, lost_instance, owned_by
 from panpriv.streamer.config import ServiceConfig
 from panpriv.streamer.io.codec import make_codec
 from panpriv.streamer.io.indexed import IndexedFile
@@ -247,7 +247,7 @@ class BudgetSession:
         intrusion-only lost instance carrying ``report``'s intrusion guarantee; a resume learns them
         again as a new use."""
         run = self.store.run_state(instance)
-        lost = f"{instance}/lost-{(run.losses if run is not None else 0) + 1:03d}"
+        lost = lost_instance(instance, run.losses if run is not None else 0)
         self.store.reclassify_lost(instance, self._data_positions(positions), lost, lost_state_report(report))
 
     def give_back(self, instance: str, positions: Mapping[str, int] | None = None) -> None:
@@ -356,7 +356,7 @@ class BudgetSession:
         self.give_back(self.run)
         run = self.store.run_state(self.run)
         losses = run.losses if run is not None else 0
-        return dict(self.store.reclassify_lost(self.run, durable, f"{self.run}/lost-{losses + 1:03d}", lost_report))
+        return dict(self.store.reclassify_lost(self.run, durable, lost_instance(self.run, losses), lost_report))
 
     # -- reporting -------------------------------------------------------------------------------
 
@@ -437,25 +437,25 @@ class BudgetSession:
                 "this resume is not in the store", self.store.path, saved.instance,
             )
             return
-        lost_instance = f"{saved.instance}/lost-{run.losses + 1:03d}"
+        lost_name = lost_instance(saved.instance, run.losses)
         lost_report = lost_state_report(state.learner.privacy())
         if isinstance(source, IndexedFile):
             if saved.replay is not None and saved.replay.restart:
                 return
-            dead = self.store.charge_lost(saved.instance, self._data_ranges(source.extent), lost_instance, lost_report,
+            dead = self.store.charge_lost(saved.instance, self._data_ranges(source.extent), lost_name, lost_report,
                                           orders=self._orders)
             if dead:
                 log.warning("run %s did not stop cleanly (%d process(es)): its state since the last checkpoint was lost; "
-                            "charged as %s", saved.instance, dead, lost_instance)
+                            "charged as %s", saved.instance, dead, lost_name)
             return
-        lost = self.store.reclassify_lost(saved.instance, self._data_positions(saved.positions), lost_instance,
+        lost = self.store.reclassify_lost(saved.instance, self._data_positions(saved.positions), lost_name,
                                           lost_report)
         if lost:
             log.warning(
                 "records charged by run %s after its last durable checkpoint were in a state that was not saved (a crash, "
                 "or a stop inside a batch); they are re-learned now, and their earlier use is charged as %s (intrusion "
                 "only): %s",
-                saved.instance, lost_instance, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in sorted(lost.items())),
+                saved.instance, lost_name, ", ".join(f"{k} [{a}, {b})" for k, (a, b) in sorted(lost.items())),
             )
 
     def _precheck(self, state: TrainingState, source: Source | IndexedFile) -> None:

@@ -39,6 +39,12 @@ def pass_instance(run: str, number: int) -> str:
     return f"{run}/round-{number:06d}"
 
 
+def lost_instance(run: str, losses: int) -> str:
+    """The intrusion-only instance of ``run``'s next lost state, after ``losses`` earlier ones:
+    ``<run>/lost-NNN`` (a crash, a dropped or handed-back batch, a clean stop inside a batch)."""
+    return f"{run}/lost-{losses + 1:03d}"
+
+
 @dataclass(frozen=True)
 class Rounds:
     """Step t is position t of ``key`` (the b messages of round t, one per user), charged to the
