@@ -53,17 +53,8 @@ class Run:
 
 
 def load_run(out: Path) -> Run:
-    """The run in ``out`` (a directory or a snapshots.jsonl file): its snapshots, its learner and
-    the budget limit its last snapshot records."""
-    path = out / "snapshots.jsonl" if out.is_dir() else out
-    points = load_points(out)
-    last = read_snapshots(path)[-1]
-    limit = last.get("max_epsilon")
-    return Run(str(last.get("learner", "")), None if limit is None else float(limit), points)
-
-
-def load_points(out: Path) -> list[Point]:
-    """The snapshots of the run in ``out`` (a directory or a snapshots.jsonl file)."""
+    """The run in ``out`` (a directory or a snapshots.jsonl file): its snapshots, and the learner
+    and budget limit its last snapshot records (the file is read once)."""
     path = out / "snapshots.jsonl" if out.is_dir() else out
     if not path.is_file():
         raise ConfigError(f"report: {out} holds no snapshots.jsonl (run `panpriv run --out {out}` first)")
@@ -71,7 +62,7 @@ def load_points(out: Path) -> list[Point]:
     if not records:
         raise ConfigError(f"report: {path} is empty: the run released no snapshot yet")
     start = _time(records[0]["created"])
-    return [
+    points = [
         Point(
             sequence=int(r["sequence"]),
             records=int(r["records"]),
@@ -85,6 +76,8 @@ def load_points(out: Path) -> list[Point]:
         )
         for r in records
     ]
+    limit = records[-1].get("max_epsilon")
+    return Run(str(records[-1].get("learner", "")), None if limit is None else float(limit), points)
 
 
 def _time(text: str) -> float:
