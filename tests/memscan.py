@@ -195,6 +195,17 @@ class Memory:
             starts = starts[(values >= low[k]) & (values <= high[k])]
         return starts
 
+    def _candidates(self, lo: NDArray[np.int64], hi: NDArray[np.int64], order: NDArray[np.int64],
+                    p: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """(target row, word position) of every sorted match ``lo[k] <= i < hi[k]`` of row k's first
+        coordinate, mapped back through ``order`` to positions, keeping those with room for p words."""
+        counts = hi - lo
+        rows = np.repeat(np.arange(len(lo)), counts)
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        starts = order[np.repeat(lo, counts) + offsets]
+        keep = starts + p <= self.size
+        return rows[keep], starts[keep]
+
     def find_vectors(self, targets: NDArray[np.float64], tolerance: float) -> list[tuple[int, int]]:
         """(k, i) for every target row k found at word position i (|floats[i + j] − targets[k, j]|
         ≤ ``tolerance`` for every j), all rows at once: one sorted lookup of the first coordinates,
@@ -203,12 +214,7 @@ class Memory:
         firsts = targets[:, 0]
         lo = np.searchsorted(self._sorted, firsts - tolerance, side="left")
         hi = np.searchsorted(self._sorted, firsts + tolerance, side="right")
-        counts = hi - lo
-        rows = np.repeat(np.arange(targets.shape[0]), counts)
-        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        starts = self._positions[np.repeat(lo, counts) + offsets]
-        keep = starts + p <= self.size
-        rows, starts = rows[keep], starts[keep]
+        rows, starts = self._candidates(lo, hi, self._positions, p)
         for j in range(1, p):
             close = np.abs(self.floats[starts + j] - targets[rows, j]) <= tolerance
             rows, starts = rows[close], starts[close]
@@ -227,12 +233,7 @@ class Memory:
         p = targets.shape[1]
         lo = np.searchsorted(self._int_sorted, targets[:, 0], side="left")
         hi = np.searchsorted(self._int_sorted, targets[:, 0], side="right")
-        counts = hi - lo
-        rows = np.repeat(np.arange(targets.shape[0]), counts)
-        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        starts = self._int_order[np.repeat(lo, counts) + offsets]
-        keep = starts + p <= self.size
-        rows, starts = rows[keep], starts[keep]
+        rows, starts = self._candidates(lo, hi, self._int_order, p)
         for j in range(1, p):
             same = self.ints[starts + j] == targets[rows, j]
             rows, starts = rows[same], starts[same]
