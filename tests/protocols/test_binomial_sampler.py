@@ -51,7 +51,7 @@ def test_thresholds_are_the_exact_distribution_function_scaled_down() -> None:
     for t, threshold in enumerate(sampler._thresholds):
         c = sum(math.comb(14, i) * exact**i * (1 - exact) ** (14 - i) for i in range(t + 1))
         assert int(threshold) == math.floor(c * 2**64)
-        assert sampler._remainders[t] == c * 2**64 - int(threshold)
+        assert sampler._remainder(t) == c * 2**64 - int(threshold)
         assert abs(int(threshold) / 2**64 - stats.binom.cdf(t, 14, sampler.p)) < 1e-12
 
 
@@ -97,7 +97,7 @@ def test_ties_are_decided_by_the_exact_remainder() -> None:
         words = np.full(4_000, threshold, dtype=np.uint64)
         draws = sampler.invert(words, generator)
         assert set(np.unique(draws)) <= {t, t + 1}  # thresholds below t counted, above not
-        remainder = float(sampler._remainders[t])
+        remainder = float(sampler._remainder(t))
         counted = int((draws == t + 1).sum())
         assert stats.binomtest(counted, words.size, 1.0 - remainder).pvalue > 1e-6
 
