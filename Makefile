@@ -65,13 +65,14 @@ release: $(VENV)/.installed-release
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/python -m twine check --strict dist/*
 
-## soak: the long fault-injection campaign (tests/faults, marker `soak`; about 10 minutes): >= 100
-## kill -9 on files and on the real broker, every bit of a checkpoint flipped, >= 10^4 fuzzed
-## records per format; and the slower memory-residue scans (d = 300 but for pan-acsa).
-## `make test` runs the fast subset of the same tests.
+## soak: every test marked `soak`, in one process (the long fault-injection campaign of tests/faults:
+## >= 100 kill -9 on files and on the real broker, every bit of a checkpoint flipped, >= 10^4 fuzzed
+## records per format; the slower memory-residue scans (d = 300 but for pan-acsa); and the larger
+## or second variants of real-process tests whose first variant runs in `make test`: the second
+## Kafka client's kill cycles, longer intruder streams, more check-in rounds).
 soak: $(VENV)/.installed-test
 	bash tests/install_system_deps.sh
-	$(BIN)/python -m pytest -m soak -s tests/faults tests/protocols/test_memory_residue.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m soak -s tests $(PYTEST_ARGS)
 
 ## bench: the performance benchmarks (each prints its side-by-side ratios, measured in one run).
 PERF_BENCHMARKS := encoder glm_fast_path learners json_decode startup shuffle_gaussian_rdp iteration_accounting service ingest esa esa_checkin scaleout memory_hygiene

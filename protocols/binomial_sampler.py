@@ -155,7 +155,7 @@ class BinomialSampler:
 
     def _decide_tie(self, word: int, generator: np.random.Generator) -> int:
         """#{t : F_t = word, C_t ≤ U}, drawing further words of U until each such t is decided."""
-        remainders = [self._remainder(t) for t in np.flatnonzero(self._thresholds == np.uint64(word))]
+        remainders = [self._remainder(int(t)) for t in np.flatnonzero(self._thresholds == np.uint64(word))]
         low, width, counted = Fraction(0), Fraction(1), 0
         while remainders:
             width /= 1 << _WORD_BITS

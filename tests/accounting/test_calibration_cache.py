@@ -11,6 +11,9 @@ import pytest
 from panpriv.accounting import binomial, calibration_cache
 
 ARGUMENTS = (20_000, 20, 1.0, 1e-6, 1.0)
+"""A search of some seconds whose answer is inside (0, 1/2): the cache must beat it by far."""
+QUICK = (2_000, 20, 1.0, 1e-6, 1.0)
+"""A search of about a second (its p is 1/2), for the tests of what a cache may hold."""
 
 
 @pytest.fixture
@@ -41,15 +44,15 @@ def test_a_cached_calibration_is_the_searched_one_and_fast(cache_dir: Path) -> N
 
 def test_an_entry_that_does_not_meet_delta_is_searched_again(cache_dir: Path) -> None:
     """An edited entry (too little noise) must cost a search, never the guarantee."""
-    searched = binomial.tight_parameters(*ARGUMENTS)
+    searched = binomial.tight_parameters(*QUICK)
     entries = _entries(cache_dir)
     (key,) = entries
     entries[key]["b"] = max(1, searched.b // 4)
     entries[key]["p"] = 0.5
     (cache_dir / "pvec-tight.json").write_text(json.dumps(entries))
     binomial.tight_parameters.cache_clear()
-    again = binomial.tight_parameters(*ARGUMENTS)
-    assert again == searched and again.delta <= ARGUMENTS[3]
+    again = binomial.tight_parameters(*QUICK)
+    assert again == searched and again.delta <= QUICK[3]
     assert _entries(cache_dir)[key]["b"] == searched.b  # the search rewrote it
 
 
@@ -57,13 +60,13 @@ def test_an_entry_that_does_not_meet_delta_is_searched_again(cache_dir: Path) ->
     "content", ["not json", "[1, 2]", json.dumps({"x": "y"}), "BROKEN_ENTRY"]
 )
 def test_unreadable_or_malformed_caches_are_ignored(cache_dir: Path, content: str) -> None:
-    expected = binomial.tight_parameters(*ARGUMENTS)
+    expected = binomial.tight_parameters(*QUICK)
     if content == "BROKEN_ENTRY":
         (key,) = _entries(cache_dir)
         content = json.dumps({key: {"b": "14", "p": 2.0, "log_order_m1": None}})
     (cache_dir / "pvec-tight.json").write_text(content)
     binomial.tight_parameters.cache_clear()
-    assert binomial.tight_parameters(*ARGUMENTS) == expected
+    assert binomial.tight_parameters(*QUICK) == expected
 
 
 def test_disabled_or_unwritable_cache_costs_only_time(
@@ -72,12 +75,12 @@ def test_disabled_or_unwritable_cache_costs_only_time(
     monkeypatch.setenv(calibration_cache.CACHE_ENV, "off")
     assert calibration_cache.cache_file() is None
     binomial.tight_parameters.cache_clear()
-    expected = binomial.tight_parameters(*ARGUMENTS)
+    expected = binomial.tight_parameters(*QUICK)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv(calibration_cache.CACHE_ENV, str(blocker / "below-a-file"))
     binomial.tight_parameters.cache_clear()
-    assert binomial.tight_parameters(*ARGUMENTS) == expected
+    assert binomial.tight_parameters(*QUICK) == expected
     binomial.tight_parameters.cache_clear()
 
 

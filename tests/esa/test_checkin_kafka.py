@@ -48,7 +48,7 @@ def shuffle_args(names: dict[str, str], keys: tuple[KeyFiles, KeyFiles], slot_le
             "--analyzer-key", str(keys[0].public), "--model-topic", names["model"], "--group", f"shuffler-{names['messages']}"]
 
 
-@pytest.mark.parametrize("update", ["averaged", "single"])
+@pytest.mark.parametrize("update", ["averaged", pytest.param("single", marks=pytest.mark.soak)])
 def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, update: str
 ) -> None:
@@ -56,8 +56,8 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     close WAKES slots; each slot is released exactly once (as one message for single updates) and
     the analyzer's model scores like the in-process learner on the same stream: within 4 standard
     deviations of 30 in-process runs. (At these sizes single updates with the l2 randomizer are
-    barely better than chance, 0.65 ± 0.16 with a heavy lower tail, so that comparison is weak;
-    averaged updates, 0.85 ± 0.03, make it sharp. The three roles' law is checked against the
+    barely better than chance, 0.65 ± 0.16 with a heavy lower tail, so that comparison is weak and
+    runs in ``make soak``; averaged updates, 0.85 ± 0.03, make it sharp. The three roles' law is checked against the
     learner's on many more runs in test_checkin_roles.py.) An analyzer replaying the released
     batches gets the same model (averaged: no noise is drawn by the analyzer)."""
     options = {**OPTIONS, "update": update}
@@ -123,8 +123,9 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     assert abs(esa_accuracy - mean) <= 4 * sd + 1e-3
 
 
+@pytest.mark.parametrize("rounds", [50, pytest.param(150, marks=pytest.mark.soak)])
 def test_sigkill_of_the_checkin_shuffler_loses_and_duplicates_nothing(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, rounds: int
 ) -> None:
     """Real check-in messages (averaged updates, so every candidate is released) arrive wake slot
     after wake slot; the shuffler is SIGKILLed twice and restarted. Every slot is released; each
@@ -134,7 +135,7 @@ def test_sigkill_of_the_checkin_shuffler_loses_and_duplicates_nothing(
     slot t − 1 is released, as the analyzer publishes it once it has analysed that release."""
     names = parts.topics(kafka_broker, unique_name)
     keys = parts.key_pairs(tmp_path)
-    slot_length, slots, rounds = 4, 3, 150
+    slot_length, slots = 4, 3
     learner = RandomCheckinSGD(dim=DIM, epsilon=EPSILON, delta=DELTA, **{**OPTIONS, "update": "averaged",
                                                                           "slots": slots, "slot_length": slot_length})
     plan = CheckinAnalyzer(learner, [load_private(keys[0].private)], "default")

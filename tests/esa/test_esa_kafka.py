@@ -131,11 +131,11 @@ def test_sigkill_of_the_shuffler_loses_and_duplicates_nothing(
 
 
 
-@pytest.mark.parametrize("kind", ["shuffle-gaussian", "shuffle-acsa"])
+@pytest.mark.parametrize("kind", [pytest.param("shuffle-gaussian", marks=pytest.mark.soak), "shuffle-acsa"])
 def test_sigkill_of_the_analyzer_loses_and_duplicates_nothing(
     kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, kind: str
 ) -> None:
-    """The analyzer (``shuffle-gaussian``, or ``shuffle-acsa`` over secure summation) is killed
+    """The analyzer (``shuffle-acsa`` over secure summation; ``shuffle-gaussian`` in ``make soak``) is killed
     with SIGKILL mid-run and restarted on its --out: the run completes, and its model is the one an
     analyzer that never crashed computes from the same shuffled batches (each applied exactly once)."""
     from panpriv.protocols.catalogue import load_learner

@@ -187,11 +187,12 @@ DUMPS = range(3, 10, 2)
 """The batches (0-based) dumped in ``make test``: four; the ``soak`` variant dumps 20."""
 
 
-@pytest.mark.parametrize("noise", ["gaussian", "secure"])
+@pytest.mark.parametrize("noise", ["gaussian", pytest.param("secure", marks=pytest.mark.soak)])
 def test_pan_acsa_service_keeps_one_state_of_a_batch_and_no_old_record(tmp_path, noise: str) -> None:
     """pan-acsa on a JSON file: in every dump, the live accumulator is the only state of its batch
     and the noise draw is not there; the game gets no more than the intrusion guarantee allows; no
-    raw record is more than K micro-batches old."""
+    raw record is more than K micro-batches old. (The default noise here; secure noise, whose draw
+    tests/protocols/test_memory_residue.py scans in ``make test``, in ``make soak``.)"""
     service = file_service(tmp_path, "json", 20_000, {"name": "pan-acsa", "options": {"noise": noise}})
     try:
         findings = attack(service, DUMPS)

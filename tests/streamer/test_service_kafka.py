@@ -149,10 +149,10 @@ class KafkaRun:
     state_dir: Path  # the budget store the runs shared
 
 
-@pytest.fixture(scope="module", params=["kafka-python", "confluent"])
+@pytest.fixture(scope="module", params=["kafka-python", pytest.param("confluent", marks=pytest.mark.soak)])
 def kafka_run(request, kafka_broker, topic, tmp_path_factory) -> KafkaRun:
     """Issue 8 test 1's scenario: consume with kill -9 at random points, restart, run to the end;
-    once with each Kafka client of the source (kafka-python, confluent-kafka)."""
+    once with each Kafka client of the source (kafka-python; confluent-kafka in ``make soak``)."""
     client = request.param
     # A budget store per client: both runs read the same topic, and the store would (rightly)
     # compose the second run with the first.
