@@ -48,14 +48,17 @@ def shuffle_args(names: dict[str, str], keys: tuple[KeyFiles, KeyFiles], slot_le
             "--analyzer-key", str(keys[0].public), "--model-topic", names["model"], "--group", f"shuffler-{names['messages']}"]
 
 
-@pytest.mark.parametrize("update", ["averaged", pytest.param("single", marks=pytest.mark.soak)])
+@pytest.mark.parametrize(("update", "wakes"), [
+    ("averaged", 60), pytest.param("averaged", WAKES, marks=pytest.mark.soak), pytest.param("single", WAKES, marks=pytest.mark.soak)
+])
 def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, update: str
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, update: str, wakes: int
 ) -> None:
     """Two client processes (half of every wake slot each), the check-in shuffler and the analyzer
-    close WAKES slots; each slot is released exactly once (as one message for single updates) and
-    the analyzer's model scores like the in-process learner on the same stream: within 4 standard
-    deviations of 30 in-process runs. (At these sizes single updates with the l2 randomizer are
+    close ``wakes`` slots (60 in ``make test``, WAKES in ``make soak``); each slot is released
+    exactly once (as one message for single updates) and the analyzer's model scores like the
+    in-process learner on the same stream: within 4 standard deviations of 30 in-process runs of
+    as many slots. (At WAKES slots single updates with the l2 randomizer are
     barely better than chance, 0.65 ± 0.16 with a heavy lower tail, so that comparison is weak and
     runs in ``make soak``; averaged updates, 0.85 ± 0.03, make it sharp. The three roles' law is checked against the
     learner's on many more runs in test_checkin_roles.py.) An analyzer replaying the released
@@ -63,9 +66,9 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     options = {**OPTIONS, "update": update}
     names = parts.topics(kafka_broker, unique_name)
     keys = parts.key_pairs(tmp_path)
-    X, y = parts.synthetic(L * WAKES, DIM, seed=1)
+    X, y = parts.synthetic(L * wakes, DIM, seed=1)
     Xt, yt = parts.synthetic(5000, DIM, seed=99)
-    analyzer = analyzer_process(tmp_path, kafka_broker, names, keys, options, WAKES)
+    analyzer = analyzer_process(tmp_path, kafka_broker, names, keys, options, wakes)
     shuffler = parts.panpriv(["shuffle", "--bootstrap", kafka_broker.bootstrap, "--messages-topic", names["messages"],
                               "--shuffled-topic", names["shuffled"], *shuffle_args(names, keys, L)],
                              tmp_path / "shuffler.log")
@@ -74,13 +77,13 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     try:
         assert analyzer.process.wait(timeout=600) == 0, (tmp_path / "analyzer.log").read_text()[-3000:]
         elapsed = time.monotonic() - started
-        batch_records = parts.read_records(kafka_broker.bootstrap, names["shuffled"], WAKES, 60)
-        message_records = parts.read_records(kafka_broker.bootstrap, names["messages"], L * WAKES, 60)
+        batch_records = parts.read_records(kafka_broker.bootstrap, names["shuffled"], wakes, 60)
+        message_records = parts.read_records(kafka_broker.bootstrap, names["messages"], L * wakes, 60)
     finally:
         for process in (*clients, shuffler, analyzer):
             process.stop()
     batches = [wire.parse_batch(record.value) for record in batch_records]
-    assert [b.round for b in batches] == list(range(WAKES)), "each slot released once, in order"
+    assert [b.round for b in batches] == list(range(wakes)), "each slot released once, in order"
     if update == "single":
         assert {len(b.units) for b in batches} == {1}
     # Both topics with the analyzer's key: no release links to a message (dummies came in none).
@@ -95,14 +98,14 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     parts.assert_unlinkable(values, [list(b.units) for b in batches if b.units], [load_private(keys[0].private)], owner)
     assert all(record.timestamp == 0 and record.key is None for record in message_records)
     state = parts.analyzer_state(tmp_path / "analyzer" / "analyzer.json")
-    assert state["round"] == WAKES and state["rejected"] == {}
+    assert state["round"] == wakes and state["rejected"] == {}
     assert "trusted shuffler, separate process" in json.dumps(state["privacy"])
     from panpriv.streamer.budget.store import BudgetStore
 
     store = BudgetStore(tmp_path / "state")
     (source,) = store.ledger().sources
     assert source.startswith("esa:") and source.endswith("/" + names["messages"])
-    assert [(s.start, s.stop, s.uses) for s in store.ledger().coverage(source)] == [(0, WAKES, (state["instance"],))], \
+    assert [(s.start, s.stop, s.uses) for s in store.ledger().coverage(source)] == [(0, wakes, (state["instance"],))], \
         "every wake slot charged once"
     theta = np.asarray(state["released"])
     esa_accuracy = float(np.mean(np.where(LogisticLoss().features(Xt, 1.0) @ theta >= 0, 1.0, -1.0) == yt))
@@ -118,8 +121,8 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
         parts.bound(replay, shuffler_keys, state["deployment_id"])
         assert all(replay.handle(record.value) for record in batch_records)
         np.testing.assert_array_equal(replay.learner.release(), theta)
-    print(f"checkin ({update}) ESA accuracy {esa_accuracy:.4f}; in-process {mean:.4f} ± {sd:.4f} (30 runs); {WAKES} slots in "
-          f"{elapsed:.1f} s ({WAKES / elapsed:.1f} slots/s end to end)")
+    print(f"checkin ({update}) ESA accuracy {esa_accuracy:.4f}; in-process {mean:.4f} ± {sd:.4f} (30 runs); {wakes} slots in "
+          f"{elapsed:.1f} s ({wakes / elapsed:.1f} slots/s end to end)")
     assert abs(esa_accuracy - mean) <= 4 * sd + 1e-3
 
 
