@@ -433,6 +433,15 @@ port = {free_loopback_port()}
     assert published == strict_snapshots(tmp_path / "out" / "snapshots.jsonl")
 
 
+def exit_code(process: subprocess.Popen, log: Path, timeout: float = 120) -> int:
+    """``process``'s exit code; if it is still running after ``timeout`` seconds, the test fails
+    with the end of its log (a hang must leave its evidence)."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {timeout:.0f} s; its log ends:\n{log.read_text()[-4000:]}")
+
+
 def test_a_rebalance_hands_partitions_over_without_overlap(kafka_broker, tmp_path) -> None:
     """Two processes in one group: when the second joins, the first commits and checkpoints before
     its partitions are revoked; together their ledgers cover every offset exactly once."""
@@ -454,8 +463,8 @@ def test_a_rebalance_hands_partitions_over_without_overlap(kafka_broker, tmp_pat
     try:
         wait_until(lambda: checkpoint_records(first_out) >= 1000, 60, "the first process's progress")
         second = panpriv(*args(second_out), log=tmp_path / "second.log")
-        assert first.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()[-3000:]
-        assert second.wait(timeout=120) == 0, (tmp_path / "second.log").read_text()[-3000:]
+        assert exit_code(first, tmp_path / "first.log") == 0, (tmp_path / "first.log").read_text()[-3000:]
+        assert exit_code(second, tmp_path / "second.log") == 0, (tmp_path / "second.log").read_text()[-3000:]
     finally:
         for process in (first, second):
             if process is not None and process.poll() is None:
