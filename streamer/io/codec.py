@@ -358,7 +358,15 @@ class JsonCodec(Codec):
         levels of nesting, which json parses too); otherwise json decides that message. Everything
         orjson refuses (``NaN`` and ``Infinity``, which json reads and validation rejects as
         ``non_finite``; ``1e400`` and 400-digit integers; BOMs, UTF-16; …) or finds malformed is
-        decided by the standard-library path alone, reasons included."""
+        decided by the standard-library path alone, reasons included.
+
+        A micro-batch whose every message is plainly valid — the common case — is read by
+        :meth:`_parse_plain`, whole-batch checks instead of a Python loop per message; any other
+        goes through the loop below, which decides every message alone."""
+        if self.fast:
+            plain = self._parse_plain(payloads)
+            if plain is not None:
+                return plain
         x_field, y_field, dim, fast = self.records.x_field, self.records.y_field, self.dim, self.fast
         loads = _orjson_loads
         rows: list[list[object]] = []
@@ -399,6 +407,34 @@ class JsonCodec(Codec):
             labels = [v for v, k in zip(labels, keep) if k]
             origin = [o for o, k in zip(origin, keep) if k]
         return Parsed(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), tuple(rejects), owned=True)
+
+    def _parse_plain(self, payloads: Sequence[bytes]) -> Parsed | None:
+        """:meth:`parse` of a micro-batch whose every message orjson reads as a plainly valid
+        record (an object whose ``x`` is a list of ``dim`` numbers and whose label is a number,
+        with only scalars besides), or ``None`` — the same records, decided by the same rules, with
+        checks over the whole batch (``set(map(…))``, one ``np.array``) instead of a loop per
+        message: the loop cost about 0.7 µs a record at d = 20 beside orjson's 1 µs (issue 37)."""
+        x_field, y_field = self.records.x_field, self.records.y_field
+        try:
+            objects = list(map(_orjson_loads, payloads))
+            rows = [o[x_field] for o in objects]  # type: ignore[index]  # not an object: TypeError
+            labels = [o[y_field] for o in objects]  # type: ignore[index]
+        except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
+            return None
+        if not objects or set(map(type, objects)) != {dict} or set(map(type, rows)) != {list}:
+            return None
+        if set(map(len, rows)) != {self.dim} or not set(map(type, labels)) <= {int, float}:
+            return None
+        if set(map(len, objects)) != {2} and not all(_only_scalars_besides(o, x_field, y_field) for o in objects):
+            return None
+        try:
+            X = np.array(rows)
+        except (ValueError, TypeError):
+            return None
+        if X.dtype.kind not in "fiub" or X.shape != (len(rows), self.dim):  # a string, a null, a nested list
+            return None
+        y = np.array(labels, dtype=np.float64)
+        return Parsed(X.astype(np.float64, copy=False), y, np.arange(len(rows), dtype=np.int64), (), owned=True)
 
     def _stdlib_reason(self, payload: bytes, reason: Reason) -> Reason:
         """Why the standard-library path rejects ``payload`` (``reason``, found on orjson's reading,
