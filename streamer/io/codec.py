@@ -416,9 +416,9 @@ class JsonCodec(Codec):
         message: the loop cost about 0.7 µs a record at d = 20 beside orjson's 1 µs (issue 37)."""
         x_field, y_field = self.records.x_field, self.records.y_field
         try:
-            objects = list(map(_orjson_loads, payloads))
-            rows = [o[x_field] for o in objects]  # type: ignore[index]  # not an object: TypeError
-            labels = [o[y_field] for o in objects]  # type: ignore[index]
+            objects: list[Any] = list(map(_orjson_loads, payloads))
+            rows = [o[x_field] for o in objects]  # not an object: TypeError
+            labels = [o[y_field] for o in objects]
         except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
             return None
         if not objects or set(map(type, objects)) != {dict} or set(map(type, rows)) != {list}:
