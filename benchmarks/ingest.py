@@ -95,7 +95,11 @@ def records_in(fmt: str, dim: int, values: list[bytes]) -> int:
     return sum((len(v) - 12) // (4 * (dim + 1)) for v in values)
 
 
-def steady_rate(poll: Callable[[], list[bytes]], n: int, fmt: str, dim: int, decode: bool) -> float:
+Rates = tuple[float, float]
+"""Steady records per second of wall time and per second of process CPU time (:class:`SteadyRate`)."""
+
+
+def steady_rate(poll: Callable[[], list[bytes]], n: int, fmt: str, dim: int, decode: bool) -> Rates:
     """Records/s of ``poll()`` until ``n`` records are read, decoded and stacked or only counted."""
     steady, seen = SteadyRate(), 0
     while seen < n:
@@ -104,10 +108,10 @@ def steady_rate(poll: Callable[[], list[bytes]], n: int, fmt: str, dim: int, dec
             records = decode_stack(fmt, dim, values) if decode else records_in(fmt, dim, values)
             seen += records
             steady.batch_done(records)
-    return steady.rate
+    return steady.rate, steady.cpu_rate
 
 
-def kp_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> float:
+def kp_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> Rates:
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"kp-{uuid.uuid4().hex[:8]}",
@@ -121,7 +125,7 @@ def kp_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool
         consumer.close(autocommit=False)
 
 
-def cf_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> float:
+def cf_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> Rates:
     from confluent_kafka import Consumer
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cf-{uuid.uuid4().hex[:8]}",
@@ -148,14 +152,14 @@ def service_config(url: str, fmt: str, dim: int, n: int, out: Path, client: str)
     })
 
 
-def service_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, client: str, workdir: Path) -> float:
+def service_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, client: str, workdir: Path) -> Rates:
     url = f"kafka://{bootstrap}/{topic}?group=svc-{uuid.uuid4().hex[:8]}"
     out = workdir / f"svc-{uuid.uuid4().hex[:8]}"
     metrics = TimedMetrics()
     result = Processor(service_config(url, fmt, dim, n, out, client), metrics=metrics).run()
     if result.outcome != "finished" or result.records != n:
         raise RuntimeError(f"service run ended with {result.outcome} after {result.records} of {n} records")
-    return metrics.steady.rate
+    return metrics.steady.rate, metrics.steady.cpu_rate
 
 
 def fill_topic(broker, fmt: str, dim: int, n: int, partitions: int) -> str:  # noqa: ANN001 - tests.realparts.KafkaBroker
@@ -172,10 +176,10 @@ def fill_topic(broker, fmt: str, dim: int, n: int, partitions: int) -> str:  # n
 
 
 def measure(broker, workdir: Path, fmt: str, dim: int, n: int, partitions: int, repeats: int,  # noqa: ANN001
-            columns: list[str]) -> dict[str, list[float]]:
+            columns: list[str]) -> dict[str, list[Rates]]:
     topic = fill_topic(broker, fmt, dim, n, partitions)
     b = broker.bootstrap
-    runs: dict[str, Callable[[], float]] = {
+    runs: dict[str, Callable[[], Rates]] = {
         "kp client": lambda: kp_read(b, topic, n, fmt, dim, False),
         "kp floor": lambda: kp_read(b, topic, n, fmt, dim, True),
         "kp service": lambda: service_read(b, topic, n, fmt, dim, "kafka-python", workdir),
@@ -183,7 +187,7 @@ def measure(broker, workdir: Path, fmt: str, dim: int, n: int, partitions: int, 
         "cf floor": lambda: cf_read(b, topic, n, fmt, dim, True),
         "cf service": lambda: service_read(b, topic, n, fmt, dim, "confluent", workdir),
     }
-    rates: dict[str, list[float]] = {c: [] for c in columns}
+    rates: dict[str, list[Rates]] = {c: [] for c in columns}
     for _ in range(repeats):
         for column in columns:  # alternating: each repeat runs every column once
             rates[column].append(runs[column]())
@@ -323,19 +327,21 @@ def main() -> None:
             header = f"{'fmt':>6} {'d':>4} {'layout':>8} " + " ".join(f"{c:>11}" for c in columns)
             ratios = [c.split()[0] for c in columns if c.endswith("service")]
             header += "".join(f" {c + ' svc/floor':>14} {c + ' svc/client':>15}" for c in ratios)
-            lines = []
+            lines: dict[str, list[str]] = {"wall": [], "CPU": []}
             for dim in args.dims:
                 for fmt in args.formats:
                     n = args.json_records if fmt == "json" else args.binary_records
                     for layout in args.layouts:
                         rates = measure(broker, workdir, fmt, dim, n, LAYOUTS[layout], args.repeats, columns)
-                        med = {c: statistics.median(v) for c, v in rates.items()}
-                        line = f"{fmt:>6} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
-                        for c in ratios:
-                            line += f" {med[c + ' service'] / med[c + ' floor']:>14.2f} {med[c + ' service'] / med[c + ' client']:>15.2f}"
-                        lines.append(line)
-                        print(line, flush=True)
-            print(f"\n{header}\n" + "\n".join(lines))
+                        for clock, which in (("wall", 0), ("CPU", 1)):
+                            med = {c: statistics.median(r[which] for r in v) for c, v in rates.items()}
+                            line = f"{fmt:>6} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
+                            for c in ratios:
+                                line += f" {med[c + ' service'] / med[c + ' floor']:>14.2f} {med[c + ' service'] / med[c + ' client']:>15.2f}"
+                            lines[clock].append(line)
+                            print(f"{clock:>4} {line}", flush=True)
+            print(f"\nper second of wall time (the issue's ratios)\n{header}\n" + "\n".join(lines["wall"]))
+            print(f"\nper second of process CPU time\n{header}\n" + "\n".join(lines["CPU"]))
             print(f"load average at the end: {load()}")
         finally:
             broker.stop()
