@@ -31,12 +31,29 @@ compare the ratios of one run; the median of the repeats is printed.
 
 ``--join`` instead times the service's start to its first micro-batch (the consumer-group join
 above all) with each client, at each ``source.session_timeout_ms`` of ``--sessions``.
+
+``--replay`` instead measures ``panpriv run --source file:…`` on a JSON-lines file of
+``--replay-records`` seeded records of each of ``--replay-dims`` (default d = 505), alternating:
+
+- **floor**: read the lines through a 64 KiB buffer (as the file source does), ``orjson.loads``
+  each and stack the ``x`` rows of every 1,024 lines into one array;
+- **service**: the processing loop in-process (as above), its steady rate (after the first
+  micro-batch), and **service e2e**: the same run from the start, records / wall time — which
+  includes the budget session's opening scan: files are identified by their decoded content, so
+  the file is decoded once more before the first charge (``panpriv.streamer.sources.identity``);
+- **cli** and **cli, default allocator**: the ``panpriv run`` command end to end (interpreter
+  start, imports, the scan, the run), with the erasing allocator it re-executes itself with
+  (``panpriv.streamer.runtime.allocator``) and with ``PANPRIV_ALLOCATOR=default``; the process
+  CPU time of each is printed too, their ratio being the allocator's cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,7 +95,11 @@ def records_in(fmt: str, dim: int, values: list[bytes]) -> int:
     return sum((len(v) - 12) // (4 * (dim + 1)) for v in values)
 
 
-def steady_rate(poll: Callable[[], list[bytes]], n: int, fmt: str, dim: int, decode: bool) -> float:
+Rates = tuple[float, float]
+"""Steady records per second of wall time and per second of process CPU time (:class:`SteadyRate`)."""
+
+
+def steady_rate(poll: Callable[[], list[bytes]], n: int, fmt: str, dim: int, decode: bool) -> Rates:
     """Records/s of ``poll()`` until ``n`` records are read, decoded and stacked or only counted."""
     steady, seen = SteadyRate(), 0
     while seen < n:
@@ -87,10 +108,10 @@ def steady_rate(poll: Callable[[], list[bytes]], n: int, fmt: str, dim: int, dec
             records = decode_stack(fmt, dim, values) if decode else records_in(fmt, dim, values)
             seen += records
             steady.batch_done(records)
-    return steady.rate
+    return steady.rate, steady.cpu_rate
 
 
-def kp_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> float:
+def kp_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> Rates:
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"kp-{uuid.uuid4().hex[:8]}",
@@ -104,7 +125,7 @@ def kp_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool
         consumer.close(autocommit=False)
 
 
-def cf_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> float:
+def cf_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, decode: bool) -> Rates:
     from confluent_kafka import Consumer
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cf-{uuid.uuid4().hex[:8]}",
@@ -127,17 +148,18 @@ def service_config(url: str, fmt: str, dim: int, n: int, out: Path, client: str)
         "records.feature_bound": 1.0, "learner.name": "pan-acsa", "learner.epsilon": 1.0, "learner.delta": 1e-6,
         "learner.n": n, "out": out, "progress": "off", "metrics.port": None, "kafka.client": client,
         "checkpoint.every_records": 100_000, "snapshots.every_records": 100_000, "source.session_timeout_ms": SESSION_MS,
+        "budget.state_dir": out.parent / "budget",  # the benchmark's own store, not the user's
     })
 
 
-def service_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, client: str, workdir: Path) -> float:
+def service_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, client: str, workdir: Path) -> Rates:
     url = f"kafka://{bootstrap}/{topic}?group=svc-{uuid.uuid4().hex[:8]}"
     out = workdir / f"svc-{uuid.uuid4().hex[:8]}"
     metrics = TimedMetrics()
     result = Processor(service_config(url, fmt, dim, n, out, client), metrics=metrics).run()
     if result.outcome != "finished" or result.records != n:
         raise RuntimeError(f"service run ended with {result.outcome} after {result.records} of {n} records")
-    return metrics.steady.rate
+    return metrics.steady.rate, metrics.steady.cpu_rate
 
 
 def fill_topic(broker, fmt: str, dim: int, n: int, partitions: int) -> str:  # noqa: ANN001 - tests.realparts.KafkaBroker
@@ -154,10 +176,10 @@ def fill_topic(broker, fmt: str, dim: int, n: int, partitions: int) -> str:  # n
 
 
 def measure(broker, workdir: Path, fmt: str, dim: int, n: int, partitions: int, repeats: int,  # noqa: ANN001
-            columns: list[str]) -> dict[str, list[float]]:
+            columns: list[str]) -> dict[str, list[Rates]]:
     topic = fill_topic(broker, fmt, dim, n, partitions)
     b = broker.bootstrap
-    runs: dict[str, Callable[[], float]] = {
+    runs: dict[str, Callable[[], Rates]] = {
         "kp client": lambda: kp_read(b, topic, n, fmt, dim, False),
         "kp floor": lambda: kp_read(b, topic, n, fmt, dim, True),
         "kp service": lambda: service_read(b, topic, n, fmt, dim, "kafka-python", workdir),
@@ -165,7 +187,7 @@ def measure(broker, workdir: Path, fmt: str, dim: int, n: int, partitions: int, 
         "cf floor": lambda: cf_read(b, topic, n, fmt, dim, True),
         "cf service": lambda: service_read(b, topic, n, fmt, dim, "confluent", workdir),
     }
-    rates: dict[str, list[float]] = {c: [] for c in columns}
+    rates: dict[str, list[Rates]] = {c: [] for c in columns}
     for _ in range(repeats):
         for column in columns:  # alternating: each repeat runs every column once
             rates[column].append(runs[column]())
@@ -191,6 +213,81 @@ def join_times(broker, workdir: Path, repeats: int, sessions: list[int]) -> dict
     return times
 
 
+REPLAY_CHUNK = 1024  # lines stacked at a time by the replay floor (the service's micro-batch)
+
+
+def replay_floor(path: Path, n: int) -> float:
+    """Records/s of reading ``path``'s lines, ``orjson.loads`` of each and stacking the ``x`` rows."""
+    start, seen = time.perf_counter(), 0
+    with open(path, "rb", buffering=1 << 16) as handle:
+        while lines := [line for _, line in zip(range(REPLAY_CHUNK), handle)]:
+            seen += len(np.array([orjson.loads(line)["x"] for line in lines], dtype=np.float64))
+    assert seen == n
+    return n / (time.perf_counter() - start)
+
+
+def replay_service(path: Path, dim: int, n: int, workdir: Path) -> tuple[float, float]:
+    """The in-process service on a file: (steady records/s, records / wall time from the start)."""
+    out = workdir / f"replay-{uuid.uuid4().hex[:8]}"
+    config = load_config(None, {
+        "source.url": f"file:{path}", "records.format": "json", "records.dim": dim, "records.feature_bound": 1.0,
+        "learner.name": "pan-acsa", "learner.epsilon": 1.0, "learner.delta": 1e-6, "out": out, "progress": "off",
+        "metrics.port": None, "checkpoint.every_records": 100_000, "snapshots.every_records": 100_000,
+        "budget.state_dir": workdir / "budget",
+    })
+    metrics = TimedMetrics()
+    start = time.perf_counter()
+    result = Processor(config, metrics=metrics).run()
+    wall = time.perf_counter() - start
+    if result.outcome != "finished" or result.records != n:
+        raise RuntimeError(f"replay ended with {result.outcome} after {result.records} of {n} records")
+    return metrics.steady.rate, n / wall
+
+
+def replay_cli(path: Path, dim: int, n: int, workdir: Path, allocator: str | None) -> tuple[float, float]:
+    """``panpriv run`` on a file, end to end: (records / wall time, process CPU seconds)."""
+    env = dict(os.environ)
+    env.pop("PANPRIV_ALLOCATOR", None)
+    if allocator is not None:
+        env["PANPRIV_ALLOCATOR"] = allocator
+    command = [sys.executable, "-m", "panpriv", "run", "--source", f"file:{path}", "--format", "json", "--dim", str(dim),
+               "--feature-bound", "1", "--epsilon", "1", "--delta", "1e-6", "--out", str(workdir / f"cli-{uuid.uuid4().hex[:8]}"),
+               "--progress", "off", "--metrics-port", "0", "--checkpoint-every", "100000", "--snapshot-every", "100000",
+               "--state-dir", str(workdir / "budget"), "-q"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return n / wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def replay(workdir: Path, dims: list[int], n: int, repeats: int) -> None:
+    print(f"replay of JSON lines, {n:,} records, records/s, median of {repeats} alternating repeats; load average {load()}")
+    for dim in dims:
+        path = workdir / f"replay-{dim}.jsonl"
+        with open(path, "wb") as handle:
+            for _, message in synthetic_messages(n, dim, SEED, "json", BATCH_RECORDS):
+                handle.write(message + b"\n")
+        rates: dict[str, list[float]] = {}
+        for _ in range(repeats):
+            rates.setdefault("floor", []).append(replay_floor(path, n))
+            steady, e2e = replay_service(path, dim, n, workdir)
+            rates.setdefault("service", []).append(steady)
+            rates.setdefault("service e2e", []).append(e2e)
+            for name, allocator in (("cli", None), ("cli, default allocator", "default")):
+                rate, cpu = replay_cli(path, dim, n, workdir, allocator)
+                rates.setdefault(name, []).append(rate)
+                rates.setdefault(f"{name} CPU s", []).append(cpu)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        floor = med["floor"]
+        for name in ("floor", "service", "service e2e", "cli", "cli, default allocator"):
+            print(f"d = {dim}: {name:>24} {med[name]:>10,.0f} records/s  {med[name] / floor:5.2f} x floor")
+        print(f"d = {dim}: the erasing allocator's cost: {med['cli CPU s']:.2f} s against {med['cli, default allocator CPU s']:.2f} s "
+              f"of process CPU ({med['cli CPU s'] / med['cli, default allocator CPU s']:.2f}x)", flush=True)
+    print(f"load average at the end: {load()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[20, 100])
@@ -202,7 +299,14 @@ def main() -> None:
     parser.add_argument("--clients", nargs="+", default=["kp", "cf"], choices=["kp", "cf"])
     parser.add_argument("--join", action="store_true", help="time the consumer-group join instead")
     parser.add_argument("--sessions", type=int, nargs="+", default=[10_000, 6_000], help="--join: session timeouts (ms)")
+    parser.add_argument("--replay", action="store_true", help="measure `panpriv run` on a JSON-lines file instead")
+    parser.add_argument("--replay-dims", type=int, nargs="+", default=[505])
+    parser.add_argument("--replay-records", type=int, default=10_000)
     args = parser.parse_args()
+    if args.replay:
+        with tempfile.TemporaryDirectory(prefix="panpriv-replay-") as tmp:
+            replay(Path(tmp), args.replay_dims, args.replay_records, args.repeats)
+        return
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.realparts import KafkaBroker
@@ -223,19 +327,21 @@ def main() -> None:
             header = f"{'fmt':>6} {'d':>4} {'layout':>8} " + " ".join(f"{c:>11}" for c in columns)
             ratios = [c.split()[0] for c in columns if c.endswith("service")]
             header += "".join(f" {c + ' svc/floor':>14} {c + ' svc/client':>15}" for c in ratios)
-            lines = []
+            lines: dict[str, list[str]] = {"wall": [], "CPU": []}
             for dim in args.dims:
                 for fmt in args.formats:
                     n = args.json_records if fmt == "json" else args.binary_records
                     for layout in args.layouts:
                         rates = measure(broker, workdir, fmt, dim, n, LAYOUTS[layout], args.repeats, columns)
-                        med = {c: statistics.median(v) for c, v in rates.items()}
-                        line = f"{fmt:>6} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
-                        for c in ratios:
-                            line += f" {med[c + ' service'] / med[c + ' floor']:>14.2f} {med[c + ' service'] / med[c + ' client']:>15.2f}"
-                        lines.append(line)
-                        print(line, flush=True)
-            print(f"\n{header}\n" + "\n".join(lines))
+                        for clock, which in (("wall", 0), ("CPU", 1)):
+                            med = {c: statistics.median(r[which] for r in v) for c, v in rates.items()}
+                            line = f"{fmt:>6} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
+                            for c in ratios:
+                                line += f" {med[c + ' service'] / med[c + ' floor']:>14.2f} {med[c + ' service'] / med[c + ' client']:>15.2f}"
+                            lines[clock].append(line)
+                            print(f"{clock:>4} {line}", flush=True)
+            print(f"\nper second of wall time (the issue's ratios)\n{header}\n" + "\n".join(lines["wall"]))
+            print(f"\nper second of process CPU time\n{header}\n" + "\n".join(lines["CPU"]))
             print(f"load average at the end: {load()}")
         finally:
             broker.stop()

@@ -19,22 +19,52 @@ Positions charged ahead but not learned are an over-count, never an under-count:
 
 Against ``max_epsilon`` a window that would exceed the limit is not taken: the micro-batch alone is
 charged and checked, so a run stops at exactly the batch it stopped at before.
+
+How far ahead. At least :data:`BATCHES` micro-batches; a run that uses up its window in less than
+half of :data:`WINDOW_S` doubles it for the next write (up to :data:`MAX_BATCHES`), one that takes
+more than twice as long halves it again — a rule on the wall clock and public counts only, so
+about one write per :data:`WINDOW_S` at any rate, and what a crash charges ahead is about
+:data:`WINDOW_S` of reading. Eight JSON micro-batches of 1,024 records were read in about 0.1 s
+and their write (four fsyncs, ~10 ms) cost 6.7 % of the service's time (issue 37).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 BATCHES = 8
-"""Micro-batches charged by one write."""
+"""Micro-batches charged by one write, at least."""
+
+MAX_BATCHES = 256
+"""Micro-batches charged by one write, at most."""
+
+WINDOW_S = 0.5
+"""The time one window of charges ahead should last (module docstring, "How far ahead")."""
 
 
 class Lookahead:
     """Per (instance, data key), the positions charged but not learned yet: ``[low, high)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._windows: dict[tuple[str, str], tuple[int, int]] = {}
         self._reached: dict[tuple[str, str], int] = {}  # the furthest position learned, per (instance, key)
+        self._clock = clock
+        self._batches = BATCHES  # micro-batches the next write charges
+        self._written: float | None = None  # when the last window was charged
+
+    def window(self, needed: Mapping[str, tuple[int, int]], ranges: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """What the next write charges: ``needed`` :meth:`widened` to the current number of
+        micro-batches, which adapts to how long the last window lasted (module docstring)."""
+        now = self._clock()
+        if self._written is not None:
+            lasted = now - self._written
+            if lasted < WINDOW_S / 2:
+                self._batches = min(MAX_BATCHES, 2 * self._batches)
+            elif lasted > 2 * WINDOW_S:
+                self._batches = max(BATCHES, self._batches // 2)
+        self._written = now
+        return self.widened(needed, ranges, self._batches)
 
     def needed(self, instance: str, ranges: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
         """The part of ``ranges`` (a micro-batch, data keys) not charged yet: per key, from the end
@@ -49,9 +79,10 @@ class Lookahead:
         return needed
 
     @staticmethod
-    def widened(needed: Mapping[str, tuple[int, int]], ranges: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-        """``needed`` extended to :data:`BATCHES` micro-batches of the size of ``ranges``."""
-        return {key: (first, max(stop, ranges[key][0] + BATCHES * (ranges[key][1] - ranges[key][0])))
+    def widened(needed: Mapping[str, tuple[int, int]], ranges: Mapping[str, tuple[int, int]],
+                batches: int = BATCHES) -> dict[str, tuple[int, int]]:
+        """``needed`` extended to ``batches`` micro-batches of the size of ``ranges``."""
+        return {key: (first, max(stop, ranges[key][0] + batches * (ranges[key][1] - ranges[key][0])))
                 for key, (first, stop) in needed.items()}
 
     def learned(self, instance: str, ranges: Mapping[str, tuple[int, int]], charged: Mapping[str, tuple[int, int]]) -> None:

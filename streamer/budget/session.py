@@ -221,7 +221,7 @@ class BudgetSession:
         needed = self._ahead.needed(instance, ranges)
         charged: dict[str, tuple[int, int]] = {}
         if needed:
-            charged = Lookahead.widened(needed, ranges)
+            charged = self._ahead.window(needed, ranges)
             if self.store.charge(instance, charged, self._limit, orders=self._orders) is not None:
                 charged = needed
                 excess = self.store.charge(instance, needed, self._limit, orders=self._orders)

@@ -143,6 +143,7 @@ class Codec(abc.ABC):
         self.labels_required = labels_required
         self._labels = None if records.label_values is None else np.array(records.label_values)
         self.schema: FeatureSchema | None = None if records.fields is None else FeatureSchema.from_dict(records.fields)
+        self._scratch: NDArray[np.float64] = np.zeros(0)  # the clip's work matrix (:meth:`_work`)
 
     @property
     def has_header(self) -> bool:
@@ -249,9 +250,20 @@ class Codec(abc.ABC):
                 X, owned = X.copy(), True
             X[overflowed] = _onto_sphere(X[overflowed], self.bound)
             norms[overflowed] = self.bound
-        X = _clip(X, norms, self.bound, in_place=owned)
+        X = _clip(X, norms, self.bound, in_place=owned, work=self._work(len(X)))
         rejects.sort(key=lambda r: r.index)
         return Decoded(X, y, tuple(rejects), origin)
+
+    def _work(self, rows: int) -> NDArray[np.float64]:
+        """A zeroed ``rows`` × ``dim`` work matrix for the clip's factors, kept between micro-batches
+        (the clip zeroes it after use). A fresh matrix per micro-batch was the largest cost of
+        validating binary batches: glibc returns a freed block of megabytes to the operating system
+        and the next one is faulted in page by page — 16,384 rows at d = 20 validated in 3.4 ms
+        instead of 0.8 ms (issue 37)."""
+        size = rows * self.dim
+        if self._scratch.size < size:
+            self._scratch = np.zeros(max(size, 2 * self._scratch.size))
+        return self._scratch[:size].reshape(rows, self.dim)
 
     def validate_arrays(self, X: NDArray[np.float64], y: NDArray[np.float64]) -> Decoded:
         """Validate records that arrive as arrays (the synthetic source); row ``i`` is message ``i``."""
@@ -268,16 +280,19 @@ def clip_rows(X: NDArray[np.float64], bound: float) -> NDArray[np.float64]:
     if any row changes; rows inside the ball are returned unchanged)."""
     if X.size == 0:
         return X
-    return _clip(X, np.sqrt(np.einsum("ij,ij->i", X, X)), bound, in_place=False)
+    return _clip(X, np.sqrt(np.einsum("ij,ij->i", X, X)), bound, in_place=False, work=np.empty_like(X))
 
 
-def _clip(X: NDArray[np.float64], norms: NDArray[np.float64], bound: float, in_place: bool) -> NDArray[np.float64]:
+def _clip(
+    X: NDArray[np.float64], norms: NDArray[np.float64], bound: float, in_place: bool, work: NDArray[np.float64]
+) -> NDArray[np.float64]:
     """:func:`clip_rows` given the rows' norms: rows with norm > ``bound`` are multiplied by
     ``bound/norm``, the others by exactly 1 (unchanged); in place or into a copy. Every row is
     multiplied, clipped or not, so a micro-batch's decoding time does not depend on whether a
-    record needed clipping (docs/privacy.md, "Timing"); the factors and the norms are zeroed."""
+    record needed clipping (docs/privacy.md, "Timing"); the factors (in ``work``, the shape of
+    ``X``) and the norms are zeroed."""
     scale = np.divide(bound, norms, out=np.ones_like(norms), where=norms > bound)
-    factors = np.empty_like(X)
+    factors = work
     np.copyto(factors, scale[:, None])  # a plain assignment: no iteration buffer keeps the factors
     clipped = X if in_place else np.empty_like(X)
     np.multiply(X, factors, out=clipped)
@@ -343,7 +358,15 @@ class JsonCodec(Codec):
         levels of nesting, which json parses too); otherwise json decides that message. Everything
         orjson refuses (``NaN`` and ``Infinity``, which json reads and validation rejects as
         ``non_finite``; ``1e400`` and 400-digit integers; BOMs, UTF-16; …) or finds malformed is
-        decided by the standard-library path alone, reasons included."""
+        decided by the standard-library path alone, reasons included.
+
+        A micro-batch whose every message is plainly valid — the common case — is read by
+        :meth:`_parse_plain`, whole-batch checks instead of a Python loop per message; any other
+        goes through the loop below, which decides every message alone."""
+        if self.fast:
+            plain = self._parse_plain(payloads)
+            if plain is not None:
+                return plain
         x_field, y_field, dim, fast = self.records.x_field, self.records.y_field, self.dim, self.fast
         loads = _orjson_loads
         rows: list[list[object]] = []
@@ -384,6 +407,34 @@ class JsonCodec(Codec):
             labels = [v for v, k in zip(labels, keep) if k]
             origin = [o for o, k in zip(origin, keep) if k]
         return Parsed(X, np.array(labels, dtype=np.float64), np.array(origin, dtype=np.int64), tuple(rejects), owned=True)
+
+    def _parse_plain(self, payloads: Sequence[bytes]) -> Parsed | None:
+        """:meth:`parse` of a micro-batch whose every message orjson reads as a plainly valid
+        record (an object whose ``x`` is a list of ``dim`` numbers and whose label is a number,
+        with only scalars besides), or ``None`` — the same records, decided by the same rules, with
+        checks over the whole batch (``set(map(…))``, one ``np.array``) instead of a loop per
+        message: the loop cost about 0.7 µs a record at d = 20 beside orjson's 1 µs (issue 37)."""
+        x_field, y_field = self.records.x_field, self.records.y_field
+        try:
+            objects: list[Any] = list(map(_orjson_loads, payloads))
+            rows = [o[x_field] for o in objects]  # not an object: TypeError
+            labels = [o[y_field] for o in objects]
+        except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
+            return None
+        if not objects or set(map(type, objects)) != {dict} or set(map(type, rows)) != {list}:
+            return None
+        if set(map(len, rows)) != {self.dim} or not set(map(type, labels)) <= {int, float}:
+            return None
+        if set(map(len, objects)) != {2} and not all(_only_scalars_besides(o, x_field, y_field) for o in objects):
+            return None
+        try:
+            X = np.array(rows)
+        except (ValueError, TypeError):
+            return None
+        if X.dtype.kind not in "fiub" or X.shape != (len(rows), self.dim):  # a string, a null, a nested list
+            return None
+        y = np.array(labels, dtype=np.float64)
+        return Parsed(X.astype(np.float64, copy=False), y, np.arange(len(rows), dtype=np.int64), (), owned=True)
 
     def _stdlib_reason(self, payload: bytes, reason: Reason) -> Reason:
         """Why the standard-library path rejects ``payload`` (``reason``, found on orjson's reading,

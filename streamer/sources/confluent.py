@@ -173,22 +173,36 @@ class ConfluentKafkaSource(KafkaConsumerSource):
         messages = self._consume(max_records, timeout_s)
         self._raise_failure()
         self._log_waiting()
+        if any([message.error() is not None for message in messages]):
+            messages = self._without_errors(messages)
+        where = [(message.topic(), message.partition()) for message in messages]
+        if len(set(where)) <= 1:  # the common poll: one partition, read with list comprehensions
+            return self._batch([Fetched(f"{where[0][0]}/{where[0][1]}", [m.offset() for m in messages],
+                                        [m.value() or b"" for m in messages], [m.timestamp()[1] for m in messages])]
+                               if messages else [])
         by_key: dict[tuple[Any, Any], Fetched] = {}
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.fatal():
-                    raise FatalSourceError(f"Kafka consumer failed: {error.str()}")
-                log.warning("Kafka consumer: %s", error.str())
-                continue
-            where = (message.topic(), message.partition())
-            part = by_key.get(where)
+        for message, key in zip(messages, where, strict=True):
+            part = by_key.get(key)
             if part is None:
-                part = by_key[where] = Fetched(f"{where[0]}/{where[1]}", [], [], [])
+                part = by_key[key] = Fetched(f"{key[0]}/{key[1]}", [], [], [])
             part.offsets.append(message.offset())
             part.values.append(message.value() or b"")
             part.timestamps.append(message.timestamp()[1])
         return self._batch(by_key.values())
+
+    @staticmethod
+    def _without_errors(messages: list[Any]) -> list[Any]:
+        """``messages`` without the error events among them (logged; a fatal one raises)."""
+        kept = []
+        for message in messages:
+            error = message.error()
+            if error is None:
+                kept.append(message)
+            elif error.fatal():
+                raise FatalSourceError(f"Kafka consumer failed: {error.str()}")
+            else:
+                log.warning("Kafka consumer: %s", error.str())
+        return kept
 
     def _check_caught_up(self) -> bool:
         """Every partition of the topics consumed: ours by our positions, the others by the group's commits."""

@@ -2,7 +2,7 @@
 role charging position ranges (streamer/budget/session.py ``for_role``, what streamer/scaleout/worker.py
 does per poll), against a real SQLite store.
 
-The worker charges its polls ahead (streamer/budget/ahead.py: eight polls per durable write; it did
+The worker charges its polls ahead (streamer/budget/ahead.py: at least eight polls per durable write; it did
 one write per poll, about four fsyncs each since the store's rollback journal), and gives back what
 it charged and never read — on a clean stop, a revocation, a lost batch — so that the ahead window
 neither outlives the records it covers as an over-count nor, moved to a lost instance, lets later

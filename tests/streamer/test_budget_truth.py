@@ -598,3 +598,24 @@ def test_a_run_charges_several_micro_batches_per_write_and_gives_back_what_it_di
     ahead.learned("i", {"k": (100, 200)}, {})
     assert ahead.needed("i", {"k": (750, 850)}) == {"k": (800, 850)}  # past its end: from the end
     assert ahead.needed("i", {"k": (50, 150)}) == {"k": (50, 150)}  # a rewind: a new use from its start
+
+
+def test_the_charge_ahead_window_lasts_about_half_a_second_at_any_rate() -> None:
+    """One durable write per ~WINDOW_S: a window used up quickly doubles the next one (up to
+    MAX_BATCHES micro-batches), a slow one halves it (down to BATCHES); the clock alone decides."""
+    from panpriv.streamer.budget.ahead import BATCHES, MAX_BATCHES, WINDOW_S, Lookahead
+
+    now = [0.0]
+    ahead = Lookahead(clock=lambda: now[0])
+    sizes = []
+    for step in [0.0] + [WINDOW_S / 10] * 12 + [10 * WINDOW_S] * 3 + [WINDOW_S] * 2:
+        now[0] += step
+        sizes.append(ahead.window({"k": (0, 100)}, {"k": (0, 100)})["k"][1] // 100)
+    assert sizes[:3] == [BATCHES, 2 * BATCHES, 4 * BATCHES]  # fast reading: fewer writes
+    assert max(sizes) == MAX_BATCHES == sizes[12]  # capped
+    assert sizes[13:16] == [MAX_BATCHES // 2, MAX_BATCHES // 4, MAX_BATCHES // 8]  # slow again: smaller windows
+    assert sizes[16:] == [MAX_BATCHES // 8] * 2  # a window that lasts about WINDOW_S stays as it is
+    for _ in range(10):
+        now[0] += 10 * WINDOW_S
+        window = ahead.window({"k": (0, 100)}, {"k": (0, 100)})
+    assert window == {"k": (0, 100 * BATCHES)}  # never below BATCHES

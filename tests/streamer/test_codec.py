@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -209,6 +210,24 @@ def test_both_json_decoders_on_the_inputs_where_the_parsers_differ(payload, outc
     else:
         assert decoded.rejects == ()
         np.testing.assert_allclose(decoded.X, [outcome], rtol=1e-15)
+
+
+@JSON_DECODERS
+def test_a_micro_batch_decodes_as_its_messages_one_by_one(fast) -> None:
+    """The whole-batch reading of plainly valid micro-batches (JsonCodec._parse_plain) and the loop
+    per message make the same decisions: every edge input among good neighbours, and every accepted
+    one in a batch of its own kind, decodes as it does alone."""
+    codec = JsonCodec(records(), fast=fast)
+    alone = [codec.decode([payload]) for payload, _ in PARSER_EDGES]
+    accepted = [payload for (payload, _), one in zip(PARSER_EDGES, alone) if not one.rejects]
+    for batch in [[GOOD, payload, GOOD] for payload, _ in PARSER_EDGES] + [accepted, [GOOD] * 5]:
+        decoded = codec.decode(batch)
+        singles = [codec.decode([payload]) for payload in batch]
+        assert decoded.reject_counts() == dict(sum((Counter(one.reject_counts()) for one in singles), Counter()))
+        assert [r.index for r in decoded.rejects] == [i for i, one in enumerate(singles) if one.rejects]
+        np.testing.assert_array_equal(decoded.X, np.vstack([one.X for one in singles]))
+        np.testing.assert_array_equal(decoded.y, np.concatenate([one.y for one in singles]))
+        assert decoded.origin.tolist() == [i for i, one in enumerate(singles) if not one.rejects]
 
 
 def test_the_orjson_decoder_is_the_default_when_importable_and_logged_once(monkeypatch, caplog) -> None:
