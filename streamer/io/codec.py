@@ -405,6 +405,15 @@ def _read_record(
         obj = _loads(payload)
     except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError; absurd nesting
         return Reason.UNDECODABLE
+    return record_fields(obj, x_field, y_field, dim, label_required)
+
+
+def record_fields(
+    obj: object, x_field: str, y_field: str, dim: int, label_required: bool = True
+) -> tuple[list[object], float] | Reason:
+    """A decoded JSON value as a record (:func:`_read_record` after parsing; also each element of
+    a ``json-batch`` message, :mod:`panpriv.streamer.io.batch_formats`): its ``x`` list and label,
+    or why it is rejected."""
     if type(obj) is not dict:
         return Reason.WRONG_TYPE
     x = obj.get(x_field, _MISSING)
@@ -846,4 +855,8 @@ def make_codec(records: RecordsConfig, labels_required: bool = True) -> Codec:
         "binary": BinaryBatchCodec,
         "adult": AdultCodec,
     }
+    from panpriv.streamer.io import batch_formats  # imports this module: imported here, when needed
+
+    if records.format in batch_formats.FORMATS:  # many JSON or CSV records per message
+        return batch_formats.make_batch_codec(records, labels_required)
     return classes[records.format](records, labels_required)
