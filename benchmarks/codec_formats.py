@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from panpriv.streamer.config import load_config
-from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.io.formats import make_codec
 
 try:
     from orjson import loads as json_loads

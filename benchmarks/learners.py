@@ -85,7 +85,7 @@ def _learn_one_runs(X: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], floa
         model = build_learner(config, n)
         if not row_path:  # every record through learn_many's micro-batch machinery (before issue 37)
             model._row_dphi = None  # type: ignore[attr-defined]
-        pan_acsa.scalar_residue = scalar_residue if scrub else unscrubbed  # type: ignore[assignment]
+        pan_acsa.scalar_residue = scalar_residue if scrub else unscrubbed
         try:
             start = time.process_time()
             for row, label in zip(rows, labels):

@@ -35,6 +35,7 @@ bounds what is decoded at once (docs/privacy.md, "The input path").
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -144,9 +145,8 @@ class JsonArrayCodec(Codec):
         origin: list[int] = []
         rejects = []
         for i, payload in enumerate(payloads):
-            read = self._plain_records(payload) if self.fast else None
-            if read is None:
-                read = self._records(payload)
+            plain = self._plain_records(payload) if self.fast else None
+            read = self._records(payload) if plain is None else plain
             if isinstance(read, Reason):
                 rejects.append(Reject(i, read))
                 continue
@@ -278,8 +278,22 @@ def _to_messages(parsed: Parsed, message: NDArray[np.int64], rejects: list[Rejec
     return Parsed(parsed.X, parsed.y, origin, tuple(merged), parsed.owned, parsed.content)
 
 
+def encode_records(fmt: str, X: NDArray[np.floating], y: NDArray[np.floating], x_field: str = "x", y_field: str = "y") -> bytes:
+    """One message of batched format ``fmt`` holding the rows of ``X`` (m × d) and labels ``y``
+    (float64 carried exactly: JSON and CSV write each number's shortest repr): for ``panpriv
+    produce``, the benchmarks and tests."""
+    rows, labels = np.asarray(X, dtype=np.float64).tolist(), np.asarray(y, dtype=np.float64).tolist()
+    if fmt == "json-batch":
+        return json.dumps([{x_field: row, y_field: label} for row, label in zip(rows, labels, strict=True)]).encode()
+    if fmt == "ndjson":
+        return "\n".join(json.dumps({x_field: row, y_field: label}) for row, label in zip(rows, labels, strict=True)).encode()
+    if fmt == "csv-batch":
+        return "\n".join(",".join(map(repr, [*row, label])) for row, label in zip(rows, labels, strict=True)).encode()
+    raise ValueError(f"not a batched format: {fmt!r}")
+
+
 def make_batch_codec(records: RecordsConfig, labels_required: bool = True) -> Codec:
-    """The codec of a batched format (:data:`FORMATS`), for :func:`panpriv.streamer.io.codec.make_codec`."""
+    """The codec of a batched format (:data:`FORMATS`), for :func:`panpriv.streamer.io.formats.make_codec`."""
     if records.format == "json-batch":
         return JsonArrayCodec(records, labels_required)
     if records.format == "ndjson":

@@ -13,6 +13,10 @@ Four encodings of a record (``records.format``):
 - ``adult`` — a line of the UCI Adult data, encoded by :mod:`panpriv.streamer.datasets.adult` from the
   public schema only.
 
+Many JSON or CSV records per message (``json-batch``, ``ndjson``, ``csv-batch``) are
+:mod:`panpriv.streamer.io.batch_formats`; :func:`panpriv.streamer.io.formats.make_codec` builds
+the codec of any format.
+
 Validation. A record that cannot be used is *rejected* with one reason from :class:`Reason`
 (undecodable bytes, a missing field, a wrong type, a wrong dimension, a NaN/inf or a number beyond
 float64's range such as a 400-digit JSON integer, a label outside the declared set or range, a
@@ -843,20 +847,3 @@ class BinaryBatchCodec(Codec):
 def encode_json(x: Sequence[float], y: float, x_field: str = "x", y_field: str = "y") -> bytes:
     """One JSON record message."""
     return json.dumps({x_field: [float(v) for v in x], y_field: float(y)}).encode("utf-8")
-
-
-def make_codec(records: RecordsConfig, labels_required: bool = True) -> Codec:
-    """The codec for ``records.format`` (the config must be resolved: format, dim and bound set);
-    JSON with a schema (``records.fields``) reads named fields. ``labels_required=False`` for
-    scoring (:class:`Codec`)."""
-    classes: dict[str | None, type[Codec]] = {
-        "json": JsonCodec if records.fields is None else NamedJsonCodec,
-        "csv": CsvCodec,
-        "binary": BinaryBatchCodec,
-        "adult": AdultCodec,
-    }
-    from panpriv.streamer.io import batch_formats  # imports this module: imported here, when needed
-
-    if records.format in batch_formats.FORMATS:  # many JSON or CSV records per message
-        return batch_formats.make_batch_codec(records, labels_required)
-    return classes[records.format](records, labels_required)

@@ -20,7 +20,8 @@ from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import ConfigError
 from panpriv.streamer.io.batch_formats import FORMATS, JsonArrayCodec
-from panpriv.streamer.io.codec import Codec, Decoded, Reason, encode_json, make_codec
+from panpriv.streamer.io.codec import Codec, Decoded, encode_json
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.io.recording import RecordingWriter
 from panpriv.streamer.sources.local import RecordingSource
 
@@ -208,3 +209,41 @@ def test_a_line_file_in_a_batched_format_is_a_one_line_error(tmp_path: Path, cap
                  "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state"), "--metrics-port", "0", "--progress", "off"])
     err = capsys.readouterr().err
     assert code != 0 and "reads messages of many records" in err and "Traceback" not in err
+
+
+# -- the real broker ------------------------------------------------------------------------------
+
+BAD_RECORDS = {  # one message of fmt: a valid record, a label out of range, a record of the wrong dimension
+    "json-batch": b'[{"x": [0.1, 0, 0], "y": 1}, {"x": [0, 0, 0], "y": 5}, {"x": [0, 0], "y": 1}]',
+    "ndjson": b'{"x": [0.1, 0, 0], "y": 1}\n{"x": [0, 0, 0], "y": 5}\n{"x": [0, 0], "y": 1}\n',
+    "csv-batch": b"0.1,0,0,1\n0,0,0,5\n0,0,0,0,1\n",
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batches_from_the_real_broker_are_learned_and_counted_by_record(fmt: str, kafka_broker, unique_name,
+                                                                         tmp_path: Path) -> None:
+    """``panpriv produce --format fmt`` writes 2,000 records in messages of 256; then a message of
+    three records (one valid, two rejected) and an empty message: the service on the topic learns
+    2,001 records and counts each reject by its reason, the empty message as ``empty_batch``."""
+    from panpriv.streamer.commands.produce import produce
+    from panpriv.streamer.kafka import client as kafka_client
+    from panpriv.streamer.runtime.processor import Processor
+
+    topic, group = kafka_broker.create_topic(unique_name("batches")), unique_name("g")
+    assert produce(kafka_broker.bootstrap, topic, 2000, DIM, seed=2, fmt=fmt, batch_records=256) == 2000
+    producer = kafka_client.producer(kafka_broker.bootstrap)
+    try:
+        for message in (BAD_RECORDS[fmt], b"[]" if fmt == "json-batch" else b""):
+            producer.send(topic, message)
+        producer.flush()
+    finally:
+        producer.close()
+    config = load_config(None, {"source.url": f"kafka://{kafka_broker.bootstrap}/{topic}?group={group}",
+                                "source.stop_at_end": True, "records.format": fmt, "records.dim": DIM,
+                                "records.feature_bound": 1.0, "learner.n": 2003, "out": tmp_path / "out",
+                                "metrics.port": None})
+    result = Processor(config).run()
+    assert result.records == 2001
+    assert result.rejects == {"label_out_of_range": 1, "wrong_dimension": 1, "empty_batch": 1}
