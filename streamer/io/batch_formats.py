@@ -175,29 +175,7 @@ class JsonArrayCodec(Codec):
             return None
         if type(elements) is not list or not elements:
             return None
-        x_field, y_field, dim = self.records.x_field, self.records.y_field, self.dim
-        rows: list[object] = []
-        labels: list[float] = []
-        for obj in elements:
-            if type(obj) is not dict:
-                return None
-            x = obj.get(x_field)
-            label = obj.get(y_field)
-            if not (type(x) is list and len(x) == dim and type(label) in _NUMBERS
-                    and (len(obj) == 2 or _only_scalars_besides(obj, x_field, y_field))):
-                return None
-            rows.append(x)
-            labels.append(float(label))  # type: ignore[arg-type]  # an int or a float, finite
-        try:
-            matrix = np.array(rows)
-        except (ValueError, TypeError, OverflowError):
-            return None
-        if matrix.dtype.kind not in "fiub" or matrix.shape != (len(rows), dim):
-            return None  # a non-number in some x (or an integer beyond 64 bits): json decides
-        values = matrix.astype(np.float64, copy=False)
-        if values is not matrix:  # integers or booleans read: their matrix zeroed too
-            matrix.fill(0)
-        return values, labels, Counter()
+        return _plain_rows(elements, self.records.x_field, self.records.y_field, self.dim)
 
     def _records(self, payload: bytes) -> tuple[NDArray[np.float64], list[float], Counter[Reason]] | Reason:
         """The standard library's reading of a message: the rows and labels of its valid records
@@ -265,6 +243,80 @@ class JsonArrayCodec(Codec):
         return objects, np.repeat(np.arange(len(payloads), dtype=np.int64), counts), rejects
 
 
+def _plain_rows(
+    elements: Sequence[object], x_field: str, y_field: str, dim: int
+) -> tuple[NDArray[np.float64], list[float], Counter[Reason]] | None:
+    """The rows and labels of records read by orjson when every one is plainly valid — an object
+    whose ``x`` is a list of ``dim`` numbers and whose label is a number, no other value nested —
+    which the standard library reads as the same numbers (:meth:`JsonCodec.parse`); ``None``
+    otherwise. The float64 matrix is the caller's to zero; an integer matrix made on the way is
+    zeroed here."""
+    rows: list[object] = []
+    labels: list[float] = []
+    for obj in elements:
+        if type(obj) is not dict:
+            return None
+        x = obj.get(x_field)
+        label = obj.get(y_field)
+        if not (type(x) is list and len(x) == dim and type(label) in _NUMBERS
+                and (len(obj) == 2 or _only_scalars_besides(obj, x_field, y_field))):
+            return None
+        rows.append(x)
+        labels.append(float(label))  # type: ignore[arg-type]  # an int or a float, finite
+    try:
+        matrix = np.array(rows)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if matrix.dtype.kind not in "fiub" or matrix.shape != (len(rows), dim):
+        return None  # a non-number in some x (or an integer beyond 64 bits): json decides
+    values = matrix.astype(np.float64, copy=False)
+    if values is not matrix:  # integers or booleans read: their matrix zeroed too
+        matrix.fill(0)
+    return values, labels, Counter()
+
+
+class NdjsonCodec(_LineBatchCodec):
+    """``ndjson``: each line read as :class:`JsonCodec` reads a message. With orjson, a message
+    whose every line is plainly a valid record (:func:`_plain_rows`) is stacked in one array, as
+    ``json-batch`` does; any other message is decided line by line by the record codec."""
+
+    def parse(self, payloads: Sequence[bytes]) -> Parsed:
+        record_codec = self._record_codec
+        if not isinstance(record_codec, JsonCodec) or not record_codec.fast:  # named fields, or no orjson
+            return super().parse(payloads)
+        x_field, y_field, dim = self.records.x_field, self.records.y_field, self.dim
+        matrices: list[NDArray[np.float64]] = []
+        labels: list[NDArray[np.float64]] = []
+        origin: list[NDArray[np.int64]] = []
+        rejects: list[Reject] = []
+        for i, payload in enumerate(payloads):
+            lines = _lines(payload)
+            if not lines:
+                rejects.append(Reject(i, Reason.EMPTY_BATCH))
+                continue
+            try:
+                plain = _plain_rows([_orjson_loads(line) for line in lines], x_field, y_field, dim)
+            except ValueError:
+                plain = None
+            if plain is not None:
+                matrices.append(plain[0])
+                labels.append(np.array(plain[1]))
+                origin.append(np.full(len(plain[1]), i, dtype=np.int64))
+                continue
+            parsed = _to_messages(record_codec.parse(lines), np.full(len(lines), i, dtype=np.int64), [])
+            matrices.append(np.asarray(parsed.X, dtype=np.float64))
+            labels.append(parsed.y)
+            origin.append(parsed.origin)
+            rejects.extend(parsed.rejects)
+        X = np.vstack(matrices) if matrices else np.empty((0, dim))
+        for matrix in matrices:  # each message's rows: zeroed once stacked
+            matrix.fill(0.0)
+        y = np.concatenate(labels) if labels else np.empty(0)
+        for part in labels:
+            part.fill(0.0)
+        return Parsed(X, y, np.concatenate(origin) if origin else np.empty(0, dtype=np.int64), tuple(rejects), owned=True)
+
+
 def _to_messages(parsed: Parsed, message: NDArray[np.int64], rejects: list[Reject]) -> Parsed:
     """A parse of the records of many messages (record ``j`` of message ``message[j]``) as a parse
     of the messages: origins and rejects named by message, a message's rejects of one reason
@@ -298,7 +350,7 @@ def make_batch_codec(records: RecordsConfig, labels_required: bool = True) -> Co
         return JsonArrayCodec(records, labels_required)
     if records.format == "ndjson":
         record_codec: Codec = (JsonCodec if records.fields is None else NamedJsonCodec)(records, labels_required)
-        return _LineBatchCodec(records, labels_required, record_codec)
+        return NdjsonCodec(records, labels_required, record_codec)
     if records.format == "csv-batch":
         return _LineBatchCodec(records, labels_required, CsvCodec(records, labels_required))
     raise ValueError(f"not a batched format: {records.format!r}")
