@@ -34,7 +34,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -107,14 +107,6 @@ CASES: dict[str, Case] = {
         clip=lambda learner: learner.gradient_norm_bound,
         kind="accumulator",
     ),
-    "pan-acsa-learn-one": Case(
-        make=lambda d, rng: PanPrivateACSA(d, LOSS, 1.0, 1e-6, horizon=20_000, batch_size=BATCH, rng=rng),
-        query=lambda learner: learner._iterate.theta_md,
-        records=_acsa_batch,
-        clip=lambda learner: learner.gradient_norm_bound,
-        kind="accumulator",
-        one_at_a_time=True,
-    ),
     "pan-acsa-secure": Case(
         make=lambda d, rng: PanPrivateACSA(
             d, LOSS, 1.0, 1e-6, horizon=20_000, batch_size=BATCH, noise="secure", rng=rng
@@ -185,6 +177,7 @@ CASES: dict[str, Case] = {
     ),
 }
 
+CASES["pan-acsa-learn-one"] = replace(CASES["pan-acsa"], one_at_a_time=True)  # learn_one's row path
 
 def _child(conn: Any, name: str, dim: int, mode: str) -> None:
     """Learn one micro-batch with OS-entropy noise, zero the inputs in place, then wait."""
