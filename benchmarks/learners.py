@@ -166,7 +166,7 @@ def main() -> None:
         print(f"\nd = {d}, n = {args.records:,}")
         for name, seconds in best.items():
             rate = args.records / seconds
-            print(f"  {name:29s} {rate / 1e6:9.4f} M rec/s   {rate / floor:7.3f} x clip+noise floor")
+            print(f"  {name:31s} {rate / 1e6:9.4f} M rec/s   {rate / floor:7.3f} x clip+noise floor")
         if "pan-acsa learn_one" in best and "river learn_one" in best:
             print(f"  pan-acsa learn_one takes {best['pan-acsa learn_one'] / best['river learn_one']:.2f}x River's "
                   f"learn_one time; the scrub costs {best['pan-acsa learn_one'] / best['pan-acsa learn_one, no scrub'] - 1:.0%}")
