@@ -1,7 +1,7 @@
 """The record formats side by side: what reading a record costs in each (issue 36).
 
 For d in {20, 100}, on the same seeded records, 10^5 lines each, one record per message, decoded
-by the service's codec (:func:`panpriv.streamer.io.codec.make_codec`, ``decode``: parse, map,
+by the service's codec (:func:`panpriv.streamer.io.formats.make_codec`, ``decode``: parse, map,
 check, validate and clip) in micro-batches of 1,024; process CPU time, best of ``--rounds``:
 
 - **csv**: plain ``x_1,…,x_d,y`` lines; **csv quoted**: the same rows written with
@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from panpriv.streamer.config import load_config
-from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.io.formats import make_codec
 
 try:
     from orjson import loads as json_loads

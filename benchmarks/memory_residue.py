@@ -50,7 +50,7 @@ def _write_records(path: Path, n: int, dim: int) -> np.ndarray:
 def _child(conn: Any, path: str, dim: int, batches: int, batch_records: int, zero_decoded: bool) -> None:
     from panpriv.protocols.pan_acsa import PanPrivateACSA
     from panpriv.streamer.config import RecordsConfig, SourceConfig
-    from panpriv.streamer.io.codec import make_codec
+    from panpriv.streamer.io.formats import make_codec
     from panpriv.streamer.sources.open import open_source
 
     codec = make_codec(RecordsConfig(format="json", dim=dim, feature_bound=1.0))

@@ -47,7 +47,8 @@ import numpy as np
 from panpriv.protocols.pan_acsa import PanPrivateACSA
 from panpriv.protocols.pan_acsa_scaleout import step_noise_std, worker_batch
 from panpriv.streamer.config import RecordsConfig
-from panpriv.streamer.io.codec import encode_json, make_codec
+from panpriv.streamer.io.codec import encode_json
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.scaleout.coordinator import Coordinator
 from panpriv.streamer.scaleout.wire import GradientRecord, ModelVersion
 

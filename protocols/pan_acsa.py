@@ -63,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -72,7 +73,7 @@ from numpy.typing import NDArray
 
 from panpriv.accounting.gaussian import analytic_sigma, classic_sigma
 from panpriv.accounting.ledger import Guarantee, PrivacyReport
-from panpriv.protocols import scratch, secure_noise
+from panpriv.protocols import scalar_residue, scratch, secure_noise
 from panpriv.protocols import validation as check
 from panpriv.protocols.acsa import (
     BATCH_RULES,
@@ -92,7 +93,7 @@ from panpriv.protocols.acsa import (
     step,
     uses_moreau,
 )
-from panpriv.protocols.base import StateValue, check_batch, doubling_epochs_beyond
+from panpriv.protocols.base import StateValue, check_batch, doubling_epochs_beyond, record_row
 from panpriv.protocols.batch_worker import BatchWorkerLearner
 from panpriv.protocols.defaults import DEFAULT_DELTA, DEFAULT_EPSILON, DEFAULT_LOSS
 from panpriv.protocols.discrete_gaussian import GeneratorUniform, UniformSource
@@ -118,6 +119,7 @@ GAUSSIAN_CALIBRATIONS: tuple[GaussianCalibration, ...] = ("analytic", "classic")
 classic σ = √(2 ln(1.25/δ))·Δ/ε (needs ε < 1; Cheu et al. 2022, Lemma C.5)."""
 
 _OWNER = "PanPrivateACSA"
+_LARGEST = sys.float_info.max
 _ARRAYS = ("theta", "theta_ag", "theta_md")
 _COUNTERS = ("records", "epoch", "phase", "step", "batch")
 _OPEN_BATCH_COUNTERS = ("filled",)
@@ -303,6 +305,12 @@ class PanPrivateACSA(BatchWorkerLearner):
         self._iterate = Iterate.start(np.zeros(self._params))
         # The accumulator g_t; between batches it is unused (zeros) until Z_t initialises it.
         self._grad = self._zero_accumulator()
+        # :meth:`_learn_row`'s work: ‖x‖² and ⟨θ_x, x⟩ (0-d views, written by ``dot``), zeroed once
+        # read; its record's gradient/b, zeroed once added
+        self._row_products = np.zeros(2)
+        self._row_square, self._row_dot = self._row_products[0:1].reshape(()), self._row_products[1:2].reshape(())
+        self._row_gradient = np.zeros(self._params)
+        self._row_dphi = scratch.scalar_dphi(self.loss) if self._secure is None else None
 
     # -- plans and noise ---------------------------------------------------------------------
 
@@ -400,7 +408,14 @@ class PanPrivateACSA(BatchWorkerLearner):
         :class:`panpriv.protocols.scratch.Scratch` buffers, zeroed before returning; the accumulator is
         updated in place. So after the call, memory holds no clean per-record value and no pure
         noise draw (tests/protocols/test_memory_residue.py).
+
+        A micro-batch of one record (every :meth:`learn_one`) takes :meth:`_learn_row` when it
+        can, so ``learn_one`` and ``learn_many`` of one row are one computation.
         """
+        if np.shape(X) == (1, self.dim) and np.shape(y) == (1,):
+            X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+            if self._learn_row(X[0], y):
+                return
         fused = self._secure is None and np.ndim(X) == 2
         squares = self._scratch.take("batch_row_squares", np.shape(X)[0]) if fused else None
         try:
@@ -418,6 +433,84 @@ class PanPrivateACSA(BatchWorkerLearner):
                     self._finish_batch(plan, batch)
         finally:
             self._scratch.wipe()
+
+    def learn_one(self, x: Array | Mapping[str, Any], y: float) -> None:
+        """Process one record (an array of ``dim`` features, or a mapping after :meth:`use_schema`):
+        :meth:`learn_many` on a micro-batch of one, through :meth:`_learn_row` when it applies."""
+        row = record_row(x, self.schema, f"{_OWNER}.learn_one")
+        if row.shape == (1, self.dim) and self._learn_row(row[0], y):
+            return
+        self.learn_many(row, np.array([y], dtype=np.float64))
+
+    def _learn_row(self, x: Array, y: object) -> bool:
+        """One record through the fused GLM step of :func:`panpriv.protocols.scratch.clipped_gradient_sum`
+        on Python floats, without the micro-batch machinery (validation of a matrix, scratch
+        buffers by name, rounds): False, having done nothing, where that path does not apply —
+        secure noise, Moreau smoothing, a loss without a scalar φ′, a non-finite or overflowing
+        row, a label the loss refuses — and :meth:`learn_many`'s general path decides.
+
+        The same mechanism, to rounding (the sum over one row is its one product): the feature
+        clip factor f = R/max(‖x‖, R) and the gradient clip factor L/max(|φ′|·‖z‖, L) are
+        computed for every record, clipped or not, as in the batch path (docs/privacy.md,
+        "Timing"). Memory as after :meth:`learn_many`: the row's gradient lives in a work
+        vector zeroed before returning, and its scalars (norms, margin, slope, weights, label)
+        in Python floats overwritten once the call's frame has ended
+        (:func:`panpriv.protocols.scalar_residue.scrub_call_floats`)."""
+        dphi = self._row_dphi
+        if dphi is None:
+            return False
+        plan = self.current_plan()
+        if plan.smoothing is not None:
+            return False
+        room = scalar_residue.reserve_float_room()  # so the floats freed below land where the scrub finds them
+        try:
+            return self._row_step(x, y, plan, dphi)
+        finally:
+            scalar_residue.scrub_call_floats(room)
+
+    def _row_step(self, x: Array, y: object, plan: RunPlan, dphi: Callable[[float, float], float]) -> bool:
+        """:meth:`_learn_row`'s arithmetic (its floats, the label's included, are made here and
+        freed when this frame ends, before the scrub). ``y``: a 1-element array, or the label."""
+        try:
+            label = y.item(0) if isinstance(y, np.ndarray) else float(y)  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # not a number: the general path says what is wrong with it
+            return False
+        loss = self.loss
+        if loss.binary_labels:
+            if label != 1.0 and label != 0.0 and label != -1.0:
+                return False  # not a label: the general path raises the loss's error
+            label = 1.0 if label == 1.0 else -1.0
+        elif not math.isfinite(label):
+            return False
+        d, bound, lipschitz = self.dim, self.feature_bound, self._lipschitz
+        theta = self._iterate.theta_md
+        x.dot(x, out=self._row_square)  # into 0-d views: no numpy scalar object holds them
+        x.dot(theta[:d], out=self._row_dot)
+        products = self._row_products
+        squares, dot = products.item(0), products.item(1)
+        products.fill(0.0)
+        if not squares <= _LARGEST:  # NaN, ±inf, or a finite row whose square overflows
+            return False
+        intercept = loss.intercept_scale if loss.intercept else 0.0
+        factor = bound / max(math.sqrt(squares), bound)  # f = min(1, R/‖x‖), as scratch._clip_factors
+        margin = dot * factor + (intercept * theta.item(d) if loss.intercept else 0.0)
+        slope = dphi(margin, label)
+        weight = slope * (lipschitz / max(math.sqrt(squares * factor * factor + intercept * intercept) * abs(slope), lipschitz))
+        batch = plan.batch_size(self._iterate.batch)
+        if self._filled == 0:  # a batch starts: g_t ← Z_t (Alg. 6 lines 4-5)
+            self._grad.fill(0)
+            self._add_noise(batch)
+        gradient = self._row_gradient
+        np.multiply(x, weight * factor / batch, out=gradient[:d])
+        if loss.intercept:
+            gradient[d] = intercept * weight / batch
+        self._grad += gradient
+        gradient.fill(0.0)
+        self._filled += 1
+        self._records += 1
+        if self._filled == batch:
+            self._finish_batch(plan, batch)
+        return True
 
     def _add_records(self, X: Array, y: Array, plan: RunPlan, batch: int, row_squares: Array | None = None) -> None:
         """g_t += Σ ∇ℓ(θ^md_t; x)/b_t over the rows (Alg. 6 line 7; secure: Σ trunc(∇/γ) in grid

@@ -55,6 +55,34 @@ def scrub_freed_floats() -> None:
     del zeros
 
 
+CALL_FLOATS = 64
+"""Floats :func:`reserve_float_room` takes off the free list, and :func:`scrub_call_floats`
+overwrites: more than one call of a per-record path holds at once."""
+
+_CALL_ZEROS = np.zeros(CALL_FLOATS)
+
+
+def reserve_float_room() -> list[float]:
+    """Before a call that computes one record's scalars on Python floats (``learn_one``: a
+    :func:`scrub_freed_floats` per record would cost more than the record): take
+    :data:`CALL_FLOATS` floats off CPython's free list (at most 100 entries) and hold them, so
+    that every float the call frees finds room on the list — none goes back to pymalloc, where
+    the few fresh floats of :func:`scrub_call_floats` would not reach it. Pass the result to
+    :func:`scrub_call_floats` once the call's own frame has ended."""
+    return _CALL_ZEROS.tolist()
+
+
+def scrub_call_floats(room: list[float]) -> None:
+    """After the call: the floats it freed are the top of the free list (a stack: each of its
+    temporaries was taken from the top and put back there, and it never held more than
+    :data:`CALL_FLOATS` at once), so :data:`CALL_FLOATS` fresh floats equal to 0.0 take exactly
+    those entries and write 0.0 over their values; then they and ``room`` are freed. About 1 µs,
+    against 10–30 µs for :func:`scrub_freed_floats`."""
+    zeros = _CALL_ZEROS.tolist()
+    del zeros
+    room.clear()
+
+
 def scale_rows(rows: NDArray[np.float64], factors: NDArray[np.float64], work: NDArray[np.float64]) -> NDArray[np.float64]:
     """``rows[i] *= factors[i]`` for every row, in place, through ``work`` (same shape as
     ``rows``; it ends up holding the factors, so it must be a buffer the caller wipes), leaving

@@ -51,7 +51,8 @@ from panpriv.streamer.io.urls import redact
 LEARNER_NAMES = learner_names()
 """Every learner name the CLI accepts, from :mod:`panpriv.protocols.catalogue`."""
 
-RecordFormat = Literal["json", "csv", "binary", "adult"]
+RecordFormat = Literal["json", "csv", "binary", "adult", "json-batch", "ndjson", "csv-batch"]
+"""``json-batch``, ``ndjson`` and ``csv-batch``: many records per message (:mod:`panpriv.streamer.io.batch_formats`)."""
 ADULT_TRAIN_URL = "adult:train"
 """The embedded default source: the UCI Adult training set shipped as package data."""
 
@@ -350,8 +351,9 @@ class ServiceConfig(_Section):
                     f"records.feature_bound is required for format {fmt!r} "
                     "(a PUBLIC bound on ‖x‖₂; records are clipped to it, and it must not be computed from the data)"
                 )
-        if records.fields is not None and fmt not in ("json", "csv"):
-            raise ValueError(f"records.fields (a schema of named fields) reads JSON objects or CSV rows, not format {fmt!r}")
+        if records.fields is not None and fmt not in ("json", "csv", "json-batch", "ndjson"):
+            raise ValueError(f"records.fields (a schema of named fields) reads JSON objects or CSV rows, not format {fmt!r}"
+                             + (" (a csv-batch message carries no header line to name its columns)" if fmt == "csv-batch" else ""))
         if records.fields is not None and fmt == "csv":  # named columns: the header names them
             if "csv_header" in records.model_fields_set and not records.csv_header:
                 raise ValueError("a CSV source read with a schema needs its header line (records.csv_header = true)")

@@ -52,7 +52,7 @@ from panpriv.streamer.budget.open import BudgetSettings, open_budget, open_store
 from panpriv.streamer.budget.store import BudgetExceededError, RunState, describe_excess
 from panpriv.streamer.budget.units import ChargeUnit, lost_instance, owned_by
 from panpriv.streamer.config import ServiceConfig
-from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.io.indexed import IndexedFile
 from panpriv.streamer.io.sinks import last_budget_mark
 from panpriv.streamer.sources.base import Source, display_name

@@ -20,7 +20,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import panpriv
 from panpriv.streamer.arg_types import positive_float
@@ -417,7 +417,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from panpriv.streamer.commands.logs import FORMATS as LOG_FORMATS
     from panpriv.streamer.commands.logs import LEVELS as LOG_LEVELS
-    from panpriv.streamer.config import LEARNER_NAMES
+    from panpriv.streamer.config import LEARNER_NAMES, RecordFormat
 
     parser = argparse.ArgumentParser(
         prog="panpriv",
@@ -468,7 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rate", type=float, help="records per second (0: as fast as possible)")
     run.add_argument("--stop-at-end", action="store_true", help="Kafka: exit once every partition of the topics is caught up")
     run.add_argument("--accept-offset-reset", action="store_true", help="Kafka: read on when a topic's offsets went back below the checkpoint (re-created topic); the ledger charges those offsets again")
-    run.add_argument("--format", choices=["json", "csv", "binary", "adult"], help="record encoding (default: from the source)")
+    run.add_argument("--format", choices=get_args(RecordFormat),
+                     help="record encoding (default: from the source); json-batch, ndjson, csv-batch: many records per message")
     run.add_argument("--dim", type=int, help="feature dimension")
     run.add_argument(
         "--schema", type=Path, metavar="FILE",

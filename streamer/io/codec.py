@@ -13,6 +13,10 @@ Four encodings of a record (``records.format``):
 - ``adult`` — a line of the UCI Adult data, encoded by :mod:`panpriv.streamer.datasets.adult` from the
   public schema only.
 
+Many JSON or CSV records per message (``json-batch``, ``ndjson``, ``csv-batch``) are
+:mod:`panpriv.streamer.io.batch_formats`; :func:`panpriv.streamer.io.formats.make_codec` builds
+the codec of any format.
+
 Validation. A record that cannot be used is *rejected* with one reason from :class:`Reason`
 (undecodable bytes, a missing field, a wrong type, a wrong dimension, a NaN/inf or a number beyond
 float64's range such as a 400-digit JSON integer, a label outside the declared set or range, a
@@ -456,6 +460,15 @@ def _read_record(
         obj = _loads(payload)
     except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError; absurd nesting
         return Reason.UNDECODABLE
+    return record_fields(obj, x_field, y_field, dim, label_required)
+
+
+def record_fields(
+    obj: object, x_field: str, y_field: str, dim: int, label_required: bool = True
+) -> tuple[list[object], float] | Reason:
+    """A decoded JSON value as a record (:func:`_read_record` after parsing; also each element of
+    a ``json-batch`` message, :mod:`panpriv.streamer.io.batch_formats`): its ``x`` list and label,
+    or why it is rejected."""
     if type(obj) is not dict:
         return Reason.WRONG_TYPE
     x = obj.get(x_field, _MISSING)
@@ -885,16 +898,3 @@ class BinaryBatchCodec(Codec):
 def encode_json(x: Sequence[float], y: float, x_field: str = "x", y_field: str = "y") -> bytes:
     """One JSON record message."""
     return json.dumps({x_field: [float(v) for v in x], y_field: float(y)}).encode("utf-8")
-
-
-def make_codec(records: RecordsConfig, labels_required: bool = True) -> Codec:
-    """The codec for ``records.format`` (the config must be resolved: format, dim and bound set);
-    JSON with a schema (``records.fields``) reads named fields. ``labels_required=False`` for
-    scoring (:class:`Codec`)."""
-    classes: dict[str | None, type[Codec]] = {
-        "json": JsonCodec if records.fields is None else NamedJsonCodec,
-        "csv": CsvCodec,
-        "binary": BinaryBatchCodec,
-        "adult": AdultCodec,
-    }
-    return classes[records.format](records, labels_required)

@@ -84,7 +84,8 @@ from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.config import ServiceConfig, privacy_hash, privacy_relevant
 from panpriv.streamer.datasets import adult
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.io.codec import Codec, make_codec
+from panpriv.streamer.io.codec import Codec
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.io.indexed import IndexedFile
 from panpriv.streamer.io.sinks import DeadLetterSink, JsonlSnapshotSink, KafkaSnapshotSink, SnapshotSink
 from panpriv.streamer.io.source_url import KafkaUrl, parse_source_url

@@ -93,7 +93,7 @@ class RejectGuard:
             return f"records.dim is {records.dim}: set --dim to the records' number of features."
         if reason == "undecodable":
             return (f"The messages are not {records.format!r} records: check --format "
-                    "(json, csv, binary) against what the producer writes.")
+                    "(json, csv, binary; json-batch, ndjson, csv-batch for many records a message) against what the producer writes.")
         if reason == "missing_field":
             return (f"The records lack the field {records.x_field!r} or {records.y_field!r}: "
                     "set records.x_field / records.y_field to the producer's field names.")
@@ -102,7 +102,8 @@ class RejectGuard:
             return (f"The labels are outside {allowed}: set records.label_values "
                     "(e.g. [0, 1]) or [] with label_min/label_max for a regression target.")
         if reason == "empty_batch":
-            return "The binary messages hold no record (a batch header with m = 0): fix the producer's batching."
+            return ("The messages hold no record (a binary batch header with m = 0, an empty JSON array, a text batch "
+                    "without a record line): fix the producer's batching.")
         if reason == "non_finite":
             return "The records hold NaN or infinite values: fix the producer (a NaN cannot be clipped)."
         return "Check [records] against what the producer writes."

@@ -215,7 +215,7 @@ class Worker:
     def _setup(self, model: ModelVersion) -> None:
         """Build the learner from the model's public config; register the run; account a lost state."""
         from panpriv.streamer.config import RecordsConfig
-        from panpriv.streamer.io.codec import make_codec
+        from panpriv.streamer.io.formats import make_codec
 
         learner = batch_worker_learner(model.learner, model.config)  # the one factory, from the public config
         learner.plan_for_workers(model.workers)

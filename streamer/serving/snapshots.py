@@ -107,7 +107,7 @@ def predict_source(snapshot: Snapshot, url: str, record_format: str | None = Non
     fields). A record needs no label to be scored; a record that cannot be read is reported by
     reason, in its place (:class:`Scored`)."""
     from panpriv.streamer.config import load_config
-    from panpriv.streamer.io.codec import make_codec
+    from panpriv.streamer.io.formats import make_codec
     from panpriv.streamer.sources.open import open_source
 
     model = snapshot.model

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 
 from panpriv.streamer.config import SourceConfig
 from panpriv.streamer.errors import SourceError
+from panpriv.streamer.io.batch_formats import FORMATS as BATCH_FORMATS
 from panpriv.streamer.io.codec import Codec
 from panpriv.streamer.io.recording import is_recording
 from panpriv.streamer.io.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_source_url
@@ -54,4 +55,7 @@ def open_source(
         case FileUrl(path=path):
             if is_recording(path):
                 return RecordingSource(path, positions, config.recorded_pace, codec)
+            if codec.records.format in BATCH_FORMATS:
+                raise SourceError(f"{path}: format {codec.records.format!r} reads messages of many records (Kafka topics "
+                                  "and their panpriv recordings); a file of one record per line is 'json' or 'csv'")
             return LineFileSource(path, f"file:{path.resolve()}", codec, positions, codec.has_header)

@@ -6,7 +6,9 @@ random text; binary batches with corrupted headers, truncated bodies and arbitra
 patterns; raw random bytes for all). For every micro-batch the codec must not raise, and for every
 message the records it accepted plus those it rejected equal the records the message holds (a
 binary batch that holds none is counted once, as ``empty_batch``: issue 35). Each
-accepted row is finite, within the feature bound, with a declared label.
+accepted row is finite, within the feature bound, with a declared label. The batched text formats
+(``json-batch``, ``ndjson``, ``csv-batch``: issue 37) hold the fuzzed JSON and CSV records, many a
+message, and broken or empty batches; the same invariant holds per message.
 
 The JSON corpus also runs through both JSON decoders (orjson and the standard library's, see
 :func:`panpriv.streamer.io.codec._loads_fast`), which must return identical :class:`~panpriv.streamer.io.codec.Decoded`
@@ -31,7 +33,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from panpriv.streamer.config import load_config
-from panpriv.streamer.io.codec import BATCH_MAGIC, Codec, Decoded, JsonCodec, make_codec
+from panpriv.streamer.io.batch_formats import JsonArrayCodec
+from panpriv.streamer.io.codec import BATCH_MAGIC, Codec, Decoded, JsonCodec
+from panpriv.streamer.io.formats import make_codec
 
 DIM = 3
 BOUND = 1.0
@@ -171,14 +175,54 @@ def binary_record(draw: st.DrawFn) -> bytes:
     return payload
 
 
-GENERATORS = {"json": json_record(), "csv": csv_record(), "binary": binary_record()}
+@st.composite
+def json_batch_message(draw: st.DrawFn) -> bytes:
+    """A ``json-batch`` message: an array of fuzzed JSON records (each written as its message's
+    text where that is JSON, so a broken record breaks the whole array), or a broken array."""
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        return draw(st.binary(max_size=64))
+    if kind == 1:
+        return draw(st.sampled_from([b"[]", b" [ ] ", b"{}", b"[", b"[1, 2]", b'"x"', b"null", b"[" * 1000 + b"]" * 1000]))
+    records = draw(st.lists(st.one_of(json_record(), numeric_json_record()), min_size=1, max_size=8))
+    data = b"[" + b",".join(records) + b"]"
+    if kind == 2 and data:  # flip one byte
+        i = draw(st.integers(0, len(data) - 1))
+        data = data[:i] + bytes([draw(st.integers(0, 255))]) + data[i + 1 :]
+    return data
+
+
+@st.composite
+def line_batch_message(draw: st.DrawFn, record: st.SearchStrategy[bytes]) -> bytes:
+    """An ``ndjson`` or ``csv-batch`` message: fuzzed records (with their line breaks, which make
+    more records) joined by ``\n`` or ``\r\n``, blank lines between, or no record at all."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.sampled_from([b"", b"\n", b"\r\n\r\n", b" \n\t"]))
+    records = draw(st.lists(record, min_size=1, max_size=8))
+    return draw(st.sampled_from([b"\n", b"\r\n", b"\n\n"])).join(records) + draw(st.sampled_from([b"", b"\n"]))
+
+
+GENERATORS = {
+    "json": json_record(), "csv": csv_record(), "binary": binary_record(),
+    "json-batch": json_batch_message(), "ndjson": line_batch_message(json_record()), "csv-batch": line_batch_message(csv_record()),
+}
 
 
 # -- the invariant --------------------------------------------------------------------------------
 
 
 def records_held(fmt: str, codec: Codec, payload: bytes) -> int:
-    """How many records a message holds: 1, or a well-formed binary batch's count."""
+    """How many records a message holds: 1, a well-formed binary batch's count, a JSON array's
+    length (0 for ``[]``; 1 for a message that is not an array) or a text batch's lines that are
+    not blank (0 for none), read independently of the codec."""
+    if fmt == "json-batch":
+        try:
+            value = json.loads(payload)
+        except (ValueError, RecursionError):
+            return 1
+        return len(value) if isinstance(value, list) else 1
+    if fmt in ("ndjson", "csv-batch"):
+        return sum(1 for line in payload.split(b"\n") if line.strip())
     if fmt != "binary":
         return 1
     header = struct.Struct("<4sBBHI")
@@ -224,12 +268,14 @@ def fuzz(fmt: str, examples: int) -> Counter[str]:
 WIDE_BOUND = 1.7976931348623157e308  # the largest float: no finite row is clipped, so no last bit hides
 
 
-def json_codecs(bound: float = BOUND) -> tuple[JsonCodec, JsonCodec]:
+def json_codecs(bound: float = BOUND, fmt: str = "json") -> tuple[Codec, Codec]:
     """The orjson and the standard-library JSON codecs on the same settings (orjson is in the test
-    extra: ``fast=True`` fails here if it is missing rather than skipping the comparison)."""
-    overrides = {"source.url": "kafka://h:1/t", "records.format": "json", "records.dim": DIM, "records.feature_bound": bound}
+    extra: ``fast=True`` fails here if it is missing rather than skipping the comparison);
+    ``fmt="json-batch"``: the batch codecs."""
+    overrides = {"source.url": "kafka://h:1/t", "records.format": fmt, "records.dim": DIM, "records.feature_bound": bound}
     records = load_config(None, overrides).records
-    return JsonCodec(records, fast=True), JsonCodec(records, fast=False)
+    kind = JsonCodec if fmt == "json" else JsonArrayCodec
+    return kind(records, fast=True), kind(records, fast=False)
 
 
 def assert_same_decoded(fast: Decoded, stdlib: Decoded, payloads: list[bytes]) -> None:
@@ -241,12 +287,13 @@ def assert_same_decoded(fast: Decoded, stdlib: Decoded, payloads: list[bytes]) -
     assert fast.y.tobytes() == stdlib.y.tobytes(), context
 
 
-def fuzz_json_decoders(examples: int, bound: float = BOUND) -> Counter[str]:
-    fast, stdlib = json_codecs(bound)
+def fuzz_json_decoders(examples: int, bound: float = BOUND, fmt: str = "json") -> Counter[str]:
+    fast, stdlib = json_codecs(bound, fmt)
     tally: Counter[str] = Counter()
+    messages = st.one_of(json_record(), numeric_json_record()) if fmt == "json" else json_batch_message()
 
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.lists(st.one_of(json_record(), numeric_json_record()), min_size=1, max_size=16))
+    @given(st.lists(messages, min_size=1, max_size=16))
     def run(payloads: list[bytes]) -> None:
         expected = stdlib.decode(payloads)
         assert_same_decoded(fast.decode(payloads), expected, payloads)
@@ -257,18 +304,20 @@ def fuzz_json_decoders(examples: int, bound: float = BOUND) -> Counter[str]:
     return tally
 
 
+@pytest.mark.parametrize("fmt", ["json", "json-batch"])
 @pytest.mark.parametrize("bound", [BOUND, WIDE_BOUND])
-def test_both_json_decoders_decide_and_decode_every_fuzzed_record_alike(bound: float) -> None:
-    tally = fuzz_json_decoders(2 * FAST_EXAMPLES, bound)
+def test_both_json_decoders_decide_and_decode_every_fuzzed_record_alike(bound: float, fmt: str) -> None:
+    tally = fuzz_json_decoders(2 * FAST_EXAMPLES, bound, fmt)
     assert tally["accepted"] > 0 and len(tally) >= 5  # good records and most reasons were exercised
 
 
 @pytest.mark.soak
-def test_soak_both_json_decoders_ten_thousand_records() -> None:
+@pytest.mark.parametrize("fmt", ["json", "json-batch"])
+def test_soak_both_json_decoders_ten_thousand_records(fmt: str) -> None:
     tally: Counter[str] = Counter()
     while sum(tally.values()) < SOAK_RECORDS:
-        tally += fuzz_json_decoders(SOAK_EXAMPLES, BOUND) + fuzz_json_decoders(SOAK_EXAMPLES, WIDE_BOUND)
-    print("\nfuzz json, orjson vs json: " + json.dumps(dict(sorted(tally.items()))))
+        tally += fuzz_json_decoders(SOAK_EXAMPLES, BOUND, fmt) + fuzz_json_decoders(SOAK_EXAMPLES, WIDE_BOUND, fmt)
+    print(f"\nfuzz {fmt}, orjson vs json: " + json.dumps(dict(sorted(tally.items()))))
 
 
 @pytest.mark.parametrize("fmt", sorted(GENERATORS))

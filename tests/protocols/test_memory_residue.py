@@ -34,7 +34,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,7 @@ class Case:
     kind: str  # "accumulator" (pan-acsa), "grid" (secure pan-acsa), "tree" (pan-ftrl), "step" (pnsgd), "pvec",
     # "additive" (Gaussian messages), "rows" (rows only)
     modes: tuple[str, ...] = ("mid", "end")
+    one_at_a_time: bool = False  # the records through learn_one, one call each (pan-acsa's row path)
 
 
 def _pvec_round(learner: Any, mode: str) -> int:
@@ -176,6 +177,7 @@ CASES: dict[str, Case] = {
     ),
 }
 
+CASES["pan-acsa-learn-one"] = replace(CASES["pan-acsa"], one_at_a_time=True)  # learn_one's row path
 
 def _child(conn: Any, name: str, dim: int, mode: str) -> None:
     """Learn one micro-batch with OS-entropy noise, zero the inputs in place, then wait."""
@@ -184,7 +186,11 @@ def _child(conn: Any, name: str, dim: int, mode: str) -> None:
     m = case.records(learner, mode)
     X, y = _records(dim, m)
     conn.send((m, case.query(learner).tobytes()))
-    learner.learn_many(X, y)
+    if case.one_at_a_time:
+        for row in range(m):
+            learner.learn_one(X[row], y[row : row + 1].reshape(()))  # a 0-d view: no float of the caller's
+    else:
+        learner.learn_many(X, y)
     X.fill(0.0)
     y.fill(0.0)
     conn.send("learned")
@@ -265,7 +271,7 @@ def _can_read_child_memory() -> bool:
     return sys.platform == "linux" and os.path.exists("/proc/self/mem")
 
 
-LARGE_IN_MAKE_TEST = ("pan-acsa", "pan-acsa-secure", "pan-ftrl")
+LARGE_IN_MAKE_TEST = ("pan-acsa", "pan-acsa-learn-one", "pan-acsa-secure", "pan-ftrl")
 """Learners whose d = 300 scans run in ``make test``; the others' (4-35 s each) run in ``make soak``.
 Every learner's own buffers are scanned at d = 20 here; d = 300 adds numpy's large-buffer
 allocation path (no small-block cache), which pan-acsa exercises in both noise modes, and pan-ftrl."""

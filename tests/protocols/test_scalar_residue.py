@@ -54,10 +54,24 @@ LEARNERS: dict[str, Callable[[], Learner]] = {
     "shuffle-sgd": lambda: ShuffleSGD(DIM, LOSS, 1.0, 1e-6, batch_size=64, rng=SEED),
     "shuffle-acsa": lambda: ShuffleACSA(DIM, LOSS, 1.0, 1e-6, horizon=20_000, batch_size=64, rng=SEED),
     "shuffle-gaussian": lambda: ShuffleGaussianSGD(DIM, LOSS, 1.0, 1e-6, batch_size=64, rng=SEED),
+    # learn_one, one record per call (pan-acsa's row path: Python floats, scrubbed after each call)
+    "pan-acsa-learn-one": lambda: PanPrivateACSA(DIM, LOSS, 1.0, 1e-6, horizon=20_000, batch_size=64, rng=SEED),
     # real-valued labels: each one is a record's data too
     "pnsgd-squared": lambda: OnlinePNSGD(DIM, SQUARED, 1.0, eta=0.1, radius=1.0, rng=SEED),
     "checkin-squared": lambda: RandomCheckinSGD(DIM, SQUARED, 1.0, 1e-6, randomizer="gaussian", slots=50, rng=SEED),
+    "pan-acsa-learn-one-squared": lambda: PanPrivateACSA(DIM, SQUARED, 1.0, 1e-6, horizon=20_000, batch_size=64, rng=SEED),
 }
+
+
+def learn(name: str, learner: Learner, X: np.ndarray, y: np.ndarray) -> None:
+    """``learn_many`` of the micro-batch, or, for the ``learn-one`` cases, ``learn_one`` per record
+    (each label given as a 0-d view of ``y``: a Python float made by this loop would be the
+    caller's residue, not the learner's)."""
+    if "learn-one" not in name:
+        learner.learn_many(X, y)
+        return
+    for row in range(len(y)):
+        learner.learn_one(X[row], y[row : row + 1].reshape(()))
 
 
 def _records(m: int, seed: int, continuous: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -93,10 +107,19 @@ def _child(conn: Any, name: str, sabotage: str | None) -> None:
         import panpriv.protocols.pnsgd as pnsgd
 
         pnsgd.scrub_freed_floats = lambda: None  # type: ignore[assignment]
+    elif sabotage == "unscrubbed-row":  # learn_one's floats left on the free list
+        import types
+
+        import panpriv.protocols.pan_acsa as pan_acsa
+        from panpriv.protocols import scalar_residue
+
+        pan_acsa.scalar_residue = types.SimpleNamespace(  # type: ignore[assignment]
+            reserve_float_room=scalar_residue.reserve_float_room, scrub_call_floats=lambda room: None
+        )
     learner = LEARNERS[name]()
     for m, seed in ((WARM_UP, 1), (TARGET, 2)):
         X, y = _records(m, seed, name.endswith("squared"))
-        learner.learn_many(X, y)
+        learn(name, learner, X, y)
         X.fill(0.0)
         y.fill(0.0)
     conn.send("learned")
@@ -128,7 +151,7 @@ def _target_scalars(name: str) -> dict[str, np.ndarray]:
     scratch.scalar_dphi = spied_scalar_dphi  # type: ignore[assignment]
     try:
         twin: Any = LEARNERS[name]()
-        twin.learn_many(*_records(WARM_UP, 1, continuous))
+        learn(name, twin, *_records(WARM_UP, 1, continuous))
         margins.clear()
         slopes.clear()
         array = twin.loss._dphi
@@ -141,7 +164,7 @@ def _target_scalars(name: str) -> dict[str, np.ndarray]:
 
         twin.loss._dphi = array_spy
         X, y = _records(TARGET, 2, continuous)
-        twin.learn_many(X, y)
+        learn(name, twin, X, y)
     finally:
         scratch.scalar_dphi = scalar_dphi
     Z = twin.loss.features(X, twin.feature_bound)
@@ -210,4 +233,13 @@ def test_the_scan_finds_margins_left_on_the_float_free_list() -> None:
     """Control: pnsgd without :func:`panpriv.protocols.scalar_residue.scrub_freed_floats` leaves its last
     steps' margins or slopes in freed Python floats."""
     found = scan("pnsgd", sabotage="unscrubbed")
+    assert "margin" in found or "slope" in found
+
+
+@pytest.mark.slow
+@needs_proc_mem
+def test_the_scan_finds_the_last_learn_one_values_without_the_call_scrub() -> None:
+    """Control: pan-acsa's ``learn_one`` without :func:`panpriv.protocols.scalar_residue.scrub_call_floats`
+    leaves its last record's margin or slope in freed Python floats."""
+    found = scan("pan-acsa-learn-one", sabotage="unscrubbed-row")
     assert "margin" in found or "slope" in found

@@ -29,7 +29,8 @@ from panpriv.streamer.budget.store import BudgetError, BudgetExceededError, Budg
 from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.io.codec import encode_json, make_codec
+from panpriv.streamer.io.codec import encode_json
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.io.recording import RecordingWriter
 from panpriv.streamer.metrics.service import ServiceMetrics
 from panpriv.streamer.runtime.processor import Processor

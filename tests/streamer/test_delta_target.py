@@ -11,7 +11,7 @@ import pytest
 from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
-from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.runtime.learners import build_learner, constructor_arguments
 from panpriv.streamer.sources.identity import line_file_identity
 from tests.streamer.test_cli_options import run_args

@@ -13,7 +13,7 @@ from sklearn.metrics import balanced_accuracy_score, log_loss, roc_auc_score
 from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import ConfigError
-from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.metrics.service import ServiceMetrics
 from panpriv.streamer.runtime.processor import Processor
 from panpriv.streamer.serving.holdout import Holdout

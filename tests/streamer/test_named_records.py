@@ -16,7 +16,8 @@ import pytest
 
 from panpriv.streamer.commands.cli import main
 from panpriv.streamer.config import load_config
-from panpriv.streamer.io.codec import Reason, make_codec
+from panpriv.streamer.io.codec import Reason
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.runtime.processor import Processor
 from panpriv.streamer.sources.identity import line_file_identity
 

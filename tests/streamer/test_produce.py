@@ -10,7 +10,7 @@ import pytest
 
 from panpriv.streamer.commands.produce import Pacer, add_produce_arguments, produce, synthetic_messages
 from panpriv.streamer.config import load_config
-from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.sources.local import SyntheticSource
 
 
@@ -26,7 +26,8 @@ def synthetic(n: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return batch.arrays
 
 
-@pytest.mark.parametrize(("fmt", "expected_messages"), [("json", 5000), ("binary", 20)])
+@pytest.mark.parametrize(("fmt", "expected_messages"), [("json", 5000), ("binary", 20), ("json-batch", 20), ("ndjson", 20),
+                                                        ("csv-batch", 20)])
 def test_messages_decode_to_the_synthetic_records(fmt: str, expected_messages: int) -> None:
     # 5000 records cross the synthetic source's 4096-record block boundary.
     messages = list(synthetic_messages(5000, 7, seed=3, fmt=fmt, batch_records=256))
@@ -35,8 +36,8 @@ def test_messages_decode_to_the_synthetic_records(fmt: str, expected_messages: i
     decoded = codec_for(fmt, 7).decode([message for _, message in messages])
     X, y = synthetic(5000, 7, seed=3)
     assert decoded.reject_counts() == {}
-    # JSON carries float64 exactly (repr round trip); binary batches carry float32.
-    dtype = np.float64 if fmt == "json" else np.float32
+    # JSON and CSV carry float64 exactly (repr round trip); binary batches carry float32.
+    dtype = np.float32 if fmt == "binary" else np.float64
     np.testing.assert_array_equal(decoded.X, X.astype(dtype).astype(np.float64))
     np.testing.assert_array_equal(decoded.y, y)
 

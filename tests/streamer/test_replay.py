@@ -27,7 +27,8 @@ from panpriv.streamer.budget.session import PUBLIC_COUNTS
 from panpriv.streamer.budget.store import BudgetStore
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import ConfigError, SourceError
-from panpriv.streamer.io.codec import encode_batch, encode_json, make_codec
+from panpriv.streamer.io.codec import encode_batch, encode_json
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.io.indexed import IndexedFile
 from panpriv.streamer.io.recording import RecordingWriter
 from panpriv.streamer.io.sinks import read_snapshots

@@ -12,7 +12,7 @@ import pytest
 
 from panpriv.streamer.config import load_config
 from panpriv.streamer.errors import SourceError
-from panpriv.streamer.io.codec import make_codec
+from panpriv.streamer.io.formats import make_codec
 from panpriv.streamer.io.recording import RecordingReader, RecordingWriter
 from panpriv.streamer.io.source_url import AdultUrl, FileUrl, KafkaUrl, SyntheticUrl, parse_kafka_url, parse_source_url, parse_synthetic_url
 from panpriv.streamer.sources.base import Batch, iter_batches
