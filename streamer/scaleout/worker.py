@@ -62,13 +62,17 @@ from panpriv.protocols.batch_worker import BatchWorkerLearner
 from panpriv.streamer.budget.open import BudgetSettings
 from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.budget.store import BudgetExceededError
+from panpriv.streamer.config import SourceConfig
 from panpriv.streamer.errors import CheckpointError, PlanStalled
+from panpriv.streamer.io.source_url import KafkaUrl
 from panpriv.streamer.kafka.topics import ensure_topics
 from panpriv.streamer.runtime.role_loop import RoleLoop
 from panpriv.streamer.scaleout.coordinator import batch_worker_learner
 from panpriv.streamer.scaleout.metrics import WorkerMetrics
 from panpriv.streamer.scaleout.tally import TallyReader, owner_holds
 from panpriv.streamer.scaleout.wire import BatchOpen, GradientRecord, ModelReader, ModelVersion, query_state, scaleout_topics
+from panpriv.streamer.sources.base import Batch
+from panpriv.streamer.sources.open import open_kafka_source
 from panpriv.streamer.state.role_state import RoleState
 
 log = logging.getLogger("panpriv.worker")
@@ -109,7 +113,7 @@ class _Batch:
     grew_sent: float
     filled: int = 0
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
-    starts: dict[tuple[str, int], int] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)  # source key (topic/partition) → first position
     renewed: float = float("-inf")
     sent_filled: int = 0
     held: bool = True
@@ -129,28 +133,6 @@ class WorkerStats:
     lost: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.scaleout.metrics.LOST_REASONS
     waits: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.scaleout.metrics.WAIT_OUTCOMES
     wait_s: float = 0.0
-
-
-class _Revocations:
-    """Notes partition revocations (the open batch is then lost); wrapped by :func:`_listener`."""
-
-    def __init__(self) -> None:
-        self.revoked = False
-
-
-def _listener(revocations: _Revocations) -> Any:
-    """A ``kafka.ConsumerRebalanceListener`` (kafka-python insists on the subclass) feeding ``revocations``."""
-    from kafka import ConsumerRebalanceListener
-
-    class Listener(ConsumerRebalanceListener):
-        def on_partitions_revoked(self, revoked: Any) -> None:
-            if revoked:
-                revocations.revoked = True
-
-        def on_partitions_assigned(self, assigned: Any) -> None:
-            pass
-
-    return Listener()
 
 
 def worker_state(out: Path) -> RoleState:
@@ -196,19 +178,20 @@ class Worker:
         self.version = -1  # the version loaded into the learner
         self.durable: dict[str, int] = {}
         self._sequence = 0
-        self._revocations = _Revocations()
+        self._revoked = False  # partitions were revoked in the last poll (the open batch is then lost)
         self._reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
         loop.close_on_exit(self._reader.close, "model reader")
         self._producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
         loop.close_on_exit(self._producer.close, "gradients producer")
-        self._consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
-                                               auto_offset_reset="earliest")
-        loop.close_on_exit(self._consumer.close, "data consumer")
-        self._consumer.subscribe([options.data_topic], listener=_listener(self._revocations))
-        from panpriv.streamer.sources.identity import kafka_cluster_identity
-
-        self._consumer.partitions_for_topic(options.data_topic)
-        self._cluster = kafka_cluster_identity(self._consumer, options.bootstrap)
+        # panpriv run's source (kafka-python or confluent-kafka, by [kafka] client), from no position of
+        # its own: the group's committed offsets (the last published batches) say where to start.
+        url = KafkaUrl(options.bootstrap, [options.data_topic], options.group)
+        self._source_config = SourceConfig(url=url.display())
+        self._source = open_kafka_source(url, self._source_config, {}, on_revoke=self._on_revoke)
+        loop.close_on_exit(self._source.close, "data source")
+        self._cluster = self._source.cluster_identity()
+        log.info("worker %s: reading %s with %s", instance, url.display(), self._source.client)
+        self._batch: _Batch | None = None
         self._codec: Any = None
         self._newest = -1  # the newest model version read
         self._charged: set[str] = set()  # data keys this instance has charged
@@ -258,8 +241,9 @@ class Worker:
 
     # -- the budget -------------------------------------------------------------------------------
 
-    def _key(self, topic: str, partition: int) -> str:
-        return f"kafka:{self._cluster}/{topic}/{partition}"
+    def _key(self, source_key: str) -> str:
+        """The budget store's data key of the source's ``topic/partition``."""
+        return f"kafka:{self._cluster}/{source_key}"
 
     def _reclassify(self, why: str) -> bool:
         """Move this instance's charges beyond its published positions to a lost (intrusion-only)
@@ -320,7 +304,6 @@ class Worker:
         self._tally = TallyReader(self.options.bootstrap, self.options.gradients_topic, self.options.deployment,
                                   model.gradients_offset)
         self.loop.close_on_exit(self._tally.close, "gradients reader")
-        self._batch: _Batch | None = None
         self._published_at = -1
         self._waiting_since = time.monotonic()
         self._waiting = False  # after publishing at _published_at, until the next version or another batch there
@@ -375,24 +358,24 @@ class Worker:
             if batch is None:  # the place went to an earlier claim: nothing was read
                 self._model = self._reader.poll(50) or model
                 return
-        polled = self._consumer.poll(timeout_ms=200, max_records=want)
-        records = [r for rs in polled.values() for r in rs]
-        if self._revocations.revoked:
-            self._revocations.revoked = False
+        polled = self._source.poll(want, 0.2)
+        if self._revoked:
+            self._revoked = False
             self.budget.give_back(self.stats.instance)  # a revoked partition's next offsets are its new owner's
             self._discard(batch, "partitions revoked mid-batch", "revoked")
             self._batch = None
-            self._seek_back(self._firsts(records))  # read under no claim: back to the stream, uncharged
+            if polled is not None:  # read under no claim: back to the stream, uncharged
+                self._source.rewind({key: start for key, (start, _) in polled.ranges.items()})
             return
-        if not records:
+        if polled is None:
             self._renew(batch, time.monotonic())
             return
-        if not self._learn(batch, records):
+        if not self._learn(batch, polled):
             self._discard(batch, self.stats.reason, "budget")
             self._batch = None
             self.loop.finish("budget")
             return
-        self.loop.pacer.consumed(len(records))
+        self.loop.pacer.consumed(len(polled.payloads))
         if batch.filled < batch.size:
             self._renew(batch, time.monotonic())
         elif self._version_closed(batch):
@@ -495,54 +478,43 @@ class Worker:
             log.info("worker %s: %s (%d of %d records): handing it back; its records return to the stream",
                      self.stats.instance, why, batch.filled, batch.size)
         self._discard(batch, why, "handed_back")
-        self._seek_back(batch.starts)
+        self._source.rewind(batch.starts)
 
-    @staticmethod
-    def _firsts(records: list[Any]) -> dict[tuple[str, int], int]:
-        """The first offset of ``records`` per (topic, partition)."""
-        firsts: dict[tuple[str, int], int] = {}
-        for record in records:
-            firsts.setdefault((record.topic, record.partition), record.offset)
-        return firsts
+    def _on_revoke(self) -> None:
+        """The source's revocation hook (inside its poll, before the partitions go): the open batch
+        is lost; its positions go back to its first ones, so that a partition assigned again —
+        to this worker or, through the group's committed offsets, to another — is read from there."""
+        self._revoked = True
+        if self._batch is not None:
+            self._source.rewind(self._batch.starts, seek=False)
 
-    def _seek_back(self, starts: dict[tuple[str, int], int]) -> None:
-        """Seek the assigned partitions among ``starts`` back to those offsets (nothing was committed)."""
-        from kafka.structs import TopicPartition
-
-        assigned = self._consumer.assignment()
-        for (topic, partition), start in starts.items():
-            tp = TopicPartition(topic, partition)
-            if tp in assigned:
-                self._consumer.seek(tp, start)
-
-    def _learn(self, batch: _Batch, records: list[Any]) -> bool:
-        """Charge, then learn ``records`` into the open batch (Alg. 6 line 7); False if the budget refuses."""
+    def _learn(self, batch: _Batch, polled: Batch) -> bool:
+        """Charge, then learn the micro-batch ``polled`` into the open batch (Alg. 6 line 7); False
+        if the budget refuses."""
         assert self.learner is not None
-        ranges: dict[str, tuple[int, int]] = {}
-        for record in records:
-            key = self._key(record.topic, record.partition)
-            start, stop = ranges.get(key, (record.offset, record.offset + 1))
-            ranges[key] = (min(start, record.offset), max(stop, record.offset + 1))
-            batch.starts.setdefault((record.topic, record.partition), record.offset)
+        ranges = {self._key(key): span for key, span in polled.ranges.items()}
+        for key, (start, _) in polled.ranges.items():
+            batch.starts.setdefault(key, start)
         self._charged.update(ranges)
         refused = self.budget.charge(self.stats.instance, ranges, self.budget.own())
         if refused is not None:
             self.stats.reason = refused
             return False
-        self.budget.learned_here += len(records)
+        self.budget.learned_here += len(polled.payloads)
         for key, (start, stop) in ranges.items():
             a, b = batch.ranges.get(key, (start, stop))
             batch.ranges[key] = (min(a, start), max(b, stop))
-        decoded = self._codec.decode([r.value for r in records])
-        try:
-            self.stats.rejected += len(records) - decoded.X.shape[0]
-            self.stats.rejects.update(decoded.reject_counts())
-            if decoded.X.shape[0]:
-                self.learner.add_to_batch(decoded.X, decoded.y, batch.size)
-            batch.filled += decoded.X.shape[0]
-        finally:
-            decoded.X.fill(0.0)
-            decoded.y.fill(0.0)
+        for decoded, _ in self._codec.decode_groups(polled.payloads, self._source_config.batch_bytes):
+            try:
+                rejects = decoded.reject_counts()
+                self.stats.rejected += sum(rejects.values())
+                self.stats.rejects.update(rejects)
+                if decoded.X.shape[0]:
+                    self.learner.add_to_batch(decoded.X, decoded.y, batch.size)
+                batch.filled += decoded.X.shape[0]
+            finally:
+                decoded.X.fill(0.0)
+                decoded.y.fill(0.0)
         return True
 
     def _publish(self, batch: _Batch) -> None:
@@ -563,10 +535,8 @@ class Worker:
             mean.fill(0.0)
         self.stats.published += 1
         self.stats.records += batch.size
-        try:
-            self._consumer.commit()
-        except Exception as exc:  # noqa: BLE001 - a rebalance: the new owner re-reads (a second, charged use)
-            log.warning("worker %s: offset commit failed after publishing (%s): the records may be read again", self.stats.instance, exc)
+        # Committed for the group's next owner (a failure is logged: that owner re-reads, a second, charged use).
+        self._source.acknowledge({key: batch.ranges[self._key(key)][1] for key in batch.starts})
 
 
 def _stop_if_abandoned(model: ModelVersion) -> None:

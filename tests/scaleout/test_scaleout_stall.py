@@ -157,31 +157,49 @@ def test_a_coordinator_down_for_longer_than_sync_wait(kafka_broker: KafkaBroker,
     assert "resumed at version" in coordinator.log_path.read_text()
 
 
+def _client(tmp_path: Path, client: str) -> tuple[str, ...]:
+    """The worker flags that select the Kafka client of ``panpriv run``'s source (``[kafka] client``)."""
+    config = tmp_path / f"kafka-{client}.toml"
+    config.write_text(f'[kafka]\nclient = "{"confluent" if client == "confluent-kafka" else "kafka-python"}"\n')
+    return ("--config", str(config))
+
+
+def _read_with(worker: ManagedProcess, client: str) -> None:
+    """The worker read its records through ``panpriv run``'s source on ``client`` (its start-up line)."""
+    log = worker.log_path.read_text()
+    assert f"with {client}" in log and "reading kafka://" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent-kafka"])
 def test_spare_workers_racing_for_every_place_publish_no_stale_mean(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, client: str
 ) -> None:
     """Three workers for K = 2 places: at every version all three see both places free at once, as
     two survivors see a dead worker's place (issue 35). Each claims before it reads a record, and
     the claim that comes third in the topic's order withdraws: every version steps on exactly two
     means, none stale, and nothing is charged that was not published. (Before claims each worker
     decided on what it had read so far: 3 stale means by version 15, whose records were read and
-    charged for nothing, so the last version could not fill and the test timed out.)"""
+    charged for nothing, so the last version could not fill and the test timed out.) On both
+    clients of ``panpriv run``'s source (issue 37: the workers read with kafka-python only)."""
     names = parts.topics(kafka_broker, unique_name, 3)
     _, _, w = _plan(2)
     X, y = parts.synthetic(N + 3 * w, parts.DIM, seed=15)
     parts.produce(kafka_broker.bootstrap, names["data"], X, y, 3)
     coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, 2)
-    workers = [parts.start_worker(tmp_path, kafka_broker, names, i) for i in range(3)]
+    workers = [parts.start_worker(tmp_path, kafka_broker, names, i, more=_client(tmp_path, client)) for i in range(3)]
     started = time.monotonic()
     try:
-        _finish(coordinator, workers, kafka_broker, names, started, "three workers for two places", k=2)
+        _finish(coordinator, workers, kafka_broker, names, started, f"three workers for two places ({client})", k=2)
     finally:
         for process in (*workers, coordinator):
             process.stop()
+    for worker in workers:
+        _read_with(worker, client)
 
 
+@pytest.mark.parametrize("client", ["kafka-python", "confluent-kafka"])
 def test_a_batch_whose_version_closed_goes_back_to_the_stream(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, client: str
 ) -> None:
     """Worker 1 trickles (0.5 records/s: a record every 2 s, its lease lapsing 1 s after each,
     --sync-wait 1), so worker 0 takes its place at every version and closes it. Worker 1 hands its
@@ -190,8 +208,8 @@ def test_a_batch_whose_version_closed_goes_back_to_the_stream(
     names = parts.topics(kafka_broker, unique_name, 2)
     _produce(kafka_broker, names, seed=14, workers=2)
     coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, 2)
-    workers = [parts.start_worker(tmp_path, kafka_broker, names, i,
-                                  more=("--rate", "0.5", "--sync-wait", "1") if i else ("--sync-wait", "0.5"))
+    workers = [parts.start_worker(tmp_path, kafka_broker, names, i, more=(
+        *_client(tmp_path, client), *(("--rate", "0.5", "--sync-wait", "1") if i else ("--sync-wait", "0.5"))))
                for i in range(2)]
     handed_back = "handing it back; its records return to the stream"
     try:
@@ -203,6 +221,7 @@ def test_a_batch_whose_version_closed_goes_back_to_the_stream(
     finally:
         for process in (*workers, coordinator):
             process.stop()
+    _read_with(workers[1], client)  # the source's rewind on this client returned the records
     trickling = parts.worker_instance(tmp_path / "worker1")
     per_worker = _assert_ledger(kafka_broker, names)
     model = parts.last_model(kafka_broker.bootstrap, names["model"])
