@@ -25,6 +25,14 @@ means of its version were read, or its claim found no place again) is *handed ba
 seeks back to the batch's first positions, so its records return to the stream, and the batch is
 lost like a revoked one (below).
 
+**Reading.** The data topic is read through ``panpriv run``'s Kafka source
+(:func:`panpriv.streamer.sources.open.open_kafka_source`: kafka-python, or confluent-kafka by
+``[kafka] client``), its micro-batches decoded in byte-bounded groups
+(:meth:`panpriv.streamer.io.codec.Codec.decode_groups`), JSON or CSV one record per message. The
+worker gives the source no position of its own: the group's committed offsets (committed after each
+publication) say where a partition starts; a hand-back or a revocation rewinds the source to the
+lost batch's first positions (:meth:`panpriv.streamer.sources.kafka.KafkaConsumerSource.rewind`).
+
 **Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run), through
 the one :class:`~panpriv.streamer.budget.session.BudgetSession` and its rules. A worker is a run with
 its own instance, and each worker process an *attempt* at it (a second live process of one instance
