@@ -110,7 +110,7 @@ class WorkerOptions:
 @dataclass
 class _Batch:
     """The open batch: its version and size, what it has read (positions per data key; the first
-    offset per (topic, partition), where a hand-back seeks to), and its lease: renewed every
+    position per source key ``topic/partition``, where a hand-back rewinds to), and its lease: renewed every
     ``renew_s`` seconds (last at ``renewed``), its last growing record (claim or renewal with more
     records) sent at ``grew_sent`` with ``sent_filled`` records, and ``held`` until a growing
     renewal left too late to hold its place (:func:`panpriv.streamer.scaleout.tally.owner_holds`)."""

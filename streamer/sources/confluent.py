@@ -192,9 +192,6 @@ class ConfluentKafkaSource(KafkaConsumerSource):
             part.timestamps.append(message.timestamp()[1])
         return self._batch(by_key.values())
 
-    def _assigned_keys(self) -> set[str]:
-        return {f"{tp.topic}/{tp.partition}" for tp in self._assigned}
-
     def _seek(self, offsets: Mapping[str, int]) -> None:
         """Seek assigned partitions (librdkafka drops what it fetched of them beyond)."""
         from confluent_kafka import TopicPartition

@@ -185,9 +185,9 @@ class KafkaConsumerSource(abc.ABC):
         if seek:
             self._seek({key: offset for key, offset in starts.items() if key in self._assigned_keys()})
 
-    @abc.abstractmethod
     def _assigned_keys(self) -> set[str]:
         """The ``topic/partition`` keys assigned now."""
+        return {f"{tp.topic}/{tp.partition}" for tp in self._assigned}
 
     @abc.abstractmethod
     def _seek(self, offsets: Mapping[str, int]) -> None:
@@ -325,9 +325,6 @@ class KafkaSource(KafkaConsumerSource):
                 for tp, messages in records.items() if messages
             ]
         return self._batch(self._take(max_records))
-
-    def _assigned_keys(self) -> set[str]:
-        return {f"{tp.topic}/{tp.partition}" for tp in self._assigned}
 
     def _seek(self, offsets: Mapping[str, int]) -> None:
         """Seek, and drop what was drained but not handed out: a drained partition not sought is
