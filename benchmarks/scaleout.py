@@ -4,6 +4,11 @@ throughput and noise for 8–64 workers.
 
     PYTHONPATH=. .venv/bin/python benchmarks/scaleout.py          # starts the test suite's Tansu broker
     PYTHONPATH=. .venv/bin/python benchmarks/scaleout.py --quick
+    PYTHONPATH=. .venv/bin/python benchmarks/scaleout.py --client confluent-kafka
+
+The workers read through ``panpriv run``'s Kafka source on the client ``--client`` names
+(``[kafka] client``; ``both``, the default, runs 1, 2, 3 workers on each, side by side; the cost
+model is fitted to the first client's runs).
 
 **Measured** (d = 20, logistic loss, ε = 1, δ = 1e-6, JSON records on a 6-partition topic holding 2n records, the
 stream planned for n records): one coordinator and K worker processes (``panpriv coordinate`` /
@@ -146,8 +151,12 @@ def broker_trip(broker: KafkaBroker, repeats: int = 20) -> float:
     return float(np.median(trips))
 
 
-def measure(broker: KafkaBroker, n: int, workers: int, workdir: Path) -> dict[str, float]:
-    """One run of K workers + a coordinator; steady-state records/s from the model topic."""
+CLIENTS = {"kafka-python": "kafka-python", "confluent-kafka": "confluent"}
+"""``--client`` → the ``[kafka] client`` setting the workers are started with."""
+
+
+def measure(broker: KafkaBroker, n: int, workers: int, workdir: Path, client: str = "kafka-python") -> dict[str, float]:
+    """One run of K workers (on ``client``) + a coordinator; steady-state records/s from the model topic."""
     from tests.scaleout import parts
 
     # Six partitions (an equal share for 1, 2 or 3 workers) and twice the planned records, so that
@@ -158,10 +167,12 @@ def measure(broker: KafkaBroker, n: int, workers: int, workdir: Path) -> dict[st
     X = rng.normal(size=(2 * n, DIM)) / math.sqrt(DIM) * 1.5
     y = np.where(X[:, 0] > 0, 1.0, -1.0)
     parts.produce(broker.bootstrap, names["data"], X, y, partitions=6)
-    run = workdir / f"k{workers}"
+    run = workdir / f"{client}-k{workers}"
     run.mkdir()
+    config = run / "kafka.toml"
+    config.write_text(f'[kafka]\nclient = "{CLIENTS[client]}"\n')
     coordinator = parts.start_coordinator(run, broker, names, n, workers)
-    procs = [parts.start_worker(run, broker, names, i) for i in range(workers)]
+    procs = [parts.start_worker(run, broker, names, i, more=("--config", str(config))) for i in range(workers)]
     try:
         parts.wait_all(coordinator, procs, 600)
     finally:
@@ -201,14 +212,16 @@ def store_writes() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="n = 30,000 instead of 120,000")
+    parser.add_argument("--client", choices=(*CLIENTS, "both"), default="both", help="the workers' Kafka client")
     args = parser.parse_args()
+    clients = list(CLIENTS) if args.client == "both" else [args.client]
     n = 30_000 if args.quick else 120_000
     c_rec, c_msg = per_record_cost(), per_message_cost()
     print(f"in process: worker {c_rec * 1e6:.2f} µs/record (JSON decode + fused gradient); coordinator "
           f"{c_msg * 1e6:.1f} µs per noisy mean")
     from tests.realparts import KafkaBroker
 
-    measured: dict[int, dict[str, float]] = {}
+    runs: dict[str, dict[int, dict[str, float]]] = {client: {} for client in clients}
     with tempfile.TemporaryDirectory() as workdir:
         os.environ["PANPRIV_STATE_DIR"] = str(Path(workdir) / "state")  # the workers' budget store: not the user's
         fsync = budget_write_cost(Path(workdir)) + state_write_cost(Path(workdir))
@@ -217,14 +230,20 @@ def main() -> None:
             trip = broker_trip(broker)
             print(f"durable budget write and state save {fsync * 1e3:.2f} ms; broker trip (produce acks=all -> fetched) {trip * 1e3:.2f} ms")
             for workers in (1, 2, 3):
-                writes = store_writes()
-                measured[workers] = measure(broker, n, workers, Path(workdir))
-                m = measured[workers]
-                print(f"K = {workers}: {m['records/s']:,.0f} records/s ({m['versions']:.0f} versions, "
+                for client in clients:  # side by side: each K on every client before the next K
+                    writes = store_writes()
+                    m = runs[client][workers] = measure(broker, n, workers, Path(workdir), client)
+                    print(f"K = {workers}, {client}: {m['records/s']:,.0f} records/s ({m['versions']:.0f} versions, "
                       f"{m['step_s'] * 1e3:.0f} ms per step of {m['b']:,.0f} records); budget store writes "
-                      f"{(store_writes() - writes) / m['records']:.4f} per record")
+                          f"{(store_writes() - writes) / m['records']:.4f} per record")
         finally:
             broker.stop()
+    print(f"\n| K | {' | '.join(f'records/s, workers on {client}' for client in clients)} |")
+    print(f"|---|{'---|' * len(clients)}")
+    for workers in (1, 2, 3):
+        rates = [runs[client][workers]["records/s"] for client in clients]
+        print(f"| {workers} | {' | '.join(f'{rate:,.0f}' for rate in rates)} |")
+    measured = runs[clients[0]]
     c_fixed = 2 * trip + fsync
     points = [(m["b"] / k, m["step_s"] - c_fixed - k * c_msg) for k, m in measured.items()]
     c_w = sum(w * t for w, t in points) / sum(w * w for w, _ in points)

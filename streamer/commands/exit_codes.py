@@ -21,7 +21,9 @@ code  meaning                     for example
                                   ``--max-local-epsilon`` or ``--max-epsilon``, a round beyond the plan)
 4     plan cannot complete        a scale-out coordinator that saw no progress toward the next version for
                                   ``--stall-timeout`` seconds: every worker gone, or too few records left for
-                                  the open versions (:class:`~panpriv.streamer.errors.PlanStalled`)
+                                  the open versions (:class:`~panpriv.streamer.errors.PlanStalled`); a
+                                  scale-out worker whose coordinator abandoned the model so (it read the end
+                                  on the model topic; a model done: 0)
 130   interrupted                 Ctrl-C in a command that has no clean stop of its own (``encode``,
                                   ``record``, ``produce``)
 ====  ==========================  ===========================================================================

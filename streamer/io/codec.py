@@ -49,7 +49,7 @@ import logging
 import math
 import struct
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -172,6 +172,21 @@ class Codec(abc.ABC):
         """Decode, validate and clip one micro-batch of messages."""
         parsed = self.parse(payloads)
         return self.validate(parsed.X, parsed.y, parsed.origin, parsed.rejects, owned=parsed.owned)
+
+    def decode_groups(self, payloads: Sequence[bytes], max_bytes: int) -> Iterator[tuple[Decoded, int]]:
+        """``payloads`` decoded in consecutive groups of messages of at most ``max_bytes`` payload
+        bytes each (at least one message), with each group's first message index: the decoded
+        float64 arrays of one group are in memory at a time, whatever the message packing (a Kafka
+        poll is bounded in messages, not bytes). ``panpriv run``'s driver and the scale-out worker
+        decode through it."""
+        first, size = 0, 0
+        for index, payload in enumerate(payloads):
+            if size and size + len(payload) > max_bytes:
+                yield self.decode(payloads[first:index]), first
+                first, size = index, 0
+            size += len(payload)
+        if first < len(payloads):
+            yield self.decode(payloads[first:]), first
 
     def values(self, payloads: Sequence[bytes]) -> Parsed:
         """The records of one micro-batch as the data, independent of the run's settings: every

@@ -317,15 +317,7 @@ class StreamDriver(Driver):
         if batch.arrays is not None:
             yield self._codec.validate_arrays(*batch.arrays), 0
             return
-        budget = self._config.source.batch_bytes
-        first, size = 0, 0
-        for index, payload in enumerate(batch.payloads):
-            if size and size + len(payload) > budget:
-                yield self._codec.decode(batch.payloads[first:index]), first
-                first, size = index, 0
-            size += len(payload)
-        if first < len(batch.payloads):
-            yield self._codec.decode(batch.payloads[first:]), first
+        yield from self._codec.decode_groups(batch.payloads, self._config.source.batch_bytes)
 
     @staticmethod
     def _send_dead_letters(batch: Batch, decoded: Decoded, first: int, sink: DeadLetterSink) -> None:

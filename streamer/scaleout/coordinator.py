@@ -17,7 +17,9 @@ whom, the open batches and the workers heard from but silent there (every
 or a lease there with more records than before; with ``stall_timeout_s`` (``--stall-timeout``) set,
 no progress for that long means that every worker is gone, or that the workers have read every
 record there is and the open versions cannot fill: the coordinator stops with one line
-(:class:`~panpriv.streamer.errors.PlanStalled`, exit code 4) instead of waiting in silence.
+(:class:`~panpriv.streamer.errors.PlanStalled`, exit code 4) instead of waiting in silence — after
+publishing its version once more, marked *abandoned* with that line, so that the workers stop too
+(exit code 4; a finished model's record is marked ``done``: they stop with exit code 0).
 
 **Privacy.** The coordinator reads no record and adds no noise: everything it holds and publishes
 is post-processing of the workers' noisy means, each (ε, δ)-DP on its own batch. It charges nothing
@@ -106,6 +108,7 @@ class Coordinator:
         self.tally = VersionTally(deployment)  # leases and who was heard from (not state: re-read on a restart)
         self.progress_at = time.monotonic()  # the last step, mean of the awaited version or growing lease
         self._fills: dict[str, tuple[int, int]] = {}  # worker → (version, filled) of its newest lease
+        self.abandoned = ""  # why the plan was given up (published on the model topic for the workers)
 
     @property
     def worker_batch(self) -> int:
@@ -126,7 +129,7 @@ class Coordinator:
             return False
         now = time.monotonic() if now is None else now
         try:
-            record = self.tally.take(value, now)
+            record = self.tally.take(value, now, offset)
         except WireError:
             self.received += 1
             self.rejected["malformed"] += 1
@@ -134,6 +137,8 @@ class Coordinator:
         if record is None:
             return False
         if isinstance(record, BatchOpen):
+            if record.withdrawn:
+                return False
             if record.version == self.version and self._fills.get(record.worker) != (record.version, record.filled):
                 self.progress_at = now
             self._fills[record.worker] = (record.version, record.filled)
@@ -192,6 +197,7 @@ class Coordinator:
             self.deployment, self.version, self.workers, self.worker_batch, self.learner.config(), encode_state(state),
             self.learner.release(), self.offset, self.records, self.stale, self.done,
             self.report().statement(), {"rejected": dict(self.rejected), "max_steps": self.max_steps}, self.learner.name,
+            self.abandoned,
         )
 
     @classmethod
@@ -321,10 +327,13 @@ def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coor
                                         now - stepped_at, coordinator.tally.open_at(coordinator.version, now))
             quiet = now - coordinator.progress_at
             if options.stall_timeout_s and quiet > options.stall_timeout_s and not coordinator.done:
-                raise PlanStalled(f"the plan cannot complete: no progress for {math.floor(quiet)} s (--stall-timeout "
-                                  f"{options.stall_timeout_s:g}): {coordinator.waiting(now)}. Every worker is gone, or "
-                                  "the workers have read every record there is; the model topic holds version "
-                                  f"{coordinator.version} (resume: restart the coordinator once workers and records are back)")
+                coordinator.abandoned = (
+                    f"the plan cannot complete: no progress for {math.floor(quiet)} s (--stall-timeout "
+                    f"{options.stall_timeout_s:g}): {coordinator.waiting(now)}. Every worker is gone, or the workers have "
+                    f"read every record there is; the model topic holds version {coordinator.version} (resume: restart "
+                    "the coordinator once workers and records are back)")
+                publish()  # the workers read the end on the model topic and stop
+                raise PlanStalled(coordinator.abandoned)
 
         loop.run(step, done=lambda: coordinator.done)
     log.info("coordinator stopped at version %d%s", coordinator.version, " (done)" if coordinator.done else "")

@@ -32,7 +32,9 @@ Worker series
 ``panpriv_scaleout_worker_version_waits_total{outcome}``
     Waits for version v + 1 after publishing at v (synchronous versions), by outcome
     (:data:`WAIT_OUTCOMES`): ``arrived`` (version v + 1 was read) or ``timed_out`` (after
-    ``--sync-wait`` the worker took another batch at v, a place being left there: a worker gone).
+    ``--sync-wait`` the worker took another batch at v, a place being left there: a worker gone);
+    and ``claim_lost``: a place the worker claimed went to an earlier claim (another worker took
+    it at the same moment, :mod:`panpriv.streamer.scaleout.tally`), so it waits again, having read nothing.
 ``panpriv_scaleout_worker_version_wait_seconds_total``
     Seconds spent in those waits.
 ``panpriv_scaleout_worker_model_version``
@@ -89,7 +91,7 @@ from panpriv.accounting.ledger import Guarantee, PrivacyReport
 from panpriv.streamer.metrics.roles import CumulativeCounts, CumulativeTotal, PrivacyGauges, RoleMetrics
 
 LOST_REASONS = ("revoked", "handed_back", "stopped", "budget", "crash")
-WAIT_OUTCOMES = ("arrived", "timed_out")
+WAIT_OUTCOMES = ("arrived", "timed_out", "claim_lost")
 MEAN_REJECT_REASONS = ("malformed", "wrong_shape")
 
 

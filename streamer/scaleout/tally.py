@@ -3,24 +3,33 @@ open there — read the same way by every worker and by the coordinator (issue 3
 
 **The places of a version.** Version v steps on the first K means at v in the topic's order that
 pass :func:`mean_problem` (the coordinator's rule, :class:`~panpriv.streamer.scaleout.coordinator.Coordinator`);
-a later mean at v is stale. A worker therefore opens a batch at v only while a place is left:
+a later mean at v is stale. A worker takes a place at v by a *claim* — the first record of its
+lease (:class:`~panpriv.streamer.scaleout.wire.BatchOpen`), published *before* it reads a record
+for the batch — and the one-partition topic orders the claims: going through the live leases at v
+in the order of their claims, a lease *holds* a place while
 
-    places(v) = K − (means counted at v) − (live leases at v of other workers),
+    (means counted at v) + (leases holding a place before it) < K,
 
-where a *lease* (:class:`~panpriv.streamer.scaleout.wire.BatchOpen`) is a worker's open batch at v,
-renewed every ``renew_s`` seconds with the records it holds, and live until its mean is read, or
-until no renewal with more records than before was read for :data:`LEASE_RENEWALS` renewal
-intervals (the worker died or hung, or its partitions hold no more records: a batch that cannot
-fill does not keep its place). So a worker slower than ``--sync-wait`` keeps its place, and a
-coordinator that is down leaves every worker waiting — not opening batches at a version whose K
-means are already on the topic. The rule decides on what
-each reader has read so far, so two workers can still take one freed place at once (a lease
-lapsed — its worker died — and each decides before the other's lease is read: a window of one
-poll and one charge, up to a few hundred milliseconds); the one that finds the version closed
-before it publishes hands its batch back (:mod:`panpriv.streamer.scaleout.worker`). If both fill
-their batches within the same few milliseconds, the later mean is stale.
+and a worker reads records for v only once it has read its own claim back and found it holding a
+place (:meth:`VersionTally.holds`; one round trip per batch). Two workers that take a freed place
+at once (its worker died) both claim it; the one whose claim comes second in the topic sees the
+first one ahead of it and withdraws, before it has read a record. So the means at v can never be
+more than K: no stale mean, by construction, as long as every reader agrees on which leases are
+live.
 
-Everything here is public: versions, worker instances, counts of records, the shape of a mean.
+**Live leases.** A lease is renewed every ``renew_s`` seconds with the records its batch holds,
+and is live until its mean is read, it is withdrawn, or no renewal with more records than before
+was read for :data:`LEASE_RENEWALS` renewal intervals (the worker died or hung, or its partitions
+hold no more records: a batch that cannot fill does not keep its place). So a worker slower than
+``--sync-wait`` keeps its place, and a coordinator that is down leaves every worker waiting — not
+opening batches at a version whose K means are already on the topic. A lease's age is measured on
+the reader's clock from when it read the renewal, never earlier than the owner sent it: the owner
+counts its own lease as held only while it sends a growing renewal (or its mean) within
+:data:`OWNER_RENEWALS` intervals of the last (:func:`owner_holds`) — one interval earlier than
+any reader lets it lapse — and otherwise claims again before it publishes (a worker that hung
+while its place was taken then finds the version full and hands its batch back).
+
+Everything here is public: versions, worker instances, offsets, counts of records, the shape of a mean.
 """
 
 from __future__ import annotations
@@ -34,6 +43,17 @@ LEASE_RENEWALS = 4
 """A lease lapses when no renewal with more records was read for this many of its renewal
 intervals (a worker renews every ``--sync-wait``/4 seconds: its place is kept for ``--sync-wait``
 seconds without a record)."""
+
+OWNER_RENEWALS = LEASE_RENEWALS - 1
+"""The owner of a lease counts it as holding its place only while its growing renewals (and its
+mean) leave within this many renewal intervals of each other: one interval of margin for the
+record to reach the topic before any reader lets the lease lapse."""
+
+
+def owner_holds(last_growth_sent: float, now: float, renew_s: float) -> bool:
+    """Whether a lease whose last growing record (claim or renewal with more records) was sent at
+    ``last_growth_sent`` still holds its place for a record sent ``now`` (module docstring)."""
+    return now - last_growth_sent < OWNER_RENEWALS * renew_s
 
 
 def mean_problem(record: GradientRecord, worker_batch: int, params: int) -> str | None:
@@ -50,6 +70,15 @@ class _Mean:
     length: int
 
 
+@dataclass(frozen=True)
+class _Lease:
+    """A worker's newest lease record, the offset of its claim and when it last grew (reader's clock)."""
+
+    record: BatchOpen
+    claimed_at: int
+    grew: float
+
+
 class VersionTally:
     """The means and the live leases of one deployment, as read from the gradients topic (module
     docstring). ``now`` is the reader's monotonic clock when it read a record (a lease's age is
@@ -58,24 +87,35 @@ class VersionTally:
     def __init__(self, deployment: str) -> None:
         self.deployment = deployment
         self._means: dict[int, list[_Mean]] = {}
-        self._leases: dict[str, tuple[BatchOpen, float]] = {}  # worker → (newest lease, when its records grew)
+        self._leases: dict[str, _Lease] = {}  # worker → its newest lease
         self.seen: dict[str, float] = {}  # worker → when its last record (mean or lease) was read
+        self.read_to = -1  # the offset after the last record taken (-1: none yet)
 
-    def take(self, value: bytes | None, now: float) -> GradientRecord | BatchOpen | None:
-        """One record of the gradients topic; the record if it is this deployment's (``None``
-        otherwise); :class:`~panpriv.streamer.scaleout.wire.WireError` if malformed."""
+    def take(self, value: bytes | None, now: float, offset: int | None = None) -> GradientRecord | BatchOpen | None:
+        """One record of the gradients topic, at ``offset`` (``None``: right after the last one);
+        the record if it is this deployment's (``None`` otherwise);
+        :class:`~panpriv.streamer.scaleout.wire.WireError` if malformed."""
+        offset = max(self.read_to, 0) if offset is None else offset
+        self.read_to = max(self.read_to, offset + 1)
         record = gradients_topic_record(value)
         if record.deployment != self.deployment:
             return None
         self.seen[record.worker] = now
         if isinstance(record, BatchOpen):
             held = self._leases.get(record.worker)
-            same = held is not None and (held[0].version, held[0].filled) == (record.version, record.filled)
-            self._leases[record.worker] = (record, held[1] if held is not None and same else now)
+            if record.withdrawn:
+                if held is not None and held.record.version == record.version:
+                    del self._leases[record.worker]
+                return record
+            if record.claim or held is None or held.record.version != record.version:
+                self._leases[record.worker] = _Lease(record, offset, now)  # a claim (or a renewal of one not read)
+            else:
+                grew = held.grew if held.record.filled == record.filled else now
+                self._leases[record.worker] = _Lease(record, held.claimed_at, grew)
             return record
         self._means.setdefault(record.version, []).append(_Mean(record.records, record.gradient.shape[0]))
         lease = self._leases.get(record.worker)
-        if lease is not None and lease[0].version == record.version:
+        if lease is not None and lease.record.version == record.version:
             del self._leases[record.worker]
         return record
 
@@ -85,18 +125,37 @@ class VersionTally:
 
     def open_at(self, version: int, now: float, exclude: str = "") -> dict[str, BatchOpen]:
         """The live leases at ``version`` (worker → its newest renewal), other than ``exclude``'s."""
-        return {worker: lease for worker, (lease, grew) in self._leases.items()
-                if lease.version == version and worker != exclude and now - grew < LEASE_RENEWALS * lease.renew_s}
+        return {worker: lease.record for worker, lease in self._leases.items()
+                if lease.record.version == version and worker != exclude and self._live(lease, now)}
+
+    @staticmethod
+    def _live(lease: _Lease, now: float) -> bool:
+        return now - lease.grew < LEASE_RENEWALS * lease.record.renew_s
+
+    def holders(self, version: int, workers: int, worker_batch: int, params: int, now: float, own: str = "") -> list[str]:
+        """The workers whose leases at ``version`` hold a place, in the order of their claims
+        (module docstring); ``own``'s lease is live whatever its age (its owner decides that,
+        :func:`owner_holds`)."""
+        free = workers - self.counted(version, worker_batch, params)
+        live = sorted((lease.claimed_at, worker) for worker, lease in self._leases.items()
+                      if lease.record.version == version and (worker == own or self._live(lease, now)))
+        return [worker for _, worker in live[:max(free, 0)]]
+
+    def holds(self, worker: str, version: int, workers: int, worker_batch: int, params: int, now: float) -> bool:
+        """Whether ``worker``'s claim at ``version`` (read back) holds a place (module docstring)."""
+        return worker in self.holders(version, workers, worker_batch, params, now, own=worker)
 
     def places(self, version: int, workers: int, worker_batch: int, params: int, now: float, exclude: str = "") -> int:
-        """K − means counted − live leases of others at ``version`` (module docstring)."""
-        return workers - self.counted(version, worker_batch, params) - len(self.open_at(version, now, exclude))
+        """K − means counted − leases of others holding a place at ``version``: the places a new
+        claim may find (module docstring)."""
+        holding = [w for w in self.holders(version, workers, worker_batch, params, now) if w != exclude]
+        return workers - self.counted(version, worker_batch, params) - len(holding)
 
     def forget_before(self, version: int) -> None:
         """Drop what is known of versions before ``version`` (they are closed)."""
         for old in [v for v in self._means if v < version]:
             del self._means[old]
-        for worker in [w for w, (lease, _) in self._leases.items() if lease.version < version]:
+        for worker in [w for w, lease in self._leases.items() if lease.record.version < version]:
             del self._leases[worker]
 
 
@@ -120,7 +179,7 @@ class TallyReader:
         import time
 
         try:
-            self.tally.take(record.value, time.monotonic())
+            self.tally.take(record.value, time.monotonic(), record.offset)
         except WireError:
             pass
 

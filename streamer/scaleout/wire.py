@@ -12,10 +12,12 @@ open, so that the other workers leave the version's last places to it and the co
 whom it waits for::
 
     {"format": "panpriv-scaleout-open/1", "deployment": ..., "version": v, "worker": <instance>,
-     "filled": f, "size": w, "renew_s": r}
+     "filled": f, "size": w, "renew_s": r, "claim": bool, "withdrawn": bool}
 
 ``filled`` is the count of valid records in the batch so far (public, like every count of records
-read).
+read). The first record of a lease is its *claim* (``claim``: its offset orders it among the
+version's places, :mod:`panpriv.streamer.scaleout.tally`); a worker whose claim found no place
+*withdraws* it (``withdrawn``). Records written before claims existed (neither field) are renewals.
 
 *Model topic* (compacted, one partition), key = deployment: the coordinator's whole state after
 version v — all of it post-processing of noisy means — so that a restarted coordinator resumes
@@ -23,7 +25,11 @@ from it and workers load θ^md_v from it::
 
     {"format": "panpriv-scaleout-model/1", "deployment": ..., "learner": "pan-acsa", "version": v,
      "workers": K, "worker_batch": w, "config": {...}, "state": {...}, "theta_ag": [...],
-     "gradients_offset": o, "records": n, "stale": s, "done": bool, "privacy": "..."}
+     "gradients_offset": o, "records": n, "stale": s, "done": bool, "abandoned": "...", "privacy": "..."}
+
+``done`` says the plan finished; ``abandoned`` (non-empty) that the coordinator gave the plan up,
+and why (:class:`~panpriv.streamer.errors.PlanStalled`): either way the workers stop (exit 0 when
+done, 4 when abandoned). A restarted coordinator republishes its version without it.
 
 ``learner`` is the catalogue name of a :class:`~panpriv.protocols.batch_worker.BatchWorkerLearner`
 (records written before it existed are ``pan-acsa``'s); workers build it from ``config`` through
@@ -106,7 +112,8 @@ class GradientRecord:
 class BatchOpen:
     """A worker's lease on a place at ``version``: it holds an open batch there (``filled`` of
     ``size`` records) and renews this record every ``renew_s`` seconds until it publishes or hands
-    the batch back (:mod:`panpriv.streamer.scaleout.tally`)."""
+    the batch back (:mod:`panpriv.streamer.scaleout.tally`). ``claim``: the lease's first record,
+    sent before the worker reads a record for the batch; ``withdrawn``: the claim found no place."""
 
     deployment: str
     version: int
@@ -114,11 +121,13 @@ class BatchOpen:
     filled: int
     size: int
     renew_s: float
+    claim: bool = False
+    withdrawn: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps({"format": OPEN_FORMAT, "deployment": self.deployment, "version": self.version,
-                           "worker": self.worker, "filled": self.filled, "size": self.size, "renew_s": self.renew_s},
-                          sort_keys=True).encode()
+                           "worker": self.worker, "filled": self.filled, "size": self.size, "renew_s": self.renew_s,
+                           "claim": self.claim, "withdrawn": self.withdrawn}, sort_keys=True).encode()
 
 
 def gradients_topic_record(data: bytes | None) -> GradientRecord | BatchOpen:
@@ -134,7 +143,7 @@ def gradients_topic_record(data: bytes | None) -> GradientRecord | BatchOpen:
         if not 0 < renew_s < 3600:
             raise WireError("renew_s must be in (0, 3600) seconds")
         return BatchOpen(str(value["deployment"]), int(value["version"]), str(value["worker"]), int(value["filled"]),
-                         int(value["size"]), renew_s)
+                         int(value["size"]), renew_s, value.get("claim") is True, value.get("withdrawn") is True)
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, WireError):
             raise
@@ -198,6 +207,7 @@ class ModelVersion:
     privacy: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
     learner: str = "pan-acsa"
+    abandoned: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps({
@@ -206,7 +216,7 @@ class ModelVersion:
             "worker_batch": self.worker_batch, "config": dict(self.config), "state": dict(self.state),
             "theta_ag": [float(v) for v in self.theta_ag], "gradients_offset": self.gradients_offset,
             "records": self.records, "stale": self.stale, "done": self.done, "privacy": self.privacy,
-            "extra": dict(self.extra),
+            "extra": dict(self.extra), "abandoned": self.abandoned,
         }, sort_keys=True).encode()
 
     @classmethod
@@ -218,7 +228,7 @@ class ModelVersion:
                    value["config"], value["state"], np.asarray(value["theta_ag"], dtype=np.float64),
                    int(value["gradients_offset"]), int(value["records"]), int(value.get("stale", 0)),
                    bool(value.get("done", False)), str(value.get("privacy", "")), value.get("extra", {}),
-                   str(value.get("learner", "pan-acsa")))
+                   str(value.get("learner", "pan-acsa")), str(value.get("abandoned", "")))
 
 
 def scaleout_topics(gradients: str, model: str) -> list[Any]:

@@ -9,18 +9,29 @@ tagged with the version, to the gradients topic. Nothing else leaves the process
 partial sum, no clean gradient. An intruder who reads the worker once sees its iterate copy
 (public) and Z + partial sum/w (Lemma C.4, Case 2).
 
-**Synchronous versions, without starving** (issue 35). Version v steps on the first K means at v;
-a worker consumes records for v only while the gradients topic leaves a place there
-(:mod:`panpriv.streamer.scaleout.tally`: K minus the means counted minus the other workers' live
-open-batch leases), and renews its own lease while its batch is open. After publishing at v it waits
-for version v + 1, and takes another batch at v only after ``sync_wait`` seconds *and* if a place is
-still free (a worker gone: K − 1 survivors still make progress). A worker slower than
-``sync_wait`` keeps its place by its lease; a coordinator that is down leaves every worker waiting
-once K means are on the topic. A batch whose version closes before it is published (the model
-moved past it, or K means of its version were read — two workers took the last place at once) is
-*handed back*: the consumer seeks back to the batch's first positions, so its records return to the
-stream, and the batch is lost like a revoked one (below). A stale mean remains possible only when
-two workers take a freed place at once and both publish before either reads the other's mean.
+**Synchronous versions, without starving or stale means** (issue 35). Version v steps on the first
+K means at v. A worker that sees a place left at v (:mod:`panpriv.streamer.scaleout.tally`: K minus
+the means counted minus the other workers' leases holding a place) *claims* it on the gradients
+topic before it reads a record, reads the topic back to its claim, and reads records for v only if
+its claim holds a place in the topic's order (one round trip per batch); a claim that finds none is
+withdrawn. It renews its lease while its batch is open. After publishing at v it waits for version
+v + 1, and claims another place at v only after ``sync_wait`` seconds *and* if a place is still
+free (a worker gone: K − 1 survivors still make progress; two survivors claiming the dead worker's
+place at once are ordered by the topic). A worker slower than ``sync_wait`` keeps its place by its
+lease; a coordinator that is down leaves every worker waiting once K means are on the topic. A
+worker whose lease may have lapsed (it hung, or its partitions ran dry) claims again before it
+publishes. A batch whose version closes before it is published (the model moved past it, or K
+means of its version were read, or its claim found no place again) is *handed back*: the consumer
+seeks back to the batch's first positions, so its records return to the stream, and the batch is
+lost like a revoked one (below).
+
+**Reading.** The data topic is read through ``panpriv run``'s Kafka source
+(:func:`panpriv.streamer.sources.open.open_kafka_source`: kafka-python, or confluent-kafka by
+``[kafka] client``), its micro-batches decoded in byte-bounded groups
+(:meth:`panpriv.streamer.io.codec.Codec.decode_groups`), JSON or CSV one record per message. The
+worker gives the source no position of its own: the group's committed offsets (committed after each
+publication) say where a partition starts; a hand-back or a revocation rewinds the source to the
+lost batch's first positions (:meth:`panpriv.streamer.sources.kafka.KafkaConsumerSource.rewind`).
 
 **Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run), through
 the one :class:`~panpriv.streamer.budget.session.BudgetSession` and its rules. A worker is a run with
@@ -44,6 +55,7 @@ this worker charged — nothing computed from a record.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -58,13 +70,17 @@ from panpriv.protocols.batch_worker import BatchWorkerLearner
 from panpriv.streamer.budget.open import BudgetSettings
 from panpriv.streamer.budget.session import BudgetSession
 from panpriv.streamer.budget.store import BudgetExceededError
-from panpriv.streamer.errors import CheckpointError
+from panpriv.streamer.config import SourceConfig
+from panpriv.streamer.errors import CheckpointError, PlanStalled
+from panpriv.streamer.io.source_url import KafkaUrl
 from panpriv.streamer.kafka.topics import ensure_topics
 from panpriv.streamer.runtime.role_loop import RoleLoop
 from panpriv.streamer.scaleout.coordinator import batch_worker_learner
 from panpriv.streamer.scaleout.metrics import WorkerMetrics
-from panpriv.streamer.scaleout.tally import TallyReader
+from panpriv.streamer.scaleout.tally import TallyReader, owner_holds
 from panpriv.streamer.scaleout.wire import BatchOpen, GradientRecord, ModelReader, ModelVersion, query_state, scaleout_topics
+from panpriv.streamer.sources.base import Batch
+from panpriv.streamer.sources.open import open_kafka_source
 from panpriv.streamer.state.role_state import RoleState
 
 log = logging.getLogger("panpriv.worker")
@@ -94,14 +110,21 @@ class WorkerOptions:
 @dataclass
 class _Batch:
     """The open batch: its version and size, what it has read (positions per data key; the first
-    offset per (topic, partition), where a hand-back seeks to) and when its lease was last renewed."""
+    position per source key ``topic/partition``, where a hand-back rewinds to), and its lease: renewed every
+    ``renew_s`` seconds (last at ``renewed``), its last growing record (claim or renewal with more
+    records) sent at ``grew_sent`` with ``sent_filled`` records, and ``held`` until a growing
+    renewal left too late to hold its place (:func:`panpriv.streamer.scaleout.tally.owner_holds`)."""
 
     version: int
     size: int
+    renew_s: float
+    grew_sent: float
     filled: int = 0
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
-    starts: dict[tuple[str, int], int] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)  # source key (topic/partition) → first position
     renewed: float = float("-inf")
+    sent_filled: int = 0
+    held: bool = True
 
 
 @dataclass
@@ -118,28 +141,6 @@ class WorkerStats:
     lost: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.scaleout.metrics.LOST_REASONS
     waits: Counter[str] = field(default_factory=Counter)  # by panpriv.streamer.scaleout.metrics.WAIT_OUTCOMES
     wait_s: float = 0.0
-
-
-class _Revocations:
-    """Notes partition revocations (the open batch is then lost); wrapped by :func:`_listener`."""
-
-    def __init__(self) -> None:
-        self.revoked = False
-
-
-def _listener(revocations: _Revocations) -> Any:
-    """A ``kafka.ConsumerRebalanceListener`` (kafka-python insists on the subclass) feeding ``revocations``."""
-    from kafka import ConsumerRebalanceListener
-
-    class Listener(ConsumerRebalanceListener):
-        def on_partitions_revoked(self, revoked: Any) -> None:
-            if revoked:
-                revocations.revoked = True
-
-        def on_partitions_assigned(self, assigned: Any) -> None:
-            pass
-
-    return Listener()
 
 
 def worker_state(out: Path) -> RoleState:
@@ -185,19 +186,20 @@ class Worker:
         self.version = -1  # the version loaded into the learner
         self.durable: dict[str, int] = {}
         self._sequence = 0
-        self._revocations = _Revocations()
+        self._revoked = False  # partitions were revoked in the last poll (the open batch is then lost)
         self._reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
         loop.close_on_exit(self._reader.close, "model reader")
         self._producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
         loop.close_on_exit(self._producer.close, "gradients producer")
-        self._consumer = kafka_client.consumer(options.bootstrap, group_id=options.group, enable_auto_commit=False,
-                                               auto_offset_reset="earliest")
-        loop.close_on_exit(self._consumer.close, "data consumer")
-        self._consumer.subscribe([options.data_topic], listener=_listener(self._revocations))
-        from panpriv.streamer.sources.identity import kafka_cluster_identity
-
-        self._consumer.partitions_for_topic(options.data_topic)
-        self._cluster = kafka_cluster_identity(self._consumer, options.bootstrap)
+        # panpriv run's source (kafka-python or confluent-kafka, by [kafka] client), from no position of
+        # its own: the group's committed offsets (the last published batches) say where to start.
+        url = KafkaUrl(options.bootstrap, [options.data_topic], options.group)
+        self._source_config = SourceConfig(url=url.display())
+        self._source = open_kafka_source(url, self._source_config, {}, on_revoke=self._on_revoke)
+        loop.close_on_exit(self._source.close, "data source")
+        self._cluster = self._source.cluster_identity()
+        log.info("worker %s: reading %s with %s", instance, url.display(), self._source.client)
+        self._batch: _Batch | None = None
         self._codec: Any = None
         self._newest = -1  # the newest model version read
         self._charged: set[str] = set()  # data keys this instance has charged
@@ -247,8 +249,9 @@ class Worker:
 
     # -- the budget -------------------------------------------------------------------------------
 
-    def _key(self, topic: str, partition: int) -> str:
-        return f"kafka:{self._cluster}/{topic}/{partition}"
+    def _key(self, source_key: str) -> str:
+        """The budget store's data key of the source's ``topic/partition``."""
+        return f"kafka:{self._cluster}/{source_key}"
 
     def _reclassify(self, why: str) -> bool:
         """Move this instance's charges beyond its published positions to a lost (intrusion-only)
@@ -261,11 +264,16 @@ class Worker:
         return bool(lost)
 
     def _discard(self, batch: _Batch | None, why: str, reason: str) -> None:
-        """Drop the open batch (``reason``: one of :data:`panpriv.streamer.scaleout.metrics.LOST_REASONS`)."""
+        """Drop the open batch (``reason``: one of :data:`panpriv.streamer.scaleout.metrics.LOST_REASONS`)
+        and withdraw its lease (not on a stop: the lease lapses); a batch that read no record is not lost."""
         if batch is None:
             return
         assert self.learner is not None
         self.learner.discard_batch()
+        if reason != "stopped":
+            self._send_lease(batch, withdrawn=True)
+        if not batch.ranges:
+            return
         self.stats.discarded += 1
         self.stats.lost[reason] += 1
         self._reclassify(why)
@@ -298,12 +306,12 @@ class Worker:
         model = self._first_model()
         if model is None:
             return self.stats
+        _stop_if_abandoned(model)
         self._setup(model)
         self._model = model
         self._tally = TallyReader(self.options.bootstrap, self.options.gradients_topic, self.options.deployment,
                                   model.gradients_offset)
         self.loop.close_on_exit(self._tally.close, "gradients reader")
-        self._batch: _Batch | None = None
         self._published_at = -1
         self._waiting_since = time.monotonic()
         self._waiting = False  # after publishing at _published_at, until the next version or another batch there
@@ -339,6 +347,7 @@ class Worker:
             self.stats.reason = "the model is done"
             self.loop.finish("done")
             return
+        _stop_if_abandoned(model)
         batch = self._batch
         if batch is not None and model.version > batch.version:
             self._hand_back(batch, f"version {batch.version} closed before the batch was full")
@@ -352,36 +361,36 @@ class Worker:
                 self._renew(batch, now)
             self.loop.pacer.wait(0.2)
             return
-        polled = self._consumer.poll(timeout_ms=200, max_records=want)
-        if self._revocations.revoked:
-            self._revocations.revoked = False
+        if batch is None:
+            batch = self._batch = self._claim(model, now)
+            if batch is None:  # the place went to an earlier claim: nothing was read
+                self._model = self._reader.poll(50) or model
+                return
+        polled = self._source.poll(want, 0.2)
+        if self._revoked:
+            self._revoked = False
             self.budget.give_back(self.stats.instance)  # a revoked partition's next offsets are its new owner's
             self._discard(batch, "partitions revoked mid-batch", "revoked")
-            batch = self._batch = None
-        records = [r for rs in polled.values() for r in rs]
-        if not records:
-            if batch is not None:
-                self._renew(batch, time.monotonic())
+            self._batch = None
+            if polled is not None:  # read under no claim: back to the stream, uncharged
+                self._source.rewind({key: start for key, (start, _) in polled.ranges.items()})
             return
-        if batch is None:
-            if self._waiting:  # another batch at the version this worker published at: a place was left
-                self._waiting = False
-                self.stats.waits["timed_out"] += 1
-                self.stats.wait_s += now - self._waiting_since
-            self._load(model)
-            batch = self._batch = _Batch(model.version, model.worker_batch)
-            assert self.learner is not None
-            self.learner.open_batch(batch.size)  # Alg. 6 lines 4–5
-        if not self._learn(batch, records):
+        if polled is None:
+            self._renew(batch, time.monotonic())
+            return
+        if not self._learn(batch, polled):
             self._discard(batch, self.stats.reason, "budget")
             self._batch = None
             self.loop.finish("budget")
             return
-        self.loop.pacer.consumed(len(records))
+        self.loop.pacer.consumed(len(polled.payloads))
         if batch.filled < batch.size:
             self._renew(batch, time.monotonic())
         elif self._version_closed(batch):
             self._hand_back(batch, f"version {batch.version} closed as the batch filled")
+            self._batch = None
+        elif not self._still_holds(batch):
+            self._hand_back(batch, f"its lease at version {batch.version} lapsed and the place was taken")
             self._batch = None
         else:
             self._publish(batch)
@@ -408,57 +417,112 @@ class Worker:
         counted = self._tally.tally.counted(batch.version, batch.size, self.learner.param_count)
         return model.version > batch.version or counted >= model.workers
 
+    def _claim(self, model: ModelVersion, now: float) -> _Batch | None:
+        """Open a batch at the model's version if a claim there holds a place (module docstring);
+        ``None`` (the claim withdrawn) otherwise."""
+        assert self.learner is not None
+        if not self._claimed(model.version, 0, model.worker_batch, model.workers):
+            self.stats.waits["claim_lost"] += 1
+            return None
+        if self._waiting:  # another batch at the version this worker published at: a place was left
+            self._waiting = False
+            self.stats.waits["timed_out"] += 1
+            self.stats.wait_s += now - self._waiting_since
+        self._load(model)
+        claimed = time.monotonic()
+        batch = _Batch(model.version, model.worker_batch, self.options.sync_wait_s / 4, grew_sent=claimed, renewed=claimed)
+        self.learner.open_batch(batch.size)  # Alg. 6 lines 4–5
+        return batch
+
+    def _claimed(self, version: int, filled: int, size: int, workers: int) -> bool:
+        """Publish a claim at ``version``, read the gradients topic back to it, and say whether it
+        holds a place (:meth:`panpriv.streamer.scaleout.tally.VersionTally.holds`); withdraw it if not."""
+        assert self.learner is not None
+        claim = BatchOpen(self.options.deployment, version, self.stats.instance, filled, size, self.options.sync_wait_s / 4,
+                          claim=True)
+        sent = self._producer.send(self.options.gradients_topic, key=self.options.deployment.encode(), value=claim.to_json())
+        offset = sent.get(timeout=60).offset
+        while self._tally.tally.read_to <= offset:
+            if self.loop.stopping:
+                return False
+            self._tally.poll(50)
+        if self._tally.tally.holds(self.stats.instance, version, workers, size, self.learner.param_count, time.monotonic()):
+            return True
+        self._producer.send(self.options.gradients_topic, key=self.options.deployment.encode(),
+                            value=dataclasses.replace(claim, claim=False, withdrawn=True).to_json())
+        return False
+
+    def _still_holds(self, batch: _Batch) -> bool:
+        """Just before publishing a full batch: its lease still holds its place by the owner's rule
+        (:func:`panpriv.streamer.scaleout.tally.owner_holds`), or a new claim finds one."""
+        now = time.monotonic()
+        if batch.held and owner_holds(batch.grew_sent, now, batch.renew_s):
+            return True
+        if not self._claimed(batch.version, batch.filled, batch.size, self._model.workers):
+            return False
+        batch.held, batch.grew_sent = True, time.monotonic()
+        return True
+
     def _renew(self, batch: _Batch, now: float) -> None:
-        """Announce (or renew) the open batch's lease every ``sync_wait``/4 seconds."""
-        renew_s = self.options.sync_wait_s / 4
-        if now - batch.renewed < renew_s:
+        """Renew the open batch's lease every ``sync_wait``/4 seconds, noting whether a renewal with
+        more records left in time to hold its place."""
+        if now - batch.renewed < batch.renew_s:
             return
         batch.renewed = now
-        lease = BatchOpen(self.options.deployment, batch.version, self.stats.instance, batch.filled, batch.size, renew_s)
+        if batch.filled != batch.sent_filled:
+            batch.held = batch.held and owner_holds(batch.grew_sent, now, batch.renew_s)
+            batch.grew_sent, batch.sent_filled = now, batch.filled
+        self._send_lease(batch)
+
+    def _send_lease(self, batch: _Batch, withdrawn: bool = False) -> None:
+        lease = BatchOpen(self.options.deployment, batch.version, self.stats.instance, batch.filled, batch.size,
+                          batch.renew_s, withdrawn=withdrawn)
         self._producer.send(self.options.gradients_topic, key=self.options.deployment.encode(), value=lease.to_json())
 
     def _hand_back(self, batch: _Batch, why: str) -> None:
         """Drop a batch whose version closed and return its records to the stream: seek back to its
         first positions (nothing was committed), the batch lost as an intrusion-only use."""
-        log.info("worker %s: %s (%d of %d records): handing it back; its records return to the stream",
-                 self.stats.instance, why, batch.filled, batch.size)
+        if batch.ranges:
+            log.info("worker %s: %s (%d of %d records): handing it back; its records return to the stream",
+                     self.stats.instance, why, batch.filled, batch.size)
         self._discard(batch, why, "handed_back")
-        from kafka.structs import TopicPartition
+        self._source.rewind(batch.starts)
 
-        assigned = self._consumer.assignment()
-        for (topic, partition), start in batch.starts.items():
-            tp = TopicPartition(topic, partition)
-            if tp in assigned:
-                self._consumer.seek(tp, start)
+    def _on_revoke(self) -> None:
+        """The source's revocation hook (inside its poll, before the partitions go): the open batch
+        is lost; its positions go back to its first ones, so that a partition assigned again —
+        to this worker or, through the group's committed offsets, to another — is read from there."""
+        self._revoked = True
+        if self._batch is not None:
+            self._source.rewind(self._batch.starts, seek=False)
 
-    def _learn(self, batch: _Batch, records: list[Any]) -> bool:
-        """Charge, then learn ``records`` into the open batch (Alg. 6 line 7); False if the budget refuses."""
+    def _learn(self, batch: _Batch, polled: Batch) -> bool:
+        """Charge, then learn the micro-batch ``polled`` into the open batch (Alg. 6 line 7); False
+        if the budget refuses."""
         assert self.learner is not None
-        ranges: dict[str, tuple[int, int]] = {}
-        for record in records:
-            key = self._key(record.topic, record.partition)
-            start, stop = ranges.get(key, (record.offset, record.offset + 1))
-            ranges[key] = (min(start, record.offset), max(stop, record.offset + 1))
-            batch.starts.setdefault((record.topic, record.partition), record.offset)
+        ranges = {self._key(key): span for key, span in polled.ranges.items()}
+        for key, (start, _) in polled.ranges.items():
+            batch.starts.setdefault(key, start)
         self._charged.update(ranges)
         refused = self.budget.charge(self.stats.instance, ranges, self.budget.own())
         if refused is not None:
             self.stats.reason = refused
             return False
-        self.budget.learned_here += len(records)
+        self.budget.learned_here += len(polled.payloads)
         for key, (start, stop) in ranges.items():
             a, b = batch.ranges.get(key, (start, stop))
             batch.ranges[key] = (min(a, start), max(b, stop))
-        decoded = self._codec.decode([r.value for r in records])
-        try:
-            self.stats.rejected += len(records) - decoded.X.shape[0]
-            self.stats.rejects.update(decoded.reject_counts())
-            if decoded.X.shape[0]:
-                self.learner.add_to_batch(decoded.X, decoded.y, batch.size)
-            batch.filled += decoded.X.shape[0]
-        finally:
-            decoded.X.fill(0.0)
-            decoded.y.fill(0.0)
+        for decoded, _ in self._codec.decode_groups(polled.payloads, self._source_config.batch_bytes):
+            try:
+                rejects = decoded.reject_counts()
+                self.stats.rejected += sum(rejects.values())
+                self.stats.rejects.update(rejects)
+                if decoded.X.shape[0]:
+                    self.learner.add_to_batch(decoded.X, decoded.y, batch.size)
+                batch.filled += decoded.X.shape[0]
+            finally:
+                decoded.X.fill(0.0)
+                decoded.y.fill(0.0)
         return True
 
     def _publish(self, batch: _Batch) -> None:
@@ -479,10 +543,15 @@ class Worker:
             mean.fill(0.0)
         self.stats.published += 1
         self.stats.records += batch.size
-        try:
-            self._consumer.commit()
-        except Exception as exc:  # noqa: BLE001 - a rebalance: the new owner re-reads (a second, charged use)
-            log.warning("worker %s: offset commit failed after publishing (%s): the records may be read again", self.stats.instance, exc)
+        # Committed for the group's next owner (a failure is logged: that owner re-reads, a second, charged use).
+        self._source.acknowledge({key: batch.ranges[self._key(key)][1] for key in batch.starts})
+
+
+def _stop_if_abandoned(model: ModelVersion) -> None:
+    """The coordinator gave the plan up (its last record says why): the worker stops with that line
+    (:class:`~panpriv.streamer.errors.PlanStalled`, exit code 4), its open batch lost as on a stop."""
+    if model.abandoned:
+        raise PlanStalled(f"the coordinator abandoned the model at version {model.version}: {model.abandoned}")
 
 
 def run(options: WorkerOptions, stop: threading.Event | None = None) -> WorkerStats:

@@ -60,6 +60,8 @@ def librdkafka_settings(config: KafkaConfig) -> dict[str, Any]:
 class ConfluentKafkaSource(KafkaConsumerSource):
     """A confluent-kafka consumer group whose positions come from our checkpoint (module docstring)."""
 
+    client = "confluent-kafka"
+
     def __init__(
         self,
         url: KafkaUrl,
@@ -203,6 +205,14 @@ class ConfluentKafkaSource(KafkaConsumerSource):
             else:
                 log.warning("Kafka consumer: %s", error.str())
         return kept
+
+    def _seek(self, offsets: Mapping[str, int]) -> None:
+        """Seek assigned partitions (librdkafka drops what it fetched of them beyond)."""
+        from confluent_kafka import TopicPartition
+
+        for key, offset in offsets.items():
+            topic, partition = key.rsplit("/", 1)
+            self._consumer.seek(TopicPartition(topic, int(partition), offset))
 
     def _check_caught_up(self) -> bool:
         """Every partition of the topics consumed: ours by our positions, the others by the group's commits."""

@@ -172,6 +172,27 @@ class KafkaConsumerSource(abc.ABC):
         self._empty_polls = 0
         return batch
 
+    def rewind(self, starts: Mapping[str, int], seek: bool = True) -> None:
+        """Read the partitions of ``starts`` (keys ``topic/partition``) again from those offsets:
+        a scale-out worker hands back a batch it will not publish (its records return to the
+        stream, :mod:`panpriv.streamer.scaleout.worker`). Nothing is committed by this. With
+        ``seek=False`` (inside a revocation, where the client must not be sought) only the
+        positions move: the next assignment starts there (or at the group's committed offset,
+        if further)."""
+        for key, offset in starts.items():
+            self._positions[key] = offset
+            self._marks.pop(key, None)
+        if seek:
+            self._seek({key: offset for key, offset in starts.items() if key in self._assigned_keys()})
+
+    def _assigned_keys(self) -> set[str]:
+        """The ``topic/partition`` keys assigned now."""
+        return {f"{tp.topic}/{tp.partition}" for tp in self._assigned}
+
+    @abc.abstractmethod
+    def _seek(self, offsets: Mapping[str, int]) -> None:
+        """Seek the client's assigned partitions to ``offsets`` (keys ``topic/partition``)."""
+
     @abc.abstractmethod
     def _check_caught_up(self) -> bool:
         """Whether every partition of the consumed topics is read to its end (ours or the group's)."""
@@ -183,6 +204,8 @@ class KafkaConsumerSource(abc.ABC):
 
 class KafkaSource(KafkaConsumerSource):
     """A kafka-python consumer group whose positions come from our checkpoint (module docstring)."""
+
+    client = "kafka-python"
 
     def __init__(
         self,
@@ -302,6 +325,17 @@ class KafkaSource(KafkaConsumerSource):
                 for tp, messages in records.items() if messages
             ]
         return self._batch(self._take(max_records))
+
+    def _seek(self, offsets: Mapping[str, int]) -> None:
+        """Seek, and drop what was drained but not handed out: a drained partition not sought is
+        sought back to its position, so that its drained messages are fetched again."""
+        from kafka import TopicPartition
+
+        offsets = {**{part.key: self._positions[part.key] for part in self._drained}, **offsets}
+        self._drained = []
+        for key, offset in offsets.items():
+            topic, partition = key.rsplit("/", 1)
+            self._consumer.seek(TopicPartition(topic, int(partition)), offset)
 
     def _take(self, max_records: int) -> list[Fetched]:
         """The first ``max_records`` messages of :attr:`_drained`, removed from it."""

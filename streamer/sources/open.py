@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from panpriv.streamer.config import SourceConfig
 from panpriv.streamer.errors import SourceError
@@ -15,6 +16,9 @@ from panpriv.streamer.sources.base import Source
 from panpriv.streamer.sources.kafka import KafkaConsumerSource, KafkaSource
 from panpriv.streamer.sources.local import LineFileSource, RecordingSource, SyntheticSource
 
+if TYPE_CHECKING:
+    from panpriv.streamer.sources.confluent import ConfluentKafkaSource
+
 # -- construction -------------------------------------------------------------------------------
 
 
@@ -22,6 +26,18 @@ def source_marks(source: object, positions: Mapping[str, int]) -> dict[str, int]
     """A Kafka source's marks for a checkpoint at ``positions`` (:mod:`panpriv.streamer.kafka.calls`);
     empty for sources without marks."""
     return source.marks(positions) if isinstance(source, KafkaConsumerSource) else {}
+
+
+def open_kafka_source(url: KafkaUrl, config: SourceConfig, positions: Mapping[str, int],
+                      on_revoke: Callable[[], None] | None = None,
+                      marks: Mapping[str, int] | None = None) -> KafkaSource | ConfluentKafkaSource:
+    """The Kafka source of ``url`` on the client ``[kafka] client`` names (kafka-python, or
+    confluent-kafka): ``panpriv run``'s and each scale-out worker's."""
+    if kafka_client.settings().client == "confluent":
+        from panpriv.streamer.sources.confluent import ConfluentKafkaSource
+
+        return ConfluentKafkaSource(url, config, positions, on_revoke, marks)
+    return KafkaSource(url, config, positions, on_revoke, marks)
 
 
 def open_source(
@@ -38,11 +54,7 @@ def open_source(
         raise SourceError("source.recorded_pace needs a file: source holding a panpriv recording")
     match parsed:
         case KafkaUrl():
-            if kafka_client.settings().client == "confluent":
-                from panpriv.streamer.sources.confluent import ConfluentKafkaSource
-
-                return ConfluentKafkaSource(parsed, config, positions, on_revoke, marks)
-            return KafkaSource(parsed, config, positions, on_revoke, marks)
+            return open_kafka_source(parsed, config, positions, on_revoke, marks)
         case SyntheticUrl(n=n, dim=dim, seed=seed):
             if dim != codec.dim:
                 raise SourceError(f"synthetic source dim={dim} but records.dim={codec.dim}")

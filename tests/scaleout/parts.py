@@ -80,7 +80,9 @@ def gradients(bootstrap: str, topic: str) -> list[GradientRecord]:
 
 
 def last_model(bootstrap: str, topic: str) -> ModelVersion:
-    return max((ModelVersion.from_json(v) for v in read_all(bootstrap, topic) if v), key=lambda m: m.version)
+    """The newest version on the model topic, the last record of it (a version may be republished)."""
+    models = [ModelVersion.from_json(v) for v in read_all(bootstrap, topic) if v]
+    return max(reversed(models), key=lambda m: m.version)
 
 
 def start_worker(tmp_path: Path, broker: KafkaBroker, names: dict[str, str], i: int, log: str | None = None,

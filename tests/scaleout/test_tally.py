@@ -86,3 +86,48 @@ def test_the_coordinator_notes_leases_and_says_whom_it_waits_for() -> None:
     assert coordinator.handle(mean("c", records=w, params=params), 5, now=6.0)
     assert coordinator.version == 1 and coordinator.offset == 6 and coordinator.progress_at == 6.0
     assert coordinator.waiting(6.0).startswith("waiting for the means of version 1: 0 of K = 3 in; no batch open there")
+
+
+def claim(worker: str, version: int = 0, renew_s: float = 0.5) -> bytes:
+    return BatchOpen("d", version, worker, 0, W, renew_s, claim=True).to_json()
+
+
+def test_claims_are_ordered_by_their_offsets_and_the_first_free_places_win() -> None:
+    """Two survivors claim the place a dead worker left (issue 35): whatever either read before,
+    the claim first in the topic holds it and the second does not — on every reader's tally."""
+    tally = VersionTally("d")
+    tally.take(mean("a"), 0.0, 0)
+    tally.take(lease("dead", 40), 0.0, 1)
+    tally.take(claim("c"), 1.5, 2)
+    assert tally.places(0, K, W, PARAMS, 1.5, exclude="b") == 0  # before the dead worker's lease lapses
+    later = LEASE_RENEWALS * 0.5 + 0.5
+    assert tally.places(0, K, W, PARAMS, later, exclude="b") == 1  # b sees the dead worker's place, and c's claim
+    tally.take(claim("b"), later, 3)
+    tally.take(claim("e"), later, 4)
+    assert tally.holds("c", 0, K, W, PARAMS, later) and tally.holds("b", 0, K, W, PARAMS, later)
+    assert not tally.holds("e", 0, K, W, PARAMS, later)
+    assert tally.holders(0, K, W, PARAMS, later) == ["c", "b"] and tally.places(0, K, W, PARAMS, later) == 0
+    # e withdraws; b's mean ends its lease and takes its place; a fresh claim still finds none.
+    tally.take(BatchOpen("d", 0, "e", 0, W, 0.5, withdrawn=True).to_json(), later, 5)
+    tally.take(mean("b"), later, 6)
+    tally.take(claim("f"), later, 7)
+    assert tally.open_at(0, later) == {"c": gradients_topic_record(claim("c"))} | {"f": gradients_topic_record(claim("f"))}
+    assert not tally.holds("f", 0, K, W, PARAMS, later) and tally.read_to == 8
+
+
+def test_a_claim_renewed_keeps_its_order_and_a_new_claim_goes_to_the_end() -> None:
+    tally = VersionTally("d")
+    tally.take(claim("x"), 0.0, 10)
+    tally.take(claim("y"), 0.0, 11)
+    tally.take(lease("x", 5), 0.2, 12)  # a renewal keeps x's claim at offset 10
+    assert tally.holders(0, 1, W, PARAMS, 0.3) == ["x"]
+    tally.take(claim("x"), 0.4, 13)  # x claims again (its lease may have lapsed): behind y
+    assert tally.holders(0, 1, W, PARAMS, 0.5) == ["y"]
+
+
+def test_the_owner_counts_its_lease_held_one_renewal_interval_before_readers_let_it_lapse() -> None:
+    from panpriv.streamer.scaleout.tally import OWNER_RENEWALS, owner_holds
+
+    assert OWNER_RENEWALS == LEASE_RENEWALS - 1
+    assert owner_holds(10.0, 10.0 + OWNER_RENEWALS * 0.5 - 0.01, 0.5)
+    assert not owner_holds(10.0, 10.0 + OWNER_RENEWALS * 0.5, 0.5)
