@@ -65,13 +65,23 @@ release: $(VENV)/.installed-release
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/python -m twine check --strict dist/*
 
-## soak: the long fault-injection campaign (tests/faults, marker `soak`; about 10 minutes): >= 100
-## kill -9 on files and on the real broker, every bit of a checkpoint flipped, >= 10^4 fuzzed
-## records per format; and the slower memory-residue scans (d = 300 but for pan-acsa).
-## `make test` runs the fast subset of the same tests.
+## soak: the long fault-injection campaign of every role (marker `soak`; about 45 minutes on the
+## 2-core machine at load 7-9), ending with one figures table (tests/faults/figures.py):
+## - the service: 60 kill -9 on files and 45 on the real broker, every bit of a checkpoint flipped;
+## - the roles (tests/faults/test_soak_roles.py): 30 kill -9 + restart across scale-out workers and
+##   coordinator (the next once a mean was published), 70 across the E-S-A shuffler and analyzer;
+##   the ledger audited (records lost, learned twice, budget under-counts);
+## - two processes on one state, per role with a state (the second refused with one line);
+## - 500-1,000 bit flips of analyzer.json, worker.json, an `encode --state` file and the budget store;
+## - >= 10^4 fuzzed/forged messages per input topic: messages, shuffled, gradients, model
+##   (tests/faults/test_soak_messages.py), and >= 10^4 fuzzed records per format;
+## - a slower worker and four coordinator outages (tests/scaleout/test_scaleout_stall.py);
+## - the slower memory-residue scans (d = 300 but for pan-acsa).
+## `make test` runs the fast subset of the same tests (not the role kill and message campaigns).
 soak: $(VENV)/.installed-test
 	bash tests/install_system_deps.sh
-	$(BIN)/python -m pytest -m soak -s tests/faults tests/protocols/test_memory_residue.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m soak -s tests/faults tests/scaleout/test_scaleout_stall.py \
+		tests/protocols/test_memory_residue.py $(PYTEST_ARGS)
 
 ## bench: the performance benchmarks (each prints its side-by-side ratios, measured in one run).
 PERF_BENCHMARKS := encoder glm_fast_path learners json_decode startup shuffle_gaussian_rdp iteration_accounting service ingest esa esa_checkin scaleout memory_hygiene
