@@ -65,14 +65,14 @@ release: $(VENV)/.installed-release
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/python -m twine check --strict dist/*
 
-## soak: the long fault-injection campaign of every role (marker `soak`; about 45 minutes on the
-## 2-core machine at load 7-9), ending with one figures table (tests/faults/figures.py):
+## soak: the long fault-injection campaign of every role (marker `soak`; about 35 minutes on the
+## 2-core machine at load 7-10), ending with one figures table (tests/faults/figures.py):
 ## - the service: 60 kill -9 on files and 45 on the real broker, every bit of a checkpoint flipped;
 ## - the roles (tests/faults/test_soak_roles.py): 30 kill -9 + restart across scale-out workers and
-##   coordinator (the next once a mean was published), 70 across the E-S-A shuffler and analyzer;
-##   the ledger audited (records lost, learned twice, budget under-counts);
+##   coordinator (after a worker's kill, the next once a mean is published), 70 across the E-S-A
+##   shuffler and analyzer; the ledger audited (records lost, learned twice, budget under-counts);
 ## - two processes on one state, per role with a state (the second refused with one line);
-## - 500-1,000 bit flips of analyzer.json, worker.json, an `encode --state` file and the budget store;
+## - 500 bit flips each of analyzer.json, worker.json, an `encode --state` file and the budget store;
 ## - >= 10^4 fuzzed/forged messages per input topic: messages, shuffled, gradients, model
 ##   (tests/faults/test_soak_messages.py), and >= 10^4 fuzzed records per format;
 ## - a slower worker and four coordinator outages (tests/scaleout/test_scaleout_stall.py);

@@ -10,13 +10,18 @@ a second one fails at once with :class:`~panpriv.streamer.errors.OutputBusyError
 Deleting or replacing ``panpriv.lock`` does not admit a second process: the directory's lock does
 not depend on the file. The operating system releases both when the holder exits in any way
 (``kill -9`` included), so a stale lock file never blocks a restart; the PID in it is
-informational only. The file is created 0600.
+informational only (a refusal reads it only from a file the holder still locks, and otherwise
+says it was removed or replaced). The file is created 0600.
+
+A client's state *file* (``panpriv encode --state``) is locked alone, not its folder, which other
+users' files may share: :class:`StateFileLock`.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -68,29 +73,14 @@ class OutputLock:
         self._fds = [directory]
         try:
             self._lock(directory)
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            except OSError as exc:
-                raise OutputError(f"cannot open the lock file {self.path}: {exc.strerror}; {fix_for(exc)}") from None
-            self._fds.append(fd)
-            self._lock(fd)
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            except OSError as exc:
-                raise OutputError(f"cannot write the lock file {self.path}: {exc.strerror}; {fix_for(exc)}") from None
+            _hold_pid_file(self.path, self._lock, self._fds)
         except BaseException:
             self._close()
             raise
 
     def _lock(self, fd: int) -> None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputBusyError(
-                f"--out {self.out} is in use by another panpriv process ({_holder(self.path, self.out)}); "
-                "stop that process or choose another --out"
-            ) from None
+        _lock_or_refuse(fd, lambda: f"--out {self.out} is in use by another panpriv process "
+                        f"({_holder(self.path, self.out)}); stop that process or choose another --out")
 
     def release(self) -> None:
         if len(self._fds) == 2:
@@ -141,18 +131,9 @@ class StateFileLock:
 
     def acquire(self) -> None:
         prepare_output_directory(self.path.parent, folder_of(self.option, self.path))
+        self._fds = []
         try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise OutputError(f"cannot open the lock file {self.lock_path}: {exc.strerror}; {fix_for(exc)}") from None
-        self._fds = [fd]
-        try:
-            self._lock(fd)
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            except OSError as exc:
-                raise OutputError(f"cannot write the lock file {self.lock_path}: {exc.strerror}; {fix_for(exc)}") from None
+            _hold_pid_file(self.lock_path, self._lock, self._fds)
             self.follow()
         except BaseException:
             self.release()
@@ -192,18 +173,38 @@ class StateFileLock:
         self._fds.append(fd)
 
     def _lock(self, fd: int) -> None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputBusyError(
-                f"{self.option} {self.path} is in use by another panpriv process ({_holder(self.lock_path, self.path)}); "
-                f"stop that process, or give each process its own {self.option}"
-            ) from None
+        _lock_or_refuse(fd, lambda: f"{self.option} {self.path} is in use by another panpriv process "
+                        f"({_holder(self.lock_path, self.path)}); stop that process, or give each process its own "
+                        f"{self.option}")
 
     def release(self) -> None:
         fds, self._fds = self._fds, []
         for fd in reversed(fds):
             os.close(fd)
+
+
+def _lock_or_refuse(fd: int, refusal: Callable[[], str]) -> None:
+    """An exclusive ``flock`` on ``fd`` now, or :class:`OutputBusyError` with ``refusal()``."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputBusyError(refusal()) from None
+
+
+def _hold_pid_file(path: Path, lock: Callable[[int], None], fds: list[int]) -> None:
+    """Open the lock file ``path`` (created 0600) onto ``fds``, ``lock`` it, and write this
+    process's PID into it (informational: :func:`_holder`)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise OutputError(f"cannot open the lock file {path}: {exc.strerror}; {fix_for(exc)}") from None
+    fds.append(fd)
+    lock(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as exc:
+        raise OutputError(f"cannot write the lock file {path}: {exc.strerror}; {fix_for(exc)}") from None
 
 
 def _holder(path: Path, held: Path) -> str:
