@@ -65,11 +65,21 @@ release: $(VENV)/.installed-release
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/python -m twine check --strict dist/*
 
-## soak: every test marked `soak`, in one process (the long fault-injection campaign of tests/faults:
-## >= 100 kill -9 on files and on the real broker, every bit of a checkpoint flipped, >= 10^4 fuzzed
-## records per format; the slower memory-residue scans (d = 300 but for pan-acsa); and the larger
-## or second variants of real-process tests whose first variant runs in `make test`: the second
-## Kafka client's kill cycles, longer intruder streams, more check-in rounds).
+## soak: every test marked `soak` (about 35-45 minutes on the 2-core machine at load 7-10), ending
+## with one figures table (tests/faults/figures.py):
+## - the service: 60 kill -9 on files and 45 on the real broker, every bit of a checkpoint flipped;
+## - the roles (tests/faults/test_soak_roles.py): 30 kill -9 + restart across scale-out workers and
+##   coordinator (after a worker's kill, the next once a mean is published), 70 across the E-S-A
+##   shuffler and analyzer; the ledger audited (records lost, learned twice, budget under-counts);
+## - two processes on one state, per role with a state (the second refused with one line);
+## - 500 bit flips each of analyzer.json, worker.json, an `encode --state` file and the budget store;
+## - >= 10^4 fuzzed/forged messages per input topic: messages, shuffled, gradients, model
+##   (tests/faults/test_soak_messages.py), and >= 10^4 fuzzed records per format;
+## - a slower worker and four coordinator outages (tests/scaleout/test_scaleout_stall.py);
+## - the slower memory-residue scans (d = 300 but for pan-acsa);
+## - the larger or second variants of real-process tests whose first variant runs in `make test`
+##   (the second Kafka client's kill cycles, longer intruder streams, more check-in rounds).
+## `make test` runs the fast subset (not the role kill and message campaigns).
 soak: $(VENV)/.installed-test
 	bash tests/install_system_deps.sh
 	$(BIN)/python -m pytest -m soak -s tests $(PYTEST_ARGS)

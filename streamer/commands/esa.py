@@ -198,6 +198,8 @@ def _encode_gd(args: argparse.Namespace, public: Any, shuffler: Any, model: Any,
     except RefusedModel as exc:  # the refusal rule: a plan other than the accepted one, or a round beyond it
         print(f"panpriv encode: refused: {exc} (rounds answered: {state.rounds})")
         return exit_code(exc) or EXIT_USAGE
+    finally:
+        state.close()
     per_user = 1000 * sum(clients.encode_seconds) / max(1, answered * len(y))
     print(f"panpriv encode: {len(y):,} shuffle-gd users answered {answered} rounds here (rounds answered in all: "
           f"{state.rounds}); encode {per_user:.3f} ms per user and round")

@@ -34,7 +34,9 @@ deployment has one state per user (one device, one file). The state file holds o
 (:class:`panpriv.streamer.state.role_state.RoleState`, imported when a state file is used): a flipped
 bit or an edit could otherwise silently drop an answered round — and let her answer it again — so
 any damage is refused with one line (exit 2); a state of the format before sealing loads and is
-sealed at her next answer.
+sealed at her next answer. It is locked while a process uses it
+(:class:`panpriv.streamer.state.lock.StateFileLock`): two processes on one state file would each
+answer the rounds the other has not recorded yet, so the second is refused with one line (exit 1).
 
 Like :mod:`panpriv.streamer.esa.sum_client`, this module imports ``protocols``, ``accounting``, numpy,
 PyNaCl and its siblings ``panpriv.streamer.esa.wire``/``keys``/``model``/``client``/``sum_client``/``families`` only —
@@ -128,10 +130,21 @@ class AnsweredRounds:
         self.plan: dict[str, Any] | None = None
         self.rounds: list[int] = []
         self._file = None if path is None else _state_file(path)
+        self._lock = None if self._file is None else self._file.lock_file()  # one process per state file
         if self._file is not None:
-            state = self._file.load()
+            try:
+                state = self._file.load()
+            except BaseException:
+                self.close()
+                raise
             if state is not None:
                 self.plan, self.rounds = _answered(state, self._file.path)
+
+    def close(self) -> None:
+        """Release the state file's lock (the operating system does it too, at exit)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @property
     def digest(self) -> str | None:
@@ -167,7 +180,7 @@ def _state_file(path: Path) -> RoleState:
     a state of the format before sealing (the bare object) is recognised by its keys."""
     from panpriv.streamer.state.role_state import RoleState  # only with a state file: see the module docstring
 
-    return RoleState(path.parent, path.name, "esa-gd-client", fix=_FIX,
+    return RoleState(path.parent, path.name, "esa-gd-client", fix=_FIX, option="--state",
                      legacy=lambda body: set(body) == {"format", "plan", "rounds"} and body["format"] == STATE_FORMAT)
 
 

@@ -14,7 +14,10 @@ budget charge another process made.
 
 :class:`NewestRecord` is the compacted-topic case: it keeps the record with the highest public
 order (an E-S-A round, a scale-out version) among those a parser accepts, skipping malformed or
-foreign records (counted in :attr:`NewestRecord.skipped`).
+foreign records (counted by reason in :attr:`NewestRecord.skipped_by_reason`). An order outside
+``[0, 2⁶³)`` (:data:`ORDER_LIMIT`) is skipped as ``order_out_of_range``: a round or version is a
+count of steps, which the wire's 64-bit integers (Kafka's, and every JSON reader that is not
+Python's) can hold; a 401-digit version once parsed and won as the newest model for ever after.
 
 Only a consumer is needed (the caller builds it with its security settings): this module imports
 nothing of the service beyond :mod:`panpriv.streamer.kafka.calls`, so the E-S-A client can use it.
@@ -23,6 +26,7 @@ nothing of the service beyond :mod:`panpriv.streamer.kafka.calls`, so the E-S-A 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -155,6 +159,13 @@ an object belongs), a number beyond an integer (``int(Infinity)``: ``OverflowErr
 deeper than the interpreter's recursion limit (``RecursionError``)."""
 
 
+ORDER_LIMIT = 2**63
+"""Orders (rounds, versions) must lie in ``[0, ORDER_LIMIT)`` (module docstring)."""
+
+SKIP_REASONS = ("malformed", "order_out_of_range")
+"""Why :class:`NewestRecord` skips a record."""
+
+
 class NewestRecord(Generic[T]):
     """The newest record of a compacted topic by a public order, among the records ``parse``
     accepts (module docstring).
@@ -174,7 +185,7 @@ class NewestRecord(Generic[T]):
     def __init__(self, consumer: Any, topic: str, parse: Callable[[bytes], T | None], order: Callable[[T], int]) -> None:
         self.topic = topic
         self.newest: T | None = None
-        self.skipped = 0
+        self.skipped_by_reason: Counter[str] = Counter({reason: 0 for reason in SKIP_REASONS})
         self._parse, self._order = parse, order
         self._reader = TopicReader(consumer, partitions_of(consumer, [topic]), self._take)
 
@@ -184,10 +195,21 @@ class NewestRecord(Generic[T]):
         try:
             value = self._parse(record.value)
         except MALFORMED:
-            self.skipped += 1
+            self.skipped_by_reason["malformed"] += 1
             return
-        if value is not None and (self.newest is None or self._order(value) >= self._order(self.newest)):
+        if value is None:
+            return
+        order = self._order(value)
+        if not 0 <= order < ORDER_LIMIT:
+            self.skipped_by_reason["order_out_of_range"] += 1
+            return
+        if self.newest is None or order >= self._order(self.newest):
             self.newest = value
+
+    @property
+    def skipped(self) -> int:
+        """Records skipped, for any reason."""
+        return sum(self.skipped_by_reason.values())
 
     def poll(self, timeout_ms: int = 0) -> T | None:
         """Take what arrived within ``timeout_ms``; the newest record so far."""

@@ -64,6 +64,14 @@ class WireError(ValueError):
     """A record that is not a well-formed scale-out record."""
 
 
+def _integer(value: Any) -> int:
+    """A JSON integer of a mean (``true`` or ``2.0`` is not one: ``int()`` would turn a copy of
+    the real mean with ``"version": true`` into the real mean of version 1, learned twice)."""
+    if type(value) is not int:
+        raise WireError(f"{value!r} is not an integer")
+    return value
+
+
 @dataclass(frozen=True)
 class GradientRecord:
     """One worker's noisy mean of one batch, computed at model version ``version``."""
@@ -99,9 +107,13 @@ class GradientRecord:
             gradient = np.asarray(value["gradient"], dtype=np.float64)
             if gradient.ndim != 1 or not np.all(np.isfinite(gradient)):
                 raise WireError("gradient must be a vector of finite floats")
-            ranges = {str(k): (int(a), int(b)) for k, (a, b) in value["ranges"].items()}
-            return cls(str(value["deployment"]), int(value["version"]), str(value["worker"]), int(value["records"]),
-                       gradient, ranges)
+            ranges = {str(k): (_integer(a), _integer(b)) for k, (a, b) in value["ranges"].items()}
+            records = _integer(value["records"])
+            if not all(0 <= a < b for a, b in ranges.values()) or sum(b - a for a, b in ranges.values()) < records:
+                # A mean whose ranges do not hold its records would be published with no (or too
+                # little) charge to check against: the ledger's "every published range charged".
+                raise WireError("the mean's ranges do not hold its records")
+            return cls(str(value["deployment"]), _integer(value["version"]), str(value["worker"]), records, gradient, ranges)
         except MALFORMED as exc:
             if isinstance(exc, WireError):
                 raise
@@ -134,7 +146,7 @@ def gradients_topic_record(data: bytes | None) -> GradientRecord | BatchOpen:
     """A record of the gradients topic: a noisy mean or an open-batch lease (:class:`WireError` if neither)."""
     try:
         value = json.loads(data or b"")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the parser's depth
         raise WireError(f"malformed gradient record: {exc}") from None
     if not (isinstance(value, dict) and value.get("format") == OPEN_FORMAT):
         return GradientRecord.from_value(value)
@@ -142,9 +154,9 @@ def gradients_topic_record(data: bytes | None) -> GradientRecord | BatchOpen:
         renew_s = float(value["renew_s"])
         if not 0 < renew_s < 3600:
             raise WireError("renew_s must be in (0, 3600) seconds")
-        return BatchOpen(str(value["deployment"]), int(value["version"]), str(value["worker"]), int(value["filled"]),
-                         int(value["size"]), renew_s, value.get("claim") is True, value.get("withdrawn") is True)
-    except (KeyError, TypeError, ValueError) as exc:
+        return BatchOpen(str(value["deployment"]), _integer(value["version"]), str(value["worker"]), _integer(value["filled"]),
+                         _integer(value["size"]), renew_s, value.get("claim") is True, value.get("withdrawn") is True)
+    except MALFORMED as exc:  # OverflowError too: int(Infinity)
         if isinstance(exc, WireError):
             raise
         raise WireError(f"malformed open-batch record: {exc}") from None

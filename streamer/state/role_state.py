@@ -7,7 +7,8 @@ way, through :class:`RoleState`:
 
 * **Locked.** :meth:`RoleState.lock` takes the directory's lock (:class:`OutputLock`) before the
   state is read; the role holds it until it exits. A second process on the same directory is
-  refused with one line naming the holder's PID.
+  refused with one line naming the holder's PID. A client's state file, in a folder other clients
+  may share, is locked alone instead (:meth:`RoleState.lock_file`, :class:`StateFileLock`).
 * **Sealed.** The file is an envelope ``{"kind", "version", "state", "sha256"}`` whose ``sha256``
   is the SHA-256 of the canonical JSON of the rest (:func:`panpriv.streamer.state.integrity.canonical`),
   written atomically (:func:`panpriv.streamer.state.atomic_files.write_atomically`, 0600). On load
@@ -38,7 +39,7 @@ from typing import Any
 from panpriv.streamer.errors import CheckpointError
 from panpriv.streamer.state.atomic_files import write_atomically
 from panpriv.streamer.state.integrity import DIGEST_KEY, canonical, digest_matches, parse_object
-from panpriv.streamer.state.lock import OutputLock, prepare_output_directory
+from panpriv.streamer.state.lock import OutputLock, StateFileLock, folder_of, prepare_output_directory
 
 log = logging.getLogger("panpriv.state")
 
@@ -68,22 +69,35 @@ class RoleState:
         not be loaded (the E-S-A analyzer's: :func:`panpriv.streamer.esa.analyze_service.state_file`).
     fix
         What the user can do about a refused file (ends every refusal).
+    option
+        The option the user named the state with: ``--out`` (the directory) or, for a client's
+        state file, ``--state`` (the file); messages about the directory name it.
     """
 
     def __init__(self, directory: Path, name: str, kind: str, legacy: Callable[[Mapping[str, Any]], bool] | None = None,
-                 fix: str = "restore it from a backup, or start afresh with another --out") -> None:
+                 fix: str = "restore it from a backup, or start afresh with another --out", option: str = "--out") -> None:
         self.directory = Path(directory)
         self.path = self.directory / name
         self.kind = kind
         self._legacy = legacy
         self._fix = fix
+        self.option = option
         self.migrated = False  # the last load found a state written before sealing
         self.budget_mark: dict[str, Any] | None = None  # the budget store's mark the file holds (last load or save)
+        self._file_lock: StateFileLock | None = None
 
     def lock(self) -> OutputLock:
         """The directory's lock, acquired (release it when the role exits)."""
         lock = OutputLock(self.directory)
         lock.acquire()
+        return lock
+
+    def lock_file(self) -> StateFileLock:
+        """The lock of this one file (a client's state, in a folder it may share with others),
+        acquired and followed across saves (release it when the process exits)."""
+        lock = StateFileLock(self.path, self.option)
+        lock.acquire()
+        self._file_lock = lock
         return lock
 
     def load(self) -> dict[str, Any] | None:
@@ -122,7 +136,9 @@ class RoleState:
         """Replace the file by ``state`` sealed, atomically (0600), with ``budget_mark`` (the budget
         store's :meth:`~panpriv.streamer.budget.session.BudgetSession.mark`; default: the mark the
         file held)."""
-        prepare_output_directory(self.directory)
+        if self._file_lock is not None:
+            self._file_lock.check()
+        prepare_output_directory(self.directory, self.option if self.option == "--out" else folder_of(self.option, self.path))
         if budget_mark is not None:
             self.budget_mark = {"store": str(budget_mark["store"]), "generation": int(budget_mark["generation"])}
         envelope: dict[str, Any] = {"kind": self.kind, "version": VERSION, "state": dict(state)}
@@ -130,6 +146,8 @@ class RoleState:
             envelope[BUDGET_MARK_KEY] = dict(self.budget_mark)
         envelope[DIGEST_KEY] = hashlib.sha256(canonical(envelope)).hexdigest()
         write_atomically(self.path, json.dumps(envelope, sort_keys=True, allow_nan=False).encode(), f"{self.kind} state")
+        if self._file_lock is not None:
+            self._file_lock.follow()
 
 
 def _is_mark(mark: Any) -> bool:

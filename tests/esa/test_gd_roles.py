@@ -152,6 +152,7 @@ def test_a_client_refuses_a_repeated_round_and_a_round_beyond_t(key: PrivateKey,
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with pytest.raises(RefusedModel, match="already answered"):
         client.answer(first)
+    client.state.close()  # the process ends (its lock with it)
     restarted = GDClients(key.public_key, SHUFFLER.box.public_key, X, y, AnsweredRounds(path))  # a crash and restart: the file remembers
     with pytest.raises(RefusedModel, match="already answered"):
         restarted.answer(first)
@@ -160,7 +161,11 @@ def test_a_client_refuses_a_repeated_round_and_a_round_beyond_t(key: PrivateKey,
     beyond = dataclasses.replace(first, round=T)
     with pytest.raises(RefusedModel, match="beyond the T = 3"):
         restarted.answer(beyond)
-    assert AnsweredRounds(path).rounds == [0, 1, 2]
+    restarted.state.close()
+    reread = AnsweredRounds(path)
+    assert reread.rounds == [0, 1, 2]
+    reread.close()
+    restarted.state = AnsweredRounds(path)
     # An analyzer that re-plans for more rounds (or another budget) cannot re-query her.
     more = GDAnalyzer(learner(rounds=T + 2), [key], "t")
     replanned = dataclasses.replace(more.model(), round=T)
@@ -302,8 +307,11 @@ def test_serve_answers_each_round_once_until_t(key: PrivateKey, tmp_path: Path) 
     state.record(models[1])  # answered before a crash: round 1 is not answered again
     answered = serve(clients, lambda: models[0], lambda r: models[r], lambda messages: sent.append(len(messages)))
     assert answered == 2 and sent == [N, N] and state.rounds == [0, 1, 2]
-    assert serve(GDClients(key.public_key, SHUFFLER.box.public_key, X, y, AnsweredRounds(tmp_path / "rounds.json")), lambda: models[T],
+    state.close()
+    again = AnsweredRounds(tmp_path / "rounds.json")
+    assert serve(GDClients(key.public_key, SHUFFLER.box.public_key, X, y, again), lambda: models[T],
                  lambda r: models[r], lambda messages: sent.append(len(messages))) == 0
+    again.close()
     other = GDAnalyzer(learner(rounds=T + 1), [key], "t").model()
     with pytest.raises(RefusedModel, match="plan"):
         serve(GDClients(key.public_key, SHUFFLER.box.public_key, X, y, AnsweredRounds(tmp_path / "rounds.json")),

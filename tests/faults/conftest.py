@@ -62,3 +62,13 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         for point in mounted:
             with contextlib.suppress(Exception):
                 subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The soak campaign's figures table (tests/faults/figures.py), when ``-m soak`` selected it."""
+    from tests.faults.figures import FIGURES
+
+    if "soak" in (config.option.markexpr or "") and "not soak" not in config.option.markexpr and not FIGURES.empty():
+        terminalreporter.write_sep("=", "soak figures")
+        for line in FIGURES.table()[2:]:
+            terminalreporter.write_line(line)

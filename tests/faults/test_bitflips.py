@@ -18,6 +18,7 @@ import pytest
 from panpriv.streamer.errors import CheckpointError
 from panpriv.streamer.state.checkpoint import Checkpoint, read_manifest
 from panpriv.streamer.state.integrity import seal_document
+from tests.faults.figures import FIGURES
 
 FAST_FLIPS = 300
 
@@ -61,4 +62,5 @@ def test_soak_every_bit_of_the_checkpoint(finished_run, tmp_path) -> None:
     size = (finished_run / "checkpoints" / "checkpoint.json").stat().st_size
     outcomes = flip_outcomes(finished_run, tmp_path, list(range(size * 8)))
     print(f"\nbit flips over a {size:,}-byte checkpoint: {sum(outcomes.values()):,} flips, {dict(outcomes)}")
+    FIGURES.flipped("service checkpoint (every bit)", outcomes)
     assert sum(outcomes.values()) == size * 8 >= 200

@@ -70,6 +70,13 @@ def test_a_malformed_gradient_record_is_a_wire_error_and_nothing_else() -> None:
             outcomes["refused"] = outcomes.get("refused", 0) + 1
     assert outcomes["refused"] > 50, outcomes
     assert GradientRecord.from_json(valid).to_json() == valid
+    # A mean whose ranges do not hold its records (none at all, on the base accepted by the
+    # coordinator: the soak's forged means found it): published with nothing to check its charge by.
+    for ranges in ({}, {"kafka:c/t/0": (0, 7)}, {"kafka:c/t/0": (8, 0)}, {"kafka:c/t/0": (-8, 0)}):
+        forged = json.loads(valid)
+        forged["ranges"] = ranges
+        with pytest.raises(WireError, match="ranges do not hold its records"):
+            GradientRecord.from_json(json.dumps(forged).encode())
 
 
 _FORGED_BATCH = """
@@ -92,6 +99,19 @@ def test_a_batch_of_empty_units_is_malformed_at_once() -> None:
     assert wire.parse_batch(empty).units == ()  # a batch of no unit stays well formed
 
 
+def out_of_range(messages: list[bytes], field: str) -> int:
+    """How many of ``messages`` hold an integer ``field`` outside [0, 2^63) (the model readers' order)."""
+    count = 0
+    for message in messages:
+        try:
+            value = json.loads(message)
+        except (ValueError, RecursionError):
+            continue
+        order = value.get(field) if isinstance(value, dict) else None
+        count += type(order) is int and not 0 <= order < 2**63
+    return count
+
+
 @pytest.fixture
 def model_topic(kafka_broker: KafkaBroker, unique_name: Callable[[str], str]) -> str:
     return kafka_broker.create_topic(unique_name("malformed-model"))
@@ -107,10 +127,14 @@ def test_an_esa_client_skips_every_malformed_model_record(kafka_broker: KafkaBro
     watcher = ModelWatcher(kafka_broker.bootstrap, model_topic, "default")
     try:
         model = watcher.current(timeout_s=60)
-        # Some replacements still parse (a bool for an int, a 401-digit round, which then wins: who may
-        # write the model topic is the deployment's ACLs' business, docs/privacy.md); none ends the client.
-        assert model is not None
-        assert watcher._newest.skipped == refused(ModelRecord.from_json, bad) > 50
+        # Some replacements still parse (``true`` for the round: round 1, as a forged record could say
+        # anyway: who may write the model topic is the deployment's ACLs' business, docs/privacy.md);
+        # none ends the client, and a round out of [0, 2^63) is skipped by its reason instead of
+        # winning as the newest model for ever after (on the base: round 10^400).
+        assert model is not None and model.round == 1
+        assert watcher._newest.skipped_by_reason == {"malformed": refused(ModelRecord.from_json, bad),
+                                                     "order_out_of_range": out_of_range(bad, "round")}
+        assert watcher._newest.skipped_by_reason["malformed"] > 50
     finally:
         watcher.close()
 
@@ -123,7 +147,10 @@ def test_a_scaleout_worker_skips_every_malformed_model_record(kafka_broker: Kafk
     reader = ModelReader([kafka_broker.bootstrap], model_topic, "default")
     try:
         model = reader.read_to_end(timeout_s=60)
-        assert model is not None  # (a 401-digit version parses, and wins: the topic's ACLs decide who writes it)
-        assert reader._newest.skipped == refused(ModelVersion.from_json, bad) > 50
+        # On the base a 401-digit version parsed and won: every later (real) version was older.
+        assert model is not None and model.version == 2
+        assert reader._newest.skipped_by_reason == {"malformed": refused(ModelVersion.from_json, bad),
+                                                    "order_out_of_range": out_of_range(bad, "version")}
+        assert reader._newest.skipped_by_reason["malformed"] > 50
     finally:
         reader.close()

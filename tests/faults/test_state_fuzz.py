@@ -30,9 +30,15 @@ from panpriv.streamer.commands.cli import main
 from panpriv.streamer.commands.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from panpriv.streamer.esa.keys import generate
 from panpriv.streamer.scaleout.worker import worker_state
+from panpriv.streamer.state.role_state import RoleState
+from tests.faults.figures import FIGURES
 from tests.streamer.test_role_state import analyze_args, new_analyzer_state, worker_args
 
 FLIPS = 100
+SOAK_FLIPS = 500
+"""Flips per target in ``make soak`` (marker ``soak``); the normal suite runs :data:`FLIPS`."""
+
+EVERY_COUNT = pytest.mark.parametrize("flips", [FLIPS, pytest.param(SOAK_FLIPS, marks=pytest.mark.soak)])
 
 
 def outcome(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
@@ -98,13 +104,14 @@ def flip_a_row(store: Path, rng: random.Random) -> str:
         db.close()
 
 
+@EVERY_COUNT
 def test_a_flipped_value_in_a_budget_store_row_is_one_line_and_exit_1(charged_store: tuple[Path, list[str]],
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+                                                                       capsys: pytest.CaptureFixture[str], flips: int) -> None:
     store, run = charged_store
     clean = store.read_bytes()
-    rng = random.Random(35)
+    rng = random.Random(35 + flips)
     flipped: Counter[str] = Counter()
-    for _ in range(FLIPS):
+    for _ in range(flips):
         store.write_bytes(clean)
         where = flip_a_row(store, rng)
         if not where:
@@ -114,24 +121,38 @@ def test_a_flipped_value_in_a_budget_store_row_is_one_line_and_exit_1(charged_st
             code, errors = outcome(argv, capsys)
             assert code == EXIT_FAILURE and len(errors) == 1, (where, argv[1], code, errors)
             assert "budget" in errors[0], errors
-    assert sum(flipped.values()) >= FLIPS * 9 // 10, flipped
+    assert sum(flipped.values()) >= flips * 9 // 10, flipped
+    FIGURES.flipped("budget store (a value of a row; budget and run)", {"refused": sum(flipped.values())})
     print(f"\n{sum(flipped.values())} row flips refused: {dict(sorted(flipped.items()))}")
 
 
+def ledger_of(store: Path) -> dict[str, object]:
+    opened = BudgetStore(store.parent)
+    try:
+        return opened.ledger().to_dict()
+    finally:
+        opened.close()
+
+
+@EVERY_COUNT
 def test_a_bit_flipped_anywhere_in_the_budget_store_is_one_line_or_harmless(charged_store: tuple[Path, list[str]],
-                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                                                            capsys: pytest.CaptureFixture[str],
+                                                                            flips: int) -> None:
     """A flip in free space, an index or a page header may leave every row intact (``budget`` reads
-    it: exit 0); otherwise one line and exit 1."""
+    it: exit 0, and the store's ledger is the clean one's); otherwise one line and exit 1."""
     store, _ = charged_store
     clean = store.read_bytes()
-    rng = random.Random(36)
+    ledger = ledger_of(store)
+    rng = random.Random(36 + flips)
     codes: Counter[int] = Counter()
-    for _ in range(FLIPS):
+    for _ in range(flips):
         flip_file(store, clean, rng)
         code, errors = outcome(["budget"], capsys)
         assert code in (EXIT_OK, EXIT_FAILURE) and len(errors) == (code != EXIT_OK), (code, errors)
+        assert code != EXIT_OK or ledger_of(store) == ledger, "a flipped store read as another ledger"
         codes[code] += 1
-    print(f"\n{FLIPS} file flips: exit codes {dict(codes)}")
+    print(f"\n{flips} file flips: exit codes {dict(codes)}")
+    FIGURES.flipped("budget store (any bit of the file; budget)", {"refused": codes[EXIT_FAILURE], "harmless": codes[EXIT_OK]})
     assert codes[EXIT_FAILURE] > 0
 
 
@@ -180,12 +201,14 @@ def test_a_bit_flipped_in_an_index_never_hides_charges(charged_store: tuple[Path
 # -- the roles' states --------------------------------------------------------------------------
 
 
+@EVERY_COUNT
 @pytest.mark.parametrize("role", ["analyze", "worker"])
 def test_a_bit_flipped_anywhere_in_a_role_state_is_refused_with_one_line_and_exit_2(
-        role: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        role: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flips: int) -> None:
     """Every flip that changes the state is refused (exit 2, the file named) before any broker is
     contacted; a flip that leaves the parsed state identical (``e``/``E`` in an exponent) reaches
-    the broker wait, which ends at once here (exit 1, "no Kafka broker")."""
+    the broker wait, which ends at once here (exit 1, "no Kafka broker") — checked: the flipped
+    file loads as exactly the clean state (no silent resume)."""
     monkeypatch.setenv("PANPRIV_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("PANPRIV_KAFKA__CONNECT_TIMEOUT_S", "0.01")
     out = tmp_path / "out"
@@ -199,9 +222,11 @@ def test_a_bit_flipped_anywhere_in_a_role_state_is_refused_with_one_line_and_exi
         argv = worker_args(out)
         path = out / "worker.json"
     clean = path.read_bytes()
-    rng = random.Random(role)
+    kind = "esa-analyzer" if role == "analyze" else "scaleout-worker"
+    state = RoleState(out, path.name, kind).load()
+    rng = random.Random(f"{role}-{flips}")
     codes: Counter[int] = Counter()
-    for _ in range(FLIPS):
+    for _ in range(flips):
         flip_file(path, clean, rng)
         code, errors = outcome(["-q", *argv], capsys)
         assert len(errors) == 1, errors
@@ -209,13 +234,16 @@ def test_a_bit_flipped_anywhere_in_a_role_state_is_refused_with_one_line_and_exi
             assert str(path) in errors[0], errors
         else:
             assert code == EXIT_FAILURE and "no Kafka broker" in errors[0], (code, errors)
+            assert RoleState(out, path.name, kind).load() == state, "a flipped state resumed as another state"
         codes[code] += 1
     shutil.rmtree(tmp_path / "state", ignore_errors=True)
-    print(f"\n{FLIPS} flips of {path.name}: exit codes {dict(codes)}")
-    assert codes[EXIT_USAGE] >= FLIPS * 9 // 10
+    print(f"\n{flips} flips of {path.name}: exit codes {dict(codes)}")
+    FIGURES.flipped(path.name, {"refused": codes[EXIT_USAGE], "harmless": codes[EXIT_FAILURE]})
+    assert codes[EXIT_USAGE] >= flips * 9 // 10
 
 
-def test_a_bit_flipped_in_a_shuffle_gd_client_state_is_refused_or_harmless(tmp_path: Path) -> None:
+@EVERY_COUNT
+def test_a_bit_flipped_in_a_shuffle_gd_client_state_is_refused_or_harmless(tmp_path: Path, flips: int) -> None:
     """The state of ``panpriv encode`` for shuffle-gd (the rounds a user answered). On the base, of
     100 flips of the unsealed file, 73 ended ``encode`` with a traceback (``JSONDecodeError``,
     ``UnicodeDecodeError``, ``KeyError``, ``ValueError``: no exit code) and 27 loaded a changed
@@ -232,11 +260,12 @@ def test_a_bit_flipped_in_a_shuffle_gd_client_state_is_refused_or_harmless(tmp_p
     state = AnsweredRounds(path)
     assert (state.plan, state.rounds) == (plan, [0, 1, 2, 5])
     state._file.save({"format": STATE_FORMAT, "plan": state.plan, "rounds": state.rounds})
+    state.close()
     clean = path.read_bytes()
     assert b'"sha256"' in clean and (path.stat().st_mode & 0o777) == 0o600
-    rng = random.Random(38)
+    rng = random.Random(38 + flips)
     outcomes: Counter[str] = Counter()
-    for _ in range(FLIPS):
+    for _ in range(flips):
         flip_file(path, clean, rng)
         try:
             loaded = AnsweredRounds(path)
@@ -244,7 +273,9 @@ def test_a_bit_flipped_in_a_shuffle_gd_client_state_is_refused_or_harmless(tmp_p
             assert "\n" not in str(exc) and str(path) in str(exc) and exit_code(exc) == EXIT_USAGE
             outcomes["refused"] += 1
             continue
+        loaded.close()
         assert (loaded.plan, loaded.rounds) == (plan, [0, 1, 2, 5])
         outcomes["same"] += 1
-    print(f"\n{FLIPS} flips of a shuffle-gd client state: {dict(outcomes)}")
-    assert outcomes["refused"] >= FLIPS * 9 // 10
+    print(f"\n{flips} flips of a shuffle-gd client state: {dict(outcomes)}")
+    FIGURES.flipped("encode --state (shuffle-gd client)", {"refused": outcomes["refused"], "harmless": outcomes["same"]})
+    assert outcomes["refused"] >= flips * 9 // 10

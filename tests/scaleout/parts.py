@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
+from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -136,3 +140,68 @@ def scrape(port: int) -> dict[str, float]:
     return {sample.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())) + "}"
                            if sample.labels else ""): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+Ranges = dict[tuple[str, str], list[tuple[int, int]]]
+"""Position ranges per (budget instance, source key)."""
+
+
+def positions(spans: list[tuple[int, int]]) -> set[int]:
+    return {p for a, b in spans for p in range(a, b)}
+
+
+@dataclass
+class LedgerAudit:
+    """What the gradients topic published against what the budget store charged (the session's
+    ``PANPRIV_STATE_DIR``): ``published`` and ``full`` (charges of the workers' own instances, not
+    their intrusion-only ``/lost-`` ones) per (instance, source)."""
+
+    published: Ranges
+    full: Ranges
+    per_worker: dict[str, int]
+
+    def under_counted(self) -> dict[tuple[str, str], int]:
+        """Published positions without a full charge to their worker (a budget under-count)."""
+        missing = {key: len(positions(spans) - positions(self.full.get(key, []))) for key, spans in self.published.items()}
+        return {key: n for key, n in missing.items() if n}
+
+    def unpublished(self) -> dict[tuple[str, str], int]:
+        """Positions charged in full but never published (an over-count: never a privacy loss)."""
+        extra = {key: len(positions(spans) - positions(self.published.get(key, []))) for key, spans in self.full.items()}
+        return {key: n for key, n in extra.items() if n}
+
+    def by_source(self) -> dict[str, list[tuple[int, int]]]:
+        sources: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for (_, source), spans in self.published.items():
+            sources[source] += spans
+        return sources
+
+    def twice(self) -> dict[str, int]:
+        """Positions published in more than one mean, per source (records learned twice)."""
+        counts = {source: sum(b - a for a, b in spans) - len(positions(spans)) for source, spans in self.by_source().items()}
+        return {source: n for source, n in counts.items() if n}
+
+    def holes(self) -> dict[str, int]:
+        """Positions below a source's last published one that no mean holds (records lost)."""
+        gaps = {}
+        for source, spans in self.by_source().items():
+            seen = positions(spans)
+            gaps[source] = max(seen) + 1 - len(seen) if seen else 0
+        return {source: n for source, n in gaps.items() if n}
+
+
+def audit_ledger(broker: KafkaBroker, names: dict[str, str]) -> LedgerAudit:
+    """:class:`LedgerAudit` of the deployment on ``names``' gradients topic now."""
+    published: Ranges = defaultdict(list)
+    per_worker: dict[str, int] = defaultdict(int)
+    for record in gradients(broker.bootstrap, names["gradients"]):
+        per_worker[record.worker] += 1
+        for key, span in record.ranges.items():
+            published[(record.worker, key)].append(span)
+    with sqlite3.connect(Path(os.environ["PANPRIV_STATE_DIR"]) / "budget.sqlite") as db:
+        rows = db.execute("SELECT instance, source, start, stop FROM charges").fetchall()
+    full: Ranges = defaultdict(list)
+    for instance, source, start, stop in rows:
+        if "/lost-" not in instance and instance.startswith("scaleout:"):
+            full[(instance, source)].append((start, stop))
+    return LedgerAudit(dict(published), dict(full), dict(per_worker))

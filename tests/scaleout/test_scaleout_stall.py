@@ -27,13 +27,13 @@ import pytest
 
 from panpriv.streamer.commands.exit_codes import EXIT_STALLED
 from panpriv.streamer.scaleout.wire import ModelVersion
+from tests.faults.figures import FIGURES
 from tests.realparts import KafkaBroker, ManagedProcess, free_loopback_port, wait_until
 from tests.scaleout import parts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N, K = 12000, 3
-Ranges = dict[tuple[str, str], list[tuple[int, int]]]
 
 
 def _plan(workers: int = K) -> tuple[int, int, int]:
@@ -57,36 +57,15 @@ def _produce(broker: KafkaBroker, names: dict[str, str], seed: int, workers: int
     parts.produce(broker.bootstrap, names["data"], X, y, workers)
 
 
-def _positions(spans: list[tuple[int, int]]) -> set[int]:
-    return {p for a, b in spans for p in range(a, b)}
-
-
 def _assert_ledger(broker: KafkaBroker, names: dict[str, str]) -> dict[str, int]:
     """Every published range is charged in full to the worker that published it; every full charge
     was published (the rest was given back or moved to a lost instance); no position was published
     twice. Returns the means published per worker."""
-    published: Ranges = defaultdict(list)
-    per_worker: dict[str, int] = defaultdict(int)
-    for record in parts.gradients(broker.bootstrap, names["gradients"]):
-        per_worker[record.worker] += 1
-        for key, span in record.ranges.items():
-            published[(record.worker, key)].append(span)
-    with sqlite3.connect(Path(os.environ["PANPRIV_STATE_DIR"]) / "budget.sqlite") as db:
-        rows = db.execute("SELECT instance, source, start, stop FROM charges").fetchall()
-    full: Ranges = defaultdict(list)
-    for instance, source, start, stop in rows:
-        if "/lost-" not in instance and instance.startswith("scaleout:"):
-            full[(instance, source)].append((start, stop))
-    for key, spans in published.items():
-        assert _positions(spans) <= _positions(full[key]), f"published but not charged in full: {key}"
-    for key, spans in full.items():
-        assert _positions(spans) <= _positions(published.get(key, [])), f"charged in full but not published: {key}"
-    sources: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for (_, source), spans in published.items():
-        sources[source] += spans
-    for source, spans in sources.items():
-        assert sum(b - a for a, b in spans) == len(_positions(spans)), f"a position published twice: {source}"
-    return dict(per_worker)
+    audit = parts.audit_ledger(broker, names)
+    assert not audit.under_counted(), f"published but not charged in full: {audit.under_counted()}"
+    assert not audit.unpublished(), f"charged in full but not published: {audit.unpublished()}"
+    assert not audit.twice(), f"positions published twice: {audit.twice()}"
+    return audit.per_worker
 
 
 def _finish(coordinator: ManagedProcess, workers: list[ManagedProcess], broker: KafkaBroker,
@@ -96,23 +75,27 @@ def _finish(coordinator: ManagedProcess, workers: list[ManagedProcess], broker: 
     model = parts.last_model(broker.bootstrap, names["model"])
     steps, records, _ = _plan(k or len(workers))
     per_worker = _assert_ledger(broker, names)
-    print(f"{what}: version {model.version} of {steps} in {elapsed:.1f} s; {model.records} records, {model.stale} stale; "
-          f"means per worker {sorted(per_worker.values())}")
+    line = (f"{what}: version {model.version} of {steps} in {elapsed:.1f} s; {model.records} records, {model.stale} stale; "
+            f"means per worker {sorted(per_worker.values())}")
+    print(line)
+    FIGURES.notes.append(line)
     assert model.done and model.version == steps and model.records == records and model.stale == 0
     return model, per_worker
 
 
+@pytest.mark.parametrize("rate", ["100", pytest.param("40", marks=pytest.mark.soak)])
 def test_a_worker_slower_than_sync_wait_keeps_its_place(kafka_broker: KafkaBroker, unique_name: Callable[[str], str],
-                                                         tmp_path: Path) -> None:
-    """Worker 2 reads 100 records/s: a batch of w = 266 takes 2.7 s, longer than --sync-wait (2 s).
-    Its lease keeps its place: the others wait for it, the coordinator says it waits for it (log
-    and ``panpriv_scaleout_coordinator_waiting_on``), and every version steps on its mean too."""
+                                                         tmp_path: Path, rate: str) -> None:
+    """Worker 2 reads 100 records/s: a batch of w = 266 takes 2.7 s, longer than --sync-wait (2 s)
+    (``make soak``: 40 records/s, 6.7 s a batch). Its lease keeps its place: the others wait for it,
+    the coordinator says it waits for it (log and ``panpriv_scaleout_coordinator_waiting_on``), and
+    every version steps on its mean too."""
     names = parts.topics(kafka_broker, unique_name, K)
     _produce(kafka_broker, names, seed=11)
     port = free_loopback_port()
     coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, K,
                                           more=("--metrics-port", str(port), "--metrics-addr", "127.0.0.1"))
-    workers = [parts.start_worker(tmp_path, kafka_broker, names, i, more=("--rate", "100") if i == 2 else ())
+    workers = [parts.start_worker(tmp_path, kafka_broker, names, i, more=("--rate", rate) if i == 2 else ())
                for i in range(K)]
     started = time.monotonic()
     try:
@@ -123,7 +106,7 @@ def test_a_worker_slower_than_sync_wait_keeps_its_place(kafka_broker: KafkaBroke
         exported = parts.scrape(port)
         assert exported["panpriv_scaleout_coordinator_waiting_seconds"] >= 0  # PanprivScaleoutWaiting's series
         assert exported["panpriv_scaleout_coordinator_means_missing"] >= 1
-        model, per_worker = _finish(coordinator, workers, kafka_broker, names, started, "slow worker")
+        model, per_worker = _finish(coordinator, workers, kafka_broker, names, started, f"slow worker ({rate} records/s)")
     finally:
         for process in (*workers, coordinator):
             process.stop()
@@ -132,11 +115,13 @@ def test_a_worker_slower_than_sync_wait_keeps_its_place(kafka_broker: KafkaBroke
     assert per_worker.get(slow, 0) >= model.version - 2, per_worker
 
 
+@pytest.mark.parametrize("outages", [(3,), pytest.param((3, 6, 9, 12), marks=pytest.mark.soak)])
 def test_a_coordinator_down_for_longer_than_sync_wait(kafka_broker: KafkaBroker, unique_name: Callable[[str], str],
-                                                     tmp_path: Path) -> None:
-    """SIGKILL of the coordinator at version 3 and a restart 5 s later (> --sync-wait): the workers
-    whose means are on the topic wait for the next version instead of reading another batch at a
-    version that is closing; the restarted coordinator steps on those means."""
+                                                     tmp_path: Path, outages: tuple[int, ...]) -> None:
+    """SIGKILL of the coordinator at version 3 and a restart 5 s later (> --sync-wait) (``make soak``:
+    at versions 3, 6, 9 and 12): the workers whose means are on the topic wait for the next version
+    instead of reading another batch at a version that is closing; the restarted coordinator steps
+    on those means."""
     names = parts.topics(kafka_broker, unique_name, K)
     _produce(kafka_broker, names, seed=12)
     coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, K)
@@ -144,13 +129,15 @@ def test_a_coordinator_down_for_longer_than_sync_wait(kafka_broker: KafkaBroker,
     processes = [coordinator, *workers]
     started = time.monotonic()
     try:
-        wait_until(lambda: parts.last_model(kafka_broker.bootstrap, names["model"]).version >= 3, 120, "version 3")
-        os.kill(coordinator.pid, signal.SIGKILL)
-        coordinator.process.wait(timeout=10)
-        time.sleep(5.0)  # the outage: longer than --sync-wait
-        coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, K, log="coordinator-restarted.log")
-        processes.append(coordinator)
-        _finish(coordinator, workers, kafka_broker, names, started, "coordinator outage")
+        for at in outages:
+            wait_until(lambda at=at: parts.last_model(kafka_broker.bootstrap, names["model"]).version >= at, 120,
+                       f"version {at}")
+            os.kill(coordinator.pid, signal.SIGKILL)
+            coordinator.process.wait(timeout=10)
+            time.sleep(5.0)  # the outage: longer than --sync-wait
+            coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, K, log=f"coordinator-after-{at}.log")
+            processes.append(coordinator)
+        _finish(coordinator, workers, kafka_broker, names, started, f"coordinator outages at versions {outages}")
     finally:
         for process in processes:
             process.stop()
