@@ -187,6 +187,9 @@ class Worker:
         self.durable: dict[str, int] = {}
         self._sequence = 0
         self._revoked = False  # partitions were revoked in the last poll (the open batch is then lost)
+        # The stops this worker published since its partitions were assigned (source keys), committed
+        # again, strictly, when they are revoked (:meth:`_on_revoke`): nobody else read them meanwhile.
+        self._published_here: dict[str, int] = {}
         self._reader = ModelReader(options.bootstrap, options.model_topic, options.deployment)
         loop.close_on_exit(self._reader.close, "model reader")
         self._producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
@@ -489,10 +492,16 @@ class Worker:
         self._source.rewind(batch.starts)
 
     def _on_revoke(self) -> None:
-        """The source's revocation hook (inside its poll, before the partitions go): the open batch
-        is lost; its positions go back to its first ones, so that a partition assigned again —
-        to this worker or, through the group's committed offsets, to another — is read from there."""
+        """The source's revocation hook (inside its poll, before the partitions go): the positions
+        this worker published since the assignment are committed first, strictly — the next owner
+        starts from the group's committed offsets, and a commit after a publication that failed
+        (the group was already rebalancing) made it read and publish those records again; a
+        commit that fails here stops the worker, as it stops ``panpriv run``. The open batch is
+        lost, its positions go back to its first ones, so that a partition assigned again — to
+        this worker or to another — is read from there."""
         self._revoked = True
+        self._source.acknowledge(self._published_here, strict=True)
+        self._published_here = {}
         if self._batch is not None:
             self._source.rewind(self._batch.starts, seek=False)
 
@@ -544,7 +553,9 @@ class Worker:
         self.stats.published += 1
         self.stats.records += batch.size
         # Committed for the group's next owner (a failure is logged: that owner re-reads, a second, charged use).
-        self._source.acknowledge({key: batch.ranges[self._key(key)][1] for key in batch.starts})
+        published = {key: batch.ranges[self._key(key)][1] for key in batch.starts}
+        self._published_here.update(published)
+        self._source.acknowledge(published)
 
 
 def _stop_if_abandoned(model: ModelVersion) -> None:

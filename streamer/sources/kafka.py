@@ -51,6 +51,14 @@ drains the whole response lets the next request include the busy partition.
 of messages down to 64 bytes; the records held are those of the response being consumed, which
 kafka-python held whole before (docs/privacy.md, "The input path")."""
 
+DRAIN_MAX_AGE_S = REBALANCE_TIMEOUT_MS / 3000
+"""A drain older than this (10 s) is dropped and fetched again (the client sought back to the
+positions), so that kafka-python is polled at least this often: a reader slower than the drain —
+``--rate``, a scale-out worker paced or waiting — handed out 16 micro-batches for longer than
+:data:`REBALANCE_TIMEOUT_MS`, the consumer was taken out of its group, and its commits failed
+while the group rebalanced (a scale-out worker's partitions were then read and published again
+by another)."""
+
 
 class Fetched(NamedTuple):
     """One partition's messages of one poll, in offset order, as parallel lists (a tuple per
@@ -221,6 +229,7 @@ class KafkaSource(KafkaConsumerSource):
         super().__init__(url, config, positions, on_revoke, marks)
         self._assigned: set = set()
         self._drained: list[Fetched] = []  # polled from the consumer, not yet handed out (DRAIN_FACTOR)
+        self._drained_at = 0.0  # when (time.monotonic) the consumer was last polled (DRAIN_MAX_AGE_S)
         source = self
 
         class Listener(ConsumerRebalanceListener):  # kafka-python requires a subclass
@@ -315,8 +324,11 @@ class KafkaSource(KafkaConsumerSource):
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         """Up to ``max_records`` messages from what the last consumer poll drained
         (:data:`DRAIN_FACTOR`); the consumer is polled again only once that is handed out."""
+        if self._drained and time.monotonic() - self._drained_at > DRAIN_MAX_AGE_S:
+            self._seek({})  # the drained messages are fetched again
         if not self._drained:
             records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records * DRAIN_FACTOR)
+            self._drained_at = time.monotonic()
             self._raise_failure()
             self._log_waiting()
             self._drained = [

@@ -274,7 +274,7 @@ def test_clipping_takes_the_same_operations_whatever_the_rows(monkeypatch) -> No
 
                 patch.setattr(module, name, traced)
             out = scratch.clip_rows_into(X, 1.0, np.empty_like(X), np.empty(64), np.empty_like(X))
-            clipped = codec._clip(X.copy(), np.linalg.norm(X, axis=1), 1.0, in_place=True)
+            clipped = codec._clip(X.copy(), np.linalg.norm(X, axis=1), 1.0, in_place=True, work=np.empty_like(X))
         np.testing.assert_array_equal(out, losses.clip_rows(X, 1.0))
         np.testing.assert_array_equal(clipped, losses.clip_rows(X, 1.0))
         traces.append(calls)

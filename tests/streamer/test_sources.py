@@ -309,3 +309,49 @@ def test_a_content_key_names_the_multiset_of_records_and_the_order_names_the_seq
     copy = X.copy()
     ContentDigest().add(np.arange(50, dtype=np.int64), copy, y.copy())
     assert not copy.any()  # the records are wiped once digested
+
+
+def test_a_slow_reader_polls_kafka_python_within_its_rebalance_timeout(kafka_broker, unique_name, monkeypatch) -> None:
+    """A reader slower than the drain (``--rate``, a paced or waiting scale-out worker) got no
+    consumer poll while 16 drained micro-batches were handed out: past ``max_poll_interval_ms``
+    kafka-python left the group, commits failed, and another member read and published the same
+    records again. A drain older than DRAIN_MAX_AGE_S (0.5 s here) is fetched again: the consumer
+    is polled within it, and the records still come in order, each once."""
+    from kafka import KafkaProducer
+
+    from panpriv.streamer.sources import kafka as kafka_source
+
+    topic = kafka_broker.create_topic(unique_name("slow"), partitions=1)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
+    n = 400
+    for i in range(n):
+        producer.send(topic, json.dumps({"x": [i / n, 0.0], "y": 1}).encode())
+    producer.flush()
+    producer.close()
+    monkeypatch.setattr(kafka_source, "DRAIN_MAX_AGE_S", 0.5)
+    cfg = config(f"kafka://{kafka_broker.bootstrap}/{topic}?group={unique_name('g')}", **{"records.dim": 2})
+    source = open_source(cfg.source, make_codec(cfg.records), {})
+    assert isinstance(source, kafka_source.KafkaSource)
+    polls: list[float] = []
+    original = source._consumer.poll
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - kafka-python's signature
+        polls.append(time.monotonic())
+        return original(*args, **kwargs)
+
+    source._consumer.poll = counted  # the instance's attribute, as the source calls it
+    try:
+        offsets: list[int] = []
+        deadline = time.monotonic() + 90  # the group join, then 40 slow micro-batches
+        while len(offsets) < n and time.monotonic() < deadline:
+            batch = source.poll(10, 0.5)  # a drain holds up to 160 records: 16 slow micro-batches
+            if batch is not None:
+                offsets += batch.positions
+                time.sleep(0.3)
+    finally:
+        source.close()
+    assert offsets == list(range(n))
+    gaps = [b - a for a, b in zip(polls, polls[1:])]
+    # Without the age: a drain of 16 micro-batches, 4.8 s between polls; with it, its age (0.5 s)
+    # plus one slow micro-batch, the poll and a loaded machine's delays.
+    assert max(gaps) < 3.0, gaps
