@@ -64,8 +64,9 @@ def test_worker_and_coordinator_endpoints_count_the_runs_own_totals(
         for process in workers:  # together: a worker left alone would rebalance while the others stop
             if process.process.poll() is None:
                 process.process.terminate()
-        for process in workers:
-            process.stop(grace_s=30)
+        for process in workers:  # one SIGTERM each: a second one, once the loop has closed, ends the
+            process.process.wait(timeout=30)  # process before its summary line (as the default action)
+            process.stop()
         summaries = [_summary(process.log_path) for process in workers]
         coordinator.stop()
     assert scrapes >= 2  # the endpoints answered during the run, not only at the end
