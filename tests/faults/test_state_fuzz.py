@@ -119,7 +119,7 @@ def test_a_flipped_value_in_a_budget_store_row_is_one_line_and_exit_1(charged_st
         flipped[where] += 1
         for argv in (["budget"], run):
             code, errors = outcome(argv, capsys)
-            assert code == EXIT_FAILURE and len(errors) == 1, (where, argv[1], code, errors)
+            assert code == EXIT_FAILURE and len(errors) == 1, (where, " ".join(argv[:2]), code, errors)
             assert "budget" in errors[0], errors
     assert sum(flipped.values()) >= flips * 9 // 10, flipped
     FIGURES.flipped("budget store (a value of a row; budget and run)", {"refused": sum(flipped.values())})
