@@ -453,7 +453,10 @@ class BudgetStore:
         values = dict(db.execute("SELECT key, value FROM meta").fetchall())
         try:
             store_id, generation, digest = values["store_id"], int(values["generation"]), int(values["digest"], 16)
-            valid = values.get("check") == _meta_check(store_id, generation, digest)
+            # The texts as written, not only their numbers: a flipped bit can leave a number's value
+            # (a hex letter's case, a leading zero turned into a space) and the check would pass.
+            canonical = values["generation"] == str(generation) and values["digest"] == f"{digest:032x}"
+            valid = canonical and values.get("check") == _meta_check(store_id, generation, digest)
         except (KeyError, ValueError):
             valid = False
         if not valid:
