@@ -1,7 +1,11 @@
 """``kill -9`` at random moments, on a file source and on the real broker (issue 15's campaign).
 
-Each cycle starts the real ``panpriv run``, kills it with SIGKILL after a random delay (during
-start-up, consumption or a checkpoint write alike), and checks what survived:
+Each cycle starts the real ``panpriv run`` and kills it with SIGKILL: one cycle in four after a
+random delay from its start (start-up, the group join), the others at a random moment of the batch
+after the one that brought the durable state past the last kill's (consumption and checkpoint writes
+alike). Kills on a timer alone all landed before the first batch boundary of their cycle — a run
+resumes at the last boundary (pan-acsa), so 60 file kills of the soak restarted from 0 sixty times
+and tested no resumption. Then it checks what survived:
 
 - the checkpoint verifies (checksum, schema) and the ledger covers exactly the consumed positions
   ``[0, position)`` of every source key, once (never under-counted, never doubled);
@@ -33,10 +37,11 @@ from panpriv.accounting.ledger import PrivacyLedger
 from panpriv.streamer.io.codec import encode_json
 from panpriv.streamer.runtime.learners import restore_learner
 from panpriv.streamer.state.checkpoint import CheckpointStore
-from tests.faults.harness import assert_no_traceback, start_panpriv
+from tests.faults.harness import assert_no_traceback, start_panpriv, wait_for
 
 DIM = 4
 MALFORMED_EVERY = 97  # one malformed message (a 400-digit label: once a crash loop) every 97
+BATCH = 500  # pan-acsa's batch: a resumed run starts at the last batch boundary (the default for 10^5 records is 3,572)
 
 
 @dataclass
@@ -46,6 +51,7 @@ class Tally:
     kills: int = 0
     during_checkpoint_write: int = 0
     before_first_checkpoint: int = 0
+    after_progress: int = 0  # kills whose durable state had moved past the last kill's
     records_at_kills: list[int] = field(default_factory=list)
 
 
@@ -82,14 +88,35 @@ def check_survivors(out: Path, keys_total: Callable[[dict[str, int]], None] | No
     return checkpoint.records
 
 
+def durable_records(out: Path) -> int:
+    """Records of the last checkpoint (0 before the first): what a restart resumes from."""
+    checkpoint = CheckpointStore(out / "checkpoints").load()
+    return 0 if checkpoint is None else checkpoint.records
+
+
+def assert_stream_outlasts_kills(n: int, kills: int, delay_s: tuple[float, float], rate: int) -> None:
+    """The n records outlast every cycle, so each is killed mid-stream: a start-up kill (one cycle
+    in four) reads at most ``rate × delay`` records, any other at most two batches past the last."""
+    assert kills // 4 * delay_s[1] * rate + (kills - kills // 4) * 2 * BATCH < n
+
+
 def kill_cycles(argv: Callable[[int], list[str]], out: Path, logs: Path, kills: int, delay_s: tuple[float, float],
-                rng: random.Random) -> Tally:
+                batch_s: float, rng: random.Random) -> Tally:
+    """``kills`` cycles of start, SIGKILL, check (module docstring). ``delay_s``: the range of a
+    start-up kill's delay; ``batch_s``: a batch's duration at the cycle's rate, the range of a kill's
+    delay once the durable state has moved past the last kill's."""
     tally = Tally()
     tmp = out / "checkpoints" / "checkpoint.json.tmp"
+    last = 0
     for cycle in range(kills):
         child = start_panpriv(argv(cycle), logs, f"cycle{cycle}")
         try:
-            time.sleep(rng.uniform(*delay_s))
+            if cycle % 4 == 3:
+                time.sleep(rng.uniform(*delay_s))
+            else:
+                wait_for(lambda: durable_records(out) > last or child.process.poll() is not None, 120,
+                         f"cycle {cycle} to checkpoint past {last} records")
+                time.sleep(rng.uniform(0.0, batch_s))
             if child.process.poll() is not None:
                 raise AssertionError(f"cycle {cycle} ended before its kill:\n{child.output()[-3000:]}")
             writing = tmp.exists()
@@ -102,8 +129,11 @@ def kill_cycles(argv: Callable[[int], list[str]], out: Path, logs: Path, kills: 
         tally.during_checkpoint_write += writing
         records = check_survivors(out)
         tally.before_first_checkpoint += records == 0
+        tally.after_progress += records > last
         tally.records_at_kills.append(records)
+        last = records
     assert tally.records_at_kills == sorted(tally.records_at_kills)
+    assert tally.after_progress >= kills - kills // 4, f"a kill after progress found none: {tally}"
     return tally
 
 
@@ -134,11 +164,11 @@ def file_kills(tmp_path: Path, n: int, kills: int) -> Tally:
     def argv(rate: int) -> list[str]:
         return ["run", "--source", f"file:{data}", "--dim", str(DIM), "--feature-bound", "1", "--out", str(out),
                 "--rate", str(rate), "--checkpoint-every", "200", "--snapshot-every", "1000", "--metrics-port", "0",
-                "--progress", "off"]
+                "--progress", "off", "--set", f"batch_size={BATCH}"]
 
-    # 2,000 records/s: the n records last longer than the kills' longest delays (kills × 2.5 s) even
-    # when start-up takes no time, so every cycle is killed mid-stream.
-    tally = kill_cycles(lambda cycle: argv(2000), out, tmp_path, kills, (0.8, 2.5), random.Random())
+    rate, delay_s = 2000, (0.3, 1.5)
+    assert_stream_outlasts_kills(n, kills, delay_s, rate)
+    tally = kill_cycles(lambda cycle: argv(rate), out, tmp_path, kills, delay_s, BATCH / rate, random.Random())
     finish(argv(0), out, tmp_path, n, n - malformed_count(n), 300)
     return tally
 
@@ -151,7 +181,7 @@ def test_kill_9_on_a_file_source(tmp_path) -> None:
 
 @pytest.mark.soak
 def test_soak_kill_9_on_a_file_source(tmp_path) -> None:
-    tally = file_kills(tmp_path, 400_000, 60)
+    tally = file_kills(tmp_path, 200_000, 60)
     print(f"\nkill -9 on a file source: {tally}")
     assert tally.kills == 60
 
@@ -177,10 +207,12 @@ def broker_kills(kafka_broker, tmp_path: Path, n: int, kills: int) -> Tally:  # 
         # does not wait for the killed member's session to expire.
         return ["run", "--source", f"kafka://{kafka_broker.bootstrap}/{topic}?group={group}", "--n", str(n),
                 "--dim", str(DIM), "--feature-bound", "1", "--out", str(out), "--checkpoint-every", "200",
-                "--snapshot-every", "1000", "--metrics-port", "0", "--progress", "off", *extra]
+                "--snapshot-every", "1000", "--metrics-port", "0", "--progress", "off", "--set", f"batch_size={BATCH}", *extra]
 
-    tally = kill_cycles(lambda cycle: argv(f"k{cycle}-{uuid.uuid4().hex[:6]}", "--rate", "3000"), out, tmp_path, kills,
-                        (6.0, 10.0), random.Random())  # the Tansu group join alone takes about 5 s
+    rate, delay_s = 1500, (1.0, 5.0)  # start-up kills: mostly in the group join (about 5 s on Tansu)
+    assert_stream_outlasts_kills(n, kills, delay_s, rate)
+    tally = kill_cycles(lambda cycle: argv(f"k{cycle}-{uuid.uuid4().hex[:6]}", "--rate", str(rate)), out, tmp_path,
+                        kills, delay_s, BATCH / rate, random.Random())
     finish(argv(f"final-{uuid.uuid4().hex[:6]}", "--stop-at-end"), out, tmp_path, n, n - malformed_count(n), 600)
     return tally
 
