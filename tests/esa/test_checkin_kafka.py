@@ -28,6 +28,12 @@ from tests.realparts import KafkaBroker, ManagedProcess
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DIM, L, SLOTS, WAKES, EPSILON, DELTA = 5, 16, 20, 120, 4.0, 1e-5
+IN_PROCESS_RUNS = 1999
+"""In-process runs beside the one E-S-A run. Under one law the E-S-A accuracy's rank among all of them
+is uniform, so it falls outside their range with probability 2 / (IN_PROCESS_RUNS + 1) = 0.1 % (ties
+only lower it). The band of 4 standard deviations of 30 runs used before failed about 0.7 % of the
+time: at 60 slots the accuracy of averaged updates has a heavy lower tail (mean 0.78, 0.1 % quantile
+0.53 over 1,000 runs), and one E-S-A run at 0.55 failed `make test` under load."""
 OPTIONS: dict[str, Any] = {"loss": {"name": "logistic", "intercept": False}, "radius": math.sqrt(DIM), "update": "single", "slots": SLOTS,
                            "slot_length": L}
 
@@ -57,7 +63,7 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     """Two client processes (half of every wake slot each), the check-in shuffler and the analyzer
     close ``wakes`` slots (60 in ``make test``, WAKES in ``make soak``); each slot is released
     exactly once (as one message for single updates) and the analyzer's model scores like the
-    in-process learner on the same stream: within 4 standard deviations of 30 in-process runs of
+    in-process learner on the same stream: within the range of IN_PROCESS_RUNS in-process runs of
     as many slots. (At WAKES slots single updates with the l2 randomizer are
     barely better than chance, 0.65 ± 0.16 with a heavy lower tail, so that comparison is weak and
     runs in ``make soak``; averaged updates, 0.85 ± 0.03, make it sharp. The three roles' law is checked against the
@@ -111,7 +117,7 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
     esa_accuracy = float(np.mean(np.where(LogisticLoss().features(Xt, 1.0) @ theta >= 0, 1.0, -1.0) == yt))
     accuracies = []
     X1, y1 = np.vstack([X, X[:1]]), np.append(y, y[:1])  # one more record closes the last slot in process
-    for _ in range(30):
+    for _ in range(IN_PROCESS_RUNS):
         learner = RandomCheckinSGD(dim=DIM, epsilon=EPSILON, delta=DELTA, **options)
         learner.learn_many(X1, y1)
         accuracies.append(float(np.mean(learner.predict_many(Xt) == yt)))
@@ -121,9 +127,10 @@ def test_checkin_clients_shuffler_analyzer_learn_as_the_in_process_learner(
         parts.bound(replay, shuffler_keys, state["deployment_id"])
         assert all(replay.handle(record.value) for record in batch_records)
         np.testing.assert_array_equal(replay.learner.release(), theta)
-    print(f"checkin ({update}) ESA accuracy {esa_accuracy:.4f}; in-process {mean:.4f} ± {sd:.4f} (30 runs); {wakes} slots in "
+    print(f"checkin ({update}) ESA accuracy {esa_accuracy:.4f}; in-process {mean:.4f} ± {sd:.4f}, range "
+          f"[{min(accuracies):.4f}, {max(accuracies):.4f}] ({IN_PROCESS_RUNS} runs); {wakes} slots in "
           f"{elapsed:.1f} s ({wakes / elapsed:.1f} slots/s end to end)")
-    assert abs(esa_accuracy - mean) <= 4 * sd + 1e-3
+    assert min(accuracies) <= esa_accuracy <= max(accuracies)
 
 
 @pytest.mark.parametrize("rounds", [50, pytest.param(150, marks=pytest.mark.soak)])
