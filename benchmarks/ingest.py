@@ -27,6 +27,16 @@ synthetic records are read, in one run, alternating, ``--repeats`` times, by:
   in-process, ``[kafka] client`` set and everything else at its defaults): decode, validate,
   clip, learn with pan-acsa (ε = 1, δ = 1e-6), charge the ledger, checkpoint and snapshot every
   100,000 records.
+- **decode+learn**: the service's own work on the same messages with no Kafka and no checkpoint,
+  in-process: the codec and the learner the service builds for the same configuration
+  (:func:`panpriv.streamer.io.formats.make_codec`, :func:`panpriv.streamer.runtime.learners.build_learner`)
+  decode, validate and clip micro-batches of ``--learn-rows`` records (16,384: 64 binary messages),
+  ``learn_many`` them and wipe them (:func:`panpriv.streamer.runtime.stream_driver.wipe_records`).
+  Only those steps are timed (the messages are generated outside the clock). A service that
+  consumes and learns on the same thread(s) spends at least a client's time plus this per record,
+  so ``ceiling = 1 / (1 + client rate / decode+learn rate)`` is the best ``service/client`` any
+  implementation can reach by CPU time (by wall time, a client that fetches on its own threads —
+  librdkafka — can overlap part of it); it is printed beside the measured one, for both clocks.
 
 Every rate is records per second from the end of the first non-empty poll (or micro-batch) to the
 end of the last: the consumer-group join and the first fetch are excluded, the same way for each
@@ -72,7 +82,10 @@ import orjson
 from benchmarks.service import SteadyRate, TimedMetrics
 from panpriv.streamer.commands.produce import synthetic_messages
 from panpriv.streamer.config import ServiceConfig, load_config
+from panpriv.streamer.io.formats import make_codec
+from panpriv.streamer.runtime.learners import build_learner
 from panpriv.streamer.runtime.processor import Processor
+from panpriv.streamer.runtime.stream_driver import wipe_records
 
 BATCH_RECORDS = 256  # records per binary message
 SEED = 2026
@@ -82,6 +95,9 @@ FORMATS = list(MAX_POLL)
 KP_FAST = {"fetch_max_bytes": 50 * 2**20, "max_partition_fetch_bytes": 16 * 2**20,
            "receive_buffer_bytes": 4 * 2**20}
 LAYOUTS = {"1p": 1, "4p-idle": 4}  # partitions; every record goes to partition 0
+LEARN = "decode+learn"
+LEARN_ROWS = 16_384
+"""Records per micro-batch of the in-process decode+learn floor (:func:`decode_learn`)."""
 SESSION_MS = 6_000
 """Every consumer's session timeout: the Tansu broker completes a group join after about half of
 it (``--join``), and the join is outside every rate."""
@@ -181,6 +197,29 @@ def service_read(bootstrap: str, topic: str, n: int, fmt: str, dim: int, client:
     return metrics.steady.rate, metrics.steady.cpu_rate
 
 
+def decode_learn(fmt: str, dim: int, n: int, workdir: Path, rows: int = LEARN_ROWS) -> Rates:
+    """Records/s of the service's decode, validation, clip, ``learn_many`` and wipe alone, in
+    micro-batches of about ``rows`` records (whole messages), with the codec and learner the service
+    builds for the same configuration; the messages are generated outside the clock, and the first
+    micro-batch is excluded as in :class:`SteadyRate`."""
+    config = service_config("kafka://localhost:9092/unused", fmt, dim, n, workdir / "unused", "kafka-python")
+    codec, learner = make_codec(config.records), build_learner(config, n)
+    per_message = BATCH_RECORDS if fmt != "json" else 1
+    messages = synthetic_messages(n, dim, SEED, fmt, BATCH_RECORDS)
+    wall = cpu = 0.0
+    records, first = 0, True
+    while payloads := [message for _, (_, message) in zip(range(max(1, rows // per_message)), messages)]:
+        w0, c0 = time.perf_counter(), time.process_time()
+        decoded = codec.decode(payloads)
+        learner.learn_many(decoded.X, decoded.y)
+        learned = len(decoded.y)
+        wipe_records(decoded)
+        if not first:
+            wall, cpu, records = wall + time.perf_counter() - w0, cpu + time.process_time() - c0, records + learned
+        first = False
+    return records / wall, records / cpu
+
+
 def fill_topic(broker, fmt: str, dim: int, n: int, partitions: int) -> str:  # noqa: ANN001 - tests.realparts.KafkaBroker
     from kafka import KafkaProducer
 
@@ -195,7 +234,7 @@ def fill_topic(broker, fmt: str, dim: int, n: int, partitions: int) -> str:  # n
 
 
 def measure(broker, workdir: Path, fmt: str, dim: int, n: int, partitions: int, repeats: int,  # noqa: ANN001
-            columns: list[str]) -> dict[str, list[Rates]]:
+            columns: list[str], learn_rows: int = LEARN_ROWS) -> dict[str, list[Rates]]:
     topic = fill_topic(broker, fmt, dim, n, partitions)
     b = broker.bootstrap
     runs: dict[str, Callable[[], Rates]] = {
@@ -205,6 +244,7 @@ def measure(broker, workdir: Path, fmt: str, dim: int, n: int, partitions: int, 
         "cf client": lambda: cf_read(b, topic, n, fmt, dim, False),
         "cf floor": lambda: cf_read(b, topic, n, fmt, dim, True),
         "cf service": lambda: service_read(b, topic, n, fmt, dim, "confluent", workdir),
+        LEARN: lambda: decode_learn(fmt, dim, n, workdir, learn_rows),
     }
     rates: dict[str, list[Rates]] = {c: [] for c in columns}
     for _ in range(repeats):
@@ -317,6 +357,7 @@ def main() -> None:
     parser.add_argument("--text-batch-records", type=int, default=200_000, help="records per json-batch/ndjson/csv-batch run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clients", nargs="+", default=["kp", "cf"], choices=["kp", "cf"])
+    parser.add_argument("--learn-rows", type=int, default=LEARN_ROWS, help="records per micro-batch of decode+learn")
     parser.add_argument("--join", action="store_true", help="time the consumer-group join instead")
     parser.add_argument("--sessions", type=int, nargs="+", default=[10_000, 6_000], help="--join: session timeouts (ms)")
     parser.add_argument("--replay", action="store_true", help="measure `panpriv run` on a JSON-lines file instead")
@@ -331,7 +372,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.realparts import KafkaBroker
 
-    columns = [f"{c} {what}" for c in args.clients for what in ("client", "floor", "service")]
+    columns = [f"{c} {what}" for c in args.clients for what in ("client", "floor", "service")] + [LEARN]
     with tempfile.TemporaryDirectory(prefix="panpriv-ingest-") as tmp:
         workdir = Path(tmp)
         (workdir / "kafka").mkdir()
@@ -346,18 +387,20 @@ def main() -> None:
             print(f"records/s, median of {args.repeats} alternating repeats; load average {load():s}")
             header = f"{'fmt':>10} {'d':>4} {'layout':>8} " + " ".join(f"{c:>11}" for c in columns)
             ratios = [c.split()[0] for c in columns if c.endswith("service")]
-            header += "".join(f" {c + ' svc/floor':>14} {c + ' svc/client':>15}" for c in ratios)
+            header += "".join(f" {c + ' svc/floor':>14} {c + ' svc/client':>15} {c + ' ceiling':>12}" for c in ratios)
             lines: dict[str, list[str]] = {"wall": [], "CPU": []}
             for dim in args.dims:
                 for fmt in args.formats:
                     n = {"json": args.json_records, "binary": args.binary_records}.get(fmt, args.text_batch_records)
                     for layout in args.layouts:
-                        rates = measure(broker, workdir, fmt, dim, n, LAYOUTS[layout], args.repeats, columns)
+                        rates = measure(broker, workdir, fmt, dim, n, LAYOUTS[layout], args.repeats, columns, args.learn_rows)
                         for clock, which in (("wall", 0), ("CPU", 1)):
                             med = {c: statistics.median(r[which] for r in v) for c, v in rates.items()}
                             line = f"{fmt:>10} {dim:>4} {layout:>8} " + " ".join(f"{med[c]:>11,.0f}" for c in columns)
                             for c in ratios:
-                                line += f" {med[c + ' service'] / med[c + ' floor']:>14.2f} {med[c + ' service'] / med[c + ' client']:>15.2f}"
+                                ceiling = 1 / (1 + med[c + " client"] / med[LEARN])  # best service/client on one thread
+                                line += (f" {med[c + ' service'] / med[c + ' floor']:>14.2f}"
+                                         f" {med[c + ' service'] / med[c + ' client']:>15.2f} {ceiling:>12.2f}")
                             lines[clock].append(line)
                             print(f"{clock:>4} {line}", flush=True)
             print(f"\nper second of wall time (the issue's ratios)\n{header}\n" + "\n".join(lines["wall"]))

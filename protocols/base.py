@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -544,10 +545,12 @@ class Learner(abc.ABC):
         return learner
 
 
+@functools.cache
 def constructor_parameters(cls: type[Learner]) -> tuple[str, ...]:
     """The names of ``cls``'s constructor parameters that :meth:`Learner.config` records: all of
     them but ``self`` and ``rng`` (the noise source is never part of a configuration). A
-    constructor that passes ``**kwargs`` on contributes its named parameters and its parent's."""
+    constructor that passes ``**kwargs`` on contributes its named parameters and its parent's.
+    Kept per class: reading the signatures cost ~0.5 ms at every checkpoint (issue 37)."""
     names: list[str] = []
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):

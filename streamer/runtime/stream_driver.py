@@ -167,6 +167,7 @@ class StreamDriver(Driver):
             heartbeat.lag.refresh()
             limit = pacer.allowance(cfg.source.batch_records)
             if limit == 0:
+                self._source.keep_alive()  # a paced wait reads no record: a Kafka consumer stays in its group
                 pacer.wait(cfg.source.poll_timeout_s)
                 continue
             batch = self._source.poll(limit, cfg.source.poll_timeout_s, cfg.source.batch_bytes)

@@ -32,6 +32,9 @@ lost like a revoked one (below).
 worker gives the source no position of its own: the group's committed offsets (committed after each
 publication) say where a partition starts; a hand-back or a revocation rewinds the source to the
 lost batch's first positions (:meth:`panpriv.streamer.sources.kafka.KafkaConsumerSource.rewind`).
+A worker that waits — for the next version (a coordinator down for minutes), a place, its pace —
+reads nothing, but keeps its consumer in the group
+(:meth:`~panpriv.streamer.sources.kafka.KafkaConsumerSource.keep_alive`, at every turn of its loop).
 
 **Budget** (:mod:`panpriv.streamer.budget.store`; one store per data source, shared with every run), through
 the one :class:`~panpriv.streamer.budget.session.BudgetSession` and its rules. A worker is a run with
@@ -338,6 +341,9 @@ class Worker:
         batch only where a place is left (module docstring); read, charge and learn the next records
         of the open batch, renew its lease; publish it when full, unless its version closed."""
         self._observe()
+        self._source.keep_alive()  # a wait reads no record: the consumer stays in its group (a no-op while reading)
+        if self._lost_to_revocation(self._batch):
+            return
         model = self._model = self._reader.poll(0) or self._model
         self._newest = max(self._newest, model.version)
         self._tally.poll()
@@ -370,13 +376,7 @@ class Worker:
                 self._model = self._reader.poll(50) or model
                 return
         polled = self._source.poll(want, 0.2)
-        if self._revoked:
-            self._revoked = False
-            self.budget.give_back(self.stats.instance)  # a revoked partition's next offsets are its new owner's
-            self._discard(batch, "partitions revoked mid-batch", "revoked")
-            self._batch = None
-            if polled is not None:  # read under no claim: back to the stream, uncharged
-                self._source.rewind({key: start for key, (start, _) in polled.ranges.items()})
+        if self._lost_to_revocation(batch, polled):
             return
         if polled is None:
             self._renew(batch, time.monotonic())
@@ -504,6 +504,21 @@ class Worker:
         self._published_here = {}
         if self._batch is not None:
             self._source.rewind(self._batch.starts, seek=False)
+
+    def _lost_to_revocation(self, batch: _Batch | None, polled: Batch | None = None) -> bool:
+        """After a poll or a keep-alive of the source: if partitions were revoked in it
+        (:meth:`_on_revoke`), what was charged ahead is given back, the open batch is lost, and what
+        the poll returned (``polled``, read under no claim) goes back to the stream, uncharged. True
+        if so."""
+        if not self._revoked:
+            return False
+        self._revoked = False
+        self.budget.give_back(self.stats.instance)  # a revoked partition's next offsets are its new owner's
+        self._discard(batch, "partitions revoked mid-batch", "revoked")
+        self._batch = None
+        if polled is not None:
+            self._source.rewind({key: start for key, (start, _) in polled.ranges.items()})
+        return True
 
     def _learn(self, batch: _Batch, polled: Batch) -> bool:
         """Charge, then learn the micro-batch ``polled`` into the open batch (Alg. 6 line 7); False

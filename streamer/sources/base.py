@@ -68,6 +68,13 @@ class Source(Protocol):
         """Positions between the current position and the end, per key (Kafka only; ``None``
         when unknown). Cheap enough to call every few seconds from the processing loop."""
 
+    def keep_alive(self) -> None:
+        """Called by a reader that waits without reading (a paced run, a scale-out worker waiting
+        for the next model version or its pace), as often as it likes: a Kafka source whose
+        consumer was not polled for a heartbeat interval polls it, handing out no record and
+        moving no position, so that the consumer stays in its group (a revocation in that poll
+        runs ``on_revoke``, as in :meth:`poll`); other sources do nothing."""
+
     def close(self) -> None:
         """Release connections and files."""
 

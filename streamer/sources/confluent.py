@@ -24,6 +24,7 @@ Security settings are translated from ``[kafka]`` to librdkafka's property names
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -84,7 +85,7 @@ class ConfluentKafkaSource(KafkaConsumerSource):
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": config.start,
                 "session.timeout.ms": config.session_timeout_ms,
-                "heartbeat.interval.ms": max(100, config.session_timeout_ms // 4),
+                "heartbeat.interval.ms": self.heartbeat_interval_ms,
                 "max.poll.interval.ms": max(REBALANCE_TIMEOUT_MS, config.session_timeout_ms),
                 "enable.partition.eof": False,
                 **librdkafka_settings(kafka_client.settings()),
@@ -173,6 +174,7 @@ class ConfluentKafkaSource(KafkaConsumerSource):
 
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         messages = self._consume(max_records, timeout_s)
+        self._polled_at = time.monotonic()
         self._raise_failure()
         self._log_waiting()
         if any([message.error() is not None for message in messages]):
@@ -191,6 +193,20 @@ class ConfluentKafkaSource(KafkaConsumerSource):
             part.values.append(message.value() or b"")
             part.timestamps.append(message.timestamp()[1])
         return self._batch(by_key.values())
+
+    def _poll_paused(self) -> None:
+        """librdkafka's ``max.poll.interval.ms`` counts from the last ``consume``: one that serves
+        the callbacks (a rebalance) and returns no record of a paused partition; a message
+        returned anyway is sought back to."""
+        consumer = self._consumer
+        if self._assigned:
+            consumer.pause(self._assigned)
+        try:
+            messages = consumer.consume(num_messages=1, timeout=0)  # one message at most: its offset is its position
+        finally:
+            if self._assigned:
+                consumer.resume(self._assigned)
+        self._seek({f"{m.topic()}/{m.partition()}": m.offset() for m in self._without_errors(messages)})
 
     @staticmethod
     def _without_errors(messages: list[Any]) -> list[Any]:

@@ -30,10 +30,11 @@ from panpriv.streamer.sources.base import Batch, FatalSourceError
 log = logging.getLogger("panpriv.sources")
 
 REBALANCE_TIMEOUT_MS = 30_000
-"""kafka-python's ``max_poll_interval_ms``, which is also the rebalance timeout it sends with a
-group join: how long the group waits for a member to rejoin. Its default (5 minutes) made a
-process stopped during a join hold the group that long (issue 15). The processing loop polls
-every few seconds at most (a micro-batch, a checkpoint), far within 30 s."""
+"""kafka-python's ``max_poll_interval_ms`` (and confluent-kafka's ``max.poll.interval.ms``), which
+is also the rebalance timeout it sends with a group join: how long the group waits for a member to
+rejoin. Its default (5 minutes) made a process stopped during a join hold the group that long
+(issue 15). The processing loop polls every few seconds at most (a micro-batch, a checkpoint),
+far within 30 s; a reader that waits without reading calls :meth:`KafkaConsumerSource.keep_alive`."""
 
 SOURCE_FETCH_WAIT_MS = 500
 """The stream source's ``fetch_max_wait_ms``: kafka-python's default, not the roles' short wait
@@ -58,9 +59,10 @@ of messages down to 64 bytes; the records held are those of the response being c
 kafka-python held whole before (docs/privacy.md, "The input path")."""
 
 DRAIN_MAX_AGE_S = REBALANCE_TIMEOUT_MS / 3000
-"""A drain older than this (10 s) is dropped and fetched again (the client sought back to the
-positions), so that kafka-python is polled at least this often: a reader slower than the drain —
-``--rate``, a scale-out worker paced or waiting — handed out 16 micro-batches for longer than
+"""A drain is dropped and fetched again (the client sought back to the positions) if the consumer
+was last polled longer ago than this (10 s), so that kafka-python is polled at least this often
+while the reader reads: a reader slower than the drain — ``--rate``, a scale-out worker paced —
+handed out 16 micro-batches for longer than
 :data:`REBALANCE_TIMEOUT_MS`, the consumer was taken out of its group, and its commits failed
 while the group rebalanced (a scale-out worker's partitions were then read and published again
 by another)."""
@@ -110,7 +112,36 @@ class KafkaConsumerSource(abc.ABC):
         self._on_revoke = on_revoke
         self._failure: BaseException | None = None
         self._empty_polls = 0
+        self._polled_at: float | None = None  # when (time.monotonic) the consumer was last polled; None: never (no group yet)
         self._waiting_since = self._waiting_logged = time.monotonic()  # "waiting for an assignment" log line
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        """The consumer's heartbeat interval: a quarter of its session timeout, at least 100 ms."""
+        return max(100, self._config.session_timeout_ms // 4)
+
+    def keep_alive(self) -> None:
+        """Poll the consumer with every assigned partition paused if it was last polled a heartbeat
+        interval ago or more (the reader waits without reading): no record is handed out and no
+        position moves, and the consumer stays in its group. Without it a scale-out worker waiting
+        for the next model version past :data:`REBALANCE_TIMEOUT_MS` (a coordinator down for 40 s)
+        was taken out of its group; at its next poll the commit of its revocation failed and every
+        waiting worker stopped (both clients). The poll is the client's own: a rebalance in it runs
+        ``on_revoke`` and the new assignment as in :meth:`poll` (a step of the group protocol per
+        call, so the interval is the heartbeat's, well within the session timeout), and their
+        failure is raised here. A consumer never polled is in no group yet: nothing to keep."""
+        if self._polled_at is None or time.monotonic() - self._polled_at < self.heartbeat_interval_ms / 1000:
+            return
+        self._poll_paused()
+        self._polled_at = time.monotonic()
+        self._raise_failure()
+        self._log_waiting()
+
+    @abc.abstractmethod
+    def _poll_paused(self) -> None:
+        """Poll the consumer once, without waiting, with its assigned partitions paused, and resume
+        them; a partition assigned in that poll is not paused: a message of it returned anyway is
+        sought back to, so that its position stays where the assignment put it."""
 
     def marks(self, positions: Mapping[str, int]) -> dict[str, int]:
         """The timestamps of the last records before ``positions`` (for the checkpoint)."""
@@ -235,7 +266,6 @@ class KafkaSource(KafkaConsumerSource):
         super().__init__(url, config, positions, on_revoke, marks)
         self._assigned: set = set()
         self._drained: list[Fetched] = []  # polled from the consumer, not yet handed out (DRAIN_FACTOR)
-        self._drained_at = 0.0  # when (time.monotonic) the consumer was last polled (DRAIN_MAX_AGE_S)
         source = self
 
         class Listener(ConsumerRebalanceListener):  # kafka-python requires a subclass
@@ -253,7 +283,7 @@ class KafkaSource(KafkaConsumerSource):
                 enable_auto_commit=False,
                 auto_offset_reset=config.start,
                 session_timeout_ms=config.session_timeout_ms,
-                heartbeat_interval_ms=max(100, config.session_timeout_ms // 4),
+                heartbeat_interval_ms=self.heartbeat_interval_ms,
                 max_poll_records=config.batch_records,
                 max_poll_interval_ms=max(REBALANCE_TIMEOUT_MS, config.session_timeout_ms),
                 fetch_max_wait_ms=SOURCE_FETCH_WAIT_MS,
@@ -331,11 +361,11 @@ class KafkaSource(KafkaConsumerSource):
     def poll(self, max_records: int, timeout_s: float, max_bytes: int | None = None) -> Batch | None:
         """Up to ``max_records`` messages from what the last consumer poll drained
         (:data:`DRAIN_FACTOR`); the consumer is polled again only once that is handed out."""
-        if self._drained and time.monotonic() - self._drained_at > DRAIN_MAX_AGE_S:
+        if self._drained and time.monotonic() - (self._polled_at or 0.0) > DRAIN_MAX_AGE_S:
             self._seek({})  # the drained messages are fetched again
         if not self._drained:
             records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records * DRAIN_FACTOR)
-            self._drained_at = time.monotonic()
+            self._polled_at = time.monotonic()
             self._raise_failure()
             self._log_waiting()
             self._drained = [
@@ -344,6 +374,19 @@ class KafkaSource(KafkaConsumerSource):
                 for tp, messages in records.items() if messages
             ]
         return self._batch(self._take(max_records))
+
+    def _poll_paused(self) -> None:
+        """kafka-python ignores what it fetched of a paused partition (its position stays); what was
+        drained and not handed out stays drained."""
+        consumer = self._consumer
+        consumer.pause(*consumer.assignment())
+        try:
+            records = consumer.poll(timeout_ms=0, max_records=1)
+        finally:
+            consumer.resume(*consumer.paused())
+        for tp, messages in records.items():
+            if messages:  # a partition assigned in this poll
+                consumer.seek(tp, messages[0].offset)
 
     def _seek(self, offsets: Mapping[str, int]) -> None:
         """Seek, and drop what was drained but not handed out: a drained partition not sought is

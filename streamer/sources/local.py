@@ -35,6 +35,9 @@ class _LocalSource:
     def lag(self) -> None:
         return None
 
+    def keep_alive(self) -> None:
+        """No consumer group to stay in."""
+
 
 # -- line files (JSONL, CSV, Adult) --------------------------------------------------------------
 

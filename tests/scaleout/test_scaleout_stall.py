@@ -27,6 +27,7 @@ import pytest
 
 from panpriv.streamer.commands.exit_codes import EXIT_STALLED
 from panpriv.streamer.scaleout.wire import ModelVersion
+from panpriv.streamer.sources.kafka import REBALANCE_TIMEOUT_MS
 from tests.faults.figures import FIGURES
 from tests.realparts import KafkaBroker, ManagedProcess, free_loopback_port, wait_until
 from tests.scaleout import parts
@@ -142,6 +143,37 @@ def test_a_coordinator_down_for_longer_than_sync_wait(kafka_broker: KafkaBroker,
         for process in processes:
             process.stop()
     assert "resumed at version" in coordinator.log_path.read_text()
+
+
+@pytest.mark.parametrize("client", ["kafka-python", pytest.param("confluent-kafka", marks=pytest.mark.soak)])
+def test_workers_waiting_through_a_coordinator_outage_longer_than_max_poll_interval(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], tmp_path: Path, client: str
+) -> None:
+    """SIGKILL of the coordinator at version 3, down for 40 s: longer than the consumer's
+    max_poll_interval (REBALANCE_TIMEOUT_MS, 30 s). The workers wait for version 4 without
+    reading a record; they must stay alive and in their group through it, and the restarted
+    coordinator finishes the plan with a clean ledger."""
+    names = parts.topics(kafka_broker, unique_name, K)
+    _produce(kafka_broker, names, seed=16)
+    coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, K)
+    workers = [parts.start_worker(tmp_path, kafka_broker, names, i, more=_client(tmp_path, client)) for i in range(K)]
+    processes = [coordinator, *workers]
+    started = time.monotonic()
+    try:
+        wait_until(lambda: parts.last_model(kafka_broker.bootstrap, names["model"]).version >= 3, 120, "version 3")
+        os.kill(coordinator.pid, signal.SIGKILL)
+        coordinator.process.wait(timeout=10)
+        time.sleep(REBALANCE_TIMEOUT_MS / 1000 + 10)
+        for worker in workers:
+            worker.check_alive()
+        coordinator = parts.start_coordinator(tmp_path, kafka_broker, names, N, K, log="coordinator-after.log")
+        processes.append(coordinator)
+        _finish(coordinator, workers, kafka_broker, names, started, f"a 40-s coordinator outage ({client})")
+    finally:
+        for process in processes:
+            process.stop()
+    for worker in workers:
+        _read_with(worker, client)
 
 
 def _client(tmp_path: Path, client: str) -> tuple[str, ...]:

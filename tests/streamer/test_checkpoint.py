@@ -190,6 +190,33 @@ def test_a_replaced_manifest_is_overwritten_with_zeros_unless_another_name_keeps
     assert store.load().sequence == 3
 
 
+def test_a_document_of_many_arrays_round_trips_and_the_copies_made_to_seal_it_are_zeroed(monkeypatch) -> None:
+    """Twelve arrays (placeholder 1 is a prefix of placeholders 10 and 11: an alternation of the
+    placeholders refused such a document), a string shaped like a placeholder (text, not an array),
+    and the little-endian copy made of a big-endian array zeroed once sealed."""
+    from panpriv.streamer.state import integrity
+
+    state = {f"a{k}": np.full(3, float(k)) for k in range(11)} | {"big": np.arange(4, dtype=">f8")}
+    made: list[np.ndarray] = []
+    contiguous = np.ascontiguousarray
+
+    def recording(array, dtype=None):  # the copies _skeleton makes, to look at them after sealing
+        result = contiguous(array, dtype=dtype)
+        made.append(result)
+        return result
+
+    monkeypatch.setattr(integrity.np, "ascontiguousarray", recording)
+    lookalike = "\x00" + "0" * 16 + ":1"
+    with seal_document({"learner": {"state": state}, "note": lookalike}) as sealed:
+        body = open_document(sealed, "test")
+    monkeypatch.undo()
+    for name, array in state.items():
+        np.testing.assert_array_equal(body["learner"]["state"][name], array)
+    assert body["note"] == lookalike
+    copies = [array for array in made if not any(np.shares_memory(array, original) for original in state.values())]
+    assert len(copies) == 1 and not copies[0].any()  # the big-endian array's copy, zeroed
+
+
 def test_sealing_leaves_no_copy_of_the_state_in_python_strings(tmp_path) -> None:
     """The manifest's arrays never become Python text: seal_document encodes them straight into the
     buffer it returns, and open_document decodes them from it (the base64 matches base64.b64encode)."""

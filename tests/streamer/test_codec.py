@@ -87,6 +87,23 @@ def test_valid_records_are_clipped_to_the_declared_bound() -> None:
     np.testing.assert_allclose(clipped / np.linalg.norm(clipped, axis=1, keepdims=True), X / np.linalg.norm(X, axis=1, keepdims=True))
 
 
+def test_the_clip_by_blocks_is_bitwise_the_clip_of_one_matrix_and_leaves_its_factors_zeroed() -> None:
+    """The codec's clip writes the factors a block of rows at a time (codec_module.clip_block_rows):
+    the same products as one matrix of factors, for every block size, and the work block, the
+    norms and the factors are zeroed after."""
+    from panpriv.protocols import losses
+
+    X = np.random.default_rng(3).standard_normal((50, 4)) * 2.0
+    expected = losses.clip_rows(X, 1.5)  # the protocols' clip: one matrix of factors
+    for rows in (1, 7, 50, 64):
+        work, norms = np.empty((min(rows, 50), 4)), np.sqrt(np.einsum("ij,ij->i", X, X))
+        clipped = codec_module._clip(X.copy(), norms, 1.5, in_place=True, work=work)
+        assert clipped.tobytes() == expected.tobytes()
+        assert not work.any() and not norms.any()
+    assert codec_module.clip_block_rows(100) == codec_module.CLIP_BLOCK_BYTES // 800
+    assert codec_module.clip_block_rows(1000) == 256
+
+
 def test_custom_field_names_and_label_range() -> None:
     config = records(**{"records.x_field": "features", "records.y_field": "target", "records.label_values": [],
                         "records.label_min": 0.0, "records.label_max": 10.0})

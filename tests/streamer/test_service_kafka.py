@@ -486,3 +486,28 @@ def test_a_rebalance_hands_partitions_over_without_overlap(kafka_broker, tmp_pat
         spans = sorted(covered[f"{name}/{p}"])
         assert spans[0][0] == 0 and spans[-1][1] == total // 4
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans  # no gap, no overlap
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_run_paced_slower_than_max_poll_interval_stays_in_its_group(kafka_broker, tmp_path, client) -> None:
+    """``--rate 0.025``: a record every 40 s, longer than the consumer's max_poll_interval (30 s).
+    The paced wait keeps the consumer in its group (``Source.keep_alive``): the run reads both
+    records, each once, without a revocation, and ends at the end of the topic. Before, the
+    second poll rejoined the group, the revocation's commit failed and the run stopped with exit
+    code 1 on both clients."""
+    name = kafka_broker.create_topic(f"paced-{uuid.uuid4().hex[:8]}", 1)
+    produce(kafka_broker.bootstrap, name, [encode_json([0.1, 0.2], 1), encode_json([0.2, 0.1], -1)], 1)
+    out, log = tmp_path / "out", tmp_path / "paced.log"
+    process = panpriv("run", "--source", f"kafka://{kafka_broker.bootstrap}/{name}?group=g-{uuid.uuid4().hex[:8]}",
+                      "--n", "1000", "--dim", "2", "--feature-bound", "1", "--out", str(out), "--checkpoint-every", "1",
+                      "--metrics-port", "0", "--progress", "off", "--stop-at-end", "--rate", "0.025", log=log, client=client)
+    try:
+        assert exit_code(process, log, timeout=180) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "partitions being revoked" not in log.read_text()
+    ledger = PrivacyLedger.from_dict(CheckpointStore(out / "checkpoints").load().ledger)
+    assert [(s.start, s.stop, len(s.uses)) for s in ledger.coverage(f"{name}/0")] == [(0, 2, 1)]

@@ -355,3 +355,122 @@ def test_a_slow_reader_polls_kafka_python_within_its_rebalance_timeout(kafka_bro
     # Without the age: a drain of 16 micro-batches, 4.8 s between polls; with it, its age (0.5 s)
     # plus one slow micro-batch, the poll and a loaded machine's delays.
     assert max(gaps) < 3.0, gaps
+
+
+def _kafka_source(kafka_broker, topic: str, group: str, client: str, on_revoke=None, session_timeout_ms: int = 6000):
+    """A Kafka source of ``topic`` on ``client``, read by ``group``, with a short session timeout."""
+    from panpriv.streamer.sources.confluent import ConfluentKafkaSource
+    from panpriv.streamer.sources.kafka import KafkaSource
+
+    cfg = config(f"kafka://{kafka_broker.bootstrap}/{topic}?group={group}", **{"source.session_timeout_ms": session_timeout_ms})
+    url = parse_kafka_url(cfg.source.url)
+    kind = ConfluentKafkaSource if client == "confluent-kafka" else KafkaSource
+    return kind(url, cfg.source, {}, on_revoke)
+
+
+def _produce_numbered(kafka_broker, topic: str, n: int, partitions: int) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
+    for i in range(n):
+        producer.send(topic, json.dumps({"x": [i / n, 0.0], "y": 1}).encode(), partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+def _read(source, want: int, deadline_s: float, into: dict[str, list[int]]) -> None:
+    """Poll ``source`` until ``into`` holds ``want`` more offsets (per key, in the order read)."""
+    before = sum(len(offsets) for offsets in into.values())
+    deadline = time.monotonic() + deadline_s
+    while sum(len(offsets) for offsets in into.values()) - before < want and time.monotonic() < deadline:
+        batch = source.poll(10, 0.2)
+        if batch is not None:
+            for key, position in zip(batch.keys, batch.positions, strict=True):
+                into.setdefault(key, []).append(position)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["kafka-python", "confluent-kafka"])
+def test_keep_alive_keeps_a_waiting_reader_in_its_group_and_moves_no_position(kafka_broker, unique_name, monkeypatch,
+                                                                               client) -> None:
+    """A reader that waits without reading for 2.5 times max_poll_interval (6 s here), calling
+    only keep_alive: it stays in its group (a strict commit, as before a revocation, succeeds; no
+    revocation), and reads on from exactly where it stopped — what kafka-python had drained and not
+    handed out included — every record once, in order. Without keep_alive the client left the
+    group and the strict commit failed (a scale-out worker waiting through a coordinator outage
+    stopped)."""
+    from panpriv.streamer.sources import confluent as confluent_source
+    from panpriv.streamer.sources import kafka as kafka_source
+
+    for module in (kafka_source, confluent_source):
+        monkeypatch.setattr(module, "REBALANCE_TIMEOUT_MS", 6000)
+    topic = kafka_broker.create_topic(unique_name("alive"), partitions=1)
+    n = 400
+    _produce_numbered(kafka_broker, topic, n, 1)
+    revoked: list[float] = []
+    source = _kafka_source(kafka_broker, topic, unique_name("g"), client, on_revoke=lambda: revoked.append(time.monotonic()))
+    try:
+        offsets: dict[str, list[int]] = {}
+        _read(source, 30, 60, offsets)  # the group join, then the first micro-batches
+        positions = dict(source._positions)
+        polled_at = []
+        waited = time.monotonic()
+        while time.monotonic() - waited < 15.0:
+            source.keep_alive()
+            polled_at.append(source._polled_at)
+            time.sleep(0.05)
+        source.acknowledge(positions, strict=True)  # FatalSourceError if the consumer left its group
+        assert source._positions == positions and not revoked
+        keep_alives = sorted(set(polled_at))  # every heartbeat interval (1.5 s): 10 in 15 s
+        assert len(keep_alives) >= 5 and max(b - a for a, b in zip(keep_alives, keep_alives[1:])) < 4.0, keep_alives
+        _read(source, n - sum(len(o) for o in offsets.values()), 60, offsets)
+    finally:
+        source.close()
+    assert offsets == {f"{topic}/0": list(range(n))}, {key: len(o) for key, o in offsets.items()}
+    assert not revoked
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["kafka-python", "confluent-kafka"])
+def test_a_rebalance_in_keep_alive_goes_through_on_revoke(kafka_broker, unique_name, client) -> None:
+    """A second member joins while the first only calls keep_alive: the first's on_revoke runs
+    inside keep_alive (it commits its positions, as panpriv run's revocation checkpoint does), the
+    group settles, and the two members read every record exactly once between them."""
+    topic = kafka_broker.create_topic(unique_name("alive"), partitions=2)
+    n = 400
+    _produce_numbered(kafka_broker, topic, n, 2)
+    group = unique_name("g")
+    revoked: list[float] = []
+
+    def commit_first() -> None:
+        revoked.append(time.monotonic())
+        first.acknowledge(dict(first._positions), strict=True)
+
+    first = _kafka_source(kafka_broker, topic, group, client, on_revoke=commit_first)
+    second = None
+    try:
+        offsets: dict[str, list[int]] = {}
+        _read(first, 40, 60, offsets)
+        second = _kafka_source(kafka_broker, topic, group, client)
+        theirs: dict[str, list[int]] = {}
+        deadline = time.monotonic() + 90
+        while not (revoked and theirs) and time.monotonic() < deadline:
+            first.keep_alive()
+            batch = second.poll(10, 0.1)
+            if batch is not None:
+                for key, position in zip(batch.keys, batch.positions, strict=True):
+                    theirs.setdefault(key, []).append(position)
+        assert revoked and theirs, (revoked, theirs)
+        for _ in range(200):  # both read on until every record is read
+            _read(first, 1, 0.2, offsets)
+            _read(second, 1, 0.2, theirs)
+            if sum(len(o) for o in (*offsets.values(), *theirs.values())) >= n:
+                break
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+    read = sorted((key, offset) for part in (offsets, theirs) for key, o in part.items() for offset in o)
+    assert read == sorted((f"{topic}/{p}", i) for p in range(2) for i in range(n // 2)), (len(read), len(set(read)))
