@@ -134,10 +134,7 @@ class KafkaBudgetStore:
         try:
             _ensure_topic(bootstrap, topic)
             self._producer = kafka_client.producer(bootstrap, acks="all", client_id="panpriv-budget", retries=5)
-            # fetch_max_wait_ms: an empty fetch at the end of the topic returns at once instead of after
-            # the default 500 ms (a refresh before every charge ends with two empty polls).
-            consumer = kafka_client.consumer(bootstrap, group_id=None, enable_auto_commit=False,
-                                             client_id="panpriv-budget", fetch_max_wait_ms=5)
+            consumer = kafka_client.consumer(bootstrap, group_id=None, enable_auto_commit=False, client_id="panpriv-budget")
             consumer.partitions_for_topic(topic)
             cluster = kafka_cluster_identity(consumer, bootstrap)
             self.store_id = hashlib.blake2b(f"{cluster}/{topic}".encode(), digest_size=16).hexdigest()

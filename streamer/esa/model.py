@@ -95,18 +95,28 @@ class ModelWatcher:
         Where the analyzer publishes.
     deployment
         Only records of this deployment name (``None``: any).
+    consumer
+        A group-less consumer to read with, closed by :meth:`close`: a role of the service passes
+        one built by :func:`panpriv.streamer.kafka.client.consumer` (the roles' short fetch wait:
+        the check-in shuffler reads the topic to its end before every slot's release). ``None``
+        (a client): a ``kafka.KafkaConsumer`` with kafka-python's fetch wait (500 ms). A client
+        waits only for the next model, which Apache Kafka hands over as soon as it is written
+        whatever the wait; a shorter one would multiply every waiting client's idle fetch
+        requests (:data:`panpriv.streamer.kafka.client.FETCH_WAIT_MS`).
     options
-        More ``kafka.KafkaConsumer`` options (security).
+        More ``kafka.KafkaConsumer`` options (security) when ``consumer`` is ``None``.
     """
 
-    def __init__(self, bootstrap: str | list[str], topic: str, deployment: str | None = None, **options: Any) -> None:
+    def __init__(self, bootstrap: str | list[str], topic: str, deployment: str | None = None, consumer: Any = None,
+                 **options: Any) -> None:
         from kafka import KafkaConsumer
 
         from panpriv.streamer.kafka.topic_reader import NewestRecord
 
         self.topic, self.deployment = topic, deployment
         self.refused: UnknownModelFormat | None = None  # a record of this deployment in another format
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **options)
+        if consumer is None:
+            consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **options)
         self._newest = NewestRecord(consumer, topic, self._parse, lambda model: model.round)
 
     def _parse(self, value: bytes) -> ModelRecord | None:

@@ -376,13 +376,14 @@ def run(options: Any, checkin: CheckinShuffleOptions, stop: threading.Event | No
     from panpriv.streamer.esa import shuffler
     from panpriv.streamer.esa.keys import load_public_keys
     from panpriv.streamer.esa.model import ModelWatcher
-    from panpriv.streamer.kafka.client import security_options
+    from panpriv.streamer.kafka import client as kafka_client
 
     public_keys = load_public_keys(checkin.analyzer_keys)
     watchers: list[ModelWatcher] = []
 
     def make_state(last: int, keys: ShufflerKeys, deployment: str) -> SlotShuffler:
-        watcher = ModelWatcher(options.bootstrap, checkin.model_topic, checkin.name, **security_options())
+        watcher = ModelWatcher(options.bootstrap, checkin.model_topic, checkin.name, consumer=kafka_client.consumer(
+            options.bootstrap, enable_auto_commit=False, group_id=None))
         watchers.append(watcher)
         rules, randomizer = _deployment(watcher, checkin, public_keys)
         dummy = dummy_sealer(randomizer, rules.params, bytes(keys.box), deployment)

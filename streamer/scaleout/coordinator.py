@@ -55,7 +55,6 @@ from panpriv.streamer.runtime.learners import from_public_config
 from panpriv.streamer.scaleout.metrics import CoordinatorMetrics
 from panpriv.streamer.scaleout.tally import VersionTally, mean_problem
 from panpriv.streamer.scaleout.wire import (
-    FETCH_WAIT_MS,
     BatchOpen,
     GradientRecord,
     ModelReader,
@@ -281,7 +280,7 @@ def run(options: CoordinateOptions, stop: threading.Event | None = None) -> Coor
             metrics.resume(coordinator.stale, coordinator.rejected)  # the restored totals are not counted again
         producer = kafka_client.producer(options.bootstrap, acks="all", linger_ms=0)
         loop.close_on_exit(producer.close, "model producer")
-        consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=FETCH_WAIT_MS)
+        consumer = kafka_client.consumer(options.bootstrap, group_id=None, enable_auto_commit=False)
         loop.close_on_exit(consumer.close, "gradients consumer")
 
         def publish() -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from panpriv.streamer.scaleout.wire import FETCH_WAIT_MS, BatchOpen, GradientRecord, WireError, gradients_topic_record
+from panpriv.streamer.scaleout.wire import BatchOpen, GradientRecord, WireError, gradients_topic_record
 
 LEASE_RENEWALS = 4
 """A lease lapses when no renewal with more records was read for this many of its renewal
@@ -171,7 +171,7 @@ class TallyReader:
         from panpriv.streamer.kafka.topic_reader import TopicReader
 
         self.tally = VersionTally(deployment)
-        consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
+        consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None)
         tp = TopicPartition(topic, 0)
         self._reader = TopicReader(consumer, [tp], self._take, start={tp: start})
 

@@ -49,10 +49,6 @@ from numpy.typing import NDArray
 from panpriv.protocols.base import StateValue
 from panpriv.streamer.kafka.topic_reader import MALFORMED
 
-FETCH_WAIT_MS = 10
-"""How long the broker may hold a fetch of the model or gradients topic open when it has no new
-record: each step waits on one of each, so this is per-step latency, not throughput."""
-
 GRADIENT_FORMAT = "panpriv-scaleout-gradient/1"
 OPEN_FORMAT = "panpriv-scaleout-open/1"
 MODEL_FORMAT = "panpriv-scaleout-model/1"
@@ -263,8 +259,7 @@ class ModelReader:
         from panpriv.streamer.kafka.topic_reader import NewestRecord
 
         self.deployment = deployment
-        # fetch_max_wait_ms: a new version is latency on every step (kafka-python's default waits 500 ms).
-        consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None, fetch_max_wait_ms=FETCH_WAIT_MS)
+        consumer = kafka_client.consumer(bootstrap, enable_auto_commit=False, group_id=None)
         self._newest = NewestRecord(consumer, topic, self._parse, lambda model: model.version)
 
     def _parse(self, value: bytes) -> ModelVersion | None:

@@ -36,6 +36,12 @@ rejoin. Its default (5 minutes) made a process stopped during a join hold the gr
 (issue 15). The processing loop polls every few seconds at most (a micro-batch, a checkpoint),
 far within 30 s; a reader that waits without reading calls :meth:`KafkaConsumerSource.keep_alive`."""
 
+SOURCE_FETCH_WAIT_MS = 500
+"""The stream source's ``fetch_max_wait_ms``: kafka-python's default, not the roles' short wait
+(:data:`panpriv.streamer.kafka.client.FETCH_WAIT_MS`). A source is read for throughput — while
+records flow, a fetch is answered as soon as there are some — and an idle source then asks the
+broker twice a second instead of about a hundred times."""
+
 ASSIGNMENT_LOG_EVERY_S = 10.0
 """While no partition is assigned, say so this often (a silent wait looks like a hang)."""
 
@@ -280,6 +286,7 @@ class KafkaSource(KafkaConsumerSource):
                 heartbeat_interval_ms=self.heartbeat_interval_ms,
                 max_poll_records=config.batch_records,
                 max_poll_interval_ms=max(REBALANCE_TIMEOUT_MS, config.session_timeout_ms),
+                fetch_max_wait_ms=SOURCE_FETCH_WAIT_MS,
             )
         except KafkaError as exc:
             raise SourceError(f"cannot connect to Kafka at {kafka_client.describe(url.bootstrap)}: {exc}") from None

@@ -156,7 +156,11 @@ def test_sigkill_of_the_checkin_shuffler_loses_and_duplicates_nothing(
 
     from kafka import KafkaConsumer, TopicPartition
 
-    released = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=None, enable_auto_commit=False)
+    from panpriv.streamer.kafka.client import FETCH_WAIT_MS
+
+    # The analyzer's stand-in waits on the shuffler's releases as the analyzer does (its fetch wait).
+    released = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=None, enable_auto_commit=False,
+                             fetch_max_wait_ms=FETCH_WAIT_MS)
     released.assign([TopicPartition(names["shuffled"], 0)])
     highest = [-1]
 
