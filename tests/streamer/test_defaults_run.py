@@ -11,7 +11,10 @@ pan-ftrl's outputs alone get a smaller ε than the request (two draws per node);
 
 The stream: d = 5, a well-specified logistic model (Bayes AUC about 0.93); 12,000 training and
 3,000 public hold-out records (``--holdout``). θ = 0 has log-loss log 2 on any labels; every
-learner but the PNSGD pair does better at ε = 1 here, every time. pnsgd and shuffled-pnsgd cannot
+learner but the PNSGD pair does better at ε = 1 here — checkin in the median of three runs: one
+run's hold-out log-loss was above log 2 − 0.02 in 2 of 360 runs (0.56 %; median 0.57, maximum
+0.684), and once in `make test` (0.710), so a single run failed about one run in 200; the median of
+three fails about 3p² ≈ 10⁻⁴ of the time. pnsgd and shuffled-pnsgd cannot
 reliably: their pan floor puts noise of the full (ε, δ) on every single step, and their hold-out
 log-loss over 12 runs each (OS-entropy noise, these defaults) ranged 0.51–0.83 and 0.57–0.73 — 4
 and 2 of the 12 worse than θ = 0. A smaller step makes them reliable but useless (0.67–0.69 at
@@ -38,6 +41,7 @@ side within 4e-6 of the request (measured: 0.9999965 and 0.9999975 at ε = 1).""
 
 CALIBRATED_TO_INTRUSION = {"pan-acsa", "pan-ftrl", "pnsgd", "shuffled-pnsgd"}
 NOT_RELIABLY_BETTER_THAN_ZERO = {"pnsgd", "shuffled-pnsgd"}
+BETTER_THAN_ZERO_IN_THE_MEDIAN = {"checkin"}  # module docstring: one run in 200 is not
 
 
 def write_stream(path: Path, n: int, seed: int) -> Path:
@@ -57,17 +61,26 @@ def stream(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_every_learner_runs_on_data_settings_only_and_spends_the_requested_epsilon(name, stream, tmp_path, capsys) -> None:
-    train, holdout = stream
-    code = main(["-q", "run", "--learner", name, "--source", f"file:{train}", "--dim", "5", "--feature-bound", "1",
-                 "--holdout", str(holdout), "--rate", "0", "--metrics-port", "0", "--out", str(tmp_path / "out"),
-                 "--state-dir", str(tmp_path / "state")])
-    assert code == 0, capsys.readouterr().err
-    last = json.loads((tmp_path / "out" / "snapshots.jsonl").read_text().splitlines()[-1])
+    last = _run(name, stream, tmp_path / "run0", capsys)
     output, intrusion = last["privacy"]["output"], last["privacy"]["intrusion"]
     assert last["records"] == 12_000 * (20 if name == "shuffle-gd" else 1)  # shuffle-gd: its 20 passes
     assert output["delta"] <= 1e-6 and intrusion["delta"] <= 1e-6  # within the default delta, no flag
     target = intrusion if name in CALIBRATED_TO_INTRUSION else output
     assert target["epsilon"] == pytest.approx(1.0, rel=EPSILON_TOLERANCE)
     assert output["epsilon"] <= 1.0 * (1 + EPSILON_TOLERANCE)
-    if name not in NOT_RELIABLY_BETTER_THAN_ZERO:
+    if name in BETTER_THAN_ZERO_IN_THE_MEDIAN:
+        losses = [last["holdout"]["log_loss"], *(_run(name, stream, tmp_path / f"run{k}", capsys)["holdout"]["log_loss"]
+                                               for k in (1, 2))]
+        assert sorted(losses)[1] < math.log(2) - 0.02, losses  # better than theta = 0 in the median
+    elif name not in NOT_RELIABLY_BETTER_THAN_ZERO:
         assert last["holdout"]["log_loss"] < math.log(2) - 0.02, last["holdout"]  # better than theta = 0
+
+
+def _run(name: str, stream: tuple[Path, Path], directory: Path, capsys) -> dict:  # noqa: ANN001
+    """``panpriv run --learner NAME`` on the data settings only; its last snapshot."""
+    train, holdout = stream
+    code = main(["-q", "run", "--learner", name, "--source", f"file:{train}", "--dim", "5", "--feature-bound", "1",
+                 "--holdout", str(holdout), "--rate", "0", "--metrics-port", "0", "--out", str(directory / "out"),
+                 "--state-dir", str(directory / "state")])
+    assert code == 0, capsys.readouterr().err
+    return json.loads((directory / "out" / "snapshots.jsonl").read_text().splitlines()[-1])
