@@ -317,17 +317,11 @@ def test_a_slow_reader_polls_kafka_python_within_its_rebalance_timeout(kafka_bro
     kafka-python left the group, commits failed, and another member read and published the same
     records again. A drain older than DRAIN_MAX_AGE_S (0.5 s here) is fetched again: the consumer
     is polled within it, and the records still come in order, each once."""
-    from kafka import KafkaProducer
-
     from panpriv.streamer.sources import kafka as kafka_source
 
     topic = kafka_broker.create_topic(unique_name("slow"), partitions=1)
-    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
     n = 400
-    for i in range(n):
-        producer.send(topic, json.dumps({"x": [i / n, 0.0], "y": 1}).encode())
-    producer.flush()
-    producer.close()
+    _produce_numbered(kafka_broker, topic, n, 1)
     monkeypatch.setattr(kafka_source, "DRAIN_MAX_AGE_S", 0.5)
     cfg = config(f"kafka://{kafka_broker.bootstrap}/{topic}?group={unique_name('g')}", **{"records.dim": 2})
     source = open_source(cfg.source, make_codec(cfg.records), {})
@@ -369,6 +363,7 @@ def _kafka_source(kafka_broker, topic: str, group: str, client: str, on_revoke=N
 
 
 def _produce_numbered(kafka_broker, topic: str, n: int, partitions: int) -> None:
+    """Records i = 0 … n − 1 (``x`` = [i/n, 0]), record i into partition i mod ``partitions``."""
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
